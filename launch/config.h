@@ -1,0 +1,143 @@
+// config.h — the training configuration: every key of ../shared/DESIGN.md, parsed strictly.
+//
+// Sources, later ones overriding earlier ones: built-in defaults < the model preset named by
+// model.preset (configs/models/<name>.json) < the keys of the config file < each `--set a.b=v`.
+// Unknown keys, wrong types, out-of-range values and inconsistent combinations throw InputError
+// naming the file, the JSON path and what was expected (exit status 2 at the command boundary).
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+struct ModelConfig {
+  std::string preset;          // "" when none
+  std::string arch = "gpt";
+  int num_layers = 12;
+  int hidden_size = 768;
+  int num_heads = 12;
+  int ffn_hidden_size = 3072;  // defaults to 4 * hidden_size when a preset or file omits it
+  int seq_len = 1024;
+  int vocab_size = 50257;
+  bool tie_embeddings = true;
+  double dropout = 0.0;
+  double init_std = 0.02;
+  std::optional<std::string> init_from;
+};
+
+struct ParallelConfig {
+  int tensor = 1;
+  int pipeline = 1;
+  std::optional<int> data;  // null: world_size / (tensor * pipeline)
+  int virtual_stages = 1;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | 2bw | zb-h1
+  std::optional<std::vector<int>> layers_per_stage;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  double bucket_mb = 25;
+};
+
+struct TrainConfig {
+  int micro_batch_size = 4;
+  int global_batch_size = 32;
+  int iterations = 100;
+  uint64_t seed = 1234;
+  std::string recompute = "none";  // none | selective | full
+  std::string precision = "fp32";  // fp32 | bf16
+  std::optional<int> threads;
+  int eval_interval = 50;  // 0: never
+  int eval_iters = 10;
+  bool skip_nonfinite = true;
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int warmup_iters = 10;
+  std::string decay = "cosine";  // cosine | linear | constant
+  std::optional<int> decay_iters;  // null: train.iterations
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0: no clipping
+};
+
+struct SyntheticDataConfig {
+  int vocab_size = 64;
+  int order = 2;
+  uint64_t seed = 7;
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text | tokens
+  std::optional<std::string> path;
+  double val_fraction = 0.1;
+  SyntheticDataConfig synthetic;
+};
+
+struct CheckpointConfig {
+  std::optional<std::string> dir;
+  int interval = 0;
+  int keep = 3;
+  std::string resume = "auto";  // auto | none | <checkpoint path>
+};
+
+struct LogConfig {
+  int interval = 1;
+  std::optional<std::string> metrics;
+  std::optional<std::string> trace;
+};
+
+struct CommConfig {
+  double timeout_s = 300;
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  CommConfig comm;
+  std::string device = "auto";  // auto | cpu | cuda
+
+  std::string source_file;  // the config file, for error messages ("<defaults>" when none)
+  nlohmann::json resolved;  // the whole config after presets, file and overrides, as JSON
+};
+
+// Where model presets live: $STRATA_CONFIGS/models, else <source dir>/configs/models, else
+// configs/models beside the executable's install prefix.
+std::string configs_dir();
+
+// Loads a config file (path may be empty: defaults only), applies `sets` ("a.b=v", value parsed
+// as JSON, else taken as a string), validates. Throws InputError.
+Config load_config(const std::string& path, const std::vector<std::string>& sets);
+
+// Same from an in-memory JSON object; `file` names it in errors.
+Config config_from_json(const nlohmann::json& j, const std::string& file,
+                        const std::vector<std::string>& sets = {});
+
+// The model keys of a preset (configs/models/<name>.json); InputError if unknown.
+nlohmann::json load_model_preset(const std::string& name, const std::string& file,
+                                 const std::string& where);
+
+// Checks that need the world size (parallel sizes dividing, batch divisibility). Throws
+// InputError naming both numbers. Called once the world size is known.
+void validate_for_world(const Config& c, int world_size);
+
+// Derived sizes.
+int data_parallel_size(const Config& c, int world_size);
+int microbatches_per_pipeline(const Config& c, int world_size);  // global / (micro * d)
+
+}  // namespace strata
