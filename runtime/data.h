@@ -1,0 +1,62 @@
+// data.h — training data sources and deterministic sampling.
+//
+// A DataSource produces sequences of seq_len + 1 tokens (inputs and next-token targets) for a
+// split (train or validation). Which sequence a slot of a batch gets depends only on
+// (seed, split, iteration, index of the sequence in the global batch), never on how the run
+// is parallelised: a rank computing sequences [first, first + count) of iteration `iter` gets
+// exactly what a single process gets for those slots.
+//
+// Sources (data.source):
+//   synthetic — sequences from a seeded random Markov chain of order data.synthetic.order over
+//               data.synthetic.vocab_size tokens. Each sequence starts in the chain's stationary
+//               distribution, so its exact entropy rate (nats/token) is the best achievable mean
+//               loss at positions with a full context; loss_floor() adds the positions whose
+//               context is shorter than the order.
+//   text      — any UTF-8 file as byte tokens (vocabulary 256).
+//   tokens    — llm.c-style .bin: a header of 256 int32 (magic 20240520, version 1, token
+//               count), then the uint16 tokens.
+// For text and tokens the last val_fraction of the file is the validation split.
+//
+// Errors in data files (missing, truncated, wrong magic/version, invalid UTF-8, too short for
+// one sequence) throw InputError naming the file and the byte offset.
+//
+// Thread-safety: sample() is const and may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "launch/config.h"
+
+namespace strata {
+
+enum class Split { kTrain = 0, kVal = 1 };
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+
+  // Number of distinct token ids (tokens are in [0, vocab_size)).
+  virtual int vocab_size() const = 0;
+  // One line describing the source for the start-up log.
+  virtual std::string describe() const = 0;
+  // Exact entropy rate in nats/token, when known (synthetic only).
+  virtual std::optional<double> entropy_rate() const { return std::nullopt; }
+  // Best achievable mean loss over the positions of a sequence of seq_len inputs (synthetic
+  // only): positions with fewer than `order` tokens of context cost more than the rate.
+  virtual std::optional<double> loss_floor(int seq_len) const { return std::nullopt; }
+
+  // Writes sequences [first, first + count) of batch `iter` of `split`:
+  // inputs (count, seq_len) and targets (count, seq_len), targets[i] = the token after inputs[i].
+  virtual void sample(Split split, uint64_t iter, int64_t first, int count, int seq_len,
+                      int32_t* inputs, int32_t* targets) const = 0;
+};
+
+// Builds the source of `data`, seeded by `seed` (train.seed) for sampling. `config_file` names
+// the config in errors about data keys. Throws InputError.
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed, int seq_len,
+                                             const std::string& config_file);
+
+}  // namespace strata
