@@ -28,7 +28,7 @@
 #include <optional>
 #include <string>
 
-#include "launch/config.h"
+#include "runtime/config.h"
 
 namespace strata {
 

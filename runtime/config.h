@@ -1,9 +1,7 @@
-// config.h — the training configuration: every key of ../shared/DESIGN.md, parsed strictly.
+// config.h — the training configuration as plain values: every key of ../shared/DESIGN.md.
 //
-// Sources, later ones overriding earlier ones: built-in defaults < the model preset named by
-// model.preset (configs/models/<name>.json) < the keys of the config file < each `--set a.b=v`.
-// Unknown keys, wrong types, out-of-range values and inconsistent combinations throw InputError
-// naming the file, the JSON path and what was expected (exit status 2 at the command boundary).
+// Parsing, presets, overrides and validation live in launch/config_parse.h; the runtime, the
+// models and the partitioner only read these structs.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -115,29 +113,5 @@ struct Config {
   std::string source_file;  // the config file, for error messages ("<defaults>" when none)
   nlohmann::json resolved;  // the whole config after presets, file and overrides, as JSON
 };
-
-// Where model presets live: $STRATA_CONFIGS/models, else <source dir>/configs/models, else
-// configs/models beside the executable's install prefix.
-std::string configs_dir();
-
-// Loads a config file (path may be empty: defaults only), applies `sets` ("a.b=v", value parsed
-// as JSON, else taken as a string), validates. Throws InputError.
-Config load_config(const std::string& path, const std::vector<std::string>& sets);
-
-// Same from an in-memory JSON object; `file` names it in errors.
-Config config_from_json(const nlohmann::json& j, const std::string& file,
-                        const std::vector<std::string>& sets = {});
-
-// The model keys of a preset (configs/models/<name>.json); InputError if unknown.
-nlohmann::json load_model_preset(const std::string& name, const std::string& file,
-                                 const std::string& where);
-
-// Checks that need the world size (parallel sizes dividing, batch divisibility). Throws
-// InputError naming both numbers. Called once the world size is known.
-void validate_for_world(const Config& c, int world_size);
-
-// Derived sizes.
-int data_parallel_size(const Config& c, int world_size);
-int microbatches_per_pipeline(const Config& c, int world_size);  // global / (micro * d)
 
 }  // namespace strata
