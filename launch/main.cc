@@ -1,6 +1,4 @@
-// Placeholder entry point; replaced by the real command line in this same series of commits.
-#include <cstdio>
-int main() {
-  std::puts("strata: under construction");
-  return 0;
-}
+// The `strata` executable: everything is in launch/cli.cc so tests can link it.
+#include "launch/cli.h"
+
+int main(int argc, char** argv) { return strata::run_cli(argc, argv); }

@@ -1,0 +1,124 @@
+#include "launch/cli.h"
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "launch/config_parse.h"
+#include "launch/trainer.h"
+#include "runtime/backend.h"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+const char* kUsage =
+    "usage: strata <command> [options]\n"
+    "\n"
+    "Train transformer language models with tensor, pipeline and data parallelism.\n"
+    "Launch several ranks with: mpirun -np N strata train --config FILE\n"
+    "\n"
+    "commands:\n"
+    "  train     train a model from a JSON config (strata train --help)\n"
+    "\n"
+    "options:\n"
+    "  --help     this text; `strata <command> --help` for a command's options\n"
+    "  --version  version and the compiled-in backends\n";
+
+const char* kTrainUsage =
+    "usage: strata train --config FILE [--set section.key=value ...] [--dry-run]\n"
+    "\n"
+    "Trains the model of FILE (keys: ../shared/DESIGN.md, docs/config.md).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE        the JSON config; unknown keys are errors\n"
+    "  --set KEY=VALUE      override a key, e.g. --set train.iterations=50 (VALUE parsed as\n"
+    "                       JSON, else taken as a string); repeatable\n"
+    "  --dry-run            print the model size, FLOPs per iteration and predicted memory per\n"
+    "                       category, then exit without training\n"
+    "  --help               this text\n"
+    "\n"
+    "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure\n";
+
+[[noreturn]] void usage_error(const std::string& where, const std::string& what) {
+  throw InputError("<command line>", where, what);
+}
+
+int cmd_train(const std::vector<std::string>& args) {
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool dry_run = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= args.size()) usage_error(flag, "a value after " + std::string(flag));
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kTrainUsage, stdout);
+      return 0;
+    } else if (a == "--config") {
+      config_path = value("--config");
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
+    } else if (a == "--set") {
+      sets.push_back(value("--set"));
+    } else if (a.rfind("--set=", 0) == 0) {
+      sets.push_back(a.substr(6));
+    } else if (a == "--dry-run") {
+      dry_run = true;
+    } else {
+      usage_error(a, "an option of strata train (--config, --set, --dry-run, --help)");
+    }
+  }
+  if (config_path.empty()) usage_error("--config", "a config file: strata train --config FILE");
+  const Config cfg = load_config(config_path, sets);
+  RunContext ctx;
+  if (dry_run) {
+    print_dry_run(cfg, ctx, std::cout);
+    return 0;
+  }
+  run_training(cfg, ctx);
+  return 0;
+}
+
+int dispatch(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("strata %s\nbackends: %s\n", STRATA_VERSION, compiled_backends().c_str());
+    return 0;
+  }
+  if (cmd == "train") return cmd_train(args);
+  usage_error(cmd, "a command: train (see strata --help)");
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(),
+                 process_host().c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace strata

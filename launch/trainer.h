@@ -1,0 +1,47 @@
+// trainer.h — `strata train`: builds backend, data, model and optimizer from a Config and runs
+// the training loop (gradient accumulation over micro-batches, clipping, AdamW, evaluation,
+// metrics), or with --dry-run prints the model size, FLOPs and predicted memory.
+//
+// Thread-safety: one run per process.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/config.h"
+
+namespace strata {
+
+struct RunContext {
+  int world_rank = 0;
+  int world_size = 1;
+  int ranks_on_node = 1;
+  bool verbose = true;  // progress lines and summary on rank 0
+};
+
+struct TrainResult {
+  std::vector<double> losses;      // [iteration] mean training loss
+  std::vector<double> grad_norms;  // [iteration] global norm before clipping
+  std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)
+  std::vector<bool> skipped;       // [iteration] non-finite step not applied
+  std::optional<double> loss_floor;  // best achievable loss (synthetic data)
+  double tokens_per_s = 0;         // over the whole run, excluding evaluation
+  double wall_s = 0;
+  MemStats memory;                 // allocator figures at the end (peaks over the run)
+  std::vector<float> final_params;  // the flat parameters at the end (this rank's shard)
+};
+
+// Runs training. Throws InputError for bad input found at start-up.
+TrainResult run_training(const Config& cfg, const RunContext& ctx);
+
+// Prints what --dry-run promises: parameters, FLOPs per iteration, memory per category.
+void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os);
+
+// Best-effort physical memory of this machine in bytes (0 when unknown).
+int64_t physical_memory_bytes();
+
+}  // namespace strata

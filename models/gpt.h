@@ -1,0 +1,130 @@
+// gpt.h — the GPT decoder (GPT-2 architecture) with hand-written forward and backward.
+//
+// Pre-LayerNorm decoder: token + learned position embeddings; L blocks of
+//   a = x + c_proj(attention(c_attn(ln_1(x))))      causal multi-head self-attention
+//   y = a + mlp.c_proj(gelu(mlp.c_fc(ln_2(a))))     GELU MLP
+// then ln_f and the LM head (tied to wte unless model.tie_embeddings is false), and the mean
+// cross-entropy over all tokens. No autograd: each layer's forward saves what its backward needs
+// (shapes documented on BlockActs), and backward accumulates parameter gradients.
+//
+// Parameters live in one flat buffer (and gradients in another of the same layout), in the
+// order wte, wpe, h.0.* … h.{L-1}.*, ln_f.*, [lm_head]: one buffer makes the optimizer, gradient
+// norm and gradient reduction single loops. Weight matrices use the (out, in) layout: y = x·Wᵀ+b.
+// The vocabulary is padded to a multiple of 128 (Megatron's make-vocab-size-divisible-by); padded
+// rows are zero, excluded from the loss and never sampled.
+//
+// Initialisation is a pure function of (train.seed, parameter name, element index): weights
+// N(0, init_std), the two residual output projections per block N(0, init_std/√(2L)) as GPT-2
+// does, biases 0, LayerNorm weights 1.
+//
+// Thread-safety: one model per rank, driven from one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/config.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+
+struct GptDims {
+  int L = 0;   // layers
+  int C = 0;   // hidden size
+  int NH = 0;  // attention heads
+  int F = 0;   // MLP hidden size
+  int S = 0;   // maximum sequence length (positions)
+  int V = 0;   // vocabulary
+  int Vp = 0;  // vocabulary padded to a multiple of 128
+  bool tie = true;
+  double init_std = 0.02;
+};
+GptDims gpt_dims(const ModelConfig& m);
+int pad_vocab(int vocab, int multiple);
+
+enum class ParamInit { kNormal, kOnes, kZeros };
+
+// One named parameter: its shape, where it sits in the flat buffers, how it starts.
+struct ParamInfo {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;  // elements into the flat buffer
+  int64_t numel = 0;
+  ParamInit init = ParamInit::kZeros;
+  double std = 0;     // for kNormal
+  int64_t rows_initialised = -1;  // kNormal: rows past this stay 0 (padded vocabulary); -1 all
+  bool decay = false;  // AdamW weight decay applies (matrices and embeddings, not biases/norms)
+};
+
+// FLOPs of one training iteration in Megatron-LM's counting (matrix multiplies only; attention
+// scores counted over the full S×S as Megatron does).
+struct FlopCount {
+  double model = 0;     // forward + backward (3× forward)
+  double hardware = 0;  // plus recomputed forward passes
+};
+
+// Predicted bytes per category for training with micro-batches of `micro_batch` sequences.
+struct MemoryPrediction {
+  int64_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
+  int64_t total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+class GptModel {
+ public:
+  // What one micro-batch's forward keeps for its backward (defined in gpt.cc).
+  struct Acts;
+  struct ActsDeleter {
+    void operator()(Acts* a) const;
+  };
+  using ActsPtr = std::unique_ptr<Acts, ActsDeleter>;
+
+  GptModel(const GptDims& dims, Backend& backend, uint64_t seed);
+  ~GptModel();
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  const GptDims& dims() const { return dims_; }
+  const std::vector<ParamInfo>& param_infos() const { return infos_; }
+  int64_t num_parameters() const { return params_.numel(); }
+  // Parameters without the padded vocabulary rows (what a user calls the model size).
+  int64_t num_real_parameters() const;
+
+  Tensor& params() { return params_; }  // (N) flat
+  Tensor& grads() { return grads_; }    // (N) flat, same layout
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  const ParamInfo& info(const std::string& name) const;
+
+  // (Re)initialises every parameter from `seed`.
+  void init_parameters(uint64_t seed);
+  void zero_grads();
+
+  // Forward of one micro-batch: tokens, targets (B, S) i32 on this backend's device.
+  // Returns the saved activations; *loss_sum receives Σ of the B·S token losses (double).
+  ActsPtr forward(const Tensor& tokens, const Tensor& targets, double* loss_sum);
+  // Backward of a forward: accumulates parameter gradients of (grad_scale · Σ token losses),
+  // i.e. grad_scale = 1 / (tokens in the global batch) gives the gradient of the mean loss.
+  void backward(Acts& acts, float grad_scale);
+  // The logits (B·S, Vp) a forward computed (valid until backward consumes them).
+  static const Tensor& logits(const Acts& acts);
+  // Forward only, for evaluation: Σ of the token losses.
+  double loss_sum(const Tensor& tokens, const Tensor& targets);
+
+  static FlopCount flops_per_iteration(const GptDims& d, int64_t global_batch_sequences,
+                                       int seq_len, bool full_recompute);
+  static MemoryPrediction predict_memory(const GptDims& d, int micro_batch, int seq_len,
+                                         int threads);
+  static std::vector<ParamInfo> layout(const GptDims& d);
+
+ private:
+  GptDims dims_;
+  Backend& be_;
+  std::vector<ParamInfo> infos_;
+  Tensor params_;  // (N) parameters
+  Tensor grads_;   // (N) gradients
+};
+
+}  // namespace strata

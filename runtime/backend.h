@@ -1,0 +1,119 @@
+// backend.h — the compute backend: memory and every op the models use, on one device.
+//
+// Models call these methods on Tensors and never know which device runs them; the backend is
+// chosen once, in make_backend() (the one factory: no #ifdef in model or schedule code). Ops
+// mirror kernels/cpu/ops.h: shapes are checked here, then the kernel runs on the raw buffers.
+// All tensors are f32 unless stated. Backward ops ACCUMULATE into gradient outputs (so
+// micro-batch gradients sum), except ce_backward which assigns.
+//
+// Thread-safety: one backend per process, used from the training thread; ops are ordered as
+// called (the CUDA backend issues them on one compute stream).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/allocator.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu (OpenBLAS openmp, 2 threads)"
+  virtual Allocator& allocator() = 0;
+
+  Tensor empty(const Shape& s, MemCategory c, DType t = DType::kF32) {
+    return Tensor::empty(s, t, c, allocator());
+  }
+  Tensor zeros(const Shape& s, MemCategory c, DType t = DType::kF32) {
+    Tensor x = empty(s, c, t);
+    zero(x);
+    return x;
+  }
+
+  // ---- memory ----
+  virtual void zero(Tensor& x) = 0;
+  virtual void copy(Tensor& dst, const Tensor& src) = 0;  // same numel and dtype
+  // Host <-> this device (a host pointer of numel elements of the tensor's dtype).
+  virtual void upload(Tensor& dst, const void* host) = 0;
+  virtual void download(void* host, const Tensor& src) = 0;
+  // Waits for all issued work (a no-op on the CPU).
+  virtual void synchronize() = 0;
+
+  // ---- dense layers ----
+  // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC); bias may be null.
+  virtual void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor* bias) = 0;
+  // dinp (N, C) += dout · w; dw (OC, C) += dout^T · inp; dbias += Σ dout. dinp, dbias may be null.
+  virtual void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                               const Tensor& inp, const Tensor& w) = 0;
+  // out, inp (N, C); mean, rstd (N).
+  virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                                 const Tensor& w, const Tensor& b) = 0;
+  virtual void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& w, const Tensor& mean,
+                                  const Tensor& rstd) = 0;
+  virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
+  virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+
+  // ---- attention core ----
+  // qkv (B, S, 3, NH, HS) → out (B, S, NH, HS); att (B, NH, S, S) saved probabilities.
+  virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) = 0;
+  virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                  const Tensor& att, int num_heads) = 0;
+
+  // ---- embedding (vocab-parallel shard [vocab_start, vocab_start + wte rows)) ----
+  // tokens (B, S) i32; out (B, S, C); wpe (S_max, C) may be null (only the first stage adds it).
+  virtual void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                 const Tensor* wpe, int vocab_start) = 0;
+  virtual void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout,
+                                  const Tensor& tokens, int vocab_start) = 0;
+
+  // ---- vocab-parallel cross-entropy steps (see kernels/cpu/ops.h) ----
+  // logits (N, ld) this shard's columns, `valid` of them real; row stats (N).
+  virtual void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) = 0;
+  virtual void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
+                             int valid) = 0;
+  virtual void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                               int vocab_start, int valid) = 0;
+  virtual void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
+                         const Tensor& target_logit) = 0;
+  virtual void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
+                           const Tensor& row_sumexp, const Tensor& targets, float scale,
+                           int vocab_start, int valid) = 0;
+
+  // ---- elementwise and reductions ----
+  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;            // y += x
+  virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
+  virtual void scale_inplace(Tensor& y, float s) = 0;                  // y *= s
+  virtual double sum_squares(const Tensor& x) = 0;                     // Σ x², in double
+  virtual double sum(const Tensor& x) = 0;                             // Σ x, in double
+
+  // ---- optimizer ----
+  // AdamW on a contiguous range (param, grad, m, v of equal numel); step is 1-based.
+  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
+                            float beta1, float beta2, float eps, float weight_decay,
+                            int step) = 0;
+};
+
+// The one factory. device: "auto" (CUDA when a device is present and compiled in, else CPU),
+// "cpu" or "cuda". threads: CPU worker threads (already resolved, ≥ 1).
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads);
+
+// CPU threads per rank: train.threads if set, else OMP_NUM_THREADS, else the cores divided by
+// the ranks on this node (at least 1), so several ranks on one machine never oversubscribe it.
+int resolve_cpu_threads(const std::optional<int>& configured, int ranks_on_node);
+
+// Compiled-in backends, for --version: "cpu, mpi" or "cpu, cuda, mpi, nccl".
+std::string compiled_backends();
+
+}  // namespace strata

@@ -1,0 +1,234 @@
+// The CPU backend: OpenBLAS GEMMs and OpenMP loops from kernels/cpu, on host memory.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+#include "runtime/backend.h"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+namespace k = kernels::cpu;
+
+int as_int(int64_t v) {
+  STRATA_CHECK(v >= 0 && v <= INT32_MAX, "dimension " << v << " exceeds the int32 range");
+  return static_cast<int>(v);
+}
+
+void expect_shape(const Tensor& t, const Shape& s, const char* what) {
+  STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
+                                    << shape_string(s));
+}
+
+void expect_numel(const Tensor& t, int64_t n, const char* what) {
+  STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
+}
+
+// Rows of a tensor viewed as (N, last dim).
+int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) { k::set_num_threads(threads); }
+
+  Device device() const override { return Device::kCPU; }
+  std::string name() const override {
+    return std::string("cpu (OpenBLAS ") + k::blas_parallel_mode() + ", " +
+           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+  }
+  Allocator& allocator() override { return cpu_allocator(); }
+
+  void zero(Tensor& x) override {
+    if (x.bytes()) std::memset(x.data(), 0, x.bytes());
+  }
+  void copy(Tensor& dst, const Tensor& src) override {
+    STRATA_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(),
+                 "copy " << shape_string(src.shape()) << " into " << shape_string(dst.shape()));
+    if (dst.bytes()) std::memcpy(dst.data(), src.data(), dst.bytes());
+  }
+  void upload(Tensor& dst, const void* host) override {
+    if (dst.bytes()) std::memcpy(dst.data(), host, dst.bytes());
+  }
+  void download(void* host, const Tensor& src) override {
+    if (src.bytes()) std::memcpy(host, src.data(), src.bytes());
+  }
+  void synchronize() override {}
+
+  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                      const Tensor* bias) override {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(out, N * OC, "matmul out");
+    if (bias) expect_numel(*bias, OC, "matmul bias");
+    k::matmul_forward(out.f32(), inp.f32(), w.f32(), bias ? bias->f32() : nullptr, as_int(N),
+                      as_int(C), as_int(OC));
+  }
+  void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& w) override {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_numel(dout, N * OC, "matmul dout");
+    expect_shape(dw, w.shape(), "matmul dweight");
+    if (dinp) expect_numel(*dinp, N * C, "matmul dinp");
+    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    k::matmul_backward(dinp ? dinp->f32() : nullptr, dw.f32(), dbias ? dbias->f32() : nullptr,
+                       dout.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), as_int(OC));
+  }
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                         const Tensor& w, const Tensor& b) override {
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "layernorm out");
+    expect_numel(mean, N, "layernorm mean");
+    expect_numel(rstd, N, "layernorm rstd");
+    expect_numel(w, C, "layernorm weight");
+    expect_numel(b, C, "layernorm bias");
+    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(),
+                         as_int(N), as_int(C));
+  }
+  void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& inp, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd) override {
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "layernorm dinp");
+    expect_numel(dout, N * C, "layernorm dout");
+    k::layernorm_backward(dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(),
+                          mean.f32(), rstd.f32(), as_int(N), as_int(C));
+  }
+  void gelu_forward(Tensor& out, const Tensor& inp) override {
+    expect_numel(out, inp.numel(), "gelu out");
+    k::gelu_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
+  }
+  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    expect_numel(dinp, inp.numel(), "gelu dinp");
+    expect_numel(dout, inp.numel(), "gelu dout");
+    k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), static_cast<size_t>(inp.numel()));
+  }
+
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) override {
+    const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
+    STRATA_CHECK(C3 % (3 * num_heads) == 0, "qkv width " << C3 << " % (3 * " << num_heads << ")");
+    const int64_t HS = C3 / 3 / num_heads;
+    expect_numel(out, B * S * num_heads * HS, "attention out");
+    expect_numel(att, B * num_heads * S * S, "attention probabilities");
+    k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(B), as_int(S), num_heads,
+                         as_int(HS));
+  }
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          int num_heads) override {
+    const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
+    const int64_t HS = C3 / 3 / num_heads;
+    expect_numel(dqkv, qkv.numel(), "attention dqkv");
+    expect_numel(dout, B * S * num_heads * HS, "attention dout");
+    const int64_t need = static_cast<int64_t>(k::attention_scratch_elems(as_int(S)));
+    if (scratch_.numel() < need) {
+      scratch_ = Tensor();  // release before allocating the larger one
+      scratch_ = empty({need}, MemCategory::kBuffers);
+    }
+    k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(),
+                          as_int(B), as_int(S), num_heads, as_int(HS));
+  }
+
+  void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                         int vocab_start) override {
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
+    expect_numel(out, B * S * C, "embedding out");
+    if (wpe) STRATA_CHECK(wpe->size(0) >= S, "sequence " << S << " > positions " << wpe->size(0));
+    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr,
+                         as_int(B), as_int(S), as_int(C), vocab_start, as_int(wte.size(0)));
+  }
+  void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
+                          int vocab_start) override {
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
+    expect_numel(dout, B * S * C, "embedding dout");
+    k::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.f32(), tokens.i32(),
+                          as_int(B), as_int(S), as_int(C), vocab_start, as_int(dwte.size(0)));
+  }
+
+  void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
+    k::ce_row_max(row_max.f32(), logits.f32(), as_int(rows(logits)), as_int(logits.size(-1)),
+                  valid);
+  }
+  void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
+                     int valid) override {
+    k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), as_int(rows(logits)),
+                     as_int(logits.size(-1)), valid);
+  }
+  void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                       int vocab_start, int valid) override {
+    expect_numel(targets, rows(logits), "cross-entropy targets");
+    k::ce_target_logit(target_logit.f32(), logits.f32(), targets.i32(), as_int(rows(logits)),
+                       as_int(logits.size(-1)), vocab_start, valid);
+  }
+  void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
+                 const Tensor& target_logit) override {
+    k::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
+                 as_int(losses.numel()));
+  }
+  void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
+                   const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
+                   int valid) override {
+    expect_numel(dlogits, logits.numel(), "cross-entropy dlogits");
+    k::ce_backward(dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(),
+                   scale, as_int(rows(logits)), as_int(logits.size(-1)), vocab_start, valid);
+  }
+
+  void add_inplace(Tensor& y, const Tensor& x) override {
+    expect_numel(x, y.numel(), "add_inplace operand");
+    k::add_inplace(y.f32(), x.f32(), static_cast<size_t>(y.numel()));
+  }
+  void add(Tensor& out, const Tensor& a, const Tensor& b) override {
+    expect_numel(a, out.numel(), "add operand a");
+    expect_numel(b, out.numel(), "add operand b");
+    k::add(out.f32(), a.f32(), b.f32(), static_cast<size_t>(out.numel()));
+  }
+  void scale_inplace(Tensor& y, float s) override {
+    k::scale_inplace(y.f32(), s, static_cast<size_t>(y.numel()));
+  }
+  double sum_squares(const Tensor& x) override {
+    return k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
+  }
+  double sum(const Tensor& x) override {
+    const float* p = x.f32();
+    double s = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
+    return s;
+  }
+
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int step) override {
+    expect_numel(grad, param.numel(), "adamw grad");
+    expect_numel(m, param.numel(), "adamw m");
+    expect_numel(v, param.numel(), "adamw v");
+    k::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), static_cast<size_t>(param.numel()),
+                    lr, beta1, beta2, eps, weight_decay, step);
+  }
+
+ private:
+  int threads_;
+  Tensor scratch_;  // attention backward scratch, (threads, S, S)
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+int resolve_cpu_threads(const std::optional<int>& configured, int ranks_on_node) {
+  if (configured) return *configured;
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const int per_rank = static_cast<int>(cores / std::max(1, ranks_on_node));
+  return std::max(1, per_rank);
+}
+
+}  // namespace strata

@@ -1,0 +1,47 @@
+// metrics.h — the per-iteration metrics stream (JSON Lines) and the console progress line.
+//
+// Rank 0 writes one JSON object per optimizer step to log.metrics with the keys fixed by
+// DESIGN.md: iter, loss, lr, grad_norm, step_ms, tokens_per_s, tflops_per_gpu, mfu, bubble,
+// mem_peak_bytes, plus val_loss on evaluation iterations and skipped: true on a skipped step.
+// Keys may be added, never renamed.
+//
+// Thread-safety: one writer, used from the training thread of rank 0.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace strata {
+
+struct IterationMetrics {
+  int iter = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;       // hardware FLOPs (recompute included)
+  std::optional<double> mfu;       // model FLOPs / device peak; null where the peak is unknown
+  double bubble = 0;               // measured compute-idle fraction of the step
+  int64_t mem_peak_bytes = 0;
+  std::optional<double> val_loss;  // evaluation iterations only
+  bool skipped = false;            // a non-finite step that was not applied
+};
+
+class MetricsWriter {
+ public:
+  // Opens `path` for writing (append when `append`, e.g. after a resume). `config_file` names
+  // the config in the error when the file cannot be opened. Throws InputError.
+  MetricsWriter(const std::string& path, bool append, const std::string& config_file);
+  void write(const IterationMetrics& m);
+
+ private:
+  std::ofstream out_;
+};
+
+// The JSON object of one iteration, as one line without the newline.
+std::string metrics_json(const IterationMetrics& m);
+
+}  // namespace strata

@@ -1,0 +1,53 @@
+#include "runtime/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/check.h"
+
+namespace strata {
+
+double learning_rate(const OptimizerConfig& o, int total_iterations, int it) {
+  const int warmup = o.warmup_iters;
+  const int decay_iters = o.decay_iters.value_or(total_iterations);
+  if (warmup > 0 && it <= warmup) return o.lr * it / warmup;
+  if (o.decay == "constant") return o.lr;
+  if (it >= decay_iters || decay_iters <= warmup) return o.min_lr;
+  const double ratio = static_cast<double>(it - warmup) / (decay_iters - warmup);
+  if (o.decay == "linear") return o.lr - ratio * (o.lr - o.min_lr);
+  return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+AdamW::AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<ParamRange> ranges,
+             int64_t numel)
+    : be_(backend), cfg_(cfg), ranges_(std::move(ranges)) {
+  int64_t covered = 0;
+  for (const ParamRange& r : ranges_) {
+    STRATA_CHECK(r.offset == covered, "parameter ranges must be contiguous and in order");
+    covered += r.numel;
+  }
+  STRATA_CHECK(covered == numel, "ranges cover " << covered << " of " << numel << " elements");
+  m_ = be_.zeros({numel}, MemCategory::kOptimizer);
+  v_ = be_.zeros({numel}, MemCategory::kOptimizer);
+}
+
+void AdamW::step(Tensor& params, const Tensor& grads, double lr) {
+  ++step_;
+  for (const ParamRange& r : ranges_) {
+    if (r.numel == 0) continue;
+    Tensor p = params.view(r.offset, {r.numel});
+    const Tensor g = grads.view(r.offset, {r.numel});
+    Tensor m = m_.view(r.offset, {r.numel});
+    Tensor v = v_.view(r.offset, {r.numel});
+    be_.adamw_update(p, g, m, v, static_cast<float>(lr), static_cast<float>(cfg_.beta1),
+                     static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
+                     r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_);
+  }
+}
+
+}  // namespace strata
