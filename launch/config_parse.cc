@@ -1,0 +1,891 @@
+// config_parse.cc — layered config loading (defaults < preset < file < --set), strict checks.
+//
+// Layering happens on JSON before any value is read: every layer is checked for unknown keys on
+// its own, so an unknown key is reported against the file (or "<command line>") that spelled it;
+// the layers are then merged key by key over the defaults, remembering which layer set each
+// leaf. Values are read into Config only after merging, so a type or range error names the
+// source that last set the bad value, and a consistency error names the most recently set of
+// the keys involved (the one the user is most likely to have just changed).
+
+#include "launch/config_parse.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+const char kCommandLine[] = "<command line>";
+const char kDefaultsFile[] = "<defaults>";
+// DESIGN.md's default model. The built-in model defaults are its sizes, so the preset is only
+// read from disk when a config names one: a defaults-only run needs no files.
+const char kDefaultPreset[] = "gpt2-124m";
+
+// Layers, lowest first. A leaf's layer decides whether ffn_hidden_size is derived from
+// hidden_size and which source a consistency error blames.
+enum Layer : int { kLayerDefaults = 0, kLayerPreset = 1, kLayerFile = 2, kLayerFirstSet = 3 };
+
+struct Origin {
+  std::string file;
+  int layer = kLayerDefaults;
+  // Prefix of the config path that the file does not spell: a preset file holds the keys of
+  // the model section at its top level, so "model.hidden_size" is "hidden_size" there.
+  std::string strip;
+};
+using Origins = std::map<std::string, Origin>;  // config path of a leaf -> who set it last
+
+// The keys of each section, in DESIGN.md's order so that error messages list them as documented.
+struct Section {
+  std::string path;
+  std::vector<std::string> keys;
+};
+
+const std::vector<Section>& schema() {
+  static const std::vector<Section> sections = {
+      {"",
+       {"model", "parallel", "train", "optimizer", "data", "checkpoint", "log", "comm", "device"}},
+      {"model",
+       {"preset", "arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len",
+        "vocab_size", "tie_embeddings", "dropout", "init_std", "init_from"}},
+      {"parallel",
+       {"tensor", "pipeline", "data", "virtual_stages", "schedule", "layers_per_stage",
+        "sequence_parallel", "distributed_optimizer", "bucket_mb"}},
+      {"train",
+       {"micro_batch_size", "global_batch_size", "iterations", "seed", "recompute", "precision",
+        "threads", "eval_interval", "eval_iters", "skip_nonfinite"}},
+      {"optimizer",
+       {"name", "lr", "min_lr", "warmup_iters", "decay", "decay_iters", "weight_decay", "beta1",
+        "beta2", "eps", "grad_clip"}},
+      {"data", {"source", "path", "val_fraction", "synthetic"}},
+      {"data.synthetic", {"vocab_size", "order", "seed"}},
+      {"checkpoint", {"dir", "interval", "keep", "resume"}},
+      {"log", {"interval", "metrics", "trace"}},
+      {"comm", {"timeout_s"}},
+  };
+  return sections;
+}
+
+const Section* find_section(const std::string& path) {
+  for (const Section& s : schema()) {
+    if (s.path == path) return &s;
+  }
+  return nullptr;
+}
+
+bool has_key(const Section& s, const std::string& key) {
+  return std::find(s.keys.begin(), s.keys.end(), key) != s.keys.end();
+}
+
+std::string join(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+std::string join_list(const std::vector<std::string>& items, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? sep : "") + items[i];
+  return s;
+}
+
+// A value as the user wrote it, cut short so that one error stays one line.
+std::string show(const json& v) {
+  constexpr size_t kMaxChars = 60;
+  std::string s = v.dump();
+  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars) + "...";
+  return s;
+}
+
+std::string unknown_key_message(const Section& s) {
+  return "unknown key (known " +
+         (s.path.empty() ? std::string("top-level keys") : "keys of " + s.path) + ": " +
+         join_list(s.keys, ", ") + ")";
+}
+
+// Checks `j` against the section `schema_path`: an object, known keys only, nested sections
+// objects too. `where` is the same place as the file spells it (differs for preset files).
+void check_keys(const json& j, const std::string& schema_path, const std::string& where,
+                const std::string& file) {
+  if (!j.is_object()) {
+    throw InputError(file, where,
+                     (where.empty() ? "expected a JSON object at the top level, got "
+                                    : "expected an object, got ") +
+                         show(j));
+  }
+  const Section& section = *find_section(schema_path);
+  for (const auto& [key, value] : j.items()) {
+    if (!has_key(section, key))
+      throw InputError(file, join(where, key), unknown_key_message(section));
+    const std::string sub = join(schema_path, key);
+    if (find_section(sub)) check_keys(value, sub, join(where, key), file);
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "cannot open: no such file");
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InputError(path, "", "expected a file, got a directory");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
+  return text;
+}
+
+// Parses JSON text. nlohmann keeps the last of duplicate keys silently; a config that says
+// "lr" twice is almost always an editing mistake, so duplicates are refused here.
+json parse_json_text(const std::string& text, const std::string& file) {
+  struct Frame {
+    bool is_object;
+    std::string path;
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Frame> stack;
+  auto child_path = [&stack]() -> std::string {
+    if (stack.empty()) return "";
+    const Frame& f = stack.back();
+    return f.is_object ? join(f.path, f.last_key) : f.path;
+  };
+  const json::parser_callback_t on_event = [&](int /*depth*/, json::parse_event_t event,
+                                               json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        stack.push_back(Frame{true, child_path(), {}, ""});
+        break;
+      case json::parse_event_t::array_start:
+        stack.push_back(Frame{false, child_path(), {}, ""});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        stack.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& f = stack.back();
+        f.last_key = parsed.get<std::string>();
+        if (!f.keys.insert(f.last_key).second) {
+          throw InputError(file, join(f.path, f.last_key),
+                           "duplicate key (each key may appear once per object)");
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, on_event);
+  } catch (const json::parse_error& e) {
+    // e.what() starts with "[json.exception.parse_error.101] "; the rest is the useful part.
+    std::string what = e.what();
+    const size_t bracket = what.find("] ");
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    throw InputError(file, "byte " + std::to_string(e.byte), "expected valid JSON (" + what + ")");
+  }
+}
+
+std::string models_dir() {
+  return configs_dir() + "/models";
+}
+
+std::string preset_path(const std::string& name) {
+  return models_dir() + "/" + name + ".json";
+}
+
+std::vector<std::string> known_presets() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(models_dir(), ec)) {
+    if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Preset names become file names; refusing separators keeps a name from reaching outside
+// configs/models.
+bool valid_preset_name(const std::string& name) {
+  if (name.empty() || name[0] == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '.' || ch == '_' || ch == '-';
+  });
+}
+
+// An integer-valued JSON number; 3.0 counts, 3.5 does not. Values beyond int64 saturate, which
+// every caller then refuses as out of range.
+std::optional<int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d) return std::nullopt;
+    if (d >= 9.2e18) return INT64_MAX;
+    if (d <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+void merge_into(json& dst, const json& src, const std::string& path, const Origin& origin,
+                Origins& origins) {
+  for (const auto& [key, value] : src.items()) {
+    const std::string sub = join(path, key);
+    if (find_section(sub)) {
+      merge_into(dst[key], value, sub, origin, origins);
+    } else {
+      dst[key] = value;
+      origins[sub] = origin;
+    }
+  }
+}
+
+// `--set a.b=v` as a one-key layer {"a": {"b": v}}, after checking that a.b is a known key.
+json parse_set(const std::string& arg) {
+  const size_t eq = arg.find('=');
+  const std::string path = arg.substr(0, eq);
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  const bool empty_part =
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
+  if (eq == std::string::npos || empty_part) {
+    throw InputError(kCommandLine, "--set " + arg, "expected section.key=value");
+  }
+  std::string at;
+  for (const std::string& part : parts) {
+    const Section* section = find_section(at);
+    if (!section) {
+      throw InputError(kCommandLine, join(at, part),
+                       "unknown key (" + at + " is a value, not a section)");
+    }
+    if (!has_key(*section, part)) {
+      throw InputError(kCommandLine, join(at, part), unknown_key_message(*section));
+    }
+    at = join(at, part);
+  }
+  const std::string text = arg.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;
+  if (find_section(at)) check_keys(value, at, at, kCommandLine);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    json wrapped = json::object();
+    wrapped[*it] = std::move(value);
+    value = std::move(wrapped);
+  }
+  return value;
+}
+
+// ffn_hidden_size follows hidden_size (4x) unless it was given at the same layer as
+// hidden_size or later: a file that widens a preset's hidden_size widens its FFN too.
+void derive_ffn(json& merged, Origins& origins) {
+  auto layer_of = [&origins](const std::string& p) {
+    const auto it = origins.find(p);
+    return it == origins.end() ? static_cast<int>(kLayerDefaults) : it->second.layer;
+  };
+  if (layer_of("model.ffn_hidden_size") >= layer_of("model.hidden_size")) return;
+  const std::optional<int64_t> hidden = as_int64(merged["model"]["hidden_size"]);
+  // A bad hidden_size is reported when it is read, before ffn_hidden_size.
+  if (!hidden || *hidden < 1 || *hidden > INT_MAX) return;
+  merged["model"]["ffn_hidden_size"] = 4 * *hidden;
+  origins["model.ffn_hidden_size"] = origins.at("model.hidden_size");
+}
+
+json nullable(const std::optional<std::string>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+json nullable(const std::optional<int>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json to_json(const Config& c) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const TrainConfig& t = c.train;
+  const OptimizerConfig& o = c.optimizer;
+  const DataConfig& d = c.data;
+  json j = json::object();
+  j["model"] = {{"preset", m.preset.empty() ? json(nullptr) : json(m.preset)},
+                {"arch", m.arch},
+                {"num_layers", m.num_layers},
+                {"hidden_size", m.hidden_size},
+                {"num_heads", m.num_heads},
+                {"ffn_hidden_size", m.ffn_hidden_size},
+                {"seq_len", m.seq_len},
+                {"vocab_size", m.vocab_size},
+                {"tie_embeddings", m.tie_embeddings},
+                {"dropout", m.dropout},
+                {"init_std", m.init_std},
+                {"init_from", nullable(m.init_from)}};
+  j["parallel"] = {
+      {"tensor", p.tensor},
+      {"pipeline", p.pipeline},
+      {"data", nullable(p.data)},
+      {"virtual_stages", p.virtual_stages},
+      {"schedule", p.schedule},
+      {"layers_per_stage", p.layers_per_stage ? json(*p.layers_per_stage) : json(nullptr)},
+      {"sequence_parallel", p.sequence_parallel},
+      {"distributed_optimizer", p.distributed_optimizer},
+      {"bucket_mb", p.bucket_mb}};
+  j["train"] = {{"micro_batch_size", t.micro_batch_size},
+                {"global_batch_size", t.global_batch_size},
+                {"iterations", t.iterations},
+                {"seed", t.seed},
+                {"recompute", t.recompute},
+                {"precision", t.precision},
+                {"threads", nullable(t.threads)},
+                {"eval_interval", t.eval_interval},
+                {"eval_iters", t.eval_iters},
+                {"skip_nonfinite", t.skip_nonfinite}};
+  j["optimizer"] = {{"name", o.name},
+                    {"lr", o.lr},
+                    {"min_lr", o.min_lr},
+                    {"warmup_iters", o.warmup_iters},
+                    {"decay", o.decay},
+                    {"decay_iters", nullable(o.decay_iters)},
+                    {"weight_decay", o.weight_decay},
+                    {"beta1", o.beta1},
+                    {"beta2", o.beta2},
+                    {"eps", o.eps},
+                    {"grad_clip", o.grad_clip}};
+  j["data"] = {{"source", d.source},
+               {"path", nullable(d.path)},
+               {"val_fraction", d.val_fraction},
+               {"synthetic",
+                {{"vocab_size", d.synthetic.vocab_size},
+                 {"order", d.synthetic.order},
+                 {"seed", d.synthetic.seed}}}};
+  j["checkpoint"] = {{"dir", nullable(c.checkpoint.dir)},
+                     {"interval", c.checkpoint.interval},
+                     {"keep", c.checkpoint.keep},
+                     {"resume", c.checkpoint.resume}};
+  j["log"] = {{"interval", c.log.interval},
+              {"metrics", nullable(c.log.metrics)},
+              {"trace", nullable(c.log.trace)}};
+  j["comm"] = {{"timeout_s", c.comm.timeout_s}};
+  j["device"] = c.device;
+  return j;
+}
+
+json default_json() {
+  Config defaults;
+  defaults.model.preset = kDefaultPreset;
+  return to_json(defaults);
+}
+
+// Typed, range-checked reads from the merged JSON. Every error names the source that set the
+// value (its file and the path as that file spells it).
+class Reader {
+ public:
+  Reader(const json& root, const Origins& origins, std::string fallback_file)
+      : root_(root), origins_(origins), fallback_file_(std::move(fallback_file)) {}
+
+  // Every path exists: the merge starts from the defaults, which hold every key.
+  const json& at(const std::string& path) const {
+    const json* v = &root_;
+    for (size_t start = 0;;) {
+      const size_t dot = path.find('.', start);
+      v = &v->at(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) return *v;
+      start = dot + 1;
+    }
+  }
+
+  Origin origin(const std::string& path) const {
+    const auto it = origins_.find(path);
+    return it == origins_.end() ? Origin{fallback_file_, kLayerDefaults, ""} : it->second;
+  }
+
+  [[noreturn]] void fail(const std::string& path, const std::string& expected) const {
+    fail_in(origin(path).file, path, expected);
+  }
+
+  // Names `path` in `file`; the path is spelled as `file` spells it when `file` set it.
+  [[noreturn]] void fail_in(const std::string& file, const std::string& path,
+                            const std::string& expected) const {
+    const Origin o = origin(path);
+    std::string where = path;
+    if (o.file == file && !o.strip.empty() && where.rfind(o.strip, 0) == 0) {
+      where = where.substr(o.strip.size());
+    }
+    throw InputError(file, where, expected);
+  }
+
+  // A consistency error among several keys: reported at the key set by the latest layer,
+  // since that is the one the user most likely just changed (first listed on ties).
+  [[noreturn]] void fail_latest(std::initializer_list<std::string> paths,
+                                const std::string& expected) const {
+    const std::string* latest = paths.begin();
+    for (const std::string& p : paths) {
+      if (origin(p).layer > origin(*latest).layer) latest = &p;
+    }
+    fail(*latest, expected);
+  }
+
+  // The file of whichever of `paths` was set last.
+  std::string latest_file(std::initializer_list<std::string> paths) const {
+    Origin best = origin(*paths.begin());
+    for (const std::string& p : paths) {
+      if (origin(p).layer > best.layer) best = origin(p);
+    }
+    return best.file;
+  }
+
+  void require(bool ok, const std::string& path, const std::string& expected) const {
+    if (!ok) fail(path, expected + ", got " + show(at(path)));
+  }
+
+  int integer(const std::string& path, int64_t min) const {
+    return *integer_impl(path, min, /*nullable=*/false);
+  }
+  std::optional<int> optional_integer(const std::string& path, int64_t min) const {
+    return integer_impl(path, min, /*nullable=*/true);
+  }
+
+  uint64_t seed(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      // 2^64 is exactly representable; anything below it that is integral fits in uint64.
+      if (std::isfinite(d) && std::floor(d) == d && d >= 0 && d < 18446744073709551616.0) {
+        return static_cast<uint64_t>(d);
+      }
+    }
+    fail(path, "expected a non-negative integer, got " + show(v));
+  }
+
+  double number(const std::string& path) const {
+    const json& v = at(path);
+    if (!v.is_number()) fail(path, "expected a number, got " + show(v));
+    return v.get<double>();
+  }
+
+  bool boolean(const std::string& path) const {
+    const json& v = at(path);
+    if (!v.is_boolean()) fail(path, "expected a boolean, got " + show(v));
+    return v.get<bool>();
+  }
+
+  // Optional strings are all file paths here; "" would only fail later, far from the config.
+  std::optional<std::string> optional_string(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_string()) fail(path, "expected a string or null, got " + show(v));
+    if (v.get<std::string>().empty()) fail(path, "expected a non-empty string or null, got \"\"");
+    return v.get<std::string>();
+  }
+
+  std::string one_of(const std::string& path, const std::vector<std::string>& options) const {
+    const json& v = at(path);
+    if (v.is_string() &&
+        std::find(options.begin(), options.end(), v.get<std::string>()) != options.end()) {
+      return v.get<std::string>();
+    }
+    std::vector<std::string> quoted;
+    for (const std::string& o : options) quoted.push_back("\"" + o + "\"");
+    fail(path, "expected one of " + join_list(quoted, ", ") + ", got " + show(v));
+  }
+
+  std::optional<std::vector<int>> optional_positive_array(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_null()) return std::nullopt;
+    const std::string expected = "expected an array of positive integers or null, got " + show(v);
+    if (!v.is_array()) fail(path, expected);
+    std::vector<int> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::optional<int64_t> n = as_int64(v[i]);
+      if (!n || *n < 1 || *n > INT_MAX) {
+        fail(path, expected + " (entry " + std::to_string(i) + " is " + show(v[i]) + ")");
+      }
+      out.push_back(static_cast<int>(*n));
+    }
+    return out;
+  }
+
+ private:
+  std::optional<int> integer_impl(const std::string& path, int64_t min, bool nullable) const {
+    const json& v = at(path);
+    if (nullable && v.is_null()) return std::nullopt;
+    const std::string or_null = nullable ? " or null" : "";
+    const std::optional<int64_t> n = as_int64(v);
+    if (!n) fail(path, "expected an integer" + or_null + ", got " + show(v));
+    if (*n < min) {
+      const std::string what = min == 1   ? "a positive integer"
+                               : min == 0 ? "a non-negative integer"
+                                          : "an integer >= " + std::to_string(min);
+      fail(path, "expected " + what + or_null + ", got " + show(v));
+    }
+    if (*n > INT_MAX) {
+      fail(path, "expected an integer at most " + std::to_string(INT_MAX) + ", got " + show(v));
+    }
+    return static_cast<int>(*n);
+  }
+
+  const json& root_;
+  const Origins& origins_;
+  std::string fallback_file_;
+};
+
+Config read_config(const Reader& r) {
+  Config c;
+
+  ModelConfig& m = c.model;
+  m.preset = r.optional_string("model.preset").value_or("");
+  m.arch = r.one_of("model.arch", {"gpt"});
+  m.num_layers = r.integer("model.num_layers", 1);
+  m.hidden_size = r.integer("model.hidden_size", 1);
+  m.num_heads = r.integer("model.num_heads", 1);
+  m.ffn_hidden_size = r.integer("model.ffn_hidden_size", 1);
+  m.seq_len = r.integer("model.seq_len", 1);
+  m.vocab_size = r.integer("model.vocab_size", 1);
+  m.tie_embeddings = r.boolean("model.tie_embeddings");
+  m.dropout = r.number("model.dropout");
+  r.require(m.dropout >= 0 && m.dropout < 1, "model.dropout", "expected a number in [0, 1)");
+  // The key is part of the documented config, but no layer applies dropout yet; refusing is
+  // better than training without the regularisation the user asked for.
+  r.require(m.dropout == 0, "model.dropout", "dropout is not implemented; expected 0");
+  m.init_std = r.number("model.init_std");
+  r.require(m.init_std > 0, "model.init_std", "expected a number > 0");
+  m.init_from = r.optional_string("model.init_from");
+
+  ParallelConfig& p = c.parallel;
+  p.tensor = r.integer("parallel.tensor", 1);
+  p.pipeline = r.integer("parallel.pipeline", 1);
+  p.data = r.optional_integer("parallel.data", 1);
+  p.virtual_stages = r.integer("parallel.virtual_stages", 1);
+  p.schedule = r.one_of("parallel.schedule", {"gpipe", "1f1b", "interleaved", "2bw", "zb-h1"});
+  p.layers_per_stage = r.optional_positive_array("parallel.layers_per_stage");
+  p.sequence_parallel = r.boolean("parallel.sequence_parallel");
+  p.distributed_optimizer = r.boolean("parallel.distributed_optimizer");
+  p.bucket_mb = r.number("parallel.bucket_mb");
+  r.require(p.bucket_mb > 0, "parallel.bucket_mb", "expected a number > 0");
+
+  TrainConfig& t = c.train;
+  t.micro_batch_size = r.integer("train.micro_batch_size", 1);
+  t.global_batch_size = r.integer("train.global_batch_size", 1);
+  t.iterations = r.integer("train.iterations", 0);
+  t.seed = r.seed("train.seed");
+  t.recompute = r.one_of("train.recompute", {"none", "selective", "full"});
+  t.precision = r.one_of("train.precision", {"fp32", "bf16"});
+  t.threads = r.optional_integer("train.threads", 1);
+  t.eval_interval = r.integer("train.eval_interval", 0);
+  t.eval_iters = r.integer("train.eval_iters", 1);
+  t.skip_nonfinite = r.boolean("train.skip_nonfinite");
+
+  OptimizerConfig& o = c.optimizer;
+  o.name = r.one_of("optimizer.name", {"adamw"});
+  o.lr = r.number("optimizer.lr");
+  r.require(o.lr >= 0, "optimizer.lr", "expected a number >= 0");
+  o.min_lr = r.number("optimizer.min_lr");
+  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
+    r.fail_latest({"optimizer.min_lr", "optimizer.lr"},
+                  "expected min_lr in [0, lr = " + show(r.at("optimizer.lr")) + "], got min_lr " +
+                      show(r.at("optimizer.min_lr")));
+  }
+  o.warmup_iters = r.integer("optimizer.warmup_iters", 0);
+  o.decay = r.one_of("optimizer.decay", {"cosine", "linear", "constant"});
+  o.decay_iters = r.optional_integer("optimizer.decay_iters", 0);
+  o.weight_decay = r.number("optimizer.weight_decay");
+  r.require(o.weight_decay >= 0, "optimizer.weight_decay", "expected a number >= 0");
+  o.beta1 = r.number("optimizer.beta1");
+  r.require(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1", "expected a number in [0, 1)");
+  o.beta2 = r.number("optimizer.beta2");
+  r.require(o.beta2 >= 0 && o.beta2 < 1, "optimizer.beta2", "expected a number in [0, 1)");
+  o.eps = r.number("optimizer.eps");
+  r.require(o.eps > 0, "optimizer.eps", "expected a number > 0");
+  o.grad_clip = r.number("optimizer.grad_clip");
+  r.require(o.grad_clip >= 0, "optimizer.grad_clip", "expected a number >= 0");
+
+  DataConfig& d = c.data;
+  d.source = r.one_of("data.source", {"synthetic", "text", "tokens"});
+  d.path = r.optional_string("data.path");
+  d.val_fraction = r.number("data.val_fraction");
+  r.require(d.val_fraction > 0 && d.val_fraction < 1, "data.val_fraction",
+            "expected a number in (0, 1)");
+  d.synthetic.vocab_size = r.integer("data.synthetic.vocab_size", 1);
+  d.synthetic.order = r.integer("data.synthetic.order", 0);
+  d.synthetic.seed = r.seed("data.synthetic.seed");
+
+  CheckpointConfig& k = c.checkpoint;
+  k.dir = r.optional_string("checkpoint.dir");
+  k.interval = r.integer("checkpoint.interval", 0);
+  k.keep = r.integer("checkpoint.keep", 1);
+  const json& resume = r.at("checkpoint.resume");
+  if (!resume.is_string() || resume.get<std::string>().empty()) {
+    r.fail("checkpoint.resume",
+           "expected \"auto\", \"none\" or a checkpoint path, got " + show(resume));
+  }
+  k.resume = resume.get<std::string>();
+
+  c.log.interval = r.integer("log.interval", 1);
+  c.log.metrics = r.optional_string("log.metrics");
+  c.log.trace = r.optional_string("log.trace");
+
+  c.comm.timeout_s = r.number("comm.timeout_s");
+  r.require(c.comm.timeout_s > 0, "comm.timeout_s", "expected a number > 0");
+
+  c.device = r.one_of("device", {"auto", "cpu", "cuda"});
+  return c;
+}
+
+// Combinations that are wrong whatever the world size.
+void check_consistency(const Config& c, const Reader& r) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const TrainConfig& t = c.train;
+  using std::to_string;
+
+  if (m.hidden_size % m.num_heads != 0) {
+    r.fail_latest({"model.hidden_size", "model.num_heads"},
+                  "hidden_size " + to_string(m.hidden_size) + " is not divisible by num_heads " +
+                      to_string(m.num_heads));
+  }
+
+  if (p.virtual_stages > 1 && p.schedule != "interleaved") {
+    r.fail_latest({"parallel.virtual_stages", "parallel.schedule"},
+                  "virtual_stages " + to_string(p.virtual_stages) +
+                      " needs schedule \"interleaved\", got \"" + p.schedule + "\"");
+  }
+  if (p.schedule == "interleaved" && p.pipeline < 2) {
+    r.fail_latest(
+        {"parallel.schedule", "parallel.pipeline"},
+        "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
+  }
+  // One entry per model chunk; every layer in exactly one chunk, never silently dropped.
+  const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
+  const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
+                                  to_string(p.virtual_stages) + " = " + to_string(chunks);
+  if (p.layers_per_stage) {
+    const std::vector<int>& lps = *p.layers_per_stage;
+    if (static_cast<int64_t>(lps.size()) != chunks) {
+      r.fail_latest(
+          {"parallel.layers_per_stage", "parallel.pipeline", "parallel.virtual_stages"},
+          "expected " + chunks_text + " entries in layers_per_stage, got " + to_string(lps.size()));
+    }
+    int64_t sum = 0;
+    for (int n : lps) sum += n;
+    if (sum != m.num_layers) {
+      r.fail_latest({"parallel.layers_per_stage", "model.num_layers"},
+                    "layers_per_stage sums to " + to_string(sum) + " but num_layers is " +
+                        to_string(m.num_layers) + " (every layer must be in exactly one stage)");
+    }
+  } else if (m.num_layers < chunks) {
+    r.fail_latest({"model.num_layers", "parallel.pipeline", "parallel.virtual_stages"},
+                  "num_layers " + to_string(m.num_layers) + " is fewer than the " + chunks_text +
+                      " model chunks (each chunk needs at least one layer)");
+  }
+
+  if (t.global_batch_size % t.micro_batch_size != 0) {
+    r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
+                  "global_batch_size " + to_string(t.global_batch_size) +
+                      " is not a multiple of micro_batch_size " + to_string(t.micro_batch_size));
+  }
+
+  const DataConfig& d = c.data;
+  if (d.source != "synthetic" && !d.path) {
+    // Named at data.path, in the source that chose the file-backed data.source.
+    r.fail_in(r.latest_file({"data.source", "data.path"}), "data.path",
+              "data.source \"" + d.source + "\" reads a file: expected a string, got null");
+  }
+  // Token ids index the embedding table, so the data's vocabulary must fit the model's.
+  if (d.source == "synthetic" && d.synthetic.vocab_size > m.vocab_size) {
+    r.fail_latest({"data.synthetic.vocab_size", "model.vocab_size", "data.source"},
+                  "synthetic vocab_size " + to_string(d.synthetic.vocab_size) +
+                      " exceeds model vocab_size " + to_string(m.vocab_size));
+  }
+  if (d.source == "text" && m.vocab_size < 256) {
+    r.fail_latest({"model.vocab_size", "data.source"},
+                  "data.source \"text\" has byte tokens 0..255: expected model vocab_size >= "
+                  "256, got " +
+                      to_string(m.vocab_size));
+  }
+
+  if (t.precision == "bf16" && c.device == "cpu") {
+    r.fail_latest({"train.precision", "device"},
+                  "precision \"bf16\" is not available on device \"cpu\" (the CPU backend "
+                  "computes in fp32); expected \"fp32\"");
+  }
+
+  if (c.checkpoint.interval > 0 && !c.checkpoint.dir) {
+    r.fail_in(r.latest_file({"checkpoint.interval", "checkpoint.dir"}), "checkpoint.dir",
+              "checkpoint.interval " + to_string(c.checkpoint.interval) +
+                  " saves checkpoints: expected a directory, got null");
+  }
+}
+
+}  // namespace
+
+std::string configs_dir() {
+  if (const char* env = std::getenv("STRATA_CONFIGS"); env != nullptr && *env != '\0') return env;
+  return std::string(STRATA_SOURCE_DIR) + "/configs";
+}
+
+nlohmann::json load_model_preset(const std::string& name, const std::string& file,
+                                 const std::string& where) {
+  if (!valid_preset_name(name)) {
+    throw InputError(
+        file, where,
+        "expected a preset name (letters, digits, '.', '_', '-'), got " + show(json(name)));
+  }
+  const std::string path = preset_path(name);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(file, where,
+                     "unknown preset " + show(json(name)) + " (known presets in " + models_dir() +
+                         ": " + join_list(known_presets(), ", ") + ")");
+  }
+  json preset = parse_json_text(read_text_file(path), path);
+  check_keys(preset, "model", "", path);
+  if (preset.contains("preset")) {
+    throw InputError(path, "preset",
+                     "unknown key (a preset holds model keys and names no other preset)");
+  }
+  return preset;
+}
+
+Config config_from_json(const nlohmann::json& j, const std::string& file,
+                        const std::vector<std::string>& sets) {
+  const std::string source = file.empty() ? kDefaultsFile : file;
+  check_keys(j, "", "", source);
+
+  struct Layer {
+    json value;
+    Origin origin;
+  };
+  std::vector<Layer> layers = {{j, Origin{source, kLayerFile, ""}}};
+  for (size_t i = 0; i < sets.size(); ++i) {
+    layers.push_back(
+        {parse_set(sets[i]), Origin{kCommandLine, kLayerFirstSet + static_cast<int>(i), ""}});
+  }
+
+  json merged = default_json();
+  Origins origins;
+  // The preset sits under the file's keys even when --set names it, so it is found first.
+  const Layer* named = nullptr;
+  for (const Layer& l : layers) {
+    if (l.value.contains("model") && l.value["model"].contains("preset")) named = &l;
+  }
+  if (named != nullptr) {
+    const json& name = named->value["model"]["preset"];
+    if (name.is_string()) {
+      json preset_layer = json::object();
+      preset_layer["model"] =
+          load_model_preset(name.get<std::string>(), named->origin.file, "model.preset");
+      merge_into(merged, preset_layer, "",
+                 Origin{preset_path(name.get<std::string>()), kLayerPreset, "model."}, origins);
+    } else if (!name.is_null()) {
+      throw InputError(named->origin.file, "model.preset",
+                       "expected a string or null, got " + show(name));
+    }
+  }
+  for (const Layer& l : layers) merge_into(merged, l.value, "", l.origin, origins);
+  derive_ffn(merged, origins);
+
+  const Reader reader(merged, origins, source);
+  Config c = read_config(reader);
+  check_consistency(c, reader);
+  c.source_file = source;
+  c.resolved = to_json(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& sets) {
+  if (path.empty()) return config_from_json(json::object(), kDefaultsFile, sets);
+  return config_from_json(parse_json_text(read_text_file(path), path), path, sets);
+}
+
+void validate_for_world(const Config& c, int world_size) {
+  if (world_size < 1) {
+    throw std::invalid_argument("validate_for_world: world size " + std::to_string(world_size));
+  }
+  using std::to_string;
+  const std::string& file = c.source_file;
+  const ParallelConfig& p = c.parallel;
+  const int64_t tp = int64_t{p.tensor} * p.pipeline;
+  const std::string world = "world size " + to_string(world_size) + " (mpirun -np)";
+  const std::string tp_text =
+      "tensor " + to_string(p.tensor) + " × pipeline " + to_string(p.pipeline);
+  if (world_size % tp != 0) {
+    throw InputError(file, "parallel",
+                     world + " is not divisible by " + tp_text + " = " + to_string(tp));
+  }
+  if (p.data && tp * *p.data != world_size) {
+    throw InputError(file, "parallel.data",
+                     world + " != " + tp_text + " × data " + to_string(*p.data) + " = " +
+                         to_string(tp * *p.data));
+  }
+
+  // Tensor parallelism splits heads, the hidden dimension and the FFN across ranks.
+  const ModelConfig& m = c.model;
+  const std::string by_tensor = " is not divisible by tensor " + to_string(p.tensor);
+  if (m.num_heads % p.tensor != 0) {
+    throw InputError(file, "model.num_heads", "num_heads " + to_string(m.num_heads) + by_tensor);
+  }
+  if (m.hidden_size % p.tensor != 0) {
+    throw InputError(file, "model.hidden_size",
+                     "hidden_size " + to_string(m.hidden_size) + by_tensor);
+  }
+  if (m.ffn_hidden_size % p.tensor != 0) {
+    throw InputError(file, "model.ffn_hidden_size",
+                     "ffn_hidden_size " + to_string(m.ffn_hidden_size) + by_tensor);
+  }
+  // Sequence parallelism splits the sequence dimension of the activations across the same ranks.
+  if (p.sequence_parallel && m.seq_len % p.tensor != 0) {
+    throw InputError(file, "parallel.sequence_parallel",
+                     "sequence_parallel needs seq_len divisible by tensor: seq_len " +
+                         to_string(m.seq_len) + by_tensor);
+  }
+
+  const TrainConfig& t = c.train;
+  const int64_t d = data_parallel_size(c, world_size);
+  const int64_t per_step = int64_t{t.micro_batch_size} * d;
+  if (t.global_batch_size % per_step != 0) {
+    throw InputError(file, "train.global_batch_size",
+                     "global_batch_size " + to_string(t.global_batch_size) +
+                         " is not divisible by micro_batch_size " + to_string(t.micro_batch_size) +
+                         " × data-parallel size " + to_string(d) + " = " + to_string(per_step));
+  }
+}
+
+int data_parallel_size(const Config& c, int world_size) {
+  if (c.parallel.data) return *c.parallel.data;
+  return static_cast<int>(world_size / (int64_t{c.parallel.tensor} * c.parallel.pipeline));
+}
+
+int microbatches_per_pipeline(const Config& c, int world_size) {
+  const int d = data_parallel_size(c, world_size);
+  // Before validate_for_world a world smaller than tensor x pipeline gives d = 0.
+  if (d < 1) return 0;
+  return static_cast<int>(c.train.global_batch_size / (int64_t{c.train.micro_batch_size} * d));
+}
+
+}  // namespace strata

@@ -1,0 +1,716 @@
+// test_config.cc — config loading: defaults, preset/file/--set layering, strict validation, the
+// world-size checks, and the shipped presets and training configs.
+//
+// Expected values come from DESIGN.md (the defaults, copied below as text) and from the
+// published model sizes (GPT-2, GPT-3 papers), never from the parser's own tables.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "launch/config_parse.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// DESIGN.md's Config section, verbatim.
+const char kDesignDefaults[] = R"({
+  "model":     {"preset": "gpt2-124m", "arch": "gpt", "num_layers": 12, "hidden_size": 768, "num_heads": 12,
+                "ffn_hidden_size": 3072, "seq_len": 1024, "vocab_size": 50257, "tie_embeddings": true,
+                "dropout": 0.0, "init_std": 0.02, "init_from": null},
+  "parallel":  {"tensor": 1, "pipeline": 1, "data": null, "virtual_stages": 1, "schedule": "1f1b",
+                "layers_per_stage": null, "sequence_parallel": false, "distributed_optimizer": false,
+                "bucket_mb": 25},
+  "train":     {"micro_batch_size": 4, "global_batch_size": 32, "iterations": 100, "seed": 1234,
+                "recompute": "none", "precision": "fp32", "threads": null, "eval_interval": 50,
+                "eval_iters": 10, "skip_nonfinite": true},
+  "optimizer": {"name": "adamw", "lr": 3e-4, "min_lr": 3e-5, "warmup_iters": 10, "decay": "cosine",
+                "decay_iters": null, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                "grad_clip": 1.0},
+  "data":      {"source": "synthetic", "path": null, "val_fraction": 0.1,
+                "synthetic": {"vocab_size": 64, "order": 2, "seed": 7}},
+  "checkpoint":{"dir": null, "interval": 0, "keep": 3, "resume": "auto"},
+  "log":       {"interval": 1, "metrics": null, "trace": null},
+  "comm":      {"timeout_s": 300},
+  "device":    "auto"
+})";
+
+const char kFile[] = "cfg.json";
+const char kCmd[] = "<command line>";
+
+// Runs `f`, which must throw InputError, and returns the error.
+InputError expect_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected an InputError";
+  return InputError("", "", "");
+}
+
+InputError config_error(const json& j, const std::vector<std::string>& sets = {}) {
+  return expect_error([&] { config_from_json(j, kFile, sets); });
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A scratch directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::path(::testing::TempDir()) / (std::string("strata_config_") + info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    const fs::path p = path_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// ---- defaults and layering ----
+
+TEST(ConfigDefaults, EqualDesign) {
+  const Config c = load_config("", {});
+  EXPECT_EQ(c.source_file, "<defaults>");
+  EXPECT_EQ(c.resolved, json::parse(kDesignDefaults)) << c.resolved.dump(2);
+  EXPECT_EQ(c.model.preset, "gpt2-124m");
+  EXPECT_EQ(c.model.num_layers, 12);
+  EXPECT_EQ(c.model.ffn_hidden_size, 3072);
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_FALSE(c.parallel.data.has_value());
+  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_EQ(c.train.global_batch_size, 32);
+  EXPECT_EQ(c.train.seed, 1234u);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.data.synthetic.order, 2);
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_DOUBLE_EQ(c.comm.timeout_s, 300);
+  EXPECT_EQ(c.device, "auto");
+}
+
+TEST(ConfigDefaults, DesignExampleIsAValidConfigFile) {
+  const json design = json::parse(kDesignDefaults);
+  const Config c = config_from_json(design, kFile);
+  EXPECT_EQ(c.resolved, design);
+  EXPECT_EQ(c.source_file, kFile);
+}
+
+TEST(ConfigDefaults, EmptyObjectAndMissingSections) {
+  EXPECT_EQ(config_from_json(json::object(), kFile).resolved, json::parse(kDesignDefaults));
+  const Config c = config_from_json(json::parse(R"({"train": {"iterations": 7}})"), kFile);
+  EXPECT_EQ(c.train.iterations, 7);
+  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_EQ(c.resolved["train"]["iterations"], 7);
+  EXPECT_EQ(c.resolved["optimizer"]["lr"], 3e-4);
+}
+
+TEST(ConfigDefaults, BuiltInModelIsTheGpt2_124mPresetFile) {
+  const json preset = load_model_preset("gpt2-124m", kFile, "model.preset");
+  const json defaults = load_config("", {}).resolved["model"];
+  for (const auto& [key, value] : preset.items()) EXPECT_EQ(defaults[key], value) << key;
+}
+
+TEST(ConfigLayering, PresetThenFileKeys) {
+  const Config c =
+      config_from_json(json::parse(R"({"model": {"preset": "tiny", "num_layers": 3}})"), kFile);
+  EXPECT_EQ(c.model.preset, "tiny");
+  EXPECT_EQ(c.model.num_layers, 3);  // the file overrides the preset
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_heads, 4);
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);
+  EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.vocab_size, 64);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 0.02);  // not a preset key: the default stays
+  EXPECT_EQ(c.resolved["model"]["preset"], "tiny");
+}
+
+TEST(ConfigLayering, FfnFollowsHiddenSizeUnlessGiven) {
+  // No preset named: the file's hidden_size alone.
+  EXPECT_EQ(
+      config_from_json(json::parse(R"({"model": {"hidden_size": 1024, "num_heads": 16}})"), kFile)
+          .model.ffn_hidden_size,
+      4096);
+  // The file widens the preset's hidden_size: the preset's ffn no longer applies.
+  EXPECT_EQ(
+      config_from_json(json::parse(R"({"model": {"preset": "tiny", "hidden_size": 128}})"), kFile)
+          .model.ffn_hidden_size,
+      512);
+  // Given beside hidden_size: kept.
+  EXPECT_EQ(config_from_json(json::parse(R"({"model": {"preset": "tiny", "hidden_size": 128,
+                                                       "ffn_hidden_size": 300}})"),
+                             kFile)
+                .model.ffn_hidden_size,
+            300);
+  // Given in the file, hidden_size from --set: derived from the later hidden_size.
+  EXPECT_EQ(config_from_json(json::parse(R"({"model": {"preset": "tiny"}})"), kFile,
+                             {"model.hidden_size=32"})
+                .model.ffn_hidden_size,
+            128);
+  // hidden_size only from the preset: the preset's ffn stays.
+  EXPECT_EQ(config_from_json(json::parse(R"({"model": {"preset": "tiny", "num_heads": 8}})"), kFile)
+                .model.ffn_hidden_size,
+            256);
+}
+
+TEST(ConfigLayering, PresetNull) {
+  const Config c = config_from_json(json::parse(R"({"model": {"preset": null}})"), kFile);
+  EXPECT_EQ(c.model.preset, "");
+  EXPECT_TRUE(c.resolved["model"]["preset"].is_null());
+  EXPECT_EQ(c.model.num_layers, 12);
+}
+
+// ---- --set ----
+
+TEST(ConfigSet, JsonValue) {
+  const Config c = load_config("", {"train.micro_batch_size=8", "parallel.layers_per_stage=[12]",
+                                    "parallel.sequence_parallel=true", "optimizer.lr=1e-3"});
+  EXPECT_EQ(c.train.micro_batch_size, 8);
+  ASSERT_TRUE(c.parallel.layers_per_stage.has_value());
+  EXPECT_EQ(*c.parallel.layers_per_stage, std::vector<int>{12});
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+}
+
+TEST(ConfigSet, StringValue) {
+  const Config c =
+      load_config("", {"data.source=text", "data.path=some file.txt", "checkpoint.resume=none",
+                       "model.vocab_size=256", "log.metrics=\"quoted.jsonl\""});
+  EXPECT_EQ(c.data.source, "text");
+  EXPECT_EQ(c.data.path.value_or(""), "some file.txt");
+  EXPECT_EQ(c.checkpoint.resume, "none");
+  EXPECT_EQ(c.log.metrics.value_or(""), "quoted.jsonl");
+}
+
+TEST(ConfigSet, NestedPathTopLevelKeyAndSection) {
+  const Config c = load_config(
+      "", {"data.synthetic.order=3", "device=cpu", R"(parallel={"tensor": 2, "pipeline": 2})"});
+  EXPECT_EQ(c.data.synthetic.order, 3);
+  EXPECT_EQ(c.data.synthetic.vocab_size, 64);
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.parallel.tensor, 2);
+  EXPECT_EQ(c.parallel.pipeline, 2);
+  EXPECT_EQ(c.parallel.schedule, "1f1b");  // a section value merges key by key
+}
+
+TEST(ConfigSet, OverridesFileAndLaterSetWins) {
+  const Config c = config_from_json(json::parse(R"({"train": {"iterations": 5}})"), kFile,
+                                    {"train.iterations=6", "train.iterations=7"});
+  EXPECT_EQ(c.train.iterations, 7);
+}
+
+TEST(ConfigSet, PresetGoesUnderTheFileKeys) {
+  const Config c = config_from_json(json::parse(R"({"model": {"num_layers": 5}})"), kFile,
+                                    {"model.preset=tiny"});
+  EXPECT_EQ(c.model.preset, "tiny");
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_layers, 5);
+}
+
+TEST(ConfigSet, UnknownPath) {
+  InputError e = expect_error([] { load_config("", {"train.nope=1"}); });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "train.nope");
+  EXPECT_TRUE(contains(e.expected(), "unknown key")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "micro_batch_size")) << e.what();
+
+  e = expect_error([] { load_config("", {"trian.iterations=1"}); });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "trian");
+
+  e = expect_error([] { load_config("", {"train.seed.low=1"}); });
+  EXPECT_EQ(e.where(), "train.seed.low");
+
+  e = expect_error([] { load_config("", {R"(parallel={"tensr": 2})"}); });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "parallel.tensr");
+}
+
+TEST(ConfigSet, Malformed) {
+  for (const char* arg : {"train.iterations", "=3", "train..iterations=3"}) {
+    const InputError e = expect_error([&] { load_config("", {arg}); });
+    EXPECT_EQ(e.file(), kCmd);
+    EXPECT_TRUE(contains(e.expected(), "section.key=value")) << e.what();
+  }
+}
+
+TEST(ConfigSet, BadValueNamesTheCommandLine) {
+  const InputError e = config_error(json::object(), {"train.micro_batch_size=-3"});
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "train.micro_batch_size");
+  EXPECT_EQ(std::string(e.what()),
+            "error: <command line>: train.micro_batch_size: expected a positive integer, got -3");
+}
+
+// ---- strictness: keys and types ----
+
+TEST(ConfigErrors, UnknownTopLevelKey) {
+  const InputError e = config_error(json::parse(R"({"modle": {}})"));
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_EQ(e.where(), "modle");
+  EXPECT_TRUE(contains(e.expected(), "unknown key")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "model, parallel, train")) << e.what();
+}
+
+TEST(ConfigErrors, UnknownNestedKey) {
+  InputError e = config_error(json::parse(R"({"model": {"hidden_sz": 8}})"));
+  EXPECT_EQ(e.where(), "model.hidden_sz");
+  EXPECT_TRUE(contains(e.expected(), "unknown key (known keys of model: preset, arch,"))
+      << e.what();
+  e = config_error(json::parse(R"({"data": {"synthetic": {"vocab": 8}}})"));
+  EXPECT_EQ(e.where(), "data.synthetic.vocab");
+  EXPECT_TRUE(contains(e.expected(), "known keys of data.synthetic")) << e.what();
+}
+
+TEST(ConfigErrors, SectionsMustBeObjects) {
+  InputError e = config_error(json::parse(R"({"train": 3})"));
+  EXPECT_EQ(e.where(), "train");
+  EXPECT_TRUE(contains(e.expected(), "expected an object")) << e.what();
+  e = config_error(json::parse("[1, 2]"));
+  EXPECT_EQ(e.where(), "");
+  EXPECT_TRUE(contains(e.expected(), "expected a JSON object")) << e.what();
+}
+
+TEST(ConfigErrors, WrongTypes) {
+  struct Case {
+    const char* config;
+    const char* where;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {R"({"train": {"micro_batch_size": "8"}})", "train.micro_batch_size", "expected an integer"},
+      {R"({"train": {"iterations": 2.5}})", "train.iterations", "expected an integer"},
+      {R"({"train": {"threads": true}})", "train.threads", "expected an integer or null"},
+      {R"({"optimizer": {"lr": "fast"}})", "optimizer.lr", "expected a number"},
+      {R"({"model": {"tie_embeddings": 1}})", "model.tie_embeddings", "expected a boolean"},
+      {R"({"data": {"path": 3}})", "data.path", "expected a string or null"},
+      {R"({"log": {"metrics": ""}})", "log.metrics", "expected a non-empty string or null"},
+      {R"({"parallel": {"layers_per_stage": [1, "a"]}})", "parallel.layers_per_stage",
+       "expected an array of positive integers or null"},
+      {R"({"parallel": {"layers_per_stage": 12}})", "parallel.layers_per_stage",
+       "expected an array of positive integers or null"},
+      {R"({"parallel": {"schedule": 1}})", "parallel.schedule", "expected one of"},
+      {R"({"train": {"seed": -1}})", "train.seed", "expected a non-negative integer"},
+      {R"({"checkpoint": {"resume": null}})", "checkpoint.resume", "expected \"auto\", \"none\""},
+      {R"({"model": {"preset": 3}})", "model.preset", "expected a string or null"},
+  };
+  for (const Case& k : cases) {
+    const InputError e = config_error(json::parse(k.config));
+    EXPECT_EQ(e.file(), kFile) << k.config;
+    EXPECT_EQ(e.where(), k.where) << k.config;
+    EXPECT_TRUE(contains(e.expected(), k.expected)) << k.config << " -> " << e.what();
+  }
+}
+
+TEST(ConfigErrors, IntegralFloatsAreIntegers) {
+  const Config c = config_from_json(
+      json::parse(
+          R"({"train": {"micro_batch_size": 8.0, "seed": 1e3}, "model": {"num_layers": 2e0}})"),
+      kFile);
+  EXPECT_EQ(c.train.micro_batch_size, 8);
+  EXPECT_EQ(c.train.seed, 1000u);
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.resolved["train"]["micro_batch_size"], 8);
+}
+
+TEST(ConfigErrors, OutOfRange) {
+  struct Case {
+    const char* config;
+    const char* where;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {R"({"train": {"micro_batch_size": -3}})", "train.micro_batch_size",
+       "expected a positive integer, got -3"},
+      {R"({"model": {"num_layers": 0}})", "model.num_layers", "expected a positive integer"},
+      {R"({"parallel": {"tensor": 0}})", "parallel.tensor", "expected a positive integer"},
+      {R"({"parallel": {"data": 0}})", "parallel.data", "expected a positive integer or null"},
+      {R"({"train": {"iterations": -1}})", "train.iterations", "expected a non-negative integer"},
+      {R"({"train": {"eval_iters": 0}})", "train.eval_iters", "expected a positive integer"},
+      {R"({"train": {"threads": 0}})", "train.threads", "expected a positive integer or null"},
+      {R"({"train": {"iterations": 3000000000}})", "train.iterations", "at most 2147483647"},
+      {R"({"log": {"interval": 0}})", "log.interval", "expected a positive integer"},
+      {R"({"checkpoint": {"keep": 0}})", "checkpoint.keep", "expected a positive integer"},
+      {R"({"checkpoint": {"interval": -5}})", "checkpoint.interval",
+       "expected a non-negative integer"},
+      {R"({"parallel": {"bucket_mb": 0}})", "parallel.bucket_mb", "expected a number > 0"},
+      {R"({"comm": {"timeout_s": 0}})", "comm.timeout_s", "expected a number > 0"},
+      {R"({"optimizer": {"lr": -1}})", "optimizer.lr", "expected a number >= 0"},
+      {R"({"optimizer": {"min_lr": 0.001}})", "optimizer.min_lr", "expected min_lr in [0, lr"},
+      {R"({"optimizer": {"beta1": 1.0}})", "optimizer.beta1", "expected a number in [0, 1)"},
+      {R"({"optimizer": {"beta2": -0.1}})", "optimizer.beta2", "expected a number in [0, 1)"},
+      {R"({"optimizer": {"eps": 0}})", "optimizer.eps", "expected a number > 0"},
+      {R"({"optimizer": {"weight_decay": -0.1}})", "optimizer.weight_decay",
+       "expected a number >= 0"},
+      {R"({"optimizer": {"grad_clip": -1}})", "optimizer.grad_clip", "expected a number >= 0"},
+      {R"({"optimizer": {"warmup_iters": -1}})", "optimizer.warmup_iters",
+       "expected a non-negative integer"},
+      {R"({"model": {"dropout": 1.5}})", "model.dropout", "expected a number in [0, 1)"},
+      {R"({"model": {"init_std": 0}})", "model.init_std", "expected a number > 0"},
+      {R"({"data": {"val_fraction": 0}})", "data.val_fraction", "expected a number in (0, 1)"},
+      {R"({"data": {"val_fraction": 1}})", "data.val_fraction", "expected a number in (0, 1)"},
+  };
+  for (const Case& k : cases) {
+    const InputError e = config_error(json::parse(k.config));
+    EXPECT_EQ(e.file(), kFile) << k.config;
+    EXPECT_EQ(e.where(), k.where) << k.config;
+    EXPECT_TRUE(contains(e.expected(), k.expected)) << k.config << " -> " << e.what();
+  }
+}
+
+TEST(ConfigErrors, DropoutNotImplemented) {
+  const InputError e = config_error(json::parse(R"({"model": {"dropout": 0.1}})"));
+  EXPECT_EQ(e.where(), "model.dropout");
+  EXPECT_TRUE(contains(e.expected(), "dropout is not implemented; expected 0")) << e.what();
+}
+
+TEST(ConfigErrors, BadEnums) {
+  const std::map<std::string, std::string> cases = {
+      {R"({"model": {"arch": "bert"}})", "model.arch"},
+      {R"({"parallel": {"schedule": "pipedream"}})", "parallel.schedule"},
+      {R"({"train": {"recompute": "some"}})", "train.recompute"},
+      {R"({"train": {"precision": "fp16"}})", "train.precision"},
+      {R"({"device": "tpu"})", "device"},
+      {R"({"optimizer": {"decay": "step"}})", "optimizer.decay"},
+      {R"({"optimizer": {"name": "sgd"}})", "optimizer.name"},
+      {R"({"data": {"source": "web"}})", "data.source"},
+  };
+  for (const auto& [config, where] : cases) {
+    const InputError e = config_error(json::parse(config));
+    EXPECT_EQ(e.where(), where) << config;
+    EXPECT_TRUE(contains(e.expected(), "expected one of \"")) << e.what();
+  }
+  const InputError e = config_error(json::parse(R"({"parallel": {"schedule": "pipedream"}})"));
+  EXPECT_TRUE(contains(e.expected(), "\"zb-h1\", got \"pipedream\"")) << e.what();
+}
+
+// ---- consistency ----
+
+TEST(ConfigConsistency, HiddenDivisibleByHeads) {
+  const InputError e = config_error(json::parse(R"({"model": {"hidden_size": 100}})"));
+  EXPECT_EQ(e.where(), "model.hidden_size");
+  EXPECT_TRUE(contains(e.expected(), "hidden_size 100")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "num_heads 12")) << e.what();
+}
+
+TEST(ConfigConsistency, LayersPerStage) {
+  // Sum differs from num_layers: both numbers named.
+  InputError e =
+      config_error(json::parse(R"({"parallel": {"pipeline": 2, "layers_per_stage": [5, 5]}})"));
+  EXPECT_EQ(e.where(), "parallel.layers_per_stage");
+  EXPECT_TRUE(contains(e.expected(), "sums to 10")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "num_layers is 12")) << e.what();
+  // Wrong number of entries.
+  e = config_error(json::parse(R"({"parallel": {"pipeline": 2, "layers_per_stage": [4, 4, 4]}})"));
+  EXPECT_EQ(e.where(), "parallel.layers_per_stage");
+  EXPECT_TRUE(contains(e.expected(), "= 2 entries")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "got 3")) << e.what();
+  // Zero-layer stages are refused as a type error.
+  e = config_error(json::parse(R"({"parallel": {"pipeline": 2, "layers_per_stage": [12, 0]}})"));
+  EXPECT_TRUE(contains(e.expected(), "positive integers")) << e.what();
+  // A consistent one, interleaved: p * v entries.
+  const Config c = config_from_json(json::parse(R"({"parallel": {"pipeline": 2,
+      "virtual_stages": 2, "schedule": "interleaved", "layers_per_stage": [3, 3, 3, 3]}})"),
+                                    kFile);
+  EXPECT_EQ(c.parallel.layers_per_stage->size(), 4u);
+  // Without layers_per_stage, every chunk still needs a layer.
+  e = config_error(json::parse(R"({"model": {"num_layers": 3}, "parallel": {"pipeline": 4}})"));
+  EXPECT_TRUE(contains(e.expected(), "num_layers 3")) << e.what();
+}
+
+TEST(ConfigConsistency, VirtualStagesAndInterleaved) {
+  InputError e = config_error(json::parse(R"({"parallel": {"pipeline": 2, "virtual_stages": 2}})"));
+  EXPECT_EQ(e.where(), "parallel.virtual_stages");
+  EXPECT_TRUE(contains(e.expected(), "interleaved")) << e.what();
+  e = config_error(json::parse(R"({"parallel": {"schedule": "interleaved"}})"));
+  EXPECT_EQ(e.where(), "parallel.schedule");
+  EXPECT_TRUE(contains(e.expected(), "pipeline >= 2")) << e.what();
+}
+
+TEST(ConfigConsistency, GlobalBatchMultipleOfMicro) {
+  const InputError e = config_error(json::parse(R"({"train": {"global_batch_size": 30}})"));
+  EXPECT_EQ(e.where(), "train.global_batch_size");
+  EXPECT_TRUE(contains(e.expected(), "global_batch_size 30")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "micro_batch_size 4")) << e.what();
+  // Blames the key set last: here the command line's micro_batch_size.
+  const InputError s = config_error(json::object(), {"train.micro_batch_size=5"});
+  EXPECT_EQ(s.file(), kCmd);
+  EXPECT_EQ(s.where(), "train.micro_batch_size");
+}
+
+TEST(ConfigConsistency, DataPathRequiredForFileSources) {
+  for (const char* source : {"text", "tokens"}) {
+    json j = json::parse(R"({"model": {"vocab_size": 256}})");
+    j["data"]["source"] = source;
+    const InputError e = config_error(j);
+    EXPECT_EQ(e.file(), kFile);
+    EXPECT_EQ(e.where(), "data.path");
+    EXPECT_TRUE(contains(e.expected(), "expected a string")) << e.what();
+  }
+}
+
+TEST(ConfigConsistency, DataVocabularyFitsTheModel) {
+  InputError e = config_error(json::parse(R"({"model": {"preset": "tiny", "vocab_size": 32}})"));
+  EXPECT_TRUE(contains(e.expected(), "synthetic vocab_size 64")) << e.what();
+  e = config_error(
+      json::parse(R"({"model": {"preset": "tiny"}, "data": {"source": "text", "path": "x.txt"}})"));
+  EXPECT_TRUE(contains(e.expected(), ">= 256")) << e.what();
+}
+
+TEST(ConfigConsistency, Bf16OnCpuRefused) {
+  const InputError e =
+      config_error(json::parse(R"({"train": {"precision": "bf16"}, "device": "cpu"})"));
+  EXPECT_TRUE(e.where() == "train.precision" || e.where() == "device") << e.what();
+  EXPECT_TRUE(contains(e.expected(), "fp32")) << e.what();
+  EXPECT_NO_THROW(config_from_json(json::parse(R"({"train": {"precision": "bf16"}})"), kFile));
+  EXPECT_NO_THROW(config_from_json(
+      json::parse(R"({"train": {"precision": "bf16"}, "device": "cuda"})"), kFile));
+}
+
+TEST(ConfigConsistency, CheckpointIntervalNeedsDir) {
+  const InputError e = config_error(json::parse(R"({"checkpoint": {"interval": 100}})"));
+  EXPECT_EQ(e.where(), "checkpoint.dir");
+  EXPECT_NO_THROW(
+      config_from_json(json::parse(R"({"checkpoint": {"interval": 100, "dir": "ckpt"}})"), kFile));
+}
+
+// ---- world size ----
+
+Config world_config(const char* text) {
+  return config_from_json(json::parse(text), kFile);
+}
+
+TEST(ConfigWorld, TensorTimesPipelineDividesWorld) {
+  const Config c = world_config(R"({"parallel": {"tensor": 2, "pipeline": 2}})");
+  const InputError e = expect_error([&] { validate_for_world(c, 6); });
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_TRUE(contains(e.expected(), "world size 6")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "= 4")) << e.what();
+  EXPECT_NO_THROW(validate_for_world(c, 8));
+  EXPECT_THROW(validate_for_world(c, 2), InputError);  // smaller than t * p
+}
+
+TEST(ConfigWorld, ExplicitDataMustMatch) {
+  const Config c = world_config(R"({"parallel": {"tensor": 2, "data": 1}})");
+  const InputError e = expect_error([&] { validate_for_world(c, 4); });
+  EXPECT_EQ(e.where(), "parallel.data");
+  EXPECT_EQ(e.expected(), "world size 4 (mpirun -np) != tensor 2 × pipeline 1 × data 1 = 2");
+  EXPECT_NO_THROW(validate_for_world(c, 2));
+}
+
+TEST(ConfigWorld, TensorDividesModelSizes) {
+  const Config heads =
+      world_config(R"({"model": {"hidden_size": 96, "num_heads": 3}, "parallel": {"tensor": 2}})");
+  InputError e = expect_error([&] { validate_for_world(heads, 2); });
+  EXPECT_EQ(e.where(), "model.num_heads");
+  EXPECT_TRUE(contains(e.expected(), "num_heads 3")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "tensor 2")) << e.what();
+
+  const Config ffn =
+      world_config(R"({"model": {"ffn_hidden_size": 3071}, "parallel": {"tensor": 2}})");
+  e = expect_error([&] { validate_for_world(ffn, 2); });
+  EXPECT_EQ(e.where(), "model.ffn_hidden_size");
+  EXPECT_TRUE(contains(e.expected(), "3071")) << e.what();
+
+  const Config sp = world_config(
+      R"({"model": {"seq_len": 1023}, "parallel": {"tensor": 2, "sequence_parallel": true}})");
+  e = expect_error([&] { validate_for_world(sp, 2); });
+  EXPECT_TRUE(contains(e.expected(), "seq_len 1023")) << e.what();
+}
+
+TEST(ConfigWorld, GlobalBatchDividesByMicroTimesData) {
+  const Config c = world_config(R"({"train": {"micro_batch_size": 4, "global_batch_size": 32}})");
+  const InputError e = expect_error([&] { validate_for_world(c, 3); });
+  EXPECT_EQ(e.where(), "train.global_batch_size");
+  EXPECT_TRUE(contains(e.expected(), "global_batch_size 32")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "micro_batch_size 4")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "data-parallel size 3 = 12")) << e.what();
+}
+
+TEST(ConfigWorld, DerivedSizes) {
+  const Config c = world_config(R"({"parallel": {"tensor": 2, "pipeline": 2}})");
+  EXPECT_EQ(data_parallel_size(c, 8), 2);
+  EXPECT_EQ(microbatches_per_pipeline(c, 8), 32 / (4 * 2));
+  EXPECT_EQ(data_parallel_size(c, 4), 1);
+  EXPECT_EQ(microbatches_per_pipeline(c, 4), 8);
+  const Config single = load_config("", {});
+  EXPECT_NO_THROW(validate_for_world(single, 1));
+  EXPECT_EQ(data_parallel_size(single, 1), 1);
+  EXPECT_EQ(microbatches_per_pipeline(single, 1), 8);
+  const Config explicit_d = world_config(R"({"parallel": {"data": 4}})");
+  EXPECT_EQ(data_parallel_size(explicit_d, 4), 4);
+  EXPECT_EQ(microbatches_per_pipeline(explicit_d, 4), 2);
+}
+
+// ---- files ----
+
+TEST(ConfigFiles, LoadFromDisk) {
+  const TempDir dir;
+  const std::string path = dir.write("c.json", R"({"train": {"iterations": 9}})");
+  const Config c = load_config(path, {"train.seed=5"});
+  EXPECT_EQ(c.source_file, path);
+  EXPECT_EQ(c.train.iterations, 9);
+  EXPECT_EQ(c.train.seed, 5u);
+
+  const std::string bad = dir.write("bad.json", R"({"train": {"micro_batch_size": -3}})");
+  const InputError e = expect_error([&] { load_config(bad, {}); });
+  EXPECT_EQ(std::string(e.what()),
+            "error: " + bad + ": train.micro_batch_size: expected a positive integer, got -3");
+}
+
+TEST(ConfigFiles, MissingInvalidAndDuplicateKeys) {
+  const TempDir dir;
+  InputError e = expect_error([&] { load_config(dir.path() + "/absent.json", {}); });
+  EXPECT_EQ(e.file(), dir.path() + "/absent.json");
+
+  const std::string broken = dir.write("broken.json", "{\"train\": {\"iterations\": }}");
+  e = expect_error([&] { load_config(broken, {}); });
+  EXPECT_EQ(e.file(), broken);
+  EXPECT_EQ(e.where().rfind("byte ", 0), 0u) << e.what();
+
+  const std::string dup = dir.write("dup.json", R"({"optimizer": {"lr": 1e-3, "lr": 1e-4}})");
+  e = expect_error([&] { load_config(dup, {}); });
+  EXPECT_EQ(e.where(), "optimizer.lr");
+  EXPECT_TRUE(contains(e.expected(), "duplicate key")) << e.what();
+}
+
+TEST(ConfigFiles, UnknownPresetListsKnownOnes) {
+  InputError e = config_error(json::parse(R"({"model": {"preset": "gpt5"}})"));
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_EQ(e.where(), "model.preset");
+  EXPECT_TRUE(contains(e.expected(), "tiny")) << e.what();
+  e = config_error(json::parse(R"({"model": {"preset": "../train/quickstart"}})"));
+  EXPECT_EQ(e.where(), "model.preset");
+}
+
+// Points STRATA_CONFIGS at a scratch folder for one test.
+class ScopedConfigsDir {
+ public:
+  explicit ScopedConfigsDir(const std::string& dir) { setenv("STRATA_CONFIGS", dir.c_str(), 1); }
+  ~ScopedConfigsDir() { unsetenv("STRATA_CONFIGS"); }
+};
+
+TEST(ConfigFiles, PresetErrorsNameThePresetFile) {
+  const TempDir dir;
+  const std::string good = dir.write("models/small.json", R"({"num_layers": 1, "hidden_size": 8,
+                                                             "num_heads": 2})");
+  const std::string bad = dir.write("models/bad.json", R"({"hidden_sz": 8})");
+  const std::string neg = dir.write("models/neg.json", R"({"num_layers": -1})");
+  const ScopedConfigsDir scoped(dir.path());
+  EXPECT_EQ(configs_dir(), dir.path());
+
+  const Config c = config_from_json(json::parse(R"({"model": {"preset": "small"}})"), kFile);
+  EXPECT_EQ(c.model.hidden_size, 8);
+  EXPECT_EQ(c.model.ffn_hidden_size, 32);  // the preset gives hidden_size, not ffn
+
+  InputError e = config_error(json::parse(R"({"model": {"preset": "bad"}})"));
+  EXPECT_EQ(e.file(), bad);
+  EXPECT_EQ(e.where(), "hidden_sz");
+  e = config_error(json::object(), {"model.preset=neg"});
+  EXPECT_EQ(e.file(), neg);
+  EXPECT_EQ(e.where(), "num_layers");
+  // The file's key overrides the preset's bad value.
+  EXPECT_NO_THROW(
+      config_from_json(json::parse(R"({"model": {"preset": "neg", "num_layers": 2}})"), kFile));
+}
+
+TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
+  struct Sizes {
+    int layers, hidden, heads, seq, vocab, ffn;
+  };
+  // GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020, with Megatron's 16 heads for 1.3B
+  // and 5120 for 13B), and the test model.
+  const std::map<std::string, Sizes> expected = {
+      {"gpt2-124m", {12, 768, 12, 1024, 50257, 3072}},
+      {"gpt2-350m", {24, 1024, 16, 1024, 50257, 4096}},
+      {"gpt2-774m", {36, 1280, 20, 1024, 50257, 5120}},
+      {"gpt2-1.5b", {48, 1600, 25, 1024, 50257, 6400}},
+      {"gpt3-1.3b", {24, 2048, 16, 2048, 50257, 8192}},
+      {"gpt3-2.7b", {32, 2560, 32, 2048, 50257, 10240}},
+      {"gpt3-6.7b", {32, 4096, 32, 2048, 50257, 16384}},
+      {"gpt3-13b", {40, 5120, 40, 2048, 50257, 20480}},
+      {"gpt3-175b", {96, 12288, 96, 2048, 50257, 49152}},
+      {"tiny", {2, 64, 4, 64, 64, 256}},
+  };
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(configs_dir() + "/models")) {
+    if (entry.path().extension() == ".json") found.push_back(entry.path().stem().string());
+  }
+  EXPECT_EQ(found.size(), expected.size());
+  for (const std::string& name : found) {
+    SCOPED_TRACE(name);
+    const Config c = load_config("", {"model.preset=" + name});
+    EXPECT_EQ(c.model.preset, name);
+    EXPECT_TRUE(c.model.tie_embeddings);
+    EXPECT_EQ(c.model.ffn_hidden_size, 4 * c.model.hidden_size);
+    const auto it = expected.find(name);
+    ASSERT_NE(it, expected.end()) << "undocumented preset";
+    const Sizes& s = it->second;
+    EXPECT_EQ(c.model.num_layers, s.layers);
+    EXPECT_EQ(c.model.hidden_size, s.hidden);
+    EXPECT_EQ(c.model.num_heads, s.heads);
+    EXPECT_EQ(c.model.seq_len, s.seq);
+    EXPECT_EQ(c.model.vocab_size, s.vocab);
+    EXPECT_EQ(c.model.ffn_hidden_size, s.ffn);
+  }
+}
+
+TEST(ConfigFiles, TrainingConfigsLoad) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(configs_dir() + "/train")) {
+    if (entry.path().extension() != ".json") continue;
+    found.push_back(entry.path().stem().string());
+    SCOPED_TRACE(entry.path().string());
+    const Config c = load_config(entry.path().string(), {});
+    EXPECT_NO_THROW(validate_for_world(c, 1));
+  }
+  EXPECT_GE(found.size(), 2u);
+
+  const Config q = load_config(configs_dir() + "/train/quickstart.json", {});
+  EXPECT_EQ(q.model.preset, "tiny");
+  EXPECT_EQ(q.data.source, "synthetic");
+  EXPECT_EQ(q.train.micro_batch_size, 8);
+  EXPECT_EQ(q.train.global_batch_size, 32);
+  EXPECT_EQ(q.train.iterations, 300);
+  EXPECT_DOUBLE_EQ(q.optimizer.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(q.optimizer.min_lr, 3e-4);
+  EXPECT_EQ(q.optimizer.warmup_iters, 20);
+  EXPECT_EQ(q.optimizer.decay, "cosine");
+  EXPECT_EQ(q.train.eval_interval, 100);
+  EXPECT_EQ(q.train.eval_iters, 4);
+  EXPECT_EQ(q.log.interval, 25);
+
+  const Config s = load_config(configs_dir() + "/train/shakespeare.json", {});
+  EXPECT_EQ(s.data.source, "text");
+  EXPECT_EQ(s.data.path.value_or(""), "../shared/data/tinyshakespeare.txt");
+  EXPECT_EQ(s.model.vocab_size, 256);
+  EXPECT_EQ(s.model.seq_len, 64);
+  EXPECT_EQ(s.model.hidden_size, 64);
+}
+
+}  // namespace
+}  // namespace strata
