@@ -1,0 +1,218 @@
+// The strata command as a user meets it: exit statuses, the one-line error format of DESIGN.md
+// for bad configs and bad data files, --help, --version, --dry-run and the metrics file.
+// Runs the real binary (STRATA_BIN_PATH) in a subprocess.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(STRATA_BIN_PATH) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata_cli_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  // A small valid config; `extra` is merged over it.
+  std::string config(const nlohmann::json& extra = nlohmann::json::object()) {
+    nlohmann::json j = {
+        {"model", {{"preset", "tiny"}}},
+        {"train", {{"micro_batch_size", 2}, {"global_batch_size", 4}, {"iterations", 3},
+                   {"eval_interval", 0}}},
+        {"data", {{"source", "synthetic"}}},
+        {"log", {{"interval", 1}}}};
+    j.merge_patch(extra);
+    return write("config.json", j.dump(2));
+  }
+  // The single line an InputError must print.
+  static std::string error_line(const std::string& out) {
+    std::istringstream is(out);
+    std::string line, found;
+    int count = 0;
+    while (std::getline(is, line))
+      if (line.rfind("error: ", 0) == 0) {
+        found = line;
+        ++count;
+      }
+    EXPECT_EQ(count, 1) << "expected exactly one error line in:\n" << out;
+    return found;
+  }
+  std::string dir_;
+};
+
+TEST_F(Cli, VersionListsBackends) {
+  Result r = run("--version");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("strata "), std::string::npos);
+  EXPECT_NE(r.out.find("backends: cpu"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, HelpForEveryCommand) {
+  for (const char* a : {"--help", "train --help"}) {
+    Result r = run(a);
+    EXPECT_EQ(r.status, 0) << a << "\n" << r.out;
+    EXPECT_NE(r.out.find("usage: strata"), std::string::npos) << a;
+  }
+}
+
+TEST_F(Cli, UsageErrorsExitTwo) {
+  Result none = run("");
+  EXPECT_EQ(none.status, 2);
+  Result bad = run("frobnicate");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(error_line(bad.out).rfind("error: <command line>: frobnicate: ", 0), 0u) << bad.out;
+  Result noconf = run("train");
+  EXPECT_EQ(noconf.status, 2);
+  EXPECT_NE(error_line(noconf.out).find("--config"), std::string::npos);
+  Result flag = run("train --config x.json --bogus");
+  EXPECT_EQ(flag.status, 2);
+  EXPECT_NE(error_line(flag.out).find("--bogus"), std::string::npos);
+}
+
+// Each bad config: the exit status is 2 and the error line names the file, the JSON path and
+// what was expected.
+struct BadConfig {
+  const char* name;
+  const char* json;       // merged over the valid config
+  const char* path;       // the JSON path the error must name
+  const char* expected;   // a fragment of the explanation
+};
+
+TEST_F(Cli, BadConfigsNameFileKeyAndExpectation) {
+  const BadConfig cases[] = {
+      {"unknown key", R"({"model": {"hidden_sz": 3}})", "model.hidden_sz", "unknown key"},
+      {"unknown section", R"({"trian": {}})", "trian", "unknown key"},
+      {"wrong type", R"({"train": {"iterations": "many"}})", "train.iterations", "integer"},
+      {"out of range", R"({"train": {"micro_batch_size": -3}})", "train.micro_batch_size", ""},
+      {"bad enum", R"({"parallel": {"schedule": "zigzag"}})", "parallel.schedule", "1f1b"},
+      {"heads", R"({"model": {"num_heads": 5}})", "model", "5"},
+      {"layers_per_stage", R"({"parallel": {"pipeline": 2, "layers_per_stage": [1, 2]}})",
+       "parallel.layers_per_stage", "3"},
+      {"batch", R"({"train": {"global_batch_size": 5}})", "train", "5"},
+      {"too big", R"({"model": {"preset": "gpt3-175b"}})", "model", "memory"},
+      {"missing data path", R"({"data": {"source": "text"}})", "data.path", ""},
+  };
+  for (const BadConfig& c : cases) {
+    const std::string path = config(nlohmann::json::parse(c.json));
+    Result r = run("train --config " + path);
+    EXPECT_EQ(r.status, 2) << c.name << ":\n" << r.out;
+    const std::string line = error_line(r.out);
+    EXPECT_EQ(line.rfind("error: " + path + ": ", 0), 0u) << c.name << ": " << line;
+    EXPECT_NE(line.find(c.path), std::string::npos) << c.name << ": " << line;
+    EXPECT_NE(line.find(c.expected), std::string::npos) << c.name << ": " << line;
+  }
+}
+
+TEST_F(Cli, MalformedJsonAndMissingFile) {
+  Result missing = run("train --config " + dir_ + "/nope.json");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(error_line(missing.out).find("nope.json"), std::string::npos);
+  const std::string broken = write("broken.json", "{\"model\": {\"preset\": \"tiny\",}");
+  Result r = run("train --config " + broken);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find("broken.json"), std::string::npos);
+}
+
+TEST_F(Cli, BadDataFilesExitTwoWithOffset) {
+  // A tokens file whose header promises more tokens than it holds.
+  std::string bin(1024 + 2 * 10, '\0');
+  const int32_t header[3] = {20240520, 1, 1000};
+  std::memcpy(bin.data(), header, sizeof header);
+  const std::string truncated = write("short.bin", bin);
+  Result r = run("train --config " + config({{"data", {{"source", "tokens"}, {"path", truncated}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  std::string line = error_line(r.out);
+  EXPECT_NE(line.find(truncated), std::string::npos) << line;
+  EXPECT_NE(line.find("byte"), std::string::npos) << line;
+
+  const int32_t wrong_magic[3] = {12345, 1, 10};
+  std::memcpy(bin.data(), wrong_magic, sizeof wrong_magic);
+  const std::string magic = write("magic.bin", bin);
+  r = run("train --config " + config({{"data", {{"source", "tokens"}, {"path", magic}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  line = error_line(r.out);
+  EXPECT_NE(line.find("20240520"), std::string::npos) << line;
+
+  std::string text(5000, 'a');
+  text[3000] = static_cast<char>(0xFF);  // never valid in UTF-8
+  const std::string bad_utf8 = write("bad.txt", text);
+  r = run("train --config " +
+          config({{"data", {{"source", "text"}, {"path", bad_utf8}}},
+                  {"model", {{"vocab_size", 256}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  line = error_line(r.out);
+  EXPECT_NE(line.find("byte 3000"), std::string::npos) << line;
+}
+
+TEST_F(Cli, DryRunPrintsSizesWithoutTraining) {
+  Result r = run("train --config " + config() + " --dry-run");
+  EXPECT_EQ(r.status, 0) << r.out;
+  for (const char* k : {"parameters", "FLOPs per iteration", "gradients", "optimizer",
+                        "activations", "total"})
+    EXPECT_NE(r.out.find(k), std::string::npos) << k << " missing in:\n" << r.out;
+  EXPECT_EQ(r.out.find("iter "), std::string::npos) << "dry run must not train";
+}
+
+TEST_F(Cli, TrainsAndWritesMetricsWithDesignKeys) {
+  const std::string metrics = dir_ + "/metrics.jsonl";
+  Result r = run("train --config " + config() + " --set log.metrics=" + metrics +
+                 " --set train.eval_interval=3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("done: 3 iterations"), std::string::npos) << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++n;
+    EXPECT_EQ(j["iter"], n);
+    for (const char* k : {"loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "tflops_per_gpu",
+                          "mfu", "bubble", "mem_peak_bytes"})
+      EXPECT_TRUE(j.contains(k)) << k << " missing in " << line;
+    EXPECT_GT(j["loss"].get<double>(), 0.0);
+    EXPECT_GT(j["mem_peak_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(j.contains("val_loss"), n == 3) << line;
+  }
+  EXPECT_EQ(n, 3);
+}
+
+TEST_F(Cli, UnwritableMetricsPathExitsTwo) {
+  Result r = run("train --config " + config() + " --set log.metrics=/nonexistent/dir/m.jsonl");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find("log.metrics"), std::string::npos);
+}
+
+}  // namespace
