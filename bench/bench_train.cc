@@ -55,10 +55,11 @@ int main(int argc, char** argv) {
   const GptDims d = gpt_dims(mc);
   const int B = 8, S = mc.seq_len;
   GptModel model(d, *be, 1234);
-  std::vector<ParamRange> ranges;
-  for (const ParamInfo& p : model.param_infos()) ranges.push_back({p.offset, p.numel, p.decay});
+  std::vector<OptSegment> segments;
+  for (const ParamInfo& p : model.param_infos())
+    segments.push_back({p.offset, p.offset, p.numel, p.decay});
   OptimizerConfig oc;
-  AdamW opt(*be, oc, ranges, model.num_parameters());
+  AdamW opt(*be, oc, segments);
 
   Tensor tokens = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
   Tensor targets = be->empty({B, S}, MemCategory::kActivations, DType::kI32);

@@ -9,8 +9,10 @@
 
 #include "launch/config_parse.h"
 #include "launch/trainer.h"
+#include "runtime/abort_hook.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
+#include "runtime/comm.h"
 #include "runtime/error.h"
 
 namespace strata {
@@ -109,16 +111,24 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
+  int status = 0;
   try {
-    return dispatch(argc, argv);
+    init_world(&argc, &argv);
+    status = dispatch(argc, argv);
   } catch (const InputError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    // Bad input is found identically on every rank (same config, same files): one line, from
+    // rank 0.
+    if (world().rank == 0) std::fprintf(stderr, "%s\n", e.what());
+    status = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(),
                  process_host().c_str(), e.what());
-    return 1;
+    std::fflush(stderr);
+    if (world().size > 1) abort_job(1);  // the other ranks may be blocked in a collective
+    status = 1;
   }
+  finalize_world();
+  return status;
 }
 
 }  // namespace strata

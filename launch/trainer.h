@@ -16,11 +16,9 @@
 
 namespace strata {
 
+// The process world comes from init_world() (runtime/comm.h): without it, one process.
 struct RunContext {
-  int world_rank = 0;
-  int world_size = 1;
-  int ranks_on_node = 1;
-  bool verbose = true;  // progress lines and summary on rank 0
+  bool verbose = true;  // progress lines and summary on world rank 0
 };
 
 struct TrainResult {
@@ -33,6 +31,10 @@ struct TrainResult {
   double wall_s = 0;
   MemStats memory;                 // allocator figures at the end (peaks over the run)
   std::vector<float> final_params;  // the flat parameters at the end (this rank's shard)
+  // Data-parallel overlap, last iteration: when each bucket's reduction started and when the
+  // backward pass ended, in seconds from the start of the last micro-batch's backward.
+  std::vector<double> bucket_start_s;
+  double backward_end_s = 0;
 };
 
 // Runs training. Throws InputError for bad input found at start-up.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "runtime/check.h"
 #include "runtime/rng.h"
@@ -11,65 +10,104 @@ namespace strata {
 
 int pad_vocab(int vocab, int multiple) { return (vocab + multiple - 1) / multiple * multiple; }
 
-GptDims gpt_dims(const ModelConfig& m) {
+GptDims gpt_dims(const ModelConfig& m, int tp, int tp_rank, bool sp) {
   GptDims d;
+  d.tp = tp;
+  d.tp_rank = tp_rank;
+  d.sp = sp && tp > 1;
   d.L = m.num_layers;
   d.C = m.hidden_size;
   d.NH = m.num_heads;
   d.F = m.ffn_hidden_size;
   d.S = m.seq_len;
   d.V = m.vocab_size;
-  d.Vp = pad_vocab(m.vocab_size, 128);
+  d.Vp = pad_vocab(m.vocab_size, 128 * tp);  // Megatron's make-vocab-size-divisible-by × t
   d.tie = m.tie_embeddings;
   d.init_std = m.init_std;
   return d;
 }
 
+int GptDims::vocab_valid() const {
+  return std::clamp(V - vocab_start(), 0, V_local());
+}
+
+int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
+  switch (p.split) {
+    case ParamSplit::kReplicated: return local;
+    case ParamSplit::kRows: return local + tp_rank * p.numel;  // row-major: shard is contiguous
+    case ParamSplit::kCols: {
+      const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
+      return (local / cols) * full_cols + tp_rank * cols + local % cols;
+    }
+    case ParamSplit::kQkvRows: {
+      // Local rows: [q_r; k_r; v_r], each block a third of the shard.
+      const int64_t block = p.numel / 3;  // elements of one of q_r, k_r, v_r
+      const int64_t which = local / block;
+      return which * block * tp + tp_rank * block + local % block;
+    }
+  }
+  return local;
+}
+
 std::vector<ParamInfo> GptModel::layout(const GptDims& d) {
   std::vector<ParamInfo> v;
   int64_t offset = 0;
-  auto add = [&](std::string name, Shape shape, ParamInit init, double std, bool decay,
-                 int64_t rows = -1) {
+  const int t = d.tp;
+  auto add = [&](std::string name, Shape full, ParamSplit split, ParamInit init, double std,
+                 bool decay, int64_t rows = -1) {
     ParamInfo p;
     p.name = std::move(name);
-    p.shape = std::move(shape);
+    p.full_shape = full;
+    p.split = split;
+    p.shape = full;
+    if (split == ParamSplit::kRows || split == ParamSplit::kQkvRows) p.shape[0] /= t;
+    if (split == ParamSplit::kCols) p.shape[1] /= t;
     p.numel = shape_numel(p.shape);
     p.offset = offset;
     p.init = init;
     p.std = std;
     p.decay = decay;
     p.rows_initialised = rows;
+    p.sequence_partial_grad = d.sp && p.name.find("ln_") != std::string::npos;
     offset += p.numel;
     v.push_back(std::move(p));
   };
+  using S = ParamSplit;
+  using I = ParamInit;
   const double std = d.init_std;
   const double proj_std = d.init_std / std::sqrt(2.0 * d.L);  // GPT-2's residual scaling
-  add("wte", {d.Vp, d.C}, ParamInit::kNormal, std, true, d.V);
-  add("wpe", {d.S, d.C}, ParamInit::kNormal, std, true);
+  add("wte", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
+  add("wpe", {d.S, d.C}, S::kReplicated, I::kNormal, std, true);
   for (int l = 0; l < d.L; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {d.C}, ParamInit::kOnes, 0, false);
-    add(h + "ln_1.bias", {d.C}, ParamInit::kZeros, 0, false);
-    add(h + "attn.c_attn.weight", {3 * d.C, d.C}, ParamInit::kNormal, std, true);
-    add(h + "attn.c_attn.bias", {3 * d.C}, ParamInit::kZeros, 0, false);
-    add(h + "attn.c_proj.weight", {d.C, d.C}, ParamInit::kNormal, proj_std, true);
-    add(h + "attn.c_proj.bias", {d.C}, ParamInit::kZeros, 0, false);
-    add(h + "ln_2.weight", {d.C}, ParamInit::kOnes, 0, false);
-    add(h + "ln_2.bias", {d.C}, ParamInit::kZeros, 0, false);
-    add(h + "mlp.c_fc.weight", {d.F, d.C}, ParamInit::kNormal, std, true);
-    add(h + "mlp.c_fc.bias", {d.F}, ParamInit::kZeros, 0, false);
-    add(h + "mlp.c_proj.weight", {d.C, d.F}, ParamInit::kNormal, proj_std, true);
-    add(h + "mlp.c_proj.bias", {d.C}, ParamInit::kZeros, 0, false);
+    add(h + "ln_1.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+    add(h + "ln_1.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+    add(h + "attn.c_attn.weight", {3 * d.C, d.C}, S::kQkvRows, I::kNormal, std, true);
+    add(h + "attn.c_attn.bias", {3 * d.C}, S::kQkvRows, I::kZeros, 0, false);
+    add(h + "attn.c_proj.weight", {d.C, d.C}, S::kCols, I::kNormal, proj_std, true);
+    add(h + "attn.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+    add(h + "ln_2.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+    add(h + "ln_2.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+    add(h + "mlp.c_fc.weight", {d.F, d.C}, S::kRows, I::kNormal, std, true);
+    add(h + "mlp.c_fc.bias", {d.F}, S::kRows, I::kZeros, 0, false);
+    add(h + "mlp.c_proj.weight", {d.C, d.F}, S::kCols, I::kNormal, proj_std, true);
+    add(h + "mlp.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
   }
-  add("ln_f.weight", {d.C}, ParamInit::kOnes, 0, false);
-  add("ln_f.bias", {d.C}, ParamInit::kZeros, 0, false);
-  if (!d.tie) add("lm_head.weight", {d.Vp, d.C}, ParamInit::kNormal, std, true, d.V);
+  add("ln_f.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+  add("ln_f.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+  if (!d.tie) add("lm_head.weight", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
   return v;
 }
 
-GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed)
-    : dims_(dims), be_(backend), infos_(layout(dims)) {
-  STRATA_CHECK(dims_.C % dims_.NH == 0, "hidden " << dims_.C << " % heads " << dims_.NH);
+GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp)
+    : dims_(dims), be_(backend), tp_(tp), infos_(layout(dims)) {
+  const GptDims& d = dims_;
+  STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
+  STRATA_CHECK(d.NH % d.tp == 0 && d.C % d.tp == 0 && d.F % d.tp == 0,
+               "heads, hidden and ffn must divide by tensor " << d.tp);
+  STRATA_CHECK(d.tp == 1 || (tp_ && tp_->size() == d.tp && tp_->rank() == d.tp_rank),
+               "tensor-parallel group does not match dims (size " << d.tp << ", rank "
+                                                                  << d.tp_rank << ")");
   const int64_t n = infos_.back().offset + infos_.back().numel;
   params_ = be_.empty({n}, MemCategory::kParameters);
   grads_ = be_.zeros({n}, MemCategory::kGradients);
@@ -81,7 +119,7 @@ GptModel::~GptModel() = default;
 int64_t GptModel::num_real_parameters() const {
   int64_t n = 0;
   for (const ParamInfo& p : infos_) {
-    n += p.rows_initialised >= 0 ? p.rows_initialised * p.shape[1] : p.numel;
+    n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : shape_numel(p.full_shape);
   }
   return n;
 }
@@ -104,7 +142,8 @@ Tensor GptModel::grad(const std::string& name) const {
 }
 
 void GptModel::init_parameters(uint64_t seed) {
-  // Values are produced on the host and uploaded, so every backend starts from identical bits.
+  // Values are produced on the host from global indices and uploaded, so every backend and every
+  // tensor-parallel layout starts from the same model.
   std::vector<float> host(static_cast<size_t>(params_.numel()), 0.0f);
   for (const ParamInfo& p : infos_) {
     float* dst = host.data() + p.offset;
@@ -113,12 +152,12 @@ void GptModel::init_parameters(uint64_t seed) {
       case ParamInit::kOnes: std::fill(dst, dst + p.numel, 1.0f); break;
       case ParamInit::kNormal: {
         const uint64_t key = mix64(seed ^ hash_name(p.name));
-        const int64_t n =
-            p.rows_initialised >= 0 ? p.rows_initialised * shape_numel({p.shape.begin() + 1,
-                                                                        p.shape.end()})
-                                    : p.numel;
-        for (int64_t i = 0; i < n; ++i)
-          dst[i] = static_cast<float>(p.std * normal01(key, static_cast<uint64_t>(i)));
+        const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
+        for (int64_t i = 0; i < p.numel; ++i) {
+          const int64_t g = global_index(p, i, dims_.tp_rank, dims_.tp);
+          if (p.rows_initialised >= 0 && g / row_len >= p.rows_initialised) continue;  // padding
+          dst[i] = static_cast<float>(p.std * normal01(key, static_cast<uint64_t>(g)));
+        }
         break;
       }
     }
@@ -129,35 +168,36 @@ void GptModel::init_parameters(uint64_t seed) {
 void GptModel::zero_grads() { be_.zero(grads_); }
 
 // ---------------------------------------------------------------------------------------------
-// Activations. B = micro-batch, S = sequence, C = hidden, F = MLP hidden, NH = heads,
-// Vp = padded vocabulary. Everything is accounted as activations.
+// Activations. B = micro-batch, S = sequence, Sl = S/t with sequence parallelism (else S),
+// C = hidden, Cl = C/t, Fl = F/t, NHl = NH/t heads of this rank, Vl = Vp/t vocabulary shard.
+// Everything is accounted as activations.
 
 struct BlockActs {
-  Tensor ln1;       // (B, S, C)  ln_1(x)
-  Tensor ln1_mean;  // (B, S)
-  Tensor ln1_rstd;  // (B, S)
-  Tensor qkv;       // (B, S, 3C)  [q | k | v], heads contiguous within each
-  Tensor att;       // (B, NH, S, S) softmax probabilities
-  Tensor atty;      // (B, S, C)  attention output before c_proj
-  Tensor res1;      // (B, S, C)  x + attn(x)
-  Tensor ln2;       // (B, S, C)
-  Tensor ln2_mean;  // (B, S)
-  Tensor ln2_rstd;  // (B, S)
-  Tensor fch;       // (B, S, F)  c_fc output, before GELU
-  Tensor fch_gelu;  // (B, S, F)
-  Tensor out;       // (B, S, C)  block output = next block's input
+  Tensor ln1;       // (B, Sl, C)  ln_1(x) (re-gathered in backward with sp)
+  Tensor ln1_mean;  // (B, Sl)
+  Tensor ln1_rstd;  // (B, Sl)
+  Tensor qkv;       // (B, S, 3Cl)  [q | k | v] of this rank's heads
+  Tensor att;       // (B, NHl, S, S) softmax probabilities
+  Tensor atty;      // (B, S, Cl)  attention output before c_proj
+  Tensor res1;      // (B, Sl, C)  x + attn(x)
+  Tensor ln2;       // (B, Sl, C)
+  Tensor ln2_mean;  // (B, Sl)
+  Tensor ln2_rstd;  // (B, Sl)
+  Tensor fch;       // (B, S, Fl)  c_fc output, before GELU
+  Tensor fch_gelu;  // (B, S, Fl)
+  Tensor out;       // (B, Sl, C)  block output = next block's input
 };
 
 struct GptModel::Acts {
   Tensor tokens;             // (B, S) i32
   Tensor targets;            // (B, S) i32
-  Tensor x0;                 // (B, S, C) embedding output
+  Tensor x0;                 // (B, Sl, C) embedding output
   std::vector<BlockActs> h;  // [layer]
-  Tensor lnf;                // (B, S, C)
-  Tensor lnf_mean;           // (B, S)
-  Tensor lnf_rstd;           // (B, S)
-  Tensor logits;             // (B·S, Vp)
-  Tensor row_max;            // (B·S)
+  Tensor lnf;                // (B, Sl, C)
+  Tensor lnf_mean;           // (B, Sl)
+  Tensor lnf_rstd;           // (B, Sl)
+  Tensor logits;             // (B·S, Vl)
+  Tensor row_max;            // (B·S) over the whole vocabulary
   Tensor row_sumexp;         // (B·S)
 };
 
@@ -166,6 +206,50 @@ constexpr MemCategory kAct = MemCategory::kActivations;
 }
 
 void GptModel::ActsDeleter::operator()(Acts* a) const { delete a; }
+
+void GptModel::tp_sum(Tensor& t) {
+  if (dims_.tp > 1) tp_->all_reduce(t, ReduceOp::kSum);
+}
+
+Tensor GptModel::sp_gather(const Tensor& shard) {
+  const int t = dims_.tp;
+  const int64_t B = shard.size(0), Sl = shard.size(1), C = shard.size(2);
+  Tensor chunks = be_.empty({t, B, Sl, C}, kAct);
+  tp_->all_gather(shard.data(), chunks.data(), static_cast<size_t>(shard.numel()), DType::kF32);
+  Tensor full = be_.empty({B, Sl * t, C}, kAct);
+  be_.seq_interleave(full, chunks, t);
+  return full;
+}
+
+Tensor GptModel::sp_reduce_scatter(const Tensor& full) {
+  const int t = dims_.tp;
+  const int64_t B = full.size(0), S = full.size(1), C = full.size(2);
+  Tensor chunks = be_.empty({t, B, S / t, C}, kAct);
+  be_.seq_deinterleave(chunks, full, t);
+  Tensor shard = be_.empty({B, S / t, C}, kAct);
+  tp_->reduce_scatter(chunks.data(), shard.data(), static_cast<size_t>(shard.numel()),
+                      DType::kF32, ReduceOp::kSum);
+  return shard;
+}
+
+Tensor GptModel::reduce_input_grad(Tensor& partial) {
+  if (dims_.sp) return sp_reduce_scatter(partial);
+  tp_sum(partial);
+  return partial;
+}
+
+Tensor GptModel::full_sequence(const Tensor& x) { return dims_.sp ? sp_gather(x) : x; }
+
+void GptModel::param_ready(const std::string& first, const std::string& last) {
+  if (!hook_active_ || !ready_hook_) return;
+  int a = -1, b = -1;
+  for (int i = 0; i < static_cast<int>(infos_.size()); ++i) {
+    if (infos_[static_cast<size_t>(i)].name == first) a = i;
+    if (infos_[static_cast<size_t>(i)].name == last) b = i;
+  }
+  STRATA_CHECK(a >= 0 && b >= a, "parameter range " << first << " .. " << last);
+  ready_hook_(a, b + 1);
+}
 
 GptModel::ActsPtr GptModel::forward(const Tensor& tokens, const Tensor& targets,
                                     double* loss_sum) {
@@ -176,128 +260,192 @@ GptModel::ActsPtr GptModel::forward(const Tensor& tokens, const Tensor& targets,
   a->tokens = tokens;
   a->targets = targets;
 
-  Tensor wte = param("wte");
-  Tensor wpe = param("wpe");
-  a->x0 = be_.empty({B, S, d.C}, kAct);
-  be_.embedding_forward(a->x0, tokens, wte, &wpe, 0);
-
-  Tensor x = a->x0;
-  a->h.resize(static_cast<size_t>(d.L));
-  for (int l = 0; l < d.L; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    BlockActs& h = a->h[static_cast<size_t>(l)];
-    h.ln1 = be_.empty({B, S, d.C}, kAct);
-    h.ln1_mean = be_.empty({B, S}, kAct);
-    h.ln1_rstd = be_.empty({B, S}, kAct);
-    be_.layernorm_forward(h.ln1, h.ln1_mean, h.ln1_rstd, x, param(p + "ln_1.weight"),
-                          param(p + "ln_1.bias"));
-    h.qkv = be_.empty({B, S, 3 * d.C}, kAct);
-    const Tensor qkv_b = param(p + "attn.c_attn.bias");
-    be_.matmul_forward(h.qkv, h.ln1, param(p + "attn.c_attn.weight"), &qkv_b);
-    h.att = be_.empty({B, d.NH, S, S}, kAct);
-    h.atty = be_.empty({B, S, d.C}, kAct);
-    be_.attention_forward(h.atty, h.att, h.qkv, d.NH);
-    h.res1 = be_.empty({B, S, d.C}, kAct);
-    const Tensor proj_b = param(p + "attn.c_proj.bias");
-    be_.matmul_forward(h.res1, h.atty, param(p + "attn.c_proj.weight"), &proj_b);
-    be_.add_inplace(h.res1, x);
-
-    h.ln2 = be_.empty({B, S, d.C}, kAct);
-    h.ln2_mean = be_.empty({B, S}, kAct);
-    h.ln2_rstd = be_.empty({B, S}, kAct);
-    be_.layernorm_forward(h.ln2, h.ln2_mean, h.ln2_rstd, h.res1, param(p + "ln_2.weight"),
-                          param(p + "ln_2.bias"));
-    h.fch = be_.empty({B, S, d.F}, kAct);
-    const Tensor fc_b = param(p + "mlp.c_fc.bias");
-    be_.matmul_forward(h.fch, h.ln2, param(p + "mlp.c_fc.weight"), &fc_b);
-    h.fch_gelu = be_.empty({B, S, d.F}, kAct);
-    be_.gelu_forward(h.fch_gelu, h.fch);
-    h.out = be_.empty({B, S, d.C}, kAct);
-    const Tensor mp_b = param(p + "mlp.c_proj.bias");
-    be_.matmul_forward(h.out, h.fch_gelu, param(p + "mlp.c_proj.weight"), &mp_b);
-    be_.add_inplace(h.out, h.res1);
-    x = h.out;
+  // Vocab-parallel embedding: each rank adds its vocabulary rows (and rank 0 the positions), the
+  // sum over the group is the embedding.
+  {
+    Tensor x0 = be_.empty({B, S, d.C}, kAct);
+    const Tensor wpe = param("wpe");
+    be_.embedding_forward(x0, tokens, param("wte"), d.tp_rank == 0 ? &wpe : nullptr,
+                          d.vocab_start());
+    a->x0 = d.sp ? sp_reduce_scatter(x0) : (tp_sum(x0), x0);
   }
 
-  a->lnf = be_.empty({B, S, d.C}, kAct);
-  a->lnf_mean = be_.empty({B, S}, kAct);
-  a->lnf_rstd = be_.empty({B, S}, kAct);
+  a->h.resize(static_cast<size_t>(d.L));
+  for (int l = 0; l < d.L; ++l) block_forward(l, l > 0 ? a->h[static_cast<size_t>(l - 1)].out : a->x0, *a);
+  const Tensor& x = d.L > 0 ? a->h.back().out : a->x0;
+
+  const int64_t Sl = x.size(1), N = B * S;
+  a->lnf = be_.empty({B, Sl, d.C}, kAct);
+  a->lnf_mean = be_.empty({B, Sl}, kAct);
+  a->lnf_rstd = be_.empty({B, Sl}, kAct);
   be_.layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, param("ln_f.weight"),
                         param("ln_f.bias"));
-  const int64_t N = B * S;
-  a->logits = be_.empty({N, d.Vp}, kAct);
-  be_.matmul_forward(a->logits, a->lnf, param(d.tie ? "wte" : "lm_head.weight"), nullptr);
+  const Tensor lnf_full = full_sequence(a->lnf);
+  a->logits = be_.empty({N, d.V_local()}, kAct);
+  be_.matmul_forward(a->logits, lnf_full, param(d.tie ? "wte" : "lm_head.weight"), nullptr);
+  // Vocab-parallel cross-entropy: max, Σexp and the target logit are combined over the group.
   a->row_max = be_.empty({N}, kAct);
   a->row_sumexp = be_.empty({N}, kAct);
-  be_.ce_row_max(a->row_max, a->logits, d.V);
-  be_.ce_row_sumexp(a->row_sumexp, a->logits, a->row_max, d.V);
+  be_.ce_row_max(a->row_max, a->logits, d.vocab_valid());
+  if (d.tp > 1) tp_->all_reduce(a->row_max, ReduceOp::kMax);
+  be_.ce_row_sumexp(a->row_sumexp, a->logits, a->row_max, d.vocab_valid());
+  tp_sum(a->row_sumexp);
   Tensor target_logit = be_.empty({N}, kAct);
-  be_.ce_target_logit(target_logit, a->logits, targets, 0, d.V);
+  be_.ce_target_logit(target_logit, a->logits, targets, d.vocab_start(), d.vocab_valid());
+  tp_sum(target_logit);
   Tensor losses = be_.empty({N}, kAct);
   be_.ce_losses(losses, a->row_max, a->row_sumexp, target_logit);
   *loss_sum = be_.sum(losses);
   return a;
 }
 
-void GptModel::backward(Acts& a, float grad_scale) {
+void GptModel::block_forward(int l, const Tensor& x, Acts& a) {
   const GptDims& d = dims_;
-  const int64_t B = a.tokens.size(0), S = a.tokens.size(1), N = B * S;
+  const std::string p = "h." + std::to_string(l) + ".";
+  BlockActs& h = a.h[static_cast<size_t>(l)];
+  const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
+  const bool bias_here = d.tp_rank == 0;  // row-parallel biases are added once, by rank 0
 
-  // Head: dlogits = grad_scale · (softmax − onehot); padded columns get 0.
-  Tensor dresid = be_.zeros({B, S, d.C}, kAct);  // gradient of the residual stream
+  h.ln1 = be_.empty({B, Sl, d.C}, kAct);
+  h.ln1_mean = be_.empty({B, Sl}, kAct);
+  h.ln1_rstd = be_.empty({B, Sl}, kAct);
+  be_.layernorm_forward(h.ln1, h.ln1_mean, h.ln1_rstd, x, param(p + "ln_1.weight"),
+                        param(p + "ln_1.bias"));
   {
-    Tensor dlogits = be_.empty({N, d.Vp}, kAct);
-    be_.ce_backward(dlogits, a.logits, a.row_max, a.row_sumexp, a.targets, grad_scale, 0, d.V);
+    const Tensor ln1_full = full_sequence(h.ln1);
+    h.qkv = be_.empty({B, S, 3 * d.C_local()}, kAct);
+    const Tensor qkv_b = param(p + "attn.c_attn.bias");
+    be_.matmul_forward(h.qkv, ln1_full, param(p + "attn.c_attn.weight"), &qkv_b);
+  }
+  h.att = be_.empty({B, d.heads_local(), S, S}, kAct);
+  h.atty = be_.empty({B, S, d.C_local()}, kAct);
+  be_.attention_forward(h.atty, h.att, h.qkv, d.heads_local());
+  {
+    Tensor proj = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
+    const Tensor proj_b = param(p + "attn.c_proj.bias");
+    be_.matmul_forward(proj, h.atty, param(p + "attn.c_proj.weight"), bias_here ? &proj_b : nullptr);
+    h.res1 = d.sp ? sp_reduce_scatter(proj) : (tp_sum(proj), proj);
+    be_.add_inplace(h.res1, x);
+  }
+
+  h.ln2 = be_.empty({B, Sl, d.C}, kAct);
+  h.ln2_mean = be_.empty({B, Sl}, kAct);
+  h.ln2_rstd = be_.empty({B, Sl}, kAct);
+  be_.layernorm_forward(h.ln2, h.ln2_mean, h.ln2_rstd, h.res1, param(p + "ln_2.weight"),
+                        param(p + "ln_2.bias"));
+  {
+    const Tensor ln2_full = full_sequence(h.ln2);
+    h.fch = be_.empty({B, S, d.F_local()}, kAct);
+    const Tensor fc_b = param(p + "mlp.c_fc.bias");
+    be_.matmul_forward(h.fch, ln2_full, param(p + "mlp.c_fc.weight"), &fc_b);
+  }
+  h.fch_gelu = be_.empty({B, S, d.F_local()}, kAct);
+  be_.gelu_forward(h.fch_gelu, h.fch);
+  {
+    Tensor mlp = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
+    const Tensor mp_b = param(p + "mlp.c_proj.bias");
+    be_.matmul_forward(mlp, h.fch_gelu, param(p + "mlp.c_proj.weight"), bias_here ? &mp_b : nullptr);
+    h.out = d.sp ? sp_reduce_scatter(mlp) : (tp_sum(mlp), mlp);
+    be_.add_inplace(h.out, h.res1);
+  }
+}
+
+void GptModel::backward(Acts& a, float grad_scale, bool last_microbatch) {
+  const GptDims& d = dims_;
+  hook_active_ = last_microbatch;
+  const int64_t B = a.tokens.size(0), S = a.tokens.size(1), N = B * S;
+  const int64_t Sl = d.seq_local(static_cast<int>(S));
+
+  // Head: dlogits = grad_scale · (softmax − onehot) on this rank's vocabulary shard.
+  Tensor dresid = be_.zeros({B, Sl, d.C}, kAct);  // gradient of the residual stream
+  {
+    Tensor dlogits = be_.empty({N, d.V_local()}, kAct);
+    be_.ce_backward(dlogits, a.logits, a.row_max, a.row_sumexp, a.targets, grad_scale,
+                    d.vocab_start(), d.vocab_valid());
     a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
-    Tensor dlnf = be_.zeros({B, S, d.C}, kAct);
+    Tensor dlnf_full = be_.zeros({B, S, d.C}, kAct);  // partial over the vocabulary shards
     const std::string head = d.tie ? "wte" : "lm_head.weight";
     Tensor dhead = grad(head);
-    be_.matmul_backward(&dlnf, dhead, nullptr, dlogits, a.lnf, param(head));
-    const Tensor x_last = d.L > 0 ? a.h.back().out : a.x0;
+    be_.matmul_backward(&dlnf_full, dhead, nullptr, dlogits, full_sequence(a.lnf), param(head));
+    dlogits = Tensor();
+    const Tensor dlnf = reduce_input_grad(dlnf_full);
+    const Tensor& x_last = d.L > 0 ? a.h.back().out : a.x0;
     Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
     be_.layernorm_backward(dresid, dw, db, dlnf, x_last, param("ln_f.weight"), a.lnf_mean,
                            a.lnf_rstd);
+    if (d.sp && last_microbatch) {
+      tp_sum(dw);
+      tp_sum(db);
+    }
+    if (!d.tie) param_ready("lm_head.weight", "lm_head.weight");
+    param_ready("ln_f.weight", "ln_f.bias");
   }
 
   for (int l = d.L - 1; l >= 0; --l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    BlockActs& h = a.h[static_cast<size_t>(l)];
     const Tensor& x = l > 0 ? a.h[static_cast<size_t>(l - 1)].out : a.x0;
-    // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
-    {
-      Tensor dgelu = be_.zeros({B, S, d.F}, kAct);
-      Tensor dw = grad(p + "mlp.c_proj.weight"), db = grad(p + "mlp.c_proj.bias");
-      be_.matmul_backward(&dgelu, dw, &db, dresid, h.fch_gelu, param(p + "mlp.c_proj.weight"));
-      Tensor dfch = be_.zeros({B, S, d.F}, kAct);
-      be_.gelu_backward(dfch, h.fch, dgelu);
-      dgelu = Tensor();
-      Tensor dln2 = be_.zeros({B, S, d.C}, kAct);
-      Tensor dfw = grad(p + "mlp.c_fc.weight"), dfb = grad(p + "mlp.c_fc.bias");
-      be_.matmul_backward(&dln2, dfw, &dfb, dfch, h.ln2, param(p + "mlp.c_fc.weight"));
-      Tensor dlw = grad(p + "ln_2.weight"), dlb = grad(p + "ln_2.bias");
-      be_.layernorm_backward(dresid, dlw, dlb, dln2, h.res1, param(p + "ln_2.weight"),
-                             h.ln2_mean, h.ln2_rstd);
-    }
-    // Attention branch: dresid now holds d(res1), also d(x) through the residual.
-    {
-      Tensor datty = be_.zeros({B, S, d.C}, kAct);
-      Tensor dw = grad(p + "attn.c_proj.weight"), db = grad(p + "attn.c_proj.bias");
-      be_.matmul_backward(&datty, dw, &db, dresid, h.atty, param(p + "attn.c_proj.weight"));
-      Tensor dqkv = be_.zeros({B, S, 3 * d.C}, kAct);
-      be_.attention_backward(dqkv, datty, h.qkv, h.att, d.NH);
-      datty = Tensor();
-      Tensor dln1 = be_.zeros({B, S, d.C}, kAct);
-      Tensor dqw = grad(p + "attn.c_attn.weight"), dqb = grad(p + "attn.c_attn.bias");
-      be_.matmul_backward(&dln1, dqw, &dqb, dqkv, h.ln1, param(p + "attn.c_attn.weight"));
-      Tensor dlw = grad(p + "ln_1.weight"), dlb = grad(p + "ln_1.bias");
-      be_.layernorm_backward(dresid, dlw, dlb, dln1, x, param(p + "ln_1.weight"), h.ln1_mean,
-                             h.ln1_rstd);
-    }
-    h = BlockActs();  // this block's activations are consumed
+    block_backward(l, x, a, dresid);
   }
 
+  // Embedding: every rank needs the full-sequence gradient for its vocabulary rows and wpe.
+  const Tensor dx0 = full_sequence(dresid);
   Tensor dwte = grad("wte"), dwpe = grad("wpe");
-  be_.embedding_backward(dwte, &dwpe, dresid, a.tokens, 0);
+  be_.embedding_backward(dwte, &dwpe, dx0, a.tokens, d.vocab_start());
+  param_ready("wte", "wpe");
+  hook_active_ = false;
+}
+
+void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
+  const GptDims& d = dims_;
+  const std::string p = "h." + std::to_string(l) + ".";
+  BlockActs& h = a.h[static_cast<size_t>(l)];
+  const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
+  const bool reduce_ln = d.sp && hook_active_;
+  // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
+  {
+    Tensor dgelu = be_.zeros({B, S, d.F_local()}, kAct);
+    Tensor dw = grad(p + "mlp.c_proj.weight"), db = grad(p + "mlp.c_proj.bias");
+    be_.matmul_backward(&dgelu, dw, &db, full_sequence(dresid), h.fch_gelu,
+                        param(p + "mlp.c_proj.weight"));
+    Tensor dfch = be_.zeros({B, S, d.F_local()}, kAct);
+    be_.gelu_backward(dfch, h.fch, dgelu);
+    dgelu = Tensor();
+    Tensor dln2_full = be_.zeros({B, S, d.C}, kAct);
+    Tensor dfw = grad(p + "mlp.c_fc.weight"), dfb = grad(p + "mlp.c_fc.bias");
+    be_.matmul_backward(&dln2_full, dfw, &dfb, dfch, full_sequence(h.ln2),
+                        param(p + "mlp.c_fc.weight"));
+    const Tensor dln2 = reduce_input_grad(dln2_full);
+    Tensor dlw = grad(p + "ln_2.weight"), dlb = grad(p + "ln_2.bias");
+    be_.layernorm_backward(dresid, dlw, dlb, dln2, h.res1, param(p + "ln_2.weight"), h.ln2_mean,
+                           h.ln2_rstd);
+    if (reduce_ln) {
+      tp_sum(dlw);
+      tp_sum(dlb);
+    }
+  }
+  // Attention branch: dresid now holds d(res1), also d(x) through the residual.
+  {
+    Tensor datty = be_.zeros({B, S, d.C_local()}, kAct);
+    Tensor dw = grad(p + "attn.c_proj.weight"), db = grad(p + "attn.c_proj.bias");
+    be_.matmul_backward(&datty, dw, &db, full_sequence(dresid), h.atty,
+                        param(p + "attn.c_proj.weight"));
+    Tensor dqkv = be_.zeros({B, S, 3 * d.C_local()}, kAct);
+    be_.attention_backward(dqkv, datty, h.qkv, h.att, d.heads_local());
+    datty = Tensor();
+    Tensor dln1_full = be_.zeros({B, S, d.C}, kAct);
+    Tensor dqw = grad(p + "attn.c_attn.weight"), dqb = grad(p + "attn.c_attn.bias");
+    be_.matmul_backward(&dln1_full, dqw, &dqb, dqkv, full_sequence(h.ln1),
+                        param(p + "attn.c_attn.weight"));
+    const Tensor dln1 = reduce_input_grad(dln1_full);
+    Tensor dlw = grad(p + "ln_1.weight"), dlb = grad(p + "ln_1.bias");
+    be_.layernorm_backward(dresid, dlw, dlb, dln1, x, param(p + "ln_1.weight"), h.ln1_mean,
+                           h.ln1_rstd);
+    if (reduce_ln) {
+      tp_sum(dlw);
+      tp_sum(dlb);
+    }
+  }
+  h = BlockActs();  // this block's activations are consumed
+  param_ready(p + "ln_1.weight", p + "mlp.c_proj.bias");
 }
 
 const Tensor& GptModel::logits(const Acts& acts) { return acts.logits; }
@@ -331,17 +479,19 @@ MemoryPrediction GptModel::predict_memory(const GptDims& d, int micro_batch, int
   m.parameters = 4 * n;
   m.gradients = 4 * n;
   m.optimizer = 8 * n;  // AdamW m and v in fp32
-  const int64_t B = micro_batch, S = seq_len, C = d.C, F = d.F, NH = d.NH, Vp = d.Vp;
-  const int64_t BS = B * S;
+  const int64_t B = micro_batch, S = seq_len, C = d.C, Fl = d.F_local(), NHl = d.heads_local();
+  const int64_t Cl = d.C_local(), Vl = d.V_local(), Sl = d.seq_local(seq_len);
+  const int64_t BS = B * S, BSl = B * Sl;
   // Saved by forward (see BlockActs / Acts), in floats.
-  const int64_t block = 8 * BS * C + 2 * BS * F + 4 * BS + B * NH * S * S;
-  const int64_t saved = 2 * BS /* tokens, targets */ + BS * C /* x0 */ + d.L * block +
-                        BS * C + 2 * BS /* ln_f */ + BS * Vp + 2 * BS /* logits, stats */;
-  // Transient peak of backward: at the head, dlogits + dresid + dlnf while everything is live.
-  // (The forward's target logits and losses, 2·BS, are freed before backward starts.)
-  const int64_t head_transient = BS * Vp + 2 * BS * C;
-  const int64_t forward_transient = 2 * BS;
-  m.activations = 4 * (saved + std::max(head_transient, forward_transient));
+  const int64_t block = 4 * BSl * C /* ln1, res1, ln2, out */ + 4 * BSl /* LN stats */ +
+                        BS * 3 * Cl + BS * Cl /* qkv, atty */ + 2 * BS * Fl + B * NHl * S * S;
+  const int64_t saved = 2 * BS /* tokens, targets */ + BSl * C /* x0 */ + d.L * block +
+                        BSl * C + 2 * BSl /* ln_f */ + BS * Vl + 2 * BS /* logits, stats */;
+  // Transient peak of backward: at the head, dlogits + the gathered ln_f output + its partial
+  // gradient + the residual-stream gradient while everything is live.
+  const int64_t gathered = d.sp ? 2 * BS * C : 0;  // chunks + interleaved copy
+  const int64_t head_transient = BS * Vl + BS * C + BSl * C + gathered;
+  m.activations = 4 * (saved + head_transient);
   m.buffers = 4 * static_cast<int64_t>(threads) * S * S;  // attention backward scratch
   return m;
 }

@@ -13,6 +13,15 @@
 // The vocabulary is padded to a multiple of 128 (Megatron's make-vocab-size-divisible-by); padded
 // rows are zero, excluded from the loss and never sampled.
 //
+// Tensor parallelism (Megatron-LM): c_attn and mlp.c_fc are column-parallel (each of the t ranks
+// holds a slice of the output rows: for c_attn its heads' query, key and value rows), attn.c_proj
+// and mlp.c_proj row-parallel (a slice of the input columns); each block does one all-reduce after
+// attention and one after the MLP in the forward pass, and one per column-parallel input gradient
+// in the backward pass. wte is vocab-parallel (rows [r·Vp/t, (r+1)·Vp/t)), and so are the logits
+// and the cross-entropy: no rank ever holds the full logits. LayerNorms, wpe and the row-parallel
+// biases are replicated. With sequence parallelism the LayerNorm regions (residual stream, LayerNorm
+// outputs) are sharded along the sequence and the all-reduces become all-gather / reduce-scatter.
+//
 // Initialisation is a pure function of (train.seed, parameter name, element index): weights
 // N(0, init_std), the two residual output projections per block N(0, init_std/√(2L)) as GPT-2
 // does, biases 0, LayerNorm weights 1.
@@ -21,43 +30,76 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/comm.h"
 #include "runtime/config.h"
 #include "runtime/tensor.h"
 
 namespace strata {
 
 struct GptDims {
+  // Tensor parallelism: this rank's place in a group of `tp` ranks; sp = sequence parallelism.
+  int tp = 1;
+  int tp_rank = 0;
+  bool sp = false;
+
   int L = 0;   // layers
   int C = 0;   // hidden size
   int NH = 0;  // attention heads
   int F = 0;   // MLP hidden size
   int S = 0;   // maximum sequence length (positions)
   int V = 0;   // vocabulary
-  int Vp = 0;  // vocabulary padded to a multiple of 128
+  int Vp = 0;  // vocabulary padded to a multiple of 128·tp
   bool tie = true;
   double init_std = 0.02;
+
+  // This rank's shard sizes.
+  int heads_local() const { return NH / tp; }
+  int C_local() const { return C / tp; }
+  int F_local() const { return F / tp; }
+  int V_local() const { return Vp / tp; }
+  int vocab_start() const { return tp_rank * V_local(); }
+  // Real (non-padding) vocabulary entries in this rank's shard.
+  int vocab_valid() const;
+  int seq_local(int S_run) const { return sp ? S_run / tp : S_run; }
 };
-GptDims gpt_dims(const ModelConfig& m);
+GptDims gpt_dims(const ModelConfig& m, int tp = 1, int tp_rank = 0, bool sp = false);
 int pad_vocab(int vocab, int multiple);
 
 enum class ParamInit { kNormal, kOnes, kZeros };
 
+// How a parameter is divided over the tensor-parallel ranks.
+enum class ParamSplit {
+  kReplicated,  // every rank holds all of it
+  kRows,        // rank r holds rows [r·R/t, (r+1)·R/t) (column-parallel weights and biases, wte)
+  kCols,        // rank r holds columns [r·K/t, (r+1)·K/t) (row-parallel weights)
+  kQkvRows,     // three row blocks (q, k, v) of C rows, each split as kRows
+};
+
 // One named parameter: its shape, where it sits in the flat buffers, how it starts.
 struct ParamInfo {
   std::string name;
-  Shape shape;
+  Shape shape;       // this rank's shard
+  Shape full_shape;  // the whole parameter
+  ParamSplit split = ParamSplit::kReplicated;
   int64_t offset = 0;  // elements into the flat buffer
   int64_t numel = 0;
   ParamInit init = ParamInit::kZeros;
   double std = 0;     // for kNormal
   int64_t rows_initialised = -1;  // kNormal: rows past this stay 0 (padded vocabulary); -1 all
   bool decay = false;  // AdamW weight decay applies (matrices and embeddings, not biases/norms)
+  // With sequence parallelism each rank sees only its part of the sequence in this parameter's
+  // forward (the LayerNorms), so its gradient is a partial sum over the tensor group.
+  bool sequence_partial_grad = false;
 };
+
+// Index in the full parameter of element `local` of this rank's shard.
+int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp);
 
 // FLOPs of one training iteration in Megatron-LM's counting (matrix multiplies only; attention
 // scores counted over the full S×S as Megatron does).
@@ -81,7 +123,8 @@ class GptModel {
   };
   using ActsPtr = std::unique_ptr<Acts, ActsDeleter>;
 
-  GptModel(const GptDims& dims, Backend& backend, uint64_t seed);
+  // tp: the tensor-parallel group (size dims.tp), nullptr when dims.tp is 1.
+  GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp = nullptr);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -107,7 +150,15 @@ class GptModel {
   ActsPtr forward(const Tensor& tokens, const Tensor& targets, double* loss_sum);
   // Backward of a forward: accumulates parameter gradients of (grad_scale · Σ token losses),
   // i.e. grad_scale = 1 / (tokens in the global batch) gives the gradient of the mean loss.
-  void backward(Acts& acts, float grad_scale);
+  // last_microbatch: gradients are final after this backward (the sequence-parallel LayerNorm
+  // gradients are then summed over the tensor group, and the ready hook is called).
+  void backward(Acts& acts, float grad_scale, bool last_microbatch = true);
+  // Called during the last micro-batch's backward with [first, last) parameter indices whose
+  // gradients have just become final, in the order they do: data parallelism starts reducing
+  // them while the backward pass goes on.
+  void set_grad_ready_hook(std::function<void(int first, int last)> hook) {
+    ready_hook_ = std::move(hook);
+  }
   // The logits (B·S, Vp) a forward computed (valid until backward consumes them).
   static const Tensor& logits(const Acts& acts);
   // Forward only, for evaluation: Σ of the token losses.
@@ -120,8 +171,24 @@ class GptModel {
   static std::vector<ParamInfo> layout(const GptDims& d);
 
  private:
+  void block_forward(int l, const Tensor& x, Acts& a);
+  void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
+  // Tensor-parallel communication helpers; no-ops when dims_.tp is 1.
+  void tp_sum(Tensor& t);                      // all-reduce sum over the tensor group
+  Tensor sp_gather(const Tensor& shard);       // (B, S/t, C) → (B, S, C) (sp only)
+  Tensor sp_reduce_scatter(const Tensor& full);  // (B, S, C) partial → (B, S/t, C) summed
+  // After a column-parallel layer's input gradient (partial over the group): the full-sequence
+  // sum (no sp) or this rank's sequence shard of it (sp).
+  Tensor reduce_input_grad(Tensor& partial);
+  // Before a layer needing the full sequence: the input itself (no sp) or its gather (sp).
+  Tensor full_sequence(const Tensor& x);
+  void param_ready(const std::string& first, const std::string& last);
+
   GptDims dims_;
   Backend& be_;
+  Communicator* tp_;
+  std::function<void(int, int)> ready_hook_;
+  bool hook_active_ = false;
   std::vector<ParamInfo> infos_;
   Tensor params_;  // (N) parameters
   Tensor grads_;   // (N) gradients

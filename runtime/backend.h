@@ -91,6 +91,13 @@ class Backend {
                            const Tensor& row_sumexp, const Tensor& targets, float scale,
                            int vocab_start, int valid) = 0;
 
+  // ---- sequence-parallel layout changes ----
+  // Sequence parallelism gathers (t, B, S/t, C) chunks (one per tensor rank, contiguous) into the
+  // model's (B, S, C) layout, and splits it back before a reduce-scatter.
+  // seq_interleave: out (B, S, C) ← chunks (t, B, S/t, C); seq_deinterleave: the inverse.
+  virtual void seq_interleave(Tensor& out, const Tensor& chunks, int t) = 0;
+  virtual void seq_deinterleave(Tensor& chunks, const Tensor& in, int t) = 0;
+
   // ---- elementwise and reductions ----
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;            // y += x
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b

@@ -178,6 +178,13 @@ class CpuBackend final : public Backend {
                    scale, as_int(rows(logits)), as_int(logits.size(-1)), vocab_start, valid);
   }
 
+  void seq_interleave(Tensor& out, const Tensor& chunks, int t) override {
+    seq_permute(out, chunks, t, /*to_chunks=*/false);
+  }
+  void seq_deinterleave(Tensor& chunks, const Tensor& in, int t) override {
+    seq_permute(in, chunks, t, /*to_chunks=*/true);
+  }
+
   void add_inplace(Tensor& y, const Tensor& x) override {
     expect_numel(x, y.numel(), "add_inplace operand");
     k::add_inplace(y.f32(), x.f32(), static_cast<size_t>(y.numel()));
@@ -210,6 +217,25 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // bsc (B, S, C) <-> chunks (t, B, S/t, C); copies rows of C floats.
+  static void seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks) {
+    const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2), Sl = S / t;
+    STRATA_CHECK(S % t == 0, "sequence " << S << " % tensor " << t);
+    expect_numel(chunks, bsc.numel(), "sequence chunks");
+    float* a = bsc.f32();
+    float* c = chunks.f32();
+    const size_t row = static_cast<size_t>(C) * sizeof(float);
+#pragma omp parallel for collapse(2)
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < Sl; ++s) {
+          float* x = a + ((b * S) + r * Sl + s) * C;
+          float* y = c + ((r * B + b) * Sl + s) * C;
+          if (to_chunks) std::memcpy(y, x, row);
+          else std::memcpy(x, y, row);
+        }
+  }
+
   int threads_;
   Tensor scratch_;  // attention backward scratch, (threads, S, S)
 };

@@ -23,30 +23,25 @@ double clip_coefficient(double norm, double max_norm) {
   return std::min(1.0, max_norm / (norm + 1e-6));
 }
 
-AdamW::AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<ParamRange> ranges,
-             int64_t numel)
-    : be_(backend), cfg_(cfg), ranges_(std::move(ranges)) {
-  int64_t covered = 0;
-  for (const ParamRange& r : ranges_) {
-    STRATA_CHECK(r.offset == covered, "parameter ranges must be contiguous and in order");
-    covered += r.numel;
-  }
-  STRATA_CHECK(covered == numel, "ranges cover " << covered << " of " << numel << " elements");
-  m_ = be_.zeros({numel}, MemCategory::kOptimizer);
-  v_ = be_.zeros({numel}, MemCategory::kOptimizer);
+AdamW::AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<OptSegment> segments)
+    : be_(backend), cfg_(cfg), segments_(std::move(segments)) {
+  int64_t n = 0;
+  for (const OptSegment& s : segments_) n = std::max(n, s.state_offset + s.numel);
+  m_ = be_.zeros({n}, MemCategory::kOptimizer);
+  v_ = be_.zeros({n}, MemCategory::kOptimizer);
 }
 
 void AdamW::step(Tensor& params, const Tensor& grads, double lr) {
   ++step_;
-  for (const ParamRange& r : ranges_) {
-    if (r.numel == 0) continue;
-    Tensor p = params.view(r.offset, {r.numel});
-    const Tensor g = grads.view(r.offset, {r.numel});
-    Tensor m = m_.view(r.offset, {r.numel});
-    Tensor v = v_.view(r.offset, {r.numel});
+  for (const OptSegment& s : segments_) {
+    if (s.numel == 0) continue;
+    Tensor p = params.view(s.param_offset, {s.numel});
+    const Tensor g = grads.view(s.state_offset, {s.numel});
+    Tensor m = m_.view(s.state_offset, {s.numel});
+    Tensor v = v_.view(s.state_offset, {s.numel});
     be_.adamw_update(p, g, m, v, static_cast<float>(lr), static_cast<float>(cfg_.beta1),
                      static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                     r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_);
+                     s.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_);
   }
 }
 

@@ -1,10 +1,13 @@
-// optimizer.h — AdamW over a flat parameter buffer, the learning-rate schedule and gradient
-// clipping.
+// optimizer.h — AdamW over segments of a flat parameter buffer, the learning-rate schedule and
+// gradient clipping.
 //
 // AdamW (Loshchilov & Hutter): decoupled weight decay, bias-corrected moments, fp32 state.
-// Weight decay applies only to the ranges marked decay (weight matrices and embeddings, not
-// biases or LayerNorm parameters), as Megatron-LM and nanoGPT do. Clipping scales gradients by
+// Weight decay applies only to segments marked decay (weight matrices and embeddings, not biases
+// or LayerNorm parameters), as Megatron-LM and nanoGPT do. Clipping scales gradients by
 // min(1, max_norm / (norm + 1e-6)), the formula of Megatron-LM and torch.nn.utils.
+//
+// The optimizer state is compact: it covers only the segments given, so with the distributed
+// optimizer (ZeRO-1) each data-parallel rank keeps the state of its own shard only.
 //
 // Thread-safety: one optimizer per rank, driven from the training thread.
 #pragma once
@@ -21,32 +24,33 @@ namespace strata {
 // cosine/linear decay to min_lr at decay_iters (default: total iterations), min_lr after.
 double learning_rate(const OptimizerConfig& o, int total_iterations, int it);
 
-// A contiguous range [offset, offset + numel) of the flat buffers sharing one decay setting.
-struct ParamRange {
-  int64_t offset = 0;
+// A run of parameters updated together: params[param_offset, +numel) with the gradient and the
+// optimizer state at [state_offset, +numel) of the compact gradient buffer and state.
+struct OptSegment {
+  int64_t param_offset = 0;
+  int64_t state_offset = 0;
   int64_t numel = 0;
   bool decay = false;
 };
 
 class AdamW {
  public:
-  // ranges cover the flat buffers of `numel` elements; state is allocated as optimizer memory.
-  AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<ParamRange> ranges,
-        int64_t numel);
+  // State for Σ numel of `segments` (allocated as optimizer memory, zeroed).
+  AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<OptSegment> segments);
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // One update at learning rate lr; increments the step count.
+  // One update at learning rate lr; grads is the compact gradient buffer (state layout).
   void step(Tensor& params, const Tensor& grads, double lr);
   int steps_taken() const { return step_; }
 
-  Tensor& m() { return m_; }  // (numel) first moment
-  Tensor& v() { return v_; }  // (numel) second moment
+  Tensor& m() { return m_; }  // first moment, state layout
+  Tensor& v() { return v_; }  // second moment, state layout
 
  private:
   Backend& be_;
   OptimizerConfig cfg_;
-  std::vector<ParamRange> ranges_;
+  std::vector<OptSegment> segments_;
   Tensor m_, v_;
   int step_ = 0;
 };

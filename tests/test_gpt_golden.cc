@@ -170,9 +170,10 @@ TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
   o.weight_decay = g.cfg["weight_decay"];
   o.grad_clip = g.cfg["grad_clip"];
   const int steps = g.cfg["steps"];
-  std::vector<ParamRange> ranges;
-  for (const ParamInfo& p : model.param_infos()) ranges.push_back({p.offset, p.numel, p.decay});
-  AdamW opt(*be, o, ranges, model.num_parameters());
+  std::vector<OptSegment> segments;
+  for (const ParamInfo& p : model.param_infos())
+    segments.push_back({p.offset, p.offset, p.numel, p.decay});
+  AdamW opt(*be, o, segments);
 
   const std::vector<int32_t> all = g.f.at("steps.tokens", kFixture).as_i32();
   const std::vector<float> want_loss = g.f.at("steps.loss", kFixture).as_f32();

@@ -1,0 +1,141 @@
+#include "runtime/grad_reducer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/check.h"
+
+namespace strata {
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+std::vector<OptSegment> dense_segments(const std::vector<ParamSpan>& params) {
+  std::vector<OptSegment> s;
+  for (const ParamSpan& p : params) s.push_back({p.offset, p.offset, p.numel, p.decay});
+  return s;
+}
+
+GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
+                         std::vector<ParamSpan> params, double bucket_mb, bool shard)
+    : be_(backend), dp_(dp), grads_(std::move(grads)), params_(std::move(params)),
+      shard_(shard && dp != nullptr && dp->size() > 1) {
+  const int n = static_cast<int>(params_.size());
+  const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576 / 4));
+  bucket_of_.assign(static_cast<size_t>(n), -1);
+  // Walk from the last parameter back: the backward pass finishes them in that order.
+  for (int i = n - 1; i >= 0;) {
+    Bucket b;
+    b.last_param = i + 1;
+    int64_t elems = 0;
+    int j = i;
+    while (j >= 0 && (elems == 0 || elems + params_[static_cast<size_t>(j)].numel <= bucket_elems)) {
+      elems += params_[static_cast<size_t>(j)].numel;
+      --j;
+    }
+    b.first_param = j + 1;
+    b.offset = params_[static_cast<size_t>(b.first_param)].offset;
+    b.numel = elems;
+    for (int k = b.first_param; k < b.last_param; ++k)
+      bucket_of_[static_cast<size_t>(k)] = static_cast<int>(buckets_.size());
+    buckets_.push_back(std::move(b));
+    i = j;
+  }
+
+  if (!shard_) {
+    opt_segments_ = dense_segments(params_);
+    for (const ParamSpan& p : params_)
+      if (p.counted) norm_segments_.push_back({p.offset, p.numel});
+    return;
+  }
+  // ZeRO-1: this rank owns chunk `rank` of every bucket; intersect the chunks with the
+  // parameters to get optimizer and norm segments over the compact shard buffer.
+  const int r = dp_->rank();
+  int64_t compact = 0;
+  for (Bucket& b : buckets_) {
+    b.counts = chunk_counts(static_cast<size_t>(b.numel), dp_->size());
+    int64_t before = 0;
+    for (int k = 0; k < r; ++k) before += static_cast<int64_t>(b.counts[static_cast<size_t>(k)]);
+    const int64_t lo = b.offset + before;
+    const int64_t hi = lo + static_cast<int64_t>(b.counts[static_cast<size_t>(r)]);
+    b.shard_offset = compact;
+    for (int k = b.first_param; k < b.last_param; ++k) {
+      const ParamSpan& p = params_[static_cast<size_t>(k)];
+      const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (a >= e) continue;
+      const int64_t at = compact + (a - lo);
+      opt_segments_.push_back({a, at, e - a, p.decay});
+      if (p.counted) norm_segments_.push_back({at, e - a});
+    }
+    compact += hi - lo;
+  }
+  shard_grads_ = be_.zeros({compact}, MemCategory::kGradients);
+}
+
+double GradReducer::since_begin_s() const { return now_s() - begin_; }
+
+void GradReducer::begin_iteration() {
+  for (Bucket& b : buckets_) b.pending = b.last_param - b.first_param;
+  start_s_.assign(buckets_.size(), -1.0);
+  begin_ = now_s();
+}
+
+void GradReducer::start(Bucket& b) {
+  start_s_[static_cast<size_t>(&b - buckets_.data())] = now_s() - begin_;
+  float* g = grads_.f32() + b.offset;
+  if (!dp_ || dp_->size() == 1) return;
+  if (shard_) {
+    b.req = dp_->ireduce_scatterv(g, shard_grads_.f32() + b.shard_offset, b.counts, DType::kF32,
+                                  ReduceOp::kSum);
+  } else {
+    b.req = dp_->iall_reduce(g, static_cast<size_t>(b.numel), DType::kF32, ReduceOp::kSum);
+  }
+}
+
+void GradReducer::poll() {
+  for (Bucket& b : buckets_)
+    if (b.req.pending()) b.req.test();
+}
+
+void GradReducer::mark_ready(int first, int last) {
+  for (int k = first; k < last; ++k) {
+    Bucket& b = buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(k)])];
+    STRATA_CHECK(b.pending > 0, "parameter " << k << " marked ready twice in one iteration");
+    if (--b.pending == 0) start(b);
+  }
+  poll();
+}
+
+void GradReducer::finish() {
+  for (Bucket& b : buckets_) {
+    if (b.pending > 0) {  // a parameter the backward pass never marked (not used this step)
+      b.pending = 0;
+      start(b);
+    }
+  }
+  for (Bucket& b : buckets_) b.req.wait();
+}
+
+double GradReducer::local_sum_squares() {
+  const Tensor& g = optimizer_grads();
+  double s = 0;
+  for (const NormSegment& n : norm_segments_) s += be_.sum_squares(g.view(n.offset, {n.numel}));
+  return s;
+}
+
+void GradReducer::gather_params(Tensor& params) {
+  if (!shard_) return;
+  std::vector<Request> reqs;
+  const int r = dp_->rank();
+  for (Bucket& b : buckets_) {
+    int64_t before = 0;
+    for (int k = 0; k < r; ++k) before += static_cast<int64_t>(b.counts[static_cast<size_t>(k)]);
+    float* base = params.f32() + b.offset;
+    reqs.push_back(dp_->iall_gatherv(base + before, base, b.counts, DType::kF32));
+  }
+  wait_all(reqs);
+}
+
+}  // namespace strata
