@@ -62,7 +62,8 @@ struct Run {
   int seq_len = 0;
   int accumulation = 0;  // micro-batches per iteration on this rank
 
-  Run(const Config& c, const RunContext& x) : cfg(c), ctx(x), w(world()) {
+  Run(const Config& c, const RunContext& x)
+      : cfg(c), ctx(x), w(x.single_process ? solo_world() : world()) {
     validate_for_world(cfg, w.size);
     tensor = cfg.parallel.tensor;
     pipeline = cfg.parallel.pipeline;
@@ -106,7 +107,17 @@ struct Run {
     }
   }
 
+  static const World& solo_world() {
+    static const World solo = [] {
+      World s;
+      s.host = world().host;
+      return s;
+    }();
+    return solo;
+  }
+
   ProcessGroups groups() const {
+    if (ctx.single_process) return make_single_process_groups(cfg.comm.timeout_s);
     return make_process_groups(tensor, pipeline, data,
                                w.size > 1 ? CommBackend::kMPI : CommBackend::kLocal,
                                cfg.comm.timeout_s);

@@ -19,6 +19,9 @@ namespace strata {
 // The process world comes from init_world() (runtime/comm.h): without it, one process.
 struct RunContext {
   bool verbose = true;  // progress lines and summary on world rank 0
+  // Train this process alone (tensor = pipeline = data = 1) even inside a multi-rank job: the
+  // single-process reference that equivalence tests compare every layout with.
+  bool single_process = false;
 };
 
 struct TrainResult {
