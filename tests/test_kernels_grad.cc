@@ -1,0 +1,827 @@
+// test_kernels_grad.cc — the CPU kernels of kernels/cpu/ops.h against references that do not
+// share their code path:
+//   * every backward against central finite differences of the DOUBLE forward, on the scalar
+//     objective L = Σ r ⊙ out with r a fixed random tensor (so dout = r);
+//   * the FLOAT instantiation against the DOUBLE one on larger shapes;
+//   * properties and closed forms: softmax rows, CE padding, vocab sharding (embedding and CE),
+//     AdamW, GEMM transposes against a naive triple loop.
+//
+// Tolerances used throughout:
+//   kFdTol = 1e-6, relative to the largest |gradient| of the tensor checked. With h = 1e-5 the
+//     central difference has truncation error ~h²·|L'''| ≈ 1e-10 and rounding error
+//     ~ε·|L|/h ≈ 1e-16·10/1e-5 = 1e-10; 1e-6 leaves four orders of margin for the larger third
+//     derivatives of softmax and rsqrt, while any indexing or formula error shows up at 1e-2 or
+//     more.
+//   kFloatTol = 1e-5, relative to the largest |value| of the tensor compared. Inputs are drawn in
+//     float and widened exactly, so the only difference is float32 arithmetic: a sum of K terms
+//     errs by ~√K·6e-8 of its terms' size in practice (K ≤ 400 here: 1.2e-6), plus ~2 ulp from
+//     the float kernels' own exp and from rsqrt. Observed worst 1.6e-6 (GELU's backward); 1e-5
+//     keeps a 6x margin and still fails on a precision regression such as a one-pass variance.
+//   kFloatAttentionTol = 1e-4 for attention, whose test drives scores to ±70 on purpose: a
+//     score's float rounding δ ≈ 70·6e-8·(a few) becomes a relative error δ of its probability
+//     after exp. Observed worst 1.8e-6.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+
+namespace cpu = strata::kernels::cpu;
+
+namespace {
+
+constexpr double kFdStep = 1e-5;
+constexpr double kFdTol = 1e-6;
+constexpr double kFloatTol = 1e-5;
+constexpr double kFloatAttentionTol = 1e-4;
+
+using Vec = std::vector<double>;
+
+// Values representable exactly in float, so that a float copy holds the same numbers.
+Vec random_vec(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = static_cast<double>(static_cast<float>(dist(gen)));
+  return v;
+}
+
+std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int32_t lo, int32_t hi) {
+  std::mt19937_64 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = dist(gen);
+  return t;
+}
+
+std::vector<float> to_float(const Vec& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+Vec minus(const Vec& a, const Vec& b) {
+  Vec d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+// ∂L/∂x by central differences; loss() reads x.
+Vec numeric_grad(Vec& x, const std::function<double()>& loss) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + kFdStep;
+    const double lp = loss();
+    x[i] = saved - kFdStep;
+    const double lm = loss();
+    x[i] = saved;
+    g[i] = (lp - lm) / (2 * kFdStep);
+  }
+  return g;
+}
+
+// |got - want| ≤ tol · max|want| elementwise, reporting the first few offenders.
+template <class A>
+void expect_close(const std::vector<A>& got, const Vec& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  ASSERT_GT(scale, 0.0) << what << ": reference is identically zero, the check would be vacuous";
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    worst = std::max(worst, err / scale);
+    if (!(err <= tol * scale)) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << what << "[" << i << "]: got " << static_cast<double>(got[i]) << ", want "
+                      << want[i] << " (scale " << scale << ")";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << want.size()
+                    << " elements off; worst relative error " << worst;
+}
+
+// Sets the OpenMP/OpenBLAS thread count for one scope (ctest runs with OMP_NUM_THREADS=1).
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : saved_(cpu::num_threads()) { cpu::set_num_threads(n); }
+  ~ScopedThreads() { cpu::set_num_threads(saved_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+template <class T>
+void check_gemm_transposes(double tol) {
+  const int M = 7, N = 5, K = 6;
+  const int pad = 3;  // row strides larger than the logical width, as for one head of qkv
+  const T alpha = T(0.7), beta = T(-0.3);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      // A is stored (M, K), or (K, M) when transposed; likewise B (K, N) or (N, K).
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K;
+      const int b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+      const Vec a = random_vec(static_cast<size_t>(a_rows) * lda, 1);  // (a_rows, lda)
+      const Vec b = random_vec(static_cast<size_t>(b_rows) * ldb, 2);  // (b_rows, ldb)
+      const Vec c0 = random_vec(static_cast<size_t>(M) * ldc, 3);      // (M, ldc)
+      Vec want = c0;
+      for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+          double s = 0;
+          for (int k = 0; k < K; ++k) {
+            const double aik = ta ? a[k * lda + i] : a[i * lda + k];
+            const double bkj = tb ? b[j * ldb + k] : b[k * ldb + j];
+            s += aik * bkj;
+          }
+          want[i * ldc + j] = double(alpha) * s + double(beta) * c0[i * ldc + j];
+        }
+      }
+      std::vector<T> ta_(a.begin(), a.end()), tb_(b.begin(), b.end()), c(c0.begin(), c0.end());
+      cpu::gemm<T>(ta, tb, M, N, K, alpha, ta_.data(), lda, tb_.data(), ldb, beta, c.data(), ldc);
+      // The padding columns of C must be left alone, so compare the whole (M, ldc) buffer.
+      expect_close(c, want, tol,
+                   std::string("gemm ta=") + (ta ? "T" : "N") + " tb=" + (tb ? "T" : "N"));
+    }
+  }
+}
+
+TEST(KernelsGemm, TransposesMatchNaiveLoop) {
+  // double: K = 6 products, rounding ~1e-16; float: ~6 ulp of 6e-8.
+  check_gemm_transposes<double>(1e-12);
+  check_gemm_transposes<float>(1e-5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+TEST(KernelsGrad, MatmulFiniteDifferences) {
+  const int N = 3, C = 5, OC = 4;
+  Vec inp = random_vec(N * C, 10);       // (N, C)
+  Vec w = random_vec(OC * C, 11);        // (OC, C)
+  Vec bias = random_vec(OC, 12);         // (OC)
+  const Vec r = random_vec(N * OC, 13);  // (N, OC)
+  Vec out(N * OC);                       // (N, OC)
+
+  // Forward against a naive loop, with and without bias.
+  cpu::matmul_forward<double>(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  Vec want(N * OC), want_nobias(N * OC);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int c = 0; c < C; ++c) s += inp[n * C + c] * w[o * C + c];
+      want_nobias[n * OC + o] = s;
+      want[n * OC + o] = s + bias[o];
+    }
+  }
+  expect_close(out, want, 1e-12, "matmul_forward");
+  cpu::matmul_forward<double>(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+  expect_close(out, want_nobias, 1e-12, "matmul_forward without bias");
+
+  auto loss = [&] {
+    cpu::matmul_forward<double>(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+    return dot(r, out);
+  };
+  // Gradients start from random values: the backward must accumulate, not assign.
+  const Vec dinp0 = random_vec(N * C, 14), dw0 = random_vec(OC * C, 15), db0 = random_vec(OC, 16);
+  Vec dinp = dinp0, dw = dw0, db = db0;
+  cpu::matmul_backward<double>(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), N,
+                               C, OC);
+  expect_close(minus(dinp, dinp0), numeric_grad(inp, loss), kFdTol, "matmul dinp");
+  expect_close(minus(dw, dw0), numeric_grad(w, loss), kFdTol, "matmul dweight");
+  expect_close(minus(db, db0), numeric_grad(bias, loss), kFdTol, "matmul dbias");
+
+  // Null dinp and dbias are skipped and leave dweight as before.
+  Vec dw_only = dw0;
+  cpu::matmul_backward<double>(nullptr, dw_only.data(), nullptr, r.data(), inp.data(), w.data(), N,
+                               C, OC);
+  expect_close(minus(dw_only, dw0), minus(dw, dw0), 1e-12, "matmul dweight, null dinp/dbias");
+}
+
+TEST(KernelsFloat, MatmulMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 67, C = 129, OC = 93;
+  const Vec inp = random_vec(N * C, 20), w = random_vec(OC * C, 21), bias = random_vec(OC, 22);
+  const Vec dout = random_vec(N * OC, 23);
+  Vec out(N * OC), dinp(N * C, 0.0), dw(OC * C, 0.0), db(OC, 0.0);
+  cpu::matmul_forward<double>(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu::matmul_backward<double>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                               N, C, OC);
+  const auto finp = to_float(inp), fw = to_float(w), fbias = to_float(bias), fdout = to_float(dout);
+  std::vector<float> fout(N * OC), fdinp(N * C, 0.f), fdw(OC * C, 0.f), fdb(OC, 0.f);
+  cpu::matmul_forward<float>(fout.data(), finp.data(), fw.data(), fbias.data(), N, C, OC);
+  cpu::matmul_backward<float>(fdinp.data(), fdw.data(), fdb.data(), fdout.data(), finp.data(),
+                              fw.data(), N, C, OC);
+  expect_close(fout, out, kFloatTol, "float matmul out");
+  expect_close(fdinp, dinp, kFloatTol, "float matmul dinp");
+  expect_close(fdw, dw, kFloatTol, "float matmul dweight");
+  expect_close(fdb, db, kFloatTol, "float matmul dbias");
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm
+
+TEST(KernelsGrad, LayerNormFiniteDifferences) {
+  const int N = 3, C = 7;
+  Vec inp = random_vec(N * C, 30, -2.0, 2.0);  // (N, C)
+  Vec w = random_vec(C, 31, 0.5, 1.5);         // (C)
+  Vec b = random_vec(C, 32);                   // (C)
+  const Vec r = random_vec(N * C, 33);         // (N, C)
+  Vec out(N * C), mean(N), rstd(N);            // (N, C), (N), (N)
+
+  // Forward against the textbook formula (biased variance, eps = 1e-5).
+  cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                 b.data(), N, C);
+  Vec want(N * C);
+  for (int n = 0; n < N; ++n) {
+    double s = 0, s2 = 0;
+    for (int c = 0; c < C; ++c) s += inp[n * C + c];
+    const double mu = s / C;
+    for (int c = 0; c < C; ++c) s2 += (inp[n * C + c] - mu) * (inp[n * C + c] - mu);
+    const double sd = std::sqrt(s2 / C + 1e-5);
+    EXPECT_NEAR(mean[n], mu, 1e-12);
+    EXPECT_NEAR(rstd[n], 1 / sd, 1e-12);
+    for (int c = 0; c < C; ++c) want[n * C + c] = (inp[n * C + c] - mu) / sd * w[c] + b[c];
+  }
+  expect_close(out, want, 1e-12, "layernorm_forward");
+
+  auto loss = [&] {
+    cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                   b.data(), N, C);
+    return dot(r, out);
+  };
+  loss();  // mean and rstd of the unperturbed input for the backward
+  const Vec dinp0 = random_vec(N * C, 34), dw0 = random_vec(C, 35), db0 = random_vec(C, 36);
+  Vec dinp = dinp0, dw = dw0, db = db0;
+  cpu::layernorm_backward<double>(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(),
+                                  mean.data(), rstd.data(), N, C);
+  expect_close(minus(dinp, dinp0), numeric_grad(inp, loss), kFdTol, "layernorm dinp");
+  expect_close(minus(dw, dw0), numeric_grad(w, loss), kFdTol, "layernorm dweight");
+  expect_close(minus(db, db0), numeric_grad(b, loss), kFdTol, "layernorm dbias");
+}
+
+TEST(KernelsFloat, LayerNormMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 33, C = 385;
+  const Vec inp = random_vec(N * C, 40, -3.0, 3.0), w = random_vec(C, 41, 0.5, 1.5),
+            b = random_vec(C, 42), dout = random_vec(N * C, 43);
+  Vec out(N * C), mean(N), rstd(N), dinp(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
+  cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                 b.data(), N, C);
+  cpu::layernorm_backward<double>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                  w.data(), mean.data(), rstd.data(), N, C);
+  const auto finp = to_float(inp), fw = to_float(w), fb = to_float(b), fdout = to_float(dout);
+  std::vector<float> fout(N * C), fmean(N), frstd(N), fdinp(N * C, 0.f), fdw(C, 0.f), fdb(C, 0.f);
+  cpu::layernorm_forward<float>(fout.data(), fmean.data(), frstd.data(), finp.data(), fw.data(),
+                                fb.data(), N, C);
+  cpu::layernorm_backward<float>(fdinp.data(), fdw.data(), fdb.data(), fdout.data(), finp.data(),
+                                 fw.data(), fmean.data(), frstd.data(), N, C);
+  expect_close(fout, out, kFloatTol, "float layernorm out");
+  expect_close(frstd, rstd, kFloatTol, "float layernorm rstd");
+  expect_close(fdinp, dinp, kFloatTol, "float layernorm dinp");
+  expect_close(fdw, dw, kFloatTol, "float layernorm dweight");
+  expect_close(fdb, db, kFloatTol, "float layernorm dbias");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU
+
+TEST(KernelsGrad, GeluFiniteDifferences) {
+  const size_t n = 11;
+  Vec x = random_vec(n, 50, -4.0, 4.0);  // (n)
+  const Vec r = random_vec(n, 51);       // (n)
+  Vec out(n);                            // (n)
+  // A published value of GPT-2's gelu_new: gelu(1) = 0.5·(1 + tanh(√(2/π)·1.044715)).
+  const double one = 1.0;
+  double y1 = 0;
+  cpu::gelu_forward<double>(&y1, &one, 1);
+  EXPECT_NEAR(y1, 0.8411919906082768, 1e-12);
+
+  auto loss = [&] {
+    cpu::gelu_forward<double>(out.data(), x.data(), n);
+    return dot(r, out);
+  };
+  const Vec dx0 = random_vec(n, 52);
+  Vec dx = dx0;
+  cpu::gelu_backward<double>(dx.data(), x.data(), r.data(), n);
+  expect_close(minus(dx, dx0), numeric_grad(x, loss), kFdTol, "gelu dinp");
+}
+
+TEST(KernelsFloat, GeluMatchesDouble) {
+  ScopedThreads threads(2);
+  const size_t n = 10007;
+  const Vec x = random_vec(n, 53, -6.0, 6.0), dout = random_vec(n, 54);
+  Vec out(n), dx(n, 0.0);
+  cpu::gelu_forward<double>(out.data(), x.data(), n);
+  cpu::gelu_backward<double>(dx.data(), x.data(), dout.data(), n);
+  const auto fx = to_float(x), fdout = to_float(dout);
+  std::vector<float> fout(n), fdx(n, 0.f);
+  cpu::gelu_forward<float>(fout.data(), fx.data(), n);
+  cpu::gelu_backward<float>(fdx.data(), fx.data(), fdout.data(), n);
+  expect_close(fout, out, kFloatTol, "float gelu out");
+  expect_close(fdx, dx, kFloatTol, "float gelu dinp");
+}
+
+TEST(KernelsGelu, FloatExtremesAndNaN) {
+  // Far tails, where the float kernel's exp saturates to 0 or inf and x³ overflows: gelu(x) = x
+  // and gelu'(x) = 1 for large x, both 0 (to float precision: e^(−2u) < 1e-300) for very
+  // negative x; never inf or NaN from a finite input, and a NaN input stays NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {10.f, 100.f, 1e4f, 3e38f, -20.f, -100.f, -1e4f, -3e38f, nan};
+  std::vector<float> y(x.size()), dx(x.size(), 0.f);
+  const std::vector<float> ones(x.size(), 1.f);
+  cpu::gelu_forward<float>(y.data(), x.data(), x.size());
+  cpu::gelu_backward<float>(dx.data(), x.data(), ones.data(), x.size());
+  for (size_t i = 0; i + 1 < x.size(); ++i) {
+    if (x[i] > 0) {
+      EXPECT_EQ(y[i], x[i]) << "x = " << x[i];
+      EXPECT_EQ(dx[i], 1.f) << "x = " << x[i];
+    } else {
+      EXPECT_LE(std::fabs(y[i]), 1e-30f) << "x = " << x[i];
+      EXPECT_LE(std::fabs(dx[i]), 1e-30f) << "x = " << x[i];
+    }
+  }
+  EXPECT_TRUE(std::isnan(y.back()));
+  EXPECT_TRUE(std::isnan(dx.back()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+// Naive causal attention, one score at a time, straight from the definition.
+void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int HS) {
+  const int C3 = 3 * NH * HS;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int i = 0; i < S; ++i) {
+        std::vector<double> p(S, 0.0);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int d = 0; d < HS; ++d) {
+            s += qkv[(b * S + i) * C3 + h * HS + d] * qkv[(b * S + j) * C3 + NH * HS + h * HS + d];
+          }
+          p[j] = s / std::sqrt(double(HS));
+          mx = std::max(mx, p[j]);
+        }
+        double z = 0;
+        for (int j = 0; j <= i; ++j) z += std::exp(p[j] - mx);
+        for (int j = 0; j < S; ++j) {
+          const double a = j <= i ? std::exp(p[j] - mx) / z : 0.0;
+          att[((b * NH + h) * S + i) * S + j] = a;
+        }
+        for (int d = 0; d < HS; ++d) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) {
+            o += att[((b * NH + h) * S + i) * S + j] *
+                 qkv[(b * S + j) * C3 + 2 * NH * HS + h * HS + d];
+          }
+          out[(b * S + i) * NH * HS + h * HS + d] = o;
+        }
+      }
+    }
+  }
+}
+
+void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t seed) {
+  SCOPED_TRACE("attention B=" + std::to_string(B) + " S=" + std::to_string(S) +
+               " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS) +
+               " threads=" + std::to_string(threads));
+  ScopedThreads scoped(threads);
+  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nout = static_cast<size_t>(B) * S * NH * HS;
+  const size_t natt = static_cast<size_t>(B) * NH * S * S;
+  // Scores of magnitude ~HS·1.5² make the softmax far from uniform, so its curvature is exercised.
+  Vec qkv = random_vec(nqkv, seed, -1.5, 1.5);  // (B, S, 3, NH, HS)
+  const Vec r = random_vec(nout, seed + 1);     // (B, S, NH, HS)
+  Vec out(nout), att(natt);                     // (B, S, NH, HS), (B, NH, S, S)
+
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  Vec want_out(nout), want_att(natt);
+  naive_attention(want_out, want_att, qkv, B, S, NH, HS);
+  expect_close(out, want_out, 1e-12, "attention out");
+  expect_close(att, want_att, 1e-12, "attention att");
+
+  auto loss = [&] {
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+    return dot(r, out);
+  };
+  loss();  // att of the unperturbed input for the backward
+  const Vec dqkv0 = random_vec(nqkv, seed + 2);
+  Vec dqkv = dqkv0;
+  // NaN-filled scratch: the backward must not read scratch it has not written.
+  Vec scratch(cpu::attention_scratch_elems(S), std::numeric_limits<double>::quiet_NaN());
+  cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
+                                  S, NH, HS);
+  expect_close(minus(dqkv, dqkv0), numeric_grad(qkv, loss), kFdTol, "attention dqkv");
+}
+
+TEST(KernelsGrad, AttentionFiniteDifferences) {
+  check_attention_grad(2, 5, 2, 3, 1, 60);
+  // Two threads: each uses its own slice of scratch.
+  check_attention_grad(2, 5, 2, 3, 2, 61);
+  // S = 70 spans two of the kernel's 64-row causal blocks, one of them partial.
+  check_attention_grad(1, 70, 1, 2, 1, 62);
+  check_attention_grad(1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
+}
+
+TEST(KernelsFloat, AttentionMatchesDouble) {
+  ScopedThreads threads(2);
+  const int B = 2, S = 100, NH = 3, HS = 20;
+  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nout = static_cast<size_t>(B) * S * NH * HS;
+  const size_t natt = static_cast<size_t>(B) * NH * S * S;
+  // |q·k|/√HS up to 16·20/4.5 ≈ 70: peaked rows whose smallest exp() arguments (< −87) reach the
+  // clamp of the float kernel's exp.
+  const Vec qkv = random_vec(nqkv, 70, -4.0, 4.0), dout = random_vec(nout, 71);
+  Vec out(nout), att(natt), dqkv(nqkv, 0.0), scratch(cpu::attention_scratch_elems(S));
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  cpu::attention_backward<double>(dqkv.data(), dout.data(), qkv.data(), att.data(), scratch.data(),
+                                  B, S, NH, HS);
+  const auto fqkv = to_float(qkv), fdout = to_float(dout);
+  std::vector<float> fout(nout), fatt(natt), fdqkv(nqkv, 0.f),
+      fscratch(cpu::attention_scratch_elems(S));
+  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, HS);
+  cpu::attention_backward<float>(fdqkv.data(), fdout.data(), fqkv.data(), fatt.data(),
+                                 fscratch.data(), B, S, NH, HS);
+  expect_close(fout, out, kFloatAttentionTol, "float attention out");
+  expect_close(fatt, att, kFloatAttentionTol, "float attention att");
+  expect_close(fdqkv, dqkv, kFloatAttentionTol, "float attention dqkv");
+}
+
+TEST(KernelsAttention, ProbabilitiesAreCausalAndNormalised) {
+  ScopedThreads threads(2);
+  const int B = 2, S = 70, NH = 3, HS = 8;
+  const auto qkv = to_float(random_vec(static_cast<size_t>(B) * S * 3 * NH * HS, 80, -3.0, 3.0));
+  std::vector<float> out(static_cast<size_t>(B) * S * NH * HS);  // (B, S, NH, HS)
+  // Pre-filled with NaN: every entry, masked ones included, must be written.
+  std::vector<float> att(static_cast<size_t>(B) * NH * S * S,
+                         std::numeric_limits<float>::quiet_NaN());  // (B, NH, S, S)
+  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  for (int bh = 0; bh < B * NH; ++bh) {
+    for (int i = 0; i < S; ++i) {
+      const float* row = att.data() + (static_cast<size_t>(bh) * S + i) * S;
+      double sum = 0;
+      for (int j = 0; j <= i; ++j) {
+        EXPECT_GE(row[j], 0.f);
+        sum += row[j];
+      }
+      // Float rounding of S ≤ 70 terms near 1: ~70·6e-8.
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "bh " << bh << " row " << i;
+      for (int j = i + 1; j < S; ++j)
+        ASSERT_EQ(row[j], 0.f) << "bh " << bh << " (" << i << "," << j << ")";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+TEST(KernelsGrad, EmbeddingFiniteDifferences) {
+  const int B = 2, S = 3, C = 4, V = 5;
+  // Tokens with repeats, so the scatter must add rather than overwrite.
+  const std::vector<int32_t> tokens = {1, 3, 1, 4, 1, 0};  // (B, S)
+  Vec wte = random_vec(V * C, 90);                         // (V, C)
+  Vec wpe = random_vec(S * C, 91);                         // (S, C)
+  const Vec r = random_vec(B * S * C, 92);                 // (B, S, C)
+  Vec out(B * S * C);                                      // (B, S, C)
+  auto loss = [&] {
+    cpu::embedding_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), B, S, C, 0,
+                                   V);
+    return dot(r, out);
+  };
+  loss();
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int c = 0; c < C; ++c) {
+      EXPECT_EQ(out[bs * C + c], wte[tokens[bs] * C + c] + wpe[(bs % S) * C + c]);
+    }
+  }
+  const Vec dwte0 = random_vec(V * C, 93), dwpe0 = random_vec(S * C, 94);
+  Vec dwte = dwte0, dwpe = dwpe0;
+  cpu::embedding_backward<double>(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, S, C, 0, V);
+  expect_close(minus(dwte, dwte0), numeric_grad(wte, loss), kFdTol, "embedding dwte");
+  expect_close(minus(dwpe, dwpe0), numeric_grad(wpe, loss), kFdTol, "embedding dwpe");
+}
+
+TEST(KernelsEmbedding, VocabShardsSumToUnsharded) {
+  ScopedThreads threads(2);
+  const int B = 3, S = 7, C = 70, V = 13, split = 6;    // shards [0, 6) and [6, 13)
+  const auto tokens = random_tokens(B * S, 100, 0, V);  // (B, S)
+  const auto wte = to_float(random_vec(V * C, 101));    // (V, C)
+  const auto wpe = to_float(random_vec(S * C, 102));    // (S, C)
+  // Unsharded, against the definition.
+  std::vector<float> full(B * S * C);  // (B, S, C)
+  cpu::embedding_forward<float>(full.data(), tokens.data(), wte.data(), wpe.data(), B, S, C, 0, V);
+  Vec want(B * S * C);
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int c = 0; c < C; ++c) {
+      want[bs * C + c] = double(wte[tokens[bs] * C + c] + wpe[(bs % S) * C + c]);
+    }
+  }
+  expect_close(full, want, 0.0, "embedding unsharded");
+  // Shard 0 adds wpe, shard 1 passes null (as one rank of a tensor group would).
+  std::vector<float> out0(B * S * C), out1(B * S * C);  // (B, S, C) each
+  cpu::embedding_forward<float>(out0.data(), tokens.data(), wte.data(), wpe.data(), B, S, C, 0,
+                                split);
+  cpu::embedding_forward<float>(out1.data(), tokens.data(), wte.data() + split * C, nullptr, B, S,
+                                C, split, V - split);
+  std::vector<float> sum(B * S * C);
+  cpu::add<float>(sum.data(), out0.data(), out1.data(), sum.size());
+  expect_close(sum, want, 0.0, "embedding shard sum");  // one of the two terms is exactly 0
+
+  // Backward: the shards' dwte, laid side by side, equal the unsharded dwte.
+  const auto dout = to_float(random_vec(B * S * C, 103));  // (B, S, C)
+  std::vector<float> dwte(V * C, 0.f), dwpe(S * C, 0.f);   // (V, C), (S, C)
+  cpu::embedding_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, S, C, 0,
+                                 V);
+  std::vector<float> dwte_sharded(V * C, 0.f);  // (V, C): shard 0 rows, then shard 1 rows
+  cpu::embedding_backward<float>(dwte_sharded.data(), nullptr, dout.data(), tokens.data(), B, S, C,
+                                 0, split);
+  cpu::embedding_backward<float>(dwte_sharded.data() + split * C, nullptr, dout.data(),
+                                 tokens.data(), B, S, C, split, V - split);
+  Vec want_dwte(V * C, 0.0), want_dwpe(S * C, 0.0);
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int c = 0; c < C; ++c) {
+      want_dwte[tokens[bs] * C + c] += dout[bs * C + c];
+      want_dwpe[(bs % S) * C + c] += dout[bs * C + c];
+    }
+  }
+  // At most B·S float additions per element.
+  expect_close(dwte, want_dwte, 1e-6, "embedding dwte");
+  expect_close(dwte_sharded, want_dwte, 1e-6, "embedding dwte from shards");
+  expect_close(dwpe, want_dwpe, 1e-6, "embedding dwpe");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+// The header's four steps for one shard-less call: losses (N).
+template <class T>
+std::vector<T> ce_forward(const std::vector<T>& logits, const std::vector<int32_t>& targets, int N,
+                          int ld, int valid, std::vector<T>* row_max = nullptr,
+                          std::vector<T>* row_sumexp = nullptr) {
+  std::vector<T> mx(N), se(N), tl(N), losses(N);
+  cpu::ce_row_max<T>(mx.data(), logits.data(), N, ld, valid);
+  cpu::ce_row_sumexp<T>(se.data(), logits.data(), mx.data(), N, ld, valid);
+  cpu::ce_target_logit<T>(tl.data(), logits.data(), targets.data(), N, ld, 0, valid);
+  cpu::ce_losses<T>(losses.data(), mx.data(), se.data(), tl.data(), N);
+  if (row_max != nullptr) *row_max = mx;
+  if (row_sumexp != nullptr) *row_sumexp = se;
+  return losses;
+}
+
+// Naive log-softmax loss per row, straight from the definition (valid columns only).
+Vec naive_ce(const Vec& logits, const std::vector<int32_t>& targets, int N, int ld, int valid) {
+  Vec losses(N);
+  for (int n = 0; n < N; ++n) {
+    double z = 0;
+    for (int j = 0; j < valid; ++j) z += std::exp(logits[n * ld + j]);
+    losses[n] = std::log(z) - logits[n * ld + targets[n]];
+  }
+  return losses;
+}
+
+TEST(KernelsGrad, CrossEntropyFiniteDifferences) {
+  const int N = 4, valid = 7, ld = 9;               // two padding columns per row
+  Vec logits = random_vec(N * ld, 110, -3.0, 3.0);  // (N, ld)
+  for (int n = 0; n < N; ++n) {
+    // Padding holds large values: were it included, it would dominate the softmax.
+    for (int j = valid; j < ld; ++j) logits[n * ld + j] = 50.0;
+  }
+  const std::vector<int32_t> targets = {0, 6, 3, 3};  // (N)
+  auto loss = [&] {
+    const Vec losses = ce_forward<double>(logits, targets, N, ld, valid);
+    double s = 0;
+    for (double l : losses) s += l;
+    return s / N;
+  };
+  expect_close(ce_forward<double>(logits, targets, N, ld, valid),
+               naive_ce(logits, targets, N, ld, valid), 1e-12, "ce losses");
+
+  Vec mx, se;
+  ce_forward<double>(logits, targets, N, ld, valid, &mx, &se);
+  // ce_backward assigns: NaN in, finite values (and exact zeros on padding) out.
+  Vec dlogits(N * ld, std::numeric_limits<double>::quiet_NaN());  // (N, ld)
+  cpu::ce_backward<double>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
+                           1.0 / N, N, ld, 0, valid);
+  for (int n = 0; n < N; ++n) {
+    for (int j = valid; j < ld; ++j) EXPECT_EQ(dlogits[n * ld + j], 0.0);
+  }
+  // Finite differences over every column, padding included (whose true gradient is 0).
+  expect_close(dlogits, numeric_grad(logits, loss), kFdTol, "ce dlogits");
+}
+
+TEST(KernelsFloat, CrossEntropyMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 50, valid = 300, ld = 320;
+  // Logit differences up to 100: the float kernel's exp clamps arguments below −87.
+  const Vec logits = random_vec(N * ld, 120, -50.0, 50.0);  // (N, ld)
+  const auto targets = random_tokens(N, 121, 0, valid);     // (N)
+  Vec mx, se;
+  const Vec losses = ce_forward<double>(logits, targets, N, ld, valid, &mx, &se);
+  Vec dlogits(N * ld);
+  cpu::ce_backward<double>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
+                           1.0 / N, N, ld, 0, valid);
+  const auto flogits = to_float(logits);
+  std::vector<float> fmx, fse;
+  const auto flosses = ce_forward<float>(flogits, targets, N, ld, valid, &fmx, &fse);
+  std::vector<float> fdlogits(N * ld);
+  cpu::ce_backward<float>(fdlogits.data(), flogits.data(), fmx.data(), fse.data(), targets.data(),
+                          1.0f / N, N, ld, 0, valid);
+  expect_close(flosses, losses, kFloatTol, "float ce losses");
+  expect_close(fdlogits, dlogits, kFloatTol, "float ce dlogits");
+}
+
+TEST(KernelsFloat, ExpInsideKernelsIsAccurate) {
+  // The float kernels evaluate exp without libm (to vectorise). With one column per row and
+  // row_max = 0, ce_row_sumexp returns exp(logit) itself, so its accuracy can be measured
+  // pointwise against double libm over the whole range it claims, |x| ≤ 87.
+  const int N = 200001;
+  std::vector<float> x(N), zero(N, 0.f), e(N);  // (N) each
+  for (int n = 0; n < N; ++n) x[n] = static_cast<float>(-87.0 + 174.0 * n / (N - 1));
+  cpu::ce_row_sumexp<float>(e.data(), x.data(), zero.data(), N, 1, 1);
+  double worst = 0;
+  for (int n = 0; n < N; ++n) {
+    const double want = std::exp(static_cast<double>(x[n]));
+    worst = std::max(worst, std::fabs(e[n] - want) / want);
+  }
+  // 3e-7 ≈ 5 ulp of float; the polynomial and range reduction measure 1.4 ulp.
+  EXPECT_LT(worst, 3e-7);
+}
+
+TEST(KernelsCrossEntropy, PaddingColumnsChangeNothing) {
+  const int N = 6, valid = 11, ld = 16;
+  const Vec base = random_vec(N * valid, 130, -4.0, 4.0);  // (N, valid)
+  const auto targets = random_tokens(N, 131, 0, valid);    // (N)
+  std::vector<float> tight = to_float(base);               // (N, valid)
+  std::vector<float> padded(N * ld, 1e4f);                 // (N, ld), padding huge
+  for (int n = 0; n < N; ++n) {
+    for (int j = 0; j < valid; ++j) padded[n * ld + j] = tight[n * valid + j];
+  }
+  std::vector<float> mx_t, se_t, mx_p, se_p;
+  const auto loss_t = ce_forward<float>(tight, targets, N, valid, valid, &mx_t, &se_t);
+  const auto loss_p = ce_forward<float>(padded, targets, N, ld, valid, &mx_p, &se_p);
+  std::vector<float> d_t(N * valid), d_p(N * ld);
+  cpu::ce_backward<float>(d_t.data(), tight.data(), mx_t.data(), se_t.data(), targets.data(), 0.5f,
+                          N, valid, 0, valid);
+  cpu::ce_backward<float>(d_p.data(), padded.data(), mx_p.data(), se_p.data(), targets.data(), 0.5f,
+                          N, ld, 0, valid);
+  // Same numbers summed in the same order: bitwise equal.
+  for (int n = 0; n < N; ++n) {
+    EXPECT_EQ(loss_t[n], loss_p[n]) << "row " << n;
+    for (int j = 0; j < valid; ++j) EXPECT_EQ(d_t[n * valid + j], d_p[n * ld + j]);
+    for (int j = valid; j < ld; ++j) EXPECT_EQ(d_p[n * ld + j], 0.f);
+  }
+}
+
+TEST(KernelsCrossEntropy, VocabShardsMatchUnsharded) {
+  // Two ranks of a tensor group: shard 0 holds columns [0, 6), shard 1 columns [6, 11) padded to
+  // 6 columns, as a vocab that does not divide the group size would be.
+  const int N = 5, V = 11, split = 6, ld1 = 6, valid1 = V - split;
+  const Vec full = random_vec(N * V, 140, -5.0, 5.0);          // (N, V)
+  std::vector<int32_t> targets = random_tokens(N, 141, 0, V);  // (N)
+  targets[0] = 0;                                              // first column of shard 0
+  targets[1] = V - 1;                                          // last real column of shard 1
+  Vec s0(N * split), s1(N * ld1, 99.0);  // (N, split), (N, ld1) with padding 99
+  for (int n = 0; n < N; ++n) {
+    for (int j = 0; j < split; ++j) s0[n * split + j] = full[n * V + j];
+    for (int j = 0; j < valid1; ++j) s1[n * ld1 + j] = full[n * V + split + j];
+  }
+  // 1. row max, all-reduced with max.
+  Vec m0(N), m1(N), mx(N);
+  cpu::ce_row_max<double>(m0.data(), s0.data(), N, split, split);
+  cpu::ce_row_max<double>(m1.data(), s1.data(), N, ld1, valid1);
+  for (int n = 0; n < N; ++n) mx[n] = std::max(m0[n], m1[n]);
+  // 2. sum of exp against the global max, all-reduced with sum.
+  Vec e0(N), e1(N), se(N);
+  cpu::ce_row_sumexp<double>(e0.data(), s0.data(), mx.data(), N, split, split);
+  cpu::ce_row_sumexp<double>(e1.data(), s1.data(), mx.data(), N, ld1, valid1);
+  for (int n = 0; n < N; ++n) se[n] = e0[n] + e1[n];
+  // 3. target logit, all-reduced with sum (exactly one shard owns each target).
+  Vec t0(N), t1(N), tl(N);
+  cpu::ce_target_logit<double>(t0.data(), s0.data(), targets.data(), N, split, 0, split);
+  cpu::ce_target_logit<double>(t1.data(), s1.data(), targets.data(), N, ld1, split, valid1);
+  for (int n = 0; n < N; ++n) tl[n] = t0[n] + t1[n];
+  Vec losses(N);
+  cpu::ce_losses<double>(losses.data(), mx.data(), se.data(), tl.data(), N);
+  expect_close(losses, naive_ce(full, targets, N, V, V), 1e-12, "sharded ce losses");
+
+  // Backward per shard, against softmax − onehot of the full row.
+  const double scale = 0.25;
+  Vec d0(N * split), d1(N * ld1);
+  cpu::ce_backward<double>(d0.data(), s0.data(), mx.data(), se.data(), targets.data(), scale, N,
+                           split, 0, split);
+  cpu::ce_backward<double>(d1.data(), s1.data(), mx.data(), se.data(), targets.data(), scale, N,
+                           ld1, split, valid1);
+  Vec got(N * V), want(N * V);
+  for (int n = 0; n < N; ++n) {
+    double z = 0;
+    for (int j = 0; j < V; ++j) z += std::exp(full[n * V + j]);
+    for (int j = 0; j < V; ++j) {
+      want[n * V + j] = scale * (std::exp(full[n * V + j]) / z - (j == targets[n] ? 1.0 : 0.0));
+      got[n * V + j] = j < split ? d0[n * split + j] : d1[n * ld1 + j - split];
+    }
+    for (int j = valid1; j < ld1; ++j) EXPECT_EQ(d1[n * ld1 + j], 0.0);
+  }
+  expect_close(got, want, 1e-12, "sharded ce dlogits");
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW and vector helpers
+
+TEST(KernelsAdamW, ConstantGradientClosedForm) {
+  // With a constant gradient g the bias-corrected moments are exactly mhat = g, vhat = g², so
+  // each step is p ← (1 − lr·wd)·p − lr·g/(|g| + eps), which unrolls to
+  // p_t = a^t·p0 − c·(1 − a^t)/(1 − a) with a = 1 − lr·wd, c = lr·g/(|g| + eps).
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  std::vector<float> p = {0.5f, -1.0f, 2.0f, 0.0f};  // (n)
+  const std::vector<float> g = {0.3f, -2.0f, 1e-3f, 5.0f};
+  const std::vector<float> p0 = p;
+  std::vector<float> m(p.size(), 0.f), v(p.size(), 0.f);
+  for (int t = 1; t <= 3; ++t) {
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), p.size(), lr, b1, b2, eps, wd, t);
+    const double a = 1.0 - double(lr) * wd;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double c = double(lr) * g[i] / (std::fabs(double(g[i])) + eps);
+      const double want = std::pow(a, t) * p0[i] - c * (1 - std::pow(a, t)) / (1 - a);
+      // float: a few ulp per step of values ~1 (the bias corrections lose ~1e-7 each).
+      EXPECT_NEAR(p[i], want, 1e-6) << "step " << t << " param " << i;
+    }
+  }
+}
+
+TEST(KernelsAdamW, VaryingGradientUnrolledMoments) {
+  // m_t = (1−β1)·Σ_k β1^(t−k)·g_k and v_t = (1−β2)·Σ_k β2^(t−k)·g_k², unrolled by hand for
+  // three steps; the parameter follows from the moments of each step.
+  const float lr = 0.05f, b1 = 0.8f, b2 = 0.9f, eps = 1e-6f, wd = 0.2f;
+  const std::vector<std::vector<float>> grads = {{1.0f, -0.5f}, {0.25f, 2.0f}, {-1.0f, 0.0f}};
+  std::vector<float> p = {1.0f, -2.0f}, m(2, 0.f), v(2, 0.f);
+  std::vector<double> want_p = {1.0, -2.0};
+  for (int t = 1; t <= 3; ++t) {
+    cpu::adamw_update(p.data(), grads[t - 1].data(), m.data(), v.data(), 2, lr, b1, b2, eps, wd, t);
+    for (int i = 0; i < 2; ++i) {
+      double mt = 0, vt = 0;
+      for (int k = 1; k <= t; ++k) {
+        const double gk = grads[k - 1][i];
+        mt += (1 - double(b1)) * std::pow(double(b1), t - k) * gk;
+        vt += (1 - double(b2)) * std::pow(double(b2), t - k) * gk * gk;
+      }
+      const double mhat = mt / (1 - std::pow(double(b1), t));
+      const double vhat = vt / (1 - std::pow(double(b2), t));
+      want_p[i] -= double(lr) * (mhat / (std::sqrt(vhat) + eps) + double(wd) * want_p[i]);
+      EXPECT_NEAR(m[i], mt, 1e-6) << "m, step " << t;
+      EXPECT_NEAR(v[i], vt, 1e-6) << "v, step " << t;
+      EXPECT_NEAR(p[i], want_p[i], 1e-5) << "param, step " << t;
+    }
+  }
+}
+
+TEST(KernelsVector, HelpersMatchDefinitions) {
+  ScopedThreads threads(2);
+  const size_t n = 1001;
+  const auto a = to_float(random_vec(n, 150)), b = to_float(random_vec(n, 151));
+  std::vector<float> out(n), y = a;
+  cpu::add<float>(out.data(), a.data(), b.data(), n);
+  cpu::add_inplace<float>(y.data(), b.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out[i], a[i] + b[i]);
+    EXPECT_EQ(y[i], a[i] + b[i]);
+  }
+  cpu::scale_inplace<float>(y.data(), 0.5f, n);  // halving is exact in binary
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(y[i], (a[i] + b[i]) * 0.5f);
+  // Σ i² for i = 1..n = n(n+1)(2n+1)/6; every term and partial sum is exact in double.
+  std::vector<float> ramp(n);
+  for (size_t i = 0; i < n; ++i) ramp[i] = float(i + 1);
+  EXPECT_EQ(cpu::sum_squares<float>(ramp.data(), n), double(n) * (n + 1) * (2 * n + 1) / 6);
+}
+
+TEST(KernelsThreads, SetNumThreadsIsVisible) {
+  {
+    ScopedThreads threads(2);
+    EXPECT_EQ(cpu::num_threads(), 2);
+    EXPECT_EQ(cpu::attention_scratch_elems(9), 2u * 81u);
+  }
+  const std::string mode = cpu::blas_parallel_mode();
+  EXPECT_TRUE(mode == "openmp" || mode == "pthread" || mode == "serial") << mode;
+}
+
+}  // namespace
