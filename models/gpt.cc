@@ -49,7 +49,18 @@ int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
   return local;
 }
 
-std::vector<ParamInfo> GptModel::layout(const GptDims& d) {
+std::vector<ModelPiece> whole_model(const GptDims& d) {
+  return {ModelPiece{0, d.L, true, true}};
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "selective") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  return Recompute::kNone;
+}
+
+std::vector<ParamInfo> GptModel::layout(const GptDims& d, const std::vector<ModelPiece>& in) {
+  const std::vector<ModelPiece> pieces = in.empty() ? whole_model(d) : in;
   std::vector<ParamInfo> v;
   int64_t offset = 0;
   const int t = d.tp;
@@ -76,31 +87,53 @@ std::vector<ParamInfo> GptModel::layout(const GptDims& d) {
   using I = ParamInit;
   const double std = d.init_std;
   const double proj_std = d.init_std / std::sqrt(2.0 * d.L);  // GPT-2's residual scaling
-  add("wte", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
-  add("wpe", {d.S, d.C}, S::kReplicated, I::kNormal, std, true);
-  for (int l = 0; l < d.L; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
-    add(h + "ln_1.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
-    add(h + "attn.c_attn.weight", {3 * d.C, d.C}, S::kQkvRows, I::kNormal, std, true);
-    add(h + "attn.c_attn.bias", {3 * d.C}, S::kQkvRows, I::kZeros, 0, false);
-    add(h + "attn.c_proj.weight", {d.C, d.C}, S::kCols, I::kNormal, proj_std, true);
-    add(h + "attn.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
-    add(h + "ln_2.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
-    add(h + "ln_2.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
-    add(h + "mlp.c_fc.weight", {d.F, d.C}, S::kRows, I::kNormal, std, true);
-    add(h + "mlp.c_fc.bias", {d.F}, S::kRows, I::kZeros, 0, false);
-    add(h + "mlp.c_proj.weight", {d.C, d.F}, S::kCols, I::kNormal, proj_std, true);
-    add(h + "mlp.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+  bool has_wte = false;
+  for (const ModelPiece& piece : pieces) {
+    if (piece.embedding) {
+      add("wte", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
+      add("wpe", {d.S, d.C}, S::kReplicated, I::kNormal, std, true);
+      has_wte = true;
+    }
+    for (int l = piece.first_layer; l < piece.first_layer + piece.num_layers; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      add(h + "ln_1.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+      add(h + "ln_1.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+      add(h + "attn.c_attn.weight", {3 * d.C, d.C}, S::kQkvRows, I::kNormal, std, true);
+      add(h + "attn.c_attn.bias", {3 * d.C}, S::kQkvRows, I::kZeros, 0, false);
+      add(h + "attn.c_proj.weight", {d.C, d.C}, S::kCols, I::kNormal, proj_std, true);
+      add(h + "attn.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+      add(h + "ln_2.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+      add(h + "ln_2.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+      add(h + "mlp.c_fc.weight", {d.F, d.C}, S::kRows, I::kNormal, std, true);
+      add(h + "mlp.c_fc.bias", {d.F}, S::kRows, I::kZeros, 0, false);
+      add(h + "mlp.c_proj.weight", {d.C, d.F}, S::kCols, I::kNormal, proj_std, true);
+      add(h + "mlp.c_proj.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+    }
+    if (piece.head) {
+      add("ln_f.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
+      add("ln_f.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
+      if (!d.tie) {
+        add("lm_head.weight", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
+      } else if (!has_wte) {
+        // The last stage's own copy of the tied embedding: same name, so the same initial
+        // values; its gradient is summed with the first stage's every step, so it stays equal.
+        add("wte", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
+        v.back().tied_copy = true;
+        has_wte = true;
+      }
+    }
   }
-  add("ln_f.weight", {d.C}, S::kReplicated, I::kOnes, 0, false);
-  add("ln_f.bias", {d.C}, S::kReplicated, I::kZeros, 0, false);
-  if (!d.tie) add("lm_head.weight", {d.Vp, d.C}, S::kRows, I::kNormal, std, true, d.V);
   return v;
 }
 
-GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp)
-    : dims_(dims), be_(backend), tp_(tp), infos_(layout(dims)) {
+GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp,
+                   std::vector<ModelPiece> pieces, Recompute recompute)
+    : dims_(dims),
+      be_(backend),
+      tp_(tp),
+      pieces_(pieces.empty() ? whole_model(dims) : std::move(pieces)),
+      recompute_(recompute),
+      infos_(layout(dims, pieces_)) {
   const GptDims& d = dims_;
   STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
   STRATA_CHECK(d.NH % d.tp == 0 && d.C % d.tp == 0 && d.F % d.tp == 0,
@@ -122,6 +155,12 @@ int64_t GptModel::num_real_parameters() const {
     n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : shape_numel(p.full_shape);
   }
   return n;
+}
+
+bool GptModel::has_param(const std::string& name) const {
+  for (const ParamInfo& p : infos_)
+    if (p.name == name) return true;
+  return false;
 }
 
 const ParamInfo& GptModel::info(const std::string& name) const {
@@ -189,10 +228,11 @@ struct BlockActs {
 };
 
 struct GptModel::Acts {
+  int piece = 0;
   Tensor tokens;             // (B, S) i32
   Tensor targets;            // (B, S) i32
-  Tensor x0;                 // (B, Sl, C) embedding output
-  std::vector<BlockActs> h;  // [layer]
+  Tensor input;              // (B, Sl, C) the piece's input: embedding output or received
+  std::vector<BlockActs> h;  // [layer - first layer of the piece]
   Tensor lnf;                // (B, Sl, C)
   Tensor lnf_mean;           // (B, Sl)
   Tensor lnf_rstd;           // (B, Sl)
@@ -242,6 +282,13 @@ Tensor GptModel::full_sequence(const Tensor& x) { return dims_.sp ? sp_gather(x)
 
 void GptModel::param_ready(const std::string& first, const std::string& last) {
   if (!hook_active_ || !ready_hook_) return;
+  // A tied embedding split over two stages is final only after the two copies' gradients are
+  // summed, which the trainer does once the whole pipeline has drained.
+  if (first == "wte" && dims_.tie && !(pieces_.front().embedding && pieces_.back().head)) {
+    if (last == "wte") return;
+    param_ready("wpe", last);
+    return;
+  }
   int a = -1, b = -1;
   for (int i = 0; i < static_cast<int>(infos_.size()); ++i) {
     if (infos_[static_cast<size_t>(i)].name == first) a = i;
@@ -253,27 +300,50 @@ void GptModel::param_ready(const std::string& first, const std::string& last) {
 
 GptModel::ActsPtr GptModel::forward(const Tensor& tokens, const Tensor& targets,
                                     double* loss_sum) {
+  STRATA_CHECK(pieces_.size() == 1 && pieces_[0].embedding && pieces_[0].head,
+               "forward() needs the whole model; use forward_piece on pipeline stages");
+  return forward_piece(0, Tensor(), tokens, targets, loss_sum);
+}
+
+void GptModel::backward(Acts& acts, float grad_scale, bool last_microbatch) {
+  backward_piece(acts, Tensor(), grad_scale, last_microbatch);
+}
+
+const Tensor& GptModel::output(const Acts& acts) {
+  return acts.h.empty() ? acts.input : acts.h.back().out;
+}
+
+GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const Tensor& tokens,
+                                          const Tensor& targets, double* loss_sum) {
   const GptDims& d = dims_;
+  const ModelPiece& pc = pieces_.at(static_cast<size_t>(piece));
   const int64_t B = tokens.size(0), S = tokens.size(1);
   STRATA_CHECK(S <= d.S, "sequence " << S << " > model.seq_len " << d.S);
   ActsPtr a(new Acts());
+  a->piece = piece;
   a->tokens = tokens;
   a->targets = targets;
+  *loss_sum = 0;
 
-  // Vocab-parallel embedding: each rank adds its vocabulary rows (and rank 0 the positions), the
-  // sum over the group is the embedding.
-  {
+  if (pc.embedding) {
+    // Vocab-parallel embedding: each rank adds its vocabulary rows (and rank 0 the positions),
+    // the sum over the group is the embedding.
     Tensor x0 = be_.empty({B, S, d.C}, kAct);
     const Tensor wpe = param("wpe");
     be_.embedding_forward(x0, tokens, param("wte"), d.tp_rank == 0 ? &wpe : nullptr,
                           d.vocab_start());
-    a->x0 = d.sp ? sp_reduce_scatter(x0) : (tp_sum(x0), x0);
+    a->input = d.sp ? sp_reduce_scatter(x0) : (tp_sum(x0), x0);
+  } else {
+    a->input = input;
   }
 
-  a->h.resize(static_cast<size_t>(d.L));
-  for (int l = 0; l < d.L; ++l) block_forward(l, l > 0 ? a->h[static_cast<size_t>(l - 1)].out : a->x0, *a);
-  const Tensor& x = d.L > 0 ? a->h.back().out : a->x0;
+  a->h.resize(static_cast<size_t>(pc.num_layers));
+  for (int i = 0; i < pc.num_layers; ++i)
+    block_forward(pc.first_layer + i, i > 0 ? a->h[static_cast<size_t>(i - 1)].out : a->input,
+                  *a);
+  if (!pc.head) return a;
 
+  const Tensor& x = output(*a);
   const int64_t Sl = x.size(1), N = B * S;
   a->lnf = be_.empty({B, Sl, d.C}, kAct);
   a->lnf_mean = be_.empty({B, Sl}, kAct);
@@ -299,10 +369,10 @@ GptModel::ActsPtr GptModel::forward(const Tensor& tokens, const Tensor& targets,
   return a;
 }
 
-void GptModel::block_forward(int l, const Tensor& x, Acts& a) {
+void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) {
   const GptDims& d = dims_;
   const std::string p = "h." + std::to_string(l) + ".";
-  BlockActs& h = a.h[static_cast<size_t>(l)];
+  BlockActs& h = a.h[static_cast<size_t>(l - pieces_[static_cast<size_t>(a.piece)].first_layer)];
   const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
   const bool bias_here = d.tp_rank == 0;  // row-parallel biases are added once, by rank 0
 
@@ -323,9 +393,16 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a) {
   {
     Tensor proj = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
     const Tensor proj_b = param(p + "attn.c_proj.bias");
-    be_.matmul_forward(proj, h.atty, param(p + "attn.c_proj.weight"), bias_here ? &proj_b : nullptr);
+    be_.matmul_forward(proj, h.atty, param(p + "attn.c_proj.weight"),
+                       bias_here ? &proj_b : nullptr);
     h.res1 = d.sp ? sp_reduce_scatter(proj) : (tp_sum(proj), proj);
     be_.add_inplace(h.res1, x);
+  }
+  if (recompute_ == Recompute::kSelective && !recomputing) {
+    // The attention core is recomputed from qkv in the backward pass: drop the S×S
+    // probabilities (the largest activation at long sequences) and its output.
+    h.att = Tensor();
+    h.atty = Tensor();
   }
 
   h.ln2 = be_.empty({B, Sl, d.C}, kAct);
@@ -344,21 +421,32 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a) {
   {
     Tensor mlp = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
     const Tensor mp_b = param(p + "mlp.c_proj.bias");
-    be_.matmul_forward(mlp, h.fch_gelu, param(p + "mlp.c_proj.weight"), bias_here ? &mp_b : nullptr);
+    be_.matmul_forward(mlp, h.fch_gelu, param(p + "mlp.c_proj.weight"),
+                       bias_here ? &mp_b : nullptr);
     h.out = d.sp ? sp_reduce_scatter(mlp) : (tp_sum(mlp), mlp);
     be_.add_inplace(h.out, h.res1);
   }
+  if (recompute_ == Recompute::kFull && !recomputing) {
+    // Keep only the block's output (the next block's input); the backward pass re-runs this
+    // forward from the input to get the rest back.
+    Tensor out = h.out;
+    h = BlockActs();
+    h.out = out;
+  }
 }
 
-void GptModel::backward(Acts& a, float grad_scale, bool last_microbatch) {
+Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
+                                bool last_microbatch) {
   const GptDims& d = dims_;
+  const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
   hook_active_ = last_microbatch;
   const int64_t B = a.tokens.size(0), S = a.tokens.size(1), N = B * S;
   const int64_t Sl = d.seq_local(static_cast<int>(S));
 
-  // Head: dlogits = grad_scale · (softmax − onehot) on this rank's vocabulary shard.
-  Tensor dresid = be_.zeros({B, Sl, d.C}, kAct);  // gradient of the residual stream
-  {
+  Tensor dresid;  // gradient of the residual stream, (B, Sl, C)
+  if (pc.head) {
+    // dlogits = grad_scale · (softmax − onehot) on this rank's vocabulary shard.
+    dresid = be_.zeros({B, Sl, d.C}, kAct);
     Tensor dlogits = be_.empty({N, d.V_local()}, kAct);
     be_.ce_backward(dlogits, a.logits, a.row_max, a.row_sumexp, a.targets, grad_scale,
                     d.vocab_start(), d.vocab_valid());
@@ -369,9 +457,8 @@ void GptModel::backward(Acts& a, float grad_scale, bool last_microbatch) {
     be_.matmul_backward(&dlnf_full, dhead, nullptr, dlogits, full_sequence(a.lnf), param(head));
     dlogits = Tensor();
     const Tensor dlnf = reduce_input_grad(dlnf_full);
-    const Tensor& x_last = d.L > 0 ? a.h.back().out : a.x0;
     Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
-    be_.layernorm_backward(dresid, dw, db, dlnf, x_last, param("ln_f.weight"), a.lnf_mean,
+    be_.layernorm_backward(dresid, dw, db, dlnf, output(a), param("ln_f.weight"), a.lnf_mean,
                            a.lnf_rstd);
     if (d.sp && last_microbatch) {
       tp_sum(dw);
@@ -379,27 +466,44 @@ void GptModel::backward(Acts& a, float grad_scale, bool last_microbatch) {
     }
     if (!d.tie) param_ready("lm_head.weight", "lm_head.weight");
     param_ready("ln_f.weight", "ln_f.bias");
+    if (d.tie && !pc.embedding) param_ready("wte", "wte");
+  } else {
+    // The gradient arrives from the next stage; it is accumulated in place below.
+    dresid = be_.empty({B, Sl, d.C}, kAct);
+    be_.copy(dresid, dout);
   }
 
-  for (int l = d.L - 1; l >= 0; --l) {
-    const Tensor& x = l > 0 ? a.h[static_cast<size_t>(l - 1)].out : a.x0;
-    block_backward(l, x, a, dresid);
+  for (int i = pc.num_layers - 1; i >= 0; --i) {
+    const Tensor& x = i > 0 ? a.h[static_cast<size_t>(i - 1)].out : a.input;
+    block_backward(pc.first_layer + i, x, a, dresid);
   }
 
-  // Embedding: every rank needs the full-sequence gradient for its vocabulary rows and wpe.
-  const Tensor dx0 = full_sequence(dresid);
-  Tensor dwte = grad("wte"), dwpe = grad("wpe");
-  be_.embedding_backward(dwte, &dwpe, dx0, a.tokens, d.vocab_start());
-  param_ready("wte", "wpe");
+  Tensor dinput;
+  if (pc.embedding) {
+    // Every rank needs the full-sequence gradient for its vocabulary rows and wpe.
+    const Tensor dx0 = full_sequence(dresid);
+    Tensor dwte = grad("wte"), dwpe = grad("wpe");
+    be_.embedding_backward(dwte, &dwpe, dx0, a.tokens, d.vocab_start());
+    param_ready("wte", "wpe");
+  } else {
+    dinput = dresid;
+  }
   hook_active_ = false;
+  return dinput;
 }
 
 void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   const GptDims& d = dims_;
   const std::string p = "h." + std::to_string(l) + ".";
-  BlockActs& h = a.h[static_cast<size_t>(l)];
+  BlockActs& h = a.h[static_cast<size_t>(l - pieces_[static_cast<size_t>(a.piece)].first_layer)];
   const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
   const bool reduce_ln = d.sp && hook_active_;
+  if (recompute_ == Recompute::kFull) block_forward(l, x, a, true);  // the dropped activations
+  if (recompute_ == Recompute::kSelective) {
+    h.att = be_.empty({B, d.heads_local(), S, S}, kAct);
+    h.atty = be_.empty({B, S, d.C_local()}, kAct);
+    be_.attention_forward(h.atty, h.att, h.qkv, d.heads_local());
+  }
   // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
   {
     Tensor dgelu = be_.zeros({B, S, d.F_local()}, kAct);

@@ -96,7 +96,29 @@ struct ParamInfo {
   // With sequence parallelism each rank sees only its part of the sequence in this parameter's
   // forward (the LayerNorms), so its gradient is a partial sum over the tensor group.
   bool sequence_partial_grad = false;
+  // The last pipeline stage's copy of the tied embedding (wte used by the LM head on a stage
+  // that does not hold the embedding): its gradient is summed with the first stage's, and it
+  // is not counted twice in the gradient norm.
+  bool tied_copy = false;
 };
+
+// A contiguous piece of the model held by one pipeline stage: layers [first_layer,
+// first_layer + num_layers), plus the embeddings when it is the first piece and ln_f, the LM
+// head and the loss when it is the last. A stage holds one piece, or v with interleaving.
+struct ModelPiece {
+  int first_layer = 0;
+  int num_layers = 0;
+  bool embedding = false;
+  bool head = false;
+};
+// The whole model as one piece.
+std::vector<ModelPiece> whole_model(const GptDims& d);
+
+// train.recompute: none keeps every activation for the backward pass; selective recomputes the
+// attention core (scores, softmax, weighted sum) from the saved q, k, v; full keeps only each
+// block's input and re-runs the block's forward in the backward pass.
+enum class Recompute { kNone, kSelective, kFull };
+Recompute parse_recompute(const std::string& s);
 
 // Index in the full parameter of element `local` of this rank's shard.
 int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp);
@@ -123,8 +145,10 @@ class GptModel {
   };
   using ActsPtr = std::unique_ptr<Acts, ActsDeleter>;
 
-  // tp: the tensor-parallel group (size dims.tp), nullptr when dims.tp is 1.
-  GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp = nullptr);
+  // tp: the tensor-parallel group (size dims.tp), nullptr when dims.tp is 1. pieces: what this
+  // pipeline stage holds (empty: the whole model).
+  GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communicator* tp = nullptr,
+           std::vector<ModelPiece> pieces = {}, Recompute recompute = Recompute::kNone);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -145,8 +169,24 @@ class GptModel {
   void init_parameters(uint64_t seed);
   void zero_grads();
 
-  // Forward of one micro-batch: tokens, targets (B, S) i32 on this backend's device.
-  // Returns the saved activations; *loss_sum receives Σ of the B·S token losses (double).
+  const std::vector<ModelPiece>& pieces() const { return pieces_; }
+
+  // Forward of one micro-batch through piece `piece`: `input` is the previous piece's output
+  // (B, S_local, C), unused by the first piece; tokens, targets (B, S) i32 are read by the first
+  // piece (embedding) and the last (loss). Returns the saved activations; on the last piece
+  // *loss_sum receives Σ of the B·S token losses (double), elsewhere 0.
+  ActsPtr forward_piece(int piece, const Tensor& input, const Tensor& tokens,
+                        const Tensor& targets, double* loss_sum);
+  // The output a forward_piece produced (B, S_local, C) for the next piece; undefined on the
+  // last piece.
+  static const Tensor& output(const Acts& acts);
+  // Backward of a forward_piece: dout is the gradient of its output (ignored on the last piece,
+  // whose gradient starts at the loss). Returns the gradient of its input (undefined on the first
+  // piece).
+  Tensor backward_piece(Acts& acts, const Tensor& dout, float grad_scale, bool last_microbatch);
+
+  // Whole-model forward (single-piece models): tokens, targets (B, S) i32 on this backend's
+  // device. Returns the saved activations; *loss_sum receives Σ of the B·S token losses.
   ActsPtr forward(const Tensor& tokens, const Tensor& targets, double* loss_sum);
   // Backward of a forward: accumulates parameter gradients of (grad_scale · Σ token losses),
   // i.e. grad_scale = 1 / (tokens in the global batch) gives the gradient of the mean loss.
@@ -168,11 +208,14 @@ class GptModel {
                                        int seq_len, bool full_recompute);
   static MemoryPrediction predict_memory(const GptDims& d, int micro_batch, int seq_len,
                                          int threads);
-  static std::vector<ParamInfo> layout(const GptDims& d);
+  static std::vector<ParamInfo> layout(const GptDims& d,
+                                       const std::vector<ModelPiece>& pieces = {});
 
  private:
-  void block_forward(int l, const Tensor& x, Acts& a);
+  // recomputing: called from the backward pass to rebuild what recompute dropped (keep it all).
+  void block_forward(int l, const Tensor& x, Acts& a, bool recomputing = false);
   void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
+  bool has_param(const std::string& name) const;
   // Tensor-parallel communication helpers; no-ops when dims_.tp is 1.
   void tp_sum(Tensor& t);                      // all-reduce sum over the tensor group
   Tensor sp_gather(const Tensor& shard);       // (B, S/t, C) → (B, S, C) (sp only)
@@ -189,6 +232,8 @@ class GptModel {
   Communicator* tp_;
   std::function<void(int, int)> ready_hook_;
   bool hook_active_ = false;
+  std::vector<ModelPiece> pieces_;
+  Recompute recompute_;
   std::vector<ParamInfo> infos_;
   Tensor params_;  // (N) parameters
   Tensor grads_;   // (N) gradients
