@@ -1,0 +1,82 @@
+// watchdog.h — deadlines on every blocking communication wait, so a hang becomes a message.
+//
+// A wait that makes no progress for comm.timeout_s seconds prints exactly one line on its rank,
+//   [rank 3] watchdog: no progress for 300 s in recv from world rank 2 (group pp, 4194304 bytes)
+//   at schedule step "stage 1: recv-forward mb 3"
+// (one line; wrapped here) and aborts the whole job with status 1 through abort_job() (MPI_Abort
+// once init_world() has run), so the other ranks do not stay blocked behind it.
+//
+// Host waits (MPI, the NCCL barrier) poll their operation on the waiting thread with
+// poll_until(): test, yield the core when ranks are oversubscribed, compare with the deadline.
+// Stream-ordered NCCL work is watched by a background thread of the NCCL backend that polls the
+// operations' CUDA events with the same deadline and message.
+//
+// Thread-safety: the wait context is per thread (the pipeline executor sets it on the thread that
+// waits). watchdog_expire() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace strata {
+
+// Names the schedule step the calling thread is about to wait in, e.g.
+// "stage 1: recv-forward mb 3"; "" clears it. Appears in watchdog messages.
+void set_wait_context(std::string step);
+const std::string& wait_context();
+
+// Sets the wait context for a scope and restores the previous one.
+class WaitContextScope {
+ public:
+  explicit WaitContextScope(std::string step) : previous_(wait_context()) {
+    set_wait_context(std::move(step));
+  }
+  ~WaitContextScope() { set_wait_context(std::move(previous_)); }
+  WaitContextScope(const WaitContextScope&) = delete;
+  WaitContextScope& operator=(const WaitContextScope&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+// The one-line message (no newline). `what` describes the wait, e.g.
+// "recv from world rank 2 (group pp, 4194304 bytes)"; `context` is a wait context ("" for none).
+std::string watchdog_message(int world_rank, double waited_s, const std::string& what,
+                             const std::string& context);
+
+// Prints watchdog_message() for this rank and thread to stderr and aborts the job (status 1).
+[[noreturn]] void watchdog_expire(double waited_s, const std::string& what,
+                                  const std::string& context);
+
+// Between polls: yields the core (sched_yield) when yielding is on, else returns at once.
+void poll_pause();
+// Yielding costs latency when every rank has its own core and is what lets a peer run when ranks
+// outnumber cores. On by default; init_world() turns it off when this host has at least as many
+// cores as ranks (Open MPI decides its own mpi_yield_when_idle the same way).
+void set_poll_yield(bool yield);
+bool poll_yield();
+
+// Calls test() until it returns true. Between polls the core is yielded. If timeout_s > 0 and
+// more than timeout_s seconds pass, the watchdog fires with describe()'s text (built only then).
+// timeout_s <= 0 waits forever.
+template <class Test, class Describe>
+void poll_until(Test&& test, double timeout_s, Describe&& describe) {
+  if (test()) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto limit = std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    poll_pause();
+    if (test()) return;
+    if (timeout_s > 0 && Clock::now() - start > limit) {
+      watchdog_expire(timeout_s, describe(), wait_context());
+    }
+  }
+}
+
+// "4194304 bytes" style helpers shared by the backends' descriptions.
+std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group, size_t bytes);
+std::string describe_collective(const char* op, const std::string& group, int group_size,
+                                size_t bytes);
+
+}  // namespace strata

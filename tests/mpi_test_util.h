@@ -1,0 +1,145 @@
+// mpi_test_util.h — shared by the multi-rank tests (mpi_test_*.cc), after nccl-tests: inputs from
+// (seed, rank), expected results computed locally, mismatch counts summed over the world so every
+// rank reaches the same verdict, summaries printed by rank 0 only.
+//
+// Inputs are small integers (|v| <= 16): sums over up to 8 ranks stay exact in f32, i32 and bf16
+// (bf16 holds integers up to 256 exactly) in any reduction order, so results compare for equality.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.h"
+
+namespace strata {
+namespace mpitest {
+
+// The host communicator over the world that sums verdicts (set by the test's main).
+inline Communicator*& verdict_comm() {
+  static Communicator* c = nullptr;
+  return c;
+}
+
+inline void print_on_rank0_only(int world_rank) {
+  if (world_rank == 0) return;
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  delete listeners.Release(listeners.default_result_printer());
+}
+
+inline uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Input element i of `rank` for the case `seed`.
+inline int value(uint64_t seed, int rank, size_t i) {
+  const uint64_t h = mix(seed ^ mix(static_cast<uint64_t>(rank) * 1000003u + 1) ^ mix(i + 0x51ed));
+  return static_cast<int>(h % 33) - 16;
+}
+
+// The reduction over ranks [0, ranks) of value(seed, r, i).
+inline int reduced(uint64_t seed, size_t i, ReduceOp op, int ranks) {
+  int acc = value(seed, 0, i);
+  for (int r = 1; r < ranks; ++r) {
+    const int v = value(seed, r, i);
+    acc = op == ReduceOp::kSum ? acc + v : std::max(acc, v);
+  }
+  return acc;
+}
+
+// A host buffer of one dtype holding small integers.
+struct Buf {
+  DType dtype;
+  std::vector<char> bytes;  // one spare byte: data() is never null, even for 0 elements
+  Buf(DType t, size_t n) : dtype(t), bytes(n * dtype_size(t) + 1, 0) {}
+  void* data() { return bytes.data(); }
+  size_t size_bytes() const { return bytes.size() - 1; }
+  void set(size_t i, int v) {
+    const float f = static_cast<float>(v);
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(&bytes[i * 4], &f, 4);
+        break;
+      case DType::kI32: {
+        const int32_t x = v;
+        std::memcpy(&bytes[i * 4], &x, 4);
+        break;
+      }
+      case DType::kBF16: {  // truncation is exact: small integers have < 8 significant bits
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        const uint16_t h = static_cast<uint16_t>(u >> 16);
+        std::memcpy(&bytes[i * 2], &h, 2);
+        break;
+      }
+    }
+  }
+  double get(size_t i) const {
+    float f = 0;
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(&f, &bytes[i * 4], 4);
+        return f;
+      case DType::kI32: {
+        int32_t x;
+        std::memcpy(&x, &bytes[i * 4], 4);
+        return x;
+      }
+      case DType::kBF16: {
+        uint16_t h;
+        std::memcpy(&h, &bytes[i * 2], 2);
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&f, &u, 4);
+        return f;
+      }
+    }
+    return 0;
+  }
+};
+
+// Input of `rank`: element i is value(seed, rank, offset + i).
+inline Buf input(DType t, size_t n, uint64_t seed, int rank, size_t offset = 0) {
+  Buf b(t, n);
+  for (size_t i = 0; i < n; ++i) b.set(i, value(seed, rank, offset + i));
+  return b;
+}
+
+inline std::string label(const char* what, DType t, size_t n, const char* op = "") {
+  return std::string(what) + " " + to_string(t) + " n=" + std::to_string(n) + " " + op;
+}
+
+// This rank's mismatches over the cases of one check.
+struct Tally {
+  int cases = 0;
+  int64_t mismatches = 0;
+  std::string first_bad;
+  void add(const std::string& what, int64_t bad) {
+    ++cases;
+    if (bad != 0 && first_bad.empty()) first_bad = what;
+    mismatches += bad;
+  }
+  // Sums the mismatches over the world: the verdict is the same on every rank, and rank 0
+  // prints the summary line.
+  void expect_clean(const char* check) const {
+    int32_t total = static_cast<int32_t>(std::min<int64_t>(mismatches, INT32_MAX / 64));
+    verdict_comm()->all_reduce(&total, 1, DType::kI32, ReduceOp::kSum);
+    if (world().rank == 0) {
+      std::printf("  %-24s %4d cases on %d ranks, %d mismatches\n", check, cases,
+                  verdict_comm()->size(), total);
+      std::fflush(stdout);
+    }
+    EXPECT_EQ(total, 0) << check << ": first bad case on world rank " << world().rank << ": "
+                        << (first_bad.empty() ? "none" : first_bad);
+  }
+};
+
+}  // namespace mpitest
+}  // namespace strata

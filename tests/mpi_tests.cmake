@@ -1,0 +1,65 @@
+# Multi-rank tests, run under mpirun by ctest (included from tests/CMakeLists.txt).
+#
+#   mpi_comm_np{1,2,3,4,8}   every collective, send/recv and batch on the MPI backend (Local at 1)
+#   mpi_comm_singleton       the same binary without mpirun: world size 1, no MPI
+#   mpi_watchdog             a deliberately missing send: the job must abort with the watchdog
+#                            line within timeout + 5 s
+#   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
+#   mpi_nccl_np{1,2}         (CUDA builds) the NCCL backend; skips visibly without devices
+#
+# Ranks are oversubscribed (CI machines have 2 cores), with one OpenMP thread each.
+
+set(STRATA_MPI_RUN ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root)
+set(STRATA_MPI_ENV "OMP_NUM_THREADS=1")
+
+function(strata_mpi_executable name)
+  add_executable(${name} ${CMAKE_CURRENT_SOURCE_DIR}/${name}.cc)
+  target_link_libraries(${name} PRIVATE strata_launch GTest::gtest)
+  target_compile_options(${name} PRIVATE ${STRATA_WARNINGS})
+endfunction()
+
+# strata_mpi_test(TARGET PREFIX NP...): one ctest per rank count, named PREFIX_npN.
+function(strata_mpi_test target prefix)
+  foreach(np ${ARGN})
+    add_test(NAME ${prefix}_np${np}
+             COMMAND ${STRATA_MPI_RUN} -np ${np} $<TARGET_FILE:${target}>)
+    set_tests_properties(${prefix}_np${np} PROPERTIES
+      ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 120 PROCESSORS ${np} LABELS mpi)
+  endforeach()
+endfunction()
+
+strata_mpi_executable(mpi_test_comm)
+strata_mpi_test(mpi_test_comm mpi_comm 1 2 3 4 8)
+add_test(NAME mpi_comm_singleton COMMAND mpi_test_comm)
+set_tests_properties(mpi_comm_singleton PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 60
+                     LABELS mpi)
+
+add_executable(mpi_watchdog_probe ${CMAKE_CURRENT_SOURCE_DIR}/mpi_watchdog_probe.cc)
+target_link_libraries(mpi_watchdog_probe PRIVATE strata_launch)
+target_compile_options(mpi_watchdog_probe PRIVATE ${STRATA_WARNINGS})
+add_test(NAME mpi_watchdog
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_watchdog_check.sh ${MPIEXEC_EXECUTABLE}
+                 $<TARGET_FILE:mpi_watchdog_probe> 3)
+set_tests_properties(mpi_watchdog PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 60
+                     PROCESSORS 2 LABELS mpi)
+
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME mpi_strata_run_print
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/mpi_strata_run_check.py
+                   ${PROJECT_SOURCE_DIR}/launch/strata-run)
+  set_tests_properties(mpi_strata_run_print PROPERTIES TIMEOUT 30 LABELS mpi)
+endif()
+
+if(STRATA_HAVE_CUDA)
+  strata_mpi_executable(mpi_test_nccl)
+  strata_mpi_test(mpi_test_nccl mpi_nccl 1 2)
+  # Without a CUDA device every test skips: ctest reports the run as skipped, not passed.
+  set_tests_properties(mpi_nccl_np1 mpi_nccl_np2 PROPERTIES
+    SKIP_REGULAR_EXPRESSION "SKIPPED \\][^\n]*tests?, listed below")
+endif()
+
+# Tensor / sequence / data parallelism against the single-process run (issue 4).
+strata_mpi_executable(mpi_test_parallel)
+strata_mpi_test(mpi_test_parallel mpi_parallel 2 4 8)
+set_tests_properties(mpi_parallel_np2 mpi_parallel_np4 mpi_parallel_np8 PROPERTIES TIMEOUT 600)
