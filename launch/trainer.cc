@@ -2,24 +2,32 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <cstdio>
 #include <memory>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "launch/config_parse.h"
 #include "models/gpt.h"
 #include "runtime/backend.h"
+#include "runtime/check.h"
 #include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
 #include "runtime/grad_reducer.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
+#include "runtime/pipeline.h"
 #include "runtime/process_groups.h"
+#include "schedules/schedule.h"
 
 namespace strata {
 namespace {
@@ -68,11 +76,6 @@ struct Run {
     tensor = cfg.parallel.tensor;
     pipeline = cfg.parallel.pipeline;
     data = data_parallel_size(cfg, w.size);
-    if (pipeline > 1) {
-      throw InputError(cfg.source_file, "parallel.pipeline",
-                       "1: pipeline parallelism is not in this build yet (got " +
-                           std::to_string(pipeline) + ")");
-    }
     threads = resolve_cpu_threads(cfg.train.threads, w.local_size);
     micro = cfg.train.micro_batch_size;
     global = cfg.train.global_batch_size;
@@ -146,7 +149,9 @@ std::vector<ParamSpan> param_spans(const GptModel& model) {
   for (const ParamInfo& p : model.param_infos()) {
     // A parameter replicated over the tensor group has the same gradient on every member: its
     // squares count once, on tensor rank 0.
-    const bool counted = p.split != ParamSplit::kReplicated || model.dims().tp_rank == 0;
+    // The last stage's copy of a tied embedding is the first stage's parameter again.
+    const bool counted =
+        (p.split != ParamSplit::kReplicated || model.dims().tp_rank == 0) && !p.tied_copy;
     s.push_back({p.offset, p.numel, p.decay, counted});
   }
   return s;
@@ -169,10 +174,7 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   const GptDims& d = run.dims;
   int64_t n = 0;
   for (const ParamInfo& p : GptModel::layout(d)) n += p.numel;
-  const GptDims whole = gpt_dims(cfg.model);
-  int64_t real = 0;
-  for (const ParamInfo& p : GptModel::layout(whole))
-    real += p.rows_initialised >= 0 ? p.rows_initialised * p.shape[1] : p.numel;
+  const int64_t real = GptModel::real_parameters(gpt_dims(cfg.model));
   const FlopCount f = GptModel::flops_per_iteration(d, run.global, run.seq_len,
                                                     cfg.train.recompute == "full");
   const MemoryPrediction m = run.predicted();
@@ -205,6 +207,164 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   os << "ranks:\n" << table;
 }
 
+namespace {
+
+// One pipeline stage of the GPT on this rank: the compute side of the executor's instructions.
+class GptStage final : public PipelineStage {
+ public:
+  GptStage(const Run& run, GptModel& model, Backend& be, const DataSource& data,
+           ProcessGroups& groups, GradReducer& reducer, AdamW& opt, int pieces_total)
+      : run_(run), model_(model), be_(be), data_(data), groups_(groups), reducer_(reducer),
+        opt_(opt), pieces_total_(pieces_total) {}
+
+  // Starts batch `iter` (0-based) of `split`; training or forward-only evaluation.
+  void begin(Split split, uint64_t iter, bool training, int iteration_1based) {
+    split_ = split;
+    iter_ = iter;
+    training_ = training;
+    iteration_ = iteration_1based;
+    loss_sum_ = 0;
+    batches_.clear();
+  }
+  double loss_sum() const { return loss_sum_; }
+  double grad_norm() const { return norm_; }
+  double lr() const { return lr_; }
+  bool finite() const { return finite_; }
+
+  Shape boundary_shape() const override {
+    return {run_.micro, run_.dims.seq_local(run_.seq_len), run_.dims.C};
+  }
+
+  Tensor forward(int mb, int chunk, const Tensor& input) override {
+    const Batch& b = batch(mb);
+    double loss = 0;
+    GptModel::ActsPtr acts = model_.forward_piece(chunk, input, b.tokens, b.targets, &loss);
+    loss_sum_ += loss;
+    const bool last_piece = piece_index(chunk) == pieces_total_ - 1;
+    Tensor out = last_piece ? Tensor() : GptModel::output(*acts);
+    if (training_) acts_[{mb, chunk}] = std::move(acts);
+    return out;
+  }
+
+  Tensor backward(int mb, int chunk, const Tensor& grad_output) override {
+    auto it = acts_.find({mb, chunk});
+    STRATA_CHECK(it != acts_.end(), "backward of micro-batch " << mb << " chunk " << chunk
+                                                               << " before its forward");
+    GptModel::ActsPtr acts = std::move(it->second);
+    acts_.erase(it);
+    // The last micro-batch of the batch finishes this chunk's gradients.
+    const bool last = mb == run_.accumulation - 1;
+    return model_.backward_piece(*acts, grad_output, grad_scale(), last);
+  }
+
+  // The weight-gradient pass is not split out of the backward pass yet: backward_input does the
+  // whole backward and backward_weight has nothing left to do. Results are exact; zb-h1's
+  // bubble saving is not realised by this executor.
+  Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override {
+    return backward(mb, chunk, grad_output);
+  }
+  void backward_weight(int, int) override {}
+
+  void reduce_grads() override {
+    // Tied embedding split over the first and last stage: sum the two copies' gradients.
+    if (groups_.pipeline > 1 && run_.dims.tie && groups_.embedding &&
+        groups_.embedding->size() > 1) {
+      Tensor g = model_.grad("wte");
+      groups_.embedding->all_reduce(g, ReduceOp::kSum);
+      const auto& infos = model_.param_infos();
+      for (int i = 0; i < static_cast<int>(infos.size()); ++i)
+        if (infos[static_cast<size_t>(i)].name == "wte") reducer_.mark_ready(i, i + 1);
+    }
+    reducer_.finish();
+  }
+
+  void optimizer_step() override {
+    double sq = reducer_.local_sum_squares();
+    if (reducer_.sharded()) sq = sum_over(groups_.dp.get(), sq);
+    norm_ = std::sqrt(sum_over(groups_.mp.get(), sq));
+    lr_ = learning_rate(run_.cfg.optimizer, run_.cfg.train.iterations, iteration_);
+    finite_ = std::isfinite(norm_);
+    if (!finite_) return;  // skipped: gradients are not applied (the caller counts)
+    const double coef = clip_coefficient(norm_, run_.cfg.optimizer.grad_clip);
+    if (coef < 1.0) be_.scale_inplace(reducer_.optimizer_grads(), static_cast<float>(coef));
+    opt_.step(model_.params(), reducer_.optimizer_grads(), lr_);
+    reducer_.gather_params(model_.params());
+  }
+
+  void switch_weights() override {}
+
+ private:
+  int piece_index(int chunk) const { return chunk * groups_.pipeline + groups_.pp_rank; }
+  float grad_scale() const {
+    return static_cast<float>(1.0 / (static_cast<double>(run_.global) * run_.seq_len));
+  }
+  const Batch& batch(int mb) {
+    auto it = batches_.find(mb);
+    if (it != batches_.end()) return it->second;
+    const int64_t first = static_cast<int64_t>(groups_.dp_rank) * (run_.global / run_.data) +
+                          static_cast<int64_t>(mb) * run_.micro;
+    return batches_[mb] = load_batch(be_, data_, split_, iter_, first, run_.micro, run_.seq_len);
+  }
+
+  const Run& run_;
+  GptModel& model_;
+  Backend& be_;
+  const DataSource& data_;
+  ProcessGroups& groups_;
+  GradReducer& reducer_;
+  AdamW& opt_;
+  int pieces_total_;
+  Split split_ = Split::kTrain;
+  uint64_t iter_ = 0;
+  bool training_ = true;
+  int iteration_ = 1;
+  double loss_sum_ = 0;
+  double norm_ = 0, lr_ = 0;
+  bool finite_ = true;
+  std::map<int, Batch> batches_;                           // [mb] this batch's data
+  std::map<std::pair<int, int>, GptModel::ActsPtr> acts_;  // [(mb, chunk)] awaiting backward
+};
+
+// Forward-only instructions for evaluation: every micro-batch through this stage's chunks in
+// model order (sends never block, so no stage can wait on a later one).
+std::vector<Instr> forward_only(int stage, int p, int v, int m) {
+  std::vector<Instr> list;
+  for (int mb = 0; mb < m; ++mb)
+    for (int c = 0; c < v; ++c) {
+      if (prev_piece(stage, c, p, v).stage >= 0) list.push_back({Op::kRecvActivation, mb, c, -1});
+      list.push_back({Op::kForward, mb, c, -1});
+      if (next_piece(stage, c, p, v).stage >= 0) list.push_back({Op::kSendActivation, mb, c, -1});
+    }
+  return list;
+}
+
+std::string trace_events_json(const std::vector<std::pair<double, PipelineEvent>>& events,
+                              int rank) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& [offset, e] : events) {
+    arr.push_back({{"name", instr_string({e.op, e.mb, e.chunk, -1})},
+                   {"cat", to_string(e.op)},
+                   {"ph", "X"},
+                   {"pid", 0},
+                   {"tid", rank},
+                   {"ts", (offset + e.start_s) * 1e6},
+                   {"dur", (e.end_s - e.start_s) * 1e6}});
+  }
+  return arr.dump();
+}
+
+}  // namespace
+
+std::vector<int> layers_per_piece(const Config& cfg) {
+  const int n = cfg.parallel.pipeline * cfg.parallel.virtual_stages;
+  if (cfg.parallel.layers_per_stage) return *cfg.parallel.layers_per_stage;  // validated sums
+  // Even split; the first L % n pieces take one more layer (the last piece also carries the
+  // LM head, the heaviest single layer, so extra layers go to the front).
+  std::vector<int> v(static_cast<size_t>(n), cfg.model.num_layers / n);
+  for (int k = 0; k < cfg.model.num_layers % n; ++k) ++v[static_cast<size_t>(k)];
+  return v;
+}
+
 TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Run run(cfg, ctx);
   run.check_fits_in_memory();
@@ -220,57 +380,97 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   }
   const bool lead = run.w.rank == 0 && ctx.verbose;
   Communicator* dp = groups.dp.get();
-  Communicator* mp = groups.mp.get();
+  const int p = run.pipeline, v = cfg.parallel.virtual_stages, m = run.accumulation;
 
-  GptModel model(run.dims, be, cfg.train.seed, groups.tp.get());
+  // This stage's pieces of the model: chunk c is piece c·p + stage.
+  const std::vector<int> split = layers_per_piece(cfg);
+  std::vector<int> first(split.size() + 1, 0);
+  for (size_t k = 0; k < split.size(); ++k) first[k + 1] = first[k] + split[k];
+  std::vector<ModelPiece> pieces;
+  for (int c = 0; c < v; ++c) {
+    const int k = c * p + groups.pp_rank;
+    pieces.push_back({first[static_cast<size_t>(k)], split[static_cast<size_t>(k)], k == 0,
+                      k == p * v - 1});
+  }
+
+  GptModel model(run.dims, be, cfg.train.seed, groups.tp.get(), pieces,
+                 parse_recompute(cfg.train.recompute));
   GradReducer reducer(be, dp, model.grads(), param_spans(model), cfg.parallel.bucket_mb,
                       cfg.parallel.distributed_optimizer);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
-  model.set_grad_ready_hook([&](int first, int last) { reducer.mark_ready(first, last); });
+  model.set_grad_ready_hook([&](int a, int b) { reducer.mark_ready(a, b); });
+  GptStage stage(run, model, be, *data, groups, reducer, opt, p * v);
+  PipelineExecutor exec(*groups.pp, be, groups.pp_rank, p, v);
+
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  parse_schedule_kind(cfg.parallel.schedule, &kind);
+  if (kind == ScheduleKind::kTwoBW) {
+    throw InputError(cfg.source_file, "parallel.schedule",
+                     "gpipe, 1f1b, interleaved or zb-h1: the 2bw executor is not in this build");
+  }
+  ScheduleSpec spec;
+  spec.kind = p == 1 && kind == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : kind;
+  spec.stages = p;
+  spec.microbatches = m;
+  spec.chunks = spec.kind == ScheduleKind::kInterleaved ? v : 1;
+  if (const std::string why = schedule_invalid_reason(spec); !why.empty())
+    throw InputError(cfg.source_file, "parallel.schedule", why);
+  const std::vector<Instr> train_list = build_schedule(spec, groups.pp_rank);
+  const std::vector<Instr> eval_list = forward_only(groups.pp_rank, p, v, m);
+
   std::unique_ptr<MetricsWriter> metrics;
   if (cfg.log.metrics && run.w.rank == 0)
     metrics = std::make_unique<MetricsWriter>(*cfg.log.metrics, false, cfg.source_file);
 
   TrainResult res;
+  res.pipeline_rank = groups.pp_rank;
   res.loss_floor = data->loss_floor(run.seq_len);
+  // Idle fraction of the step with equal op times: (p−1)/(v·m + p−1) for the flushing
+  // schedules (the closed form of (p−1)/(v·m) bubble time over ideal time).
+  res.theoretical_bubble = static_cast<double>(p - 1) / (spec.chunks * m + p - 1);
   const int iters = cfg.train.iterations;
   const double tokens_per_iter = static_cast<double>(run.global) * run.seq_len;
   const FlopCount flops = GptModel::flops_per_iteration(run.dims, run.global, run.seq_len,
                                                         cfg.train.recompute == "full");
-  // Sequences of the global batch this data-parallel rank trains on.
-  const int64_t dp_first = static_cast<int64_t>(groups.dp_rank) * (run.global / run.data);
   if (lead) {
     std::printf("strata train: %s\n", cfg.source_file.c_str());
     std::printf("  backend  %s; %d rank(s): tensor %d × pipeline %d × data %d%s%s\n",
-                be.name().c_str(), run.w.size, run.tensor, run.pipeline, run.data,
+                be.name().c_str(), run.w.size, run.tensor, p, run.data,
                 cfg.parallel.sequence_parallel ? ", sequence parallel" : "",
                 reducer.sharded() ? ", distributed optimizer" : "");
+    if (p > 1)
+      std::printf("  pipeline %s, %d micro-batches, %d chunk(s) per stage, layers per piece",
+                  to_string(spec.kind), m, spec.chunks);
+    if (p > 1) {
+      for (int n : split) std::printf(" %d", n);
+      std::printf("\n");
+    }
     std::printf("  model    %d layers, hidden %d, %d heads, seq %d, vocab %d: %s parameters\n",
                 run.dims.L, run.dims.C, run.dims.NH, run.dims.S, run.dims.V,
-                si(static_cast<double>(model.num_real_parameters())).c_str());
+                si(static_cast<double>(GptModel::real_parameters(gpt_dims(cfg.model)))).c_str());
     std::printf("  data     %s\n", data->describe().c_str());
     if (res.loss_floor)
       std::printf("  floor    best achievable loss at seq %d: %.4f nats/token (entropy rate %.4f)\n",
                   run.seq_len, *res.loss_floor, data->entropy_rate().value_or(0));
     std::printf("  batch    %d sequences × %d tokens = %d micro-batches of %d × data %d; "
                 "%d iterations\n",
-                run.global, run.seq_len, run.accumulation, run.micro, run.data, iters);
+                run.global, run.seq_len, m, run.micro, run.data, iters);
     std::fflush(stdout);
   }
 
+  Communicator* pp = groups.pp.get();
   auto evaluate = [&]() {
     double sum = 0;
-    for (int k = 0; k < cfg.train.eval_iters; ++k)
-      for (int mb = 0; mb < run.accumulation; ++mb) {
-        Batch b = load_batch(be, *data, Split::kVal, static_cast<uint64_t>(k),
-                             dp_first + static_cast<int64_t>(mb) * run.micro, run.micro,
-                             run.seq_len);
-        sum += model.loss_sum(b.tokens, b.targets);
-      }
-    return sum_over(dp, sum) / (static_cast<double>(cfg.train.eval_iters) * tokens_per_iter);
+    for (int k = 0; k < cfg.train.eval_iters; ++k) {
+      stage.begin(Split::kVal, static_cast<uint64_t>(k), false, 0);
+      exec.run(eval_list, stage);
+      sum += stage.loss_sum();
+    }
+    return sum_over(dp, sum_over(pp, sum)) /
+           (static_cast<double>(cfg.train.eval_iters) * tokens_per_iter);
   };
 
-  const float grad_scale = static_cast<float>(1.0 / tokens_per_iter);
+  std::vector<std::pair<double, PipelineEvent>> trace;
   int nonfinite_in_a_row = 0;
   double train_time = 0;
   const auto t_start = Clock::now();
@@ -278,35 +478,28 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     const auto t0 = Clock::now();
     be.allocator().reset_peak();
     model.zero_grads();
-    double loss_sum = 0;
-    for (int mb = 0; mb < run.accumulation; ++mb) {
-      // The data index is the optimizer step (0-based) and the slot in the global batch, so
-      // any split of the batch into micro-batches or ranks sees the same sequences.
-      Batch b = load_batch(be, *data, Split::kTrain, static_cast<uint64_t>(it - 1),
-                           dp_first + static_cast<int64_t>(mb) * run.micro, run.micro,
-                           run.seq_len);
-      double s = 0;
-      auto acts = model.forward(b.tokens, b.targets, &s);
-      const bool last = mb == run.accumulation - 1;
-      if (last) reducer.begin_iteration();
-      model.backward(*acts, grad_scale, last);
-      if (last) res.backward_end_s = reducer.since_begin_s();
-      loss_sum += s;
-    }
-    reducer.finish();
+    reducer.begin_iteration();
+    // The data index is the optimizer step (0-based) and the slot in the global batch, so any
+    // split of the batch into micro-batches, stages or ranks sees the same sequences.
+    stage.begin(Split::kTrain, static_cast<uint64_t>(it - 1), true, it);
+    exec.run(train_list, stage);
+    be.synchronize();
+    const double step_s = seconds_since(t0);
+    train_time += step_s;
     res.bucket_start_s = reducer.bucket_start_s();
-    const double loss = sum_over(dp, loss_sum) / tokens_per_iter;
-    double sq = reducer.local_sum_squares();
-    if (reducer.sharded()) sq = sum_over(dp, sq);
-    const double norm = std::sqrt(sum_over(mp, sq));
-    const double lr = learning_rate(cfg.optimizer, iters, it);
-    const bool finite = std::isfinite(loss) && std::isfinite(norm);
+    double bwd_end = 0;
+    for (const PipelineEvent& e : exec.events())
+      if (e.op == Op::kBackward || e.op == Op::kBackwardInput) bwd_end = std::max(bwd_end, e.end_s);
+    res.backward_end_s = bwd_end;
+    if (cfg.log.trace)
+      for (const PipelineEvent& e : exec.events())
+        trace.emplace_back(std::chrono::duration<double>(t0 - t_start).count(), e);
+
+    const double loss = sum_over(dp, sum_over(pp, stage.loss_sum())) / tokens_per_iter;
+    const double norm = stage.grad_norm();
+    const bool finite = stage.finite() && std::isfinite(loss);
     if (finite) {
       nonfinite_in_a_row = 0;
-      const double coef = clip_coefficient(norm, cfg.optimizer.grad_clip);
-      if (coef < 1.0) be.scale_inplace(reducer.optimizer_grads(), static_cast<float>(coef));
-      opt.step(model.params(), reducer.optimizer_grads(), lr);
-      reducer.gather_params(model.params());
     } else {
       if (!cfg.train.skip_nonfinite)
         throw std::runtime_error("non-finite loss or gradient at iteration " +
@@ -316,38 +509,38 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                                  std::to_string(it) + "): the run is diverging; lower "
                                  "optimizer.lr or check the data");
     }
-    be.synchronize();
-    const double step_s = seconds_since(t0);
-    train_time += step_s;
+    const double bubble = std::max(0.0, 1.0 - exec.compute_s() / step_s);
+    res.bubbles.push_back(bubble);
 
-    IterationMetrics m;
-    m.iter = it;
-    m.loss = loss;
-    m.lr = lr;
-    m.grad_norm = norm;
-    m.step_ms = step_s * 1e3;
-    m.tokens_per_s = tokens_per_iter / step_s;
-    m.tflops_per_gpu = flops.hardware / step_s / run.w.size / 1e12;
-    m.bubble = 0.0;  // one stage: the compute never waits on a pipeline neighbour
-    m.mem_peak_bytes = be.allocator().stats().total_peak;
-    m.skipped = !finite;
+    IterationMetrics mt;
+    mt.iter = it;
+    mt.loss = loss;
+    mt.lr = stage.lr();
+    mt.grad_norm = norm;
+    mt.step_ms = step_s * 1e3;
+    mt.tokens_per_s = tokens_per_iter / step_s;
+    mt.tflops_per_gpu = flops.hardware / step_s / run.w.size / 1e12;
+    mt.bubble = bubble;
+    mt.mem_peak_bytes = be.allocator().stats().total_peak;
+    mt.skipped = !finite;
     const bool eval_now = cfg.train.eval_interval > 0 &&
                           (it % cfg.train.eval_interval == 0 || it == iters);
     if (eval_now) {
-      m.val_loss = evaluate();
-      res.val_losses.emplace_back(it, *m.val_loss);
+      mt.val_loss = evaluate();
+      res.val_losses.emplace_back(it, *mt.val_loss);
     }
     res.losses.push_back(loss);
     res.grad_norms.push_back(norm);
     res.skipped.push_back(!finite);
-    if (metrics) metrics->write(m);
+    if (metrics) metrics->write(mt);
     if (lead && (it % cfg.log.interval == 0 || it == 1 || it == iters || eval_now)) {
       std::printf("iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
                   "%sFLOP/s | mem %s",
-                  it, iters, loss, finite ? "" : " (skipped)", lr, norm, m.step_ms,
-                  si(m.tokens_per_s).c_str(), si(flops.hardware / step_s).c_str(),
-                  format_bytes(m.mem_peak_bytes).c_str());
-      if (m.val_loss) std::printf(" | val %.4f", *m.val_loss);
+                  it, iters, loss, finite ? "" : " (skipped)", mt.lr, norm, mt.step_ms,
+                  si(mt.tokens_per_s).c_str(), si(flops.hardware / step_s).c_str(),
+                  format_bytes(mt.mem_peak_bytes).c_str());
+      if (p > 1) std::printf(" | bubble %.2f (theory %.2f)", bubble, res.theoretical_bubble);
+      if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -357,6 +550,26 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   res.memory = be.allocator().stats();
   res.final_params.resize(static_cast<size_t>(model.num_parameters()));
   be.download(res.final_params.data(), model.params());
+
+  if (cfg.log.trace) {
+    // One Chrome trace for the job: every rank's events on its own track (tid = world rank).
+    const std::vector<std::string> parts =
+        all_gather_strings(*groups.host, trace_events_json(trace, run.w.rank));
+    if (run.w.rank == 0) {
+      std::ofstream out(*cfg.log.trace);
+      if (!out) throw InputError(cfg.source_file, "log.trace", "a writable file path");
+      out << "{\"traceEvents\": [";
+      bool first_event = true;
+      for (const std::string& part : parts) {
+        const nlohmann::json arr = nlohmann::json::parse(part);
+        for (const auto& e : arr) {
+          out << (first_event ? "\n" : ",\n") << e.dump();
+          first_event = false;
+        }
+      }
+      out << "\n], \"displayTimeUnit\": \"ms\"}\n";
+    }
+  }
 
   if (lead && iters > 0) {
     std::printf("done: %d iterations in %.1f s | final loss %.4f", iters, res.wall_s,

@@ -38,7 +38,15 @@ struct TrainResult {
   // backward pass ended, in seconds from the start of the last micro-batch's backward.
   std::vector<double> bucket_start_s;
   double backward_end_s = 0;
+  std::vector<double> bubbles;      // [iteration] measured compute-idle fraction of the step
+  double theoretical_bubble = 0;    // the schedule's, with equal op times
+  int pipeline_rank = 0;
 };
+
+// How parallel.layers_per_stage (or an even split) cuts num_layers into pipeline·virtual pieces;
+// piece k = chunk·p + stage (Megatron's interleaving). InputError when it does not cover the
+// model exactly.
+std::vector<int> layers_per_piece(const Config& cfg);
 
 // Runs training. Throws InputError for bad input found at start-up.
 TrainResult run_training(const Config& cfg, const RunContext& ctx);

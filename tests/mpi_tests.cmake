@@ -63,3 +63,8 @@ endif()
 strata_mpi_executable(mpi_test_parallel)
 strata_mpi_test(mpi_test_parallel mpi_parallel 2 4 8)
 set_tests_properties(mpi_parallel_np2 mpi_parallel_np4 mpi_parallel_np8 PROPERTIES TIMEOUT 600)
+
+# Pipeline schedules and the executor against the single-process run (issue 5).
+strata_mpi_executable(mpi_test_pipeline)
+strata_mpi_test(mpi_test_pipeline mpi_pipeline 2 4 8)
+set_tests_properties(mpi_pipeline_np2 mpi_pipeline_np4 mpi_pipeline_np8 PROPERTIES TIMEOUT 900)

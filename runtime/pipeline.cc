@@ -1,0 +1,166 @@
+#include "runtime/pipeline.h"
+
+#include <chrono>
+
+#include "runtime/check.h"
+#include "runtime/watchdog.h"
+
+namespace strata {
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+bool is_comm(Op op) {
+  return op == Op::kRecvActivation || op == Op::kSendActivation || op == Op::kRecvGrad ||
+         op == Op::kSendGrad;
+}
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, int stage, int p, int v)
+    : pp_(pp), be_(backend), stage_(stage), p_(p), v_(v) {}
+
+int PipelineExecutor::tag(int mb, int chunk, bool grad) const {
+  // MPI guarantees tags up to 32767; order between one pair of ranks keeps wrapped tags apart.
+  return ((mb * v_ + chunk) * 2 + (grad ? 1 : 0)) % 32768;
+}
+
+double PipelineExecutor::compute_s() const {
+  double s = 0;
+  for (const PipelineEvent& e : events_)
+    if (e.op == Op::kForward || e.op == Op::kBackward || e.op == Op::kBackwardInput ||
+        e.op == Op::kBackwardWeight)
+      s += e.end_s - e.start_s;
+  return s;
+}
+
+void PipelineExecutor::reap_sends(bool wait) {
+  std::vector<InFlight> still;
+  for (InFlight& f : sends_) {
+    if (wait) f.req.wait();
+    else if (!f.req.test()) still.push_back(std::move(f));
+  }
+  sends_ = std::move(still);
+}
+
+// Posts a group of sends and receives as one batch and waits for it. Receive buffers are
+// allocated here and filed under the (mb, chunk) of the compute that will consume them.
+void PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
+  std::vector<P2POp> ops;
+  std::vector<Tensor> keep;
+  std::string what;
+  for (const Instr& in : group) {
+    what += (what.empty() ? "" : " + ") + instr_string(in);
+    const Key key{in.mb, in.chunk};
+    switch (in.op) {
+      case Op::kRecvActivation: {
+        const PieceRef from = prev_piece(stage_, in.chunk, p_, v_);
+        STRATA_CHECK(from.stage >= 0, "receive on the model's first piece: " << instr_string(in));
+        Tensor buf = be_.empty(stage.boundary_shape(), MemCategory::kActivations);
+        ops.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
+                                  from.stage, tag(in.mb, in.chunk, false)));
+        inputs_[key] = buf;
+        break;
+      }
+      case Op::kRecvGrad: {
+        const PieceRef from = next_piece(stage_, in.chunk, p_, v_);
+        STRATA_CHECK(from.stage >= 0, "gradient receive on the last piece: " << instr_string(in));
+        Tensor buf = be_.empty(stage.boundary_shape(), MemCategory::kActivations);
+        ops.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
+                                  from.stage, tag(in.mb, in.chunk, true)));
+        grads_in_[key] = buf;
+        break;
+      }
+      case Op::kSendActivation: {
+        const PieceRef to = next_piece(stage_, in.chunk, p_, v_);
+        auto it = outputs_.find(key);
+        STRATA_CHECK(it != outputs_.end(), "send before its forward: " << instr_string(in));
+        ops.push_back(P2POp::send(it->second.data(), static_cast<size_t>(it->second.numel()),
+                                  DType::kF32, to.stage, tag(in.mb, to.chunk, false)));
+        keep.push_back(it->second);
+        outputs_.erase(it);
+        break;
+      }
+      case Op::kSendGrad: {
+        const PieceRef to = prev_piece(stage_, in.chunk, p_, v_);
+        auto it = grads_out_.find(key);
+        STRATA_CHECK(it != grads_out_.end(), "send before its backward: " << instr_string(in));
+        ops.push_back(P2POp::send(it->second.data(), static_cast<size_t>(it->second.numel()),
+                                  DType::kF32, to.stage, tag(in.mb, to.chunk, true)));
+        keep.push_back(it->second);
+        grads_out_.erase(it);
+        break;
+      }
+      default:
+        STRATA_CHECK(false, "not a transfer: " << instr_string(in));
+    }
+  }
+  const bool has_recv = group.size() > 1 || group[0].op == Op::kRecvActivation ||
+                        group[0].op == Op::kRecvGrad;
+  WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
+  Request r = pp_.ibatch(ops);
+  if (has_recv) {
+    r.wait();  // the compute after it needs the data
+  } else {
+    // Sends only: keep their buffers until they complete; the stage goes on computing.
+    sends_.push_back({std::move(r), std::move(keep)});
+  }
+}
+
+void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage) {
+  events_.clear();
+  const double t0 = now_s();
+  for (size_t i = 0; i < list.size();) {
+    const Instr& in = list[i];
+    if (is_comm(in.op)) {
+      std::vector<Instr> group{in};
+      size_t j = i + 1;
+      if (in.group >= 0)
+        while (j < list.size() && list[j].group == in.group && is_comm(list[j].op))
+          group.push_back(list[j++]);
+      post(group, stage);
+      i = j;
+      reap_sends(false);
+      continue;
+    }
+    const Key key{in.mb, in.chunk};
+    PipelineEvent ev{in.op, in.mb, in.chunk, now_s() - t0, 0};
+    switch (in.op) {
+      case Op::kForward: {
+        Tensor input;
+        if (auto it = inputs_.find(key); it != inputs_.end()) {
+          input = it->second;
+          inputs_.erase(it);
+        }
+        Tensor out = stage.forward(in.mb, in.chunk, input);
+        if (out.defined()) outputs_[key] = out;
+        break;
+      }
+      case Op::kBackward:
+      case Op::kBackwardInput: {
+        Tensor g;
+        if (auto it = grads_in_.find(key); it != grads_in_.end()) {
+          g = it->second;
+          grads_in_.erase(it);
+        }
+        Tensor dinput = in.op == Op::kBackward ? stage.backward(in.mb, in.chunk, g)
+                                               : stage.backward_input(in.mb, in.chunk, g);
+        if (dinput.defined()) grads_out_[key] = dinput;
+        break;
+      }
+      case Op::kBackwardWeight: stage.backward_weight(in.mb, in.chunk); break;
+      case Op::kReduceGrads: stage.reduce_grads(); break;
+      case Op::kOptimizerStep: stage.optimizer_step(); break;
+      case Op::kSwitchWeights: stage.switch_weights(); break;
+      default: STRATA_CHECK(false, "unhandled instruction " << instr_string(in));
+    }
+    ev.end_s = now_s() - t0;
+    events_.push_back(ev);
+    ++i;
+  }
+  reap_sends(true);
+  STRATA_CHECK(inputs_.empty() && grads_in_.empty() && outputs_.empty() && grads_out_.empty(),
+               "stage " << stage_ << " ended its schedule with unconsumed transfers");
+}
+
+}  // namespace strata
