@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/cmd_schedule.h"
 #include "launch/config_parse.h"
 #include "launch/trainer.h"
 #include "runtime/abort_hook.h"
@@ -26,6 +27,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train     train a model from a JSON config (strata train --help)\n"
+    "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -105,7 +107,8 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (cmd == "train") return cmd_train(args);
-  usage_error(cmd, "a command: train (see strata --help)");
+  if (cmd == "schedule") return cmd_schedule(args);
+  usage_error(cmd, "a command: train or schedule (see strata --help)");
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "runtime/pipeline.h"
 #include "runtime/process_groups.h"
 #include "schedules/schedule.h"
+#include "schedules/simulator.h"
 
 namespace strata {
 namespace {
@@ -425,9 +426,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   TrainResult res;
   res.pipeline_rank = groups.pp_rank;
   res.loss_floor = data->loss_floor(run.seq_len);
-  // Idle fraction of the step with equal op times: (p−1)/(v·m + p−1) for the flushing
-  // schedules (the closed form of (p−1)/(v·m) bubble time over ideal time).
-  res.theoretical_bubble = static_cast<double>(p - 1) / (spec.chunks * m + p - 1);
+  // The schedule's idle share of the step with equal op times (schedules/simulator.h).
+  res.theoretical_bubble = theoretical_bubble_fraction(spec);
   const int iters = cfg.train.iterations;
   const double tokens_per_iter = static_cast<double>(run.global) * run.seq_len;
   const FlopCount flops = GptModel::flops_per_iteration(run.dims, run.global, run.seq_len,

@@ -43,68 +43,52 @@ void PipelineExecutor::reap_sends(bool wait) {
   sends_ = std::move(still);
 }
 
-// Posts a group of sends and receives as one batch and waits for it. Receive buffers are
-// allocated here and filed under the (mb, chunk) of the compute that will consume them.
+// Posts a group of sends and receives together and waits for the receives. Sends are never
+// waited here: a send completes when its peer posts the matching receive, which the schedule
+// guarantees will happen (the simulator checks it), and waiting for it could deadlock two
+// stages that send to each other while each waits for its own send (large messages use MPI's
+// rendezvous protocol). Receive buffers are filed under the (mb, chunk) that consumes them.
 void PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
-  std::vector<P2POp> ops;
-  std::vector<Tensor> keep;
+  std::vector<P2POp> recvs;
   std::string what;
   for (const Instr& in : group) {
     what += (what.empty() ? "" : " + ") + instr_string(in);
     const Key key{in.mb, in.chunk};
     switch (in.op) {
-      case Op::kRecvActivation: {
-        const PieceRef from = prev_piece(stage_, in.chunk, p_, v_);
-        STRATA_CHECK(from.stage >= 0, "receive on the model's first piece: " << instr_string(in));
-        Tensor buf = be_.empty(stage.boundary_shape(), MemCategory::kActivations);
-        ops.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
-                                  from.stage, tag(in.mb, in.chunk, false)));
-        inputs_[key] = buf;
-        break;
-      }
+      case Op::kRecvActivation:
       case Op::kRecvGrad: {
-        const PieceRef from = next_piece(stage_, in.chunk, p_, v_);
-        STRATA_CHECK(from.stage >= 0, "gradient receive on the last piece: " << instr_string(in));
+        const bool grad = in.op == Op::kRecvGrad;
+        const PieceRef from = grad ? next_piece(stage_, in.chunk, p_, v_)
+                                   : prev_piece(stage_, in.chunk, p_, v_);
+        STRATA_CHECK(from.stage >= 0, "receive with no peer piece: " << instr_string(in));
         Tensor buf = be_.empty(stage.boundary_shape(), MemCategory::kActivations);
-        ops.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
-                                  from.stage, tag(in.mb, in.chunk, true)));
-        grads_in_[key] = buf;
+        recvs.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
+                                    from.stage, tag(in.mb, in.chunk, grad)));
+        (grad ? grads_in_ : inputs_)[key] = buf;
         break;
       }
-      case Op::kSendActivation: {
-        const PieceRef to = next_piece(stage_, in.chunk, p_, v_);
-        auto it = outputs_.find(key);
-        STRATA_CHECK(it != outputs_.end(), "send before its forward: " << instr_string(in));
-        ops.push_back(P2POp::send(it->second.data(), static_cast<size_t>(it->second.numel()),
-                                  DType::kF32, to.stage, tag(in.mb, to.chunk, false)));
-        keep.push_back(it->second);
-        outputs_.erase(it);
-        break;
-      }
+      case Op::kSendActivation:
       case Op::kSendGrad: {
-        const PieceRef to = prev_piece(stage_, in.chunk, p_, v_);
-        auto it = grads_out_.find(key);
-        STRATA_CHECK(it != grads_out_.end(), "send before its backward: " << instr_string(in));
-        ops.push_back(P2POp::send(it->second.data(), static_cast<size_t>(it->second.numel()),
-                                  DType::kF32, to.stage, tag(in.mb, to.chunk, true)));
-        keep.push_back(it->second);
-        grads_out_.erase(it);
+        const bool grad = in.op == Op::kSendGrad;
+        const PieceRef to = grad ? prev_piece(stage_, in.chunk, p_, v_)
+                                 : next_piece(stage_, in.chunk, p_, v_);
+        std::map<Key, Tensor>& pending = grad ? grads_out_ : outputs_;
+        auto it = pending.find(key);
+        STRATA_CHECK(it != pending.end(), "send before its compute: " << instr_string(in));
+        Tensor buf = it->second;
+        pending.erase(it);
+        Request r = pp_.isend(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32, to.stage,
+                              tag(in.mb, to.chunk, grad));
+        sends_.push_back({std::move(r), {std::move(buf)}});
         break;
       }
       default:
         STRATA_CHECK(false, "not a transfer: " << instr_string(in));
     }
   }
-  const bool has_recv = group.size() > 1 || group[0].op == Op::kRecvActivation ||
-                        group[0].op == Op::kRecvGrad;
+  if (recvs.empty()) return;
   WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
-  Request r = pp_.ibatch(ops);
-  if (has_recv) {
-    r.wait();  // the compute after it needs the data
-  } else {
-    // Sends only: keep their buffers until they complete; the stage goes on computing.
-    sends_.push_back({std::move(r), std::move(keep)});
-  }
+  pp_.ibatch(recvs).wait();  // the compute after it needs the data
 }
 
 void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage) {

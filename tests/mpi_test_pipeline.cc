@@ -110,6 +110,29 @@ TEST(Pipeline, EveryScheduleReproducesTheSingleProcessRun) {
   }
 }
 
+// Activations of 128 KiB travel by MPI's rendezvous protocol, where a send completes only when
+// its receive is posted: a stage that waited for its own sends could deadlock against its
+// neighbour. The interleaved schedule with tensor parallelism at such sizes must still finish
+// and match the single process.
+TEST(Pipeline, LargeActivationsDoNotDeadlock) {
+  if (world().size % 4 != 0) GTEST_SKIP() << "runs on a multiple of 4 ranks";
+  const std::vector<std::string> big = {"model.hidden_size=64", "model.seq_len=64",
+                                        "model.num_layers=4", "train.micro_batch_size=8",
+                                        "train.global_batch_size=64", "train.iterations=3",
+                                        "comm.timeout_s=60"};
+  const TrainResult ref = solo(big);
+  std::vector<std::string> sets = big;
+  for (const char* s : {"parallel.tensor=2", "parallel.pipeline=2", "parallel.virtual_stages=2",
+                        "parallel.schedule=interleaved"})
+    sets.push_back(s);
+  const TrainResult r = run(sets);
+  mpitest::Tally t;
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i) bad += !close(r.losses[i], ref.losses[i], 1e-5);
+  t.add("large activations losses", bad);
+  t.expect_clean("128 KiB activations");
+}
+
 // 5 layers on 2 stages (3 + 2): uneven splits train exactly like the single process.
 TEST(Pipeline, UnevenSplitTrainsCorrectly) {
   if (world().size != 2) GTEST_SKIP() << "runs on 2 ranks";
