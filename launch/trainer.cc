@@ -511,6 +511,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     }
     const double bubble = std::max(0.0, 1.0 - exec.compute_s() / step_s);
     res.bubbles.push_back(bubble);
+    res.step_s.push_back(step_s);
 
     IterationMetrics mt;
     mt.iter = it;

@@ -39,6 +39,7 @@ struct TrainResult {
   std::vector<double> bucket_start_s;
   double backward_end_s = 0;
   std::vector<double> bubbles;      // [iteration] measured compute-idle fraction of the step
+  std::vector<double> step_s;       // [iteration] wall time of the step
   double theoretical_bubble = 0;    // the schedule's, with equal op times
   int pipeline_rank = 0;
 };

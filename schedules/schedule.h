@@ -47,7 +47,8 @@ enum class Op {
   kReduceGrads,     // the batch's gradients are final on this stage: reduce (data parallel),
                     // sum tied embeddings, clip
   kOptimizerStep,   // apply the update
-  kSwitchWeights,   // 2bw: later micro-batches use the newest weight version
+  kSwitchWeights,   // 2bw: follows batch j's step; the version it made, W(j+1), is the one
+                    // of batch j+2 onwards (batch j+1 keeps W(j)); docs/schedules.md
 };
 const char* to_string(Op op);
 
@@ -66,7 +67,8 @@ struct ScheduleSpec {
   int batches = 1;       // 2bw: how many batches the list covers (others: 1)
 };
 
-// Why a spec cannot be scheduled ("interleaved needs m % p == 0 ..."), or "" when it can.
+// Why a spec cannot be scheduled ("interleaved needs microbatches >= stages, ..."), or "" when
+// it can. Interleaved runs any m >= p (docs/schedules.md: micro-batch groups).
 std::string schedule_invalid_reason(const ScheduleSpec& s);
 
 // The instructions of `stage` (0..p-1). Precondition: schedule_invalid_reason(s) is "".
@@ -84,7 +86,9 @@ struct PieceRef {
 PieceRef next_piece(int stage, int chunk, int p, int v);
 PieceRef prev_piece(int stage, int chunk, int p, int v);
 
-// "F3.1" style short text of one instruction (for diagrams and the watchdog's schedule step).
+// "F3.1" style short text of one instruction (for diagrams and the watchdog's schedule step):
+// F, B (backward or backward-input), W, RA/SA (receive/send activation), RG/SG (receive/send
+// gradient) + mb.chunk; "Reduce", "Step", "Switch".
 std::string instr_string(const Instr& i);
 
 }  // namespace strata
