@@ -258,13 +258,23 @@ class GptStage final : public PipelineStage {
     return model_.backward_piece(*acts, grad_output, grad_scale(), last);
   }
 
-  // The weight-gradient pass is not split out of the backward pass yet: backward_input does the
-  // whole backward and backward_weight has nothing left to do. Results are exact; zb-h1's
-  // bubble saving is not realised by this executor.
+  // Zero-bubble split: the B pass computes input gradients (sent on at once), the W pass the
+  // matrix weight gradients later, filling the pipeline bubble. The activations stay alive
+  // from F to W.
   Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override {
-    return backward(mb, chunk, grad_output);
+    auto it = acts_.find({mb, chunk});
+    STRATA_CHECK(it != acts_.end(), "backward-input of micro-batch " << mb << " chunk " << chunk
+                                                                     << " before its forward");
+    return model_.backward_piece(*it->second, grad_output, grad_scale(),
+                                 mb == run_.accumulation - 1, /*defer_weight_grads=*/true);
   }
-  void backward_weight(int, int) override {}
+  void backward_weight(int mb, int chunk) override {
+    auto it = acts_.find({mb, chunk});
+    STRATA_CHECK(it != acts_.end(), "backward-weight of micro-batch " << mb << " chunk " << chunk
+                                                                      << " before its B pass");
+    model_.backward_weight_piece(*it->second, mb == run_.accumulation - 1);
+    acts_.erase(it);
+  }
 
   void reduce_grads() override {
     // Tied embedding split over the first and last stage: sum the two copies' gradients.

@@ -149,11 +149,14 @@ GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communi
 
 GptModel::~GptModel() = default;
 
-int64_t GptModel::num_real_parameters() const {
+int64_t GptModel::real_parameters(const GptDims& d) {
+  GptDims whole = d;
+  whole.tp = 1;
+  whole.tp_rank = 0;
+  whole.Vp = pad_vocab(d.V, 128);
   int64_t n = 0;
-  for (const ParamInfo& p : infos_) {
-    n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : shape_numel(p.full_shape);
-  }
+  for (const ParamInfo& p : layout(whole))
+    n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
   return n;
 }
 
@@ -227,8 +230,17 @@ struct BlockActs {
   Tensor out;       // (B, Sl, C)  block output = next block's input
 };
 
+// A weight gradient deferred to the zero-bubble W pass: dW += doutᵀ·inp (and db += Σ dout).
+struct DeferredWeightGrad {
+  std::string weight, bias;  // parameter names; bias "" for none
+  Tensor dout;               // (N, OC)
+  Tensor inp;                // (N, C)
+};
+
 struct GptModel::Acts {
   int piece = 0;
+  bool defer_weight_grads = false;           // backward_input: W pass comes later
+  std::vector<DeferredWeightGrad> deferred;  // in backward order
   Tensor tokens;             // (B, S) i32
   Tensor targets;            // (B, S) i32
   Tensor input;              // (B, Sl, C) the piece's input: embedding output or received
@@ -436,10 +448,12 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
 }
 
 Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
-                                bool last_microbatch) {
+                                bool last_microbatch, bool defer_weight_grads) {
   const GptDims& d = dims_;
   const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
-  hook_active_ = last_microbatch;
+  a.defer_weight_grads = defer_weight_grads;
+  // With deferred weight gradients nothing is final before the W pass reports it.
+  hook_active_ = last_microbatch && !defer_weight_grads;
   const int64_t B = a.tokens.size(0), S = a.tokens.size(1), N = B * S;
   const int64_t Sl = d.seq_local(static_cast<int>(S));
 
@@ -452,15 +466,14 @@ Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
                     d.vocab_start(), d.vocab_valid());
     a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
     Tensor dlnf_full = be_.zeros({B, S, d.C}, kAct);  // partial over the vocabulary shards
-    const std::string head = d.tie ? "wte" : "lm_head.weight";
-    Tensor dhead = grad(head);
-    be_.matmul_backward(&dlnf_full, dhead, nullptr, dlogits, full_sequence(a.lnf), param(head));
+    linear_backward(a, &dlnf_full, d.tie ? "wte" : "lm_head.weight", "", dlogits,
+                    full_sequence(a.lnf));
     dlogits = Tensor();
     const Tensor dlnf = reduce_input_grad(dlnf_full);
     Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
     be_.layernorm_backward(dresid, dw, db, dlnf, output(a), param("ln_f.weight"), a.lnf_mean,
                            a.lnf_rstd);
-    if (d.sp && last_microbatch) {
+    if (d.sp && last_microbatch) {  // LayerNorm gradients are never deferred
       tp_sum(dw);
       tp_sum(db);
     }
@@ -507,16 +520,14 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
   {
     Tensor dgelu = be_.zeros({B, S, d.F_local()}, kAct);
-    Tensor dw = grad(p + "mlp.c_proj.weight"), db = grad(p + "mlp.c_proj.bias");
-    be_.matmul_backward(&dgelu, dw, &db, full_sequence(dresid), h.fch_gelu,
-                        param(p + "mlp.c_proj.weight"));
+    linear_backward(a, &dgelu, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
+                    full_sequence(dresid), h.fch_gelu, /*dout_changes_later=*/!d.sp);
     Tensor dfch = be_.zeros({B, S, d.F_local()}, kAct);
     be_.gelu_backward(dfch, h.fch, dgelu);
     dgelu = Tensor();
     Tensor dln2_full = be_.zeros({B, S, d.C}, kAct);
-    Tensor dfw = grad(p + "mlp.c_fc.weight"), dfb = grad(p + "mlp.c_fc.bias");
-    be_.matmul_backward(&dln2_full, dfw, &dfb, dfch, full_sequence(h.ln2),
-                        param(p + "mlp.c_fc.weight"));
+    linear_backward(a, &dln2_full, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfch,
+                    full_sequence(h.ln2));
     const Tensor dln2 = reduce_input_grad(dln2_full);
     Tensor dlw = grad(p + "ln_2.weight"), dlb = grad(p + "ln_2.bias");
     be_.layernorm_backward(dresid, dlw, dlb, dln2, h.res1, param(p + "ln_2.weight"), h.ln2_mean,
@@ -529,16 +540,14 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   // Attention branch: dresid now holds d(res1), also d(x) through the residual.
   {
     Tensor datty = be_.zeros({B, S, d.C_local()}, kAct);
-    Tensor dw = grad(p + "attn.c_proj.weight"), db = grad(p + "attn.c_proj.bias");
-    be_.matmul_backward(&datty, dw, &db, full_sequence(dresid), h.atty,
-                        param(p + "attn.c_proj.weight"));
+    linear_backward(a, &datty, p + "attn.c_proj.weight", p + "attn.c_proj.bias",
+                    full_sequence(dresid), h.atty, /*dout_changes_later=*/!d.sp);
     Tensor dqkv = be_.zeros({B, S, 3 * d.C_local()}, kAct);
     be_.attention_backward(dqkv, datty, h.qkv, h.att, d.heads_local());
     datty = Tensor();
     Tensor dln1_full = be_.zeros({B, S, d.C}, kAct);
-    Tensor dqw = grad(p + "attn.c_attn.weight"), dqb = grad(p + "attn.c_attn.bias");
-    be_.matmul_backward(&dln1_full, dqw, &dqb, dqkv, full_sequence(h.ln1),
-                        param(p + "attn.c_attn.weight"));
+    linear_backward(a, &dln1_full, p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv,
+                    full_sequence(h.ln1));
     const Tensor dln1 = reduce_input_grad(dln1_full);
     Tensor dlw = grad(p + "ln_1.weight"), dlb = grad(p + "ln_1.bias");
     be_.layernorm_backward(dresid, dlw, dlb, dln1, x, param(p + "ln_1.weight"), h.ln1_mean,
@@ -550,6 +559,51 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   }
   h = BlockActs();  // this block's activations are consumed
   param_ready(p + "ln_1.weight", p + "mlp.c_proj.bias");
+}
+
+void GptModel::linear_backward(Acts& a, Tensor* dinp, const std::string& weight,
+                               const std::string& bias, const Tensor& dout, const Tensor& inp,
+                               bool dout_changes_later) {
+  if (a.defer_weight_grads) {
+    if (dinp) be_.matmul_backward_input(*dinp, dout, param(weight));
+    // The residual-stream gradient keeps accumulating after this layer: the W pass needs its
+    // value now.
+    Tensor kept = dout;
+    if (dout_changes_later) {
+      kept = be_.empty(dout.shape(), kAct);
+      be_.copy(kept, dout);
+    }
+    a.deferred.push_back({weight, bias, kept, inp});
+    return;
+  }
+  Tensor dw = grad(weight);
+  Tensor db = bias.empty() ? Tensor() : grad(bias);
+  be_.matmul_backward(dinp, dw, bias.empty() ? nullptr : &db, dout, inp, param(weight));
+}
+
+void GptModel::backward_weight_piece(Acts& a, bool last_microbatch) {
+  for (const DeferredWeightGrad& w : a.deferred) {
+    Tensor dw = grad(w.weight);
+    Tensor db = w.bias.empty() ? Tensor() : grad(w.bias);
+    be_.matmul_backward_weight(dw, w.bias.empty() ? nullptr : &db, w.dout, w.inp);
+  }
+  a.deferred.clear();
+  // Every gradient of the piece is final now: report them all at once.
+  if (last_microbatch && ready_hook_) {
+    hook_active_ = true;
+    const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
+    if (pc.head) {
+      if (!dims_.tie) param_ready("lm_head.weight", "lm_head.weight");
+      param_ready("ln_f.weight", "ln_f.bias");
+      if (dims_.tie && !pc.embedding) param_ready("wte", "wte");
+    }
+    for (int l = pc.first_layer + pc.num_layers - 1; l >= pc.first_layer; --l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      param_ready(p + "ln_1.weight", p + "mlp.c_proj.bias");
+    }
+    if (pc.embedding) param_ready("wte", "wpe");
+    hook_active_ = false;
+  }
 }
 
 const Tensor& GptModel::logits(const Acts& acts) { return acts.logits; }

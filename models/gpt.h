@@ -156,8 +156,9 @@ class GptModel {
   const GptDims& dims() const { return dims_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   int64_t num_parameters() const { return params_.numel(); }
-  // Parameters without the padded vocabulary rows (what a user calls the model size).
-  int64_t num_real_parameters() const;
+  // Parameters of the whole model without the padded vocabulary rows (the model size).
+  int64_t num_real_parameters() const { return real_parameters(dims_); }
+  static int64_t real_parameters(const GptDims& d);
 
   Tensor& params() { return params_; }  // (N) flat
   Tensor& grads() { return grads_; }    // (N) flat, same layout
@@ -183,7 +184,12 @@ class GptModel {
   // Backward of a forward_piece: dout is the gradient of its output (ignored on the last piece,
   // whose gradient starts at the loss). Returns the gradient of its input (undefined on the first
   // piece).
-  Tensor backward_piece(Acts& acts, const Tensor& dout, float grad_scale, bool last_microbatch);
+  // defer_weight_grads (zero-bubble B pass): compute only the input gradients and keep what the
+  // matrix weight gradients need; backward_weight_piece (the W pass) computes them later.
+  // The activations must stay alive until then.
+  Tensor backward_piece(Acts& acts, const Tensor& dout, float grad_scale, bool last_microbatch,
+                        bool defer_weight_grads = false);
+  void backward_weight_piece(Acts& acts, bool last_microbatch);
 
   // Whole-model forward (single-piece models): tokens, targets (B, S) i32 on this backend's
   // device. Returns the saved activations; *loss_sum receives Σ of the B·S token losses.
@@ -216,6 +222,9 @@ class GptModel {
   void block_forward(int l, const Tensor& x, Acts& a, bool recomputing = false);
   void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
   bool has_param(const std::string& name) const;
+  // dinp += dout·W now; dW (and db) += now or, when acts defers weight gradients, in the W pass.
+  void linear_backward(Acts& a, Tensor* dinp, const std::string& weight, const std::string& bias,
+                       const Tensor& dout, const Tensor& inp, bool dout_changes_later = false);
   // Tensor-parallel communication helpers; no-ops when dims_.tp is 1.
   void tp_sum(Tensor& t);                      // all-reduce sum over the tensor group
   Tensor sp_gather(const Tensor& shard);       // (B, S/t, C) → (B, S, C) (sp only)

@@ -56,6 +56,12 @@ class Backend {
   // dinp (N, C) += dout · w; dw (OC, C) += dout^T · inp; dbias += Σ dout. dinp, dbias may be null.
   virtual void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& w) = 0;
+  // The two halves of matmul_backward, for zero-bubble schedules that compute the input
+  // gradient now and the weight gradient later: dinp (N, C) += dout · w; and
+  // dw (OC, C) += dout^T · inp, dbias (OC) += Σ dout (dbias may be null).
+  virtual void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) = 0;
+  virtual void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
+                                      const Tensor& inp) = 0;
   // out, inp (N, C); mean, rstd (N).
   virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                  const Tensor& w, const Tensor& b) = 0;
