@@ -210,37 +210,60 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
 
 namespace {
 
+// What one optimizer step saw, the same on every rank.
+struct StepRecord {
+  int batch = 0;     // 0-based
+  double loss = 0;   // mean over the global batch
+  double norm = 0;   // global gradient norm before clipping
+  double lr = 0;
+  bool finite = true;
+  double at_s = 0;   // when the step finished, seconds from the start of the run
+};
+
 // One pipeline stage of the GPT on this rank: the compute side of the executor's instructions.
+//
+// PipeDream-2BW (two_bw): micro-batches are numbered across batches (batch b = mb / m) and batch
+// b runs forward and backward on weight version W(max(b−1, 0)); step j computes
+// W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses
+// any more. Version k lives in versions_[k % 2]: at most two versions are ever held.
 class GptStage final : public PipelineStage {
  public:
   GptStage(const Run& run, GptModel& model, Backend& be, const DataSource& data,
-           ProcessGroups& groups, GradReducer& reducer, AdamW& opt, int pieces_total)
+           ProcessGroups& groups, GradReducer& reducer, AdamW& opt, int pieces_total, bool two_bw)
       : run_(run), model_(model), be_(be), data_(data), groups_(groups), reducer_(reducer),
-        opt_(opt), pieces_total_(pieces_total) {}
+        opt_(opt), pieces_total_(pieces_total), two_bw_(two_bw) {
+    versions_[0] = model_.params();
+  }
 
-  // Starts batch `iter` (0-based) of `split`; training or forward-only evaluation.
-  void begin(Split split, uint64_t iter, bool training, int iteration_1based) {
+  // Starts batch `iter` (0-based) of `split` (2bw: the first of the batches the list covers);
+  // training or forward-only evaluation.
+  void begin(Split split, uint64_t iter, bool training) {
     split_ = split;
     iter_ = iter;
     training_ = training;
-    iteration_ = iteration_1based;
-    loss_sum_ = 0;
+    loss_by_batch_.clear();
     batches_.clear();
   }
-  double loss_sum() const { return loss_sum_; }
-  double grad_norm() const { return norm_; }
-  double lr() const { return lr_; }
-  bool finite() const { return finite_; }
+  // Σ token losses of this stage's forwards of batch `b` (relative to begin()).
+  double loss_sum(int b = 0) const {
+    auto it = loss_by_batch_.find(b);
+    return it == loss_by_batch_.end() ? 0.0 : it->second;
+  }
+  const std::vector<StepRecord>& records() const { return records_; }
+  void set_clock(Clock::time_point t0) { t0_ = t0; }
+  // The newest weights (what evaluation and the final parameters use).
+  const Tensor& newest_params() const { return versions_[steps_ % 2]; }
 
   Shape boundary_shape() const override {
     return {run_.micro, run_.dims.seq_local(run_.seq_len), run_.dims.C};
   }
 
   Tensor forward(int mb, int chunk, const Tensor& input) override {
+    use_version_of(mb);
     const Batch& b = batch(mb);
     double loss = 0;
     GptModel::ActsPtr acts = model_.forward_piece(chunk, input, b.tokens, b.targets, &loss);
-    loss_sum_ += loss;
+    loss_by_batch_[mb / run_.accumulation] += loss;
     const bool last_piece = piece_index(chunk) == pieces_total_ - 1;
     Tensor out = last_piece ? Tensor() : GptModel::output(*acts);
     if (training_) acts_[{mb, chunk}] = std::move(acts);
@@ -253,9 +276,8 @@ class GptStage final : public PipelineStage {
                                                                << " before its forward");
     GptModel::ActsPtr acts = std::move(it->second);
     acts_.erase(it);
-    // The last micro-batch of the batch finishes this chunk's gradients.
-    const bool last = mb == run_.accumulation - 1;
-    return model_.backward_piece(*acts, grad_output, grad_scale(), last);
+    use_version_of(mb);
+    return model_.backward_piece(*acts, grad_output, grad_scale(), last_of_batch(mb));
   }
 
   // Zero-bubble split: the B pass computes input gradients (sent on at once), the W pass the
@@ -265,14 +287,16 @@ class GptStage final : public PipelineStage {
     auto it = acts_.find({mb, chunk});
     STRATA_CHECK(it != acts_.end(), "backward-input of micro-batch " << mb << " chunk " << chunk
                                                                      << " before its forward");
-    return model_.backward_piece(*it->second, grad_output, grad_scale(),
-                                 mb == run_.accumulation - 1, /*defer_weight_grads=*/true);
+    use_version_of(mb);
+    return model_.backward_piece(*it->second, grad_output, grad_scale(), last_of_batch(mb),
+                                 /*defer_weight_grads=*/true);
   }
   void backward_weight(int mb, int chunk) override {
     auto it = acts_.find({mb, chunk});
     STRATA_CHECK(it != acts_.end(), "backward-weight of micro-batch " << mb << " chunk " << chunk
                                                                       << " before its B pass");
-    model_.backward_weight_piece(*it->second, mb == run_.accumulation - 1);
+    use_version_of(mb);
+    model_.backward_weight_piece(*it->second, last_of_batch(mb));
     acts_.erase(it);
   }
 
@@ -290,31 +314,70 @@ class GptStage final : public PipelineStage {
   }
 
   void optimizer_step() override {
+    StepRecord r;
+    r.batch = static_cast<int>(iter_) + steps_in_list_;
+    const double tokens = static_cast<double>(run_.global) * run_.seq_len;
+    r.loss = sum_over(groups_.dp.get(), sum_over(groups_.pp.get(), loss_sum(steps_in_list_))) /
+             tokens;
     double sq = reducer_.local_sum_squares();
     if (reducer_.sharded()) sq = sum_over(groups_.dp.get(), sq);
-    norm_ = std::sqrt(sum_over(groups_.mp.get(), sq));
-    lr_ = learning_rate(run_.cfg.optimizer, run_.cfg.train.iterations, iteration_);
-    finite_ = std::isfinite(norm_);
-    if (!finite_) return;  // skipped: gradients are not applied (the caller counts)
-    const double coef = clip_coefficient(norm_, run_.cfg.optimizer.grad_clip);
-    if (coef < 1.0) be_.scale_inplace(reducer_.optimizer_grads(), static_cast<float>(coef));
-    opt_.step(model_.params(), reducer_.optimizer_grads(), lr_);
-    reducer_.gather_params(model_.params());
+    r.norm = std::sqrt(sum_over(groups_.mp.get(), sq));
+    r.lr = learning_rate(run_.cfg.optimizer, run_.cfg.train.iterations, r.batch + 1);
+    r.finite = std::isfinite(r.norm) && std::isfinite(r.loss);
+    // W(j+1) goes into the buffer of W(j−1) (2bw), or over W(j) (flushing schedules).
+    Tensor& current = versions_[steps_ % 2];
+    Tensor* next = &current;
+    if (two_bw_) {
+      Tensor& other = versions_[(steps_ + 1) % 2];
+      if (!other.defined()) other = be_.empty({current.numel()}, MemCategory::kParameters);
+      be_.copy(other, current);
+      next = &other;
+    }
+    if (r.finite) {  // a non-finite step is skipped: the weights stay (the caller counts)
+      const double coef = clip_coefficient(r.norm, run_.cfg.optimizer.grad_clip);
+      if (coef < 1.0) be_.scale_inplace(reducer_.optimizer_grads(), static_cast<float>(coef));
+      opt_.step(*next, reducer_.optimizer_grads(), r.lr);
+      reducer_.gather_params(*next);
+    }
+    if (two_bw_) {
+      ++steps_;
+      // The next batch's gradients accumulate from zero while the pipeline keeps running.
+      model_.zero_grads();
+      reducer_.begin_iteration();
+    }
+    ++steps_in_list_;
+    r.at_s = std::chrono::duration<double>(Clock::now() - t0_).count();
+    records_.push_back(r);
   }
 
-  void switch_weights() override {}
+  void switch_weights() override {}  // versions are chosen per micro-batch (use_version_of)
+
+  void reset_list() { steps_in_list_ = 0; }
 
  private:
   int piece_index(int chunk) const { return chunk * groups_.pipeline + groups_.pp_rank; }
+  bool last_of_batch(int mb) const { return mb % run_.accumulation == run_.accumulation - 1; }
+  // 2bw: point the model at W(max(b−1, 0)) for micro-batch mb of batch b.
+  void use_version_of(int mb) {
+    if (!two_bw_) return;
+    const int b = static_cast<int>(iter_) + mb / run_.accumulation;
+    model_.use_params(versions_[std::max(b - 1, 0) % 2]);
+  }
   float grad_scale() const {
     return static_cast<float>(1.0 / (static_cast<double>(run_.global) * run_.seq_len));
   }
   const Batch& batch(int mb) {
     auto it = batches_.find(mb);
     if (it != batches_.end()) return it->second;
+    // Micro-batch mb is slot mb % m of batch iter + mb / m (2bw numbers them across batches).
+    const int m = run_.accumulation;
     const int64_t first = static_cast<int64_t>(groups_.dp_rank) * (run_.global / run_.data) +
-                          static_cast<int64_t>(mb) * run_.micro;
-    return batches_[mb] = load_batch(be_, data_, split_, iter_, first, run_.micro, run_.seq_len);
+                          static_cast<int64_t>(mb % m) * run_.micro;
+    // Earlier micro-batches of this rank are done with their data once a later batch starts.
+    for (auto old = batches_.begin(); old != batches_.end() && old->first / m < mb / m - 1;)
+      old = batches_.erase(old);
+    return batches_[mb] = load_batch(be_, data_, split_, iter_ + static_cast<uint64_t>(mb / m),
+                                     first, run_.micro, run_.seq_len);
   }
 
   const Run& run_;
@@ -325,13 +388,16 @@ class GptStage final : public PipelineStage {
   GradReducer& reducer_;
   AdamW& opt_;
   int pieces_total_;
+  bool two_bw_;
   Split split_ = Split::kTrain;
   uint64_t iter_ = 0;
   bool training_ = true;
-  int iteration_ = 1;
-  double loss_sum_ = 0;
-  double norm_ = 0, lr_ = 0;
-  bool finite_ = true;
+  std::map<int, double> loss_by_batch_;  // [batch − iter_] Σ token losses on this stage
+  std::vector<StepRecord> records_;
+  int steps_ = 0;          // 2bw: optimizer steps taken (W(steps_) is the newest version)
+  int steps_in_list_ = 0;  // steps taken in the current instruction list
+  Tensor versions_[2];     // 2bw: W(k) in versions_[k % 2]; flushing: versions_[0] only
+  Clock::time_point t0_ = Clock::now();
   std::map<int, Batch> batches_;                           // [mb] this batch's data
   std::map<std::pair<int, int>, GptModel::ActsPtr> acts_;  // [(mb, chunk)] awaiting backward
 };
@@ -410,20 +476,19 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                       cfg.parallel.distributed_optimizer);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   model.set_grad_ready_hook([&](int a, int b) { reducer.mark_ready(a, b); });
-  GptStage stage(run, model, be, *data, groups, reducer, opt, p * v);
-  PipelineExecutor exec(*groups.pp, be, groups.pp_rank, p, v);
-
   ScheduleKind kind = ScheduleKind::kOneFOneB;
   parse_schedule_kind(cfg.parallel.schedule, &kind);
-  if (kind == ScheduleKind::kTwoBW) {
-    throw InputError(cfg.source_file, "parallel.schedule",
-                     "gpipe, 1f1b, interleaved or zb-h1: the 2bw executor is not in this build");
-  }
+  const bool two_bw_run = kind == ScheduleKind::kTwoBW;
+  GptStage stage(run, model, be, *data, groups, reducer, opt, p * v, two_bw_run);
+  PipelineExecutor exec(*groups.pp, be, groups.pp_rank, p, v);
+
+  const bool two_bw = two_bw_run;
   ScheduleSpec spec;
   spec.kind = p == 1 && kind == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : kind;
   spec.stages = p;
   spec.microbatches = m;
   spec.chunks = spec.kind == ScheduleKind::kInterleaved ? v : 1;
+  spec.batches = two_bw ? std::max(1, cfg.train.iterations) : 1;
   if (const std::string why = schedule_invalid_reason(spec); !why.empty())
     throw InputError(cfg.source_file, "parallel.schedule", why);
   const std::vector<Instr> train_list = build_schedule(spec, groups.pp_rank);
@@ -472,7 +537,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   auto evaluate = [&]() {
     double sum = 0;
     for (int k = 0; k < cfg.train.eval_iters; ++k) {
-      stage.begin(Split::kVal, static_cast<uint64_t>(k), false, 0);
+      stage.begin(Split::kVal, static_cast<uint64_t>(k), false);
       exec.run(eval_list, stage);
       sum += stage.loss_sum();
     }
@@ -484,31 +549,12 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   int nonfinite_in_a_row = 0;
   double train_time = 0;
   const auto t_start = Clock::now();
-  for (int it = 1; it <= iters; ++it) {
-    const auto t0 = Clock::now();
-    be.allocator().reset_peak();
-    model.zero_grads();
-    reducer.begin_iteration();
-    // The data index is the optimizer step (0-based) and the slot in the global batch, so any
-    // split of the batch into micro-batches, stages or ranks sees the same sequences.
-    stage.begin(Split::kTrain, static_cast<uint64_t>(it - 1), true, it);
-    exec.run(train_list, stage);
-    be.synchronize();
-    const double step_s = seconds_since(t0);
-    train_time += step_s;
-    res.bucket_start_s = reducer.bucket_start_s();
-    double bwd_end = 0;
-    for (const PipelineEvent& e : exec.events())
-      if (e.op == Op::kBackward || e.op == Op::kBackwardInput) bwd_end = std::max(bwd_end, e.end_s);
-    res.backward_end_s = bwd_end;
-    if (cfg.log.trace)
-      for (const PipelineEvent& e : exec.events())
-        trace.emplace_back(std::chrono::duration<double>(t0 - t_start).count(), e);
+  stage.set_clock(t_start);
 
-    const double loss = sum_over(dp, sum_over(pp, stage.loss_sum())) / tokens_per_iter;
-    const double norm = stage.grad_norm();
-    const bool finite = stage.finite() && std::isfinite(loss);
-    if (finite) {
+  // Metrics, console line and evaluation of one optimizer step.
+  auto report = [&](const StepRecord& r, double step_s, double bubble) {
+    const int it = r.batch + 1;
+    if (r.finite) {
       nonfinite_in_a_row = 0;
     } else {
       if (!cfg.train.skip_nonfinite)
@@ -519,41 +565,89 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                                  std::to_string(it) + "): the run is diverging; lower "
                                  "optimizer.lr or check the data");
     }
-    const double bubble = std::max(0.0, 1.0 - exec.compute_s() / step_s);
     res.bubbles.push_back(bubble);
     res.step_s.push_back(step_s);
-
     IterationMetrics mt;
     mt.iter = it;
-    mt.loss = loss;
-    mt.lr = stage.lr();
-    mt.grad_norm = norm;
+    mt.loss = r.loss;
+    mt.lr = r.lr;
+    mt.grad_norm = r.norm;
     mt.step_ms = step_s * 1e3;
     mt.tokens_per_s = tokens_per_iter / step_s;
     mt.tflops_per_gpu = flops.hardware / step_s / run.w.size / 1e12;
     mt.bubble = bubble;
     mt.mem_peak_bytes = be.allocator().stats().total_peak;
-    mt.skipped = !finite;
+    mt.skipped = !r.finite;
+    // 2bw never flushes: it evaluates once, after the last step.
     const bool eval_now = cfg.train.eval_interval > 0 &&
-                          (it % cfg.train.eval_interval == 0 || it == iters);
+                          (it == iters || (!two_bw && it % cfg.train.eval_interval == 0));
     if (eval_now) {
       mt.val_loss = evaluate();
       res.val_losses.emplace_back(it, *mt.val_loss);
     }
-    res.losses.push_back(loss);
-    res.grad_norms.push_back(norm);
-    res.skipped.push_back(!finite);
+    res.losses.push_back(r.loss);
+    res.grad_norms.push_back(r.norm);
+    res.skipped.push_back(!r.finite);
     if (metrics) metrics->write(mt);
     if (lead && (it % cfg.log.interval == 0 || it == 1 || it == iters || eval_now)) {
       std::printf("iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
                   "%sFLOP/s | mem %s",
-                  it, iters, loss, finite ? "" : " (skipped)", mt.lr, norm, mt.step_ms,
+                  it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
                   si(mt.tokens_per_s).c_str(), si(flops.hardware / step_s).c_str(),
                   format_bytes(mt.mem_peak_bytes).c_str());
       if (p > 1) std::printf(" | bubble %.2f (theory %.2f)", bubble, res.theoretical_bubble);
       if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
       std::printf("\n");
       std::fflush(stdout);
+    }
+  };
+  auto keep_timeline = [&](Clock::time_point t0) {
+    res.bucket_start_s = reducer.bucket_start_s();
+    double bwd_end = 0;
+    for (const PipelineEvent& e : exec.events())
+      if (e.op == Op::kBackward || e.op == Op::kBackwardInput) bwd_end = std::max(bwd_end, e.end_s);
+    res.backward_end_s = bwd_end;
+    if (cfg.log.trace)
+      for (const PipelineEvent& e : exec.events())
+        trace.emplace_back(std::chrono::duration<double>(t0 - t_start).count(), e);
+  };
+
+  if (two_bw && iters > 0) {
+    // One instruction list for the whole run: the pipeline never flushes between batches.
+    be.allocator().reset_peak();
+    model.zero_grads();
+    reducer.begin_iteration();
+    stage.begin(Split::kTrain, 0, true);
+    stage.reset_list();
+    exec.run(train_list, stage);
+    be.synchronize();
+    train_time = seconds_since(t_start);
+    keep_timeline(t_start);
+    const double bubble = std::max(0.0, 1.0 - exec.compute_s() / train_time);
+    // Evaluation and the final parameters use the newest version.
+    model.use_params(stage.newest_params());
+    double previous = 0;
+    for (const StepRecord& r : stage.records()) {
+      report(r, r.at_s - previous, bubble);
+      previous = r.at_s;
+    }
+  } else if (!two_bw) {
+    for (int it = 1; it <= iters; ++it) {
+      const auto t0 = Clock::now();
+      be.allocator().reset_peak();
+      model.zero_grads();
+      reducer.begin_iteration();
+      // The data index is the optimizer step (0-based) and the slot in the global batch, so
+      // any split of the batch into micro-batches, stages or ranks sees the same sequences.
+      stage.begin(Split::kTrain, static_cast<uint64_t>(it - 1), true);
+      stage.reset_list();
+      exec.run(train_list, stage);
+      be.synchronize();
+      const double step_s = seconds_since(t0);
+      train_time += step_s;
+      keep_timeline(t0);
+      report(stage.records().back(), step_s,
+             std::max(0.0, 1.0 - exec.compute_s() / step_s));
     }
   }
   res.wall_s = seconds_since(t_start);

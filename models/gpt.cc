@@ -209,6 +209,13 @@ void GptModel::init_parameters(uint64_t seed) {
 
 void GptModel::zero_grads() { be_.zero(grads_); }
 
+void GptModel::use_params(const Tensor& p) {
+  STRATA_CHECK(p.numel() == params_.numel(), "parameter buffer of " << p.numel()
+                                                 << " elements for a model of "
+                                                 << params_.numel());
+  params_ = p;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Activations. B = micro-batch, S = sequence, Sl = S/t with sequence parallelism (else S),
 // C = hidden, Cl = C/t, Fl = F/t, NHl = NH/t heads of this rank, Vl = Vp/t vocabulary shard.

@@ -161,6 +161,9 @@ class GptModel {
   static int64_t real_parameters(const GptDims& d);
 
   Tensor& params() { return params_; }  // (N) flat
+  // Computes with another buffer of the same layout from now on (PipeDream-2BW's weight
+  // versions); params() then returns it.
+  void use_params(const Tensor& p);
   Tensor& grads() { return grads_; }    // (N) flat, same layout
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;

@@ -133,6 +133,33 @@ TEST(Pipeline, LargeActivationsDoNotDeadlock) {
   t.expect_clean("128 KiB activations");
 }
 
+// PipeDream-2BW on p ∈ {2, 4} stages (with t, d where the world allows) equals the single-process
+// 2bw run: the same weight versions, the same updates, without a flush between batches.
+TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
+  const TrainResult ref = solo({"parallel.schedule=2bw"});
+  for (int p : {2, 4}) {
+    if (world().size % p != 0) continue;
+    const int rest = world().size / p;
+    for (int t : {1, 2}) {
+      if (rest % t != 0) continue;
+      const TrainResult r = run({"parallel.schedule=2bw", "parallel.pipeline=" + std::to_string(p),
+                                 "parallel.tensor=" + std::to_string(t)});
+      mpitest::Tally tally;
+      int64_t bad = 0;
+      for (size_t i = 0; i < ref.losses.size(); ++i)
+        bad += !close(r.losses[i], ref.losses[i], 1e-5) +
+               !close(r.grad_norms[i], ref.grad_norms[i], 1e-5);
+      const std::string name = "2bw p" + std::to_string(p) + " t" + std::to_string(t) + " d" +
+                               std::to_string(rest / t);
+      tally.add(name, bad);
+      if (world().rank == 0)
+        std::printf("%s: final loss %.6f (single-process 2bw %.6f), bubble %.2f\n", name.c_str(),
+                    r.losses.back(), ref.losses.back(), r.bubbles.back());
+      tally.expect_clean(name.c_str());
+    }
+  }
+}
+
 // 5 layers on 2 stages (3 + 2): uneven splits train exactly like the single process.
 TEST(Pipeline, UnevenSplitTrainsCorrectly) {
   if (world().size != 2) GTEST_SKIP() << "runs on 2 ranks";

@@ -107,6 +107,31 @@ TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {
   }
 }
 
+// PipeDream-2BW's update rule in one process (DESIGN.md): batch j runs on W(max(j−1, 0)), so
+// batches 0 and 1 both see the initial weights — batch 1's loss is the loss a run that never
+// updates (lr 0) sees for it — while W(1) is the usual first update, so the flushing run's
+// first two losses bracket it.
+TEST(Train, TwoBWUsesTheWeightsOfTwoBatchesAgo) {
+  const std::vector<std::string> common = {"train.iterations=4", "optimizer.warmup_iters=0",
+                                           "optimizer.decay=constant", "optimizer.lr=1e-2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> s = common;
+    s.insert(s.end(), extra.begin(), extra.end());
+    return run_training(tiny(s), quiet());
+  };
+  const TrainResult two_bw = with({"parallel.schedule=2bw"});
+  const TrainResult frozen = with({"optimizer.lr=0", "optimizer.min_lr=0"});
+  const TrainResult flush = with({});
+  ASSERT_EQ(two_bw.losses.size(), 4u);
+  EXPECT_EQ(two_bw.losses[0], flush.losses[0]);   // W(0) for both
+  EXPECT_EQ(two_bw.losses[1], frozen.losses[1]);  // batch 1 on W(0)
+  EXPECT_NE(two_bw.losses[1], flush.losses[1]);   // the flushing run uses W(1) there
+  EXPECT_NE(two_bw.final_params, flush.final_params);
+  // Two weight versions, never more.
+  EXPECT_EQ(two_bw.memory.peak_of(MemCategory::kParameters),
+            2 * flush.memory.peak_of(MemCategory::kParameters));
+}
+
 // Byte-level tiny Shakespeare: the tiny model (2 layers, hidden 64) reaches a validation loss
 // below 2.5 nats/byte in 400 steps (measured ~2.3; a unigram model sits at ~3.3 and uniform at
 // ln 256 = 5.5), so it has learned real structure of English.
