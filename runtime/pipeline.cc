@@ -48,7 +48,7 @@ void PipelineExecutor::reap_sends(bool wait) {
 // guarantees will happen (the simulator checks it), and waiting for it could deadlock two
 // stages that send to each other while each waits for its own send (large messages use MPI's
 // rendezvous protocol). Receive buffers are filed under the (mb, chunk) that consumes them.
-void PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
+const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
   std::vector<P2POp> recvs;
   std::string what;
   for (const Instr& in : group) {
@@ -86,9 +86,12 @@ void PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stag
         STRATA_CHECK(false, "not a transfer: " << instr_string(in));
     }
   }
-  if (recvs.empty()) return;
+  if (recvs.empty()) return nullptr;
   WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
   pp_.ibatch(recvs).wait();  // the compute after it needs the data
+  for (const Instr& in : group)
+    if (in.op == Op::kRecvActivation || in.op == Op::kRecvGrad) return &in;
+  return nullptr;
 }
 
 void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage) {
@@ -102,7 +105,10 @@ void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage)
       if (in.group >= 0)
         while (j < list.size() && list[j].group == in.group && is_comm(list[j].op))
           group.push_back(list[j++]);
-      post(group, stage);
+      const double start = now_s() - t0;
+      // A receive is a wait for a neighbour: it goes on the timeline (not into compute time).
+      if (const Instr* r = post(group, stage))
+        events_.push_back({r->op, r->mb, r->chunk, start, now_s() - t0});
       i = j;
       reap_sends(false);
       continue;

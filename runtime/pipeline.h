@@ -13,8 +13,9 @@
 // Message tags encode (micro-batch, receiving chunk, direction), so a message can only match
 // the receive it is meant for.
 //
-// Every compute instruction is timed: events() gives the timeline of the last run() (for the
-// Chrome trace) and compute_s() its busy time (for the measured bubble).
+// Every compute instruction and every receive wait is timed: events() gives the timeline of the
+// last run() (for the Chrome trace) and compute_s() the busy time of the compute (for the
+// measured bubble).
 //
 // Thread-safety: one executor per rank, driven from the training thread.
 #pragma once
@@ -72,7 +73,8 @@ class PipelineExecutor {
  private:
   using Key = std::pair<int, int>;  // (mb, chunk)
   int tag(int mb, int chunk, bool grad) const;
-  void post(const std::vector<Instr>& group, PipelineStage& stage);
+  // Returns the group's first receive (the wait to draw on the timeline), or nullptr.
+  const Instr* post(const std::vector<Instr>& group, PipelineStage& stage);
   void reap_sends(bool wait);
 
   Communicator& pp_;

@@ -7,6 +7,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -158,6 +162,38 @@ TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
       tally.expect_clean(name.c_str());
     }
   }
+}
+
+// log.trace: one Chrome trace for the job, a track per rank with its forwards, backwards,
+// gradient reduction and optimizer steps, loadable as JSON (Perfetto / chrome://tracing).
+TEST(Pipeline, TraceHasATrackPerRank) {
+  const std::string path = "/tmp/strata_trace_test_" + std::to_string(world().size) + ".json";
+  run({"parallel.pipeline=2", "train.iterations=2", "log.trace=" + path});
+  mpitest::Tally t;
+  int64_t bad = 0;
+  if (world().rank == 0) {
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    std::set<int> tracks;
+    std::set<std::string> kinds;
+    for (const auto& e : j.at("traceEvents")) {
+      tracks.insert(e.at("tid").get<int>());
+      kinds.insert(e.at("cat").get<std::string>());
+      bad += e.at("ph") != "X" || e.at("dur").get<double>() < 0;
+    }
+    bad += static_cast<int64_t>(tracks.size()) != world().size;
+    for (const char* k : {"forward", "backward", "recv-activation", "recv-grad", "reduce-grads",
+                          "optimizer-step"})
+      if (!kinds.count(k)) {
+        std::printf("  no %s events in the trace (kinds:", k);
+        for (const auto& x : kinds) std::printf(" %s", x.c_str());
+        std::printf(")\n");
+        ++bad;
+      }
+    std::remove(path.c_str());
+  }
+  t.add("trace", bad);
+  t.expect_clean("chrome trace");
 }
 
 // 5 layers on 2 stages (3 + 2): uneven splits train exactly like the single process.
