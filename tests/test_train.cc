@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -105,6 +106,28 @@ TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {
     EXPECT_NE(std::string(e.what()).find("5 non-finite steps in a row"), std::string::npos)
         << e.what();
   }
+}
+
+// Activation recomputation trades compute for memory: the same losses, a lower activation peak
+// (selective drops the S×S attention probabilities, full keeps only each block's input).
+TEST(Train, RecomputeKeepsLossesAndLowersActivationPeak) {
+  auto run = [](const char* mode) {
+    return run_training(tiny({"train.iterations=3", "model.num_layers=4",
+                              std::string("train.recompute=") + mode}),
+                        quiet());
+  };
+  const TrainResult none = run("none"), selective = run("selective"), full = run("full");
+  for (size_t i = 0; i < none.losses.size(); ++i) {
+    EXPECT_NEAR(selective.losses[i], none.losses[i], 1e-6 * none.losses[i]);
+    EXPECT_NEAR(full.losses[i], none.losses[i], 1e-6 * none.losses[i]);
+  }
+  const int64_t a = none.memory.peak_of(MemCategory::kActivations);
+  const int64_t b = selective.memory.peak_of(MemCategory::kActivations);
+  const int64_t c = full.memory.peak_of(MemCategory::kActivations);
+  std::printf("activation peak: none %lld B, selective %lld B, full %lld B\n",
+              static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c));
+  EXPECT_LT(b, a);
+  EXPECT_LT(c, b);
 }
 
 // PipeDream-2BW's update rule in one process (DESIGN.md): batch j runs on W(max(j−1, 0)), so
