@@ -84,10 +84,6 @@ TrainResult run_layout(const Layout& l) {
                       ctx);
 }
 
-bool close(double got, double want, double rel) {
-  return std::fabs(got - want) <= rel * std::max(std::fabs(want), 1e-6);
-}
-
 TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
   const TrainResult& ref = reference();
   const Config ref_cfg = make_config({});
@@ -96,10 +92,10 @@ TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
     const TrainResult r = run_layout(l);
     mpitest::Tally losses, norms, params;
     int64_t bad = 0;
-    for (int i = 0; i < kIters; ++i) bad += !close(r.losses[i], ref.losses[i], 1e-5);
+    for (int i = 0; i < kIters; ++i) bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
     losses.add(l.name() + " losses", bad);
     bad = 0;
-    for (int i = 0; i < kIters; ++i) bad += !close(r.grad_norms[i], ref.grad_norms[i], 1e-5);
+    for (int i = 0; i < kIters; ++i) bad += !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], 1e-5);
     norms.add(l.name() + " grad norms", bad);
     // This rank's shard of every parameter, cut from the reference by global index.
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
@@ -201,17 +197,4 @@ TEST(Parallel, BucketReductionsOverlapTheBackwardPass) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) {
-  const strata::World w = strata::init_world(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  strata::mpitest::print_on_rank0_only(w.rank);
-  int rc = 0;
-  {
-    auto verdict = strata::make_world_communicator(
-        w.size > 1 ? strata::CommBackend::kMPI : strata::CommBackend::kLocal, 60);
-    strata::mpitest::verdict_comm() = verdict.get();
-    rc = RUN_ALL_TESTS();
-  }
-  strata::finalize_world();
-  return rc;
-}
+int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }

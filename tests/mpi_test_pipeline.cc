@@ -88,10 +88,6 @@ std::vector<Case> cases(int world) {
   return v;
 }
 
-bool close(double got, double want, double rel) {
-  return std::fabs(got - want) <= rel * std::max(std::fabs(want), 1e-6);
-}
-
 TEST(Pipeline, EveryScheduleReproducesTheSingleProcessRun) {
   const TrainResult ref = solo({});
   for (const Case& c : cases(world().size)) {
@@ -99,8 +95,8 @@ TEST(Pipeline, EveryScheduleReproducesTheSingleProcessRun) {
     mpitest::Tally losses, norms;
     int64_t bad_l = 0, bad_n = 0;
     for (int i = 0; i < kIters; ++i) {
-      bad_l += !close(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
-      bad_n += !close(r.grad_norms[static_cast<size_t>(i)], ref.grad_norms[static_cast<size_t>(i)],
+      bad_l += !mpitest::close_rel(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
+      bad_n += !mpitest::close_rel(r.grad_norms[static_cast<size_t>(i)], ref.grad_norms[static_cast<size_t>(i)],
                       1e-5);
     }
     losses.add(c.name() + " losses", bad_l);
@@ -132,7 +128,7 @@ TEST(Pipeline, LargeActivationsDoNotDeadlock) {
   const TrainResult r = run(sets);
   mpitest::Tally t;
   int64_t bad = 0;
-  for (size_t i = 0; i < ref.losses.size(); ++i) bad += !close(r.losses[i], ref.losses[i], 1e-5);
+  for (size_t i = 0; i < ref.losses.size(); ++i) bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
   t.add("large activations losses", bad);
   t.expect_clean("128 KiB activations");
 }
@@ -151,8 +147,8 @@ TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
       mpitest::Tally tally;
       int64_t bad = 0;
       for (size_t i = 0; i < ref.losses.size(); ++i)
-        bad += !close(r.losses[i], ref.losses[i], 1e-5) +
-               !close(r.grad_norms[i], ref.grad_norms[i], 1e-5);
+        bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5) +
+               !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], 1e-5);
       const std::string name = "2bw p" + std::to_string(p) + " t" + std::to_string(t) + " d" +
                                std::to_string(rest / t);
       tally.add(name, bad);
@@ -205,7 +201,7 @@ TEST(Pipeline, UnevenSplitTrainsCorrectly) {
   mpitest::Tally t;
   int64_t bad = 0;
   for (int i = 0; i < kIters; ++i)
-    bad += !close(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
+    bad += !mpitest::close_rel(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
   t.add("uneven split losses", bad);
   t.expect_clean("5 layers as 3 + 2");
 }
@@ -245,17 +241,4 @@ TEST(Pipeline, StageActivationsFollowTheSchedule) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) {
-  const strata::World w = strata::init_world(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  strata::mpitest::print_on_rank0_only(w.rank);
-  int rc = 0;
-  {
-    auto verdict = strata::make_world_communicator(
-        w.size > 1 ? strata::CommBackend::kMPI : strata::CommBackend::kLocal, 60);
-    strata::mpitest::verdict_comm() = verdict.get();
-    rc = RUN_ALL_TESTS();
-  }
-  strata::finalize_world();
-  return rc;
-}
+int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }

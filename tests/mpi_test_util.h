@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -140,6 +141,27 @@ struct Tally {
                         << (first_bad.empty() ? "none" : first_bad);
   }
 };
+
+// |got − want| within rel of |want| (1e-6 floor), for the equivalence tests' losses and norms.
+inline bool close_rel(double got, double want, double rel) {
+  return std::fabs(got - want) <= rel * std::max(std::fabs(want), 1e-6);
+}
+
+// main() of a multi-rank gtest binary: the world, a verdict communicator, results from rank 0.
+inline int run_all_tests(int argc, char** argv) {
+  const World w = init_world(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  print_on_rank0_only(w.rank);
+  int rc = 0;
+  {
+    auto verdict =
+        make_world_communicator(w.size > 1 ? CommBackend::kMPI : CommBackend::kLocal, 60);
+    verdict_comm() = verdict.get();
+    rc = RUN_ALL_TESTS();
+  }
+  finalize_world();
+  return rc;
+}
 
 }  // namespace mpitest
 }  // namespace strata

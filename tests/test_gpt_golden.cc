@@ -74,6 +74,18 @@ void split_tokens(const std::vector<int32_t>& tok, int B, int S, Tensor& in, Ten
     }
 }
 
+// The fixture's first batch as inputs and targets (B, S) on the backend.
+struct FixtureBatch {
+  Tensor in, tg;
+};
+FixtureBatch fixture_batch(Backend& be, const Golden& g) {
+  const int B = g.B, S = g.dims.S;
+  FixtureBatch b{be.empty({B, S}, MemCategory::kActivations, DType::kI32),
+                 be.empty({B, S}, MemCategory::kActivations, DType::kI32)};
+  split_tokens(g.f.at("tokens", kFixture).as_i32(), B, S, b.in, b.tg);
+  return b;
+}
+
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
@@ -156,26 +168,29 @@ INSTANTIATE_TEST_SUITE_P(MicroBatch, GptGoldenGrad, ::testing::Values(4, 2, 1));
 // PyTorch, and the loss is unchanged.
 class GptGoldenRecompute : public ::testing::TestWithParam<Recompute> {};
 
+// Mismatches of every parameter gradient against the fixture's autograd gradients.
+int compare_grads(GptModel& model, const Golden& g) {
+  int bad = 0;
+  for (const ParamInfo& p : model.param_infos())
+    bad += compare("grad." + p.name, model.grads().f32() + p.offset,
+                   g.f.at("grad." + p.name, kFixture).as_f32(), 1e-4);
+  return bad;
+}
+
 TEST_P(GptGoldenRecompute, GradientsMatchAutograd) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
   GptModel model(g.dims, *be, 1, nullptr, {}, GetParam());
   load_weights(model, g);
-  const int B = g.B, S = g.dims.S;
-  Tensor in = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-  Tensor tg = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-  split_tokens(g.f.at("tokens", kFixture).as_i32(), B, S, in, tg);
+  const FixtureBatch b = fixture_batch(*be, g);
+  const int tokens = g.B * g.dims.S;
   model.zero_grads();
   double s = 0;
-  auto acts = model.forward(in, tg, &s);
-  model.backward(*acts, 1.0f / static_cast<float>(B * S));
+  auto acts = model.forward(b.in, b.tg, &s);
+  model.backward(*acts, 1.0f / static_cast<float>(tokens));
   const double want_loss = g.f.at("loss", kFixture).as_f32()[0];
-  EXPECT_NEAR(s / (B * S), want_loss, 1e-5 * want_loss);
-  int bad = 0;
-  for (const ParamInfo& p : model.param_infos())
-    bad += compare("grad." + p.name, model.grads().f32() + p.offset,
-                   g.f.at("grad." + p.name, kFixture).as_f32(), 1e-4);
-  EXPECT_EQ(bad, 0);
+  EXPECT_NEAR(s / tokens, want_loss, 1e-5 * want_loss);
+  EXPECT_EQ(compare_grads(model, g), 0);
 }
 
 // The zero-bubble split: input gradients in the B pass, matrix weight gradients deferred to the W
@@ -185,23 +200,16 @@ TEST(GptGolden, DeferredWeightGradientsMatchAutograd) {
   auto be = make_backend("cpu", 1);
   GptModel model(g.dims, *be, 1);
   load_weights(model, g);
-  const int B = g.B, S = g.dims.S;
-  Tensor in = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-  Tensor tg = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-  split_tokens(g.f.at("tokens", kFixture).as_i32(), B, S, in, tg);
+  const FixtureBatch b = fixture_batch(*be, g);
   model.zero_grads();
   double s = 0;
-  auto acts = model.forward(in, tg, &s);
-  model.backward_piece(*acts, Tensor(), 1.0f / static_cast<float>(B * S), true, true);
+  auto acts = model.forward(b.in, b.tg, &s);
+  model.backward_piece(*acts, Tensor(), 1.0f / static_cast<float>(g.B * g.dims.S), true, true);
   // After B alone the matrices have no gradient yet; LayerNorms already do.
   EXPECT_EQ(be->sum_squares(model.grad("h.0.mlp.c_fc.weight")), 0.0);
   EXPECT_GT(be->sum_squares(model.grad("h.0.ln_1.weight")), 0.0);
   model.backward_weight_piece(*acts, true);
-  int bad = 0;
-  for (const ParamInfo& p : model.param_infos())
-    bad += compare("grad." + p.name, model.grads().f32() + p.offset,
-                   g.f.at("grad." + p.name, kFixture).as_f32(), 1e-4);
-  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(compare_grads(model, g), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recompute, GptGoldenRecompute,
