@@ -3,10 +3,14 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "launch/cmd_plan.h"
 #include "launch/cmd_schedule.h"
 #include "launch/config_parse.h"
 #include "launch/trainer.h"
@@ -27,6 +31,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train     train a model from a JSON config (strata train --help)\n"
+    "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
     "\n"
     "options:\n"
@@ -34,7 +39,8 @@ const char* kUsage =
     "  --version  version and the compiled-in backends\n";
 
 const char* kTrainUsage =
-    "usage: strata train --config FILE [--set section.key=value ...] [--dry-run]\n"
+    "usage: strata train --config FILE [--set section.key=value ...] [--plan PLAN.json]\n"
+    "                    [--dry-run [--cluster FILE|PRESET]]\n"
     "\n"
     "Trains the model of FILE (keys: ../shared/DESIGN.md, docs/config.md).\n"
     "\n"
@@ -42,8 +48,12 @@ const char* kTrainUsage =
     "  --config FILE        the JSON config; unknown keys are errors\n"
     "  --set KEY=VALUE      override a key, e.g. --set train.iterations=50 (VALUE parsed as\n"
     "                       JSON, else taken as a string); repeatable\n"
-    "  --dry-run            print the model size, FLOPs per iteration and predicted memory per\n"
-    "                       category, then exit without training\n"
+    "  --plan PLAN.json     run a plan written by `strata plan --json` (its first plan sets\n"
+    "                       parallel.*, micro-batch, recompute and global batch)\n"
+    "  --dry-run            print the model size, FLOPs per iteration, predicted memory per\n"
+    "                       category and the rank table, then exit without training\n"
+    "  --cluster C          with --dry-run: also print the planner's prediction of this config\n"
+    "                       on cluster C (a preset of configs/clusters or a JSON file)\n"
     "  --help               this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure\n";
@@ -53,7 +63,7 @@ const char* kTrainUsage =
 }
 
 int cmd_train(const std::vector<std::string>& args) {
-  std::string config_path;
+  std::string config_path, plan_path, cluster;
   std::vector<std::string> sets;
   bool dry_run = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -75,15 +85,36 @@ int cmd_train(const std::vector<std::string>& args) {
       sets.push_back(a.substr(6));
     } else if (a == "--dry-run") {
       dry_run = true;
+    } else if (a == "--plan") {
+      plan_path = value("--plan");
+    } else if (a == "--cluster") {
+      cluster = value("--cluster");
     } else {
-      usage_error(a, "an option of strata train (--config, --set, --dry-run, --help)");
+      usage_error(a, "an option of strata train (--config, --set, --plan, --dry-run, --cluster, "
+                     "--help)");
     }
   }
   if (config_path.empty()) usage_error("--config", "a config file: strata train --config FILE");
-  const Config cfg = load_config(config_path, sets);
+  Config cfg = load_config(config_path, sets);
+  if (!plan_path.empty()) {
+    std::ifstream in(plan_path);
+    if (!in) throw InputError(plan_path, "", "a readable plan file (strata plan --json)");
+    nlohmann::json plan;
+    try {
+      plan = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw InputError(plan_path, "byte " + std::to_string(e.byte), "valid JSON");
+    }
+    cfg = apply_plan(cfg, plan, plan_path);
+  }
   RunContext ctx;
   if (dry_run) {
     print_dry_run(cfg, ctx, std::cout);
+    if (!cluster.empty() && world().rank == 0) {
+      const Cluster c = load_cluster(cluster, configs_dir());
+      std::cout << "planner prediction on " << cluster << ":\n"
+                << predict_for_config(cfg, world().size, c).dump(2) << "\n";
+    }
     return 0;
   }
   run_training(cfg, ctx);
@@ -108,7 +139,8 @@ int dispatch(int argc, char** argv) {
   }
   if (cmd == "train") return cmd_train(args);
   if (cmd == "schedule") return cmd_schedule(args);
-  usage_error(cmd, "a command: train or schedule (see strata --help)");
+  if (cmd == "plan") return cmd_plan(args);
+  usage_error(cmd, "a command: train, plan or schedule (see strata --help)");
 }
 
 }  // namespace

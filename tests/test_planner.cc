@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <tuple>
 
 #include "launch/cmd_plan.h"
@@ -100,13 +101,14 @@ TEST(PlannerSearch, NeverReturnsAPlanOverMemory) {
 
 // A model far smaller than a GPU on one NVLink node: no reason to split it (tensor and
 // pipeline parallelism only add communication and bubble), nothing to recompute, and the
-// largest micro-batch keeps the GEMMs biggest.
+// largest micro-batch keeps the GEMMs biggest (synchronous 1F1B, as Megatron runs it).
 TEST(PlannerSearch, HandCheckableSmallCase) {
   const Config cfg = load_config("", {"model.preset=gpt2-124m"});
   PlanRequest req;
   req.model = model_spec(cfg.model);
   req.cluster = h100(1);
   req.global_batch_size = 64;
+  req.fixes.schedule = ScheduleKind::kOneFOneB;
   const PlanOutput out = search_plans(req);
   ASSERT_FALSE(out.plans.empty());
   const PlanConfig& c = out.plans.front().config;
@@ -202,6 +204,23 @@ TEST(PlannerPlan, ApplyPlanSetsTheLayout) {
     EXPECT_EQ(e.file(), "plan.json");
     EXPECT_EQ(e.where(), "plans[0].tensor");
   }
+}
+
+TEST(PlannerPlan, CommandWritesThePlanSchema) {
+  const std::string out = ::testing::TempDir() + "/plan.json";
+  ASSERT_EQ(cmd_plan({"--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--global-batch-size",
+                      "64", "--top", "2", "--json", out, "--fix", "pipeline=2"}),
+            0);
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_FALSE(j["plans"].empty());
+  const nlohmann::json& p = j["plans"][0];
+  EXPECT_EQ(p["pipeline"], 2);
+  for (const char* k : {"iteration_s", "tflops_per_gpu", "mfu", "bubble_fraction"}) {
+    EXPECT_TRUE(p["predicted"].contains(k)) << k;
+  }
+  EXPECT_TRUE(p["predicted"]["memory_bytes_per_gpu"].contains("total"));
+  EXPECT_TRUE(j.contains("rejected"));
 }
 
 TEST(PlannerCluster, BadClusterJsonNamesThePath) {

@@ -1,0 +1,403 @@
+#include "launch/cmd_plan.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "launch/config_parse.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/planner.h"
+#include "runtime/error.h"
+#include "schedules/simulator.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+const char* kPlanUsage =
+    "usage: strata plan --model FILE|PRESET --cluster FILE|PRESET --global-batch-size B\n"
+    "                   [--nodes N] [--fix k=v,...] [--top K] [--json OUT] [--trace OUT]\n"
+    "                   [--seq-len S] [--precision bf16|fp32] [--profile PROFILE.json]\n"
+    "\n"
+    "Searches tensor, pipeline and data parallel sizes, virtual stages, micro-batch size,\n"
+    "schedule, recomputation, sequence parallelism and the distributed optimizer for the\n"
+    "fastest layout that fits in memory; prints the best plans, then the chosen plan's\n"
+    "per-stage layers and memory. Cost and memory model: docs/planner.md.\n"
+    "\n"
+    "options:\n"
+    "  --model M              a preset (gpt2-124m, gpt3-175b, ...), a JSON model object, or\n"
+    "                         a whole config (its model section is used)\n"
+    "  --cluster C            a preset (dgx-a100-80gb, dgx-h100, p3.16xlarge) or a JSON file\n"
+    "  --global-batch-size B  sequences per iteration\n"
+    "  --nodes N              override the cluster's node count\n"
+    "  --fix k=v,...          pin plan fields: tensor, pipeline, data, virtual_stages,\n"
+    "                         micro_batch_size, schedule, recompute, sequence_parallel,\n"
+    "                         distributed_optimizer; the rest is searched\n"
+    "  --top K                plans to print (default 5)\n"
+    "  --json OUT             write the plans and the rejected families as JSON\n"
+    "  --trace OUT            write the chosen plan's simulated timeline as a Chrome trace\n"
+    "  --seq-len S            override the model's sequence length\n"
+    "  --precision P          bf16 (default) or fp32\n"
+    "  --profile FILE         measured per-layer times (strata profile) instead of the\n"
+    "                         analytical compute model\n"
+    "  --help                 this text\n"
+    "\n"
+    "exit status: 0 done (also when nothing fits: the reasons are printed), 2 bad input\n";
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected);
+}
+
+int positive(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long x = std::stol(v, &used);
+    if (used == v.size() && x >= 1 && x <= (1L << 30)) return static_cast<int>(x);
+  } catch (const std::exception&) {
+  }
+  bad_flag(flag, "a positive integer, got '" + v + "'");
+}
+
+// --model: a file (a model object or a whole config), else a preset name.
+Config model_config(const std::string& model, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model, ec)) {
+    std::ifstream in(model);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json j;
+    try {
+      j = json::parse(ss.str());
+    } catch (const json::parse_error& e) {
+      throw InputError(model, "byte " + std::to_string(e.byte), "valid JSON");
+    }
+    if (!j.is_object()) throw InputError(model, "", "a JSON object (a model or a config)");
+    if (j.contains("model")) return load_config(model, sets);
+    return config_from_json(json{{"model", j}}, model, sets);
+  }
+  return config_from_json(json{{"model", {{"preset", model}}}}, "<command line>", sets);
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os) {
+  char buf[256];
+  os << "model: " << req.model.name << " (" << model_parameters(req.model) / 1e9 << "B parameters, "
+     << req.model.num_layers << " layers, hidden " << req.model.hidden_size << ", seq "
+     << req.model.seq_len << ", vocab " << req.model.vocab_size << ")\n";
+  os << "cluster: " << req.cluster.name << ", " << req.cluster.nodes << " × "
+     << req.cluster.gpus_per_node << " GPUs, " << gib(req.cluster.memory_bytes) << " each, "
+     << req.precision << " peak " << req.cluster.peak(req.precision) / 1e12 << " TFLOP/s\n";
+  const double mf = model_flops(req.model, req.global_batch_size);
+  os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << mf
+     << " (hardware FLOPs add the recomputed forward passes)\n";
+  os << "searched " << out.candidates << " configurations in " << out.search_s * 1e3 << " ms\n\n";
+  if (out.plans.empty()) {
+    os << "no plan fits; reasons by family (tensor, pipeline, schedule):\n";
+  } else {
+    std::snprintf(buf, sizeof buf, "%-3s %3s %3s %5s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n",
+                  "#", "t", "p", "d", "v", "b", "m", "schedule", "recompute", "sp", "dopt",
+                  "iter_s", "TFLOP/s", "MFU", "peak_mem", "bubble");
+    os << buf;
+    int i = 0;
+    for (const PlanResult& r : out.plans) {
+      const PlanConfig& c = r.config;
+      std::snprintf(buf, sizeof buf,
+                    "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
+                    ++i, c.tensor, c.pipeline, c.data, c.virtual_stages, c.micro_batch_size,
+                    c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
+                    c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n",
+                    r.time.iteration_s, r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(),
+                    r.time.bubble_fraction * 100);
+      os << buf;
+    }
+    const PlanResult& best = out.plans.front();
+    os << "\nchosen plan: " << best.placement << "\n";
+    os << "  time: iteration " << best.time.iteration_s << " s (pipeline " << best.time.pipeline_s
+       << " s incl. bubble " << best.time.bubble_fraction * 100 << "%, exposed TP "
+       << best.time.tp_exposed_s << " s, exposed DP " << best.time.dp_exposed_s
+       << " s, optimizer " << best.time.optimizer_s << " s)\n";
+    std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage", "layers",
+                  "parameters", "gradients", "optimizer", "activations", "buffers", "total");
+    os << buf;
+    const PlanConfig& c = best.config;
+    for (int s = 0; s < c.pipeline; ++s) {
+      std::string layers;
+      for (int ch = 0; ch < c.virtual_stages; ++ch) {
+        layers += (ch ? "+" : "") +
+                  std::to_string(c.layers_per_piece[static_cast<size_t>(ch * c.pipeline + s)]);
+      }
+      if (s == 0) layers += " +emb";
+      if (s == c.pipeline - 1) layers += " +head";
+      const MemoryBreakdown& m = best.memory[static_cast<size_t>(s)];
+      std::snprintf(buf, sizeof buf, "  %-5d %-14s %11s %11s %11s %11s %11s %11s\n", s,
+                    layers.c_str(), gib(m.parameters).c_str(), gib(m.gradients).c_str(),
+                    gib(m.optimizer).c_str(), gib(m.activations).c_str(), gib(m.buffers).c_str(),
+                    gib(m.total()).c_str());
+      os << buf;
+    }
+    os << "\nrejected families (tensor, pipeline, schedule):\n";
+  }
+  for (const Rejection& r : out.rejected) {
+    if (!r.config.contains("micro_batch_size")) {
+      os << "  t=" << r.config["tensor"] << " p=" << r.config["pipeline"] << " "
+         << r.config["schedule"].get<std::string>() << ": " << r.reason << "\n";
+    }
+  }
+}
+
+MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par,
+                             int threads) {
+  MemoryOptions o;
+  o.precision = precision;
+  if (precision == "fp32") {
+    // The CPU runtime: unfused attention keeps the probabilities; per-thread scratch.
+    o.flash_attention = false;
+    o.cpu_threads = threads;
+  } else {
+    o.flash_attention = true;
+    o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
+  }
+  if (par != nullptr) o.bucket_mb = par->bucket_mb;
+  return o;
+}
+
+}  // namespace
+
+ModelSpec model_spec(const ModelConfig& m) {
+  ModelSpec s;
+  s.name = m.preset.empty() ? "custom" : m.preset;
+  s.num_layers = m.num_layers;
+  s.hidden_size = m.hidden_size;
+  s.num_heads = m.num_heads;
+  s.ffn_hidden_size = m.ffn_hidden_size;
+  s.seq_len = m.seq_len;
+  s.vocab_size = m.vocab_size;
+  s.tie_embeddings = m.tie_embeddings;
+  return s;
+}
+
+int cmd_plan(const std::vector<std::string>& args) {
+  std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
+  int batch = 0, nodes = 0, top = 5, seq = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag, std::string* out) {
+      const std::string f = flag;
+      if (a == f) {
+        if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
+        *out = args[++i];
+        return true;
+      }
+      if (a.rfind(f + "=", 0) == 0) {
+        *out = a.substr(f.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    std::string v;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kPlanUsage, stdout);
+      return 0;
+    } else if (value("--model", &v)) {
+      model = v;
+    } else if (value("--cluster", &v)) {
+      cluster_name = v;
+    } else if (value("--global-batch-size", &v)) {
+      batch = positive("--global-batch-size", v);
+    } else if (value("--nodes", &v)) {
+      nodes = positive("--nodes", v);
+    } else if (value("--fix", &v)) {
+      fix += (fix.empty() ? "" : ",") + v;
+    } else if (value("--top", &v)) {
+      top = positive("--top", v);
+    } else if (value("--json", &v)) {
+      json_out = v;
+    } else if (value("--trace", &v)) {
+      trace_out = v;
+    } else if (value("--seq-len", &v)) {
+      seq = positive("--seq-len", v);
+    } else if (value("--precision", &v)) {
+      if (v != "bf16" && v != "fp32") bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
+      precision = v;
+    } else if (value("--profile", &v)) {
+      profile_path = v;
+    } else {
+      bad_flag(a, "an option of strata plan (see strata plan --help)");
+    }
+  }
+  if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
+  if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
+  if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
+
+  std::vector<std::string> sets;
+  if (seq > 0) sets.push_back("model.seq_len=" + std::to_string(seq));
+  const Config cfg = model_config(model, sets);
+  PlanRequest req;
+  req.model = model_spec(cfg.model);
+  if (!std::filesystem::is_regular_file(model)) req.model.name = model;
+  req.cluster = load_cluster(cluster_name, configs_dir());
+  if (nodes > 0) req.cluster.nodes = nodes;
+  req.global_batch_size = batch;
+  req.precision = precision;
+  req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
+  req.fixes = parse_fixes(fix);
+  req.top_k = top;
+  req.memory = memory_options(precision, nullptr, 1);
+  Profile profile;
+  if (!profile_path.empty()) {
+    profile = load_profile(profile_path);
+    req.profile = &profile;
+  }
+  const PlanOutput out = search_plans(req);
+  print_table(req, out, std::cout);
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << plan_output_json(req, out).dump(2) << "\n";
+    if (!f) throw InputError("<command line>", "--json", "a writable path, got " + json_out);
+  }
+  if (!trace_out.empty()) {
+    if (out.plans.empty()) bad_flag("--trace", "a plan to trace, but no plan fits");
+    CostContext ctx{&req.model, &req.cluster, req.precision, req.profile, req.params};
+    const IterationTime it = iteration_time(ctx, out.plans.front().config, true);
+    std::ofstream f(trace_out);
+    f << chrome_trace_json(it.sim, 1e6) << "\n";
+    if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
+  }
+  return 0;
+}
+
+json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster_in) {
+  PlanRequest req;
+  req.model = model_spec(cfg.model);
+  req.cluster = cluster_in;
+  // The prediction is for this job's ranks, whatever size the cluster description has.
+  if (world_size % req.cluster.gpus_per_node == 0) {
+    req.cluster.nodes = world_size / req.cluster.gpus_per_node;
+  } else {
+    req.cluster.nodes = 1;
+    req.cluster.gpus_per_node = world_size;
+  }
+  req.global_batch_size = cfg.train.global_batch_size;
+  req.precision = cfg.train.precision;
+  req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1));
+  PlanConfig c;
+  c.tensor = cfg.parallel.tensor;
+  c.pipeline = cfg.parallel.pipeline;
+  c.data = cfg.parallel.data.value_or(world_size / (c.tensor * c.pipeline));
+  c.virtual_stages = cfg.parallel.virtual_stages;
+  c.micro_batch_size = cfg.train.micro_batch_size;
+  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
+    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
+  }
+  if (!parse_recompute_kind(cfg.train.recompute, &c.recompute)) {
+    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
+  }
+  c.sequence_parallel = cfg.parallel.sequence_parallel;
+  c.distributed_optimizer = cfg.parallel.distributed_optimizer;
+  if (cfg.parallel.layers_per_stage) c.layers_per_piece = *cfg.parallel.layers_per_stage;
+  const PlanResult r = evaluate_plan(req, c);
+  json j = plan_result_json(r);
+  j["model_flops"] = model_flops(req.model, req.global_batch_size);
+  j["hardware_flops"] = hardware_flops(req.model, req.global_batch_size, c.recompute);
+  return j;
+}
+
+Config apply_plan(const Config& cfg, const json& plan_in, const std::string& file) {
+  std::string prefix;
+  const json* plan = &plan_in;
+  if (plan_in.is_object() && plan_in.contains("plans")) {
+    if (!plan_in["plans"].is_array() || plan_in["plans"].empty()) {
+      throw InputError(file, "plans", "a non-empty array of plans (no plan fitted?)");
+    }
+    plan = &plan_in["plans"][0];
+    prefix = "plans[0].";
+  }
+  if (!plan->is_object()) throw InputError(file, prefix.empty() ? "" : "plans[0]", "a plan object");
+  auto need_int = [&](const char* key) {
+    if (!plan->contains(key) || !(*plan)[key].is_number_integer() || (*plan)[key].get<int64_t>() < 1) {
+      throw InputError(file, prefix + key, "a positive integer");
+    }
+    return (*plan)[key].get<int>();
+  };
+  auto need_str = [&](const char* key) {
+    if (!plan->contains(key) || !(*plan)[key].is_string()) throw InputError(file, prefix + key, "a string");
+    return (*plan)[key].get<std::string>();
+  };
+  auto need_bool = [&](const char* key) {
+    if (!plan->contains(key) || !(*plan)[key].is_boolean()) throw InputError(file, prefix + key, "true or false");
+    return (*plan)[key].get<bool>();
+  };
+  Config out = cfg;
+  ParallelConfig& p = out.parallel;
+  p.tensor = need_int("tensor");
+  p.pipeline = need_int("pipeline");
+  p.data = need_int("data");
+  p.virtual_stages = need_int("virtual_stages");
+  p.schedule = need_str("schedule");
+  ScheduleKind k;
+  if (!parse_schedule_kind(p.schedule, &k)) {
+    throw InputError(file, prefix + "schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1");
+  }
+  p.sequence_parallel = need_bool("sequence_parallel");
+  p.distributed_optimizer = need_bool("distributed_optimizer");
+  out.train.micro_batch_size = need_int("micro_batch_size");
+  out.train.recompute = need_str("recompute");
+  RecomputeKind rk;
+  if (!parse_recompute_kind(out.train.recompute, &rk)) {
+    throw InputError(file, prefix + "recompute", "none, selective or full");
+  }
+  if (plan->contains("num_microbatches")) {
+    out.train.global_batch_size = need_int("num_microbatches") * out.train.micro_batch_size * *p.data;
+  }
+  p.layers_per_stage.reset();
+  if (plan->contains("layers_per_stage") && !(*plan)["layers_per_stage"].is_null()) {
+    const json& l = (*plan)["layers_per_stage"];
+    const std::string w = prefix + "layers_per_stage";
+    if (!l.is_array() || static_cast<int>(l.size()) != p.pipeline) {
+      throw InputError(file, w, "an array of " + std::to_string(p.pipeline) + " stages");
+    }
+    std::vector<int> pieces(static_cast<size_t>(p.pipeline * p.virtual_stages), 0);
+    for (int s = 0; s < p.pipeline; ++s) {
+      const json& row = l[static_cast<size_t>(s)];
+      if (!row.is_array() || static_cast<int>(row.size()) != p.virtual_stages) {
+        throw InputError(file, w + "[" + std::to_string(s) + "]",
+                         "an array of " + std::to_string(p.virtual_stages) + " layer counts");
+      }
+      for (int ch = 0; ch < p.virtual_stages; ++ch) {
+        const json& n = row[static_cast<size_t>(ch)];
+        if (!n.is_number_integer() || n.get<int>() < 1) {
+          throw InputError(file, w + "[" + std::to_string(s) + "][" + std::to_string(ch) + "]",
+                           "a positive layer count");
+        }
+        pieces[static_cast<size_t>(ch * p.pipeline + s)] = n.get<int>();
+      }
+    }
+    p.layers_per_stage = pieces;
+  }
+  // Keep the resolved JSON in step so what is printed or saved is what runs.
+  json& r = out.resolved;
+  if (r.is_object()) {
+    r["parallel"]["tensor"] = p.tensor;
+    r["parallel"]["pipeline"] = p.pipeline;
+    r["parallel"]["data"] = *p.data;
+    r["parallel"]["virtual_stages"] = p.virtual_stages;
+    r["parallel"]["schedule"] = p.schedule;
+    r["parallel"]["sequence_parallel"] = p.sequence_parallel;
+    r["parallel"]["distributed_optimizer"] = p.distributed_optimizer;
+    r["parallel"]["layers_per_stage"] = p.layers_per_stage ? json(*p.layers_per_stage) : json(nullptr);
+    r["train"]["micro_batch_size"] = out.train.micro_batch_size;
+    r["train"]["recompute"] = out.train.recompute;
+    r["train"]["global_batch_size"] = out.train.global_batch_size;
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,44 @@
+// cmd_plan.h — `strata plan`: search the parallel layouts of a model on a cluster and print
+// the best plans with their predicted time and memory (partitioner/planner.h).
+//
+//   strata plan --model FILE|PRESET --cluster FILE|PRESET --global-batch-size B [--nodes N]
+//               [--fix k=v,...] [--top K] [--json OUT] [--trace OUT] [--seq-len S]
+//               [--precision bf16|fp32] [--profile PROFILE.json] [--help]
+//
+// Also the two hooks the trainer uses: the prediction `strata train --dry-run` prints for its
+// own config, and applying a plan file to a config (`strata train --plan plan.json`).
+//
+// Thread-safety: one call at a time (writes stdout and files).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "partitioner/cluster.h"
+#include "partitioner/memory_model.h"
+#include "runtime/config.h"
+
+namespace strata {
+
+// Runs the command on its arguments (those after "plan"); returns the exit status. Throws
+// InputError for bad arguments or files.
+int cmd_plan(const std::vector<std::string>& args);
+
+// The planner's model of a config's model section.
+ModelSpec model_spec(const ModelConfig& m);
+
+// The planner's prediction for cfg as it stands on `world_size` ranks of `cluster` (a plan
+// entry of DESIGN.md's schema plus "model_flops" and "hardware_flops" per iteration). fp32
+// predicts the CPU runtime (attention probabilities kept, attention scratch per thread).
+// Throws InputError when the layout does not fit the world size.
+nlohmann::json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster);
+
+// cfg with parallel.* and train.micro_batch_size / recompute / global_batch_size taken from
+// `plan`: a plan entry, or a whole `strata plan --json` document (its first plan). `plan_file`
+// names the file in errors: InputError(plan_file, "plans[0].tensor", ...) when malformed.
+Config apply_plan(const Config& cfg, const nlohmann::json& plan,
+                  const std::string& plan_file = "<plan>");
+
+}  // namespace strata

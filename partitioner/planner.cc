@@ -1,0 +1,594 @@
+#include "partitioner/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "runtime/error.h"
+
+namespace strata {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string fmt(double x, int prec = 1) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(prec);
+  os << x;
+  return os.str();
+}
+
+int to_int(const std::string& key, const std::string& v) {
+  try {
+    size_t used = 0;
+    const int x = std::stoi(v, &used);
+    if (used == v.size() && x >= 1) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError("<command line>", "--fix " + key, "a positive integer, got '" + v + "'");
+}
+
+bool to_bool(const std::string& key, const std::string& v) {
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  throw InputError("<command line>", "--fix " + key, "true or false, got '" + v + "'");
+}
+
+}  // namespace
+
+PlanFixes parse_fixes(const std::string& text) {
+  PlanFixes f;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw InputError("<command line>", "--fix", "key=value pairs, got '" + item + "'");
+    }
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "tensor") f.tensor = to_int(k, v);
+    else if (k == "pipeline") f.pipeline = to_int(k, v);
+    else if (k == "data") f.data = to_int(k, v);
+    else if (k == "virtual_stages") f.virtual_stages = to_int(k, v);
+    else if (k == "micro_batch_size") f.micro_batch_size = to_int(k, v);
+    else if (k == "schedule") {
+      ScheduleKind s;
+      if (!parse_schedule_kind(v, &s)) {
+        throw InputError("<command line>", "--fix schedule",
+                         "gpipe, 1f1b, interleaved, 2bw or zb-h1, got '" + v + "'");
+      }
+      f.schedule = s;
+    } else if (k == "recompute") {
+      RecomputeKind r;
+      if (!parse_recompute_kind(v, &r)) {
+        throw InputError("<command line>", "--fix recompute",
+                         "none, selective or full, got '" + v + "'");
+      }
+      f.recompute = r;
+    } else if (k == "sequence_parallel") f.sequence_parallel = to_bool(k, v);
+    else if (k == "distributed_optimizer") f.distributed_optimizer = to_bool(k, v);
+    else {
+      throw InputError("<command line>", "--fix " + k,
+                       "a plan field: tensor, pipeline, data, virtual_stages, micro_batch_size, "
+                       "schedule, recompute, sequence_parallel, distributed_optimizer");
+    }
+  }
+  return f;
+}
+
+std::vector<int> split_layers_even(int layers, int pieces) {
+  std::vector<int> n(static_cast<size_t>(pieces), layers / pieces);
+  for (int i = 0; i < layers % pieces; ++i) n[static_cast<size_t>(pieces / 2 - (layers % pieces) / 2 + i)]++;
+  return n;
+}
+
+std::vector<int> split_layers_dp(const std::vector<double>& cost, int pieces, double first_extra,
+                                 double last_extra) {
+  const int L = static_cast<int>(cost.size());
+  std::vector<double> pre(static_cast<size_t>(L) + 1, 0.0);
+  for (int i = 0; i < L; ++i) pre[static_cast<size_t>(i) + 1] = pre[static_cast<size_t>(i)] + cost[static_cast<size_t>(i)];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][n]: the smallest max piece cost covering the first n layers with k pieces.
+  std::vector<std::vector<double>> best(static_cast<size_t>(pieces) + 1,
+                                        std::vector<double>(static_cast<size_t>(L) + 1, inf));
+  std::vector<std::vector<int>> from(best.size(), std::vector<int>(static_cast<size_t>(L) + 1, -1));
+  best[0][0] = 0;
+  for (int k = 1; k <= pieces; ++k) {
+    const double extra = (k == 1 ? first_extra : 0) + (k == pieces ? last_extra : 0);
+    for (int n = k; n <= L - (pieces - k); ++n) {
+      for (int j = k - 1; j < n; ++j) {
+        const double prev = best[static_cast<size_t>(k) - 1][static_cast<size_t>(j)];
+        if (prev == inf) continue;
+        const double c = std::max(prev, pre[static_cast<size_t>(n)] - pre[static_cast<size_t>(j)] + extra);
+        if (c < best[static_cast<size_t>(k)][static_cast<size_t>(n)]) {
+          best[static_cast<size_t>(k)][static_cast<size_t>(n)] = c;
+          from[static_cast<size_t>(k)][static_cast<size_t>(n)] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> out(static_cast<size_t>(pieces));
+  int n = L;
+  for (int k = pieces; k >= 1; --k) {
+    const int j = from[static_cast<size_t>(k)][static_cast<size_t>(n)];
+    out[static_cast<size_t>(k) - 1] = n - j;
+    n = j;
+  }
+  return out;
+}
+
+namespace {
+
+// The balanced split for identical layers with end extras (exact and O(pieces · log)): the
+// smallest max piece time T such that the pieces' capacities floor((T - extra)/c) cover L.
+std::vector<int> split_fast(int L, int pieces, double c, double first_extra, double last_extra) {
+  auto cap = [&](double T, int k) {
+    const double extra = (k == 0 ? first_extra : 0) + (k == pieces - 1 ? last_extra : 0);
+    return static_cast<int>(std::floor((T - extra) / c + 1e-9));
+  };
+  auto covers = [&](double T) {
+    int64_t sum = 0;
+    for (int k = 0; k < pieces; ++k) {
+      const int n = cap(T, k);
+      if (n < 1) return false;
+      sum += n;
+    }
+    return sum >= L;
+  };
+  // The optimum is n·c + e for the binding piece's extra e ∈ {0, first, last}: for each e the
+  // smallest covering n by bisection (coverage grows with T).
+  double bestT = std::numeric_limits<double>::infinity();
+  for (double e : {0.0, first_extra, last_extra}) {
+    int lo = 1;
+    const int hi_n = L + 1 + static_cast<int>(std::ceil(std::max(first_extra, last_extra) / c));
+    int hi = hi_n;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (covers(mid * c + e)) hi = mid;
+      else lo = mid + 1;
+    }
+    if (lo < hi_n) bestT = std::min(bestT, lo * c + e);
+  }
+  std::vector<int> out(static_cast<size_t>(pieces));
+  int sum = 0;
+  for (int k = 0; k < pieces; ++k) sum += out[static_cast<size_t>(k)] = cap(bestT, k);
+  // Remove the excess from the fullest pieces, middle first.
+  for (int k = pieces / 2, step = 0; sum > L; ++step) {
+    const int idx = (k + step) % pieces;
+    if (out[static_cast<size_t>(idx)] > 1) {
+      out[static_cast<size_t>(idx)]--;
+      sum--;
+    }
+  }
+  return out;
+}
+
+bool divides(int a, int b) { return a > 0 && b % a == 0; }
+
+std::string placement_text(const Cluster& cl, const PlanConfig& c) {
+  std::ostringstream os;
+  const int gpn = cl.gpus_per_node;
+  os << "ranks r = tp + " << c.tensor << "·(dp + " << c.data << "·pp); tensor groups of "
+     << c.tensor << " inside one node (NVLink)";
+  const int per_stage = c.tensor * c.data;
+  if (per_stage <= gpn) {
+    os << "; data groups inside a node; " << std::max(1, gpn / per_stage)
+       << " pipeline stage(s) per node";
+  } else {
+    os << "; each data group spans " << (per_stage + gpn - 1) / gpn
+       << " nodes (InfiniBand); pipeline stages on different nodes";
+  }
+  return os.str();
+}
+
+struct Estimate {
+  PlanConfig config;
+  double time = 0;
+  double peak_mem = 0;
+  int peak_stage = 0;
+  double bubble_s = 0, tp_s = 0, dp_s = 0;
+};
+
+// Megatron's in-flight (micro-batch, chunk) pairs per stage, for the closed-form pass.
+std::vector<int> closed_form_inflight(const PlanConfig& c) {
+  const int p = c.pipeline, m = c.num_microbatches, v = c.virtual_stages;
+  std::vector<int> out(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    int n = 0;
+    switch (c.schedule) {
+      case ScheduleKind::kGPipe: n = m; break;
+      case ScheduleKind::kInterleaved: n = std::min(m * v, 2 * (p - s - 1) + (v - 1) * p + 1); break;
+      default: n = std::min(m, p - s); break;
+    }
+    out[static_cast<size_t>(s)] = n;
+  }
+  return out;
+}
+
+json family_json(int t, int p, ScheduleKind k) {
+  return {{"tensor", t}, {"pipeline", p}, {"schedule", to_string(k)}};
+}
+
+}  // namespace
+
+std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int B, const PlanConfig& c) {
+  const int world = c.tensor * c.pipeline * c.data;
+  if (world != cl.world_size()) {
+    return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
+           " × data " + std::to_string(c.data) + " = " + std::to_string(world) + " but the cluster has " +
+           std::to_string(cl.world_size()) + " GPUs";
+  }
+  if (c.tensor > cl.gpus_per_node) {
+    return "tensor " + std::to_string(c.tensor) + " would span nodes (" +
+           std::to_string(cl.gpus_per_node) + " GPUs per node)";
+  }
+  if (!divides(c.tensor, m.num_heads)) {
+    return "tensor " + std::to_string(c.tensor) + " does not divide " + std::to_string(m.num_heads) + " heads";
+  }
+  if (!divides(c.tensor, m.ffn_hidden_size)) {
+    return "tensor " + std::to_string(c.tensor) + " does not divide ffn " + std::to_string(m.ffn_hidden_size);
+  }
+  if (c.sequence_parallel && !divides(c.tensor, m.seq_len)) {
+    return "tensor " + std::to_string(c.tensor) + " does not divide sequence " + std::to_string(m.seq_len);
+  }
+  if (c.pipeline * c.virtual_stages > m.num_layers) {
+    return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
+           std::to_string(m.num_layers) + " layers";
+  }
+  if (B % (c.micro_batch_size * c.data) != 0) {
+    return "global batch " + std::to_string(B) + " is not a multiple of micro-batch " +
+           std::to_string(c.micro_batch_size) + " × data " + std::to_string(c.data);
+  }
+  if (c.schedule != ScheduleKind::kInterleaved && c.virtual_stages != 1) {
+    return "virtual_stages " + std::to_string(c.virtual_stages) + " needs the interleaved schedule";
+  }
+  ScheduleSpec spec;
+  spec.kind = c.schedule;
+  spec.stages = c.pipeline;
+  spec.microbatches = B / (c.micro_batch_size * c.data);
+  spec.chunks = c.virtual_stages;
+  spec.batches = c.schedule == ScheduleKind::kTwoBW ? 2 : 1;
+  return schedule_invalid_reason(spec);
+}
+
+PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
+  const std::string bad = plan_invalid_reason(req.model, req.cluster, req.global_batch_size, c);
+  if (!bad.empty()) throw InputError("<plan>", "parallel", bad);
+  c.num_microbatches = req.global_batch_size / (c.micro_batch_size * c.data);
+  CostContext ctx{&req.model, &req.cluster, req.precision, req.profile, req.params};
+  const int pieces = c.pipeline * c.virtual_stages;
+  if (c.layers_per_piece.empty()) {
+    const LayerTimes lt = layer_times(ctx, c);
+    c.layers_per_piece = split_layers_dp(
+        std::vector<double>(static_cast<size_t>(req.model.num_layers), lt.layer_fwd + lt.layer_bwd),
+        pieces, lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
+  }
+  PlanResult r;
+  r.config = c;
+  r.time = iteration_time(ctx, c, false);
+  r.memory = stage_memory(req.model, c, req.memory, r.time.peak_inflight);
+  for (size_t s = 0; s < r.memory.size(); ++s) {
+    if (r.memory[s].total() > r.peak_memory) {
+      r.peak_memory = r.memory[s].total();
+      r.peak_stage = static_cast<int>(s);
+    }
+  }
+  const double world = req.cluster.world_size();
+  const double peak = req.cluster.peak(req.precision);
+  r.tflops_per_gpu =
+      hardware_flops(req.model, req.global_batch_size, c.recompute) / world / r.time.iteration_s / 1e12;
+  r.mfu = model_flops(req.model, req.global_batch_size) / world / r.time.iteration_s / peak;
+  r.placement = placement_text(req.cluster, c);
+  return r;
+}
+
+PlanOutput search_plans(const PlanRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelSpec& m = req.model;
+  const Cluster& cl = req.cluster;
+  const PlanFixes& fx = req.fixes;
+  const int world = cl.world_size(), B = req.global_batch_size;
+  CostContext ctx{&m, &cl, req.precision, req.profile, req.params};
+  PlanOutput out;
+
+  // Per family (t, p, schedule): the best estimate, or the smallest overage and why not.
+  struct Family {
+    int t, p;
+    ScheduleKind k;
+    bool any_fit = false;
+    double best_time = std::numeric_limits<double>::infinity();
+    Estimate best;
+    double least_over = std::numeric_limits<double>::infinity();
+    int over_stage = 0;
+    std::string invalid;
+  };
+  std::map<std::tuple<int, int, int>, Family> fam;
+  std::vector<Estimate> fits;
+
+  const ScheduleKind kinds[] = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                                ScheduleKind::kZeroBubbleH1, ScheduleKind::kGPipe,
+                                ScheduleKind::kTwoBW};
+  const RecomputeKind recs[] = {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull};
+  for (int t = 1; t <= cl.gpus_per_node; t *= 2) {
+    if (fx.tensor && *fx.tensor != t) continue;
+    for (int p = 1; p <= std::min(m.num_layers, world / t); ++p) {
+      if (fx.pipeline && *fx.pipeline != p) continue;
+      if (world % (t * p) != 0) continue;
+      const int d = world / (t * p);
+      if (fx.data && *fx.data != d) continue;
+      for (ScheduleKind k : kinds) {
+        if (fx.schedule && *fx.schedule != k) continue;
+        // With one stage every schedule is the same 1F1B loop (gpipe only holds more).
+        if (p == 1 && k != ScheduleKind::kOneFOneB && !fx.schedule) continue;
+        // 2bw changes the optimizer's semantics (stale weights): only when asked for.
+        if (k == ScheduleKind::kTwoBW && !fx.schedule) continue;
+        Family& F = fam[{t, p, static_cast<int>(k)}];
+        F.t = t;
+        F.p = p;
+        F.k = k;
+        for (int b = 1; b <= B / d; b *= 2) {
+          if (fx.micro_batch_size && *fx.micro_batch_size != b) continue;
+          std::vector<int> vs = {1};
+          if (k == ScheduleKind::kInterleaved) {
+            vs.clear();
+            for (int v = 2; v * p <= m.num_layers; ++v) {
+              if (m.num_layers % (v * p) == 0) vs.push_back(v);
+            }
+          }
+          for (int v : vs) {
+            if (fx.virtual_stages && *fx.virtual_stages != v) continue;
+            for (RecomputeKind rc : recs) {
+              if (fx.recompute && *fx.recompute != rc) continue;
+              for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
+                if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
+                for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
+                  if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
+                  PlanConfig c;
+                  c.tensor = t;
+                  c.pipeline = p;
+                  c.data = d;
+                  c.virtual_stages = v;
+                  c.micro_batch_size = b;
+                  c.schedule = k;
+                  c.recompute = rc;
+                  c.sequence_parallel = sp == 1;
+                  c.distributed_optimizer = dist == 1;
+                  const std::string bad = plan_invalid_reason(m, cl, B, c);
+                  if (!bad.empty()) {
+                    if (F.invalid.empty()) F.invalid = bad;
+                    continue;
+                  }
+                  c.num_microbatches = B / (b * d);
+                  ++out.candidates;
+                  const LayerTimes lt = layer_times(ctx, c);
+                  const double per_layer = lt.layer_fwd + lt.layer_bwd;
+                  const double p2p_op = p * v > 1 ? req.params.p2p_exposed * lt.p2p : 0;
+                  c.layers_per_piece = split_fast(m.num_layers, p * v, per_layer,
+                                                  lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
+                  // Closed-form time: the slowest stage's compute stretched by the bubble.
+                  double stage_max = 0, stage_f = 0;
+                  for (int s = 0; s < p; ++s) {
+                    double fsum = 0, bsum = 0;
+                    for (int ch = 0; ch < v; ++ch) {
+                      const int pk = ch * p + s;
+                      const double n = c.layers_per_piece[static_cast<size_t>(pk)];
+                      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) + (pk == p * v - 1 ? lt.head_fwd : 0) + p2p_op;
+                      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) + (pk == p * v - 1 ? lt.head_bwd : 0) + p2p_op;
+                    }
+                    if (fsum + bsum > stage_max) {
+                      stage_max = fsum + bsum;
+                      stage_f = fsum;
+                    }
+                  }
+                  ScheduleSpec spec;
+                  spec.kind = k;
+                  spec.stages = p;
+                  spec.microbatches = c.num_microbatches;
+                  spec.chunks = v;
+                  spec.batches = k == ScheduleKind::kTwoBW ? 4 : 1;
+                  const double ratio = k == ScheduleKind::kTwoBW ? 0.0 : theoretical_bubble_ratio(spec);
+                  const double compute = c.num_microbatches * stage_max;
+                  Estimate e;
+                  e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
+                  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers / (p);
+                  // DP and optimizer through the same formulas as the exact pass, cheaply:
+                  // one stage with the largest parameter count.
+                  const std::vector<double> np = stage_parameters(m, c);
+                  const double nmax = *std::max_element(np.begin(), np.end());
+                  double dp = 0;
+                  if (d > 1) {
+                    Link link = cl.intra_node;
+                    if (t * d > cl.gpus_per_node) {
+                      const double members = std::max(1, std::min(d, cl.gpus_per_node / t));
+                      link = {std::min(cl.intra_node.bandwidth, cl.inter_node_bandwidth_per_gpu() * members),
+                              cl.inter_node.latency_s};
+                    }
+                    const double rate = link.bandwidth * req.params.net_eff;
+                    const double pb = req.precision == "fp32" ? 4 : 2;
+                    const double bytes = dist ? 2 * pb * nmax : 2 * pb * nmax;
+                    const double window = dist ? stage_max : stage_max - stage_f;
+                    dp = std::max(0.0, (d - 1.0) / d * bytes / rate - req.params.dp_overlap * window);
+                  }
+                  e.dp_s = dp;
+                  const double opt = nmax / (dist ? d : 1) * 30.0 / (cl.hbm_bandwidth * req.params.mem_eff);
+                  e.time = compute + e.bubble_s + dp + opt;
+                  const std::vector<MemoryBreakdown> mem =
+                      stage_memory(m, c, req.memory, closed_form_inflight(c));
+                  for (size_t s = 0; s < mem.size(); ++s) {
+                    if (mem[s].total() > e.peak_mem) {
+                      e.peak_mem = mem[s].total();
+                      e.peak_stage = static_cast<int>(s);
+                    }
+                  }
+                  e.config = c;
+                  if (e.peak_mem > cl.memory_bytes) {
+                    const double over = e.peak_mem - cl.memory_bytes;
+                    if (over < F.least_over) {
+                      F.least_over = over;
+                      F.over_stage = e.peak_stage;
+                    }
+                    continue;
+                  }
+                  F.any_fit = true;
+                  if (e.time < F.best_time) {
+                    F.best_time = e.time;
+                    F.best = e;
+                  }
+                  fits.push_back(e);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // The exact pass on the most promising estimates.
+  std::sort(fits.begin(), fits.end(), [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
+  const size_t exact_n = std::min(fits.size(), static_cast<size_t>(std::max(32, req.top_k * 6)));
+  std::vector<PlanResult> exact;
+  for (size_t i = 0; i < exact_n; ++i) {
+    PlanConfig c = fits[i].config;
+    c.layers_per_piece.clear();
+    PlanResult r = evaluate_plan(req, c);
+    if (r.peak_memory > cl.memory_bytes) {
+      out.rejected.push_back(
+          {plan_config_json(r.config),
+           "over memory by " + fmt((r.peak_memory - cl.memory_bytes) / kGiB, 2) + " GiB on stage " +
+               std::to_string(r.peak_stage) + " with the simulated in-flight micro-batches"});
+      continue;
+    }
+    exact.push_back(std::move(r));
+  }
+  std::sort(exact.begin(), exact.end(), [](const PlanResult& a, const PlanResult& b) {
+    return a.time.iteration_s < b.time.iteration_s;
+  });
+  const double best_time = exact.empty() ? 0 : exact.front().time.iteration_s;
+  for (size_t i = 0; i < exact.size() && static_cast<int>(i) < req.top_k; ++i) out.plans.push_back(exact[i]);
+
+  // A reason for each family without a plan in the list.
+  for (auto& [key, F] : fam) {
+    bool shown = false;
+    for (const PlanResult& r : out.plans) {
+      shown = shown || (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k);
+    }
+    if (shown) continue;
+    std::string reason;
+    if (F.any_fit) {
+      if (out.plans.empty()) continue;
+      const Estimate& e = F.best;
+      const double slower = (e.time / best_time - 1) * 100;
+      const Estimate* ref = nullptr;
+      for (const Estimate& x : fits) {
+        if (x.config.tensor == out.plans.front().config.tensor &&
+            x.config.pipeline == out.plans.front().config.pipeline &&
+            x.config.schedule == out.plans.front().config.schedule) {
+          ref = &x;
+          break;
+        }
+      }
+      std::string cause = "compute efficiency (smaller GEMMs or recompute)";
+      if (ref != nullptr) {
+        const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s, dd = e.dp_s - ref->dp_s;
+        const double mx = std::max({db, dt, dd});
+        if (mx > 0.2 * (e.time - ref->time)) {
+          cause = mx == db ? "pipeline bubble" : mx == dt ? "tensor-parallel communication"
+                                                          : "data-parallel communication";
+        }
+      }
+      reason = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " + cause +
+               " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
+               ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
+               to_string(e.config.recompute) + ")";
+    } else if (F.least_over < std::numeric_limits<double>::infinity()) {
+      reason = "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
+               std::to_string(F.over_stage) + " even with its smallest configuration";
+    } else if (!F.invalid.empty()) {
+      reason = F.invalid;
+    } else {
+      reason = "no micro-batch size fits the global batch";
+    }
+    out.rejected.push_back({family_json(F.t, F.p, F.k), reason});
+  }
+  out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+json plan_config_json(const PlanConfig& c) {
+  json lps = json::array();
+  for (int s = 0; s < c.pipeline; ++s) {
+    json row = json::array();
+    for (int ch = 0; ch < c.virtual_stages; ++ch) {
+      const size_t k = static_cast<size_t>(ch * c.pipeline + s);
+      if (k < c.layers_per_piece.size()) row.push_back(c.layers_per_piece[k]);
+    }
+    lps.push_back(row);
+  }
+  return {{"tensor", c.tensor},
+          {"pipeline", c.pipeline},
+          {"data", c.data},
+          {"virtual_stages", c.virtual_stages},
+          {"micro_batch_size", c.micro_batch_size},
+          {"num_microbatches", c.num_microbatches},
+          {"schedule", to_string(c.schedule)},
+          {"recompute", to_string(c.recompute)},
+          {"sequence_parallel", c.sequence_parallel},
+          {"distributed_optimizer", c.distributed_optimizer},
+          {"layers_per_stage", lps}};
+}
+
+json plan_result_json(const PlanResult& r) {
+  json j = plan_config_json(r.config);
+  j["placement"] = r.placement;
+  const MemoryBreakdown& m = r.memory[static_cast<size_t>(r.peak_stage)];
+  json stages = json::array();
+  for (const MemoryBreakdown& s : r.memory) {
+    stages.push_back({{"parameters", s.parameters}, {"gradients", s.gradients},
+                      {"optimizer", s.optimizer}, {"activations", s.activations},
+                      {"buffers", s.buffers}, {"total", s.total()}});
+  }
+  j["predicted"] = {{"iteration_s", r.time.iteration_s},
+                    {"tflops_per_gpu", r.tflops_per_gpu},
+                    {"mfu", r.mfu},
+                    {"bubble_fraction", r.time.bubble_fraction},
+                    {"dp_exposed_s", r.time.dp_exposed_s},
+                    {"tp_exposed_s", r.time.tp_exposed_s},
+                    {"optimizer_s", r.time.optimizer_s},
+                    {"peak_stage", r.peak_stage},
+                    {"memory_bytes_per_gpu",
+                     {{"parameters", m.parameters}, {"gradients", m.gradients},
+                      {"optimizer", m.optimizer}, {"activations", m.activations},
+                      {"buffers", m.buffers}, {"total", m.total()}}},
+                    {"memory_bytes_per_stage", stages}};
+  return j;
+}
+
+json plan_output_json(const PlanRequest& req, const PlanOutput& out) {
+  const ModelSpec& m = req.model;
+  json plans = json::array();
+  for (const PlanResult& r : out.plans) plans.push_back(plan_result_json(r));
+  json rejected = json::array();
+  for (const Rejection& r : out.rejected) rejected.push_back({{"config", r.config}, {"reason", r.reason}});
+  return {{"model",
+           {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_heads", m.num_heads},
+            {"ffn_hidden_size", m.ffn_hidden_size}, {"seq_len", m.seq_len},
+            {"vocab_size", m.vocab_size}, {"tie_embeddings", m.tie_embeddings},
+            {"parameters", model_parameters(m)}}},
+          {"cluster", cluster_to_json(req.cluster)},
+          {"global_batch_size", req.global_batch_size},
+          {"precision", req.precision},
+          {"plans", plans},
+          {"rejected", rejected}};
+}
+
+}  // namespace strata

@@ -1,0 +1,100 @@
+// planner.h — the search behind `strata plan`: every (t, p, d, v, b, schedule, recompute,
+// sequence parallel, distributed optimizer) the cluster and the batch allow, each costed by
+// cost_model.h and sized by memory_model.h; the best plans first, and a reason for every
+// family (t, p, schedule) that produced none of them.
+//
+// Search: for each candidate a closed-form estimate (even layer split balanced for the
+// embedding and head, Megatron's closed-form bubble and in-flight counts) ranks and prunes;
+// the best few are then re-evaluated exactly: the layer split by dynamic programming on the
+// per-layer times (first piece carries the embedding, last the head), the schedule simulated
+// with those per-stage, per-chunk times, memory with the simulated in-flight counts. Plans
+// over memory after that are rejected too. Tensor groups are consecutive ranks inside a node
+// (DESIGN.md's rank order); t larger than a node is refused.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "partitioner/cluster.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/memory_model.h"
+
+namespace strata {
+
+// Pinned plan fields (--fix); unset ones are searched.
+struct PlanFixes {
+  std::optional<int> tensor, pipeline, data, virtual_stages, micro_batch_size;
+  std::optional<ScheduleKind> schedule;
+  std::optional<RecomputeKind> recompute;
+  std::optional<bool> sequence_parallel, distributed_optimizer;
+};
+// "tensor=8,pipeline=4,schedule=interleaved,..." → fixes; InputError("<command line>", "--fix",
+// ...) on an unknown key or a bad value.
+PlanFixes parse_fixes(const std::string& text);
+
+struct PlanRequest {
+  ModelSpec model;
+  Cluster cluster;
+  int global_batch_size = 1;
+  std::string precision = "bf16";
+  PlanFixes fixes;
+  int top_k = 5;
+  MemoryOptions memory;
+  CostParams params;
+  const Profile* profile = nullptr;
+};
+
+struct PlanResult {
+  PlanConfig config;
+  IterationTime time;
+  std::vector<MemoryBreakdown> memory;  // [stage]
+  int peak_stage = 0;                   // the stage with the most memory
+  double peak_memory = 0;               // bytes on it
+  double tflops_per_gpu = 0;            // hardware FLOPs (recompute included)
+  double mfu = 0;                       // model FLOPs / peak
+  std::string placement;
+};
+
+struct Rejection {
+  nlohmann::json config;
+  std::string reason;
+};
+
+struct PlanOutput {
+  std::vector<PlanResult> plans;  // best first
+  std::vector<Rejection> rejected;
+  int64_t candidates = 0;         // points of the space costed
+  double search_s = 0;
+};
+
+// Runs the search. No plan (everything rejected) is not an error: plans is empty and
+// `rejected` says why.
+PlanOutput search_plans(const PlanRequest& req);
+
+// Evaluates one fully given configuration exactly (layers_per_piece empty: the DP split).
+// Throws InputError("<plan>", field, ...) when the sizes do not fit together.
+PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c);
+
+// Min-max split of layers with costs `layer_cost` into `pieces` contiguous pieces of at least
+// one layer, the first piece also paying `first_extra` and the last `last_extra` (dynamic
+// programming, O(pieces · L²)). Returns [piece] layer counts.
+std::vector<int> split_layers_dp(const std::vector<double>& layer_cost, int pieces,
+                                 double first_extra, double last_extra);
+// Every piece as equal as the layer count allows (the naive split).
+std::vector<int> split_layers_even(int layers, int pieces);
+
+// Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
+std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int global_batch,
+                                const PlanConfig& c);
+
+nlohmann::json plan_config_json(const PlanConfig& c);
+nlohmann::json plan_result_json(const PlanResult& r);
+// The whole `strata plan --json` document (DESIGN.md's plan schema).
+nlohmann::json plan_output_json(const PlanRequest& req, const PlanOutput& out);
+
+}  // namespace strata
