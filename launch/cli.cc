@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/cmd_plan.h"
+#include "launch/cmd_profile.h"
 #include "launch/cmd_schedule.h"
 #include "launch/config_parse.h"
 #include "launch/trainer.h"
@@ -33,6 +34,7 @@ const char* kUsage =
     "  train     train a model from a JSON config (strata train --help)\n"
     "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
+    "  profile   time each layer on this machine for the planner (strata profile --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -140,7 +142,8 @@ int dispatch(int argc, char** argv) {
   if (cmd == "train") return cmd_train(args);
   if (cmd == "schedule") return cmd_schedule(args);
   if (cmd == "plan") return cmd_plan(args);
-  usage_error(cmd, "a command: train, plan or schedule (see strata --help)");
+  if (cmd == "profile") return cmd_profile(args);
+  usage_error(cmd, "a command: train, plan, schedule or profile (see strata --help)");
 }
 
 }  // namespace

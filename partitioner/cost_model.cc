@@ -66,6 +66,9 @@ Profile profile_from_json(const json& j, const std::string& file) {
     pe.head_forward_s = get_num(e, "head_forward_s", w, file);
     pe.head_backward_s = get_num(e, "head_backward_s", w, file);
     pe.optimizer_s_per_param = get_num(e, "optimizer_s_per_param", w, file);
+    if (e.contains("attention_forward_s")) {
+      pe.attention_forward_s = get_num(e, "attention_forward_s", w, file);
+    }
     p.entries.push_back(pe);
   }
   return p;
@@ -82,7 +85,8 @@ json profile_to_json(const Profile& p) {
                        {"embedding_backward_s", e.embedding_backward_s},
                        {"head_forward_s", e.head_forward_s},
                        {"head_backward_s", e.head_backward_s},
-                       {"optimizer_s_per_param", e.optimizer_s_per_param}});
+                       {"optimizer_s_per_param", e.optimizer_s_per_param},
+                       {"attention_forward_s", e.attention_forward_s}});
   }
   return {{"device", p.device},
           {"precision", p.precision},
@@ -142,6 +146,7 @@ LayerTimes profile_times(const Profile& prof, const PlanConfig& c) {
   t.layer_fwd = best->layer_forward_s * k;
   t.layer_bwd = best->layer_backward_s * k;
   if (c.recompute == RecomputeKind::kFull) t.layer_bwd += t.layer_fwd;
+  if (c.recompute == RecomputeKind::kSelective) t.layer_bwd += best->attention_forward_s * k;
   t.layer_bwd_input = t.layer_bwd / 2;
   t.layer_bwd_weight = t.layer_bwd / 2;
   t.emb_fwd = best->embedding_forward_s * k;

@@ -57,7 +57,11 @@ struct CostParams {
 //   {"device": "...", "precision": "fp32", "seq_len": 64, "hidden_size": 64,
 //    "entries": [{"micro_batch_size": 1, "tensor": 1, "layer_forward_s": ..,
 //                 "layer_backward_s": .., "embedding_forward_s": .., "embedding_backward_s": ..,
-//                 "head_forward_s": .., "head_backward_s": .., "optimizer_s_per_param": ..}]}
+//                 "head_forward_s": .., "head_backward_s": .., "optimizer_s_per_param": ..,
+//                 "attention_forward_s": ..}]}
+// (attention_forward_s, optional: the attention core's forward alone, what selective
+// recompute runs again in the backward pass; full recompute adds layer_forward_s.)
+// `strata profile` (launch/cmd_profile.h) writes it.
 struct ProfileEntry {
   int micro_batch_size = 1;
   int tensor = 1;
@@ -65,6 +69,7 @@ struct ProfileEntry {
   double embedding_forward_s = 0, embedding_backward_s = 0;
   double head_forward_s = 0, head_backward_s = 0;
   double optimizer_s_per_param = 0;
+  double attention_forward_s = 0;  // optional; 0: selective recompute costs nothing extra
 };
 struct Profile {
   std::string device;

@@ -1,0 +1,355 @@
+#include "launch/cmd_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch/cmd_plan.h"
+#include "launch/config_parse.h"
+#include "models/gpt.h"
+#include "partitioner/planner.h"
+#include "runtime/backend.h"
+#include "runtime/error.h"
+#include "runtime/grad_reducer.h"
+#include "runtime/optimizer.h"
+#include "schedules/simulator.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const char* kProfileUsage =
+    "usage: strata profile --config FILE [--set k=v ...] [--out PROFILE.json] [--repeat N]\n"
+    "                      [--micro-batch-sizes b1,b2,...]\n"
+    "\n"
+    "Times, on this machine and backend (device, train.threads and train.precision of the\n"
+    "config), the forward and backward of one transformer block, of the embedding and of the\n"
+    "head of the config's model at its sequence length, and the optimizer step per parameter;\n"
+    "each figure is the median of N rounds after two warm-up rounds. Writes the profile JSON\n"
+    "that `strata plan --profile` reads (docs/planner.md).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE              the training config (its model, train and device keys)\n"
+    "  --set section.key=value    override a config key (repeatable)\n"
+    "  --out PROFILE.json         write the profile there (default: print it on stdout)\n"
+    "  --repeat N                 timed rounds per figure (default 10)\n"
+    "  --micro-batch-sizes LIST   profile these micro-batch sizes (default: the config's\n"
+    "                             train.micro_batch_size)\n"
+    "  --help                     this text\n"
+    "\n"
+    "exit status: 0 done, 2 bad input (one line: error: <file>: <where>: <expected>)\n";
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected);
+}
+
+int positive_int(const std::string& flag, const std::string& text, int max) {
+  const std::string expected =
+      "a positive integer up to " + std::to_string(max) + ", got '" + text + "'";
+  if (text.empty() || text.size() > 9) bad_flag(flag, expected);
+  for (char c : text)
+    if (c < '0' || c > '9') bad_flag(flag, expected);
+  const int value = std::stoi(text);
+  if (value < 1 || value > max) bad_flag(flag, expected);
+  return value;
+}
+
+// Warm-up passes, and the shortest timed round (several passes of a figure each).
+constexpr int kWarmup = 2;
+constexpr double kMinRoundS = 0.05;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One entry: a GptModel of three pieces (the embedding alone, one block, the head alone) at
+// micro-batch `micro`, and the per-parameter step work on the same parameters.
+ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, int micro,
+                           int repeat) {
+  const int S = cfg.model.seq_len;
+  const std::vector<ModelPiece> pieces = {{0, 0, true, false},   // embedding
+                                          {0, 1, false, false},  // block 0
+                                          {1, 0, false, true}};  // ln_f, head, loss
+  GptModel model(dims, be, cfg.train.seed, nullptr, pieces, Recompute::kNone);
+
+  // Tokens spread over the vocabulary (their values do not change the work).
+  std::vector<int32_t> host(static_cast<size_t>(micro) * S), tgt(host.size());
+  uint64_t x = 0x9e3779b97f4a7c15ULL ^ cfg.train.seed;
+  for (size_t i = 0; i < host.size(); ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    host[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(dims.V));
+    tgt[i] = static_cast<int32_t>((x >> 13) % static_cast<uint64_t>(dims.V));
+  }
+  Tensor tokens = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
+  Tensor targets = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
+  be.upload(tokens, host.data());
+  be.upload(targets, tgt.data());
+  const float scale = static_cast<float>(1.0 / (static_cast<double>(micro) * S));
+  Tensor qkv = be.empty({micro, S, 3 * dims.C_local()}, MemCategory::kActivations);
+  {
+    std::vector<float> q(static_cast<size_t>(qkv.numel()));
+    for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 197) - 1.0f;
+    be.upload(qkv, q.data());
+  }
+
+  // One pass: the six figures of one micro-batch, added to acc[figure].
+  auto pass = [&](double* acc) {
+    double loss = 0;
+    Clock::time_point c[7];
+    be.synchronize();
+    c[0] = Clock::now();
+    GptModel::ActsPtr emb = model.forward_piece(0, Tensor(), tokens, targets, &loss);
+    be.synchronize();
+    c[1] = Clock::now();
+    GptModel::ActsPtr blk = model.forward_piece(1, GptModel::output(*emb), tokens, targets, &loss);
+    be.synchronize();
+    c[2] = Clock::now();
+    GptModel::ActsPtr head = model.forward_piece(2, GptModel::output(*blk), tokens, targets, &loss);
+    be.synchronize();
+    c[3] = Clock::now();
+    Tensor d_head = model.backward_piece(*head, Tensor(), scale, false);
+    be.synchronize();
+    c[4] = Clock::now();
+    Tensor d_blk = model.backward_piece(*blk, d_head, scale, false);
+    be.synchronize();
+    c[5] = Clock::now();
+    model.backward_piece(*emb, d_blk, scale, false);
+    be.synchronize();
+    c[6] = Clock::now();
+    for (int k = 0; k < 6; ++k) acc[k] += seconds(c[k], c[k + 1]);
+    // The attention core alone (selective recompute runs it again in the backward pass).
+    Tensor att = be.empty({micro, dims.heads_local(), S, S}, MemCategory::kActivations);
+    Tensor atty = be.empty({micro, S, dims.C_local()}, MemCategory::kActivations);
+    be.synchronize();
+    const Clock::time_point a0 = Clock::now();
+    be.attention_forward(atty, att, qkv, dims.heads_local());
+    be.synchronize();
+    acc[6] += seconds(a0, Clock::now());
+  };
+  // Warm-up, then rounds of `inner` passes each lasting at least kMinRoundS, so that every
+  // sample averages over the machine's scheduling noise the way a training step does; the
+  // figure is the median over the rounds of the mean pass.
+  double warm[7] = {0, 0, 0, 0, 0, 0, 0};
+  for (int r = 0; r < kWarmup; ++r) pass(warm);
+  double one = 0;
+  for (double w : warm) one += w / kWarmup;
+  const int inner =
+      std::clamp(static_cast<int>(std::ceil(kMinRoundS / std::max(one, 1e-9))), 1, 1000);
+  // [figure][round]: emb f, layer f, head f, head b, layer b, emb b, attention core f
+  std::vector<std::vector<double>> t(7);
+  for (int r = 0; r < repeat; ++r) {
+    double acc[7] = {0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < inner; ++i) pass(acc);
+    for (int k = 0; k < 7; ++k) t[static_cast<size_t>(k)].push_back(acc[k] / inner);
+  }
+  ProfileEntry e;
+  e.micro_batch_size = micro;
+  e.tensor = 1;
+  e.embedding_forward_s = median(t[0]);
+  e.layer_forward_s = median(t[1]);
+  e.head_forward_s = median(t[2]);
+  e.head_backward_s = median(t[3]);
+  e.layer_backward_s = median(t[4]);
+  e.embedding_backward_s = median(t[5]);
+  e.attention_forward_s = median(t[6]);
+
+  // The step's per-parameter work, as the trainer does it on one rank: zero the gradients,
+  // (no reduction), the norm, clipping, AdamW over the parameters' segments (one per tensor,
+  // as in the whole model), on this three-piece model so that large models need no more
+  // than one block's parameters.
+  std::vector<ParamSpan> spans;
+  for (const ParamInfo& p : model.param_infos())
+    spans.push_back({p.offset, p.numel, p.decay, true});
+  GradReducer reducer(be, nullptr, model.grads(), spans, cfg.parallel.bucket_mb, false);
+  AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
+  auto step = [&]() {
+    model.zero_grads();
+    reducer.begin_iteration();
+    reducer.finish();
+    const double norm = std::sqrt(reducer.local_sum_squares());
+    // Clipping scales every gradient (a step whose norm is under the limit skips this pass).
+    be.scale_inplace(reducer.optimizer_grads(), static_cast<float>(1.0 / (1.0 + norm)));
+    opt.step(model.params(), reducer.optimizer_grads(), cfg.optimizer.lr);
+    be.synchronize();
+  };
+  Clock::time_point w0 = Clock::now();
+  for (int r = 0; r < kWarmup; ++r) step();
+  const double one_step = seconds(w0, Clock::now()) / kWarmup;
+  const int inner_steps =
+      std::clamp(static_cast<int>(std::ceil(kMinRoundS / std::max(one_step, 1e-9))), 1, 1000);
+  std::vector<double> steps;
+  for (int r = 0; r < repeat; ++r) {
+    be.synchronize();
+    const Clock::time_point a = Clock::now();
+    for (int i = 0; i < inner_steps; ++i) step();
+    steps.push_back(seconds(a, Clock::now()) / inner_steps);
+  }
+  e.optimizer_s_per_param = median(steps) / static_cast<double>(model.num_parameters());
+  return e;
+}
+
+}  // namespace
+
+json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_batch_sizes) {
+  if (repeat < 1) throw InputError("<command line>", "--repeat", "a positive integer");
+  if (cfg.parallel.tensor != 1 || cfg.parallel.sequence_parallel) {
+    // One process profiles tensor rank shapes of t = 1 only.
+    throw InputError(cfg.source_file, "parallel.tensor",
+                     "1 for strata profile (it times one unsharded rank)");
+  }
+  const int threads = resolve_cpu_threads(cfg.train.threads, 1);
+  std::unique_ptr<Backend> backend = make_backend(cfg.device, threads);
+  const GptDims dims = gpt_dims(cfg.model);
+  std::vector<int> sizes = micro_batch_sizes;
+  if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);
+  Profile p;
+  p.device = backend->name();
+  p.precision = cfg.train.precision;
+  p.seq_len = cfg.model.seq_len;
+  p.hidden_size = cfg.model.hidden_size;
+  for (int b : sizes) p.entries.push_back(measure_entry(*backend, cfg, dims, b, repeat));
+  json j = profile_to_json(p);
+  // Context for a reader (the loader ignores these keys).
+  j["threads"] = threads;
+  j["repeat"] = repeat;
+  j["model"] = {{"num_layers", cfg.model.num_layers},
+                {"num_heads", cfg.model.num_heads},
+                {"ffn_hidden_size", cfg.model.ffn_hidden_size},
+                {"vocab_size", cfg.model.vocab_size}};
+  return j;
+}
+
+json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profile& profile) {
+  PlanRequest req;
+  req.model = model_spec(cfg.model);
+  req.cluster = cluster;
+  req.cluster.nodes = 1;
+  req.cluster.gpus_per_node = 1;
+  req.global_batch_size = cfg.train.global_batch_size;
+  req.precision = cfg.train.precision;
+  req.memory.precision = cfg.train.precision;
+  if (cfg.train.precision == "fp32") {
+    req.memory.flash_attention = false;  // the CPU runtime keeps the probabilities
+    req.memory.cpu_threads = cfg.train.threads.value_or(1);
+  }
+  req.memory.bucket_mb = cfg.parallel.bucket_mb;
+  req.profile = &profile;
+  PlanConfig c;
+  c.tensor = cfg.parallel.tensor;
+  c.pipeline = cfg.parallel.pipeline;
+  c.data = cfg.parallel.data.value_or(1);
+  if (c.tensor * c.pipeline * c.data != 1) {
+    throw InputError(cfg.source_file, "parallel",
+                     "tensor = pipeline = data = 1 for a one-rank prediction");
+  }
+  c.virtual_stages = cfg.parallel.virtual_stages;
+  c.micro_batch_size = cfg.train.micro_batch_size;
+  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
+    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
+  }
+  if (!parse_recompute_kind(cfg.train.recompute, &c.recompute)) {
+    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
+  }
+  c.sequence_parallel = false;
+  c.distributed_optimizer = false;
+  if (cfg.parallel.layers_per_stage) c.layers_per_piece = *cfg.parallel.layers_per_stage;
+  return plan_result_json(evaluate_plan(req, c));
+}
+
+int cmd_profile(const std::vector<std::string>& args) {
+  std::string config, out;
+  std::vector<std::string> sets;
+  std::vector<int> sizes;
+  int repeat = 10;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    // "--flag value" or "--flag=value"; returns whether `a` is `flag` and sets *v.
+    auto value = [&](const char* flag, std::string* v) {
+      const std::string f = flag;
+      if (a == f) {
+        if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
+        *v = args[++i];
+        return true;
+      }
+      if (a.rfind(f + "=", 0) == 0) {
+        *v = a.substr(f.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    std::string v;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kProfileUsage, stdout);
+      return 0;
+    } else if (value("--config", &v)) {
+      if (v.empty()) bad_flag("--config", "a config file path");
+      config = v;
+    } else if (value("--set", &v)) {
+      if (v.find('=') == std::string::npos || v.front() == '=') {
+        bad_flag("--set", "section.key=value, got '" + v + "'");
+      }
+      sets.push_back(v);
+    } else if (value("--out", &v)) {
+      if (v.empty()) bad_flag("--out", "an output file path");
+      out = v;
+    } else if (value("--repeat", &v)) {
+      repeat = positive_int("--repeat", v, 100000);
+    } else if (value("--micro-batch-sizes", &v)) {
+      sizes.clear();
+      size_t start = 0;
+      while (start <= v.size()) {
+        const size_t comma = std::min(v.find(',', start), v.size());
+        sizes.push_back(
+            positive_int("--micro-batch-sizes", v.substr(start, comma - start), 1 << 20));
+        start = comma + 1;
+      }
+    } else {
+      bad_flag(a, "an option of strata profile (see strata profile --help)");
+    }
+  }
+  if (config.empty()) bad_flag("--config", "a config: strata profile --config FILE");
+  const Config cfg = load_config(config, sets);
+  const json j = make_profile(cfg, repeat, sizes);
+  if (out.empty()) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+    if (!f) bad_flag("--out", "a writable path, got " + out);
+  }
+  std::printf("strata profile: %s, seq %d, hidden %d, %d timed rounds each -> %s\n",
+              j["device"].get<std::string>().c_str(), cfg.model.seq_len, cfg.model.hidden_size,
+              repeat, out.c_str());
+  std::printf("  %5s %12s %12s %12s %12s %12s %12s %12s %14s\n", "b", "layer_f_ms", "layer_b_ms",
+              "attn_f_ms", "emb_f_ms", "emb_b_ms", "head_f_ms", "head_b_ms", "opt_ns/param");
+  for (const json& e : j["entries"]) {
+    std::printf(
+        "  %5d %12.4f %12.4f %12.4f %12.4f %12.4f %12.4f %12.4f %14.4f\n",
+        e["micro_batch_size"].get<int>(), e["layer_forward_s"].get<double>() * 1e3,
+        e["layer_backward_s"].get<double>() * 1e3, e["attention_forward_s"].get<double>() * 1e3,
+        e["embedding_forward_s"].get<double>() * 1e3, e["embedding_backward_s"].get<double>() * 1e3,
+        e["head_forward_s"].get<double>() * 1e3, e["head_backward_s"].get<double>() * 1e3,
+        e["optimizer_s_per_param"].get<double>() * 1e9);
+  }
+  return 0;
+}
+
+}  // namespace strata
