@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/cmd_export.h"
 #include "launch/cmd_plan.h"
 #include "launch/cmd_profile.h"
 #include "launch/cmd_schedule.h"
@@ -35,6 +36,7 @@ const char* kUsage =
     "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
     "  profile   time each layer on this machine for the planner (strata profile --help)\n"
+    "  export    write a checkpoint as a Hugging Face GPT-2 safetensors file (strata export --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -143,7 +145,8 @@ int dispatch(int argc, char** argv) {
   if (cmd == "schedule") return cmd_schedule(args);
   if (cmd == "plan") return cmd_plan(args);
   if (cmd == "profile") return cmd_profile(args);
-  usage_error(cmd, "a command: train, plan, schedule or profile (see strata --help)");
+  if (cmd == "export") return cmd_export(args);
+  usage_error(cmd, "a command: train, plan, schedule, profile or export (see strata --help)");
 }
 
 }  // namespace

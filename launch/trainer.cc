@@ -1,5 +1,6 @@
 #include "launch/trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,17 +9,21 @@
 #include <fstream>
 #include <map>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <sstream>
+#include <set>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 #include "launch/config_parse.h"
+#include "launch/model_state.h"
 #include "models/gpt.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
+#include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -27,6 +32,7 @@
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
 #include "runtime/process_groups.h"
+#include "runtime/safetensors.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 
@@ -156,6 +162,60 @@ std::vector<ParamSpan> param_spans(const GptModel& model) {
     s.push_back({p.offset, p.numel, p.decay, counted});
   }
   return s;
+}
+
+// The model keys that fix parameter shapes: a checkpoint loads only into the same values.
+nlohmann::json model_shape_json(const ModelConfig& m) {
+  return {{"arch", m.arch},
+          {"num_layers", m.num_layers},
+          {"hidden_size", m.hidden_size},
+          {"num_heads", m.num_heads},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"seq_len", m.seq_len},
+          {"vocab_size", m.vocab_size},
+          {"tie_embeddings", m.tie_embeddings}};
+}
+
+void check_model_shape(const ModelConfig& m, const nlohmann::json& saved, const std::string& path) {
+  const nlohmann::json want = model_shape_json(m);
+  std::string diff;
+  for (const auto& [key, value] : want.items()) {
+    const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (got == value) continue;
+    diff += (diff.empty() ? "" : ", ") + key + " (checkpoint " + got.dump() + ", config " +
+            value.dump() + ")";
+  }
+  if (!diff.empty())
+    throw InputError(path + "/run_state.json", "model",
+                     "the model shape of the config; differing keys: " + diff);
+}
+
+// Test hook (documented in docs/checkpoints.md): STRATA_TEST_KILL_AT_ITER=<K> makes world rank 1
+// (rank 0 in a one-rank job) SIGKILL itself as iteration K starts, as a node failure would.
+void maybe_kill_at(int it, const World& w) {
+  const char* s = std::getenv("STRATA_TEST_KILL_AT_ITER");
+  if (s && std::atoi(s) == it && w.rank == (w.size > 1 ? 1 : 0)) ::raise(SIGKILL);
+}
+
+void keep_metrics_up_to(const std::string& path, int iteration) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("iter", iteration + 1) <= iteration) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+FullTensors read_full_f32(const std::string& path) {
+  const StFile f = read_safetensors(path);
+  FullTensors t;
+  // Other dtypes (a fixture's token ids) are not parameters.
+  for (const auto& [name, st] : f.tensors)
+    if (st.dtype == "F32") t[name] = {st.shape, st.as_f32()};
+  return t;
 }
 
 }  // namespace
@@ -494,9 +554,105 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   const std::vector<Instr> train_list = build_schedule(spec, groups.pp_rank);
   const std::vector<Instr> eval_list = forward_only(groups.pp_rank, p, v, m);
 
+  // Checkpoints (runtime/checkpoint.h): resume from one, or start from model.init_from.
+  const CheckpointConfig& ck = cfg.checkpoint;
+  const bool saving = ck.dir && ck.interval > 0;
+  const bool resume_path = ck.resume != "auto" && ck.resume != "none";
+  if (two_bw && (ck.dir || resume_path))
+    throw InputError(cfg.source_file, "checkpoint",
+                     "no checkpoint settings with parallel.schedule 2bw: its second weight "
+                     "version is not saved yet (set checkpoint.dir to null or use a flushing "
+                     "schedule)");
+  int start_iter = 0;
+  int nonfinite_in_a_row = 0;
+  {
+    // Rank 0 chooses (and reports skipped checkpoints) so that every rank loads the same one.
+    std::string choice;
+    if (run.w.rank == 0 || ctx.single_process) {
+      try {
+        std::ostringstream warn;
+        const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
+        if (!warn.str().empty()) std::fprintf(stderr, "%s", warn.str().c_str());
+        choice = sel ? "ok:" + *sel : "none:";
+      } catch (const InputError& e) {
+        // The parts travel separately so every rank rethrows the same InputError (exit 2).
+        choice = "err:" + e.file() + '\n' + e.where() + '\n' + e.expected();
+      }
+    }
+    choice = all_gather_strings(*groups.host, choice)[0];
+    if (choice.rfind("err:", 0) == 0) {
+      const size_t a = choice.find('\n'), b = choice.find('\n', a + 1);
+      throw InputError(choice.substr(4, a - 4), choice.substr(a + 1, b - a - 1),
+                       choice.substr(b + 1));
+    }
+    std::vector<float> hp(static_cast<size_t>(model.num_parameters()));
+    if (choice.rfind("ok:", 0) == 0) {
+      const std::string path = choice.substr(3);
+      const LoadedCheckpoint c = read_checkpoint(path);
+      check_model_shape(cfg.model, c.run_state.value("model", nlohmann::json::object()), path);
+      std::set<std::string> names;
+      for (const ParamInfo& pi : model.param_infos()) names.insert(pi.name);
+      fill_params(model, assemble_full(c.shards, "param", names, path), hp, path);
+      be.upload(model.params(), hp.data());
+      for (const char* k : {"m", "v"}) {
+        Tensor& st = std::string(k) == "m" ? opt.m() : opt.v();
+        std::vector<float> hs(static_cast<size_t>(st.numel()));
+        fill_state(model, assemble_full(c.shards, k, names, path), reducer.optimizer_segments(),
+                   hs, path);
+        be.upload(st, hs.data());
+      }
+      opt.set_steps_taken(c.run_state.value("optimizer_steps", 0));
+      start_iter = c.run_state.value("iteration", 0);
+      nonfinite_in_a_row = c.run_state.value("nonfinite_in_a_row", 0);
+      if (lead) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start_iter);
+    } else if (cfg.model.init_from) {
+      const std::string& path = *cfg.model.init_from;
+      fill_params(model, from_hf_gpt2(gpt_dims(cfg.model), read_full_f32(path), path), hp, path);
+      be.upload(model.params(), hp.data());
+      if (lead) std::printf("initialised from %s\n", path.c_str());
+    }
+  }
+  auto save = [&](int it) {
+    std::vector<float> hp(static_cast<size_t>(model.num_parameters()));
+    std::vector<float> hm(static_cast<size_t>(opt.m().numel())), hv(hm.size());
+    be.download(hp.data(), model.params());
+    be.download(hm.data(), opt.m());
+    be.download(hv.data(), opt.v());
+    const RankShard shard = make_rank_shard(model, hp, hm, hv, reducer.optimizer_segments(),
+                                            groups.dp_rank, reducer.sharded());
+    nlohmann::json rs = {
+        {"format", "strata-run-state-1"},
+        {"iteration", it},
+        {"optimizer_steps", opt.steps_taken()},
+        // Batch j is sampled from (seed, j): the next iteration's data needs nothing else.
+        {"data_position", it},
+        {"seed", cfg.train.seed},
+        {"rng", "none: initialisation and data are pure functions of train.seed"},
+        {"nonfinite_in_a_row", nonfinite_in_a_row},
+        {"world_size", groups.host->size()},
+        {"model", model_shape_json(cfg.model)},
+        {"parallel", {{"tensor", run.tensor}, {"pipeline", p}, {"data", run.data},
+                      {"virtual_stages", v}, {"schedule", cfg.parallel.schedule},
+                      {"sequence_parallel", cfg.parallel.sequence_parallel},
+                      {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
+        {"train", {{"iterations", cfg.train.iterations},
+                   {"micro_batch_size", cfg.train.micro_batch_size},
+                   {"global_batch_size", cfg.train.global_batch_size}}},
+        {"config_file", cfg.source_file}};
+    const std::string dir = save_checkpoint(*groups.host, *ck.dir, it, shard, rs, ck.keep);
+    if (lead) {
+      std::printf("checkpoint %s\n", dir.c_str());
+      std::fflush(stdout);
+    }
+  };
+
   std::unique_ptr<MetricsWriter> metrics;
-  if (cfg.log.metrics && run.w.rank == 0)
-    metrics = std::make_unique<MetricsWriter>(*cfg.log.metrics, false, cfg.source_file);
+  if (cfg.log.metrics && run.w.rank == 0) {
+    // A resumed run continues the file: it keeps the lines up to the checkpoint's iteration and
+    // drops those a killed run wrote after it (they are about to be recomputed).
+    if (start_iter > 0) keep_metrics_up_to(*cfg.log.metrics, start_iter);
+    metrics = std::make_unique<MetricsWriter>(*cfg.log.metrics, start_iter > 0, cfg.source_file);
+  }
 
   TrainResult res;
   res.pipeline_rank = groups.pp_rank;
@@ -546,7 +702,6 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   };
 
   std::vector<std::pair<double, PipelineEvent>> trace;
-  int nonfinite_in_a_row = 0;
   double train_time = 0;
   const auto t_start = Clock::now();
   stage.set_clock(t_start);
@@ -632,7 +787,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       previous = r.at_s;
     }
   } else if (!two_bw) {
-    for (int it = 1; it <= iters; ++it) {
+    for (int it = start_iter + 1; it <= iters; ++it) {
+      maybe_kill_at(it, run.w);
       const auto t0 = Clock::now();
       be.allocator().reset_peak();
       model.zero_grads();
@@ -648,10 +804,12 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       keep_timeline(t0);
       report(stage.records().back(), step_s,
              std::max(0.0, 1.0 - exec.compute_s() / step_s));
+      if (saving && it % ck.interval == 0) save(it);
     }
   }
   res.wall_s = seconds_since(t_start);
-  res.tokens_per_s = train_time > 0 ? tokens_per_iter * iters / train_time : 0;
+  res.start_iteration = start_iter;
+  res.tokens_per_s = train_time > 0 ? tokens_per_iter * (iters - start_iter) / train_time : 0;
   res.memory = be.allocator().stats();
   res.final_params.resize(static_cast<size_t>(model.num_parameters()));
   be.download(res.final_params.data(), model.params());
@@ -676,7 +834,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     }
   }
 
-  if (lead && iters > 0) {
+  if (lead && iters > start_iter) {
     std::printf("done: %d iterations in %.1f s | final loss %.4f", iters, res.wall_s,
                 res.losses.back());
     if (!res.val_losses.empty()) std::printf(" | val %.4f", res.val_losses.back().second);

@@ -1,6 +1,9 @@
 // trainer.h — `strata train`: builds backend, data, model and optimizer from a Config and runs
 // the training loop (gradient accumulation over micro-batches, clipping, AdamW, evaluation,
-// metrics), or with --dry-run prints the model size, FLOPs and predicted memory.
+// metrics), or with --dry-run prints the model size, FLOPs and predicted memory. With
+// checkpoint.dir it saves every checkpoint.interval iterations and resumes (checkpoint.resume)
+// from a checkpoint saved under any layout (docs/checkpoints.md); model.init_from starts from a
+// Hugging Face GPT-2 safetensors file.
 //
 // Thread-safety: one run per process.
 #pragma once
@@ -25,7 +28,8 @@ struct RunContext {
 };
 
 struct TrainResult {
-  std::vector<double> losses;      // [iteration] mean training loss
+  int start_iteration = 0;         // iterations a resumed checkpoint had already done
+  std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
   std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)
   std::vector<bool> skipped;       // [iteration] non-finite step not applied

@@ -43,6 +43,8 @@ class AdamW {
   // One update at learning rate lr; grads is the compact gradient buffer (state layout).
   void step(Tensor& params, const Tensor& grads, double lr);
   int steps_taken() const { return step_; }
+  // Resuming from a checkpoint: the bias corrections continue from the saved step count.
+  void set_steps_taken(int n) { step_ = n; }
 
   Tensor& m() { return m_; }  // first moment, state layout
   Tensor& v() { return v_; }  // second moment, state layout

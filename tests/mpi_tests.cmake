@@ -68,3 +68,14 @@ set_tests_properties(mpi_parallel_np2 mpi_parallel_np4 mpi_parallel_np8 PROPERTI
 strata_mpi_executable(mpi_test_pipeline)
 strata_mpi_test(mpi_test_pipeline mpi_pipeline 2 4 8)
 set_tests_properties(mpi_pipeline_np2 mpi_pipeline_np4 mpi_pipeline_np8 PROPERTIES TIMEOUT 900)
+
+# Checkpoints (issue 8): resharding between layouts, bit-exact resume under MPI, and the
+# fault scenarios (a rank SIGKILLed mid-run, a kill during a save) driven by a shell script.
+strata_mpi_executable(mpi_test_checkpoint)
+strata_mpi_test(mpi_test_checkpoint mpi_checkpoint 4)
+set_tests_properties(mpi_checkpoint_np4 PROPERTIES TIMEOUT 300)
+add_test(NAME mpi_checkpoint_faults
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_checkpoint_faults.sh ${MPIEXEC_EXECUTABLE}
+                 $<TARGET_FILE:strata>)
+set_tests_properties(mpi_checkpoint_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
+                     PROCESSORS 2 LABELS mpi)

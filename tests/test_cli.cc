@@ -81,7 +81,8 @@ TEST_F(Cli, VersionListsBackends) {
 }
 
 TEST_F(Cli, HelpForEveryCommand) {
-  for (const char* a : {"--help", "train --help", "plan --help", "schedule --help", "profile --help"}) {
+  for (const char* a : {"--help", "train --help", "plan --help", "schedule --help", "profile --help",
+                        "export --help"}) {
     Result r = run(a);
     EXPECT_EQ(r.status, 0) << a << "\n" << r.out;
     EXPECT_NE(r.out.find("usage: strata"), std::string::npos) << a;
