@@ -1,11 +1,15 @@
 // The one backend factory: the only place that decides between CPU and CUDA.
 #include "runtime/backend.h"
 
+#include "runtime/comm.h"
 #include "runtime/error.h"
 
 namespace strata {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend_cpu.cc
+#ifdef STRATA_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int device);  // cuda/backend_cuda.cu
+#endif
 
 std::string compiled_backends() {
 #ifdef STRATA_HAVE_CUDA
@@ -15,12 +19,18 @@ std::string compiled_backends() {
 #endif
 }
 
+// "auto" stays on the CPU until the CUDA backend has been verified on a GPU (issue 7): a run
+// asks for the GPU explicitly with device "cuda".
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
   if (device == "cpu" || device == "auto") return make_cpu_backend(threads);
-  // The CUDA compute backend is issue 7; until it lands "cuda" is refused as bad input.
+#ifdef STRATA_HAVE_CUDA
+  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index());
+  throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
+#else
   throw InputError("<config>", "device",
-                   "\"cpu\" or \"auto\": this build has no CUDA compute backend yet (got \"" +
-                       device + "\")");
+                   "\"cpu\" or \"auto\": this build has no CUDA backend (got \"" + device +
+                       "\")");
+#endif
 }
 
 }  // namespace strata
