@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "launch/args.h"
 #include "launch/config_parse.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/planner.h"
@@ -46,10 +47,6 @@ const char* kPlanUsage =
     "  --help                 this text\n"
     "\n"
     "exit status: 0 done (also when nothing fits: the reasons are printed), 2 bad input\n";
-
-[[noreturn]] void bad_flag(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected);
-}
 
 int positive(const std::string& flag, const std::string& v) {
   try {
@@ -189,18 +186,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   int batch = 0, nodes = 0, top = 5, seq = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* out) {
-      const std::string f = flag;
-      if (a == f) {
-        if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
-        *out = args[++i];
-        return true;
-      }
-      if (a.rfind(f + "=", 0) == 0) {
-        *out = a.substr(f.size() + 1);
-        return true;
-      }
-      return false;
+    auto value = [&](const char* flag, std::string* dst) {
+      return flag_value(args, i, flag, dst);
     };
     std::string v;
     if (a == "--help" || a == "-h") {

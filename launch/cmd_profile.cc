@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/args.h"
 #include "launch/cmd_plan.h"
 #include "launch/config_parse.h"
 #include "models/gpt.h"
@@ -48,10 +49,6 @@ const char* kProfileUsage =
     "  --help                     this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <where>: <expected>)\n";
-
-[[noreturn]] void bad_flag(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected);
-}
 
 int positive_int(const std::string& flag, const std::string& text, int max) {
   const std::string expected =
@@ -279,19 +276,8 @@ int cmd_profile(const std::vector<std::string>& args) {
   int repeat = 10;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    // "--flag value" or "--flag=value"; returns whether `a` is `flag` and sets *v.
-    auto value = [&](const char* flag, std::string* v) {
-      const std::string f = flag;
-      if (a == f) {
-        if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
-        *v = args[++i];
-        return true;
-      }
-      if (a.rfind(f + "=", 0) == 0) {
-        *v = a.substr(f.size() + 1);
-        return true;
-      }
-      return false;
+    auto value = [&](const char* flag, std::string* dst) {
+      return flag_value(args, i, flag, dst);
     };
     std::string v;
     if (a == "--help" || a == "-h") {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/args.h"
 #include "runtime/error.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
@@ -33,10 +34,6 @@ const char* kScheduleUsage =
     "  --help             this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <command line>: <flag>: <expected>)\n";
-
-[[noreturn]] void bad_flag(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected);
-}
 
 int positive_int(const std::string& flag, const std::string& text) {
   const std::string expected = "a positive integer, got " + (text.empty() ? "\"\"" : text);
@@ -71,19 +68,8 @@ int cmd_schedule(const std::vector<std::string>& args) {
   bool have_stages = false, have_microbatches = false, list = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    // "--flag value" or "--flag=value"; returns whether `a` is `flag` and sets *out.
-    auto value = [&](const char* flag, std::string* out) {
-      const std::string f = flag;
-      if (a == f) {
-        if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
-        *out = args[++i];
-        return true;
-      }
-      if (a.rfind(f + "=", 0) == 0) {
-        *out = a.substr(f.size() + 1);
-        return true;
-      }
-      return false;
+    auto value = [&](const char* flag, std::string* dst) {
+      return flag_value(args, i, flag, dst);
     };
     std::string v;
     if (a == "--help" || a == "-h") {

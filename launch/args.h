@@ -1,0 +1,37 @@
+// args.h — command-line helpers shared by the subcommands: every flag takes "--flag value" or
+// "--flag=value", and a bad one is an InputError on "<command line>" (exit status 2).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace strata {
+
+[[noreturn]] inline void bad_flag(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected);
+}
+
+// When args[i] is `flag` ("--flag value" or "--flag=value"), stores the value in *out, moves i
+// past what it consumed (to the value's index; the caller's loop then steps over it) and
+// returns true. A flag missing its value is an InputError.
+inline bool flag_value(const std::vector<std::string>& args, size_t& i, const char* flag,
+                       std::string* out) {
+  const std::string& a = args[i];
+  const std::string f = flag;
+  if (a == f) {
+    if (i + 1 >= args.size()) bad_flag(f, "a value after " + f);
+    *out = args[++i];
+    return true;
+  }
+  if (a.rfind(f + "=", 0) == 0) {
+    *out = a.substr(f.size() + 1);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace strata
