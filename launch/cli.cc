@@ -21,6 +21,7 @@
 #include "runtime/check.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
@@ -101,15 +102,7 @@ int cmd_train(const std::vector<std::string>& args) {
   if (config_path.empty()) usage_error("--config", "a config file: strata train --config FILE");
   Config cfg = load_config(config_path, sets);
   if (!plan_path.empty()) {
-    std::ifstream in(plan_path);
-    if (!in) throw InputError(plan_path, "", "a readable plan file (strata plan --json)");
-    nlohmann::json plan;
-    try {
-      plan = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError(plan_path, "byte " + std::to_string(e.byte), "valid JSON");
-    }
-    cfg = apply_plan(cfg, plan, plan_path);
+    cfg = apply_plan(cfg, read_json_file(plan_path), plan_path);
   }
   RunContext ctx;
   if (dry_run) {

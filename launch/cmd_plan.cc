@@ -11,6 +11,7 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/planner.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 #include "schedules/simulator.h"
 
 namespace strata {
@@ -62,15 +63,7 @@ int positive(const std::string& flag, const std::string& v) {
 Config model_config(const std::string& model, const std::vector<std::string>& sets) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(model, ec)) {
-    std::ifstream in(model);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json j;
-    try {
-      j = json::parse(ss.str());
-    } catch (const json::parse_error& e) {
-      throw InputError(model, "byte " + std::to_string(e.byte), "valid JSON");
-    }
+    const json j = read_json_file(model);
     if (!j.is_object()) throw InputError(model, "", "a JSON object (a model or a config)");
     if (j.contains("model")) return load_config(model, sets);
     return config_from_json(json{{"model", j}}, model, sets);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
@@ -143,16 +144,7 @@ Cluster load_cluster(const std::string& name_or_path, const std::string& configs
                        "a cluster file or preset (" + names + "), got '" + name_or_path + "'");
     }
   }
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw InputError(path, "byte " + std::to_string(e.byte), "valid JSON");
-  }
-  return cluster_from_json(j, path);
+  return cluster_from_json(read_json_file(path), path);
 }
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 
@@ -96,15 +97,9 @@ json profile_to_json(const Profile& p) {
 }
 
 Profile load_profile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError("<command line>", "--profile", "a readable profile JSON, got " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return profile_from_json(json::parse(ss.str()), path);
-  } catch (const json::parse_error& e) {
-    throw InputError(path, "byte " + std::to_string(e.byte), "valid JSON");
-  }
+  if (!std::ifstream(path))
+    throw InputError("<command line>", "--profile", "a readable profile JSON, got " + path);
+  return profile_from_json(read_json_file(path), path);
 }
 
 namespace {
