@@ -79,3 +79,7 @@ add_test(NAME mpi_checkpoint_faults
                  $<TARGET_FILE:strata>)
 set_tests_properties(mpi_checkpoint_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
                      PROCESSORS 2 LABELS mpi)
+
+# The planner's per-stage memory prediction against the allocator under several layouts (issue 6).
+strata_mpi_executable(mpi_test_memory)
+strata_mpi_test(mpi_test_memory mpi_memory 4)
