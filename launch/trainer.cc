@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/cmd_plan.h"
 #include "launch/config_parse.h"
 #include "launch/model_state.h"
 #include "models/gpt.h"
@@ -64,6 +65,22 @@ double sum_over(Communicator* c, double v) {
   return f;
 }
 
+// The planner's prediction for this run on this machine: one node holding every rank, its
+// memory shared by the ranks on it.
+nlohmann::json planner_prediction(const Config& cfg, int world_size) {
+  const nlohmann::json cluster = {
+      {"name", "this-machine"},
+      {"nodes", 1},
+      {"gpus_per_node", world_size},
+      {"peak_flops", {{"fp32", 1e11}}},
+      {"memory_bytes", std::max<int64_t>(1, physical_memory_bytes() / std::max(1, world().local_size))},
+      {"hbm_bandwidth", 2e10},
+      {"intra_node", {{"bandwidth", 1e10}, {"latency_s", 2e-6}}},
+      {"inter_node", {{"bandwidth", 1.25e9}, {"latency_s", 2e-5}}},
+      {"nics_per_node", 1}};
+  return predict_for_config(cfg, world_size, cluster_from_json(cluster, "<this machine>"));
+}
+
 // Everything a run is made of, built once from the config.
 struct Run {
   const Config& cfg;
@@ -93,18 +110,14 @@ struct Run {
     dims = gpt_dims(cfg.model, tensor, tp_rank, cfg.parallel.sequence_parallel);
   }
 
-  MemoryPrediction predicted() const {
-    MemoryPrediction m = GptModel::predict_memory(dims, micro, seq_len, threads);
-    if (cfg.parallel.distributed_optimizer && data > 1) {
-      m.optimizer /= data;
-      m.gradients += m.gradients / data;  // the reduced shard beside the full buffer
-    }
-    return m;
-  }
-
   void check_fits_in_memory() const {
-    const MemoryPrediction m = predicted();
-    const int64_t need = m.total() * w.local_size;
+    // The largest stage's prediction (partitioner/ memory model), for every rank on this node.
+    const nlohmann::json plan = planner_prediction(cfg, w.size);  // keep it alive for the loop
+    double peak = 0;
+    for (const auto& st : plan.at("predicted").at("memory_bytes_per_stage"))
+      peak = std::max(peak, st.at("total").get<double>());
+    const int64_t per_rank = static_cast<int64_t>(peak);
+    const int64_t need = per_rank * w.local_size;
     const int64_t have = physical_memory_bytes();
     // Leave a tenth of the machine to the OS and the data; refuse before anything is allocated
     // rather than be killed by the OOM killer mid-run.
@@ -112,7 +125,7 @@ struct Run {
       throw InputError(cfg.source_file, "model",
                        "a model that fits in this machine's memory: training needs " +
                            format_bytes(need) + " (" + std::to_string(w.local_size) +
-                           " rank(s) × " + format_bytes(m.total()) + "), the machine has " +
+                           " rank(s) × " + format_bytes(per_rank) + "), the machine has " +
                            format_bytes(have));
     }
   }
@@ -238,7 +251,8 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   const int64_t real = GptModel::real_parameters(gpt_dims(cfg.model));
   const FlopCount f = GptModel::flops_per_iteration(d, run.global, run.seq_len,
                                                     cfg.train.recompute == "full");
-  const MemoryPrediction m = run.predicted();
+  const nlohmann::json plan = planner_prediction(cfg, run.w.size);
+  const nlohmann::json& stages = plan.at("predicted").at("memory_bytes_per_stage");
   os << "model: " << d.L << " layers, hidden " << d.C << ", " << d.NH << " heads, ffn " << d.F
      << ", seq " << d.S << ", vocab " << d.V << " (padded " << d.Vp << ")\n";
   os << "parameters: " << real << " (" << si(static_cast<double>(real)) << "), " << n
@@ -252,19 +266,29 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
      << static_cast<int64_t>(run.global) * run.seq_len << " tokens per iteration)\n";
   os << "FLOPs per iteration: model " << si(f.model) << "FLOP, hardware " << si(f.hardware)
      << "FLOP\n";
-  os << "predicted memory per rank:\n";
-  auto line = [&](const char* k, int64_t v) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "  %-12s %14lld B  %s\n", k, static_cast<long long>(v),
-                  format_bytes(v).c_str());
+  // The planner's memory model (partitioner/), which follows the schedule's in-flight
+  // micro-batches per stage; tests/mpi_test_memory.cc checks it against the allocator.
+  os << "predicted memory per rank, by pipeline stage:\n";
+  const char* kinds[] = {"parameters", "gradients", "optimizer", "activations", "buffers",
+                         "total"};
+  os << "  stage";
+  for (const char* k : kinds) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " %13s", k);
     os << buf;
-  };
-  line("parameters", m.parameters);
-  line("gradients", m.gradients);
-  line("optimizer", m.optimizer);
-  line("activations", m.activations);
-  line("buffers", m.buffers);
-  line("total", m.total());
+  }
+  os << "\n";
+  for (size_t st = 0; st < stages.size(); ++st) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "  %5zu", st);
+    os << buf;
+    for (const char* k : kinds) {
+      std::snprintf(buf, sizeof buf, " %13s",
+                    format_bytes(static_cast<int64_t>(stages[st].at(k).get<double>())).c_str());
+      os << buf;
+    }
+    os << "\n";
+  }
   os << "ranks:\n" << table;
 }
 
