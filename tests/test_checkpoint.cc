@@ -247,27 +247,6 @@ TEST(Checkpoint, TwoBWWithCheckpointsIsRefused) {
 }
 
 // The model of tests/golden/hf_gpt2_tiny.safetensors (make_hf_fixture.py's GPT2Config).
-std::vector<std::string> hf_tiny() {
-  return {"model.num_layers=2",        "model.hidden_size=32",     "model.num_heads=4",
-          "model.ffn_hidden_size=128", "model.seq_len=16",         "model.vocab_size=64",
-          "train.micro_batch_size=2",  "train.global_batch_size=2"};
-}
-
-// Writes the export the HF fixture is made from (3 steps of training, so that no tensor is
-// still at its initial value): run with --gtest_also_run_disabled_tests and
-// STRATA_HF_EXPORT_OUT=FILE (tests/golden/README.md).
-TEST(Checkpoint, DISABLED_WriteTinyExportForHfFixture) {
-  const char* out = std::getenv("STRATA_HF_EXPORT_OUT");
-  ASSERT_NE(out, nullptr) << "set STRATA_HF_EXPORT_OUT";
-  const std::string dir = scratch("hf");
-  std::vector<std::string> s = hf_tiny();
-  s.insert(s.end(), {"train.iterations=3", "optimizer.lr=1e-2", "checkpoint.dir=" + dir,
-                     "checkpoint.interval=3"});
-  train(s);
-  export_checkpoint(dir, out);
-  fs::remove_all(dir);
-}
-
 // Strata's logits for the exported model against transformers' GPT2LMHeadModel loading the same
 // file (tests/golden/make_hf_fixture.py; computed there in float64). Tolerance 1e-4 absolute:
 // Strata runs in float32 (about 1e-6 relative per op over two layers of width 32, logits of
@@ -280,7 +259,9 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   FullTensors hf;
   for (const auto& [name, t] : f.tensors)
     if (t.dtype == "F32") hf[name] = {t.shape, t.as_f32()};
-  const Config c = tiny(hf_tiny());
+  // The model the fixture was exported from (tests/golden/README.md: trained 3 steps with this
+  // config by `strata train`, then `strata export`).
+  const Config c = load_config(std::string(STRATA_TEST_DIR) + "/golden/hf_tiny_train.json", {});
   const GptDims d = gpt_dims(c.model);
   std::unique_ptr<Backend> be = make_backend("cpu", 1);
   GptModel model(d, *be, c.train.seed);

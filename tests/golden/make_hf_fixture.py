@@ -3,9 +3,8 @@
 that Strata exported, the outside reference for `strata export` and model.init_from.
 
 Steps (tests/golden/README.md):
-  1. STRATA_HF_EXPORT_OUT=/tmp/tiny_export.safetensors \
-       build/tests/test_checkpoint --gtest_also_run_disabled_tests \
-       --gtest_filter='*WriteTinyExportForHfFixture'
+  1. build/strata train --config tests/golden/hf_tiny_train.json
+     build/strata export --checkpoint /tmp/strata_hf_fixture_ckpt --out /tmp/tiny_export.safetensors
   2. python3 tests/golden/make_hf_fixture.py --export /tmp/tiny_export.safetensors
 
 The export is loaded exactly as a user would load it: GPT2LMHeadModel.from_pretrained on a
@@ -28,7 +27,7 @@ import transformers
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
-L, C, NH, F_HID, S, V, B = 2, 32, 4, 128, 16, 64, 2  # keep in sync with test_checkpoint.cc hf_tiny()
+L, C, NH, F_HID, S, V, B = 2, 32, 4, 128, 16, 64, 2  # keep in sync with tests/golden/hf_tiny_train.json
 
 
 def tokens():
