@@ -390,9 +390,8 @@ class GptStage final : public PipelineStage {
         groups_.embedding->size() > 1) {
       Tensor g = model_.grad("wte");
       groups_.embedding->all_reduce(g, ReduceOp::kSum);
-      const auto& infos = model_.param_infos();
-      for (int i = 0; i < static_cast<int>(infos.size()); ++i)
-        if (infos[static_cast<size_t>(i)].name == "wte") reducer_.mark_ready(i, i + 1);
+      const int i = model_.param_index("wte");
+      reducer_.mark_ready(i, i + 1);
     }
     reducer_.finish();
   }

@@ -134,6 +134,8 @@ GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communi
       pieces_(pieces.empty() ? whole_model(dims) : std::move(pieces)),
       recompute_(recompute),
       infos_(layout(dims, pieces_)) {
+  for (int k = 0; k < static_cast<int>(infos_.size()); ++k)
+    index_.emplace(infos_[static_cast<size_t>(k)].name, k);
   const GptDims& d = dims_;
   STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
   STRATA_CHECK(d.NH % d.tp == 0 && d.C % d.tp == 0 && d.F % d.tp == 0,
@@ -160,17 +162,14 @@ int64_t GptModel::real_parameters(const GptDims& d) {
   return n;
 }
 
-bool GptModel::has_param(const std::string& name) const {
-  for (const ParamInfo& p : infos_)
-    if (p.name == name) return true;
-  return false;
+int GptModel::param_index(const std::string& name) const {
+  auto it = index_.find(name);
+  STRATA_CHECK(it != index_.end(), "no parameter named " << name << " on this stage");
+  return it->second;
 }
 
 const ParamInfo& GptModel::info(const std::string& name) const {
-  for (const ParamInfo& p : infos_)
-    if (p.name == name) return p;
-  STRATA_CHECK(false, "no parameter named " << name);
-  return infos_.front();
+  return infos_[static_cast<size_t>(param_index(name))];
 }
 
 Tensor GptModel::param(const std::string& name) const {
@@ -308,12 +307,8 @@ void GptModel::param_ready(const std::string& first, const std::string& last) {
     param_ready("wpe", last);
     return;
   }
-  int a = -1, b = -1;
-  for (int i = 0; i < static_cast<int>(infos_.size()); ++i) {
-    if (infos_[static_cast<size_t>(i)].name == first) a = i;
-    if (infos_[static_cast<size_t>(i)].name == last) b = i;
-  }
-  STRATA_CHECK(a >= 0 && b >= a, "parameter range " << first << " .. " << last);
+  const int a = param_index(first), b = param_index(last);
+  STRATA_CHECK(b >= a, "parameter range " << first << " .. " << last);
   ready_hook_(a, b + 1);
 }
 

@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -168,6 +169,8 @@ class GptModel {
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   const ParamInfo& info(const std::string& name) const;
+  // Index of a parameter of this stage in param_infos() (checked: it must exist here).
+  int param_index(const std::string& name) const;
 
   // (Re)initialises every parameter from `seed`.
   void init_parameters(uint64_t seed);
@@ -224,7 +227,6 @@ class GptModel {
   // recomputing: called from the backward pass to rebuild what recompute dropped (keep it all).
   void block_forward(int l, const Tensor& x, Acts& a, bool recomputing = false);
   void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
-  bool has_param(const std::string& name) const;
   // dinp += dout·W now; dW (and db) += now or, when acts defers weight gradients, in the W pass.
   void linear_backward(Acts& a, Tensor* dinp, const std::string& weight, const std::string& bias,
                        const Tensor& dout, const Tensor& inp, bool dout_changes_later = false);
@@ -247,6 +249,7 @@ class GptModel {
   std::vector<ModelPiece> pieces_;
   Recompute recompute_;
   std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, int> index_;  // name → index in infos_ (ops look up by name)
   Tensor params_;  // (N) parameters
   Tensor grads_;   // (N) gradients
 };
