@@ -65,8 +65,8 @@ double sum_over(Communicator* c, double v) {
   return f;
 }
 
-// The planner's prediction for this run on this machine: one node holding every rank, its
-// memory shared by the ranks on it.
+}  // namespace
+
 nlohmann::json planner_prediction(const Config& cfg, int world_size) {
   const nlohmann::json cluster = {
       {"name", "this-machine"},
@@ -80,6 +80,8 @@ nlohmann::json planner_prediction(const Config& cfg, int world_size) {
       {"nics_per_node", 1}};
   return predict_for_config(cfg, world_size, cluster_from_json(cluster, "<this machine>"));
 }
+
+namespace {
 
 // Everything a run is made of, built once from the config.
 struct Run {

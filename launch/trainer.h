@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/allocator.h"
 #include "runtime/config.h"
 
@@ -58,6 +60,10 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx);
 
 // Prints what --dry-run promises: parameters, FLOPs per iteration, memory per category.
 void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os);
+
+// The planner's prediction (partitioner/) for cfg on `world_size` ranks of this machine, taken as
+// one node whose memory the ranks on it share: what --dry-run prints and the memory check uses.
+nlohmann::json planner_prediction(const Config& cfg, int world_size);
 
 // Best-effort physical memory of this machine in bytes (0 when unknown).
 int64_t physical_memory_bytes();

@@ -631,29 +631,4 @@ FlopCount GptModel::flops_per_iteration(const GptDims& d, int64_t sequences, int
   return f;
 }
 
-MemoryPrediction GptModel::predict_memory(const GptDims& d, int micro_batch, int seq_len,
-                                          int threads) {
-  MemoryPrediction m;
-  int64_t n = 0;
-  for (const ParamInfo& p : layout(d)) n += p.numel;
-  m.parameters = 4 * n;
-  m.gradients = 4 * n;
-  m.optimizer = 8 * n;  // AdamW m and v in fp32
-  const int64_t B = micro_batch, S = seq_len, C = d.C, Fl = d.F_local(), NHl = d.heads_local();
-  const int64_t Cl = d.C_local(), Vl = d.V_local(), Sl = d.seq_local(seq_len);
-  const int64_t BS = B * S, BSl = B * Sl;
-  // Saved by forward (see BlockActs / Acts), in floats.
-  const int64_t block = 4 * BSl * C /* ln1, res1, ln2, out */ + 4 * BSl /* LN stats */ +
-                        BS * 3 * Cl + BS * Cl /* qkv, atty */ + 2 * BS * Fl + B * NHl * S * S;
-  const int64_t saved = 2 * BS /* tokens, targets */ + BSl * C /* x0 */ + d.L * block +
-                        BSl * C + 2 * BSl /* ln_f */ + BS * Vl + 2 * BS /* logits, stats */;
-  // Transient peak of backward: at the head, dlogits + the gathered ln_f output + its partial
-  // gradient + the residual-stream gradient while everything is live.
-  const int64_t gathered = d.sp ? 2 * BS * C : 0;  // chunks + interleaved copy
-  const int64_t head_transient = BS * Vl + BS * C + BSl * C + gathered;
-  m.activations = 4 * (saved + head_transient);
-  m.buffers = 4 * static_cast<int64_t>(threads) * S * S;  // attention backward scratch
-  return m;
-}
-
 }  // namespace strata

@@ -131,12 +131,6 @@ struct FlopCount {
   double hardware = 0;  // plus recomputed forward passes
 };
 
-// Predicted bytes per category for training with micro-batches of `micro_batch` sequences.
-struct MemoryPrediction {
-  int64_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
-  int64_t total() const { return parameters + gradients + optimizer + activations + buffers; }
-};
-
 class GptModel {
  public:
   // What one micro-batch's forward keeps for its backward (defined in gpt.cc).
@@ -218,8 +212,6 @@ class GptModel {
 
   static FlopCount flops_per_iteration(const GptDims& d, int64_t global_batch_sequences,
                                        int seq_len, bool full_recompute);
-  static MemoryPrediction predict_memory(const GptDims& d, int micro_batch, int seq_len,
-                                         int threads);
   static std::vector<ParamInfo> layout(const GptDims& d,
                                        const std::vector<ModelPiece>& pieces = {});
 
