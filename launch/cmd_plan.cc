@@ -234,6 +234,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   Profile profile;
   if (!profile_path.empty()) {
     profile = load_profile(profile_path);
+    check_profile_matches(profile, req.model, precision, profile_path);
     req.profile = &profile;
   }
   const PlanOutput out = search_plans(req);

@@ -246,6 +246,7 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
   req.memory.bucket_mb = cfg.parallel.bucket_mb;
+  check_profile_matches(profile, req.model, req.precision, "<profile>");
   req.profile = &profile;
   PlanConfig c;
   c.tensor = cfg.parallel.tensor;

@@ -102,6 +102,23 @@ Profile load_profile(const std::string& path) {
   return profile_from_json(read_json_file(path), path);
 }
 
+void check_profile_matches(const Profile& p, const ModelSpec& m, const std::string& precision,
+                           const std::string& file) {
+  if (p.seq_len != 0 && p.seq_len != m.seq_len)
+    throw InputError(file, "seq_len", "the model's sequence length " + std::to_string(m.seq_len) +
+                                          " (profile measured at " + std::to_string(p.seq_len) +
+                                          "; run strata profile for this model)");
+  if (p.hidden_size != 0 && p.hidden_size != m.hidden_size)
+    throw InputError(file, "hidden_size",
+                     "the model's hidden size " + std::to_string(m.hidden_size) +
+                         " (profile measured at " + std::to_string(p.hidden_size) +
+                         "; run strata profile for this model)");
+  if (!p.precision.empty() && p.precision != precision)
+    throw InputError(file, "precision",
+                     "the planned precision " + precision + " (profile measured in " +
+                         p.precision + "; pass --precision " + p.precision + " or re-profile)");
+}
+
 namespace {
 
 // Above this many (stage, micro-batch, chunk) forwards the steady state is extrapolated.
@@ -127,7 +144,7 @@ double ring_allreduce(double bytes, int n, const Link& l, double net_eff) {
   return 2.0 * (n - 1) / n * bytes / (l.bandwidth * net_eff) + 2.0 * (n - 1) * l.latency_s;
 }
 
-LayerTimes profile_times(const Profile& prof, const PlanConfig& c) {
+LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured_tensor) {
   const ProfileEntry* best = nullptr;
   for (const ProfileEntry& e : prof.entries) {
     auto score = [&](const ProfileEntry& x) {
@@ -135,8 +152,12 @@ LayerTimes profile_times(const Profile& prof, const PlanConfig& c) {
     };
     if (best == nullptr || score(e) < score(*best)) best = &e;
   }
-  // Layer work is linear in the micro-batch at the sizes a profile covers.
-  const double k = static_cast<double>(c.micro_batch_size) / best->micro_batch_size;
+  // Layer work is linear in the micro-batch at the sizes a profile covers; an entry of
+  // another tensor width is rescaled by the ratio of widths (a rank of width t does 1/t of the
+  // layer's work; its all-reduces are added by the caller from the analytical model).
+  const double k = static_cast<double>(c.micro_batch_size) / best->micro_batch_size *
+                   static_cast<double>(best->tensor) / c.tensor;
+  *measured_tensor = best->tensor;
   LayerTimes t;
   t.layer_fwd = best->layer_forward_s * k;
   t.layer_bwd = best->layer_backward_s * k;
@@ -170,15 +191,10 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
                                    : cl.intra_node;
   LayerTimes lt;
   const double act_bytes = b * s * h * eb;
-  lt.p2p = p2p_link.latency_s + act_bytes / t / (p2p_link.bandwidth * cp.net_eff) +
+  lt.p2p = p2p_link.latency_s +
+           act_bytes / t / (p2p_link.bandwidth * (cross_node ? cp.ib_eff : cp.net_eff)) +
            (c.tensor > 1 ? (t - 1) / t * act_bytes / (cl.intra_node.bandwidth * cp.net_eff) : 0);
 
-  if (ctx.profile != nullptr && !ctx.profile->empty()) {
-    const double p2p = lt.p2p;
-    lt = profile_times(*ctx.profile, c);
-    lt.p2p = p2p;
-    return lt;
-  }
 
   const double peak = cl.peak(ctx.precision), hbm = cl.hbm_bandwidth;
   const Gemm fwd[] = {{bs, 3 * h / t, h}, {bs, h, h / t}, {bs, f / t, h}, {bs, h, f / t}};
@@ -226,7 +242,33 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
   lt.head_bwd = gemm_time({head.M, head.K, head.N}, peak, hbm, eb, cp) +
                 gemm_time({head.N, head.K, head.M}, peak, hbm, eb, cp) + ce +
                 4 * b * sl * h * eb / mem_rate;
-  return lt;
+  if (ctx.profile == nullptr || ctx.profile->empty()) return lt;
+
+  // A measured profile replaces the compute. An entry of the plan's width t already contains
+  // its all-reduces; one of another width is rescaled (profile_times) and gets the modelled
+  // exposed tensor-parallel communication added.
+  int measured_t = 0;
+  LayerTimes pt = profile_times(*ctx.profile, c, &measured_t);
+  pt.p2p = lt.p2p;
+  if (measured_t != c.tensor) {
+    const double fwd_extra = exp_f, bwd_extra = exp_b + (c.recompute == RecomputeKind::kFull ? exp_f : 0);
+    pt.layer_fwd += fwd_extra;
+    pt.layer_bwd_input += bwd_extra;
+    pt.layer_bwd += bwd_extra;
+    pt.tp_exposed_per_layer = lt.tp_exposed_per_layer;
+    pt.emb_fwd += lt.emb_fwd - 3 * bs * h * eb / mem_rate;  // the lookup's all-reduce
+  }
+  return pt;
+}
+
+Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParams& cp) {
+  if (tensor * data <= cl.gpus_per_node)
+    return {cl.intra_node.bandwidth * cp.net_eff, cl.intra_node.latency_s};
+  // The group's members in one node share the node's NICs (one ring leaves the node per NIC).
+  const double members = std::max(1, std::min(data, cl.gpus_per_node / tensor));
+  return {std::min(cl.intra_node.bandwidth * cp.net_eff,
+                   cl.inter_node_bandwidth_per_gpu() * members * cp.ib_eff),
+          cl.inter_node.latency_s};
 }
 
 std::vector<double> stage_parameters(const ModelSpec& m, const PlanConfig& c) {
@@ -272,13 +314,7 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   const bool fp32 = ctx.precision == "fp32";
   // Gradients are reduced in the training precision (bf16: Megatron-Core's bf16 reduction).
   const double grad_bytes = fp32 ? 4 : 2, param_bytes = fp32 ? 4 : 2;
-  Link dp_link = cl.intra_node;
-  if (c.tensor * c.data > cl.gpus_per_node) {
-    // The group's members in one node share the node's NICs.
-    const double members = std::max(1, std::min(c.data, cl.gpus_per_node / c.tensor));
-    dp_link = {std::min(cl.intra_node.bandwidth, cl.inter_node_bandwidth_per_gpu() * members),
-               cl.inter_node.latency_s};
-  }
+  const Link dp_link = data_parallel_link(cl, c.tensor, c.data, cp);
   IterationTime it;
   std::vector<double> reduce(static_cast<size_t>(p), 0.0), opt(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
@@ -291,7 +327,7 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     const double n = nparam[si];
     if (c.data > 1) {
       const double d = c.data;
-      const double rate = dp_link.bandwidth * cp.net_eff;
+      const double rate = dp_link.bandwidth;
       if (c.distributed_optimizer) {
         const double rs = (d - 1) / d * grad_bytes * n / rate + (d - 1) * dp_link.latency_s;
         const double ag = (d - 1) / d * param_bytes * n / rate + (d - 1) * dp_link.latency_s;

@@ -36,16 +36,17 @@ namespace strata {
 // The physics constants of the model (docs/planner.md: how they were chosen). One set for
 // every GPU; nothing here is per model or per row of a benchmark.
 struct CostParams {
-  double gemm_max_eff = 0.70;   // best GEMM efficiency against the dense peak
+  double gemm_max_eff = 0.64;   // best GEMM efficiency against the dense peak
   double gemm_half_dim = 256;    // d0 of the efficiency curve
-  double attn_fwd_eff = 0.35;   // fused attention forward, of the causal FLOPs
-  double attn_bwd_eff = 0.28;   // fused attention backward
+  double attn_fwd_eff = 0.40;   // fused attention forward, of the causal FLOPs
+  double attn_bwd_eff = 0.30;   // fused attention backward
   double mem_eff = 0.80;        // achieved share of HBM bandwidth in elementwise kernels
-  double net_eff = 0.80;        // achieved share of link bandwidth by collectives
+  double net_eff = 0.80;        // achieved share of NVLink bandwidth by NCCL collectives
+  double ib_eff = 0.95;         // achieved share of a NIC's line rate between nodes
   double tp_overlap = 0.90;     // share of TP communication that can hide behind GEMMs
   double dp_overlap = 1.00;     // share of the overlap window the DP reduction can use
   // GPU idle time per kernel (launch gap, synchronisation), and the kernels of one layer.
-  double kernel_overhead_s = 1.5e-5;
+  double kernel_overhead_s = 3e-6;
   double kernels_per_layer_fwd = 14, kernels_per_layer_bwd = 28;
   // Share of a pipeline transfer that stays on the critical path of each forward/backward
   // (Megatron posts send and receive together and waits for both).
@@ -82,6 +83,11 @@ struct Profile {
 Profile profile_from_json(const nlohmann::json& j, const std::string& file);
 nlohmann::json profile_to_json(const Profile& p);
 Profile load_profile(const std::string& path);
+// A profile times one model shape: InputError(file, "seq_len" / "hidden_size" / "precision")
+// when it was measured for another sequence length, hidden size or precision than `m` and
+// `precision` (0 or "" in the profile: not recorded, accepted).
+void check_profile_matches(const Profile& p, const ModelSpec& m, const std::string& precision,
+                           const std::string& file);
 
 // Megatron-LM's FLOP counts for one iteration of `global_batch` sequences.
 double model_flops(const ModelSpec& m, double global_batch);
@@ -118,6 +124,11 @@ struct IterationTime {
   std::vector<int> peak_inflight;       // [stage] from the simulation
   SimResult sim;              // kept when asked for (traces)
 };
+
+// Bytes/s a data-parallel ring of `data` ranks, each tensor group `tensor` wide, achieves per
+// rank (after the link efficiency), and its per-hop latency: NVLink when the group fits in a
+// node, else the NICs of the node shared by the group's members there.
+Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParams& cp);
 
 // Parameters on the busiest rank of each stage (elements), for the DP and optimizer terms.
 std::vector<double> stage_parameters(const ModelSpec& m, const PlanConfig& c);

@@ -406,13 +406,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                   const double nmax = *std::max_element(np.begin(), np.end());
                   double dp = 0;
                   if (d > 1) {
-                    Link link = cl.intra_node;
-                    if (t * d > cl.gpus_per_node) {
-                      const double members = std::max(1, std::min(d, cl.gpus_per_node / t));
-                      link = {std::min(cl.intra_node.bandwidth, cl.inter_node_bandwidth_per_gpu() * members),
-                              cl.inter_node.latency_s};
-                    }
-                    const double rate = link.bandwidth * req.params.net_eff;
+                    const double rate = data_parallel_link(cl, t, d, req.params).bandwidth;
                     const double pb = req.precision == "fp32" ? 4 : 2;
                     const double bytes = dist ? 2 * pb * nmax : 2 * pb * nmax;
                     const double window = dist ? stage_max : stage_max - stage_f;

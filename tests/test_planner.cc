@@ -223,6 +223,59 @@ TEST(PlannerPlan, CommandWritesThePlanSchema) {
   EXPECT_TRUE(j.contains("rejected"));
 }
 
+// A profile measured for another model shape is refused with the key that differs.
+TEST(PlannerProfile, MismatchedProfileNamesTheKey) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  const ModelSpec m = model_spec(cfg.model);
+  Profile p;
+  p.precision = "bf16";
+  p.seq_len = m.seq_len;
+  p.hidden_size = m.hidden_size;
+  p.entries.push_back(ProfileEntry{});
+  EXPECT_NO_THROW(check_profile_matches(p, m, "bf16", "prof.json"));
+  for (const char* key : {"seq_len", "hidden_size", "precision"}) {
+    Profile q = p;
+    if (std::string(key) == "seq_len") q.seq_len = m.seq_len / 2;
+    if (std::string(key) == "hidden_size") q.hidden_size = m.hidden_size * 2;
+    if (std::string(key) == "precision") q.precision = "fp32";
+    try {
+      check_profile_matches(q, m, "bf16", "prof.json");
+      ADD_FAILURE() << "expected InputError for " << key;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), "prof.json");
+      EXPECT_EQ(e.where(), key);
+    }
+  }
+}
+
+// A profile of one unsharded rank (t = 1) predicts a t = 2 plan as half the layer's compute
+// plus the modelled exposed all-reduces; a t = 2 entry is used as measured.
+TEST(PlannerProfile, UnshardedProfileIsRescaledForTensorParallelPlans) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  const ModelSpec m = model_spec(cfg.model);
+  const Cluster cl = h100(1);
+  Profile prof;
+  ProfileEntry e;
+  e.micro_batch_size = 4;
+  e.layer_forward_s = 1e-3;
+  e.layer_backward_s = 2e-3;
+  prof.entries.push_back(e);
+  PlanConfig c;
+  c.tensor = 2;
+  c.data = 4;
+  c.micro_batch_size = 4;
+  CostContext analytic{&m, &cl, "bf16", nullptr, CostParams{}};
+  CostContext measured{&m, &cl, "bf16", &prof, CostParams{}};
+  const LayerTimes a = layer_times(analytic, c);
+  const LayerTimes t1 = layer_times(measured, c);
+  ASSERT_GT(a.tp_exposed_per_layer, 0);
+  EXPECT_DOUBLE_EQ(t1.layer_fwd + t1.layer_bwd, 1.5e-3 + a.tp_exposed_per_layer);
+  prof.entries[0].tensor = 2;
+  const LayerTimes t2 = layer_times(measured, c);
+  EXPECT_DOUBLE_EQ(t2.layer_fwd, 1e-3);
+  EXPECT_DOUBLE_EQ(t2.layer_bwd, 2e-3);
+}
+
 TEST(PlannerCluster, BadClusterJsonNamesThePath) {
   nlohmann::json j = cluster_to_json(h100(1));
   j["intra_node"]["bandwidth"] = "fast";
