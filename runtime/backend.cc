@@ -33,4 +33,23 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
 #endif
 }
 
+const Tensor& MixedPrecisionScope::in(const Tensor& t) {
+  if (t.dtype() != DType::kBF16) return t;
+  temps_.push_back(std::make_unique<Tensor>(be_.empty(t.shape(), MemCategory::kBuffers)));
+  be_.cast(*temps_.back(), t);
+  return *temps_.back();
+}
+
+Tensor& MixedPrecisionScope::out(Tensor& t) {
+  if (t.dtype() != DType::kBF16) return t;
+  temps_.push_back(std::make_unique<Tensor>(be_.empty(t.shape(), MemCategory::kBuffers)));
+  be_.cast(*temps_.back(), t);
+  write_back_.emplace_back(&t, temps_.back().get());
+  return *temps_.back();
+}
+
+MixedPrecisionScope::~MixedPrecisionScope() {
+  for (auto& [dst, tmp] : write_back_) be_.cast(*dst, *tmp);
+}
+
 }  // namespace strata

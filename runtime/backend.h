@@ -3,8 +3,16 @@
 // Models call these methods on Tensors and never know which device runs them; the backend is
 // chosen once, in make_backend() (the one factory: no #ifdef in model or schedule code). Ops
 // mirror kernels/cpu/ops.h: shapes are checked here, then the kernel runs on the raw buffers.
-// All tensors are f32 unless stated. Backward ops ACCUMULATE into gradient outputs (so
-// micro-batch gradients sum), except ce_backward which assigns.
+// Backward ops ACCUMULATE into gradient outputs (so micro-batch gradients sum), except
+// ce_backward which assigns.
+//
+// Types (train.precision): in fp32 every float tensor is f32. In bf16 (mixed precision) the
+// activations, their gradients and the compute copy of the weights are bf16, while statistics
+// (LayerNorm mean/rstd, cross-entropy row stats and losses, attention saved statistics) and
+// parameter gradients (dw, dbias, LayerNorm dw/db, dwte, dwpe: the fp32 main gradients) stay
+// f32. Every op accepts any mix of f32/bf16 float operands, computes in f32 (bf16 GEMM inputs
+// with f32 accumulation) and rounds to nearest-even where it stores into a bf16 tensor; a
+// backend may run a mix without a fast path by widening to f32 (MixedPrecisionScope below).
 //
 // Thread-safety: one backend per process, used from the training thread; ops are ordered as
 // called (the CUDA backend issues them on one compute stream).
@@ -14,6 +22,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/tensor.h"
@@ -43,6 +53,8 @@ class Backend {
   // ---- memory ----
   virtual void zero(Tensor& x) = 0;
   virtual void copy(Tensor& dst, const Tensor& src) = 0;  // same numel and dtype
+  // dst = src converted (f32 <-> bf16, round to nearest even; same dtype: a copy); same numel.
+  virtual void cast(Tensor& dst, const Tensor& src) = 0;
   // Host <-> this device (a host pointer of numel elements of the tensor's dtype).
   virtual void upload(Tensor& dst, const void* host) = 0;
   virtual void download(void* host, const Tensor& src) = 0;
@@ -71,11 +83,18 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
 
-  // ---- attention core ----
-  // qkv (B, S, 3, NH, HS) → out (B, S, NH, HS); att (B, NH, S, S) saved probabilities.
-  virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) = 0;
+  // ---- attention core (causal) ----
+  // qkv (B, S, 3, NH, HS) → out (B, S, NH, HS); `saved` (f32, attention_saved_shape) keeps what
+  // the backward needs: the CPU backend the (B, NH, S, S) probabilities, a fused (flash-style)
+  // backend the (B, NH, S) log-sum-exp of each score row.
+  virtual Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const {
+    return {B, num_heads, S, S};
+  }
+  virtual void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv,
+                                 int num_heads) = 0;
+  // dqkv += the gradient; out is the forward's output.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int num_heads) = 0;
+                                  const Tensor& out, const Tensor& saved, int num_heads) = 0;
 
   // ---- embedding (vocab-parallel shard [vocab_start, vocab_start + wte rows)) ----
   // tokens (B, S) i32; out (B, S, C); wpe (S_max, C) may be null (only the first stage adds it).
@@ -116,6 +135,27 @@ class Backend {
   virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
                             float beta1, float beta2, float eps, float weight_decay,
                             int step) = 0;
+};
+
+// Runs an op written for f32 on operands of any float type: in() gives an f32 view of an input
+// (the tensor itself when already f32, else a widened temporary), out() of an output (a
+// temporary holding the current values, so accumulating ops work), and the destructor rounds
+// every temporary output back into its bf16 tensor. Integer and f32 tensors pass through.
+class MixedPrecisionScope {
+ public:
+  explicit MixedPrecisionScope(Backend& be) : be_(be) {}
+  ~MixedPrecisionScope();
+  MixedPrecisionScope(const MixedPrecisionScope&) = delete;
+  MixedPrecisionScope& operator=(const MixedPrecisionScope&) = delete;
+  const Tensor& in(const Tensor& t);
+  const Tensor* in(const Tensor* t) { return t ? &in(*t) : nullptr; }
+  Tensor& out(Tensor& t);
+  Tensor* out(Tensor* t) { return t ? &out(*t) : nullptr; }
+
+ private:
+  Backend& be_;
+  std::vector<std::unique_ptr<Tensor>> temps_;
+  std::vector<std::pair<Tensor*, Tensor*>> write_back_;  // (bf16 destination, f32 temporary)
 };
 
 // The one factory. device: "auto" (CUDA when a device is present and compiled in, else CPU),
