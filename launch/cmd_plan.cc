@@ -143,11 +143,13 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   }
 }
 
+// cpu: the CPU runtime (also for bf16, which it emulates: memory there follows fp32's layout
+// rules for attention); else a GPU.
 MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par,
-                             int threads) {
+                             int threads, bool cpu) {
   MemoryOptions o;
   o.precision = precision;
-  if (precision == "fp32") {
+  if (cpu) {
     // The CPU runtime: unfused attention keeps the probabilities; per-thread scratch.
     o.flash_attention = false;
     o.cpu_threads = threads;
@@ -230,7 +232,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
   req.fixes = parse_fixes(fix);
   req.top_k = top;
-  req.memory = memory_options(precision, nullptr, 1);
+  req.memory = memory_options(precision, nullptr, 1, precision == "fp32");
   Profile profile;
   if (!profile_path.empty()) {
     profile = load_profile(profile_path);
@@ -268,7 +270,8 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   }
   req.global_batch_size = cfg.train.global_batch_size;
   req.precision = cfg.train.precision;
-  req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1));
+  req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
+                              cfg.device != "cuda");
   PlanConfig c;
   c.tensor = cfg.parallel.tensor;
   c.pipeline = cfg.parallel.pipeline;

@@ -729,12 +729,6 @@ void check_consistency(const Config& c, const Reader& r) {
                       to_string(m.vocab_size));
   }
 
-  if (t.precision == "bf16" && c.device == "cpu") {
-    r.fail_latest({"train.precision", "device"},
-                  "precision \"bf16\" is not available on device \"cpu\" (the CPU backend "
-                  "computes in fp32); expected \"fp32\"");
-  }
-
   if (c.checkpoint.interval > 0 && !c.checkpoint.dir) {
     r.fail_in(r.latest_file({"checkpoint.interval", "checkpoint.dir"}), "checkpoint.dir",
               "checkpoint.interval " + to_string(c.checkpoint.interval) +

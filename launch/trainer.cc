@@ -72,7 +72,7 @@ nlohmann::json planner_prediction(const Config& cfg, int world_size) {
       {"name", "this-machine"},
       {"nodes", 1},
       {"gpus_per_node", world_size},
-      {"peak_flops", {{"fp32", 1e11}}},
+      {"peak_flops", {{"fp32", 1e11}, {"bf16", 1e11}}},
       {"memory_bytes", std::max<int64_t>(1, physical_memory_bytes() / std::max(1, world().local_size))},
       {"hbm_bandwidth", 2e10},
       {"intra_node", {{"bandwidth", 1e10}, {"latency_s", 2e-6}}},
@@ -110,6 +110,7 @@ struct Run {
     // The tensor rank of this process, from the group layout (the same formula as the groups).
     const int tp_rank = group_layout(tensor, pipeline, data).coord(w.rank).tp;
     dims = gpt_dims(cfg.model, tensor, tp_rank, cfg.parallel.sequence_parallel);
+    dims.bf16 = cfg.train.precision == "bf16";
   }
 
   void check_fits_in_memory() const {
@@ -343,6 +344,7 @@ class GptStage final : public PipelineStage {
   Shape boundary_shape() const override {
     return {run_.micro, run_.dims.seq_local(run_.seq_len), run_.dims.C};
   }
+  DType boundary_dtype() const override { return model_.activation_dtype(); }
 
   Tensor forward(int mb, int chunk, const Tensor& input) override {
     use_version_of(mb);
@@ -423,6 +425,7 @@ class GptStage final : public PipelineStage {
       if (coef < 1.0) be_.scale_inplace(reducer_.optimizer_grads(), static_cast<float>(coef));
       opt_.step(*next, reducer_.optimizer_grads(), r.lr);
       reducer_.gather_params(*next);
+      model_.params_changed();  // bf16: the compute copy follows the master weights
     }
     if (two_bw_) {
       ++steps_;
@@ -619,6 +622,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       for (const ParamInfo& pi : model.param_infos()) names.insert(pi.name);
       fill_params(model, assemble_full(c.shards, "param", names, path), hp, path);
       be.upload(model.params(), hp.data());
+      model.params_changed();
       for (const char* k : {"m", "v"}) {
         Tensor& st = std::string(k) == "m" ? opt.m() : opt.v();
         std::vector<float> hs(static_cast<size_t>(st.numel()));
@@ -634,6 +638,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       const std::string& path = *cfg.model.init_from;
       fill_params(model, from_hf_gpt2(gpt_dims(cfg.model), read_full_f32(path), path), hp, path);
       be.upload(model.params(), hp.data());
+      model.params_changed();
       if (lead) std::printf("initialised from %s\n", path.c_str());
     }
   }

@@ -144,7 +144,10 @@ GptModel::GptModel(const GptDims& dims, Backend& backend, uint64_t seed, Communi
                "tensor-parallel group does not match dims (size " << d.tp << ", rank "
                                                                   << d.tp_rank << ")");
   const int64_t n = infos_.back().offset + infos_.back().numel;
-  params_ = be_.empty({n}, MemCategory::kParameters);
+  // Mixed precision keeps the fp32 parameters as the optimizer's master copy and computes with
+  // a bf16 copy (Megatron's accounting: 2 bytes of parameters, 4 of gradients, 12 of optimizer).
+  params_ = be_.empty({n}, d.bf16 ? MemCategory::kOptimizer : MemCategory::kParameters);
+  if (d.bf16) params_lp_ = be_.empty({n}, MemCategory::kParameters, DType::kBF16);
   grads_ = be_.zeros({n}, MemCategory::kGradients);
   init_parameters(seed);
 }
@@ -177,6 +180,23 @@ Tensor GptModel::param(const std::string& name) const {
   return params_.view(p.offset, p.shape);
 }
 
+Tensor GptModel::cparam(const std::string& name) const {
+  const ParamInfo& p = info(name);
+  return (dims_.bf16 ? params_lp_ : params_).view(p.offset, p.shape);
+}
+
+void GptModel::params_changed() {
+  if (dims_.bf16) be_.cast(params_lp_, params_);
+}
+
+Tensor GptModel::act(const Shape& s) {
+  return be_.empty(s, MemCategory::kActivations, activation_dtype());
+}
+Tensor GptModel::act_zeros(const Shape& s) {
+  return be_.zeros(s, MemCategory::kActivations, activation_dtype());
+}
+Tensor GptModel::stat(const Shape& s) { return be_.empty(s, MemCategory::kActivations); }
+
 Tensor GptModel::grad(const std::string& name) const {
   const ParamInfo& p = info(name);
   return grads_.view(p.offset, p.shape);
@@ -204,6 +224,7 @@ void GptModel::init_parameters(uint64_t seed) {
     }
   }
   be_.upload(params_, host.data());
+  params_changed();
 }
 
 void GptModel::zero_grads() { be_.zero(grads_); }
@@ -212,7 +233,11 @@ void GptModel::use_params(const Tensor& p) {
   STRATA_CHECK(p.numel() == params_.numel(), "parameter buffer of " << p.numel()
                                                  << " elements for a model of "
                                                  << params_.numel());
+  // 2bw switches versions per micro-batch: re-round the bf16 copy only on a real switch (a
+  // version is written only while no micro-batch computes with it).
+  if (p.data() == params_.data()) return;
   params_ = p;
+  params_changed();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,10 +284,6 @@ struct GptModel::Acts {
   Tensor row_sumexp;         // (B·S)
 };
 
-namespace {
-constexpr MemCategory kAct = MemCategory::kActivations;
-}
-
 void GptModel::ActsDeleter::operator()(Acts* a) const { delete a; }
 
 void GptModel::tp_sum(Tensor& t) {
@@ -272,9 +293,9 @@ void GptModel::tp_sum(Tensor& t) {
 Tensor GptModel::sp_gather(const Tensor& shard) {
   const int t = dims_.tp;
   const int64_t B = shard.size(0), Sl = shard.size(1), C = shard.size(2);
-  Tensor chunks = be_.empty({t, B, Sl, C}, kAct);
-  tp_->all_gather(shard.data(), chunks.data(), static_cast<size_t>(shard.numel()), DType::kF32);
-  Tensor full = be_.empty({B, Sl * t, C}, kAct);
+  Tensor chunks = act({t, B, Sl, C});
+  tp_->all_gather(shard.data(), chunks.data(), static_cast<size_t>(shard.numel()), shard.dtype());
+  Tensor full = act({B, Sl * t, C});
   be_.seq_interleave(full, chunks, t);
   return full;
 }
@@ -282,11 +303,11 @@ Tensor GptModel::sp_gather(const Tensor& shard) {
 Tensor GptModel::sp_reduce_scatter(const Tensor& full) {
   const int t = dims_.tp;
   const int64_t B = full.size(0), S = full.size(1), C = full.size(2);
-  Tensor chunks = be_.empty({t, B, S / t, C}, kAct);
+  Tensor chunks = act({t, B, S / t, C});
   be_.seq_deinterleave(chunks, full, t);
-  Tensor shard = be_.empty({B, S / t, C}, kAct);
+  Tensor shard = act({B, S / t, C});
   tp_->reduce_scatter(chunks.data(), shard.data(), static_cast<size_t>(shard.numel()),
-                      DType::kF32, ReduceOp::kSum);
+                      shard.dtype(), ReduceOp::kSum);
   return shard;
 }
 
@@ -342,9 +363,9 @@ GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const 
   if (pc.embedding) {
     // Vocab-parallel embedding: each rank adds its vocabulary rows (and rank 0 the positions),
     // the sum over the group is the embedding.
-    Tensor x0 = be_.empty({B, S, d.C}, kAct);
-    const Tensor wpe = param("wpe");
-    be_.embedding_forward(x0, tokens, param("wte"), d.tp_rank == 0 ? &wpe : nullptr,
+    Tensor x0 = act({B, S, d.C});
+    const Tensor wpe = cparam("wpe");
+    be_.embedding_forward(x0, tokens, cparam("wte"), d.tp_rank == 0 ? &wpe : nullptr,
                           d.vocab_start());
     a->input = d.sp ? sp_reduce_scatter(x0) : (tp_sum(x0), x0);
   } else {
@@ -359,25 +380,25 @@ GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const 
 
   const Tensor& x = output(*a);
   const int64_t Sl = x.size(1), N = B * S;
-  a->lnf = be_.empty({B, Sl, d.C}, kAct);
-  a->lnf_mean = be_.empty({B, Sl}, kAct);
-  a->lnf_rstd = be_.empty({B, Sl}, kAct);
-  be_.layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, param("ln_f.weight"),
-                        param("ln_f.bias"));
+  a->lnf = act({B, Sl, d.C});
+  a->lnf_mean = stat({B, Sl});
+  a->lnf_rstd = stat({B, Sl});
+  be_.layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, cparam("ln_f.weight"),
+                        cparam("ln_f.bias"));
   const Tensor lnf_full = full_sequence(a->lnf);
-  a->logits = be_.empty({N, d.V_local()}, kAct);
-  be_.matmul_forward(a->logits, lnf_full, param(d.tie ? "wte" : "lm_head.weight"), nullptr);
+  a->logits = act({N, d.V_local()});
+  be_.matmul_forward(a->logits, lnf_full, cparam(d.tie ? "wte" : "lm_head.weight"), nullptr);
   // Vocab-parallel cross-entropy: max, Σexp and the target logit are combined over the group.
-  a->row_max = be_.empty({N}, kAct);
-  a->row_sumexp = be_.empty({N}, kAct);
+  a->row_max = stat({N});
+  a->row_sumexp = stat({N});
   be_.ce_row_max(a->row_max, a->logits, d.vocab_valid());
   if (d.tp > 1) tp_->all_reduce(a->row_max, ReduceOp::kMax);
   be_.ce_row_sumexp(a->row_sumexp, a->logits, a->row_max, d.vocab_valid());
   tp_sum(a->row_sumexp);
-  Tensor target_logit = be_.empty({N}, kAct);
+  Tensor target_logit = stat({N});
   be_.ce_target_logit(target_logit, a->logits, targets, d.vocab_start(), d.vocab_valid());
   tp_sum(target_logit);
-  Tensor losses = be_.empty({N}, kAct);
+  Tensor losses = stat({N});
   be_.ce_losses(losses, a->row_max, a->row_sumexp, target_logit);
   *loss_sum = be_.sum(losses);
   return a;
@@ -390,24 +411,24 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
   const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
   const bool bias_here = d.tp_rank == 0;  // row-parallel biases are added once, by rank 0
 
-  h.ln1 = be_.empty({B, Sl, d.C}, kAct);
-  h.ln1_mean = be_.empty({B, Sl}, kAct);
-  h.ln1_rstd = be_.empty({B, Sl}, kAct);
-  be_.layernorm_forward(h.ln1, h.ln1_mean, h.ln1_rstd, x, param(p + "ln_1.weight"),
-                        param(p + "ln_1.bias"));
+  h.ln1 = act({B, Sl, d.C});
+  h.ln1_mean = stat({B, Sl});
+  h.ln1_rstd = stat({B, Sl});
+  be_.layernorm_forward(h.ln1, h.ln1_mean, h.ln1_rstd, x, cparam(p + "ln_1.weight"),
+                        cparam(p + "ln_1.bias"));
   {
     const Tensor ln1_full = full_sequence(h.ln1);
-    h.qkv = be_.empty({B, S, 3 * d.C_local()}, kAct);
-    const Tensor qkv_b = param(p + "attn.c_attn.bias");
-    be_.matmul_forward(h.qkv, ln1_full, param(p + "attn.c_attn.weight"), &qkv_b);
+    h.qkv = act({B, S, 3 * d.C_local()});
+    const Tensor qkv_b = cparam(p + "attn.c_attn.bias");
+    be_.matmul_forward(h.qkv, ln1_full, cparam(p + "attn.c_attn.weight"), &qkv_b);
   }
-  h.att = be_.empty({B, d.heads_local(), S, S}, kAct);
-  h.atty = be_.empty({B, S, d.C_local()}, kAct);
+  h.att = stat(be_.attention_saved_shape(B, d.heads_local(), S));
+  h.atty = act({B, S, d.C_local()});
   be_.attention_forward(h.atty, h.att, h.qkv, d.heads_local());
   {
-    Tensor proj = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
-    const Tensor proj_b = param(p + "attn.c_proj.bias");
-    be_.matmul_forward(proj, h.atty, param(p + "attn.c_proj.weight"),
+    Tensor proj = act({B, S, d.C});  // partial sum over the group
+    const Tensor proj_b = cparam(p + "attn.c_proj.bias");
+    be_.matmul_forward(proj, h.atty, cparam(p + "attn.c_proj.weight"),
                        bias_here ? &proj_b : nullptr);
     h.res1 = d.sp ? sp_reduce_scatter(proj) : (tp_sum(proj), proj);
     be_.add_inplace(h.res1, x);
@@ -419,23 +440,23 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
     h.atty = Tensor();
   }
 
-  h.ln2 = be_.empty({B, Sl, d.C}, kAct);
-  h.ln2_mean = be_.empty({B, Sl}, kAct);
-  h.ln2_rstd = be_.empty({B, Sl}, kAct);
-  be_.layernorm_forward(h.ln2, h.ln2_mean, h.ln2_rstd, h.res1, param(p + "ln_2.weight"),
-                        param(p + "ln_2.bias"));
+  h.ln2 = act({B, Sl, d.C});
+  h.ln2_mean = stat({B, Sl});
+  h.ln2_rstd = stat({B, Sl});
+  be_.layernorm_forward(h.ln2, h.ln2_mean, h.ln2_rstd, h.res1, cparam(p + "ln_2.weight"),
+                        cparam(p + "ln_2.bias"));
   {
     const Tensor ln2_full = full_sequence(h.ln2);
-    h.fch = be_.empty({B, S, d.F_local()}, kAct);
-    const Tensor fc_b = param(p + "mlp.c_fc.bias");
-    be_.matmul_forward(h.fch, ln2_full, param(p + "mlp.c_fc.weight"), &fc_b);
+    h.fch = act({B, S, d.F_local()});
+    const Tensor fc_b = cparam(p + "mlp.c_fc.bias");
+    be_.matmul_forward(h.fch, ln2_full, cparam(p + "mlp.c_fc.weight"), &fc_b);
   }
-  h.fch_gelu = be_.empty({B, S, d.F_local()}, kAct);
+  h.fch_gelu = act({B, S, d.F_local()});
   be_.gelu_forward(h.fch_gelu, h.fch);
   {
-    Tensor mlp = be_.empty({B, S, d.C}, kAct);  // partial sum over the group
-    const Tensor mp_b = param(p + "mlp.c_proj.bias");
-    be_.matmul_forward(mlp, h.fch_gelu, param(p + "mlp.c_proj.weight"),
+    Tensor mlp = act({B, S, d.C});  // partial sum over the group
+    const Tensor mp_b = cparam(p + "mlp.c_proj.bias");
+    be_.matmul_forward(mlp, h.fch_gelu, cparam(p + "mlp.c_proj.weight"),
                        bias_here ? &mp_b : nullptr);
     h.out = d.sp ? sp_reduce_scatter(mlp) : (tp_sum(mlp), mlp);
     be_.add_inplace(h.out, h.res1);
@@ -462,18 +483,18 @@ Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
   Tensor dresid;  // gradient of the residual stream, (B, Sl, C)
   if (pc.head) {
     // dlogits = grad_scale · (softmax − onehot) on this rank's vocabulary shard.
-    dresid = be_.zeros({B, Sl, d.C}, kAct);
-    Tensor dlogits = be_.empty({N, d.V_local()}, kAct);
+    dresid = act_zeros({B, Sl, d.C});
+    Tensor dlogits = act({N, d.V_local()});
     be_.ce_backward(dlogits, a.logits, a.row_max, a.row_sumexp, a.targets, grad_scale,
                     d.vocab_start(), d.vocab_valid());
     a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
-    Tensor dlnf_full = be_.zeros({B, S, d.C}, kAct);  // partial over the vocabulary shards
+    Tensor dlnf_full = act_zeros({B, S, d.C});  // partial over the vocabulary shards
     linear_backward(a, &dlnf_full, d.tie ? "wte" : "lm_head.weight", "", dlogits,
                     full_sequence(a.lnf));
     dlogits = Tensor();
     const Tensor dlnf = reduce_input_grad(dlnf_full);
     Tensor dw = grad("ln_f.weight"), db = grad("ln_f.bias");
-    be_.layernorm_backward(dresid, dw, db, dlnf, output(a), param("ln_f.weight"), a.lnf_mean,
+    be_.layernorm_backward(dresid, dw, db, dlnf, output(a), cparam("ln_f.weight"), a.lnf_mean,
                            a.lnf_rstd);
     if (d.sp && last_microbatch) {  // LayerNorm gradients are never deferred
       tp_sum(dw);
@@ -484,7 +505,7 @@ Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
     if (d.tie && !pc.embedding) param_ready("wte", "wte");
   } else {
     // The gradient arrives from the next stage; it is accumulated in place below.
-    dresid = be_.empty({B, Sl, d.C}, kAct);
+    dresid = act({B, Sl, d.C});
     be_.copy(dresid, dout);
   }
 
@@ -515,24 +536,24 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   const bool reduce_ln = d.sp && hook_active_;
   if (recompute_ == Recompute::kFull) block_forward(l, x, a, true);  // the dropped activations
   if (recompute_ == Recompute::kSelective) {
-    h.att = be_.empty({B, d.heads_local(), S, S}, kAct);
-    h.atty = be_.empty({B, S, d.C_local()}, kAct);
+    h.att = stat(be_.attention_saved_shape(B, d.heads_local(), S));
+    h.atty = act({B, S, d.C_local()});
     be_.attention_forward(h.atty, h.att, h.qkv, d.heads_local());
   }
   // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
   {
-    Tensor dgelu = be_.zeros({B, S, d.F_local()}, kAct);
+    Tensor dgelu = act_zeros({B, S, d.F_local()});
     linear_backward(a, &dgelu, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
                     full_sequence(dresid), h.fch_gelu, /*dout_changes_later=*/!d.sp);
-    Tensor dfch = be_.zeros({B, S, d.F_local()}, kAct);
+    Tensor dfch = act_zeros({B, S, d.F_local()});
     be_.gelu_backward(dfch, h.fch, dgelu);
     dgelu = Tensor();
-    Tensor dln2_full = be_.zeros({B, S, d.C}, kAct);
+    Tensor dln2_full = act_zeros({B, S, d.C});
     linear_backward(a, &dln2_full, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfch,
                     full_sequence(h.ln2));
     const Tensor dln2 = reduce_input_grad(dln2_full);
     Tensor dlw = grad(p + "ln_2.weight"), dlb = grad(p + "ln_2.bias");
-    be_.layernorm_backward(dresid, dlw, dlb, dln2, h.res1, param(p + "ln_2.weight"), h.ln2_mean,
+    be_.layernorm_backward(dresid, dlw, dlb, dln2, h.res1, cparam(p + "ln_2.weight"), h.ln2_mean,
                            h.ln2_rstd);
     if (reduce_ln) {
       tp_sum(dlw);
@@ -541,18 +562,18 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   }
   // Attention branch: dresid now holds d(res1), also d(x) through the residual.
   {
-    Tensor datty = be_.zeros({B, S, d.C_local()}, kAct);
+    Tensor datty = act_zeros({B, S, d.C_local()});
     linear_backward(a, &datty, p + "attn.c_proj.weight", p + "attn.c_proj.bias",
                     full_sequence(dresid), h.atty, /*dout_changes_later=*/!d.sp);
-    Tensor dqkv = be_.zeros({B, S, 3 * d.C_local()}, kAct);
-    be_.attention_backward(dqkv, datty, h.qkv, h.att, d.heads_local());
+    Tensor dqkv = act_zeros({B, S, 3 * d.C_local()});
+    be_.attention_backward(dqkv, datty, h.qkv, h.atty, h.att, d.heads_local());
     datty = Tensor();
-    Tensor dln1_full = be_.zeros({B, S, d.C}, kAct);
+    Tensor dln1_full = act_zeros({B, S, d.C});
     linear_backward(a, &dln1_full, p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv,
                     full_sequence(h.ln1));
     const Tensor dln1 = reduce_input_grad(dln1_full);
     Tensor dlw = grad(p + "ln_1.weight"), dlb = grad(p + "ln_1.bias");
-    be_.layernorm_backward(dresid, dlw, dlb, dln1, x, param(p + "ln_1.weight"), h.ln1_mean,
+    be_.layernorm_backward(dresid, dlw, dlb, dln1, x, cparam(p + "ln_1.weight"), h.ln1_mean,
                            h.ln1_rstd);
     if (reduce_ln) {
       tp_sum(dlw);
@@ -567,12 +588,12 @@ void GptModel::linear_backward(Acts& a, Tensor* dinp, const std::string& weight,
                                const std::string& bias, const Tensor& dout, const Tensor& inp,
                                bool dout_changes_later) {
   if (a.defer_weight_grads) {
-    if (dinp) be_.matmul_backward_input(*dinp, dout, param(weight));
+    if (dinp) be_.matmul_backward_input(*dinp, dout, cparam(weight));
     // The residual-stream gradient keeps accumulating after this layer: the W pass needs its
     // value now.
     Tensor kept = dout;
     if (dout_changes_later) {
-      kept = be_.empty(dout.shape(), kAct);
+      kept = act(dout.shape());
       be_.copy(kept, dout);
     }
     a.deferred.push_back({weight, bias, kept, inp});
@@ -580,7 +601,7 @@ void GptModel::linear_backward(Acts& a, Tensor* dinp, const std::string& weight,
   }
   Tensor dw = grad(weight);
   Tensor db = bias.empty() ? Tensor() : grad(bias);
-  be_.matmul_backward(dinp, dw, bias.empty() ? nullptr : &db, dout, inp, param(weight));
+  be_.matmul_backward(dinp, dw, bias.empty() ? nullptr : &db, dout, inp, cparam(weight));
 }
 
 void GptModel::backward_weight_piece(Acts& a, bool last_microbatch) {

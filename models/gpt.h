@@ -58,6 +58,9 @@ struct GptDims {
   int Vp = 0;  // vocabulary padded to a multiple of 128·tp
   bool tie = true;
   double init_std = 0.02;
+  // train.precision "bf16": activations, their gradients and a compute copy of the weights are
+  // bf16; the fp32 parameters stay the master copy (optimizer memory) and gradients stay fp32.
+  bool bf16 = false;
 
   // This rank's shard sizes.
   int heads_local() const { return NH / tp; }
@@ -155,12 +158,17 @@ class GptModel {
   int64_t num_real_parameters() const { return real_parameters(dims_); }
   static int64_t real_parameters(const GptDims& d);
 
-  Tensor& params() { return params_; }  // (N) flat
+  Tensor& params() { return params_; }  // (N) flat, fp32 (the master copy in bf16 mode)
   // Computes with another buffer of the same layout from now on (PipeDream-2BW's weight
   // versions); params() then returns it.
   void use_params(const Tensor& p);
   Tensor& grads() { return grads_; }    // (N) flat, same layout
-  Tensor param(const std::string& name) const;
+  // bf16 mode: re-rounds the bf16 compute copy from params() — to call whenever params() was
+  // written (optimizer step, parameter all-gather, checkpoint load); a no-op in fp32.
+  void params_changed();
+  // The element type of activations and of the tensors passed between pipeline stages.
+  DType activation_dtype() const { return dims_.bf16 ? DType::kBF16 : DType::kF32; }
+  Tensor param(const std::string& name) const;  // a view of params() (fp32)
   Tensor grad(const std::string& name) const;
   const ParamInfo& info(const std::string& name) const;
   // Index of a parameter of this stage in param_infos() (checked: it must exist here).
@@ -232,6 +240,11 @@ class GptModel {
   // Before a layer needing the full sequence: the input itself (no sp) or its gather (sp).
   Tensor full_sequence(const Tensor& x);
   void param_ready(const std::string& first, const std::string& last);
+  // The weights the forward and backward compute with: the bf16 copy in bf16 mode, else param().
+  Tensor cparam(const std::string& name) const;
+  Tensor act(const Shape& s);        // an activation of activation_dtype()
+  Tensor act_zeros(const Shape& s);
+  Tensor stat(const Shape& s);       // f32 statistics (LayerNorm, cross-entropy rows)
 
   GptDims dims_;
   Backend& be_;
@@ -243,6 +256,7 @@ class GptModel {
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_;  // name → index in infos_ (ops look up by name)
   Tensor params_;  // (N) parameters
+  Tensor params_lp_;  // (N) bf16 compute copy (bf16 mode only)
   Tensor grads_;   // (N) gradients
 };
 

@@ -31,6 +31,14 @@ void expect_numel(const Tensor& t, int64_t n, const char* what) {
   STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
 }
 
+// Whether any operand is bf16 (then the op runs on widened f32 copies: the CPU computes in f32).
+bool is_bf16(const Tensor& t) { return t.dtype() == DType::kBF16; }
+bool is_bf16(const Tensor* t) { return t && t->dtype() == DType::kBF16; }
+template <typename... Ts>
+bool any_bf16(const Ts&... ts) {
+  return (is_bf16(ts) || ...);
+}
+
 // Rows of a tensor viewed as (N, last dim).
 int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 
@@ -53,6 +61,19 @@ class CpuBackend final : public Backend {
                  "copy " << shape_string(src.shape()) << " into " << shape_string(dst.shape()));
     if (dst.bytes()) std::memcpy(dst.data(), src.data(), dst.bytes());
   }
+  void cast(Tensor& dst, const Tensor& src) override {
+    expect_numel(dst, src.numel(), "cast destination");
+    const size_t n = static_cast<size_t>(src.numel());
+    if (dst.dtype() == src.dtype()) {
+      copy(dst, src);
+    } else if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32) {
+      k::cast_f32_to_bf16(dst.bf16(), src.f32(), n);
+    } else if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) {
+      k::cast_bf16_to_f32(dst.f32(), src.bf16(), n);
+    } else {
+      STRATA_CHECK(false, "cast from " << to_string(src.dtype()) << " to " << to_string(dst.dtype()));
+    }
+  }
   void upload(Tensor& dst, const void* host) override {
     if (dst.bytes()) std::memcpy(dst.data(), host, dst.bytes());
   }
@@ -63,6 +84,10 @@ class CpuBackend final : public Backend {
 
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                       const Tensor* bias) override {
+    if (any_bf16(out, inp, w, bias)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
+    }
     const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
     expect_shape(w, {OC, C}, "matmul weight");
     expect_numel(out, N * OC, "matmul out");
@@ -72,6 +97,11 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) override {
+    if (any_bf16(dinp, dw, dbias, dout, inp, w)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward(mp.out(dinp), mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp),
+                             mp.in(w));
+    }
     const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
     expect_numel(dout, N * OC, "matmul dout");
     expect_shape(dw, w.shape(), "matmul dweight");
@@ -81,6 +111,10 @@ class CpuBackend final : public Backend {
                        dout.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), as_int(OC));
   }
   void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) override {
+    if (any_bf16(dinp, dout, w)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward_input(mp.out(dinp), mp.in(dout), mp.in(w));
+    }
     const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
     expect_shape(w, {OC, C}, "matmul weight");
     expect_numel(dout, N * OC, "matmul dout");
@@ -89,6 +123,10 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp) override {
+    if (any_bf16(dw, dbias, dout, inp)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward_weight(mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp));
+    }
     const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
     expect_shape(dw, {OC, C}, "matmul dweight");
     expect_numel(dout, N * OC, "matmul dout");
@@ -108,6 +146,11 @@ class CpuBackend final : public Backend {
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b) override {
+    if (any_bf16(out, mean, rstd, inp, w, b)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
+                               mp.in(b));
+    }
     const int64_t N = rows(inp), C = inp.size(-1);
     expect_numel(out, N * C, "layernorm out");
     expect_numel(mean, N, "layernorm mean");
@@ -120,6 +163,11 @@ class CpuBackend final : public Backend {
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd) override {
+    if (any_bf16(dinp, dw, db, dout, inp, w, mean, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
+                                mp.in(w), mp.in(mean), mp.in(rstd));
+    }
     const int64_t N = rows(inp), C = inp.size(-1);
     expect_numel(dinp, N * C, "layernorm dinp");
     expect_numel(dout, N * C, "layernorm dout");
@@ -127,16 +175,28 @@ class CpuBackend final : public Backend {
                           mean.f32(), rstd.f32(), as_int(N), as_int(C));
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
+    if (any_bf16(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_forward(mp.out(out), mp.in(inp));
+    }
     expect_numel(out, inp.numel(), "gelu out");
     k::gelu_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    if (any_bf16(dinp, inp, dout)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout));
+    }
     expect_numel(dinp, inp.numel(), "gelu dinp");
     expect_numel(dout, inp.numel(), "gelu dout");
     k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), static_cast<size_t>(inp.numel()));
   }
 
   void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) override {
+    if (any_bf16(out, att, qkv)) {
+      MixedPrecisionScope mp(*this);
+      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads);
+    }
     const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
     STRATA_CHECK(C3 % (3 * num_heads) == 0, "qkv width " << C3 << " % (3 * " << num_heads << ")");
     const int64_t HS = C3 / 3 / num_heads;
@@ -145,8 +205,14 @@ class CpuBackend final : public Backend {
     k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(B), as_int(S), num_heads,
                          as_int(HS));
   }
-  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int num_heads) override {
+  // The probabilities saved by the forward make `out` unnecessary here.
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& att, int num_heads) override {
+    if (any_bf16(dqkv, dout, qkv, att)) {
+      MixedPrecisionScope mp(*this);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att),
+                                num_heads);
+    }
     const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
     const int64_t HS = C3 / 3 / num_heads;
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
@@ -162,6 +228,10 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                          int vocab_start) override {
+    if (any_bf16(out, wte, wpe)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
+    }
     const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
     expect_numel(out, B * S * C, "embedding out");
     if (wpe) STRATA_CHECK(wpe->size(0) >= S, "sequence " << S << " > positions " << wpe->size(0));
@@ -170,6 +240,10 @@ class CpuBackend final : public Backend {
   }
   void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           int vocab_start) override {
+    if (any_bf16(dwte, dwpe, dout)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
+    }
     const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
     expect_numel(dout, B * S * C, "embedding dout");
     k::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.f32(), tokens.i32(),
@@ -177,28 +251,49 @@ class CpuBackend final : public Backend {
   }
 
   void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
+    if (any_bf16(row_max, logits)) {
+      MixedPrecisionScope mp(*this);
+      return ce_row_max(mp.out(row_max), mp.in(logits), valid);
+    }
     k::ce_row_max(row_max.f32(), logits.f32(), as_int(rows(logits)), as_int(logits.size(-1)),
                   valid);
   }
   void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
                      int valid) override {
+    if (any_bf16(row_sumexp, logits, row_max)) {
+      MixedPrecisionScope mp(*this);
+      return ce_row_sumexp(mp.out(row_sumexp), mp.in(logits), mp.in(row_max), valid);
+    }
     k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), as_int(rows(logits)),
                      as_int(logits.size(-1)), valid);
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                        int vocab_start, int valid) override {
+    if (any_bf16(target_logit, logits)) {
+      MixedPrecisionScope mp(*this);
+      return ce_target_logit(mp.out(target_logit), mp.in(logits), targets, vocab_start, valid);
+    }
     expect_numel(targets, rows(logits), "cross-entropy targets");
     k::ce_target_logit(target_logit.f32(), logits.f32(), targets.i32(), as_int(rows(logits)),
                        as_int(logits.size(-1)), vocab_start, valid);
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                  const Tensor& target_logit) override {
+    if (any_bf16(losses, row_max, row_sumexp, target_logit)) {
+      MixedPrecisionScope mp(*this);
+      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit));
+    }
     k::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
                  as_int(losses.numel()));
   }
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
                    int valid) override {
+    if (any_bf16(dlogits, logits, row_max, row_sumexp)) {
+      MixedPrecisionScope mp(*this);
+      return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp),
+                         targets, scale, vocab_start, valid);
+    }
     expect_numel(dlogits, logits.numel(), "cross-entropy dlogits");
     k::ce_backward(dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(),
                    scale, as_int(rows(logits)), as_int(logits.size(-1)), vocab_start, valid);
@@ -212,21 +307,41 @@ class CpuBackend final : public Backend {
   }
 
   void add_inplace(Tensor& y, const Tensor& x) override {
+    if (any_bf16(y, x)) {
+      MixedPrecisionScope mp(*this);
+      return add_inplace(mp.out(y), mp.in(x));
+    }
     expect_numel(x, y.numel(), "add_inplace operand");
     k::add_inplace(y.f32(), x.f32(), static_cast<size_t>(y.numel()));
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
+    if (any_bf16(out, a, b)) {
+      MixedPrecisionScope mp(*this);
+      return add(mp.out(out), mp.in(a), mp.in(b));
+    }
     expect_numel(a, out.numel(), "add operand a");
     expect_numel(b, out.numel(), "add operand b");
     k::add(out.f32(), a.f32(), b.f32(), static_cast<size_t>(out.numel()));
   }
   void scale_inplace(Tensor& y, float s) override {
+    if (any_bf16(y)) {
+      MixedPrecisionScope mp(*this);
+      return scale_inplace(mp.out(y), s);
+    }
     k::scale_inplace(y.f32(), s, static_cast<size_t>(y.numel()));
   }
   double sum_squares(const Tensor& x) override {
+    if (any_bf16(x)) {
+      MixedPrecisionScope mp(*this);
+      return sum_squares(mp.in(x));
+    }
     return k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
   }
   double sum(const Tensor& x) override {
+    if (any_bf16(x)) {
+      MixedPrecisionScope mp(*this);
+      return sum(mp.in(x));
+    }
     const float* p = x.f32();
     double s = 0;
     for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
@@ -248,15 +363,17 @@ class CpuBackend final : public Backend {
     const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2), Sl = S / t;
     STRATA_CHECK(S % t == 0, "sequence " << S << " % tensor " << t);
     expect_numel(chunks, bsc.numel(), "sequence chunks");
-    float* a = bsc.f32();
-    float* c = chunks.f32();
-    const size_t row = static_cast<size_t>(C) * sizeof(float);
+    STRATA_CHECK(bsc.dtype() == chunks.dtype(), "sequence chunks of another dtype");
+    const size_t es = dtype_size(bsc.dtype());
+    char* a = static_cast<char*>(bsc.data());
+    char* c = static_cast<char*>(chunks.data());
+    const size_t row = static_cast<size_t>(C) * es;
 #pragma omp parallel for collapse(2)
     for (int64_t r = 0; r < t; ++r)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t s = 0; s < Sl; ++s) {
-          float* x = a + ((b * S) + r * Sl + s) * C;
-          float* y = c + ((r * B + b) * Sl + s) * C;
+          char* x = a + static_cast<size_t>((b * S) + r * Sl + s) * row;
+          char* y = c + static_cast<size_t>((r * B + b) * Sl + s) * row;
           if (to_chunks) std::memcpy(y, x, row);
           else std::memcpy(x, y, row);
         }

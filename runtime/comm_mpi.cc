@@ -23,6 +23,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "kernels/cpu/ops.h"
 #include "runtime/abort_hook.h"
 #include "runtime/watchdog.h"
 
@@ -48,23 +49,8 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
-namespace {
-float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-}  // namespace
+using kernels::cpu::bf16_to_f32;
+using kernels::cpu::f32_to_bf16;
 
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);

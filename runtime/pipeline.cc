@@ -61,8 +61,9 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         const PieceRef from = grad ? next_piece(stage_, in.chunk, p_, v_)
                                    : prev_piece(stage_, in.chunk, p_, v_);
         STRATA_CHECK(from.stage >= 0, "receive with no peer piece: " << instr_string(in));
-        Tensor buf = be_.empty(stage.boundary_shape(), MemCategory::kActivations);
-        recvs.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32,
+        Tensor buf =
+            be_.empty(stage.boundary_shape(), MemCategory::kActivations, stage.boundary_dtype());
+        recvs.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(),
                                     from.stage, tag(in.mb, in.chunk, grad)));
         (grad ? grads_in_ : inputs_)[key] = buf;
         break;
@@ -77,7 +78,7 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         STRATA_CHECK(it != pending.end(), "send before its compute: " << instr_string(in));
         Tensor buf = it->second;
         pending.erase(it);
-        Request r = pp_.isend(buf.data(), static_cast<size_t>(buf.numel()), DType::kF32, to.stage,
+        Request r = pp_.isend(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(), to.stage,
                               tag(in.mb, to.chunk, grad));
         sends_.push_back({std::move(r), {std::move(buf)}});
         break;

@@ -36,6 +36,8 @@ class PipelineStage {
   virtual ~PipelineStage() = default;
   // Shape of the tensors that move between pieces (activations and their gradients).
   virtual Shape boundary_shape() const = 0;
+  // Element type of what crosses a boundary (bf16 activations in mixed precision).
+  virtual DType boundary_dtype() const { return DType::kF32; }
   // forward(mb, chunk): input is the received activation (undefined on the model's first piece);
   // returns the output to send (undefined on the last piece).
   virtual Tensor forward(int mb, int chunk, const Tensor& input) = 0;
