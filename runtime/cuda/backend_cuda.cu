@@ -1,20 +1,35 @@
-// backend_cuda.cu — the CUDA backend: every Backend op on one GPU, fp32, on one compute stream.
+// backend_cuda.cu — the CUDA backend: every Backend op on one GPU, fp32 or bf16 mixed precision,
+// on one compute stream.
 //
-// First version, written and compile-tested without a GPU (issue 7): GEMMs through cuBLAS (fp32,
-// row-major via the transposed column-major identities), the attention core as batched GEMMs
-// over the saved S×S probabilities (the same algorithm as the CPU backend; the fused flash-style
-// kernel and bf16 are still to come), and one straightforward kernel per elementwise or row op.
-// Weight-gradient accumulations across rows use atomicAdd, so results match the CPU backend to
-// float rounding, not bit for bit. tests/test_cuda_backend.cc compares every op with the CPU
-// backend on random inputs and skips where no device exists.
+// Written and compile-tested without a GPU (issue 7); tests/test_cuda_backend.cc and
+// tests/cuda/test_cuda_kernels.cc compare every op with the CPU and skip where no device exists.
+//
+// What runs where:
+// - GEMMs: cuBLASLt through kernels/cuda/gemm_lt.h, compute type f32 (true fp32 for f32
+//   operands, f32 accumulation for bf16 ones), the bias fused in the epilogue and dbias taken by
+//   the BGRADB epilogue where cuBLASLt offers them, else a separate bias / column-sum kernel.
+// - Attention: the fused flash-style kernels of kernels/cuda/flash_attention.h; `saved` holds
+//   the (B, NH, S) log-sum-exp rows instead of the CPU's (B, NH, S, S) probabilities.
+// - Everything else: the kernels of kernels/cuda/ops.h and optim.h.
+// Native bf16: every kernel reads and writes f32 or bf16 itself (computing in f32) for the type
+// layout the models use — activations and their gradients of one type, weights of one type,
+// statistics and parameter gradients f32. Any other mix (say an f32 output of a bf16 input, or
+// a bf16 statistic) goes through MixedPrecisionScope, which widens to f32 temporaries and
+// rounds back: correct, one extra cast per operand. Two GEMM cases go that way too: A and B of
+// different types (cuBLASLt needs one type) and f32 A/B into a bf16 C (no such cuBLASLt kernel).
+//
+// Sums differ in order from the CPU (block reductions, cuBLASLt tiling, atomicAdd for weight
+// gradients and the attention dq), so results match the CPU backend to float rounding, not bit
+// for bit.
 //
 // Memory comes from a caching allocator: freed blocks are kept per rounded size and reused, so the
 // per-op temporaries of the model never reach cudaMalloc after the first iteration; the base
 // Allocator keeps the same per-category accounting as on the CPU (cached-but-free bytes are not
-// counted: they belong to no category).
+// counted: they belong to no category). A temporary freed at the end of an op may be handed to
+// the next op before the GPU has finished with it: safe because every op runs on the one stream.
 //
 // Thread-safety: as Backend (one training thread); the allocator is mutex-guarded.
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -24,6 +39,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/optim.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
 #include "runtime/cuda/nccl_check.h"
@@ -32,292 +51,16 @@
   do {                                                                                     \
     const cublasStatus_t strata_cublas_rc_ = (expr);                                       \
     if (strata_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                        \
-      ::strata::fatal(std::string("cuBLAS call failed: " #expr ": status ") +              \
-                          std::to_string(static_cast<int>(strata_cublas_rc_)),             \
+      ::strata::fatal(std::string("cuBLAS call failed: " #expr ": ") +                     \
+                          cublasLtGetStatusName(strata_cublas_rc_) + ": " +                \
+                          cublasLtGetStatusString(strata_cublas_rc_),                      \
                       __FILE__, __LINE__);                                                 \
   } while (0)
 
 namespace strata {
 namespace {
 
-constexpr int kThreads = 256;
-inline unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
-}
-
-// ---- kernels ----------------------------------------------------------------------------
-
-__global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int OC) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < N * OC) out[i] += bias[i % OC];
-}
-
-// dbias (OC) += Σ_n dout (N, OC): one thread per output column, rows walked in order.
-__global__ void bias_grad_kernel(float* dbias, const float* dout, int64_t N, int OC) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  float s = 0.f;
-  for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
-  dbias[o] += s;
-}
-
-// One block per row: mean and reciprocal standard deviation, then the normalised output.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* w, const float* b, int C) {
-  const int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  __shared__ float red[kThreads];
-  float s = 0.f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
-  const float m = red[0] / C;
-  __syncthreads();
-  float v = 0.f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
-  const float r = rsqrtf(red[0] / C + 1e-5f);
-  for (int c = threadIdx.x; c < C; c += blockDim.x) out[row * C + c] = (x[c] - m) * r * w[c] + b[c];
-  if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
-}
-
-__global__ void layernorm_backward_kernel(float* dinp, float* dw, float* db, const float* dout,
-                                          const float* inp, const float* w, const float* mean,
-                                          const float* rstd, int C) {
-  const int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  const float* g = dout + row * C;
-  const float m = mean[row], r = rstd[row];
-  __shared__ float red_a[kThreads], red_b[kThreads];
-  float a = 0.f, bsum = 0.f;  // Σ dnorm, Σ dnorm·norm
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float n = (x[c] - m) * r;
-    const float dn = g[c] * w[c];
-    a += dn;
-    bsum += dn * n;
-    atomicAdd(&dw[c], g[c] * n);
-    atomicAdd(&db[c], g[c]);
-  }
-  red_a[threadIdx.x] = a;
-  red_b[threadIdx.x] = bsum;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) {
-      red_a[threadIdx.x] += red_a[threadIdx.x + k];
-      red_b[threadIdx.x] += red_b[threadIdx.x + k];
-    }
-    __syncthreads();
-  }
-  const float mean_dn = red_a[0] / C, mean_dn_n = red_b[0] / C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float n = (x[c] - m) * r;
-    dinp[row * C + c] += (g[c] * w[c] - mean_dn - n * mean_dn_n) * r;
-  }
-}
-
-__device__ inline float gelu_tanh_arg(float x) {
-  return 0.7978845608028654f * (x + 0.044715f * x * x * x);
-}
-
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = 0.5f * inp[i] * (1.f + tanhf(gelu_tanh_arg(inp[i])));
-}
-
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float x = inp[i], t = tanhf(gelu_tanh_arg(x));
-  const float sech2 = 1.f - t * t;
-  const float d = 0.5f * (1.f + t) +
-                  0.5f * x * sech2 * 0.7978845608028654f * (1.f + 3.f * 0.044715f * x * x);
-  dinp[i] += d * dout[i];
-}
-
-// Causal softmax of one row of scores in place (entries above the diagonal become 0).
-__global__ void causal_softmax_kernel(float* att, int S, float scale) {
-  const int64_t row = blockIdx.x;  // (b, h, i)
-  const int i = static_cast<int>(row % S);
-  float* a = att + row * S;
-  __shared__ float red[kThreads];
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, a[j] * scale);
-  red[threadIdx.x] = mx;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + k]);
-    __syncthreads();
-  }
-  mx = red[0];
-  __syncthreads();
-  float s = 0.f;
-  for (int j = threadIdx.x; j <= i; j += blockDim.x) {
-    const float e = expf(a[j] * scale - mx);
-    a[j] = e;
-    s += e;
-  }
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
-  const float inv = 1.f / red[0];
-  for (int j = threadIdx.x; j < S; j += blockDim.x) a[j] = j <= i ? a[j] * inv : 0.f;
-}
-
-// dpre = att ⊙ (datt − Σ_j att·datt) · scale, in place over datt; 0 above the diagonal.
-__global__ void softmax_backward_kernel(float* datt, const float* att, int S, float scale) {
-  const int64_t row = blockIdx.x;
-  const int i = static_cast<int>(row % S);
-  const float* a = att + row * S;
-  float* d = datt + row * S;
-  __shared__ float red[kThreads];
-  float s = 0.f;
-  for (int j = threadIdx.x; j <= i; j += blockDim.x) s += a[j] * d[j];
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
-  const float dot = red[0];
-  for (int j = threadIdx.x; j < S; j += blockDim.x) d[j] = j <= i ? a[j] * (d[j] - dot) * scale : 0.f;
-}
-
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
-                                         const float* wpe, int64_t BS, int S, int C,
-                                         int vocab_start, int V_local) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= BS * C) return;
-  const int64_t bs = i / C;
-  const int c = static_cast<int>(i % C);
-  const int t = tokens[bs] - vocab_start;
-  float v = (t >= 0 && t < V_local) ? wte[static_cast<int64_t>(t) * C + c] : 0.f;
-  if (wpe) v += wpe[static_cast<int64_t>(bs % S) * C + c];
-  out[i] = v;
-}
-
-__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout,
-                                          const int32_t* tokens, int64_t BS, int S, int C,
-                                          int vocab_start, int V_local) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= BS * C) return;
-  const int64_t bs = i / C;
-  const int c = static_cast<int>(i % C);
-  const int t = tokens[bs] - vocab_start;
-  if (t >= 0 && t < V_local) atomicAdd(&dwte[static_cast<int64_t>(t) * C + c], dout[i]);
-  if (dwpe) atomicAdd(&dwpe[static_cast<int64_t>(bs % S) * C + c], dout[i]);
-}
-
-__global__ void ce_row_max_kernel(float* row_max, const float* logits, int64_t N, int ld,
-                                  int valid) {
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= N) return;
-  float m = -INFINITY;
-  for (int j = 0; j < valid; ++j) m = fmaxf(m, logits[n * ld + j]);
-  row_max[n] = m;
-}
-
-__global__ void ce_row_sumexp_kernel(float* out, const float* logits, const float* row_max,
-                                     int64_t N, int ld, int valid) {
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= N) return;
-  float s = 0.f;
-  for (int j = 0; j < valid; ++j) s += expf(logits[n * ld + j] - row_max[n]);
-  out[n] = s;
-}
-
-__global__ void ce_target_logit_kernel(float* out, const float* logits, const int32_t* targets,
-                                       int64_t N, int ld, int vocab_start, int valid) {
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= N) return;
-  const int t = targets[n] - vocab_start;
-  out[n] = (t >= 0 && t < valid) ? logits[n * ld + t] : 0.f;
-}
-
-__global__ void ce_losses_kernel(float* losses, const float* row_max, const float* row_sumexp,
-                                 const float* target_logit, int64_t N) {
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n < N) losses[n] = logf(row_sumexp[n]) + row_max[n] - target_logit[n];
-}
-
-__global__ void ce_backward_kernel(float* dlogits, const float* logits, const float* row_max,
-                                   const float* row_sumexp, const int32_t* targets, float scale,
-                                   int64_t N, int ld, int vocab_start, int valid) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= N * ld) return;
-  const int64_t n = i / ld;
-  const int j = static_cast<int>(i % ld);
-  if (j >= valid) {
-    dlogits[i] = 0.f;
-    return;
-  }
-  const float p = expf(logits[i] - row_max[n]) / row_sumexp[n];
-  dlogits[i] = scale * (p - (targets[n] - vocab_start == j ? 1.f : 0.f));
-}
-
-__global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] += x[i];
-}
-__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
-}
-__global__ void scale_kernel(float* y, float s, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] *= s;
-}
-// Σ x (squared when `square`) into *out in double: per-block partial sums, one atomic per block.
-__global__ void sum_kernel(double* out, const float* x, int64_t n, bool square) {
-  __shared__ double red[kThreads];
-  double s = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    s += square ? static_cast<double>(x[i]) * x[i] : x[i];
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) atomicAdd(out, red[0]);
-}
-
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr,
-                             float b1, float b2, float eps, float wd, float c1, float c2) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  m[i] = b1 * m[i] + (1.f - b1) * g[i];
-  v[i] = b2 * v[i] + (1.f - b2) * g[i] * g[i];
-  const float mhat = m[i] / c1, vhat = v[i] / c2;
-  p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-}
-
-// bsc (B, S, C) <-> chunks (t, B, S/t, C), one thread per element.
-__global__ void seq_permute_kernel(float* bsc, float* chunks, int64_t B, int64_t S, int64_t C,
-                                   int t, bool to_chunks) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= B * S * C) return;
-  const int64_t c = i % C, s = (i / C) % S, b = i / (C * S);
-  const int64_t Sl = S / t, r = s / Sl, sl = s % Sl;
-  const int64_t j = ((r * B + b) * Sl + sl) * C + c;
-  if (to_chunks) chunks[j] = bsc[i];
-  else bsc[i] = chunks[j];
-}
+namespace kc = kernels::cuda;
 
 // ---- allocator ----------------------------------------------------------------------------
 
@@ -376,6 +119,38 @@ int as_int(int64_t v) {
 }
 int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 
+void expect_shape(const Tensor& t, const Shape& s, const char* what) {
+  STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
+                                    << shape_string(s));
+}
+void expect_numel(const Tensor& t, int64_t n, const char* what) {
+  STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
+}
+
+// The kernels' tag for a float tensor.
+kc::ElemType et(const Tensor& t) {
+  STRATA_CHECK(t.dtype() != DType::kI32, "an i32 tensor where a float tensor is expected");
+  return t.dtype() == DType::kBF16 ? kc::ElemType::kBF16 : kc::ElemType::kF32;
+}
+bool is_f32(const Tensor& t) { return t.dtype() == DType::kF32; }
+bool is_f32(const Tensor* t) { return !t || t->dtype() == DType::kF32; }
+template <typename... Ts>
+bool all_f32(const Ts&... ts) {
+  return (is_f32(ts) && ...);
+}
+bool same_dtype(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype(); }
+bool same_dtype(const Tensor& a, const Tensor* b) { return !b || a.dtype() == b->dtype(); }
+template <typename... Ts>
+bool all_same_dtype(const Tensor& a, const Ts&... ts) {
+  return (same_dtype(a, ts) && ...);
+}
+
+// Whether cuBLASLt has kernels for A/B of these types into C: one type for A and B, and no
+// f32 A/B into a bf16 C.
+bool gemm_native(const Tensor& a, const Tensor& b, const Tensor& c) {
+  return same_dtype(a, b) && !(is_f32(a) && !is_f32(c));
+}
+
 // ---- the backend --------------------------------------------------------------------------
 
 class CudaBackend final : public Backend {
@@ -383,13 +158,17 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device) : device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasCreate(&blas_));
-    CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     CUDA_CHECK(cudaMalloc(&dsum_, sizeof(double)));
+    workspace_ = empty({static_cast<int64_t>(kc::GemmLt::kDefaultWorkspaceBytes / sizeof(float))},
+                       MemCategory::kBuffers);
+    gemm_ = std::make_unique<kc::GemmLt>(workspace_.data(), workspace_.bytes());
+    CUBLAS_CHECK(gemm_->status());
   }
   ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);  // nothing in flight may outlive its buffers
+    gemm_.reset();
+    workspace_ = Tensor();
     cudaFree(dsum_);
-    cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
 
@@ -397,18 +176,27 @@ class CudaBackend final : public Backend {
   std::string name() const override {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
-    return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32)";
+    return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16)";
   }
   Allocator& allocator() override { return alloc_; }
+
+  // ---- memory ----
 
   void zero(Tensor& x) override {
     if (x.bytes()) CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.bytes(), stream_));
   }
   void copy(Tensor& dst, const Tensor& src) override {
-    STRATA_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(), "copy size mismatch");
+    STRATA_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(),
+                 "copy " << shape_string(src.shape()) << " " << to_string(src.dtype()) << " into "
+                         << shape_string(dst.shape()) << " " << to_string(dst.dtype()));
     if (dst.bytes())
       CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice,
                                  stream_));
+  }
+  void cast(Tensor& dst, const Tensor& src) override {
+    expect_numel(dst, src.numel(), "cast destination");
+    if (same_dtype(dst, src)) return copy(dst, src);
+    CUDA_CHECK(kc::cast(dst.data(), et(dst), src.data(), et(src), src.numel(), stream_));
   }
   void upload(Tensor& dst, const void* host) override {
     if (dst.bytes()) {
@@ -424,231 +212,439 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // ---- dense layers ----
+  // Row-major GEMMs of kernels/cuda/gemm_lt.h:
+  //   forward          out (N, OC)  = inp (N, C) · wᵀ            [+ bias epilogue]
+  //   backward input   dinp (N, C) += dout (N, OC) · w (OC, C)
+  //   backward weight  dw (OC, C)  += doutᵀ · inp (N, C)         [+ dbias: BGRADB epilogue]
+
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                       const Tensor* bias) override {
-    const int N = as_int(rows(inp)), C = as_int(inp.size(-1)), OC = as_int(w.size(0));
-    const float one = 1.f, zero_f = 0.f;
-    // Row-major out = inp·wᵀ is column-major outᵀ = w·inpᵀ.
-    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, w.f32(), C,
-                             inp.f32(), C, &zero_f, out.f32(), OC));
-    if (bias)
-      add_bias_kernel<<<blocks_for(static_cast<int64_t>(N) * OC), kThreads, 0, stream_>>>(
-          out.f32(), bias->f32(), N, OC);
-  }
-  void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) override {
-    const int N = as_int(rows(dinp)), C = as_int(dinp.size(-1)), OC = as_int(w.size(0));
-    const float one = 1.f;
-    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w.f32(), C,
-                             dout.f32(), OC, &one, dinp.f32(), C));
-  }
-  void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
-                              const Tensor& inp) override {
-    const int N = as_int(rows(inp)), C = as_int(inp.size(-1)), OC = as_int(dw.size(0));
-    const float one = 1.f;
-    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp.f32(), C,
-                             dout.f32(), OC, &one, dw.f32(), C));
-    if (dbias)
-      bias_grad_kernel<<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(), dout.f32(), N,
-                                                                 OC);
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(out, N * OC, "matmul out");
+    if (bias) expect_numel(*bias, OC, "matmul bias");
+    if (N == 0) return;
+    if (!gemm_native(inp, w, out)) return matmul_forward_widened(out, inp, w, bias);
+    kc::Gemm g;
+    g.trans_b = true;
+    g.M = as_int(N), g.N = as_int(OC), g.K = as_int(C);
+    g.A = inp.data(), g.lda = g.K;
+    g.B = w.data(), g.ldb = g.K;
+    g.ab_type = et(inp);
+    g.C = out.data(), g.ldc = g.N, g.c_type = et(out);
+    if (bias) {
+      g.epilogue = kc::GemmEpilogue::kBias;
+      g.bias = bias->data();
+      g.bias_type = et(*bias);
+    }
+    switch (run_gemm(g)) {
+      case GemmRun::kUnsupported:
+        return matmul_forward_widened(out, inp, w, bias);
+      case GemmRun::kWithoutEpilogue:
+        CUDA_CHECK(kc::add_bias(out.data(), et(out), bias->data(), et(*bias), N, g.N, stream_));
+        return;
+      case GemmRun::kDone:
+        return;
+    }
   }
   void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) override {
     if (dinp) matmul_backward_input(*dinp, dout, w);
     matmul_backward_weight(dw, dbias, dout, inp);
   }
+  void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) override {
+    const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(dout, N * OC, "matmul dout");
+    if (N == 0) return;
+    if (!gemm_native(dout, w, dinp)) return matmul_backward_input_widened(dinp, dout, w);
+    kc::Gemm g;
+    g.M = as_int(N), g.N = as_int(C), g.K = as_int(OC);
+    g.A = dout.data(), g.lda = g.K;
+    g.B = w.data(), g.ldb = g.N;
+    g.ab_type = et(dout);
+    g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);
+    g.beta = 1.f;
+    if (run_gemm(g) == GemmRun::kUnsupported) matmul_backward_input_widened(dinp, dout, w);
+  }
+  void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
+                              const Tensor& inp) override {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
+    expect_shape(dw, {OC, C}, "matmul dweight");
+    expect_numel(dout, N * OC, "matmul dout");
+    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    if (N == 0) return;
+    if (!gemm_native(dout, inp, dw)) return matmul_backward_weight_widened(dw, dbias, dout, inp);
+    kc::Gemm g;
+    g.trans_a = true;
+    g.M = as_int(OC), g.N = as_int(C), g.K = as_int(N);
+    g.A = dout.data(), g.lda = g.M;
+    g.B = inp.data(), g.ldb = g.N;
+    g.ab_type = et(dout);
+    g.C = dw.data(), g.ldc = g.N, g.c_type = et(dw);
+    g.beta = 1.f;
+    // The BGRADB epilogue overwrites its vector (of dw's type), and dbias accumulates: it goes
+    // to a temporary that is then added.
+    Tensor db_tmp;
+    if (dbias) {
+      db_tmp = empty({OC}, MemCategory::kBuffers, dw.dtype());
+      g.epilogue = kc::GemmEpilogue::kBiasGradA;
+      g.bias_grad = db_tmp.data();
+    }
+    switch (run_gemm(g)) {
+      case GemmRun::kUnsupported:
+        return matmul_backward_weight_widened(dw, dbias, dout, inp);
+      case GemmRun::kDone:
+        if (dbias) add_inplace(*dbias, db_tmp);
+        return;
+      case GemmRun::kWithoutEpilogue:
+        if (is_f32(*dbias)) {
+          CUDA_CHECK(kc::bias_grad(dbias->f32(), dout.data(), et(dout), N, g.M, stream_));
+        } else {
+          Tensor acc = zeros({OC}, MemCategory::kBuffers);
+          CUDA_CHECK(kc::bias_grad(acc.f32(), dout.data(), et(dout), N, g.M, stream_));
+          add_inplace(*dbias, acc);
+        }
+        return;
+    }
+  }
 
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b) override {
-    const int64_t N = rows(inp);
-    if (N == 0) return;
-    layernorm_forward_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
-        out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), as_int(inp.size(-1)));
+    if (!same_dtype(out, inp) || !same_dtype(w, b) || !all_f32(mean, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
+                               mp.in(b));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "layernorm out");
+    expect_numel(mean, N, "layernorm mean");
+    expect_numel(rstd, N, "layernorm rstd");
+    expect_numel(w, C, "layernorm weight");
+    expect_numel(b, C, "layernorm bias");
+    CUDA_CHECK(kc::layernorm_forward(out.data(), mean.f32(), rstd.f32(), inp.data(), et(inp),
+                                     w.data(), b.data(), et(w), N, as_int(C), stream_));
   }
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd) override {
-    const int64_t N = rows(inp);
-    if (N == 0) return;
-    layernorm_backward_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
-        dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(), mean.f32(), rstd.f32(),
-        as_int(inp.size(-1)));
+    if (!all_same_dtype(dinp, dout, inp) || !all_f32(dw, db, mean, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
+                                mp.in(w), mp.in(mean), mp.in(rstd));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "layernorm dinp");
+    expect_numel(dout, N * C, "layernorm dout");
+    expect_numel(w, C, "layernorm weight");
+    expect_numel(dw, C, "layernorm dweight");
+    expect_numel(db, C, "layernorm dbias");
+    expect_numel(mean, N, "layernorm mean");
+    expect_numel(rstd, N, "layernorm rstd");
+    CUDA_CHECK(kc::layernorm_backward(dinp.data(), dw.f32(), db.f32(), dout.data(), inp.data(),
+                                      et(inp), w.data(), et(w), mean.f32(), rstd.f32(), N,
+                                      as_int(C), stream_));
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
-    if (inp.numel())
-      gelu_forward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(out.f32(), inp.f32(),
-                                                                             inp.numel());
+    if (!same_dtype(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_forward(mp.out(out), mp.in(inp));
+    }
+    expect_numel(out, inp.numel(), "gelu out");
+    CUDA_CHECK(kc::gelu_forward(out.data(), inp.data(), et(inp), inp.numel(), stream_));
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
-    if (inp.numel())
-      gelu_backward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(
-          dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+    if (!all_same_dtype(dinp, inp, dout)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout));
+    }
+    expect_numel(dinp, inp.numel(), "gelu dinp");
+    expect_numel(dout, inp.numel(), "gelu dout");
+    CUDA_CHECK(
+        kc::gelu_backward(dinp.data(), inp.data(), dout.data(), et(inp), inp.numel(), stream_));
   }
 
-  // scores (B, NH, S, S) = q·kᵀ per (b, h), as NH strided batched GEMMs per batch element.
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int NH) override {
-    const int B = as_int(qkv.size(0)), S = as_int(qkv.size(1)), C3 = as_int(qkv.size(-1));
-    const int C = C3 / 3, HS = C / NH;
-    const float one = 1.f, zero_f = 0.f;
-    for (int b = 0; b < B; ++b) {
-      const float* q = qkv.f32() + static_cast<int64_t>(b) * S * C3;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* a = att.f32() + static_cast<int64_t>(b) * NH * S * S;
-      // Row-major scores (S×S) = q (S×HS, ld 3C) · kᵀ → column-major scoresᵀ = k·qᵀ.
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, S, S, HS, &one, k,
-                                             C3, HS, q, C3, HS, &zero_f, a, S,
-                                             static_cast<int64_t>(S) * S, NH));
-      causal_softmax_kernel<<<static_cast<unsigned>(NH * S), kThreads, 0, stream_>>>(
-          a, S, 1.f / std::sqrt(static_cast<float>(HS)));
-      // Row-major out (S×HS, ld C) = att (S×S) · v (S×HS, ld 3C) → column-major outᵀ = vᵀ·attᵀ.
-      float* o = out.f32() + static_cast<int64_t>(b) * S * C;
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, HS, S, S, &one, v,
-                                             C3, HS, a, S, static_cast<int64_t>(S) * S, &zero_f,
-                                             o, C, HS, NH));
-    }
+  // ---- attention core (causal, fused) ----
+
+  Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override {
+    return {B, num_heads, S};
   }
-  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int NH) override {
-    const int B = as_int(qkv.size(0)), S = as_int(qkv.size(1)), C3 = as_int(qkv.size(-1));
-    const int C = C3 / 3, HS = C / NH;
-    const float one = 1.f, zero_f = 0.f, scale = 1.f / std::sqrt(static_cast<float>(HS));
-    const int64_t need = static_cast<int64_t>(NH) * S * S;
-    if (scratch_.numel() < need) {
-      scratch_ = Tensor();
-      scratch_ = empty({need}, MemCategory::kBuffers);
+  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH) override {
+    if (!same_dtype(out, qkv) || !is_f32(saved)) {
+      MixedPrecisionScope mp(*this);
+      return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH);
     }
-    for (int b = 0; b < B; ++b) {
-      const float* q = qkv.f32() + static_cast<int64_t>(b) * S * C3;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv.f32() + static_cast<int64_t>(b) * S * C3;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* a = att.f32() + static_cast<int64_t>(b) * NH * S * S;
-      const float* g = dout.f32() + static_cast<int64_t>(b) * S * C;
-      float* da = scratch_.f32();
-      // datt (S×S) = dout (S×HS) · vᵀ → column-major dattᵀ = v·doutᵀ.
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, S, S, HS, &one, v,
-                                             C3, HS, g, C, HS, &zero_f, da, S,
-                                             static_cast<int64_t>(S) * S, NH));
-      // dv (S×HS) += attᵀ · dout → column-major dvᵀ += doutᵀ·att.
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, HS, S, S, &one, g,
-                                             C, HS, a, S, static_cast<int64_t>(S) * S, &one, dv,
-                                             C3, HS, NH));
-      softmax_backward_kernel<<<static_cast<unsigned>(NH * S), kThreads, 0, stream_>>>(da, a, S,
-                                                                                     scale);
-      // dq (S×HS) += dpre · k → column-major dqᵀ += kᵀ·dpreᵀ.
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, HS, S, S, &one, k,
-                                             C3, HS, da, S, static_cast<int64_t>(S) * S, &one,
-                                             dq, C3, HS, NH));
-      // dk (S×HS) += dpreᵀ · q → column-major dkᵀ += qᵀ·dpre.
-      CUBLAS_CHECK(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, HS, S, S, &one, q,
-                                             C3, HS, da, S, static_cast<int64_t>(S) * S, &one,
-                                             dk, C3, HS, NH));
-    }
+    const AttentionShape a = attention_shape(qkv, NH);
+    expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
+    expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
+    CUDA_CHECK(kc::flash_attention_forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S,
+                                           a.NH, a.HS, stream_));
   }
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& saved, int NH) override {
+    if (!all_same_dtype(dqkv, dout, qkv, out) || !is_f32(saved)) {
+      MixedPrecisionScope mp(*this);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out),
+                                mp.in(saved), NH);
+    }
+    const AttentionShape a = attention_shape(qkv, NH);
+    expect_numel(dqkv, qkv.numel(), "attention dqkv");
+    expect_numel(dout, a.B * a.S * a.NH * a.HS, "attention dout");
+    expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
+    expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
+    const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.HS);
+    Tensor scratch = empty({static_cast<int64_t>(bytes / sizeof(float))}, MemCategory::kBuffers);
+    CUDA_CHECK(kc::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                            saved.f32(), et(qkv), a.B, a.S, a.NH, a.HS,
+                                            scratch.data(), stream_));
+  }
+
+  // ---- embedding ----
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                          int vocab_start) override {
-    const int64_t BS = tokens.numel();
-    const int S = as_int(tokens.size(1)), C = as_int(wte.size(1));
-    if (BS)
-      embedding_forward_kernel<<<blocks_for(BS * C), kThreads, 0, stream_>>>(
-          out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr, BS, S, C, vocab_start,
-          as_int(wte.size(0)));
+    if (!same_dtype(wte, wpe)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
+    }
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
+    expect_numel(out, B * S * C, "embedding out");
+    if (wpe) {
+      STRATA_CHECK(wpe->size(1) == C && wpe->size(0) >= S,
+                   "wpe " << shape_string(wpe->shape()) << " for S = " << S << ", C = " << C);
+    }
+    CUDA_CHECK(kc::embedding_forward(out.data(), et(out), tokens.i32(), wte.data(),
+                                     wpe ? wpe->data() : nullptr, et(wte), as_int(B), as_int(S),
+                                     as_int(C), vocab_start, as_int(wte.size(0)), stream_));
   }
   void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           int vocab_start) override {
-    const int64_t BS = tokens.numel();
-    const int S = as_int(tokens.size(1)), C = as_int(dwte.size(1));
-    if (BS)
-      embedding_backward_kernel<<<blocks_for(BS * C), kThreads, 0, stream_>>>(
-          dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.f32(), tokens.i32(), BS, S, C,
-          vocab_start, as_int(dwte.size(0)));
+    if (!all_f32(dwte, dwpe)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
+    }
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
+    expect_numel(dout, B * S * C, "embedding dout");
+    if (dwpe) {
+      STRATA_CHECK(dwpe->size(1) == C && dwpe->size(0) >= S,
+                   "dwpe " << shape_string(dwpe->shape()) << " for S = " << S << ", C = " << C);
+    }
+    CUDA_CHECK(kc::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.data(),
+                                      et(dout), tokens.i32(), as_int(B), as_int(S), as_int(C),
+                                      vocab_start, as_int(dwte.size(0)), stream_));
   }
 
+  // ---- vocab-parallel cross-entropy steps ----
+  // Logits may be f32 or bf16; row statistics are f32 (anything else is widened).
+
   void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
+    if (!is_f32(row_max)) {
+      MixedPrecisionScope mp(*this);
+      return ce_row_max(mp.out(row_max), logits, valid);
+    }
     const int64_t N = rows(logits);
-    if (N)
-      ce_row_max_kernel<<<blocks_for(N), kThreads, 0, stream_>>>(row_max.f32(), logits.f32(), N,
-                                                                 as_int(logits.size(-1)), valid);
+    expect_numel(row_max, N, "ce row_max");
+    CUDA_CHECK(kc::ce_row_max(row_max.f32(), logits.data(), et(logits), N, ce_ld(logits, valid),
+                              valid, stream_));
   }
   void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
                      int valid) override {
+    if (!all_f32(row_sumexp, row_max)) {
+      MixedPrecisionScope mp(*this);
+      return ce_row_sumexp(mp.out(row_sumexp), logits, mp.in(row_max), valid);
+    }
     const int64_t N = rows(logits);
-    if (N)
-      ce_row_sumexp_kernel<<<blocks_for(N), kThreads, 0, stream_>>>(
-          row_sumexp.f32(), logits.f32(), row_max.f32(), N, as_int(logits.size(-1)), valid);
+    expect_numel(row_sumexp, N, "ce row_sumexp");
+    expect_numel(row_max, N, "ce row_max");
+    CUDA_CHECK(kc::ce_row_sumexp(row_sumexp.f32(), logits.data(), et(logits), row_max.f32(), N,
+                                 ce_ld(logits, valid), valid, stream_));
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                        int vocab_start, int valid) override {
+    if (!is_f32(target_logit)) {
+      MixedPrecisionScope mp(*this);
+      return ce_target_logit(mp.out(target_logit), logits, targets, vocab_start, valid);
+    }
     const int64_t N = rows(logits);
-    if (N)
-      ce_target_logit_kernel<<<blocks_for(N), kThreads, 0, stream_>>>(
-          target_logit.f32(), logits.f32(), targets.i32(), N, as_int(logits.size(-1)),
-          vocab_start, valid);
+    expect_numel(target_logit, N, "ce target_logit");
+    expect_numel(targets, N, "ce targets");
+    CUDA_CHECK(kc::ce_target_logit(target_logit.f32(), logits.data(), et(logits), targets.i32(),
+                                   N, ce_ld(logits, valid), vocab_start, valid, stream_));
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                  const Tensor& target_logit) override {
-    if (losses.numel())
-      ce_losses_kernel<<<blocks_for(losses.numel()), kThreads, 0, stream_>>>(
-          losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(), losses.numel());
+    if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
+      MixedPrecisionScope mp(*this);
+      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit));
+    }
+    const int64_t N = losses.numel();
+    expect_numel(row_max, N, "ce row_max");
+    expect_numel(row_sumexp, N, "ce row_sumexp");
+    expect_numel(target_logit, N, "ce target_logit");
+    CUDA_CHECK(kc::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(), N,
+                             stream_));
   }
+  // dlogits may be the logits tensor itself (the kernel reads each element before writing it).
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
                    int valid) override {
-    const int64_t N = rows(logits), ld = logits.size(-1);
-    if (N)
-      ce_backward_kernel<<<blocks_for(N * ld), kThreads, 0, stream_>>>(
-          dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(), scale, N,
-          as_int(ld), vocab_start, valid);
+    if (!all_f32(row_max, row_sumexp)) {
+      MixedPrecisionScope mp(*this);
+      return ce_backward(dlogits, logits, mp.in(row_max), mp.in(row_sumexp), targets, scale,
+                         vocab_start, valid);
+    }
+    const int64_t N = rows(logits);
+    expect_numel(dlogits, logits.numel(), "ce dlogits");
+    expect_numel(row_max, N, "ce row_max");
+    expect_numel(row_sumexp, N, "ce row_sumexp");
+    expect_numel(targets, N, "ce targets");
+    CUDA_CHECK(kc::ce_backward(dlogits.data(), et(dlogits), logits.data(), et(logits),
+                               row_max.f32(), row_sumexp.f32(), targets.i32(), scale, N,
+                               ce_ld(logits, valid), vocab_start, valid, stream_));
   }
+
+  // ---- sequence-parallel layout changes ----
 
   void seq_interleave(Tensor& out, const Tensor& chunks, int t) override {
-    if (out.numel())
-      seq_permute_kernel<<<blocks_for(out.numel()), kThreads, 0, stream_>>>(
-          out.f32(), chunks.f32(), out.size(0), out.size(1), out.size(2), t, false);
+    if (!same_dtype(out, chunks)) {
+      MixedPrecisionScope mp(*this);
+      return seq_interleave(mp.out(out), mp.in(chunks), t);
+    }
+    seq_permute(out, chunks, t, /*to_chunks=*/false);
   }
   void seq_deinterleave(Tensor& chunks, const Tensor& in, int t) override {
-    if (in.numel())
-      seq_permute_kernel<<<blocks_for(in.numel()), kThreads, 0, stream_>>>(
-          in.f32(), chunks.f32(), in.size(0), in.size(1), in.size(2), t, true);
+    if (!same_dtype(chunks, in)) {
+      MixedPrecisionScope mp(*this);
+      return seq_deinterleave(mp.out(chunks), mp.in(in), t);
+    }
+    seq_permute(in, chunks, t, /*to_chunks=*/true);
   }
+
+  // ---- elementwise and reductions (any mix of f32 / bf16) ----
 
   void add_inplace(Tensor& y, const Tensor& x) override {
-    if (y.numel())
-      add_inplace_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(y.f32(), x.f32(),
-                                                                          y.numel());
+    expect_numel(x, y.numel(), "add_inplace operand");
+    CUDA_CHECK(kc::add_inplace(y.data(), et(y), x.data(), et(x), y.numel(), stream_));
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
-    if (out.numel())
-      add_kernel<<<blocks_for(out.numel()), kThreads, 0, stream_>>>(out.f32(), a.f32(), b.f32(),
-                                                                   out.numel());
+    expect_numel(a, out.numel(), "add operand");
+    expect_numel(b, out.numel(), "add operand");
+    CUDA_CHECK(kc::add(out.data(), et(out), a.data(), et(a), b.data(), et(b), out.numel(), stream_));
   }
   void scale_inplace(Tensor& y, float s) override {
-    if (y.numel())
-      scale_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(y.f32(), s, y.numel());
+    CUDA_CHECK(kc::scale_inplace(y.data(), et(y), s, y.numel(), stream_));
   }
-  double sum_squares(const Tensor& x) override { return reduce(x, true); }
-  double sum(const Tensor& x) override { return reduce(x, false); }
+  double sum_squares(const Tensor& x) override {
+    const kc::SumSquaresSegment seg{x.data(), et(x), x.numel()};
+    CUDA_CHECK(cudaMemsetAsync(dsum_, 0, sizeof(double), stream_));
+    CUDA_CHECK(kc::sum_squares_multi_tensor(dsum_, &seg, 1, stream_));
+    return read_dsum();
+  }
+  double sum(const Tensor& x) override {
+    CUDA_CHECK(cudaMemsetAsync(dsum_, 0, sizeof(double), stream_));
+    CUDA_CHECK(kc::sum(dsum_, x.data(), et(x), x.numel(), /*square=*/false, stream_));
+    return read_dsum();
+  }
 
+  // ---- optimizer ----
+  // The f32 master parameters, gradients and moments; one segment of the multi-tensor kernel
+  // (runtime/optimizer calls this once per contiguous range).
   void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int step) override {
-    if (!param.numel()) return;
-    const float c1 = 1.f - std::pow(beta1, static_cast<float>(step));
-    const float c2 = 1.f - std::pow(beta2, static_cast<float>(step));
-    adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, stream_>>>(
-        param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), lr, beta1, beta2, eps,
-        weight_decay, c1, c2);
+    if (!all_f32(param, grad, m, v)) {
+      MixedPrecisionScope mp(*this);
+      return adamw_update(mp.out(param), mp.in(grad), mp.out(m), mp.out(v), lr, beta1, beta2,
+                          eps, weight_decay, step);
+    }
+    expect_numel(grad, param.numel(), "adamw grad");
+    expect_numel(m, param.numel(), "adamw m");
+    expect_numel(v, param.numel(), "adamw v");
+    kc::AdamWSegment seg;
+    seg.param = param.f32(), seg.grad = grad.f32(), seg.m = m.f32(), seg.v = v.f32();
+    seg.n = param.numel();
+    seg.decay = true;  // the caller passes weight_decay = 0 for ranges it does not decay
+    kc::AdamWHyper h;
+    h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.weight_decay = weight_decay;
+    h.step = step;
+    CUDA_CHECK(kc::adamw_multi_tensor(&seg, 1, h, stream_));
   }
 
  private:
-  double reduce(const Tensor& x, bool square) {
-    CUDA_CHECK(cudaMemsetAsync(dsum_, 0, sizeof(double), stream_));
-    if (x.numel()) {
-      const unsigned grid = std::min<unsigned>(1024, blocks_for(x.numel()));
-      sum_kernel<<<grid, kThreads, 0, stream_>>>(dsum_, x.f32(), x.numel(), square);
+  enum class GemmRun { kDone, kWithoutEpilogue, kUnsupported };
+
+  // Runs g. When cuBLASLt has no kernel for g's epilogue, runs it without (kWithoutEpilogue:
+  // the caller applies it); when it has none for g's types at all, runs nothing (kUnsupported:
+  // the caller widens the operands to f32). f32 GEMMs are always supported.
+  GemmRun run_gemm(kc::Gemm g) {
+    cublasStatus_t st = gemm_->run(g, stream_);
+    if (st == CUBLAS_STATUS_SUCCESS) return GemmRun::kDone;
+    GemmRun plain = GemmRun::kUnsupported;
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && g.epilogue != kc::GemmEpilogue::kNone) {
+      g.epilogue = kc::GemmEpilogue::kNone;
+      st = gemm_->run(g, stream_);
+      plain = GemmRun::kWithoutEpilogue;
+      if (st == CUBLAS_STATUS_SUCCESS) return plain;
     }
+    const bool widenable = g.ab_type != kc::ElemType::kF32 || g.c_type != kc::ElemType::kF32;
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && widenable) return GemmRun::kUnsupported;
+    STRATA_CHECK(st == CUBLAS_STATUS_SUCCESS,
+                 "cuBLASLt GEMM (M " << g.M << ", N " << g.N << ", K " << g.K << ", A/B "
+                                     << kc::to_string(g.ab_type) << ", C "
+                                     << kc::to_string(g.c_type) << ") failed: "
+                                     << cublasLtGetStatusName(st) << ": "
+                                     << cublasLtGetStatusString(st));
+    return plain;
+  }
+
+  // The same ops on f32 copies of every bf16 operand: for type mixes cuBLASLt cannot run.
+  void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor* bias) {
+    MixedPrecisionScope mp(*this);
+    matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
+  }
+  void matmul_backward_input_widened(Tensor& dinp, const Tensor& dout, const Tensor& w) {
+    MixedPrecisionScope mp(*this);
+    matmul_backward_input(mp.out(dinp), mp.in(dout), mp.in(w));
+  }
+  void matmul_backward_weight_widened(Tensor& dw, Tensor* dbias, const Tensor& dout,
+                                      const Tensor& inp) {
+    MixedPrecisionScope mp(*this);
+    matmul_backward_weight(mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp));
+  }
+
+  struct AttentionShape {
+    int B, S, NH, HS;
+  };
+  // qkv (B, S, 3·NH·HS) with a head size the fused kernels handle.
+  static AttentionShape attention_shape(const Tensor& qkv, int NH) {
+    STRATA_CHECK(qkv.dim() == 3, "attention qkv " << shape_string(qkv.shape())
+                                                  << " is not (B, S, 3C)");
+    STRATA_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0,
+                 "attention qkv width " << qkv.size(2) << " is not 3 × " << NH << " heads");
+    const AttentionShape a{as_int(qkv.size(0)), as_int(qkv.size(1)), NH,
+                           as_int(qkv.size(2) / (3 * NH))};
+    STRATA_CHECK(a.HS <= kc::kFlashMaxHeadSize,
+                 "head size " << a.HS << " exceeds the fused attention's maximum "
+                              << kc::kFlashMaxHeadSize);
+    return a;
+  }
+
+  static int ce_ld(const Tensor& logits, int valid) {
+    const int ld = as_int(logits.size(-1));
+    STRATA_CHECK(valid >= 0 && valid <= ld, "ce valid columns " << valid << " of " << ld);
+    return ld;
+  }
+
+  void seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks) {
+    const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2);
+    STRATA_CHECK(t > 0 && S % t == 0, "sequence " << S << " % tensor " << t);
+    expect_numel(chunks, bsc.numel(), "sequence chunks");
+    CUDA_CHECK(kc::seq_permute(bsc.data(), chunks.data(), dtype_size(bsc.dtype()), B, S, C, t,
+                               to_chunks, stream_));
+  }
+
+  double read_dsum() {
     double h = 0;
     CUDA_CHECK(cudaMemcpyAsync(&h, dsum_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -658,9 +654,9 @@ class CudaBackend final : public Backend {
   int device_;
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  double* dsum_ = nullptr;
-  Tensor scratch_;  // attention backward: (NH, S, S) score gradients of one batch element
+  double* dsum_ = nullptr;                 // sum / sum_squares result
+  Tensor workspace_;                       // cuBLASLt workspace (kBuffers)
+  std::unique_ptr<kc::GemmLt> gemm_;       // uses workspace_ and stream_
 };
 
 }  // namespace
