@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Side-by-side throughput table: Strata metrics JSONL files and torch_gpt.py JSON lines.
+
+  python3 bench/gpu/summarize.py --strata gpt2-124m=OUT/strata_gpt2-124m.jsonl \\
+      --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl --torch OUT/torch.jsonl [--skip 5] [--peak-tflops 989]
+
+Strata files hold one object per iteration (DESIGN.md: iter, step_ms, tokens_per_s, tflops_per_gpu,
+mfu, mem_peak_bytes); the first --skip iterations are warm-up (cuBLAS heuristics, first
+allocations) and are left out, the rest give medians. `mfu` is taken from the file when Strata
+filled it, else computed as tflops_per_gpu / --peak-tflops (marked '*'; equal to model-FLOP MFU
+for recompute none/selective, where Strata's hardware and model FLOPs are the same).
+torch_gpt.py lines are already medians over their timed iterations; they are matched to Strata
+runs by "label". Missing or unreadable inputs become a row saying so, never a crash: this runs at
+the end of scripts/gpu_check, whatever failed before it.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+
+def fmt_si(x):
+    if x is None:
+        return "-"
+    for unit, f in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= f:
+            return f"{x / f:.2f} {unit}"
+    return f"{x:.1f}"
+
+
+def fmt_bytes(b):
+    if b is None:
+        return "-"
+    return f"{b / 2**30:.2f} GiB"
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def read_jsonl(path):
+    rows, bad = [], 0
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1  # e.g. a line cut by a killed run
+    return rows, bad
+
+
+def strata_row(label, path, skip, peak):
+    row = {"label": label, "impl": "strata", "file": path}
+    if not os.path.exists(path):
+        row["note"] = "no metrics file (run failed or skipped)"
+        return row
+    recs, bad = read_jsonl(path)
+    recs = [r for r in recs if isinstance(r, dict) and "iter" in r]
+    total = len(recs)
+    timed = [r for r in recs if r["iter"] > skip]
+    if not timed and recs:  # fewer iterations than the warm-up: use what there is, say so
+        timed = recs
+        row["note"] = f"only {total} iterations: warm-up not skipped"
+    if not timed:
+        row["note"] = "metrics file has no iterations"
+        return row
+
+    def med(key):
+        vals = [r[key] for r in timed if isinstance(r.get(key), (int, float))]
+        return statistics.median(vals) if vals else None
+
+    row.update(iters=len(timed), of=total, step_ms=med("step_ms"),
+               tokens_per_s=med("tokens_per_s"), tflops=med("tflops_per_gpu"))
+    mfu = med("mfu")
+    if mfu is None and row["tflops"] is not None:
+        mfu, row["mfu_computed"] = row["tflops"] / peak, True
+    row["mfu"] = mfu
+    mems = [r["mem_peak_bytes"] for r in timed if isinstance(r.get("mem_peak_bytes"), (int, float))]
+    row["mem"] = max(mems) if mems else None
+    losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
+    if losses:
+        row["loss"] = (losses[0], losses[-1])
+    skipped = sum(1 for r in timed if r.get("skipped"))
+    notes = [row.get("note")] if row.get("note") else []
+    if skipped:
+        notes.append(f"{skipped} non-finite steps")
+    if bad:
+        notes.append(f"{bad} unreadable lines")
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row
+
+
+def torch_rows(path):
+    if not os.path.exists(path):
+        return [{"label": "?", "impl": "torch", "note": f"no file {path}"}]
+    recs, bad = read_jsonl(path)
+    rows = []
+    for r in recs:
+        if not isinstance(r, dict) or "impl" not in r:
+            continue
+        row = {"label": r.get("label") or "?", "impl": r["impl"]}
+        if "error" in r:
+            row["note"] = "error: " + str(r["error"])[:120]
+        else:
+            row.update(iters=r.get("iters"), step_ms=r.get("step_ms"),
+                       tokens_per_s=r.get("tokens_per_s"), tflops=r.get("tflops_per_gpu"),
+                       mfu=r.get("mfu"), mem=r.get("mem_peak_bytes"),
+                       loss=(r.get("loss_first"), r.get("loss_last")))
+            if r.get("first_step_s") is not None and r.get("compile"):
+                row["note"] = f"first step {r['first_step_s']:.0f} s (compile)"
+        rows.append(row)
+    if bad:
+        rows.append({"label": "?", "impl": "torch", "note": f"{bad} unreadable lines in {path}"})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--strata", action="append", default=[], metavar="LABEL=FILE",
+                    help="a Strata metrics JSONL file (LABEL defaults to the file's stem)")
+    ap.add_argument("--torch", action="append", default=[], metavar="FILE",
+                    help="torch_gpt.py output (JSON lines)")
+    ap.add_argument("--skip", type=int, default=5, help="warm-up iterations left out (Strata)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="peak dense TFLOP/s for a computed MFU (989: H100/H200 SXM bf16)")
+    ap.add_argument("--ratio-label", default="gpt2-124m",
+                    help="label whose Strata / torch.compile ratio is printed (default gpt2-124m)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    args = ap.parse_args()
+
+    rows = []
+    for spec in args.strata:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            path, label = spec, os.path.splitext(os.path.basename(spec))[0]
+        rows.append(strata_row(label, path, args.skip, args.peak_tflops))
+    for path in args.torch:
+        rows.extend(torch_rows(path))
+    if not rows:
+        ap.error("nothing to summarize: give --strata and/or --torch")
+
+    # Group by label (first-seen order), Strata first within a label.
+    order = {}
+    for r in rows:
+        order.setdefault(r["label"], len(order))
+    rank = {"strata": 0, "torch-eager": 1, "torch.compile": 2}
+    rows.sort(key=lambda r: (order[r["label"]], rank.get(r["impl"], 3)))
+
+    head = (f"{'run':<12} {'impl':<14} {'iters':>6} {'step ms':>9} {'tokens/s':>10} "
+            f"{'TFLOP/s':>8} {'MFU':>7} {'peak mem':>10}  {'loss first->last':<17} note")
+    print(f"medians after {args.skip} warm-up iterations (Strata); MFU against "
+          f"{args.peak_tflops:g} TFLOP/s")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        iters = "-" if r.get("iters") is None else (
+            f"{r['iters']}/{r['of']}" if "of" in r else str(r["iters"]))
+        mfu = "-" if r.get("mfu") is None else (
+            f"{100 * r['mfu']:.1f}%" + ("*" if r.get("mfu_computed") else ""))
+        loss = r.get("loss")
+        loss_s = "-" if not loss or None in loss else f"{loss[0]:.3f}->{loss[1]:.3f}"
+        print(f"{r['label']:<12} {r['impl']:<14} {iters:>6} {fmt(r.get('step_ms'), '.1f'):>9} "
+              f"{fmt_si(r.get('tokens_per_s')):>10} {fmt(r.get('tflops'), '.1f'):>8} {mfu:>7} "
+              f"{fmt_bytes(r.get('mem')):>10}  {loss_s:<17} {r.get('note', '')}")
+    if any(r.get("mfu_computed") for r in rows):
+        print("* MFU computed from tflops_per_gpu (Strata left mfu null)")
+
+    # The issue's comparison: Strata vs torch.compile, same model and batch.
+    lab = args.ratio_label
+    s = next((r for r in rows if r["label"] == lab and r["impl"] == "strata"
+              and r.get("tokens_per_s")), None)
+    print()
+    for impl in ("torch.compile", "torch-eager"):
+        t = next((r for r in rows if r["label"] == lab and r["impl"] == impl
+                  and r.get("tokens_per_s")), None)
+        if s and t:
+            print(f"ratio Strata / {impl} ({lab}): tokens/s {s['tokens_per_s'] / t['tokens_per_s']:.3f}x"
+                  f"  ({fmt_si(s['tokens_per_s'])} vs {fmt_si(t['tokens_per_s'])})")
+        else:
+            print(f"ratio Strata / {impl} ({lab}): n/a (missing run)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
