@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -760,6 +761,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     mt.step_ms = step_s * 1e3;
     mt.tokens_per_s = tokens_per_iter / step_s;
     mt.tflops_per_gpu = flops.hardware / step_s / run.w.size / 1e12;
+    if (const std::optional<double> peak = be.peak_flops(cfg.train.precision))
+      mt.mfu = flops.model / step_s / run.w.size / *peak;
     mt.bubble = bubble;
     mt.mem_peak_bytes = be.allocator().stats().total_peak;
     mt.skipped = !r.finite;

@@ -40,6 +40,12 @@ class Backend {
   virtual Device device() const = 0;
   virtual std::string name() const = 0;  // "cpu (OpenBLAS openmp, 2 threads)"
   virtual Allocator& allocator() = 0;
+  // The device's dense peak FLOP/s in `precision` ("fp32", "bf16"), behind the metrics' MFU;
+  // nullopt where it is not known (the CPU backend: MFU stays null).
+  virtual std::optional<double> peak_flops(const std::string& precision) const {
+    (void)precision;
+    return std::nullopt;
+  }
 
   Tensor empty(const Shape& s, MemCategory c, DType t = DType::kF32) {
     return Tensor::empty(s, t, c, allocator());
