@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,14 +48,14 @@
 #include "runtime/check.h"
 #include "runtime/cuda/nccl_check.h"
 
-#define CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                     \
-    const cublasStatus_t strata_cublas_rc_ = (expr);                                       \
-    if (strata_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                        \
-      ::strata::fatal(std::string("cuBLAS call failed: " #expr ": ") +                     \
-                          cublasLtGetStatusName(strata_cublas_rc_) + ": " +                \
-                          cublasLtGetStatusString(strata_cublas_rc_),                      \
-                      __FILE__, __LINE__);                                                 \
+#define CUBLAS_CHECK(expr)                                                  \
+  do {                                                                      \
+    const cublasStatus_t strata_cublas_rc_ = (expr);                        \
+    if (strata_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                         \
+      ::strata::fatal(std::string("cuBLAS call failed: " #expr ": ") +      \
+                          cublasLtGetStatusName(strata_cublas_rc_) + ": " + \
+                          cublasLtGetStatusString(strata_cublas_rc_),       \
+                      __FILE__, __LINE__);                                  \
   } while (0)
 
 namespace strata {
@@ -117,7 +118,9 @@ int as_int(int64_t v) {
   STRATA_CHECK(v >= 0 && v <= INT32_MAX, "dimension " << v << " exceeds the int32 range");
   return static_cast<int>(v);
 }
-int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+int64_t rows(const Tensor& t) {
+  return t.numel() / t.size(-1);
+}
 
 void expect_shape(const Tensor& t, const Shape& s, const char* what) {
   STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
@@ -132,14 +135,22 @@ kc::ElemType et(const Tensor& t) {
   STRATA_CHECK(t.dtype() != DType::kI32, "an i32 tensor where a float tensor is expected");
   return t.dtype() == DType::kBF16 ? kc::ElemType::kBF16 : kc::ElemType::kF32;
 }
-bool is_f32(const Tensor& t) { return t.dtype() == DType::kF32; }
-bool is_f32(const Tensor* t) { return !t || t->dtype() == DType::kF32; }
+bool is_f32(const Tensor& t) {
+  return t.dtype() == DType::kF32;
+}
+bool is_f32(const Tensor* t) {
+  return !t || t->dtype() == DType::kF32;
+}
 template <typename... Ts>
 bool all_f32(const Ts&... ts) {
   return (is_f32(ts) && ...);
 }
-bool same_dtype(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype(); }
-bool same_dtype(const Tensor& a, const Tensor* b) { return !b || a.dtype() == b->dtype(); }
+bool same_dtype(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype();
+}
+bool same_dtype(const Tensor& a, const Tensor* b) {
+  return !b || a.dtype() == b->dtype();
+}
 template <typename... Ts>
 bool all_same_dtype(const Tensor& a, const Ts&... ts) {
   return (same_dtype(a, ts) && ...);
@@ -179,6 +190,18 @@ class CudaBackend final : public Backend {
     return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16)";
   }
   Allocator& allocator() override { return alloc_; }
+  // Published dense peaks of the data-centre GPUs we plan for (the same figures as
+  // configs/clusters); unknown devices leave MFU null rather than guess.
+  std::optional<double> peak_flops(const std::string& precision) const override {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return std::nullopt;
+    const std::string n = prop.name;
+    const bool bf16 = precision == "bf16";
+    if (n.find("H100") != std::string::npos || n.find("H200") != std::string::npos)
+      return bf16 ? 989e12 : 67e12;
+    if (n.find("A100") != std::string::npos) return bf16 ? 312e12 : 19.5e12;
+    return std::nullopt;
+  }
 
   // ---- memory ----
 
@@ -190,8 +213,8 @@ class CudaBackend final : public Backend {
                  "copy " << shape_string(src.shape()) << " " << to_string(src.dtype()) << " into "
                          << shape_string(dst.shape()) << " " << to_string(dst.dtype()));
     if (dst.bytes())
-      CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice,
-                                 stream_));
+      CUDA_CHECK(
+          cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
   }
   void cast(Tensor& dst, const Tensor& src) override {
     expect_numel(dst, src.numel(), "cast destination");
@@ -385,8 +408,8 @@ class CudaBackend final : public Backend {
                           const Tensor& saved, int NH) override {
     if (!all_same_dtype(dqkv, dout, qkv, out) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
-      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out),
-                                mp.in(saved), NH);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out), mp.in(saved),
+                                NH);
     }
     const AttentionShape a = attention_shape(qkv, NH);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
@@ -469,8 +492,8 @@ class CudaBackend final : public Backend {
     const int64_t N = rows(logits);
     expect_numel(target_logit, N, "ce target_logit");
     expect_numel(targets, N, "ce targets");
-    CUDA_CHECK(kc::ce_target_logit(target_logit.f32(), logits.data(), et(logits), targets.i32(),
-                                   N, ce_ld(logits, valid), vocab_start, valid, stream_));
+    CUDA_CHECK(kc::ce_target_logit(target_logit.f32(), logits.data(), et(logits), targets.i32(), N,
+                                   ce_ld(logits, valid), vocab_start, valid, stream_));
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                  const Tensor& target_logit) override {
@@ -530,7 +553,8 @@ class CudaBackend final : public Backend {
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     expect_numel(a, out.numel(), "add operand");
     expect_numel(b, out.numel(), "add operand");
-    CUDA_CHECK(kc::add(out.data(), et(out), a.data(), et(a), b.data(), et(b), out.numel(), stream_));
+    CUDA_CHECK(
+        kc::add(out.data(), et(out), a.data(), et(a), b.data(), et(b), out.numel(), stream_));
   }
   void scale_inplace(Tensor& y, float s) override {
     CUDA_CHECK(kc::scale_inplace(y.data(), et(y), s, y.numel(), stream_));
@@ -550,12 +574,12 @@ class CudaBackend final : public Backend {
   // ---- optimizer ----
   // The f32 master parameters, gradients and moments; one segment of the multi-tensor kernel
   // (runtime/optimizer calls this once per contiguous range).
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int step) override {
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int step) override {
     if (!all_f32(param, grad, m, v)) {
       MixedPrecisionScope mp(*this);
-      return adamw_update(mp.out(param), mp.in(grad), mp.out(m), mp.out(v), lr, beta1, beta2,
-                          eps, weight_decay, step);
+      return adamw_update(mp.out(param), mp.in(grad), mp.out(m), mp.out(v), lr, beta1, beta2, eps,
+                          weight_decay, step);
     }
     expect_numel(grad, param.numel(), "adamw grad");
     expect_numel(m, param.numel(), "adamw m");
@@ -588,18 +612,17 @@ class CudaBackend final : public Backend {
     }
     const bool widenable = g.ab_type != kc::ElemType::kF32 || g.c_type != kc::ElemType::kF32;
     if (st == CUBLAS_STATUS_NOT_SUPPORTED && widenable) return GemmRun::kUnsupported;
-    STRATA_CHECK(st == CUBLAS_STATUS_SUCCESS,
-                 "cuBLASLt GEMM (M " << g.M << ", N " << g.N << ", K " << g.K << ", A/B "
-                                     << kc::to_string(g.ab_type) << ", C "
-                                     << kc::to_string(g.c_type) << ") failed: "
-                                     << cublasLtGetStatusName(st) << ": "
-                                     << cublasLtGetStatusString(st));
+    STRATA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt GEMM (M "
+                                                  << g.M << ", N " << g.N << ", K " << g.K
+                                                  << ", A/B " << kc::to_string(g.ab_type) << ", C "
+                                                  << kc::to_string(g.c_type)
+                                                  << ") failed: " << cublasLtGetStatusName(st)
+                                                  << ": " << cublasLtGetStatusString(st));
     return plain;
   }
 
   // The same ops on f32 copies of every bf16 operand: for type mixes cuBLASLt cannot run.
-  void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& w,
-                              const Tensor* bias) {
+  void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
     MixedPrecisionScope mp(*this);
     matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
   }
@@ -618,15 +641,15 @@ class CudaBackend final : public Backend {
   };
   // qkv (B, S, 3·NH·HS) with a head size the fused kernels handle.
   static AttentionShape attention_shape(const Tensor& qkv, int NH) {
-    STRATA_CHECK(qkv.dim() == 3, "attention qkv " << shape_string(qkv.shape())
-                                                  << " is not (B, S, 3C)");
+    STRATA_CHECK(qkv.dim() == 3,
+                 "attention qkv " << shape_string(qkv.shape()) << " is not (B, S, 3C)");
     STRATA_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0,
                  "attention qkv width " << qkv.size(2) << " is not 3 × " << NH << " heads");
     const AttentionShape a{as_int(qkv.size(0)), as_int(qkv.size(1)), NH,
                            as_int(qkv.size(2) / (3 * NH))};
-    STRATA_CHECK(a.HS <= kc::kFlashMaxHeadSize,
-                 "head size " << a.HS << " exceeds the fused attention's maximum "
-                              << kc::kFlashMaxHeadSize);
+    STRATA_CHECK(
+        a.HS <= kc::kFlashMaxHeadSize,
+        "head size " << a.HS << " exceeds the fused attention's maximum " << kc::kFlashMaxHeadSize);
     return a;
   }
 
@@ -654,9 +677,9 @@ class CudaBackend final : public Backend {
   int device_;
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
-  double* dsum_ = nullptr;                 // sum / sum_squares result
-  Tensor workspace_;                       // cuBLASLt workspace (kBuffers)
-  std::unique_ptr<kc::GemmLt> gemm_;       // uses workspace_ and stream_
+  double* dsum_ = nullptr;            // sum / sum_squares result
+  Tensor workspace_;                  // cuBLASLt workspace (kBuffers)
+  std::unique_ptr<kc::GemmLt> gemm_;  // uses workspace_ and stream_
 };
 
 }  // namespace

@@ -1,0 +1,461 @@
+// flash_attention.cu — the kernels of flash_attention.h, on CUDA cores (f32 FMAs from shared
+// memory; no tensor-core fragments yet: this first version is written for being checkable).
+//
+// Tiling. Queries and keys come in tiles of kTile = 64 rows. A block has 256 threads seen as a
+// 16 × 16 grid (ty, tx): for a 64 × 64 tile of scores it owns rows ty + 16r and columns
+// tx + 16c (r, c < 4), and for a 64 × HS tile of outputs rows ty + 16r and head dims tx + 16c
+// (c < HS_MAX / 16). The 16 threads of one row group are 16 consecutive lanes of one warp, so a
+// row's max and sum are 4 xor-shuffles. Tiles are staged in shared memory as f32 (converted once
+// at the load), with rows padded by one float where threads of a warp read down a column, so
+// those reads fall in distinct banks.
+//
+// Forward (grid: B·NH × query tiles, the last — longest — query tiles first): the block keeps
+// its 64 query rows and walks the key tiles 0..its own (causal), with the online softmax: a
+// running row max m and sum l, rescaling the output accumulators by e^(m_old − m_new) whenever
+// the max grows. Scores are kept in the log2 domain (scale·log2 e folded into one multiply) so
+// each exponential is one exp2f. At the end out = acc / l and lse = (m + log2 l) · ln 2.
+//
+// Backward (FlashAttention-2 order): a pre-pass computes D_i = Σ_d dout_i,d · out_i,d; the main
+// kernel (grid: B·NH × key tiles, the first — longest — key tiles first) keeps one key/value
+// tile and accumulates dk, dv in registers while walking the query tiles from its own to the
+// last: P = exp(scale·q·kᵀ − lse), dP = dout·vᵀ, dS = P ∘ (dP − D), dv += Pᵀ·dout,
+// dk += scale·dSᵀ·q, and dq += scale·dS·k goes to an f32 scratch with atomicAdd (several key
+// tiles add to each query row). A last pass adds that scratch into the q part of dqkv; dk, dv
+// are added into dqkv by their one owning block, so dqkv accumulates (+=) as the Backend asks.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/flash_attention.h"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr int kTile = 64;
+constexpr int kThreads = 256;      // a 16 × 16 grid of threads
+constexpr int kRows = kTile / 16;  // tile rows per thread (r)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory row strides (floats). HS_MAX is a multiple of 32, so HS_MAX + 1 puts the rows
+// that a warp reads down a column (k_s[tx + 16c][d] for 16 values of tx) in 16 distinct banks.
+template <int HS_MAX>
+struct Strides {
+  static constexpr int kPadded = HS_MAX + 1;  // tiles read down columns
+  static constexpr int kDense = HS_MAX;       // tiles read along rows only
+  static constexpr int kScores = kTile + 1;   // score / probability tiles
+};
+
+template <int HS_MAX>
+constexpr size_t forward_smem_bytes() {
+  using St = Strides<HS_MAX>;
+  return sizeof(float) * kTile * (2 * St::kPadded + St::kDense + St::kScores);
+}
+template <int HS_MAX>
+constexpr size_t backward_smem_bytes() {
+  using St = Strides<HS_MAX>;
+  return sizeof(float) * (kTile * (4 * St::kPadded + 2 * St::kScores) + 2 * kTile);
+}
+
+// dst (kTile, HS_MAX) f32 ← rows [row0, row0 + kTile) of src (rows of stride ld, HS used
+// columns); rows at or past S and columns at or past HS are zero, so they add nothing anywhere.
+template <int HS_MAX, class T>
+__device__ __forceinline__ void load_tile(float* dst, int ldd, const T* src, int64_t ld, int row0,
+                                          int S, int HS) {
+  for (int idx = threadIdx.x; idx < kTile * HS_MAX; idx += kThreads) {
+    const int r = idx / HS_MAX, d = idx % HS_MAX;
+    const int row = row0 + r;
+    dst[r * ldd + d] = (row < S && d < HS) ? to_float(src[row * ld + d]) : 0.f;
+  }
+}
+
+// Sum / max over the 16 lanes of a row group (lanes 0-15 or 16-31 of the warp).
+__device__ __forceinline__ float group16_sum(float v) {
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float group16_max(float v) {
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+template <class T, int HS_MAX>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int NH, int HS,
+                         float scale_log2) {
+  using St = Strides<HS_MAX>;
+  constexpr int DC = HS_MAX / 16;  // head dims per thread
+  extern __shared__ float smem[];
+  float* q_s = smem;                       // (kTile, kPadded)  queries of this block
+  float* k_s = q_s + kTile * St::kPadded;  // (kTile, kPadded)  current key tile
+  float* v_s = k_s + kTile * St::kPadded;  // (kTile, kDense)   current value tile
+  float* p_s = v_s + kTile * St::kDense;   // (kTile, kScores)  probabilities of the tile
+
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int qt = gridDim.y - 1 - blockIdx.y;
+  const int q0 = qt * kTile;
+  const int64_t ld = 3LL * NH * HS;  // token stride in qkv
+  const T* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;  // (S, HS)
+  const T* k_g = q_g + static_cast<int64_t>(NH) * HS;                                    // (S, HS)
+  const T* v_g = q_g + 2LL * NH * HS;                                                    // (S, HS)
+
+  load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
+
+  float o[kRows][DC];
+  float m[kRows], l[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) o[r][c] = 0.f;
+  }
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // the previous tile's k_s, v_s, p_s are no longer read
+    load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
+    load_tile<HS_MAX>(v_s, St::kDense, v_g, ld, k0, S, HS);
+    __syncthreads();
+
+    float s[kRows][4] = {};
+    for (int d = 0; d < HS; ++d) {
+      float qa[kRows], kb[4];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) qa[r] = q_s[(ty + 16 * r) * St::kPadded + d];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) kb[c] = k_s[(tx + 16 * c) * St::kPadded + d];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][c] = fmaf(qa[r], kb[c], s[r][c]);
+    }
+
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int i = q0 + ty + 16 * r;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = k0 + tx + 16 * c;
+        s[r][c] = (j <= i && j < S) ? s[r][c] * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, s[r][c]);
+      }
+      // Key 0 is in tile 0 and visible to every row, so m is finite from the first tile on and
+      // a later all-masked row tile leaves it unchanged (no −inf − −inf).
+      const float m_new = fmaxf(m[r], group16_max(mx));
+      const float alpha = exp2f(m[r] - m_new);  // 0 on the first tile (m = −inf)
+      float rs = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float p = exp2f(s[r][c] - m_new);
+        p_s[(ty + 16 * r) * St::kScores + tx + 16 * c] = p;
+        rs += p;
+      }
+      l[r] = l[r] * alpha + group16_sum(rs);
+      m[r] = m_new;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) o[r][c] *= alpha;
+    }
+    __syncthreads();
+
+    for (int j = 0; j < kTile; ++j) {
+      float vb[DC];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) vb[c] = v_s[j * St::kDense + tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float p = p_s[(ty + 16 * r) * St::kScores + j];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) o[r][c] = fmaf(p, vb[c], o[r][c]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = q0 + ty + 16 * r;
+    if (i >= S) continue;
+    const float inv = 1.f / l[r];
+    T* o_g = out + ((static_cast<int64_t>(b) * S + i) * NH + h) * HS;  // (HS)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int d = tx + 16 * c;
+      if (d < HS) o_g[d] = from_float<T>(o[r][c] * inv);
+    }
+    if (tx == 0) lse[static_cast<int64_t>(bh) * S + i] = (m[r] + log2f(l[r])) * kLn2;
+  }
+}
+
+// D (B, NH, S) = Σ_d dout · out over each head's row: one warp per (b, s, h).
+template <class T>
+__global__ void flash_backward_dsum_kernel(float* dsum, const T* dout, const T* out, int B, int S,
+                                           int NH, int HS) {
+  const int64_t rows = static_cast<int64_t>(B) * S * NH;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  for (int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; row < rows;
+       row += warps) {
+    const T* g = dout + row * HS;  // (HS)
+    const T* o = out + row * HS;   // (HS)
+    float s = 0.f;
+    for (int d = lane; d < HS; d += 32) s = fmaf(to_float(g[d]), to_float(o[d]), s);
+    s = warp_sum(s);
+    if (lane == 0) {
+      const int64_t bs = row / NH, h = row % NH, b = bs / S, i = bs % S;
+      dsum[(b * NH + h) * S + i] = s;
+    }
+  }
+}
+
+template <class T, int HS_MAX>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_kernel(T* dqkv, float* dq_acc, const T* dout, const T* qkv, const float* lse,
+                          const float* dsum, int S, int NH, int HS, float scale, float scale_log2) {
+  using St = Strides<HS_MAX>;
+  constexpr int DC = HS_MAX / 16;
+  extern __shared__ float smem[];
+  float* k_s = smem;                          // (kTile, kPadded)  this block's keys
+  float* v_s = k_s + kTile * St::kPadded;     // (kTile, kPadded)  this block's values
+  float* q_s = v_s + kTile * St::kPadded;     // (kTile, kPadded)  current query tile
+  float* g_s = q_s + kTile * St::kPadded;     // (kTile, kPadded)  its output gradient
+  float* p_s = g_s + kTile * St::kPadded;     // (kTile, kScores)  P, [query][key]
+  float* ds_s = p_s + kTile * St::kScores;    // (kTile, kScores)  dS, [query][key]
+  float* lse_s = ds_s + kTile * St::kScores;  // (kTile) lse of the query rows, log2 units
+  float* d_s = lse_s + kTile;                 // (kTile) D of the query rows
+
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kt = blockIdx.y;
+  const int k0 = kt * kTile;
+  const int tiles = gridDim.y;
+  const int64_t ld = 3LL * NH * HS;                   // token stride in qkv and dqkv
+  const int64_t ldo = static_cast<int64_t>(NH) * HS;  // token stride in dout and dq_acc
+  const int64_t head = static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
+  const T* q_g = qkv + head;     // (S, HS), stride ld
+  const T* k_g = q_g + ldo;      // (S, HS)
+  const T* v_g = q_g + 2 * ldo;  // (S, HS)
+  const T* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+  float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+  const float* lse_g = lse + static_cast<int64_t>(bh) * S;  // (S)
+  const float* d_g = dsum + static_cast<int64_t>(bh) * S;   // (S)
+
+  load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
+  load_tile<HS_MAX>(v_s, St::kPadded, v_g, ld, k0, S, HS);
+
+  float dk[kRows][DC], dv[kRows][DC];  // rows: keys ty + 16r of this tile
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) dk[r][c] = dv[r][c] = 0.f;
+
+  for (int qt = kt; qt < tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();  // the previous query tile is no longer read
+    load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
+    load_tile<HS_MAX>(g_s, St::kPadded, g_g, ldo, q0, S, HS);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const bool in = q0 + r < S;
+      lse_s[r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
+      d_s[r] = in ? d_g[q0 + r] : 0.f;
+    }
+    __syncthreads();
+
+    // Scores and dP for queries ty + 16r, keys tx + 16c.
+    float s[kRows][4] = {}, dp[kRows][4] = {};
+    for (int d = 0; d < HS; ++d) {
+      float qa[kRows], ga[kRows], kb[4], vb[4];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        qa[r] = q_s[(ty + 16 * r) * St::kPadded + d];
+        ga[r] = g_s[(ty + 16 * r) * St::kPadded + d];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        kb[c] = k_s[(tx + 16 * c) * St::kPadded + d];
+        vb[c] = v_s[(tx + 16 * c) * St::kPadded + d];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          s[r][c] = fmaf(qa[r], kb[c], s[r][c]);
+          dp[r][c] = fmaf(ga[r], vb[c], dp[r][c]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int qi = ty + 16 * r, i = q0 + qi;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int kj = tx + 16 * c, j = k0 + kj;
+        const float p = (j <= i && i < S) ? exp2f(s[r][c] * scale_log2 - lse_s[qi]) : 0.f;
+        p_s[qi * St::kScores + kj] = p;
+        ds_s[qi * St::kScores + kj] = p * (dp[r][c] - d_s[qi]);
+      }
+    }
+    __syncthreads();
+
+    // dv += Pᵀ·dout and dk += dSᵀ·q for keys ty + 16r, dims tx + 16c (scale applied at the end).
+    for (int qi = 0; qi < kTile; ++qi) {
+      float ga[DC], qa[DC];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) {
+        ga[c] = g_s[qi * St::kPadded + tx + 16 * c];
+        qa[c] = q_s[qi * St::kPadded + tx + 16 * c];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float p = p_s[qi * St::kScores + ty + 16 * r];
+        const float ds = ds_s[qi * St::kScores + ty + 16 * r];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          dv[r][c] = fmaf(p, ga[c], dv[r][c]);
+          dk[r][c] = fmaf(ds, qa[c], dk[r][c]);
+        }
+      }
+    }
+
+    // dq += scale·dS·k for queries ty + 16r, dims tx + 16c: partial over this key tile.
+    float dq[kRows][DC] = {};
+    for (int kj = 0; kj < kTile; ++kj) {
+      float kb[DC];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) kb[c] = k_s[kj * St::kPadded + tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float ds = ds_s[(ty + 16 * r) * St::kScores + kj];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) dq[r][c] = fmaf(ds, kb[c], dq[r][c]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int i = q0 + ty + 16 * r;
+      if (i >= S) continue;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) {
+        const int d = tx + 16 * c;
+        if (d < HS) atomicAdd(&dq_g[i * ldo + d], scale * dq[r][c]);
+      }
+    }
+  }
+
+  T* dk_g = dqkv + head + ldo;  // (S, HS), stride ld
+  T* dv_g = dk_g + ldo;         // (S, HS), stride ld
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int j = k0 + ty + 16 * r;
+    if (j >= S) continue;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int d = tx + 16 * c;
+      if (d >= HS) continue;
+      const int64_t at = j * ld + d;
+      dk_g[at] = from_float<T>(to_float(dk_g[at]) + scale * dk[r][c]);
+      dv_g[at] = from_float<T>(to_float(dv_g[at]) + dv[r][c]);
+    }
+  }
+}
+
+// The q part of dqkv (B, S, 3, NH, HS) += dq_acc (B, S, NH, HS).
+template <class T>
+__global__ void flash_backward_dq_kernel(T* dqkv, const float* dq_acc, int64_t tokens,
+                                         int64_t row) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       idx < tokens * row; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = (idx / row) * 3 * row + idx % row;
+    dqkv[at] = from_float<T>(to_float(dqkv[at]) + dq_acc[idx]);
+  }
+}
+
+// Query/key tiles go on gridDim.y, which holds at most 65535.
+bool valid_shape(int B, int S, int NH, int HS) {
+  return B >= 0 && S >= 0 && NH >= 0 && HS >= 1 && HS <= kFlashMaxHeadSize &&
+         (S + kTile - 1) / kTile <= 65535;
+}
+
+// Runs f.template operator()<HS_MAX>() for the smallest kernel size that holds HS.
+template <class F>
+cudaError_t with_head_size(int HS, F&& f) {
+  if (HS <= 32) return f(std::integral_constant<int, 32>{});
+  if (HS <= 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
+}
+
+float log2_scale(int HS) {
+  return kLog2e / std::sqrt(static_cast<float>(HS));
+}
+
+}  // namespace
+
+cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
+                                    int S, int NH, int HS, cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
+  if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+  return dispatch(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return with_head_size(HS, [&](auto hs_max) {
+      constexpr int HS_MAX = decltype(hs_max)::value;
+      constexpr size_t smem = forward_smem_bytes<HS_MAX>();
+      // Above 48 KiB a kernel must opt in to its dynamic shared memory, per device.
+      cudaError_t err =
+          cudaFuncSetAttribute(flash_forward_kernel<T, HS_MAX>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+      flash_forward_kernel<T, HS_MAX><<<grid, kThreads, smem, stream>>>(
+          static_cast<T*>(out), lse, static_cast<const T*>(qkv), S, NH, HS, log2_scale(HS));
+      return cudaGetLastError();
+    });
+  });
+}
+
+size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS) {
+  const size_t rows = static_cast<size_t>(B) * S * NH;
+  return sizeof(float) * (rows * static_cast<size_t>(HS) + rows);
+}
+
+cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                     const float* lse, ElemType type, int B, int S, int NH, int HS,
+                                     void* scratch, cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
+  const int64_t rows = static_cast<int64_t>(B) * S * NH;
+  if (rows == 0) return cudaSuccess;
+  float* dq_acc = static_cast<float*>(scratch);  // (B, S, NH, HS)
+  float* dsum = dq_acc + rows * HS;              // (B, NH, S)
+  cudaError_t err = cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * HS, stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+  const float scale = 1.f / std::sqrt(static_cast<float>(HS));
+  return dispatch(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const unsigned dsum_blocks = grid_for(rows * 32, kThreads);
+    flash_backward_dsum_kernel<T><<<dsum_blocks, kThreads, 0, stream>>>(
+        dsum, static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
+    cudaError_t e = with_head_size(HS, [&](auto hs_max) {
+      constexpr int HS_MAX = decltype(hs_max)::value;
+      constexpr size_t smem = backward_smem_bytes<HS_MAX>();
+      cudaError_t a =
+          cudaFuncSetAttribute(flash_backward_kernel<T, HS_MAX>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (a != cudaSuccess) return a;
+      flash_backward_kernel<T, HS_MAX><<<grid, kThreads, smem, stream>>>(
+          static_cast<T*>(dqkv), dq_acc, static_cast<const T*>(dout), static_cast<const T*>(qkv),
+          lse, dsum, S, NH, HS, scale, log2_scale(HS));
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
+    const int64_t row = static_cast<int64_t>(NH) * HS;
+    const int64_t tokens = static_cast<int64_t>(B) * S;
+    flash_backward_dq_kernel<T><<<grid_for(tokens * row, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(dqkv), dq_acc, tokens, row);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace strata::kernels::cuda

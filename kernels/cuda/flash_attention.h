@@ -1,0 +1,43 @@
+// flash_attention.h — fused causal multi-head attention (flash-style): the S×S score and
+// probability matrices are never stored, only the log-sum-exp of each score row.
+//
+// Layouts (this rank's heads; row-major):
+//   qkv  (B, S, 3, NH, HS)  per token: every head's query, then every key, then every value
+//   out  (B, S, NH, HS)
+//   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over j ≤ i, scale = 1/√HS
+// qkv, out, dout and dqkv share one element type (f32 or bf16); every product is summed in f32
+// and bf16 results are rounded once, at the store.
+//
+// Limits: 1 ≤ HS ≤ kFlashMaxHeadSize (head sizes 32, 64 and 128 run on kernels sized for them,
+// any other size on the next larger one); any S ≥ 1. Other shapes return cudaErrorInvalidValue
+// before launching anything. The kernels need up to ~163 KiB of shared memory per block (HS in
+// (64, 128], backward), which sm_80 and sm_90 provide.
+//
+// Thread-safety: none needed (no state); calls are ordered by their stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/cuda/elem_type.h"
+
+namespace strata::kernels::cuda {
+
+constexpr int kFlashMaxHeadSize = 128;
+
+// out = softmax(scale · q·kᵀ, causal) · v, and the per-row log-sum-exp for the backward.
+cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
+                                    int S, int NH, int HS, cudaStream_t stream);
+
+// Bytes of device scratch the backward needs: an f32 (B, S, NH, HS) accumulator for dq and the
+// (B, NH, S) row sums D = rowsum(dout ∘ out).
+size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS);
+
+// dqkv (B, S, 3, NH, HS) += the gradient of the forward, given its inputs, its output `out`
+// and `lse`. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes, 4-byte aligned.
+cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                     const float* lse, ElemType type, int B, int S, int NH, int HS,
+                                     void* scratch, cudaStream_t stream);
+
+}  // namespace strata::kernels::cuda

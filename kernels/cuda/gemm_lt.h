@@ -1,0 +1,97 @@
+// gemm_lt.h — row-major GEMMs on cuBLASLt, with fused bias / GELU / bias-gradient epilogues.
+//
+// GemmLt::run computes, on row-major buffers as kernels/cpu gemm does,
+//     C (M, N) = alpha · op(A) · op(B) + beta · C,     op(X) = Xᵀ when trans_x,
+// where A is (M, K) or, transposed, (K, M) with row stride lda (B likewise (K, N) / (N, K), ldb),
+// so strided sub-matrices work directly. beta ≠ 0 accumulates into C in place.
+//
+// Types: A and B share one element type (cuBLASLt's rule); C is f32 or bf16. Supported by
+// cuBLASLt with compute type CUBLAS_COMPUTE_32F: A/B f32 with C f32 (true fp32, no TF32 — the
+// fp32 path must match the CPU to 1e-4), and A/B bf16 with C bf16 or f32 (f32 accumulation). Any
+// other combination, and any epilogue cuBLASLt's heuristic finds no algorithm for, returns
+// CUBLAS_STATUS_NOT_SUPPORTED without running: the caller then widens operands or applies the
+// epilogue separately. The result is cached per shape, so a rejected case costs one query.
+//
+// Epilogues (row-major terms):
+//   kBias         C[i][j] = alpha·(op(A)·op(B))[i][j] + beta·C[i][j] + bias[j]   (bias: N)
+//   kGeluAuxBias  pre = the kBias result, written to aux (M, N) with row stride ld_aux (a
+//                 multiple of 8, cuBLASLt's rule); C = gelu(pre) (cuBLASLt's tanh form)
+//   kBiasGradA    as kNone, and bias_grad[i] = Σ_k op(A)[i][k] (M), OVERWRITTEN (not
+//                 accumulated) and of C's type — the dbias of a weight gradient dW = doutᵀ·x
+//
+// Row-major ↔ cuBLASLt: cuBLASLt is column-major, and a row-major (r, c) buffer is the
+// column-major (c, r) one, so C = op(A)·op(B) runs as Cᵀ = op(B)ᵀ·op(A)ᵀ with the operands
+// swapped: m = N, n = M, and the row-major column vector (bias over j) is cuBLASLt's per-row one.
+//
+// Workspace: the caller's device buffer (32 MiB is cuBLASLt's recommendation for Hopper), used
+// by every call, so calls must be ordered (one stream, or synchronised streams).
+//
+// Thread-safety: one GemmLt per thread (the descriptor cache is not locked). Copy is deleted
+// (it owns the cuBLASLt handle and descriptors).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "kernels/cuda/elem_type.h"
+
+namespace strata::kernels::cuda {
+
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kBiasGradA };
+
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0;
+  const void* A = nullptr;
+  int lda = 0;
+  const void* B = nullptr;
+  int ldb = 0;
+  ElemType ab_type = ElemType::kF32;  // A and B
+  void* C = nullptr;
+  int ldc = 0;
+  ElemType c_type = ElemType::kF32;
+  float alpha = 1.f, beta = 0.f;
+
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  const void* bias = nullptr;  // kBias, kGeluAuxBias: (N) of bias_type
+  ElemType bias_type = ElemType::kF32;
+  void* bias_grad = nullptr;  // kBiasGradA: (M) of c_type
+  void* aux = nullptr;        // kGeluAuxBias: (M, N) of c_type, row stride ld_aux
+  int ld_aux = 0;
+};
+
+class GemmLt {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // The handle is created here; check status() before the first run().
+  GemmLt(void* workspace, size_t workspace_bytes);
+  ~GemmLt();
+  GemmLt(const GemmLt&) = delete;
+  GemmLt& operator=(const GemmLt&) = delete;
+
+  cublasStatus_t status() const { return status_; }
+
+  // Runs `g` on `stream`. CUBLAS_STATUS_NOT_SUPPORTED: nothing ran (see the file comment);
+  // CUBLAS_STATUS_INVALID_VALUE: a malformed shape; anything else comes from cuBLASLt.
+  cublasStatus_t run(const Gemm& g, cudaStream_t stream);
+
+ private:
+  struct Plan;  // descriptors + chosen algorithm of one shape/type/alignment combination
+  using Key = std::array<int64_t, 20>;
+  static Key key_of(const Gemm& g);
+  Plan* plan_for(const Gemm& g);
+
+  cublasLtHandle_t handle_ = nullptr;
+  cublasStatus_t status_ = CUBLAS_STATUS_NOT_INITIALIZED;
+  void* workspace_;
+  size_t workspace_bytes_;
+  std::map<Key, Plan*> plans_;  // owned; a few dozen shapes per model
+};
+
+}  // namespace strata::kernels::cuda

@@ -1,0 +1,584 @@
+// ops.cu — the kernels of ops.h.
+//
+// Launch shapes, chosen for being obviously correct first (none has been tuned on a GPU yet):
+// - elementwise ops: one thread per element, 256 per block, a grid-stride loop so any n works;
+// - row ops (LayerNorm, cross-entropy): one 256-thread block per row, block reductions through
+//   warp shuffles; the row is read from global memory once per pass (L2 keeps it between them);
+// - column sums (dbias, LayerNorm dweight/dbias): 32 columns × 8 row lanes per block, blocks
+//   split the rows into at most kMaxRowSplits groups, each group adds its partial sum with one
+//   atomicAdd per column — so a column takes ≤ 64 atomics instead of one per row.
+// Sums whose order differs from the CPU (block reductions, atomics) match it to float rounding,
+// not bit for bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;     // elementwise blocks
+constexpr int kRowThreads = 256;  // one block per row
+constexpr int kColTile = 32;      // column sums: columns per block (one warp wide) ...
+constexpr int kColRows = 8;       // ... times row lanes per block
+constexpr int kMaxRowSplits = 64;
+
+// Grid-stride loop over [0, n).
+#define STRATA_FOR_EACH(i, n)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+unsigned elementwise_grid(int64_t n) {
+  return grid_for(n, kThreads);
+}
+
+// Row groups for the column sums: enough blocks to fill the GPU when there are few columns,
+// never more groups than rows of kColRows.
+unsigned row_splits(int64_t N) {
+  return static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(kMaxRowSplits, (N + kColRows * 4 - 1) / (kColRows * 4))));
+}
+
+// ---- conversions and bias -------------------------------------------------------------------
+
+template <class D, class S>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  STRATA_FOR_EACH(i, n) dst[i] = from_float<D>(to_float(src[i]));
+}
+
+template <class TO, class TB>
+__global__ void add_bias_kernel(TO* out, const TB* bias, int64_t N, int OC) {
+  STRATA_FOR_EACH(i, N * OC) out[i] = from_float<TO>(to_float(out[i]) + to_float(bias[i % OC]));
+}
+
+// Block (kColTile, kColRows): thread (x, y) sums column blockIdx.x·kColTile + x over the rows
+// y + kColRows·blockIdx.y, stepping by kColRows·gridDim.y.
+template <class T>
+__global__ void bias_grad_kernel(float* dbias, const T* dout, int64_t N, int OC) {
+  __shared__ float part[kColRows][kColTile + 1];
+  const int o = blockIdx.x * kColTile + threadIdx.x;
+  float s = 0.f;
+  if (o < OC)
+    for (int64_t n = blockIdx.y * kColRows + threadIdx.y; n < N;
+         n += static_cast<int64_t>(gridDim.y) * kColRows)
+      s += to_float(dout[n * OC + o]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < OC) {
+    for (int y = 1; y < kColRows; ++y) s += part[y][threadIdx.x];
+    atomicAdd(&dbias[o], s);
+  }
+}
+
+// ---- LayerNorm ------------------------------------------------------------------------------
+
+template <class TA, class TW>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_forward_kernel(TA* out, float* mean, float* rstd, const TA* inp, const TW* w,
+                             const TW* b, int C) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const TA* x = inp + row * C;  // (C)
+  TA* y = out + row * C;        // (C)
+  float s = 0.f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += to_float(x[c]);
+  const float m = block_sum(s, scratch) / C;
+  // Two passes (mean, then squared deviations), as the CPU reference: E[x²] − E[x]² cancels.
+  float v = 0.f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = to_float(x[c]) - m;
+    v += d * d;
+  }
+  const float r = 1.f / sqrtf(block_sum(v, scratch) / C + 1e-5f);
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    y[c] = from_float<TA>((to_float(x[c]) - m) * r * to_float(w[c]) + to_float(b[c]));
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp only (rows are independent): dx = rstd · (g − mean(g) − xhat · mean(g · xhat)), g = w · dy.
+template <class TA, class TW>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_backward_rows_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
+                                   const float* mean, const float* rstd, int C) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const TA* x = inp + row * C;    // (C)
+  const TA* dy = dout + row * C;  // (C)
+  TA* dx = dinp + row * C;        // (C)
+  const float m = mean[row], r = rstd[row];
+  float g_sum = 0.f, gx_sum = 0.f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float g = to_float(w[c]) * to_float(dy[c]);
+    g_sum += g;
+    gx_sum += g * (to_float(x[c]) - m) * r;
+  }
+  const float g_mean = block_sum(g_sum, scratch) / C;
+  const float gx_mean = block_sum(gx_sum, scratch) / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float xhat = (to_float(x[c]) - m) * r;
+    const float g = to_float(w[c]) * to_float(dy[c]);
+    dx[c] = from_float<TA>(to_float(dx[c]) + (g - g_mean - xhat * gx_mean) * r);
+  }
+}
+
+// dweight (C) += Σ_n xhat · dy, dbias (C) += Σ_n dy: the column-sum layout of bias_grad_kernel.
+template <class TA>
+__global__ void layernorm_backward_cols_kernel(float* dw, float* db, const TA* dout, const TA* inp,
+                                               const float* mean, const float* rstd, int64_t N,
+                                               int C) {
+  __shared__ float part_w[kColRows][kColTile + 1], part_b[kColRows][kColTile + 1];
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  float sw = 0.f, sb = 0.f;
+  if (c < C)
+    for (int64_t n = blockIdx.y * kColRows + threadIdx.y; n < N;
+         n += static_cast<int64_t>(gridDim.y) * kColRows) {
+      const float dy = to_float(dout[n * C + c]);
+      sw += (to_float(inp[n * C + c]) - mean[n]) * rstd[n] * dy;
+      sb += dy;
+    }
+  part_w[threadIdx.y][threadIdx.x] = sw;
+  part_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < kColRows; ++y) {
+      sw += part_w[y][threadIdx.x];
+      sb += part_b[y][threadIdx.x];
+    }
+    atomicAdd(&dw[c], sw);
+    atomicAdd(&db[c], sb);
+  }
+}
+
+// ---- GELU (tanh approximation) ----------------------------------------------------------------
+// Through 0.5·(1 + tanh(u)) = σ(2u) = 1 / (1 + e^(−2u)), as the CPU reference: one exp and no
+// overflow in either tail.
+
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluC = 0.044715f;
+
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
+  STRATA_FOR_EACH(i, n) {
+    const float x = to_float(inp[i]);
+    out[i] = from_float<T>(x / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x))));
+  }
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
+  STRATA_FOR_EACH(i, n) {
+    const float x = to_float(inp[i]);
+    const float s = 1.f / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x)));  // σ(2u)
+    // d/dx [x·σ(2u)] = σ + x·σ(1 − σ)·2k(1 + 3c·x²); w·x multiplied in one factor at a time
+    // keeps every product finite in the tails (x³ alone overflows for |x| > 1e12).
+    const float w = 2.f * kGeluK * s * (1.f - s);
+    const float grad = s + w * x + 3.f * kGeluC * (((w * x) * x) * x);
+    dinp[i] = from_float<T>(to_float(dinp[i]) + grad * to_float(dout[i]));
+  }
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+
+template <class TO, class TW>
+__global__ void embedding_forward_kernel(TO* out, const int32_t* tokens, const TW* wte,
+                                         const TW* wpe, int64_t BS, int S, int C, int vocab_start,
+                                         int V_local) {
+  STRATA_FOR_EACH(i, BS * C) {
+    const int64_t bs = i / C;
+    const int c = static_cast<int>(i % C);
+    const int t = tokens[bs] - vocab_start;
+    float v = (t >= 0 && t < V_local) ? to_float(wte[static_cast<int64_t>(t) * C + c]) : 0.f;
+    if (wpe) v += to_float(wpe[(bs % S) * C + c]);
+    out[i] = from_float<TO>(v);
+  }
+}
+
+// A token may repeat within the batch, so its row of dwte is a sum over positions: atomics.
+template <class T>
+__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dout,
+                                          const int32_t* tokens, int64_t BS, int S, int C,
+                                          int vocab_start, int V_local) {
+  STRATA_FOR_EACH(i, BS * C) {
+    const int64_t bs = i / C;
+    const int c = static_cast<int>(i % C);
+    const float g = to_float(dout[i]);
+    const int t = tokens[bs] - vocab_start;
+    if (t >= 0 && t < V_local) atomicAdd(&dwte[static_cast<int64_t>(t) * C + c], g);
+    if (dwpe) atomicAdd(&dwpe[(bs % S) * C + c], g);
+  }
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    ce_row_max_kernel(float* row_max, const T* logits, int ld, int valid) {
+  __shared__ float scratch[32];
+  const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, to_float(row[j]));
+  m = block_max(m, scratch);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    ce_row_sumexp_kernel(float* row_sumexp, const T* logits, const float* row_max, int ld,
+                         int valid) {
+  __shared__ float scratch[32];
+  const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
+  const float m = row_max[blockIdx.x];
+  float s = 0.f;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) s += expf(to_float(row[j]) - m);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) row_sumexp[blockIdx.x] = s;
+}
+
+template <class T>
+__global__ void ce_target_logit_kernel(float* out, const T* logits, const int32_t* targets,
+                                       int64_t N, int ld, int vocab_start, int valid) {
+  STRATA_FOR_EACH(n, N) {
+    const int t = targets[n] - vocab_start;
+    out[n] = (t >= 0 && t < valid) ? to_float(logits[n * ld + t]) : 0.f;
+  }
+}
+
+__global__ void ce_losses_kernel(float* losses, const float* row_max, const float* row_sumexp,
+                                 const float* target_logit, int64_t N) {
+  STRATA_FOR_EACH(n, N) losses[n] = logf(row_sumexp[n]) + row_max[n] - target_logit[n];
+}
+
+// No __restrict__: dlogits may alias logits (each element is read, then written, by one thread).
+template <class TD, class TL>
+__global__ void __launch_bounds__(kRowThreads)
+    ce_backward_kernel(TD* dlogits, const TL* logits, const float* row_max, const float* row_sumexp,
+                       const int32_t* targets, float scale, int ld, int vocab_start, int valid) {
+  const int64_t n = blockIdx.x;
+  const TL* row = logits + n * ld;  // (ld)
+  TD* drow = dlogits + n * ld;      // (ld)
+  const float m = row_max[n], inv = 1.f / row_sumexp[n];
+  const int target = targets[n] - vocab_start;
+  for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+    float d = 0.f;
+    if (j < valid) d = scale * (expf(to_float(row[j]) - m) * inv - (j == target ? 1.f : 0.f));
+    drow[j] = from_float<TD>(d);
+  }
+}
+
+// ---- vector helpers ---------------------------------------------------------------------------
+
+template <class TY, class TX>
+__global__ void add_inplace_kernel(TY* y, const TX* x, int64_t n) {
+  STRATA_FOR_EACH(i, n) y[i] = from_float<TY>(to_float(y[i]) + to_float(x[i]));
+}
+
+template <class TO, class TA, class TB>
+__global__ void add_kernel(TO* out, const TA* a, const TB* b, int64_t n) {
+  STRATA_FOR_EACH(i, n) out[i] = from_float<TO>(to_float(a[i]) + to_float(b[i]));
+}
+
+template <class T>
+__global__ void scale_kernel(T* y, float s, int64_t n) {
+  STRATA_FOR_EACH(i, n) y[i] = from_float<T>(to_float(y[i]) * s);
+}
+
+// Per-thread partial sums in double, a block reduction, one atomicAdd per block.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    sum_kernel(double* out, const T* x, int64_t n, bool square) {
+  __shared__ double part[kThreads / 32];
+  double s = 0;
+  STRATA_FOR_EACH(i, n) {
+    const double v = to_float(x[i]);
+    s += square ? v * v : v;
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) s += part[w];
+    atomicAdd(out, s);
+  }
+}
+
+// bsc (B, S, C) <-> chunks (t, B, S/t, C), one thread per element, moved as raw bits of E.
+template <class E>
+__global__ void seq_permute_kernel(E* bsc, E* chunks, int64_t B, int64_t S, int64_t C, int t,
+                                   bool to_chunks) {
+  STRATA_FOR_EACH(i, B * S * C) {
+    const int64_t c = i % C, s = (i / C) % S, b = i / (C * S);
+    const int64_t Sl = S / t, r = s / Sl, sl = s % Sl;
+    const int64_t j = ((r * B + b) * Sl + sl) * C + c;
+    if (to_chunks)
+      chunks[j] = bsc[i];
+    else
+      bsc[i] = chunks[j];
+  }
+}
+
+}  // namespace
+
+// ---- launches ---------------------------------------------------------------------------------
+
+cudaError_t cast(void* dst, ElemType dst_type, const void* src, ElemType src_type, int64_t n,
+                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (dst_type == src_type)
+    return cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * elem_size(dst_type),
+                           cudaMemcpyDeviceToDevice, stream);
+  return dispatch(dst_type, [&](auto td) {
+    return dispatch(src_type, [&](auto ts) {
+      using D = typename decltype(td)::type;
+      using S = typename decltype(ts)::type;
+      cast_kernel<D, S><<<elementwise_grid(n), kThreads, 0, stream>>>(
+          static_cast<D*>(dst), static_cast<const S*>(src), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t add_bias(void* out, ElemType out_type, const void* bias, ElemType bias_type, int64_t N,
+                     int OC, cudaStream_t stream) {
+  if (N * OC == 0) return cudaSuccess;
+  return dispatch(out_type, [&](auto to) {
+    return dispatch(bias_type, [&](auto tb) {
+      using TO = typename decltype(to)::type;
+      using TB = typename decltype(tb)::type;
+      add_bias_kernel<TO, TB><<<elementwise_grid(N * OC), kThreads, 0, stream>>>(
+          static_cast<TO*>(out), static_cast<const TB*>(bias), N, OC);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t bias_grad(float* dbias, const void* dout, ElemType dout_type, int64_t N, int OC,
+                      cudaStream_t stream) {
+  if (N == 0 || OC == 0) return cudaSuccess;
+  const dim3 grid(grid_for(OC, kColTile), row_splits(N)), block(kColTile, kColRows);
+  return dispatch(dout_type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    bias_grad_kernel<T><<<grid, block, 0, stream>>>(dbias, static_cast<const T*>(dout), N, OC);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* inp, ElemType act,
+                              const void* weight, const void* bias, ElemType w_type, int64_t N,
+                              int C, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(act, [&](auto ta) {
+    return dispatch(w_type, [&](auto tw) {
+      using TA = typename decltype(ta)::type;
+      using TW = typename decltype(tw)::type;
+      layernorm_forward_kernel<TA, TW><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
+          static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
+          static_cast<const TW*>(weight), static_cast<const TW*>(bias), C);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
+                               const void* inp, ElemType act, const void* weight, ElemType w_type,
+                               const float* mean, const float* rstd, int64_t N, int C,
+                               cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(act, [&](auto ta) {
+    return dispatch(w_type, [&](auto tw) {
+      using TA = typename decltype(ta)::type;
+      using TW = typename decltype(tw)::type;
+      layernorm_backward_rows_kernel<TA, TW><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
+          static_cast<TA*>(dinp), static_cast<const TA*>(dout), static_cast<const TA*>(inp),
+          static_cast<const TW*>(weight), mean, rstd, C);
+      const dim3 grid(grid_for(C, kColTile), row_splits(N)), block(kColTile, kColRows);
+      layernorm_backward_cols_kernel<TA>
+          <<<grid, block, 0, stream>>>(dweight, dbias, static_cast<const TA*>(dout),
+                                       static_cast<const TA*>(inp), mean, rstd, N, C);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gelu_forward_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(inp), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gelu_backward_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(
+        static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t embedding_forward(void* out, ElemType out_type, const int32_t* tokens, const void* wte,
+                              const void* wpe, ElemType w_type, int B, int S, int C,
+                              int vocab_start, int V_local, cudaStream_t stream) {
+  const int64_t BS = static_cast<int64_t>(B) * S;
+  if (BS * C == 0) return cudaSuccess;
+  return dispatch(out_type, [&](auto to) {
+    return dispatch(w_type, [&](auto tw) {
+      using TO = typename decltype(to)::type;
+      using TW = typename decltype(tw)::type;
+      embedding_forward_kernel<TO, TW><<<elementwise_grid(BS * C), kThreads, 0, stream>>>(
+          static_cast<TO*>(out), tokens, static_cast<const TW*>(wte), static_cast<const TW*>(wpe),
+          BS, S, C, vocab_start, V_local);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t embedding_backward(float* dwte, float* dwpe, const void* dout, ElemType dout_type,
+                               const int32_t* tokens, int B, int S, int C, int vocab_start,
+                               int V_local, cudaStream_t stream) {
+  const int64_t BS = static_cast<int64_t>(B) * S;
+  if (BS * C == 0) return cudaSuccess;
+  return dispatch(dout_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    embedding_backward_kernel<T><<<elementwise_grid(BS * C), kThreads, 0, stream>>>(
+        dwte, dwpe, static_cast<const T*>(dout), tokens, BS, S, C, vocab_start, V_local);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ce_row_max(float* row_max, const void* logits, ElemType logits_type, int64_t N, int ld,
+                       int valid, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(logits_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ce_row_max_kernel<T><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
+        row_max, static_cast<const T*>(logits), ld, valid);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ce_row_sumexp(float* row_sumexp, const void* logits, ElemType logits_type,
+                          const float* row_max, int64_t N, int ld, int valid, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(logits_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ce_row_sumexp_kernel<T><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
+        row_sumexp, static_cast<const T*>(logits), row_max, ld, valid);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType logits_type,
+                            const int32_t* targets, int64_t N, int ld, int vocab_start, int valid,
+                            cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(logits_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ce_target_logit_kernel<T><<<elementwise_grid(N), kThreads, 0, stream>>>(
+        target_logit, static_cast<const T*>(logits), targets, N, ld, vocab_start, valid);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ce_losses(float* losses, const float* row_max, const float* row_sumexp,
+                      const float* target_logit, int64_t N, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  ce_losses_kernel<<<elementwise_grid(N), kThreads, 0, stream>>>(losses, row_max, row_sumexp,
+                                                                 target_logit, N);
+  return cudaGetLastError();
+}
+
+cudaError_t ce_backward(void* dlogits, ElemType dlogits_type, const void* logits,
+                        ElemType logits_type, const float* row_max, const float* row_sumexp,
+                        const int32_t* targets, float scale, int64_t N, int ld, int vocab_start,
+                        int valid, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return dispatch(dlogits_type, [&](auto td) {
+    return dispatch(logits_type, [&](auto tl) {
+      using TD = typename decltype(td)::type;
+      using TL = typename decltype(tl)::type;
+      ce_backward_kernel<TD, TL><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
+          static_cast<TD*>(dlogits), static_cast<const TL*>(logits), row_max, row_sumexp, targets,
+          scale, ld, vocab_start, valid);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type, int64_t n,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(y_type, [&](auto ty) {
+    return dispatch(x_type, [&](auto tx) {
+      using TY = typename decltype(ty)::type;
+      using TX = typename decltype(tx)::type;
+      add_inplace_kernel<TY, TX><<<elementwise_grid(n), kThreads, 0, stream>>>(
+          static_cast<TY*>(y), static_cast<const TX*>(x), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t add(void* out, ElemType out_type, const void* a, ElemType a_type, const void* b,
+                ElemType b_type, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(out_type, [&](auto to) {
+    return dispatch(a_type, [&](auto ta) {
+      return dispatch(b_type, [&](auto tb) {
+        using TO = typename decltype(to)::type;
+        using TA = typename decltype(ta)::type;
+        using TB = typename decltype(tb)::type;
+        add_kernel<TO, TA, TB><<<elementwise_grid(n), kThreads, 0, stream>>>(
+            static_cast<TO*>(out), static_cast<const TA*>(a), static_cast<const TB*>(b), n);
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
+cudaError_t scale_inplace(void* y, ElemType t, float s, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    scale_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(static_cast<T*>(y), s, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t sum(double* out, const void* x, ElemType t, int64_t n, bool square,
+                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // Enough blocks to fill the GPU; each thread then loops, so the atomics stay few.
+  const unsigned grid = std::min(1024u, elementwise_grid(n));
+  return dispatch(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    sum_kernel<T><<<grid, kThreads, 0, stream>>>(out, static_cast<const T*>(x), n, square);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t seq_permute(void* bsc, void* chunks, size_t elem_bytes, int64_t B, int64_t S, int64_t C,
+                        int t, bool to_chunks, cudaStream_t stream) {
+  const int64_t n = B * S * C;
+  if (n == 0) return cudaSuccess;
+  if (elem_bytes == 2)
+    seq_permute_kernel<uint16_t><<<elementwise_grid(n), kThreads, 0, stream>>>(
+        static_cast<uint16_t*>(bsc), static_cast<uint16_t*>(chunks), B, S, C, t, to_chunks);
+  else
+    seq_permute_kernel<uint32_t><<<elementwise_grid(n), kThreads, 0, stream>>>(
+        static_cast<uint32_t*>(bsc), static_cast<uint32_t*>(chunks), B, S, C, t, to_chunks);
+  return cudaGetLastError();
+}
+
+#undef STRATA_FOR_EACH
+
+}  // namespace strata::kernels::cuda

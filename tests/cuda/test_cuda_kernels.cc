@@ -1,0 +1,838 @@
+// The CUDA kernels (kernels/cuda) and the CUDA backend's mixed-precision ops against the CPU
+// reference (kernels/cpu/ops.h, evaluated in f32 on the very values the GPU holds: bf16 inputs
+// are rounded on the host first, so both sides start from identical numbers). Shapes are chosen
+// not to be multiples of any tile (S = 1, 37, 130, 257; odd N, C, OC; head sizes 32, 64, 128 and
+// in between). Every test skips visibly without a CUDA device.
+//
+// Tolerances, each relative to the largest magnitude of the expected result:
+// - f32 results of f32 inputs: 1e-4. Both sides compute in float and differ only in the order of
+//   sums (tiling, block reductions, atomics) and FMA contraction, ~1e-6 relative for the sums
+//   here; 1e-4 leaves room and still catches any wrong or missing term.
+// - f32 results of bf16 inputs (weight gradients, LayerNorm statistics, cross-entropy row
+//   stats): 1e-3. Same inputs, f32 accumulation on both sides; the slack is for tensor-core
+//   accumulation inside cuBLASLt, which is not guaranteed to round like IEEE f32 adds.
+// - bf16 results: 1e-2. The GPU rounds each result once to bf16 (≤ 2^-9 ≈ 0.2% of its own
+//   magnitude); a GEMM whose bias could not be fused rounds twice, and the attention backward's
+//   D = rowsum(dout ∘ out) uses the bf16-rounded out, an error of the same size. 1e-2 is ~5x
+//   that, while a wrong term, a missing accumulation or a wrong index is far larger.
+// - exact (0): casts against the CPU's rounding function, permutations.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/optim.h"
+#include "runtime/backend.h"
+#include "runtime/comm.h"
+#include "runtime/rng.h"
+
+namespace strata {
+namespace {
+
+namespace kcpu = kernels::cpu;
+namespace kc = kernels::cuda;
+
+constexpr double kTolF32 = 1e-4;
+constexpr double kTolF32FromBf16 = 1e-3;
+constexpr double kTolBf16 = 1e-2;
+
+// ---- host data ----------------------------------------------------------------------------
+
+std::vector<float> random(size_t n, uint64_t key, float scale = 1.f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(normal01(key, i));
+  return v;
+}
+
+// The values as the device will hold them in type t.
+std::vector<float> rounded(std::vector<float> v, bool bf16) {
+  if (bf16)
+    for (float& x : v) x = kcpu::bf16_to_f32(kcpu::f32_to_bf16(x));
+  return v;
+}
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = kcpu::f32_to_bf16(v[i]);
+  return b;
+}
+
+void expect_close(const std::string& what, const std::vector<float>& got,
+                  const std::vector<float>& want, double rel) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double mx = 1e-30;
+  for (float w : want) mx = std::max(mx, static_cast<double>(std::fabs(w)));
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= rel * mx) && bad++ < 3)
+      ADD_FAILURE() << what << "[" << i << "]: cuda " << got[i] << ", cpu " << want[i]
+                    << " (tolerance " << rel * mx << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << want.size() << " outside " << rel
+                    << " x max |cpu| = " << rel * mx;
+}
+
+// ---- raw device buffers (for the kernels/cuda functions) -------------------------------------
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  float* f32() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// A device array of f32 or bf16 values; host() is what the device holds, widened to float.
+class DeviceArray {
+ public:
+  DeviceArray(const std::vector<float>& values, kc::ElemType type)
+      : type_(type), n_(values.size()), buf_(values.size() * kc::elem_size(type)) {
+    set(values);
+  }
+  void set(const std::vector<float>& values) {
+    if (type_ == kc::ElemType::kBF16) {
+      const std::vector<uint16_t> bits = to_bf16_bits(values);
+      EXPECT_EQ(cudaMemcpy(buf_.get(), bits.data(), n_ * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    } else {
+      EXPECT_EQ(cudaMemcpy(buf_.get(), values.data(), n_ * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<float> host() const {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> v(n_);
+    if (type_ == kc::ElemType::kBF16) {
+      std::vector<uint16_t> bits(n_);
+      EXPECT_EQ(cudaMemcpy(bits.data(), buf_.get(), n_ * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n_; ++i) v[i] = kcpu::bf16_to_f32(bits[i]);
+    } else {
+      EXPECT_EQ(cudaMemcpy(v.data(), buf_.get(), n_ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+  void* get() const { return buf_.get(); }
+  float* f32() const { return buf_.f32(); }
+  kc::ElemType type() const { return type_; }
+
+ private:
+  kc::ElemType type_;
+  size_t n_;
+  DeviceBuffer buf_;
+};
+
+bool is_bf16(kc::ElemType t) {
+  return t == kc::ElemType::kBF16;
+}
+const char* name(kc::ElemType t) {
+  return kc::to_string(t);
+}
+
+// ---- backend tensors ----------------------------------------------------------------------
+
+Tensor put(Backend& be, const Shape& shape, const std::vector<float>& host, DType t) {
+  Tensor x = be.empty(shape, MemCategory::kActivations, t);
+  if (t == DType::kBF16) {
+    const std::vector<uint16_t> bits = to_bf16_bits(host);
+    be.upload(x, bits.data());
+  } else {
+    be.upload(x, host.data());
+  }
+  return x;
+}
+Tensor put_i32(Backend& be, const Shape& shape, const std::vector<int32_t>& host) {
+  Tensor x = be.empty(shape, MemCategory::kActivations, DType::kI32);
+  be.upload(x, host.data());
+  return x;
+}
+std::vector<float> get(Backend& be, const Tensor& x) {
+  std::vector<float> v(static_cast<size_t>(x.numel()));
+  if (x.dtype() == DType::kBF16) {
+    std::vector<uint16_t> bits(v.size());
+    be.download(bits.data(), x);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = kcpu::bf16_to_f32(bits[i]);
+  } else {
+    be.download(v.data(), x);
+  }
+  return v;
+}
+
+// Tolerance for a result of type `out` computed from inputs of type `in` (see the file comment).
+double tol(DType out, DType in) {
+  if (out == DType::kBF16) return kTolBf16;
+  return in == DType::kBF16 ? kTolF32FromBf16 : kTolF32;
+}
+
+// ==== cast ===================================================================================
+
+TEST(CudaKernels, CastRoundsToNearestEvenLikeTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  // Random values over many binades, plus the cases rounding gets wrong: ties (both parities),
+  // just above/below a tie, ±0, ±inf, NaN, the largest float (rounds to inf), subnormals.
+  std::vector<float> v = random(1000003, 1);
+  for (size_t i = 0; i < v.size(); i += 7) v[i] *= std::ldexp(1.f, static_cast<int>(i % 200) - 100);
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x00000000u,
+                              0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f7fffffu,
+                              0x00000001u, 0x807fffffu, 0x7f7f8000u};
+  for (size_t k = 0; k < sizeof special / sizeof special[0]; ++k)
+    std::memcpy(&v[k * 3], &special[k], sizeof(float));
+  Tensor f = put(*be, {static_cast<int64_t>(v.size())}, v, DType::kF32);
+  Tensor h = be->empty(f.shape(), MemCategory::kActivations, DType::kBF16);
+  be->cast(h, f);
+  std::vector<uint16_t> bits(v.size());
+  be->download(bits.data(), h);
+  int bad = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (bits[i] != kcpu::f32_to_bf16(v[i]) && bad++ < 3)
+      ADD_FAILURE() << "cast of " << v[i] << ": cuda 0x" << std::hex << bits[i] << ", cpu 0x"
+                    << kcpu::f32_to_bf16(v[i]) << std::dec;
+  EXPECT_EQ(bad, 0);
+  // Back to f32: exact widening (compared as bits, so NaN compares too).
+  Tensor back = be->empty(f.shape(), MemCategory::kActivations, DType::kF32);
+  be->cast(back, h);
+  std::vector<float> w(v.size());
+  be->download(w.data(), back);
+  bad = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float want = kcpu::bf16_to_f32(bits[i]);
+    if (std::memcmp(&w[i], &want, sizeof want) != 0 && bad++ < 3)
+      ADD_FAILURE() << "widening of element " << i << ": " << w[i] << " vs " << want;
+  }
+  EXPECT_EQ(bad, 0);
+  // Same type: a copy.
+  Tensor copy = be->empty(f.shape(), MemCategory::kActivations, DType::kF32);
+  be->cast(copy, f);
+  EXPECT_EQ(std::memcmp(get(*be, copy).data(), v.data(), v.size() * sizeof(float)), 0);
+}
+
+// ==== GEMM (cuBLASLt) ==========================================================================
+
+struct GemmCase {
+  int M, N, K;
+};
+
+// A GemmLt with its 32 MiB workspace.
+class GemmTester {
+ public:
+  GemmTester()
+      : ws_(kc::GemmLt::kDefaultWorkspaceBytes),
+        lt_(ws_.get(), kc::GemmLt::kDefaultWorkspaceBytes) {
+    EXPECT_EQ(lt_.status(), CUBLAS_STATUS_SUCCESS);
+  }
+  kc::GemmLt& lt() { return lt_; }
+
+ private:
+  DeviceBuffer ws_;
+  kc::GemmLt lt_;
+};
+
+TEST(CudaKernels, GemmLtMatchesCpuGemm) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  GemmTester t;
+  const GemmCase cases[] = {{1, 1, 1}, {37, 29, 45}, {64, 128, 96}, {257, 130, 33}};
+  const kc::ElemType types[][2] = {{kc::ElemType::kF32, kc::ElemType::kF32},
+                                   {kc::ElemType::kBF16, kc::ElemType::kBF16},
+                                   {kc::ElemType::kBF16, kc::ElemType::kF32}};
+  int declined = 0;
+  uint64_t key = 100;
+  for (const GemmCase& c : cases)
+    for (const auto& ty : types)
+      for (int trans = 0; trans < 4; ++trans)
+        for (int pad = 0; pad < 2; ++pad) {
+          const bool ta = trans & 1, tb = trans & 2;
+          const kc::ElemType ab = ty[0], ct = ty[1];
+          // A (M, K) or (K, M); B (K, N) or (N, K); C (M, N); `pad` widens every row stride.
+          const int lda = (ta ? c.M : c.K) + 3 * pad, ldb = (tb ? c.K : c.N) + 5 * pad;
+          const int ldc = c.N + 2 * pad;
+          const int rows_a = ta ? c.K : c.M, rows_b = tb ? c.N : c.K;
+          const float alpha = 0.75f, beta = pad ? 1.f : 0.f;
+          const auto a = rounded(random(static_cast<size_t>(rows_a) * lda, ++key), is_bf16(ab));
+          const auto b = rounded(random(static_cast<size_t>(rows_b) * ldb, ++key), is_bf16(ab));
+          auto want = rounded(random(static_cast<size_t>(c.M) * ldc, ++key), is_bf16(ct));
+          DeviceArray A(a, ab), B(b, ab), C(want, ct);
+          kc::Gemm g;
+          g.trans_a = ta, g.trans_b = tb, g.M = c.M, g.N = c.N, g.K = c.K;
+          g.A = A.get(), g.lda = lda, g.B = B.get(), g.ldb = ldb, g.ab_type = ab;
+          g.C = C.get(), g.ldc = ldc, g.c_type = ct, g.alpha = alpha, g.beta = beta;
+          const std::string what = std::string("gemm ") + name(ab) + "->" + name(ct) + " M " +
+                                   std::to_string(c.M) + " N " + std::to_string(c.N) + " K " +
+                                   std::to_string(c.K) + (ta ? " Aᵀ" : "") + (tb ? " Bᵀ" : "") +
+                                   (pad ? " padded, beta 1" : "");
+          const cublasStatus_t st = t.lt().run(g, nullptr);
+          // f32 must always run, and bf16 on 16-byte-aligned rows (what the models use); other
+          // bf16 strides may be declined (the backend then widens to f32).
+          const bool aligned = !is_bf16(ab) || (lda % 8 == 0 && ldb % 8 == 0 && ldc % 8 == 0);
+          if (st == CUBLAS_STATUS_NOT_SUPPORTED && !aligned) {
+            ++declined;
+            continue;
+          }
+          ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+          kcpu::gemm<float>(ta, tb, c.M, c.N, c.K, alpha, a.data(), lda, b.data(), ldb, beta,
+                            want.data(), ldc);
+          expect_close(what, C.host(), want,
+                       is_bf16(ct)   ? kTolBf16
+                       : is_bf16(ab) ? kTolF32FromBf16
+                                     : kTolF32);
+        }
+  if (declined)
+    std::cout << "[   NOTE   ] cuBLASLt declined " << declined
+              << " bf16 GEMMs with unaligned strides\n";
+}
+
+TEST(CudaKernels, GemmLtEpilogues) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  GemmTester t;
+  // (M, N, K) = (rows, out features, in features) of a linear layer; ld_aux is a multiple of 8.
+  const GemmCase cases[] = {{64, 96, 80}, {37, 29, 45}};
+  const kc::ElemType types[][2] = {{kc::ElemType::kF32, kc::ElemType::kF32},
+                                   {kc::ElemType::kBF16, kc::ElemType::kBF16},
+                                   {kc::ElemType::kBF16, kc::ElemType::kF32}};
+  uint64_t key = 200;
+  for (const GemmCase& c : cases)
+    for (const auto& ty : types) {
+      const kc::ElemType ab = ty[0], ct = ty[1];
+      const double tol_c = is_bf16(ct) ? kTolBf16 : is_bf16(ab) ? kTolF32FromBf16 : kTolF32;
+      const std::string shape = std::string(name(ab)) + "->" + name(ct) + " M " +
+                                std::to_string(c.M) + " N " + std::to_string(c.N) + " K " +
+                                std::to_string(c.K);
+      const auto x = rounded(random(static_cast<size_t>(c.M) * c.K, ++key), is_bf16(ab));
+      const auto w = rounded(random(static_cast<size_t>(c.N) * c.K, ++key), is_bf16(ab));
+      const auto bias = rounded(random(c.N, ++key), is_bf16(ct));
+      DeviceArray X(x, ab), W(w, ab), Bias(bias, ct);
+      // out (M, N) = x · wᵀ + bias, then gelu(out) with the pre-activation in aux.
+      std::vector<float> pre(static_cast<size_t>(c.M) * c.N);
+      kcpu::matmul_forward<float>(pre.data(), x.data(), w.data(), bias.data(), c.M, c.K, c.N);
+      for (int epi = 0; epi < 2; ++epi) {
+        const bool gelu = epi == 1;
+        const int ld_aux = (c.N + 7) / 8 * 8;
+        DeviceArray Out(std::vector<float>(static_cast<size_t>(c.M) * c.N, 0.f), ct);
+        DeviceArray Aux(std::vector<float>(static_cast<size_t>(c.M) * ld_aux, 0.f), ct);
+        kc::Gemm g;
+        g.trans_b = true, g.M = c.M, g.N = c.N, g.K = c.K;
+        g.A = X.get(), g.lda = c.K, g.B = W.get(), g.ldb = c.K, g.ab_type = ab;
+        g.C = Out.get(), g.ldc = c.N, g.c_type = ct;
+        g.epilogue = gelu ? kc::GemmEpilogue::kGeluAuxBias : kc::GemmEpilogue::kBias;
+        g.bias = Bias.get(), g.bias_type = ct;
+        g.aux = Aux.get(), g.ld_aux = ld_aux;
+        const std::string what = shape + (gelu ? " gelu_aux_bias" : " bias");
+        const cublasStatus_t st = t.lt().run(g, nullptr);
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+          std::cout << "[   NOTE   ] cuBLASLt declined the epilogue of " << what << "\n";
+          continue;
+        }
+        ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+        std::vector<float> want = pre;
+        if (gelu) {
+          kcpu::gelu_forward<float>(want.data(), pre.data(), want.size());
+          const std::vector<float> aux = Aux.host();
+          std::vector<float> aux_used;
+          for (int i = 0; i < c.M; ++i)
+            aux_used.insert(aux_used.end(), aux.begin() + static_cast<size_t>(i) * ld_aux,
+                            aux.begin() + static_cast<size_t>(i) * ld_aux + c.N);
+          expect_close(what + " aux", aux_used, pre, tol_c);
+        }
+        expect_close(what, Out.host(), want, tol_c);
+      }
+      // dw (N, K) += doutᵀ · x and dbias (N) = Σ_rows dout: the weight gradient with BGRADB.
+      const auto dout = rounded(random(static_cast<size_t>(c.M) * c.N, ++key), is_bf16(ab));
+      auto dw = rounded(random(static_cast<size_t>(c.N) * c.K, ++key), is_bf16(ct));
+      DeviceArray Dout(dout, ab), Dw(dw, ct);
+      DeviceArray Db(std::vector<float>(c.N, 0.f), ct);
+      kc::Gemm g;
+      g.trans_a = true, g.M = c.N, g.N = c.K, g.K = c.M;
+      g.A = Dout.get(), g.lda = c.N, g.B = X.get(), g.ldb = c.K, g.ab_type = ab;
+      g.C = Dw.get(), g.ldc = c.K, g.c_type = ct, g.beta = 1.f;
+      g.epilogue = kc::GemmEpilogue::kBiasGradA, g.bias_grad = Db.get();
+      const std::string what = shape + " bias_grad";
+      const cublasStatus_t st = t.lt().run(g, nullptr);
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+        std::cout << "[   NOTE   ] cuBLASLt declined the epilogue of " << what << "\n";
+        continue;
+      }
+      ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+      kcpu::gemm<float>(true, false, c.N, c.K, c.M, 1.f, dout.data(), c.N, x.data(), c.K, 1.f,
+                        dw.data(), c.K);
+      std::vector<float> db(c.N, 0.f);
+      for (int i = 0; i < c.M; ++i)
+        for (int j = 0; j < c.N; ++j) db[j] += dout[static_cast<size_t>(i) * c.N + j];
+      expect_close(what + " dw", Dw.host(), dw, tol_c);
+      expect_close(what + " dbias", Db.host(), db, tol_c);
+    }
+}
+
+// ==== flash attention =========================================================================
+
+struct AttentionCase {
+  int B, S, NH, HS;
+  std::string str() const {
+    return "B " + std::to_string(B) + " S " + std::to_string(S) + " NH " + std::to_string(NH) +
+           " HS " + std::to_string(HS);
+  }
+};
+
+std::vector<AttentionCase> attention_cases() {
+  std::vector<AttentionCase> cases;
+  for (int S : {1, 37, 130, 257})
+    for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, HS});
+  return cases;
+}
+
+// lse (B, NH, S) = log Σ_{j ≤ i} exp(q_i·k_j / √HS), in double straight from qkv.
+std::vector<float> reference_lse(const std::vector<float>& qkv, const AttentionCase& c) {
+  const int64_t C = static_cast<int64_t>(c.NH) * c.HS;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.HS));
+  std::vector<float> lse(static_cast<size_t>(c.B) * c.NH * c.S);
+  std::vector<double> s(c.S);
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.NH; ++h)
+      for (int i = 0; i < c.S; ++i) {
+        const float* q = &qkv[((static_cast<size_t>(b) * c.S + i) * 3) * C + h * c.HS];
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const float* k = &qkv[((static_cast<size_t>(b) * c.S + j) * 3 + 1) * C + h * c.HS];
+          double dot = 0;
+          for (int d = 0; d < c.HS; ++d) dot += static_cast<double>(q[d]) * k[d];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        lse[(static_cast<size_t>(b) * c.NH + h) * c.S + i] = static_cast<float>(mx + std::log(sum));
+      }
+  return lse;
+}
+
+TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t key = 300;
+  for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
+    for (const AttentionCase& c : attention_cases()) {
+      const std::string what = std::string("flash forward ") + name(type) + " " + c.str();
+      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
+      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
+      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
+                      kc::ElemType::kF32);
+      ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
+                                            c.HS, nullptr),
+                cudaSuccess)
+          << what;
+      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.HS);
+      expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
+      // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
+      expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
+    }
+}
+
+TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t key = 400;
+  for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
+    for (const AttentionCase& c : attention_cases()) {
+      const std::string what = std::string("flash backward ") + name(type) + " " + c.str();
+      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
+      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      const auto dout = rounded(random(tokens * C, ++key), is_bf16(type));
+      // dqkv starts non-zero (of the gradient's size) so that += is checked, not just =.
+      auto dqkv = rounded(random(tokens * 3 * C, ++key, 0.5f), is_bf16(type));
+      DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
+      DeviceArray Dout(dout, type), Dqkv(dqkv, type);
+      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
+                      kc::ElemType::kF32);
+      DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(c.B, c.S, c.NH, c.HS));
+      ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
+                                            c.HS, nullptr),
+                cudaSuccess)
+          << what;
+      ASSERT_EQ(
+          kc::flash_attention_backward(Dqkv.get(), Dout.get(), Qkv.get(), Out.get(), Lse.f32(),
+                                       type, c.B, c.S, c.NH, c.HS, scratch.get(), nullptr),
+          cudaSuccess)
+          << what;
+      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
+      std::vector<float> cpu_scratch(kcpu::attention_scratch_elems(c.S));
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.HS);
+      kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
+                                      cpu_scratch.data(), c.B, c.S, c.NH, c.HS);
+      expect_close(what + " dqkv", Dqkv.host(), dqkv, is_bf16(type) ? kTolBf16 : kTolF32);
+    }
+}
+
+TEST(CudaKernels, FlashAttentionRefusesHeadSizesAbove128) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 1, 4, 1,
+                                        kc::kFlashMaxHeadSize + 1, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// ==== multi-tensor optimizer kernels ============================================================
+
+TEST(CudaKernels, MultiTensorAdamWMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  // 41 segments (more than one launch's table), sizes around the 4096-element chunk, and odd
+  // offsets into one allocation (so segments are not 16-byte aligned).
+  std::vector<int64_t> sizes = {1, 4095, 4096, 4097, 100003, 7, 0, 12289};
+  for (int k = 0; sizes.size() < 41; ++k)
+    sizes.push_back(1 + static_cast<int64_t>(mix64(k) % 3000));
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const auto p0 = random(total, 500), g = random(total, 501);
+  DeviceArray P(p0, kc::ElemType::kF32), G(g, kc::ElemType::kF32);
+  DeviceArray M(std::vector<float>(total, 0.f), kc::ElemType::kF32);
+  DeviceArray V(std::vector<float>(total, 0.f), kc::ElemType::kF32);
+  std::vector<kc::AdamWSegment> segs;
+  int64_t at = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    kc::AdamWSegment s;
+    s.param = P.f32() + at, s.grad = G.f32() + at, s.m = M.f32() + at, s.v = V.f32() + at;
+    s.n = sizes[k], s.decay = k % 3 != 1;
+    segs.push_back(s);
+    at += sizes[k];
+  }
+  kc::AdamWHyper h;
+  h.lr = 1e-2f, h.beta1 = 0.9f, h.beta2 = 0.95f, h.eps = 1e-8f, h.weight_decay = 0.1f;
+  std::vector<float> p = p0, m(total, 0.f), v(total, 0.f);
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    ASSERT_EQ(kc::adamw_multi_tensor(segs.data(), static_cast<int>(segs.size()), h, nullptr),
+              cudaSuccess);
+    at = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      kcpu::adamw_update(p.data() + at, g.data() + at, m.data() + at, v.data() + at,
+                         static_cast<size_t>(sizes[k]), h.lr, h.beta1, h.beta2, h.eps,
+                         segs[k].decay ? h.weight_decay : 0.f, step);
+      at += sizes[k];
+    }
+  }
+  // Elementwise with no sums: only FMA contraction and division rounding differ (a few ulp).
+  expect_close("adamw param", P.host(), p, 1e-5);
+  expect_close("adamw m", M.host(), m, 1e-5);
+  expect_close("adamw v", V.host(), v, 1e-5);
+}
+
+TEST(CudaKernels, MultiTensorSumSquaresMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::unique_ptr<DeviceArray>> arrays;
+  std::vector<kc::SumSquaresSegment> segs;
+  double want = 0;
+  for (int k = 0; k < 37; ++k) {
+    const int64_t n = k == 5 ? 0 : 1 + static_cast<int64_t>(mix64(100 + k) % 9000);
+    const kc::ElemType type = k % 2 ? kc::ElemType::kBF16 : kc::ElemType::kF32;
+    const auto x = rounded(random(n, 600 + k), is_bf16(type));
+    for (float e : x) want += static_cast<double>(e) * e;
+    arrays.push_back(std::make_unique<DeviceArray>(x, type));
+    segs.push_back({arrays.back()->get(), type, n});
+  }
+  DeviceBuffer out(sizeof(double));
+  const double start = 2.5;  // the kernel adds to what is there
+  ASSERT_EQ(cudaMemcpy(out.get(), &start, sizeof start, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(kc::sum_squares_multi_tensor(static_cast<double*>(out.get()), segs.data(),
+                                         static_cast<int>(segs.size()), nullptr),
+            cudaSuccess);
+  double got = 0;
+  ASSERT_EQ(cudaMemcpy(&got, out.get(), sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+  // Squares of floats are exact in double; only the order of the double sums differs.
+  EXPECT_NEAR(got, start + want, 1e-10 * (start + want));
+}
+
+// ==== the backend's ops in f32 and bf16 ========================================================
+// Parameterised by the activation type; weights (compute copies) have the same type, statistics
+// and parameter gradients are f32, as train.precision = bf16 lays them out.
+
+class CudaBackendOps : public ::testing::TestWithParam<DType> {
+ protected:
+  DType act() const { return GetParam(); }
+  bool bf16() const { return GetParam() == DType::kBF16; }
+  std::vector<float> host(size_t n, uint64_t key, float scale = 1.f) const {
+    return rounded(random(n, key, scale), bf16());
+  }
+};
+
+TEST_P(CudaBackendOps, Matmul) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const GemmCase cases[] = {{37, 45, 29}, {64, 128, 96}};  // (N, C, OC)
+  uint64_t key = 700;
+  for (const GemmCase& c : cases) {
+    const int N = c.M, C = c.N, OC = c.K;
+    const std::string shape =
+        " N " + std::to_string(N) + " C " + std::to_string(C) + " OC " + std::to_string(OC);
+    const auto x = host(static_cast<size_t>(N) * C, ++key),
+               w = host(static_cast<size_t>(OC) * C, ++key);
+    const auto b = host(OC, ++key), g = host(static_cast<size_t>(N) * OC, ++key);
+    auto dx = host(static_cast<size_t>(N) * C, ++key);
+    auto dw = random(static_cast<size_t>(OC) * C, ++key), db = random(OC, ++key);  // f32
+    Tensor X = put(*be, {N, C}, x, act()), W = put(*be, {OC, C}, w, act());
+    Tensor Bi = put(*be, {OC}, b, act()), G = put(*be, {N, OC}, g, act());
+    Tensor Y = be->empty({N, OC}, MemCategory::kActivations, act());
+    Tensor dX = put(*be, {N, C}, dx, act()), dW = put(*be, {OC, C}, dw, DType::kF32);
+    Tensor dB = put(*be, {OC}, db, DType::kF32);
+    be->matmul_forward(Y, X, W, &Bi);
+    be->matmul_backward(&dX, dW, &dB, G, X, W);
+    std::vector<float> y(static_cast<size_t>(N) * OC);
+    kcpu::matmul_forward<float>(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+    kcpu::matmul_backward<float>(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N,
+                                 C, OC);
+    expect_close("matmul out" + shape, get(*be, Y), y, tol(act(), act()));
+    expect_close("matmul dinp" + shape, get(*be, dX), dx, tol(act(), act()));
+    expect_close("matmul dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
+    expect_close("matmul dbias" + shape, get(*be, dB), db, tol(DType::kF32, act()));
+  }
+}
+
+TEST_P(CudaBackendOps, LayerNorm) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int shapes[][2] = {{37, 45}, {5, 1031}};  // (N, C): C above 4 per thread of a block
+  uint64_t key = 800;
+  for (const auto& nc : shapes) {
+    const int N = nc[0], C = nc[1];
+    const std::string shape = " N " + std::to_string(N) + " C " + std::to_string(C);
+    const size_t n = static_cast<size_t>(N) * C;
+    auto x = random(n, ++key);
+    for (size_t i = 0; i < n; ++i) x[i] += 3.f;  // a mean far from 0, as in the residual stream
+    x = rounded(x, bf16());
+    const auto w = host(C, ++key), b = host(C, ++key), g = host(n, ++key);
+    auto dx = host(n, ++key);
+    auto dw = random(C, ++key), db = random(C, ++key);
+    Tensor X = put(*be, {N, C}, x, act()), W = put(*be, {C}, w, act()), B = put(*be, {C}, b, act());
+    Tensor Y = be->empty({N, C}, MemCategory::kActivations, act());
+    Tensor Mean = be->empty({N}, MemCategory::kActivations),
+           Rstd = be->empty({N}, MemCategory::kActivations);
+    Tensor G = put(*be, {N, C}, g, act()), dX = put(*be, {N, C}, dx, act());
+    Tensor dW = put(*be, {C}, dw, DType::kF32), dB = put(*be, {C}, db, DType::kF32);
+    be->layernorm_forward(Y, Mean, Rstd, X, W, B);
+    be->layernorm_backward(dX, dW, dB, G, X, W, Mean, Rstd);
+    std::vector<float> y(n), mean(N), rstd(N);
+    kcpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                   N, C);
+    kcpu::layernorm_backward<float>(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                                    mean.data(), rstd.data(), N, C);
+    expect_close("layernorm out" + shape, get(*be, Y), y, tol(act(), act()));
+    expect_close("layernorm mean" + shape, get(*be, Mean), mean, tol(DType::kF32, act()));
+    expect_close("layernorm rstd" + shape, get(*be, Rstd), rstd, tol(DType::kF32, act()));
+    expect_close("layernorm dinp" + shape, get(*be, dX), dx, tol(act(), act()));
+    expect_close("layernorm dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
+    expect_close("layernorm dbias" + shape, get(*be, dB), db, tol(DType::kF32, act()));
+  }
+}
+
+TEST_P(CudaBackendOps, Gelu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int64_t n = 37 * 45 * 7;
+  const auto x = host(n, 900, 3.f), g = host(n, 901);
+  auto dx = host(n, 902);
+  Tensor X = put(*be, {n}, x, act()), G = put(*be, {n}, g, act()), dX = put(*be, {n}, dx, act());
+  Tensor Y = be->empty({n}, MemCategory::kActivations, act());
+  be->gelu_forward(Y, X);
+  be->gelu_backward(dX, X, G);
+  std::vector<float> y(n);
+  kcpu::gelu_forward<float>(y.data(), x.data(), n);
+  kcpu::gelu_backward<float>(dx.data(), x.data(), g.data(), n);
+  expect_close("gelu out", get(*be, Y), y, tol(act(), act()));
+  expect_close("gelu dinp", get(*be, dX), dx, tol(act(), act()));
+}
+
+TEST_P(CudaBackendOps, Embedding) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  // A vocabulary shard [10, 60) of 70 tokens: some tokens fall outside it and contribute 0.
+  const int B = 2, S = 19, C = 45, V_local = 50, vocab_start = 10, S_max = 23;
+  std::vector<int32_t> tok(B * S);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(mix64(i) % 70);
+  tok[3] = tok[11];  // a repeated token: its dwte row sums two positions
+  const auto wte = host(static_cast<size_t>(V_local) * C, 1000),
+             wpe = host(static_cast<size_t>(S_max) * C, 1001);
+  const auto g = host(static_cast<size_t>(B) * S * C, 1002);
+  auto dwte = random(static_cast<size_t>(V_local) * C, 1003),
+       dwpe = random(static_cast<size_t>(S_max) * C, 1004);
+  Tensor T = put_i32(*be, {B, S}, tok), E = put(*be, {V_local, C}, wte, act());
+  Tensor P = put(*be, {S_max, C}, wpe, act()), G = put(*be, {B, S, C}, g, act());
+  Tensor Y = be->empty({B, S, C}, MemCategory::kActivations, act());
+  Tensor dE = put(*be, {V_local, C}, dwte, DType::kF32),
+         dP = put(*be, {S_max, C}, dwpe, DType::kF32);
+  be->embedding_forward(Y, T, E, &P, vocab_start);
+  be->embedding_backward(dE, &dP, G, T, vocab_start);
+  std::vector<float> y(static_cast<size_t>(B) * S * C);
+  kcpu::embedding_forward<float>(y.data(), tok.data(), wte.data(), wpe.data(), B, S, C, vocab_start,
+                                 V_local);
+  kcpu::embedding_backward<float>(dwte.data(), dwpe.data(), g.data(), tok.data(), B, S, C,
+                                  vocab_start, V_local);
+  expect_close("embedding out", get(*be, Y), y, tol(act(), act()));
+  expect_close("embedding dwte", get(*be, dE), dwte, tol(DType::kF32, act()));
+  expect_close("embedding dwpe", get(*be, dP), dwpe, tol(DType::kF32, act()));
+}
+
+TEST_P(CudaBackendOps, CrossEntropy) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  // A shard of 67 columns (61 real, 6 padding) starting at vocabulary index 5.
+  const int N = 37, ld = 67, valid = 61, vocab_start = 5;
+  const float scale = 1.f / N;
+  const auto logits = host(static_cast<size_t>(N) * ld, 1100, 3.f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(mix64(50 + n) % 80);
+  Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, targets);
+  const MemCategory a = MemCategory::kActivations;
+  Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
+         ls = be->empty({N}, a);
+  be->ce_row_max(mx, L, valid);
+  be->ce_row_sumexp(se, L, mx, valid);
+  be->ce_target_logit(tl, L, T, vocab_start, valid);
+  be->ce_losses(ls, mx, se, tl);
+  // dlogits into an f32 tensor, and in place over the logits (as the model does to save memory).
+  Tensor dL = be->empty({N, ld}, a);
+  be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid);
+  be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid);
+  std::vector<float> m(N), s(N), t(N), l(N), d(static_cast<size_t>(N) * ld);
+  kcpu::ce_row_max<float>(m.data(), logits.data(), N, ld, valid);
+  kcpu::ce_row_sumexp<float>(s.data(), logits.data(), m.data(), N, ld, valid);
+  kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start, valid);
+  kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), N);
+  kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale, N,
+                           ld, vocab_start, valid);
+  expect_close("ce row_max", get(*be, mx), m, kTolF32);  // a max of the same values: exact
+  expect_close("ce row_sumexp", get(*be, se), s, tol(DType::kF32, act()));
+  expect_close("ce target_logit", get(*be, tl), t, kTolF32);
+  expect_close("ce losses", get(*be, ls), l, tol(DType::kF32, act()));
+  expect_close("ce dlogits (f32)", get(*be, dL), d, tol(DType::kF32, act()));
+  expect_close("ce dlogits (in place)", get(*be, L), d, tol(act(), act()));
+}
+
+TEST_P(CudaBackendOps, ElementwiseAndReductionsMixTypes) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const DType other = bf16() ? DType::kF32 : DType::kBF16;
+  const int64_t n = 100003;
+  const auto y0 = host(n, 1200), x = rounded(random(n, 1201), other == DType::kBF16);
+  Tensor Y = put(*be, {n}, y0, act()), X = put(*be, {n}, x, other);
+  Tensor Out = be->empty({n}, MemCategory::kActivations, other);
+  be->add(Out, Y, X);     // other = act + other
+  be->add_inplace(Y, X);  // act += other
+  be->scale_inplace(Y, 0.5f);
+  std::vector<float> sum(n), y(n);
+  double want_sum = 0, want_abs = 0, want_sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum[i] = y0[i] + x[i];
+    y[i] = 0.5f * (y0[i] + x[i]);
+  }
+  expect_close("add", get(*be, Out), sum, tol(other, act()));
+  expect_close("add_inplace, scale_inplace", get(*be, Y), y, tol(act(), other));
+  for (float v : y0) {
+    want_sum += v;
+    want_abs += std::fabs(v);
+    want_sq += static_cast<double>(v) * v;
+  }
+  // Both accumulate exact float values in double; only the order of the additions differs.
+  Tensor Y0 = put(*be, {n}, y0, act());
+  EXPECT_NEAR(be->sum(Y0), want_sum, 1e-12 * want_abs);
+  EXPECT_NEAR(be->sum_squares(Y0), want_sq, 1e-12 * want_sq);
+}
+
+TEST_P(CudaBackendOps, SequenceParallelLayout) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int B = 2, S = 21, C = 5, t = 3, Sl = S / t;
+  const auto x = host(static_cast<size_t>(B) * S * C, 1300);
+  Tensor X = put(*be, {B, S, C}, x, act());
+  Tensor Ch = be->empty({t, B, Sl, C}, MemCategory::kActivations, act());
+  Tensor Back = be->empty({B, S, C}, MemCategory::kActivations, act());
+  be->seq_deinterleave(Ch, X, t);
+  be->seq_interleave(Back, Ch, t);
+  std::vector<float> ch(x.size());
+  for (int r = 0; r < t; ++r)
+    for (int b = 0; b < B; ++b)
+      for (int s = 0; s < Sl; ++s)
+        for (int c = 0; c < C; ++c)
+          ch[((static_cast<size_t>(r) * B + b) * Sl + s) * C + c] =
+              x[(static_cast<size_t>(b) * S + r * Sl + s) * C + c];
+  expect_close("seq_deinterleave", get(*be, Ch), ch, 0.0);
+  expect_close("seq_interleave", get(*be, Back), x, 0.0);
+}
+
+TEST_P(CudaBackendOps, Attention) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int B = 2, S = 37, NH = 3, HS = 16, C = NH * HS;
+  const auto qkv = host(static_cast<size_t>(B) * S * 3 * C, 1400);
+  const auto g = host(static_cast<size_t>(B) * S * C, 1401);
+  auto dqkv = host(qkv.size(), 1402, 0.5f);
+  EXPECT_EQ(be->attention_saved_shape(B, NH, S), (Shape{B, NH, S}));
+  Tensor Q = put(*be, {B, S, 3 * C}, qkv, act()), G = put(*be, {B, S, C}, g, act());
+  Tensor O = be->empty({B, S, C}, MemCategory::kActivations, act());
+  Tensor Saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
+  Tensor dQ = put(*be, {B, S, 3 * C}, dqkv, act());
+  be->attention_forward(O, Saved, Q, NH);
+  be->attention_backward(dQ, G, Q, O, Saved, NH);
+  std::vector<float> out(static_cast<size_t>(B) * S * C), att(static_cast<size_t>(B) * NH * S * S);
+  std::vector<float> scratch(kcpu::attention_scratch_elems(S));
+  kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  kcpu::attention_backward<float>(dqkv.data(), g.data(), qkv.data(), att.data(), scratch.data(), B,
+                                  S, NH, HS);
+  expect_close("attention out", get(*be, O), out, tol(act(), act()));
+  expect_close("attention dqkv", get(*be, dQ), dqkv, tol(act(), act()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaBackendOps, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& param_info) {
+                           return std::string(to_string(param_info.param));
+                         });
+
+// Type mixes without a native kernel go through MixedPrecisionScope (f32 temporaries).
+TEST(CudaBackendMixed, UnusualTypeMixesAreWidened) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int N = 37, C = 45, OC = 29;
+  const auto x = random(static_cast<size_t>(N) * C, 1500);  // f32
+  const auto w = rounded(random(static_cast<size_t>(OC) * C, 1501), true);
+  const auto b = random(OC, 1502);
+  // f32 input with bf16 weights into a bf16 output: cuBLASLt needs one A/B type.
+  Tensor X = put(*be, {N, C}, x, DType::kF32), W = put(*be, {OC, C}, w, DType::kBF16);
+  Tensor Bi = put(*be, {OC}, b, DType::kF32);
+  Tensor Y = be->empty({N, OC}, MemCategory::kActivations, DType::kBF16);
+  be->matmul_forward(Y, X, W, &Bi);
+  std::vector<float> y(static_cast<size_t>(N) * OC);
+  kcpu::matmul_forward<float>(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+  expect_close("matmul f32 x bf16 -> bf16", get(*be, Y), y, kTolBf16);
+  // A bf16 input into an f32 output, and LayerNorm statistics kept in bf16.
+  const auto xb = rounded(x, true);
+  Tensor Xb = put(*be, {N, C}, xb, DType::kBF16);
+  Tensor Gf = be->empty({N, C}, MemCategory::kActivations, DType::kF32);
+  be->gelu_forward(Gf, Xb);
+  std::vector<float> gf(xb.size());
+  kcpu::gelu_forward<float>(gf.data(), xb.data(), gf.size());
+  expect_close("gelu bf16 -> f32", get(*be, Gf), gf, kTolF32);
+  const auto lw = random(C, 1503), lb = random(C, 1504);
+  Tensor LW = put(*be, {C}, lw, DType::kF32), LB = put(*be, {C}, lb, DType::kF32);
+  Tensor Ln = be->empty({N, C}, MemCategory::kActivations, DType::kF32);
+  Tensor Mean = be->empty({N}, MemCategory::kActivations, DType::kBF16);
+  Tensor Rstd = be->empty({N}, MemCategory::kActivations, DType::kBF16);
+  be->layernorm_forward(Ln, Mean, Rstd, Xb, LW, LB);
+  std::vector<float> ln(xb.size()), mean(N), rstd(N);
+  kcpu::layernorm_forward<float>(ln.data(), mean.data(), rstd.data(), xb.data(), lw.data(),
+                                 lb.data(), N, C);
+  expect_close("layernorm bf16 -> f32 out", get(*be, Ln), ln, kTolF32);
+  expect_close("layernorm bf16 mean", get(*be, Mean), mean, kTolBf16);
+}
+
+}  // namespace
+}  // namespace strata
