@@ -34,4 +34,18 @@ inline bool flag_value(const std::vector<std::string>& args, size_t& i, const ch
   return false;
 }
 
+// The value of `flag` as an integer in [1, max]; anything else (a sign, other characters, an
+// empty or too long value) is an InputError naming the flag.
+inline int positive_int(const std::string& flag, const std::string& text, int max = 1 << 30) {
+  const std::string expected = std::string("a positive integer") +
+                               (max < (1 << 30) ? " up to " + std::to_string(max) : "") +
+                               ", got " + (text.empty() ? "\"\"" : text);
+  if (text.empty() || text.size() > 9) bad_flag(flag, expected);
+  for (char c : text)
+    if (c < '0' || c > '9') bad_flag(flag, expected);
+  const int value = std::stoi(text);
+  if (value < 1 || value > max) bad_flag(flag, expected);
+  return value;
+}
+
 }  // namespace strata

@@ -49,16 +49,6 @@ const char* kPlanUsage =
     "\n"
     "exit status: 0 done (also when nothing fits: the reasons are printed), 2 bad input\n";
 
-int positive(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const long x = std::stol(v, &used);
-    if (used == v.size() && x >= 1 && x <= (1L << 30)) return static_cast<int>(x);
-  } catch (const std::exception&) {
-  }
-  bad_flag(flag, "a positive integer, got '" + v + "'");
-}
-
 // --model: a file (a model object or a whole config), else a preset name.
 Config model_config(const std::string& model, const std::vector<std::string>& sets) {
   std::error_code ec;
@@ -193,19 +183,19 @@ int cmd_plan(const std::vector<std::string>& args) {
     } else if (value("--cluster", &v)) {
       cluster_name = v;
     } else if (value("--global-batch-size", &v)) {
-      batch = positive("--global-batch-size", v);
+      batch = positive_int("--global-batch-size", v);
     } else if (value("--nodes", &v)) {
-      nodes = positive("--nodes", v);
+      nodes = positive_int("--nodes", v);
     } else if (value("--fix", &v)) {
       fix += (fix.empty() ? "" : ",") + v;
     } else if (value("--top", &v)) {
-      top = positive("--top", v);
+      top = positive_int("--top", v);
     } else if (value("--json", &v)) {
       json_out = v;
     } else if (value("--trace", &v)) {
       trace_out = v;
     } else if (value("--seq-len", &v)) {
-      seq = positive("--seq-len", v);
+      seq = positive_int("--seq-len", v);
     } else if (value("--precision", &v)) {
       if (v != "bf16" && v != "fp32") bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
       precision = v;

@@ -50,17 +50,6 @@ const char* kProfileUsage =
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <where>: <expected>)\n";
 
-int positive_int(const std::string& flag, const std::string& text, int max) {
-  const std::string expected =
-      "a positive integer up to " + std::to_string(max) + ", got '" + text + "'";
-  if (text.empty() || text.size() > 9) bad_flag(flag, expected);
-  for (char c : text)
-    if (c < '0' || c > '9') bad_flag(flag, expected);
-  const int value = std::stoi(text);
-  if (value < 1 || value > max) bad_flag(flag, expected);
-  return value;
-}
-
 // Warm-up passes, and the shortest timed round (several passes of a figure each).
 constexpr int kWarmup = 2;
 constexpr double kMinRoundS = 0.05;

@@ -35,16 +35,6 @@ const char* kScheduleUsage =
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <command line>: <flag>: <expected>)\n";
 
-int positive_int(const std::string& flag, const std::string& text) {
-  const std::string expected = "a positive integer, got " + (text.empty() ? "\"\"" : text);
-  if (text.empty() || text.size() > 9) bad_flag(flag, expected);
-  for (char c : text)
-    if (c < '0' || c > '9') bad_flag(flag, expected);
-  const int value = std::stoi(text);
-  if (value < 1) bad_flag(flag, expected);
-  return value;
-}
-
 std::string theory_formula(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::kGPipe:

@@ -232,8 +232,9 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
   // Embedding: gather + position add, and with t > 1 the all-reduce of the vocab-parallel
   // lookup; backward scatter-adds into the table.
   const double vp = static_cast<double>(padded_vocab(m, c.tensor));
-  lt.emb_fwd = 3 * bs * h * eb / mem_rate +
-               (c.tensor > 1 ? ring_allreduce(act_bytes, c.tensor, cl.intra_node, cp.net_eff) : 0);
+  const double emb_tp =
+      c.tensor > 1 ? ring_allreduce(act_bytes, c.tensor, cl.intra_node, cp.net_eff) : 0;
+  lt.emb_fwd = 3 * bs * h * eb / mem_rate + emb_tp;
   lt.emb_bwd = 3 * bs * h * eb / mem_rate;
   // Head: ln_f, the (b·s, V/t) logits GEMM, the fp32 cross-entropy over the logits.
   const Gemm head{bs, vp / t, h};
@@ -251,12 +252,12 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
   LayerTimes pt = profile_times(*ctx.profile, c, &measured_t);
   pt.p2p = lt.p2p;
   if (measured_t != c.tensor) {
-    const double fwd_extra = exp_f, bwd_extra = exp_b + (c.recompute == RecomputeKind::kFull ? exp_f : 0);
-    pt.layer_fwd += fwd_extra;
+    const double bwd_extra = exp_b + (c.recompute == RecomputeKind::kFull ? exp_f : 0);
+    pt.layer_fwd += exp_f;
     pt.layer_bwd_input += bwd_extra;
     pt.layer_bwd += bwd_extra;
     pt.tp_exposed_per_layer = lt.tp_exposed_per_layer;
-    pt.emb_fwd += lt.emb_fwd - 3 * bs * h * eb / mem_rate;  // the lookup's all-reduce
+    pt.emb_fwd += emb_tp;
   }
   return pt;
 }

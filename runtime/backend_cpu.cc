@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "runtime/backend.h"
+#include "runtime/backend_checks.h"
 #include "runtime/check.h"
 #include "runtime/error.h"
 
@@ -17,30 +18,7 @@ namespace {
 
 namespace k = kernels::cpu;
 
-int as_int(int64_t v) {
-  STRATA_CHECK(v >= 0 && v <= INT32_MAX, "dimension " << v << " exceeds the int32 range");
-  return static_cast<int>(v);
-}
-
-void expect_shape(const Tensor& t, const Shape& s, const char* what) {
-  STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
-                                    << shape_string(s));
-}
-
-void expect_numel(const Tensor& t, int64_t n, const char* what) {
-  STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
-}
-
-// Whether any operand is bf16 (then the op runs on widened f32 copies: the CPU computes in f32).
-bool is_bf16(const Tensor& t) { return t.dtype() == DType::kBF16; }
-bool is_bf16(const Tensor* t) { return t && t->dtype() == DType::kBF16; }
-template <typename... Ts>
-bool any_bf16(const Ts&... ts) {
-  return (is_bf16(ts) || ...);
-}
-
-// Rows of a tensor viewed as (N, last dim).
-int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+using namespace backend_checks;
 
 class CpuBackend final : public Backend {
  public:
@@ -84,7 +62,7 @@ class CpuBackend final : public Backend {
 
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                       const Tensor* bias) override {
-    if (any_bf16(out, inp, w, bias)) {
+    if (!all_f32(out, inp, w, bias)) {
       MixedPrecisionScope mp(*this);
       return matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
     }
@@ -97,7 +75,7 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) override {
-    if (any_bf16(dinp, dw, dbias, dout, inp, w)) {
+    if (!all_f32(dinp, dw, dbias, dout, inp, w)) {
       MixedPrecisionScope mp(*this);
       return matmul_backward(mp.out(dinp), mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp),
                              mp.in(w));
@@ -111,7 +89,7 @@ class CpuBackend final : public Backend {
                        dout.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), as_int(OC));
   }
   void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) override {
-    if (any_bf16(dinp, dout, w)) {
+    if (!all_f32(dinp, dout, w)) {
       MixedPrecisionScope mp(*this);
       return matmul_backward_input(mp.out(dinp), mp.in(dout), mp.in(w));
     }
@@ -123,7 +101,7 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp) override {
-    if (any_bf16(dw, dbias, dout, inp)) {
+    if (!all_f32(dw, dbias, dout, inp)) {
       MixedPrecisionScope mp(*this);
       return matmul_backward_weight(mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp));
     }
@@ -146,7 +124,7 @@ class CpuBackend final : public Backend {
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b) override {
-    if (any_bf16(out, mean, rstd, inp, w, b)) {
+    if (!all_f32(out, mean, rstd, inp, w, b)) {
       MixedPrecisionScope mp(*this);
       return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
                                mp.in(b));
@@ -163,7 +141,7 @@ class CpuBackend final : public Backend {
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd) override {
-    if (any_bf16(dinp, dw, db, dout, inp, w, mean, rstd)) {
+    if (!all_f32(dinp, dw, db, dout, inp, w, mean, rstd)) {
       MixedPrecisionScope mp(*this);
       return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
                                 mp.in(w), mp.in(mean), mp.in(rstd));
@@ -175,7 +153,7 @@ class CpuBackend final : public Backend {
                           mean.f32(), rstd.f32(), as_int(N), as_int(C));
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
-    if (any_bf16(out, inp)) {
+    if (!all_f32(out, inp)) {
       MixedPrecisionScope mp(*this);
       return gelu_forward(mp.out(out), mp.in(inp));
     }
@@ -183,7 +161,7 @@ class CpuBackend final : public Backend {
     k::gelu_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
-    if (any_bf16(dinp, inp, dout)) {
+    if (!all_f32(dinp, inp, dout)) {
       MixedPrecisionScope mp(*this);
       return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout));
     }
@@ -193,7 +171,7 @@ class CpuBackend final : public Backend {
   }
 
   void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) override {
-    if (any_bf16(out, att, qkv)) {
+    if (!all_f32(out, att, qkv)) {
       MixedPrecisionScope mp(*this);
       return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads);
     }
@@ -208,7 +186,7 @@ class CpuBackend final : public Backend {
   // The probabilities saved by the forward make `out` unnecessary here.
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& att, int num_heads) override {
-    if (any_bf16(dqkv, dout, qkv, att)) {
+    if (!all_f32(dqkv, dout, qkv, att)) {
       MixedPrecisionScope mp(*this);
       return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att),
                                 num_heads);
@@ -228,7 +206,7 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                          int vocab_start) override {
-    if (any_bf16(out, wte, wpe)) {
+    if (!all_f32(out, wte, wpe)) {
       MixedPrecisionScope mp(*this);
       return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
     }
@@ -240,7 +218,7 @@ class CpuBackend final : public Backend {
   }
   void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           int vocab_start) override {
-    if (any_bf16(dwte, dwpe, dout)) {
+    if (!all_f32(dwte, dwpe, dout)) {
       MixedPrecisionScope mp(*this);
       return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
     }
@@ -251,7 +229,7 @@ class CpuBackend final : public Backend {
   }
 
   void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
-    if (any_bf16(row_max, logits)) {
+    if (!all_f32(row_max, logits)) {
       MixedPrecisionScope mp(*this);
       return ce_row_max(mp.out(row_max), mp.in(logits), valid);
     }
@@ -260,7 +238,7 @@ class CpuBackend final : public Backend {
   }
   void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
                      int valid) override {
-    if (any_bf16(row_sumexp, logits, row_max)) {
+    if (!all_f32(row_sumexp, logits, row_max)) {
       MixedPrecisionScope mp(*this);
       return ce_row_sumexp(mp.out(row_sumexp), mp.in(logits), mp.in(row_max), valid);
     }
@@ -269,7 +247,7 @@ class CpuBackend final : public Backend {
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                        int vocab_start, int valid) override {
-    if (any_bf16(target_logit, logits)) {
+    if (!all_f32(target_logit, logits)) {
       MixedPrecisionScope mp(*this);
       return ce_target_logit(mp.out(target_logit), mp.in(logits), targets, vocab_start, valid);
     }
@@ -279,7 +257,7 @@ class CpuBackend final : public Backend {
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                  const Tensor& target_logit) override {
-    if (any_bf16(losses, row_max, row_sumexp, target_logit)) {
+    if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
       MixedPrecisionScope mp(*this);
       return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit));
     }
@@ -289,7 +267,7 @@ class CpuBackend final : public Backend {
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
                    int valid) override {
-    if (any_bf16(dlogits, logits, row_max, row_sumexp)) {
+    if (!all_f32(dlogits, logits, row_max, row_sumexp)) {
       MixedPrecisionScope mp(*this);
       return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp),
                          targets, scale, vocab_start, valid);
@@ -307,7 +285,7 @@ class CpuBackend final : public Backend {
   }
 
   void add_inplace(Tensor& y, const Tensor& x) override {
-    if (any_bf16(y, x)) {
+    if (!all_f32(y, x)) {
       MixedPrecisionScope mp(*this);
       return add_inplace(mp.out(y), mp.in(x));
     }
@@ -315,7 +293,7 @@ class CpuBackend final : public Backend {
     k::add_inplace(y.f32(), x.f32(), static_cast<size_t>(y.numel()));
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
-    if (any_bf16(out, a, b)) {
+    if (!all_f32(out, a, b)) {
       MixedPrecisionScope mp(*this);
       return add(mp.out(out), mp.in(a), mp.in(b));
     }
@@ -324,21 +302,21 @@ class CpuBackend final : public Backend {
     k::add(out.f32(), a.f32(), b.f32(), static_cast<size_t>(out.numel()));
   }
   void scale_inplace(Tensor& y, float s) override {
-    if (any_bf16(y)) {
+    if (!all_f32(y)) {
       MixedPrecisionScope mp(*this);
       return scale_inplace(mp.out(y), s);
     }
     k::scale_inplace(y.f32(), s, static_cast<size_t>(y.numel()));
   }
   double sum_squares(const Tensor& x) override {
-    if (any_bf16(x)) {
+    if (!all_f32(x)) {
       MixedPrecisionScope mp(*this);
       return sum_squares(mp.in(x));
     }
     return k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
   }
   double sum(const Tensor& x) override {
-    if (any_bf16(x)) {
+    if (!all_f32(x)) {
       MixedPrecisionScope mp(*this);
       return sum(mp.in(x));
     }

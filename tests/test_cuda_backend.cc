@@ -18,46 +18,14 @@
 #include "runtime/backend.h"
 #include "runtime/comm.h"
 #include "runtime/rng.h"
+#include "tests/backend_test_util.h"
 
 namespace strata {
 namespace {
 
+using namespace backend_test;
+
 bool have_device() { return cuda_device_count() > 0; }
-
-std::vector<float> random(size_t n, uint64_t key, float scale = 1.f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(normal01(key, i));
-  return v;
-}
-
-// A tensor of `shape` on `be` holding `host`.
-Tensor put(Backend& be, const Shape& shape, const std::vector<float>& host) {
-  Tensor t = be.empty(shape, MemCategory::kActivations);
-  be.upload(t, host.data());
-  return t;
-}
-Tensor put_i32(Backend& be, const Shape& shape, const std::vector<int32_t>& host) {
-  Tensor t = be.empty(shape, MemCategory::kActivations, DType::kI32);
-  be.upload(t, host.data());
-  return t;
-}
-std::vector<float> get(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.download(v.data(), t);
-  return v;
-}
-
-void expect_close(const std::string& what, const std::vector<float>& got,
-                  const std::vector<float>& want, double rel = 1e-4) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double mx = 1e-30;
-  for (float w : want) mx = std::max(mx, static_cast<double>(std::fabs(w)));
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (std::fabs(got[i] - want[i]) > rel * mx && bad++ < 3)
-      ADD_FAILURE() << what << "[" << i << "]: cuda " << got[i] << ", cpu " << want[i];
-  EXPECT_EQ(bad, 0) << what;
-}
 
 // Runs `op` on the CPU and on the GPU backend with the same inputs, compares named outputs.
 struct Pair {
@@ -89,7 +57,7 @@ TEST_F(CudaBackend, MatmulForwardAndBackward) {
     out[k] = {get(be, Y), get(be, dX), get(be, dW), get(be, dB)};
   }
   const char* names[] = {"out", "dinp", "dweight", "dbias"};
-  for (int i = 0; i < 4; ++i) expect_close(names[i], out[1][i], out[0][i]);
+  for (int i = 0; i < 4; ++i) expect_close(names[i], out[1][i], out[0][i], 1e-4);
 }
 
 TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
@@ -165,7 +133,7 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
     o.push_back(get(be, Back));
   }
   for (size_t i = 0; i < out[0].size(); ++i)
-    expect_close("result " + std::to_string(i), out[1][i], out[0][i]);
+    expect_close("result " + std::to_string(i), out[1][i], out[0][i], 1e-4);
 }
 
 // A whole training run on the GPU matches the CPU run's losses (fp32, 20 iterations, 1e-4).

@@ -45,6 +45,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/optim.h"
 #include "runtime/backend.h"
+#include "runtime/backend_checks.h"
 #include "runtime/check.h"
 #include "runtime/cuda/nccl_check.h"
 
@@ -114,36 +115,12 @@ class CudaAllocator final : public Allocator {
   std::map<size_t, std::vector<void*>> cache_;
 };
 
-int as_int(int64_t v) {
-  STRATA_CHECK(v >= 0 && v <= INT32_MAX, "dimension " << v << " exceeds the int32 range");
-  return static_cast<int>(v);
-}
-int64_t rows(const Tensor& t) {
-  return t.numel() / t.size(-1);
-}
-
-void expect_shape(const Tensor& t, const Shape& s, const char* what) {
-  STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
-                                    << shape_string(s));
-}
-void expect_numel(const Tensor& t, int64_t n, const char* what) {
-  STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
-}
+using namespace backend_checks;
 
 // The kernels' tag for a float tensor.
 kc::ElemType et(const Tensor& t) {
   STRATA_CHECK(t.dtype() != DType::kI32, "an i32 tensor where a float tensor is expected");
   return t.dtype() == DType::kBF16 ? kc::ElemType::kBF16 : kc::ElemType::kF32;
-}
-bool is_f32(const Tensor& t) {
-  return t.dtype() == DType::kF32;
-}
-bool is_f32(const Tensor* t) {
-  return !t || t->dtype() == DType::kF32;
-}
-template <typename... Ts>
-bool all_f32(const Ts&... ts) {
-  return (is_f32(ts) && ...);
 }
 bool same_dtype(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype();

@@ -35,12 +35,14 @@
 #include "runtime/backend.h"
 #include "runtime/comm.h"
 #include "runtime/rng.h"
+#include "tests/backend_test_util.h"
 
 namespace strata {
 namespace {
 
 namespace kcpu = kernels::cpu;
 namespace kc = kernels::cuda;
+using namespace backend_test;
 
 constexpr double kTolF32 = 1e-4;
 constexpr double kTolF32FromBf16 = 1e-3;
@@ -48,39 +50,11 @@ constexpr double kTolBf16 = 1e-2;
 
 // ---- host data ----------------------------------------------------------------------------
 
-std::vector<float> random(size_t n, uint64_t key, float scale = 1.f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(normal01(key, i));
-  return v;
-}
-
 // The values as the device will hold them in type t.
 std::vector<float> rounded(std::vector<float> v, bool bf16) {
   if (bf16)
     for (float& x : v) x = kcpu::bf16_to_f32(kcpu::f32_to_bf16(x));
   return v;
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = kcpu::f32_to_bf16(v[i]);
-  return b;
-}
-
-void expect_close(const std::string& what, const std::vector<float>& got,
-                  const std::vector<float>& want, double rel) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double mx = 1e-30;
-  for (float w : want) mx = std::max(mx, static_cast<double>(std::fabs(w)));
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(err <= rel * mx) && bad++ < 3)
-      ADD_FAILURE() << what << "[" << i << "]: cuda " << got[i] << ", cpu " << want[i]
-                    << " (tolerance " << rel * mx << ")";
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << want.size() << " outside " << rel
-                    << " x max |cpu| = " << rel * mx;
 }
 
 // ---- raw device buffers (for the kernels/cuda functions) -------------------------------------
@@ -145,33 +119,6 @@ const char* name(kc::ElemType t) {
 }
 
 // ---- backend tensors ----------------------------------------------------------------------
-
-Tensor put(Backend& be, const Shape& shape, const std::vector<float>& host, DType t) {
-  Tensor x = be.empty(shape, MemCategory::kActivations, t);
-  if (t == DType::kBF16) {
-    const std::vector<uint16_t> bits = to_bf16_bits(host);
-    be.upload(x, bits.data());
-  } else {
-    be.upload(x, host.data());
-  }
-  return x;
-}
-Tensor put_i32(Backend& be, const Shape& shape, const std::vector<int32_t>& host) {
-  Tensor x = be.empty(shape, MemCategory::kActivations, DType::kI32);
-  be.upload(x, host.data());
-  return x;
-}
-std::vector<float> get(Backend& be, const Tensor& x) {
-  std::vector<float> v(static_cast<size_t>(x.numel()));
-  if (x.dtype() == DType::kBF16) {
-    std::vector<uint16_t> bits(v.size());
-    be.download(bits.data(), x);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = kcpu::bf16_to_f32(bits[i]);
-  } else {
-    be.download(v.data(), x);
-  }
-  return v;
-}
 
 // Tolerance for a result of type `out` computed from inputs of type `in` (see the file comment).
 double tol(DType out, DType in) {

@@ -1,0 +1,39 @@
+// backend_checks.h — the argument checks and operand-type tests both backends run before a
+// kernel (internal to runtime/; models never include it).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/check.h"
+#include "runtime/tensor.h"
+
+namespace strata::backend_checks {
+
+inline int as_int(int64_t v) {
+  STRATA_CHECK(v >= 0 && v <= INT32_MAX, "dimension " << v << " exceeds the int32 range");
+  return static_cast<int>(v);
+}
+
+inline void expect_shape(const Tensor& t, const Shape& s, const char* what) {
+  STRATA_CHECK(t.shape() == s, what << " has shape " << shape_string(t.shape()) << ", expected "
+                                    << shape_string(s));
+}
+
+inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
+  STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
+}
+
+// Rows of a tensor viewed as (N, last dim).
+inline int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+
+// Whether every (float) operand is f32; an absent optional operand (nullptr) counts as f32.
+inline bool is_f32(const Tensor& t) { return t.dtype() == DType::kF32; }
+inline bool is_f32(const Tensor* t) { return !t || t->dtype() == DType::kF32; }
+template <typename... Ts>
+bool all_f32(const Ts&... ts) {
+  return (is_f32(ts) && ...);
+}
+
+}  // namespace strata::backend_checks
