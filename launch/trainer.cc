@@ -57,12 +57,20 @@ std::string si(double v) {
   return buf;
 }
 
-// Sum of a double over a host communicator (float on the wire: the figures summed here are
-// losses and squared norms, for which float's 1e-7 relative rounding is far inside 1e-5).
-double sum_over(Communicator* c, double v) {
+// Sum of a double over a group (float on the wire: the figures summed here are losses and
+// squared norms, for which float's 1e-7 relative rounding is far inside 1e-5). A group of device
+// tensors (NCCL, staged) takes the value through a one-element tensor of the backend.
+double sum_over(Backend& be, Communicator* c, double v) {
   if (!c || c->size() == 1) return v;
   float f = static_cast<float>(v);
-  c->all_reduce(&f, 1, DType::kF32, ReduceOp::kSum);
+  if (c->device() == Device::kCPU) {
+    c->all_reduce(&f, 1, DType::kF32, ReduceOp::kSum);
+    return f;
+  }
+  Tensor t = be.empty({1}, MemCategory::kBuffers);
+  be.upload(t, &f);
+  c->all_reduce(t, ReduceOp::kSum);
+  be.download(&f, t);  // after the compute stream, which the reduction's wait ordered
   return f;
 }
 
@@ -143,7 +151,29 @@ struct Run {
     return solo;
   }
 
-  ProcessGroups groups() const {
+  // Where the run's tensors live: the device make_backend() picks for cfg.device.
+  Device tensor_device() const {
+    return cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
+  }
+  // How tensors on `d` travel between ranks (NCCL, MPI, or MPI staged through host memory).
+  Transport transport(Device d) const {
+    return choose_transport(d, w.size, w.local_size, cuda_device_count(),
+                            backend_available(CommBackend::kNCCL));
+  }
+
+  // The groups carrying be's tensors, ordered after be's compute stream. Create be first: the
+  // groups may hold its staging and stream until they are destroyed.
+  ProcessGroups groups(Backend& be) const {
+    const std::shared_ptr<DeviceStaging> staging = be.comm_staging();
+    if (ctx.single_process) return make_single_process_groups(cfg.comm.timeout_s, staging);
+    const Transport t = transport(be.device());
+    ProcessGroups g = make_process_groups(tensor, pipeline, data, t.backend, cfg.comm.timeout_s,
+                                          t.staged ? staging : nullptr);
+    g.set_compute_stream(be.compute_stream());
+    return g;
+  }
+  // Host-only groups, for the dry run (no device is touched).
+  ProcessGroups host_groups() const {
     if (ctx.single_process) return make_single_process_groups(cfg.comm.timeout_s);
     return make_process_groups(tensor, pipeline, data,
                                w.size > 1 ? CommBackend::kMPI : CommBackend::kLocal,
@@ -245,8 +275,10 @@ int64_t physical_memory_bytes() {
 
 void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   Run run(cfg, ctx);
-  ProcessGroups g = run.groups();
-  const std::string table = rank_table(g, "cpu");
+  ProcessGroups g = run.host_groups();
+  const bool cuda = run.tensor_device() == Device::kCUDA;
+  const std::string table =
+      rank_table(g, cuda ? "cuda:" + std::to_string(local_device_index()) : "cpu");
   run.check_fits_in_memory();
   if (run.w.rank != 0) return;
   const GptDims& d = run.dims;
@@ -265,6 +297,7 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
      << run.data << " = " << run.w.size << " ranks"
      << (cfg.parallel.sequence_parallel ? ", sequence parallel" : "")
      << (cfg.parallel.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
+  if (run.w.size > 1) os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
   os << "batch: global " << run.global << " sequences = " << run.accumulation
      << " micro-batches of " << run.micro << " × data " << run.data << " ("
      << static_cast<int64_t>(run.global) * run.seq_len << " tokens per iteration)\n";
@@ -405,11 +438,12 @@ class GptStage final : public PipelineStage {
     StepRecord r;
     r.batch = static_cast<int>(iter_) + steps_in_list_;
     const double tokens = static_cast<double>(run_.global) * run_.seq_len;
-    r.loss = sum_over(groups_.dp.get(), sum_over(groups_.pp.get(), loss_sum(steps_in_list_))) /
+    r.loss = sum_over(be_, groups_.dp.get(),
+                      sum_over(be_, groups_.pp.get(), loss_sum(steps_in_list_))) /
              tokens;
     double sq = reducer_.local_sum_squares();
-    if (reducer_.sharded()) sq = sum_over(groups_.dp.get(), sq);
-    r.norm = std::sqrt(sum_over(groups_.mp.get(), sq));
+    if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
+    r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
     r.lr = learning_rate(run_.cfg.optimizer, run_.cfg.train.iterations, r.batch + 1);
     r.finite = std::isfinite(r.norm) && std::isfinite(r.loss);
     // W(j+1) goes into the buffer of W(j−1) (2bw), or over W(j) (flushing schedules).
@@ -534,9 +568,9 @@ std::vector<int> layers_per_piece(const Config& cfg) {
 TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Run run(cfg, ctx);
   run.check_fits_in_memory();
-  ProcessGroups groups = run.groups();
   std::unique_ptr<Backend> backend = make_backend(cfg.device, run.threads);
   Backend& be = *backend;
+  ProcessGroups groups = run.groups(be);
   std::unique_ptr<DataSource> data =
       make_data_source(cfg.data, cfg.train.seed, run.seq_len, cfg.source_file);
   if (data->vocab_size() > cfg.model.vocab_size) {
@@ -728,7 +762,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       exec.run(eval_list, stage);
       sum += stage.loss_sum();
     }
-    return sum_over(dp, sum_over(pp, sum)) /
+    return sum_over(be, dp, sum_over(be, pp, sum)) /
            (static_cast<double>(cfg.train.eval_iters) * tokens_per_iter);
   };
 

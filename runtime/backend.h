@@ -30,6 +30,8 @@
 
 namespace strata {
 
+class DeviceStaging;  // runtime/comm.h
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -66,6 +68,14 @@ class Backend {
   virtual void download(void* host, const Tensor& src) = 0;
   // Waits for all issued work (a no-op on the CPU).
   virtual void synchronize() = 0;
+
+  // ---- for the communicators ----
+  // The stream every op runs on (a cudaStream_t), for device communicators to order their work
+  // against (Communicator::set_compute_stream); nullptr on the CPU.
+  virtual void* compute_stream() const { return nullptr; }
+  // Copies between this device's memory and the host for a staged communicator (comm.h), which
+  // carries device tensors over a host transport; nullptr where tensors already live on the host.
+  virtual std::shared_ptr<DeviceStaging> comm_staging() { return nullptr; }
 
   // ---- dense layers ----
   // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC); bias may be null.

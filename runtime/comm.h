@@ -228,6 +228,33 @@ class Communicator {
 // Near-equal split of `total` into `parts`: the first total % parts chunks get one more element.
 std::vector<size_t> chunk_counts(size_t total, int parts);
 
+// ---- device buffers over a host transport ----
+
+// Moves bytes between a backend's memory and host memory, for a staged communicator. The CUDA
+// backend provides one (Backend::comm_staging) that copies on its compute stream.
+class DeviceStaging {
+ public:
+  virtual ~DeviceStaging() = default;
+  // Where the staged communicator's buffers live.
+  virtual Device device() const = 0;
+  // host (bytes) = the device bytes once every operation enqueued on the device so far has
+  // finished; returns with host filled.
+  virtual void to_host(void* host, const void* device, size_t bytes) = 0;
+  // device (bytes) = host; returns when work enqueued on the device afterwards sees the bytes and
+  // host may be reused.
+  virtual void to_device(void* device, const void* host, size_t bytes) = 0;
+};
+
+// A communicator on staging->device() buffers over a host communicator (MPI or Local): for the
+// ranks that share one GPU, where NCCL refuses a communicator with two ranks on one device. Each
+// operation copies its device inputs into host buffers the operation owns, runs host_comm's
+// operation on them, and copies the results back to the device when it completes (test() or
+// wait()). Same conventions and watchdog as host_comm; backend() is host_comm's, device() the
+// staging's. Every operation synchronises the device, so nothing overlaps: a correctness path,
+// not a fast one. split() gives staged groups again.
+std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> host_comm,
+                                                       std::shared_ptr<DeviceStaging> staging);
+
 // True when this build and process can create communicators of `b` (kNCCL needs CUDA built in).
 bool backend_available(CommBackend b);
 

@@ -74,7 +74,29 @@ void ProcessGroups::set_compute_stream(void* stream) {
   }
 }
 
-ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s) {
+Transport choose_transport(Device tensors, int world_size, int ranks_per_host,
+                           int devices_per_host, bool nccl_built) {
+  Transport t;
+  const CommBackend host = world_size == 1 ? CommBackend::kLocal : CommBackend::kMPI;
+  if (tensors == Device::kCPU) {
+    t.backend = host;
+  } else if (world_size > 1 && nccl_built && devices_per_host >= ranks_per_host) {
+    t.backend = CommBackend::kNCCL;
+  } else {
+    t.backend = host;
+    t.staged = true;
+  }
+  return t;
+}
+
+std::string to_string(const Transport& t) {
+  std::string s = to_string(t.backend);
+  if (t.staged) s += ", staged through host memory";
+  return s;
+}
+
+ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s,
+                                  std::shared_ptr<DeviceStaging> staging) {
   const World& w = world();
   if (t < 1 || p < 1 || d < 1 || t * p * d != w.size) {
     std::ostringstream os;
@@ -98,6 +120,11 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
   const CommBackend host_backend = w.size == 1 ? CommBackend::kLocal : CommBackend::kMPI;
   g.host = make_world_communicator(host_backend, timeout_s);
   g.world = make_world_communicator(backend, timeout_s);
+  if (staging) {
+    STRATA_CHECK(backend != CommBackend::kNCCL, "staged groups over NCCL");
+    g.world = make_staged_communicator(std::move(g.world), staging);
+    g.staged = true;
+  }
   // Every rank splits for every kind in the same order (split is collective over the world).
   // The key is the coordinate that orders the group, so group rank = that coordinate.
   Communicator& all = *g.world;
@@ -134,7 +161,7 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name) {
   }
   std::ostringstream os;
   os << "world " << w.size << " = tensor " << g.tensor << " x pipeline " << g.pipeline << " x data "
-     << g.data << " (backend " << to_string(g.backend) << ")\n";
+     << g.data << " (backend " << to_string(Transport{g.backend, g.staged}) << ")\n";
   char line[512];
   std::snprintf(line, sizeof line, "%5s %4s %4s %4s  %-*s  %s\n", "rank", "tp", "dp", "pp",
                 static_cast<int>(host_width), "host", "device");
@@ -148,18 +175,24 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name) {
   return os.str();
 }
 
-ProcessGroups make_single_process_groups(double timeout_s) {
+ProcessGroups make_single_process_groups(double timeout_s,
+                                         std::shared_ptr<DeviceStaging> staging) {
   ProcessGroups g;
   g.backend = CommBackend::kLocal;
+  g.staged = staging != nullptr;
   g.layout = group_layout(1, 1, 1);
   const int r = world().rank;
+  auto make = [&](const char* name) {
+    std::unique_ptr<Communicator> c = detail::make_local_communicator(name, r, timeout_s);
+    return staging ? make_staged_communicator(std::move(c), staging) : std::move(c);
+  };
   g.host = detail::make_local_communicator("host", r, timeout_s);
-  g.world = detail::make_local_communicator("world", r, timeout_s);
-  g.tp = detail::make_local_communicator("tp", r, timeout_s);
-  g.dp = detail::make_local_communicator("dp", r, timeout_s);
-  g.pp = detail::make_local_communicator("pp", r, timeout_s);
-  g.mp = detail::make_local_communicator("mp", r, timeout_s);
-  g.embedding = detail::make_local_communicator("embedding", r, timeout_s);
+  g.world = make("world");
+  g.tp = make("tp");
+  g.dp = make("dp");
+  g.pp = make("pp");
+  g.mp = make("mp");
+  g.embedding = make("embedding");
   return g;
 }
 

@@ -62,6 +62,7 @@ struct ProcessGroups {
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
   int prev_stage_rank = -1, next_stage_rank = -1;  // world ranks; -1 at the pipeline's ends
   CommBackend backend = CommBackend::kLocal;
+  bool staged = false;  // device tensors carried over `backend` through host copies
   GroupLayout layout;
 
   // Communicators on `backend` (device buffers for NCCL). In pp, the neighbours are group ranks
@@ -77,9 +78,25 @@ struct ProcessGroups {
   void set_compute_stream(void* stream);
 };
 
+// How a run's tensors travel between ranks: the one choice of transport.
+struct Transport {
+  CommBackend backend = CommBackend::kLocal;
+  bool staged = false;  // device tensors over a host backend (make_staged_communicator)
+};
+// Host tensors: MPI (Local for one rank). CUDA tensors: NCCL when it is built and every rank on a
+// host has a GPU of its own (devices_per_host ≥ ranks_per_host); otherwise, when ranks share a
+// GPU (NCCL refuses two ranks on one device) or NCCL is missing, MPI (Local for one rank) staged
+// through host memory. A pure function: tests and the dry run call it directly.
+Transport choose_transport(Device tensors, int world_size, int ranks_per_host,
+                           int devices_per_host, bool nccl_built);
+// "nccl", "mpi", "mpi, staged through host memory", ...
+std::string to_string(const Transport& t);
+
 // Builds every group for this rank. Collective over the world; needs init_world(). Throws
-// InputError when t·p·d differs from the world size (naming both numbers).
-ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s);
+// InputError when t·p·d differs from the world size (naming both numbers). With `staging`, every
+// group but `host` carries device tensors over `backend` (a host backend) through host copies.
+ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s,
+                                  std::shared_ptr<DeviceStaging> staging = nullptr);
 
 // The dry-run table, one line per world rank: rank → (tp, dp, pp), host, device. device_name is
 // this rank's device ("cpu", "cuda:0"). Collective over g.host; the text on world rank 0, ""
@@ -88,6 +105,8 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name);
 
 // This rank alone as a complete layout (t = p = d = 1) on Local communicators, whatever the
 // world size: the single-process reference run inside a multi-rank test. Not collective.
-ProcessGroups make_single_process_groups(double timeout_s);
+// With `staging`, the groups take device tensors (see make_process_groups).
+ProcessGroups make_single_process_groups(double timeout_s,
+                                         std::shared_ptr<DeviceStaging> staging = nullptr);
 
 }  // namespace strata

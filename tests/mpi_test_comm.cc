@@ -10,7 +10,10 @@
 // Sizes: 0, 1, 7, 1000, 1025 and sizes that do not divide by the rank count, plus one large
 // message (MPI switches to its rendezvous protocol and segmented algorithms there).
 //
-// Also runnable without mpirun (world size 1, Local backend).
+// Also runnable without mpirun (world size 1, Local backend). With --staged, every test runs on a
+// staged communicator (make_staged_communicator: the path of ranks that share one GPU) over the
+// same MPI world, with host memory playing the device; StagedCarriesOnlyStagedBytes then checks
+// that the transport sees only what the staging copied.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +37,37 @@ constexpr double kTimeoutS = 60;
 constexpr uint64_t kSeed = 20240611;
 
 Communicator* g_comm = nullptr;  // under test: the world on the MPI backend (Local for 1 rank)
+
+// Host memory as the "device" of a staged communicator. Copies are plain, or with `xor_mask`
+// every byte is XORed on its way in and out: device memory then holds an encoding that only the
+// staging undoes, so a device address reaching the transport directly would give wrong results.
+class TestStaging final : public DeviceStaging {
+ public:
+  unsigned char xor_mask = 0;
+  size_t to_host_bytes = 0, to_device_bytes = 0;
+
+  Device device() const override { return Device::kCPU; }
+  void to_host(void* host, const void* device, size_t bytes) override {
+    copy(host, device, bytes);
+    to_host_bytes += bytes;
+  }
+  void to_device(void* device, const void* host, size_t bytes) override {
+    copy(device, host, bytes);
+    to_device_bytes += bytes;
+  }
+  // The device encoding of host bytes, and back (XOR is its own inverse).
+  void encode(void* p, size_t bytes) const {
+    auto* b = static_cast<unsigned char*>(p);
+    for (size_t i = 0; i < bytes; ++i) b[i] ^= xor_mask;
+  }
+
+ private:
+  void copy(void* dst, const void* src, size_t bytes) const {
+    std::memcpy(dst, src, bytes);
+    encode(dst, bytes);
+  }
+};
+std::shared_ptr<TestStaging> g_staging;  // set with --staged
 
 using mpitest::Buf;
 using mpitest::input;
@@ -327,7 +361,7 @@ TEST(Comm, ProcessGroupsOfEveryFactorisation) {
       const int d = n / (t * p);
       const std::string cfg =
           "t=" + std::to_string(t) + " p=" + std::to_string(p) + " d=" + std::to_string(d);
-      ProcessGroups g = make_process_groups(t, p, d, CommBackend::kMPI, kTimeoutS);
+      ProcessGroups g = make_process_groups(t, p, d, CommBackend::kMPI, kTimeoutS, g_staging);
       const int me = world().rank;
       const GroupLayout& L = g.layout;
       struct Kind {
@@ -392,6 +426,66 @@ TEST(Comm, StringsGather) {
   tally.expect_clean("all_gather_strings");
 }
 
+// Staged only: with device memory XOR-encoded, every operation still gives the plain results
+// once decoded, which only holds if the transport saw nothing but the staging's host copies.
+TEST(Comm, StagedCarriesOnlyStagedBytes) {
+  if (!g_staging) GTEST_SKIP() << "runs with --staged";
+  Tally tally;
+  const int me = g_comm->rank(), p = g_comm->size();
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  g_staging->xor_mask = 0x5a;
+  auto dev = [](Buf b) {  // the device form of a host buffer
+    g_staging->encode(b.data(), b.size_bytes());
+    return b;
+  };
+  auto host = [](Buf& b) -> Buf& {
+    g_staging->encode(b.data(), b.size_bytes());
+    return b;
+  };
+  const size_t n = 1025;
+  uint64_t seed = kSeed + 9000;
+  for (DType t : kTypes) {
+    ++seed;
+    Buf a = dev(input(t, n, seed, me));
+    g_comm->all_reduce(a.data(), n, t, ReduceOp::kSum);
+    host(a);
+    int64_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += a.get(i) != reduced(seed, i, ReduceOp::kSum, p);
+    tally.add(label("staged all_reduce", t, n), bad);
+
+    const std::vector<size_t> counts = chunk_counts(n, p);
+    const size_t offset = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+    Buf send = dev(input(t, n, seed, me)), part(t, counts[me]);
+    part = dev(part);
+    g_comm->reduce_scatterv(send.data(), part.data(), counts, t, ReduceOp::kMax);
+    host(part);
+    bad = 0;
+    for (size_t i = 0; i < counts[me]; ++i)
+      bad += part.get(i) != reduced(seed, offset + i, ReduceOp::kMax, p);
+    tally.add(label("staged reduce_scatterv", t, n), bad);
+
+    Buf mine = dev(input(t, counts[me], seed, me, offset)), all(t, n);
+    g_comm->all_gatherv(mine.data(), all.data(), counts, t);
+    host(all);
+    bad = 0;
+    for (int r = 0, at = 0; r < p; at += static_cast<int>(counts[r]), ++r)
+      for (size_t i = 0; i < counts[r]; ++i) bad += all.get(at + i) != value(seed, r, at + i);
+    tally.add(label("staged all_gatherv", t, n), bad);
+
+    Buf fwd = dev(input(t, n, seed + 1, me)), in(t, n);
+    Request r = g_comm->irecv(in.data(), n, t, prev, 3);
+    g_comm->isend(fwd.data(), n, t, next, 3).wait();
+    r.wait();
+    host(in);
+    bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += in.get(i) != value(seed + 1, prev, i);
+    tally.add(label("staged send/recv", t, n), bad);
+  }
+  g_staging->xor_mask = 0;
+  tally.add("staging moved bytes", g_staging->to_host_bytes == 0 || g_staging->to_device_bytes == 0);
+  tally.expect_clean("staged bytes only");
+}
+
 }  // namespace
 }  // namespace strata
 
@@ -399,19 +493,26 @@ int main(int argc, char** argv) {
   const strata::World w = strata::init_world(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   strata::mpitest::print_on_rank0_only(w.rank);
+  bool staged = false;
+  for (int i = 1; i < argc; ++i) staged |= std::string(argv[i]) == "--staged";
   int rc = 0;
   {
     auto comm = strata::make_world_communicator(strata::CommBackend::kMPI, strata::kTimeoutS);
+    if (staged) {
+      strata::g_staging = std::make_shared<strata::TestStaging>();
+      comm = strata::make_staged_communicator(std::move(comm), strata::g_staging);
+    }
     auto verdict = strata::make_world_communicator(strata::CommBackend::kMPI, strata::kTimeoutS);
     strata::g_comm = comm.get();
     strata::mpitest::verdict_comm() = verdict.get();
     if (w.rank == 0) {
-      std::printf("world %d ranks, backend %s, seed %llu\n", w.size,
-                  strata::to_string(comm->backend()),
+      std::printf("world %d ranks, backend %s%s, seed %llu\n", w.size,
+                  strata::to_string(comm->backend()), staged ? " (staged)" : "",
                   static_cast<unsigned long long>(strata::kSeed));
     }
     rc = RUN_ALL_TESTS();
   }
+  strata::g_staging.reset();
   strata::finalize_world();
   return rc;
 }

@@ -1,6 +1,8 @@
 # Multi-rank tests, run under mpirun by ctest (included from tests/CMakeLists.txt).
 #
 #   mpi_comm_np{1,2,3,4,8}   every collective, send/recv and batch on the MPI backend (Local at 1)
+#   mpi_comm_staged_np{1,2,3,4}  the same on staged communicators (--staged): device tensors
+#                            carried over MPI through host copies, as for ranks sharing a GPU
 #   mpi_comm_singleton       the same binary without mpirun: world size 1, no MPI
 #   mpi_watchdog             a deliberately missing send: the job must abort with the watchdog
 #                            line within timeout + 5 s
@@ -30,6 +32,13 @@ endfunction()
 
 strata_mpi_executable(mpi_test_comm)
 strata_mpi_test(mpi_test_comm mpi_comm 1 2 3 4 8)
+# The same tests on staged communicators (device tensors of ranks sharing a GPU, over MPI).
+foreach(np 1 2 3 4)
+  add_test(NAME mpi_comm_staged_np${np}
+           COMMAND ${STRATA_MPI_RUN} -np ${np} $<TARGET_FILE:mpi_test_comm> --staged)
+  set_tests_properties(mpi_comm_staged_np${np} PROPERTIES
+    ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 120 PROCESSORS ${np} LABELS mpi)
+endforeach()
 add_test(NAME mpi_comm_singleton COMMAND mpi_test_comm)
 set_tests_properties(mpi_comm_singleton PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 60
                      LABELS mpi)

@@ -158,6 +158,34 @@ TEST(process_groups, OneRankWorld) {
   EXPECT_NE(table.find("cpu"), std::string::npos) << table;
 }
 
+// The one transport choice: host tensors over MPI; GPU tensors over NCCL only when every rank of
+// a host has its own GPU (NCCL refuses two ranks on one device), else staged over MPI.
+TEST(process_groups, TransportFollowsWhereTensorsLiveAndDevicesPerHost) {
+  struct Case {
+    Device d;
+    int world, per_host, devices;
+    bool nccl;
+    CommBackend want;
+    bool staged;
+  };
+  const Case cases[] = {
+      {Device::kCPU, 1, 1, 0, false, CommBackend::kLocal, false},
+      {Device::kCPU, 8, 4, 8, true, CommBackend::kMPI, false},  // CPU run on a GPU machine
+      {Device::kCUDA, 1, 1, 1, true, CommBackend::kLocal, true},
+      {Device::kCUDA, 16, 8, 8, true, CommBackend::kNCCL, false},
+      {Device::kCUDA, 4, 4, 1, true, CommBackend::kMPI, true},  // four ranks on one GPU
+      {Device::kCUDA, 8, 8, 4, true, CommBackend::kMPI, true},  // two per GPU
+      {Device::kCUDA, 2, 2, 2, false, CommBackend::kMPI, true},  // built without NCCL
+  };
+  for (const Case& c : cases) {
+    const Transport t = choose_transport(c.d, c.world, c.per_host, c.devices, c.nccl);
+    EXPECT_EQ(t.backend, c.want) << to_string(c.d) << " world " << c.world;
+    EXPECT_EQ(t.staged, c.staged) << to_string(c.d) << " world " << c.world;
+  }
+  EXPECT_EQ(to_string(Transport{CommBackend::kMPI, true}), "mpi, staged through host memory");
+  EXPECT_EQ(to_string(Transport{CommBackend::kNCCL, false}), "nccl");
+}
+
 TEST(process_groups, LocalCommunicatorCopiesAndMatchesSendsToSelf) {
   auto c = make_world_communicator(CommBackend::kLocal, 5);
   std::vector<float> a = {1, 2, 3}, b(3, 0);

@@ -47,6 +47,7 @@
 #include "runtime/backend.h"
 #include "runtime/backend_checks.h"
 #include "runtime/check.h"
+#include "runtime/comm.h"
 #include "runtime/cuda/nccl_check.h"
 
 #define CUBLAS_CHECK(expr)                                                  \
@@ -139,6 +140,28 @@ bool gemm_native(const Tensor& a, const Tensor& b, const Tensor& c) {
   return same_dtype(a, b) && !(is_f32(a) && !is_f32(c));
 }
 
+// ---- staging for host transports ------------------------------------------------------------
+
+// Device <-> host copies on the compute stream, for ranks that share a GPU and so talk over MPI
+// (comm.h, make_staged_communicator). Each copy is followed by a stream synchronisation: to_host
+// must see every kernel enqueued so far, and the host buffer of to_device may be freed at return.
+class StreamStaging final : public DeviceStaging {
+ public:
+  explicit StreamStaging(cudaStream_t stream) : stream_(stream) {}
+  Device device() const override { return Device::kCUDA; }
+  void to_host(void* host, const void* device, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void to_device(void* device, const void* host, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
 // ---- the backend --------------------------------------------------------------------------
 
 class CudaBackend final : public Backend {
@@ -211,6 +234,13 @@ class CudaBackend final : public Backend {
     }
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- for the communicators ----
+  void* compute_stream() const override { return stream_; }
+  std::shared_ptr<DeviceStaging> comm_staging() override {
+    if (!staging_) staging_ = std::make_shared<StreamStaging>(stream_);
+    return staging_;
+  }
 
   // ---- dense layers ----
   // Row-major GEMMs of kernels/cuda/gemm_lt.h:
@@ -653,6 +683,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   CudaAllocator alloc_;
+  std::shared_ptr<StreamStaging> staging_;
   cudaStream_t stream_ = nullptr;
   double* dsum_ = nullptr;            // sum / sum_squares result
   Tensor workspace_;                  // cuBLASLt workspace (kBuffers)
