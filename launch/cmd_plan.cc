@@ -146,6 +146,7 @@ MemoryOptions memory_options(const std::string& precision, const ParallelConfig*
   } else {
     o.flash_attention = true;
     o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
+    o.workspace_bytes = 32.0 * 1024 * 1024;       // cuBLASLt's (runtime/cuda/backend_cuda.cu)
   }
   if (par != nullptr) o.bucket_mb = par->bucket_mb;
   return o;

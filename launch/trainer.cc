@@ -122,23 +122,28 @@ struct Run {
     dims.bf16 = cfg.train.precision == "bf16";
   }
 
-  void check_fits_in_memory() const {
-    // The largest stage's prediction (partitioner/ memory model), for every rank on this node.
+  // Refuses, before the model is allocated, a run whose predicted peak (the largest stage's,
+  // partitioner/ memory model) does not fit in the memory its ranks share: the host's for
+  // the CPU (a tenth left to the OS and the data), the GPU's for CUDA (ranks per device).
+  // device_bytes: the GPU's memory (Backend::device_memory_bytes), 0 for the host's.
+  void check_fits_in_memory(int64_t device_bytes) const {
     const nlohmann::json plan = planner_prediction(cfg, w.size);  // keep it alive for the loop
     double peak = 0;
     for (const auto& st : plan.at("predicted").at("memory_bytes_per_stage"))
       peak = std::max(peak, st.at("total").get<double>());
     const int64_t per_rank = static_cast<int64_t>(peak);
-    const int64_t need = per_rank * w.local_size;
-    const int64_t have = physical_memory_bytes();
-    // Leave a tenth of the machine to the OS and the data; refuse before anything is allocated
-    // rather than be killed by the OOM killer mid-run.
+    const bool gpu = device_bytes > 0;
+    const int devices = std::max(1, cuda_device_count());
+    const int sharing = gpu ? (w.local_size + devices - 1) / devices : w.local_size;
+    const int64_t need = per_rank * sharing;
+    const int64_t have = gpu ? device_bytes : physical_memory_bytes();
     if (have > 0 && need > have / 10 * 9) {
       throw InputError(cfg.source_file, "model",
-                       "a model that fits in this machine's memory: training needs " +
-                           format_bytes(need) + " (" + std::to_string(w.local_size) +
-                           " rank(s) × " + format_bytes(per_rank) + "), the machine has " +
-                           format_bytes(have));
+                       std::string("a model that fits in ") +
+                           (gpu ? "the GPU's memory" : "this machine's memory") +
+                           ": training needs " + format_bytes(need) + " (" +
+                           std::to_string(sharing) + " rank(s) × " + format_bytes(per_rank) +
+                           "), the " + (gpu ? "GPU" : "machine") + " has " + format_bytes(have));
     }
   }
 
@@ -279,7 +284,8 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   const bool cuda = run.tensor_device() == Device::kCUDA;
   const std::string table =
       rank_table(g, cuda ? "cuda:" + std::to_string(local_device_index()) : "cpu");
-  run.check_fits_in_memory();
+  // (The GPU's memory is not known without the device: a CUDA run checks it when it starts.)
+  if (run.tensor_device() == Device::kCPU) run.check_fits_in_memory(0);
   if (run.w.rank != 0) return;
   const GptDims& d = run.dims;
   int64_t n = 0;
@@ -567,9 +573,9 @@ std::vector<int> layers_per_piece(const Config& cfg) {
 
 TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Run run(cfg, ctx);
-  run.check_fits_in_memory();
   std::unique_ptr<Backend> backend = make_backend(cfg.device, run.threads);
   Backend& be = *backend;
+  run.check_fits_in_memory(be.device_memory_bytes());
   ProcessGroups groups = run.groups(be);
   std::unique_ptr<DataSource> data =
       make_data_source(cfg.data, cfg.train.seed, run.seq_len, cfg.source_file);

@@ -65,8 +65,11 @@ struct MemoryOptions {
   // Flash attention (fused, the GPU path) keeps only the softmax statistics; the CPU runtime
   // keeps the (b, a, s, s) probabilities.
   bool flash_attention = true;
-  // Per-rank memory held back from the plan: CUDA context, NCCL, allocator fragmentation.
+  // Per-rank memory held back from the plan: CUDA context, NCCL, allocator fragmentation (none
+  // of it passes through Strata's allocator).
   double reserve_bytes = 0;
+  // GPU: the GEMM library's workspace, held by the backend for the whole run (kBuffers).
+  double workspace_bytes = 0;
   // Attention backward scratch of the CPU kernels: threads · s · s floats.
   int cpu_threads = 0;
   // Data-parallel gradient buckets (parallel.bucket_mb).

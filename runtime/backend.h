@@ -69,6 +69,10 @@ class Backend {
   // Waits for all issued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 
+  // Bytes of this device's memory (the whole device, free or not); 0 where the backend shares
+  // the host's memory (the CPU).
+  virtual int64_t device_memory_bytes() const { return 0; }
+
   // ---- for the communicators ----
   // The stream every op runs on (a cudaStream_t), for device communicators to order their work
   // against (Communicator::set_compute_stream); nullptr on the CPU.

@@ -235,6 +235,12 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  int64_t device_memory_bytes() const override {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return static_cast<int64_t>(total_b);
+  }
+
   // ---- for the communicators ----
   void* compute_stream() const override { return stream_; }
   std::shared_ptr<DeviceStaging> comm_staging() override {
