@@ -35,6 +35,11 @@
 //     tflops_per_gpu uses), so the % of peak is the fraction of the tensor cores really used.
 //     FlashAttention-2's benchmark halves for causal too but counts the backward as 2.5× the
 //     forward: multiply the bwd figure by 1.25 to compare with its published numbers.
+//     In bf16 the same forward and backward also run on cuDNN's fused flash attention
+//     (kernels/cuda/cudnn_attention.h, rows "attention fwd cudnn" / "attention bwd cudnn", the
+//     same FLOP count; its backward recomputes the scores too). A shape cuDNN refuses prints
+//     "unsupported: <cuDNN's reason>" instead of a time: not a failure. The first call of a
+//     shape compiles cuDNN's kernels; that happens before the warm-up.
 //   Memory-bound ops: GB/s of the bytes they must move at least — every array once, an
 //     accumulated (+=) output read and written, embedding rows once per distinct token —
 //     against the nominal HBM bandwidth. A device-to-device cudaMemcpy (read + write) is timed
@@ -51,7 +56,8 @@
 // Never fails on time. Without a CUDA device it prints "no CUDA device" and exits 0; a buffer
 // that cannot be allocated exits 1; a kernel that fails prints its error in its row and the rest
 // go on. The last lines ("summary ...") give per model and precision the range of the GEMMs' and
-// memory-bound ops' % of roofline and the attention's; scripts/gpu_check puts them in its summary.
+// memory-bound ops' % of roofline and the attention's (cuDNN's in parentheses); scripts/gpu_check
+// puts them in its summary.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -62,12 +68,14 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/elem_type.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -93,6 +101,10 @@ std::string cuda_error(cudaError_t e) {
 std::string blas_error(cublasStatus_t s) {
   if (s == CUBLAS_STATUS_SUCCESS) return "";
   return std::string("cuBLASLt ") + cublasLtGetStatusName(s) + ": " + cublasLtGetStatusString(s);
+}
+std::string cudnn_error(cudnnStatus_t s) {
+  if (s == CUDNN_STATUS_SUCCESS) return "";
+  return std::string("cuDNN ") + cudnnGetErrorString(s);
 }
 // For setup (allocation, filling): a failure there leaves nothing to measure.
 void check(cudaError_t e, const char* what) {
@@ -250,6 +262,7 @@ struct Row {
   double peak = 0;        // the roofline it is held against, FLOP/s or bytes/s
   std::string peak_name;  // "bf16", "fp32", "HBM"
   std::string note;
+  std::string unsupported;  // why the library refuses this op here: printed, not timed
   Measured time;
 
   double rate() const { return time.ms > 0 ? work / (time.ms * 1e-3) : 0; }
@@ -268,7 +281,9 @@ void print_header(const Roofline& roof, int reps) {
 void print_row(const Row& r) {
   std::printf("%-5s %-34s %-4s %-26s ", r.model.c_str(), r.op.c_str(), r.type.c_str(),
               r.shape.c_str());
-  if (!r.time.error.empty()) {
+  if (!r.unsupported.empty()) {
+    std::printf("unsupported: %s\n", r.unsupported.c_str());
+  } else if (!r.time.error.empty()) {
     std::printf("FAILED: %s%s%s\n", r.time.error.c_str(), r.note.empty() ? "" : "; ",
                 r.note.c_str());
   } else if (r.unit == Unit::kFlops) {
@@ -340,7 +355,10 @@ class Bench {
         lt_(workspace_.get(), workspace_.bytes()) {
     if (lt_.status() != CUBLAS_STATUS_SUCCESS) die("cublasLtCreate: " + blas_error(lt_.status()));
   }
-  ~Bench() { cudaStreamDestroy(stream_); }
+  ~Bench() {
+    cudnn_.reset();  // its handle was last set to stream_
+    cudaStreamDestroy(stream_);
+  }
   Bench(const Bench&) = delete;
   Bench& operator=(const Bench&) = delete;
 
@@ -388,6 +406,12 @@ class Bench {
     print_row(r);
     rows_.push_back(std::move(r));
   }
+  // A row that is not timed: the library refuses the op here, for `why`.
+  void unsupported(Row r, const std::string& why) {
+    r.unsupported = why;
+    print_row(r);
+    rows_.push_back(std::move(r));
+  }
   // A GEMM row: when cuBLASLt has no kernel for g's epilogue, the GEMM alone (noted).
   void gemm(Row r, kc::Gemm g) {
     cublasStatus_t st = lt_.run(g, stream_);
@@ -411,6 +435,8 @@ class Bench {
   Timer timer_;
   DeviceBuffer workspace_;  // cuBLASLt's, 32 MiB
   kc::GemmLt lt_;
+  // cuDNN's attention; a failed cudnnCreate shows per shape, as supports()'s reason.
+  std::unique_ptr<kc::CudnnAttention> cudnn_ = std::make_unique<kc::CudnnAttention>();
   std::vector<Row> rows_;
 };
 
@@ -549,6 +575,28 @@ void Bench::attention(const Model& m, ElemType t) {
     return cuda_error(kc::flash_attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(),
                                                    lse.f32(), t, B, S, NH, HS, scratch.get(),
                                                    stream_));
+  });
+  if (t != ElemType::kBF16) return;  // cuDNN's flash attention is fp16/bf16 only
+  // The same on cuDNN; its backward uses its own forward's out and lse, and overwrites dqkv.
+  Row cf = row(m, "attention fwd cudnn", t, shape);
+  flops(cf, fl, t);
+  Row cb = row(m, "attention bwd cudnn", t, shape);
+  flops(cb, 2 * fl, t);
+  std::string why;
+  if (cudnn_->supports(t, B, S, NH, HS, &why) != CUDNN_STATUS_SUCCESS) {
+    unsupported(cf, why);
+    unsupported(cb, why);
+    return;
+  }
+  DeviceBuffer cudnn_ws(std::max(cudnn_->forward_workspace_bytes(t, B, S, NH, HS),
+                                 cudnn_->backward_workspace_bytes(t, B, S, NH, HS)));
+  measure(cf, [&] {
+    return cudnn_error(
+        cudnn_->forward(out.get(), lse.f32(), qkv.get(), t, B, S, NH, HS, cudnn_ws.get(), stream_));
+  });
+  measure(cb, [&] {
+    return cudnn_error(cudnn_->backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.f32(), t,
+                                        B, S, NH, HS, cudnn_ws.get(), stream_));
   });
 }
 
@@ -753,17 +801,20 @@ void Bench::optimizer(const Model& m) {
 
 // ---- summary and JSON ----------------------------------------------------------------------
 
-// Per model and precision: "summary 124m bf16: gemm 41-72%, attention fwd 38% bwd 25%,
-// memory-bound 40-85% of HBM" (GEMMs and attention of their precision's peak); per model:
-// "summary 124m optimizer: ..." with each optimizer row's % of HBM.
+// Per model and precision: "summary 124m bf16: gemm 41-72%, attention fwd 38% bwd 25% (cudnn
+// fwd 45% bwd 30%), memory-bound 40-85% of HBM" (GEMMs and attention of their precision's
+// peak; the cuDNN part only where cuDNN ran); per model: "summary 124m optimizer: ..." with
+// each optimizer row's % of HBM. Rows a library refuses (unsupported) are left out.
 void print_summary(const std::vector<Row>& rows, const std::vector<Model>& models,
                    const std::vector<ElemType>& types) {
   for (const Model& m : models) {
     for (ElemType t : types) {
       double gmin = 1e9, gmax = -1, mmin = 1e9, mmax = -1, afwd = -1, abwd = -1;
+      double cfwd = -1, cbwd = -1;  // cuDNN's attention
       int failed = 0;
       for (const Row& r : rows) {
         if (r.model != m.name || r.type != kc::to_string(t) || r.group == "optimizer") continue;
+        if (!r.unsupported.empty()) continue;
         if (!r.time.error.empty()) {
           ++failed;
           continue;
@@ -771,6 +822,8 @@ void print_summary(const std::vector<Row>& rows, const std::vector<Model>& model
         const double p = r.percent();
         if (r.group == "gemm") {
           gmin = std::min(gmin, p), gmax = std::max(gmax, p);
+        } else if (r.group == "attention" && r.op.find("cudnn") != std::string::npos) {
+          (r.op.find("fwd") != std::string::npos ? cfwd : cbwd) = p;
         } else if (r.group == "attention") {
           (r.op.find("fwd") != std::string::npos ? afwd : abwd) = p;
         } else if (r.group == "memory") {
@@ -784,8 +837,13 @@ void print_summary(const std::vector<Row>& rows, const std::vector<Model>& model
         line += buf;
       }
       if (afwd >= 0 || abwd >= 0) {
-        std::snprintf(buf, sizeof buf, " attention fwd %.0f%% bwd %.0f%%,", afwd, abwd);
+        std::snprintf(buf, sizeof buf, " attention fwd %.0f%% bwd %.0f%%", afwd, abwd);
         line += buf;
+        if (cfwd >= 0 || cbwd >= 0) {
+          std::snprintf(buf, sizeof buf, " (cudnn fwd %.0f%% bwd %.0f%%)", cfwd, cbwd);
+          line += buf;
+        }
+        line += ",";
       }
       if (mmax >= 0) {
         std::snprintf(buf, sizeof buf, " memory-bound %.0f-%.0f%% of HBM,", mmin, mmax);
@@ -823,7 +881,9 @@ void write_json(const std::string& path, const nlohmann::ordered_json& head,
     o["shape"] = r.shape;
     o["unit"] = r.unit == Unit::kFlops ? "TFLOP/s" : "GB/s";
     o["work"] = r.work;  // FLOPs or bytes per call
-    if (r.time.error.empty()) {
+    if (!r.unsupported.empty()) {
+      o["unsupported"] = r.unsupported;
+    } else if (r.time.error.empty()) {
       o["ms"] = r.time.ms;
       o["rate"] = r.rate() / (r.unit == Unit::kFlops ? 1e12 : 1e9);
       o["percent_of_peak"] = r.percent();

@@ -1,0 +1,97 @@
+// cudnn_attention.h — causal multi-head attention on cuDNN's fused flash attention (the graph
+// API's flash fprop / bprop patterns), the alternative to kernels/cuda/flash_attention.h where
+// cuDNN serves: bf16 operands, head size a multiple of 8 up to 128, sm_80 or newer, cuDNN 9.
+//
+// Layouts are those of flash_attention.h, so the two are interchangeable op by op (a forward of
+// one and a backward of the other give the same gradient):
+//   qkv  (B, S, 3, NH, HS)  per token: every head's query, then every key, then every value
+//   out  (B, S, NH, HS)
+//   lse  (B, NH, S) f32     log Σ_{j ≤ i} exp(scale · q_i·k_j), scale = 1/√HS (cuDNN's "stats")
+// cuDNN reads Q, K and V in place through strides (no repacking) and writes dq, dk and dv into
+// a (B, S, 3, NH, HS) buffer the same way.
+//
+// CudnnAttention builds one operation graph per (direction, B, S, NH, HS) with the cuDNN
+// backend API (cudnn_attention.cc lists its operations), asks cuDNN's heuristics (mode A) for
+// engine configurations, finalizes the first one that cuDNN accepts as an execution plan, and
+// caches it; later calls only bind pointers and execute. A shape cuDNN has no engine for
+// returns CUDNN_STATUS_NOT_SUPPORTED without running anything (cached too, so a rejected shape
+// costs one query): the caller then uses the own flash kernels. Refused before any graph is
+// built, each with a one-line reason: f32 operands, a head size not a multiple of 8 or above
+// 128, a GPU below compute capability 8.0, cuDNN older than 9.0 or 9.10.0/9.10.1 (known
+// attention bugs), and a backward with S not a multiple of 128 on cuDNN ≤ 9.15.0 (its engines
+// need a padding-mask workaround there that this graph does not build). The first query of a
+// shape compiles cuDNN's kernel at run time (NVRTC), which can take a second or more.
+//
+// Differences from flash_attention.h: dqkv is OVERWRITTEN, not accumulated; f32 operands are
+// not supported (cuDNN's flash attention is fp16/bf16 only); each call needs a device
+// workspace of the size the *_workspace_bytes query returns for that shape (possibly 0 for the
+// forward; the backward's also holds cuDNN's f32 dq accumulator and the dout·out row sums,
+// about 4·B·S·NH·(HS+1) bytes). Every pointer must be 16-byte aligned (cudaMalloc's are), as
+// must the workspace; a misaligned one returns CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER.
+//
+// Thread-safety: one CudnnAttention per thread (the plan cache is not locked), used on the
+// device that was current when it was constructed. Copy is deleted (it owns the cuDNN handle
+// and the cached descriptors).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "kernels/cuda/elem_type.h"
+
+namespace strata::kernels::cuda {
+
+class CudnnAttention {
+ public:
+  // Creates the cuDNN handle; check status() before the first call.
+  CudnnAttention();
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  cudnnStatus_t status() const { return status_; }
+
+  // Whether cuDNN runs this shape (building and caching both plans on the first query):
+  // CUDNN_STATUS_SUCCESS, or why not, with a one-line reason in *why when why is not null
+  // (say "cuDNN 8.9.7 is older than 9.0", "head size 36 is not a multiple of 8", "no engine
+  // for the backward graph ...").
+  cudnnStatus_t supports(ElemType type, int B, int S, int NH, int HS, std::string* why = nullptr);
+
+  // Device workspace bytes each direction needs for this shape (0 when unsupported).
+  size_t forward_workspace_bytes(ElemType type, int B, int S, int NH, int HS);
+  size_t backward_workspace_bytes(ElemType type, int B, int S, int NH, int HS);
+
+  // out = softmax(scale · q·kᵀ, causal) · v, and lse, on `stream`.
+  cudnnStatus_t forward(void* out, float* lse, const void* qkv, ElemType type, int B, int S, int NH,
+                        int HS, void* workspace, cudaStream_t stream);
+
+  // dqkv = the gradient of the forward (overwritten), given its inputs, output and lse.
+  cudnnStatus_t backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                         const float* lse, ElemType type, int B, int S, int NH, int HS,
+                         void* workspace, cudaStream_t stream);
+
+ private:
+  struct Plan;  // a finalized execution plan and its tensor uids (cudnn_attention.cc)
+  using Key = std::tuple<int, int, int, int, int, int>;  // direction, type, B, S, NH, HS
+  Plan* plan(bool backward, ElemType type, int B, int S, int NH, int HS);
+  // Why this shape cannot run before any graph is built ("" when it may).
+  std::string precheck(bool backward, ElemType type, int S, int HS) const;
+  // The status of a call whose plan is null: the handle's failure, or NOT_SUPPORTED.
+  cudnnStatus_t refused(bool backward, ElemType type, int S, int HS) const;
+
+  cudnnHandle_t handle_ = nullptr;
+  cudnnStatus_t status_ = CUDNN_STATUS_NOT_INITIALIZED;
+  size_t version_ = 0;  // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0
+  int cc_major_ = 0, cc_minor_ = 0;  // compute capability of the construction-time device
+  std::string cc_error_;             // why the compute capability is unknown ("" when known)
+  std::map<Key, std::unique_ptr<Plan>> plans_;  // null entry: cuDNN refused this shape
+  std::map<Key, std::string> refusals_;         // why, for supports()
+};
+
+}  // namespace strata::kernels::cuda
