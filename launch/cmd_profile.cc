@@ -200,7 +200,7 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
                      "1 for strata profile (it times one unsharded rank)");
   }
   const int threads = resolve_cpu_threads(cfg.train.threads, 1);
-  std::unique_ptr<Backend> backend = make_backend(cfg.device, threads);
+  std::unique_ptr<Backend> backend = make_backend(cfg.device, threads, cfg.train.attention_backend);
   const GptDims dims = gpt_dims(cfg.model);
   std::vector<int> sizes = micro_batch_sizes;
   if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);

@@ -72,7 +72,7 @@ const std::vector<Section>& schema() {
         "sequence_parallel", "distributed_optimizer", "bucket_mb"}},
       {"train",
        {"micro_batch_size", "global_batch_size", "iterations", "seed", "recompute", "precision",
-        "threads", "eval_interval", "eval_iters", "skip_nonfinite"}},
+        "attention_backend", "threads", "eval_interval", "eval_iters", "skip_nonfinite"}},
       {"optimizer",
        {"name", "lr", "min_lr", "warmup_iters", "decay", "decay_iters", "weight_decay", "beta1",
         "beta2", "eps", "grad_clip"}},
@@ -361,6 +361,7 @@ json to_json(const Config& c) {
                 {"seed", t.seed},
                 {"recompute", t.recompute},
                 {"precision", t.precision},
+                {"attention_backend", t.attention_backend},
                 {"threads", nullable(t.threads)},
                 {"eval_interval", t.eval_interval},
                 {"eval_iters", t.eval_iters},
@@ -596,6 +597,7 @@ Config read_config(const Reader& r) {
   t.seed = r.seed("train.seed");
   t.recompute = r.one_of("train.recompute", {"none", "selective", "full"});
   t.precision = r.one_of("train.precision", {"fp32", "bf16"});
+  t.attention_backend = r.one_of("train.attention_backend", {"auto", "strata", "cudnn"});
   t.threads = r.optional_integer("train.threads", 1);
   t.eval_interval = r.integer("train.eval_interval", 0);
   t.eval_iters = r.integer("train.eval_iters", 1);
@@ -702,6 +704,30 @@ void check_consistency(const Config& c, const Reader& r) {
     r.fail_latest({"model.num_layers", "parallel.pipeline", "parallel.virtual_stages"},
                   "num_layers " + to_string(m.num_layers) + " is fewer than the " + chunks_text +
                       " model chunks (each chunk needs at least one layer)");
+  }
+
+  // cuDNN's fused attention serves bf16 operands on a GPU, head sizes multiple of 8 up to 128;
+  // asking for it where it cannot run is an error, not a silent fallback.
+  if (t.attention_backend == "cudnn") {
+    if (c.device != "cuda") {
+      r.fail_latest({"train.attention_backend", "device"},
+                    "attention_backend \"cudnn\" runs on the GPU: expected device \"cuda\", "
+                    "got \"" +
+                        c.device + "\"");
+    }
+    if (t.precision != "bf16") {
+      r.fail_latest({"train.attention_backend", "train.precision"},
+                    "attention_backend \"cudnn\" is bf16 only (cuDNN's fused attention has no "
+                    "fp32 kernels): expected precision \"bf16\", got \"" +
+                        t.precision + "\"");
+    }
+    const int head_size = m.num_heads > 0 ? m.hidden_size / m.num_heads : 0;
+    if (head_size % 8 != 0 || head_size > 128) {
+      r.fail_latest({"train.attention_backend", "model.hidden_size", "model.num_heads"},
+                    "attention_backend \"cudnn\" needs a head size that is a multiple of 8 up "
+                    "to 128, got hidden_size / num_heads = head size " +
+                        to_string(head_size));
+    }
   }
 
   if (t.global_batch_size % t.micro_batch_size != 0) {

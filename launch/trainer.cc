@@ -573,7 +573,8 @@ std::vector<int> layers_per_piece(const Config& cfg) {
 
 TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Run run(cfg, ctx);
-  std::unique_ptr<Backend> backend = make_backend(cfg.device, run.threads);
+  std::unique_ptr<Backend> backend =
+      make_backend(cfg.device, run.threads, cfg.train.attention_backend);
   Backend& be = *backend;
   run.check_fits_in_memory(be.device_memory_bytes());
   ProcessGroups groups = run.groups(be);

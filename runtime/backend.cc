@@ -8,7 +8,7 @@ namespace strata {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend_cpu.cc
 #ifdef STRATA_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int device);  // cuda/backend_cuda.cu
+std::unique_ptr<Backend> make_cuda_backend(int device, bool cudnn_attention);  // backend_cuda.cu
 #endif
 
 std::string compiled_backends() {
@@ -21,10 +21,18 @@ std::string compiled_backends() {
 
 // "auto" stays on the CPU until the CUDA backend has been verified on a GPU (issue 7): a run
 // asks for the GPU explicitly with device "cuda".
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
-  if (device == "cpu" || device == "auto") return make_cpu_backend(threads);
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
+                                      const std::string& attention_backend) {
+  const bool cudnn_attention = attention_backend == "cudnn";
+  if (device == "cpu" || device == "auto") {
+    if (cudnn_attention) {
+      throw InputError("<config>", "train.attention_backend",
+                       "\"auto\" or \"strata\" on the CPU: \"cudnn\" needs device \"cuda\"");
+    }
+    return make_cpu_backend(threads);
+  }
 #ifdef STRATA_HAVE_CUDA
-  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index());
+  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index(), cudnn_attention);
   throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
 #else
   throw InputError("<config>", "device",

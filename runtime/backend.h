@@ -178,9 +178,12 @@ class MixedPrecisionScope {
   std::vector<std::pair<Tensor*, Tensor*>> write_back_;  // (bf16 destination, f32 temporary)
 };
 
-// The one factory. device: "auto" (CUDA when a device is present and compiled in, else CPU),
-// "cpu" or "cuda". threads: CPU worker threads (already resolved, ≥ 1).
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads);
+// The one factory. device: "auto" (the CPU until the CUDA backend is verified on a GPU, issue
+// 7), "cpu" or "cuda". threads: CPU worker threads (already resolved, ≥ 1). attention_backend
+// (train.attention_backend): "auto" or "strata" run Strata's own attention kernels; "cudnn"
+// runs the bf16 attention of the CUDA backend on cuDNN's fused attention (an error on the CPU).
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
+                                      const std::string& attention_backend = "auto");
 
 // CPU threads per rank: train.threads if set, else OMP_NUM_THREADS, else the cores divided by
 // the ranks on this node (at least 1), so several ranks on one machine never oversubscribe it.

@@ -49,6 +49,10 @@ struct TrainConfig {
   uint64_t seed = 1234;
   std::string recompute = "none";  // none | selective | full
   std::string precision = "fp32";  // fp32 | bf16
+  // Which causal-attention kernels run: auto | strata | cudnn. "strata": Strata's own (the CPU
+  // reference, the flash-style CUDA kernels); "cudnn": cuDNN's fused flash attention for the
+  // bf16 attention of a CUDA run; "auto": strata until the cuDNN path is verified on a GPU.
+  std::string attention_backend = "auto";
   std::optional<int> threads;
   int eval_interval = 50;  // 0: never
   int eval_iters = 10;

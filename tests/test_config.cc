@@ -92,10 +92,20 @@ class TempDir {
 
 // ---- defaults and layering ----
 
+// Keys added after DESIGN.md's example, with their defaults (docs/config.md): a config written
+// against the design alone resolves to them.
+const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"}})";
+
+json design_defaults_with_additions() {
+  json j = json::parse(kDesignDefaults);
+  j.merge_patch(json::parse(kAddedDefaults));
+  return j;
+}
+
 TEST(ConfigDefaults, EqualDesign) {
   const Config c = load_config("", {});
   EXPECT_EQ(c.source_file, "<defaults>");
-  EXPECT_EQ(c.resolved, json::parse(kDesignDefaults)) << c.resolved.dump(2);
+  EXPECT_EQ(c.resolved, design_defaults_with_additions()) << c.resolved.dump(2);
   EXPECT_EQ(c.model.preset, "gpt2-124m");
   EXPECT_EQ(c.model.num_layers, 12);
   EXPECT_EQ(c.model.ffn_hidden_size, 3072);
@@ -116,12 +126,12 @@ TEST(ConfigDefaults, EqualDesign) {
 TEST(ConfigDefaults, DesignExampleIsAValidConfigFile) {
   const json design = json::parse(kDesignDefaults);
   const Config c = config_from_json(design, kFile);
-  EXPECT_EQ(c.resolved, design);
+  EXPECT_EQ(c.resolved, design_defaults_with_additions());
   EXPECT_EQ(c.source_file, kFile);
 }
 
 TEST(ConfigDefaults, EmptyObjectAndMissingSections) {
-  EXPECT_EQ(config_from_json(json::object(), kFile).resolved, json::parse(kDesignDefaults));
+  EXPECT_EQ(config_from_json(json::object(), kFile).resolved, design_defaults_with_additions());
   const Config c = config_from_json(json::parse(R"({"train": {"iterations": 7}})"), kFile);
   EXPECT_EQ(c.train.iterations, 7);
   EXPECT_EQ(c.train.micro_batch_size, 4);
@@ -492,6 +502,38 @@ TEST(ConfigConsistency, Bf16OnEveryDeviceOtherPrecisionsRefused) {
   const InputError e = config_error(json::parse(R"({"train": {"precision": "fp16"}})"));
   EXPECT_EQ(e.where(), "train.precision") << e.what();
   EXPECT_TRUE(contains(e.expected(), "bf16")) << e.what();
+}
+
+// cuDNN's fused attention is asked for only where it can run: a GPU, bf16, a head size that is a
+// multiple of 8 up to 128. Anywhere else the config names the key instead of falling back.
+TEST(ConfigConsistency, CudnnAttentionOnlyWhereCudnnServes) {
+  const std::string gpu_bf16 =
+      R"("device": "cuda", "train": {"precision": "bf16", "attention_backend": "cudnn"})";
+  const Config c = config_from_json(json::parse("{" + gpu_bf16 + "}"), kFile);
+  EXPECT_EQ(c.train.attention_backend, "cudnn");
+  EXPECT_EQ(Config{}.train.attention_backend, "auto");
+  for (const char* v : {"auto", "strata"}) {
+    EXPECT_NO_THROW(config_from_json(
+        json::parse(std::string(R"({"train": {"attention_backend": ")") + v + "\"}}"), kFile));
+  }
+
+  InputError e = config_error(json::parse(R"({"train": {"attention_backend": "flash2"}})"));
+  EXPECT_EQ(e.where(), "train.attention_backend") << e.what();
+  EXPECT_TRUE(contains(e.expected(), "cudnn")) << e.what();
+
+  e = config_error(json::parse(
+      R"({"device": "cpu", "train": {"precision": "bf16", "attention_backend": "cudnn"}})"));
+  EXPECT_TRUE(contains(e.expected(), "expected device \"cuda\"")) << e.what();
+  e = config_error(json::parse(
+      R"({"device": "cuda", "train": {"precision": "fp32", "attention_backend": "cudnn"}})"));
+  EXPECT_TRUE(contains(e.expected(), "bf16 only")) << e.what();
+  // Head sizes 600 / 8 = 75 (not a multiple of 8) and 2048 / 8 = 256 (over 128).
+  e = config_error(json::parse("{" + gpu_bf16 +
+                               R"(, "model": {"hidden_size": 600, "num_heads": 8}})"));
+  EXPECT_TRUE(contains(e.expected(), "head size 75")) << e.what();
+  e = config_error(json::parse("{" + gpu_bf16 +
+                               R"(, "model": {"hidden_size": 2048, "num_heads": 8}})"));
+  EXPECT_TRUE(contains(e.expected(), "head size 256")) << e.what();
 }
 
 TEST(ConfigConsistency, CheckpointIntervalNeedsDir) {

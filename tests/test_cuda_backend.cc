@@ -8,6 +8,7 @@
 // thousand terms and still catches any wrong term.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -20,6 +21,7 @@
 #include "launch/trainer.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"
+#include "runtime/error.h"
 #include "runtime/rng.h"
 #include "tests/backend_test_util.h"
 
@@ -153,6 +155,87 @@ TEST_F(CudaBackend, TrainingMatchesTheCpuRun) {
   const TrainResult cpu = run("cpu"), gpu = run("cuda");
   for (size_t i = 0; i < cpu.losses.size(); ++i)
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-4 * cpu.losses[i]) << "iteration " << i;
+}
+
+// train.attention_backend "cudnn": bf16 attention on cuDNN's fused flash attention gives what
+// Strata's own flash kernels give — the output, the saved log-sum-exp (the same quantity, so a
+// forward of one and a backward of the other agree) and the gradient, which the backend adds to
+// dqkv as the interface says, although cuDNN itself overwrites. bf16 tolerances: 2e-2 of the
+// largest magnitude for out and dqkv (both sides round their results to bf16 once, from f32
+// sums in different orders), 1e-3 for the f32 log-sum-exp.
+TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
+  std::unique_ptr<Backend> bes[2] = {make_backend("cuda", 1, "strata"),
+                                     make_backend("cuda", 1, "cudnn")};
+  const DType bf = DType::kBF16;
+  const MemCategory a = MemCategory::kActivations;
+  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 77, 4, 64}, {1, 256, 2, 128},
+                                    {3, 1, 2, 32}, {2, 130, 3, 16}}) {
+    SCOPED_TRACE("B " + std::to_string(B) + " S " + std::to_string(S) + " NH " +
+                 std::to_string(NH) + " HS " + std::to_string(HS));
+    const int C = NH * HS;
+    const auto qkv = random(B * S * 3 * C, 21), g = random(B * S * C, 22);
+    const auto init = random(B * S * 3 * C, 23, 0.5f);  // dqkv before: the gradient adds to it
+    std::vector<float> out[2], lse[2], dqkv[2], cross;
+    for (int k = 0; k < 2; ++k) {
+      Backend& be = *bes[k];
+      Tensor Q = put(be, {B, S, 3 * C}, qkv, bf), G = put(be, {B, S, C}, g, bf);
+      Tensor O = be.empty({B, S, C}, a, bf);
+      Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a);
+      Tensor dQ = put(be, {B, S, 3 * C}, init, bf);
+      be.attention_forward(O, Att, Q, NH);
+      be.attention_backward(dQ, G, Q, O, Att, NH);
+      out[k] = get(be, O);
+      lse[k] = get(be, Att);
+      dqkv[k] = get(be, dQ);
+      if (k == 1) {  // cuDNN's forward state into Strata's backward
+        Tensor dQs = put(*bes[0], {B, S, 3 * C}, init, bf);
+        Tensor Qs = put(*bes[0], {B, S, 3 * C}, qkv, bf), Gs = put(*bes[0], {B, S, C}, g, bf);
+        Tensor Os = put(*bes[0], {B, S, C}, out[1], bf);
+        Tensor Atts = put(*bes[0], bes[0]->attention_saved_shape(B, NH, S), lse[1]);
+        bes[0]->attention_backward(dQs, Gs, Qs, Os, Atts, NH);
+        cross = get(*bes[0], dQs);
+      }
+    }
+    expect_close("out", out[1], out[0], 2e-2);
+    expect_close("log-sum-exp", lse[1], lse[0], 1e-3);
+    expect_close("dqkv", dqkv[1], dqkv[0], 2e-2);
+    expect_close("dqkv, cuDNN forward then Strata backward", cross, dqkv[0], 2e-2);
+  }
+  EXPECT_NE(bes[1]->name().find("cuDNN"), std::string::npos) << bes[1]->name();
+}
+
+// Without a GPU, asking the factory for cuDNN attention names the key instead of running the
+// CPU's attention under another name.
+TEST(BackendFactory, CudnnAttentionNeedsTheCudaDevice) {
+  for (const char* device : {"cpu", "auto"}) {
+    try {
+      make_backend(device, 1, "cudnn");
+      ADD_FAILURE() << device << ": expected an InputError";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.where(), "train.attention_backend") << e.what();
+    }
+  }
+  EXPECT_EQ(make_backend("cpu", 1, "strata")->device(), Device::kCPU);
+}
+
+// A bf16 training run with its attention on cuDNN follows the run on Strata's kernels: the
+// same model and data, attention summed in another order, so losses within 2e-2 relative.
+TEST_F(CudaBackend, TrainingWithCudnnAttentionMatchesStrataAttention) {
+  auto run = [](const char* attention) {
+    RunContext ctx;
+    ctx.verbose = false;
+    return run_training(
+        load_config("", {"model.preset=tiny", "train.iterations=20", "train.micro_batch_size=4",
+                         "train.global_batch_size=8", "train.eval_interval=0",
+                         "train.precision=bf16", "device=cuda",
+                         std::string("train.attention_backend=") + attention}),
+        ctx);
+  };
+  const TrainResult strata = run("strata"), cudnn = run("cudnn");
+  ASSERT_EQ(cudnn.losses.size(), strata.losses.size());
+  for (size_t i = 0; i < strata.losses.size(); ++i)
+    EXPECT_NEAR(cudnn.losses[i], strata.losses[i], 2e-2 * strata.losses[i]) << "iteration " << i;
+  EXPECT_LT(cudnn.losses.back(), cudnn.losses.front());
 }
 
 // The planner's memory prediction holds on the GPU too: the caching allocator's measured peak

@@ -9,7 +9,10 @@
 //   operands, f32 accumulation for bf16 ones), the bias fused in the epilogue and dbias taken by
 //   the BGRADB epilogue where cuBLASLt offers them, else a separate bias / column-sum kernel.
 // - Attention: the fused flash-style kernels of kernels/cuda/flash_attention.h; `saved` holds
-//   the (B, NH, S) log-sum-exp rows instead of the CPU's (B, NH, S, S) probabilities.
+//   the (B, NH, S) log-sum-exp rows instead of the CPU's (B, NH, S, S) probabilities. With
+//   train.attention_backend "cudnn", bf16 attention runs on cuDNN's fused flash attention
+//   (kernels/cuda/cudnn_attention.h; same layouts and the same log-sum-exp, so `saved` is the
+//   same); a shape cuDNN refuses is an error naming why, never a silent switch of kernels.
 // - Everything else: the kernels of kernels/cuda/ops.h and optim.h.
 // Native bf16: every kernel reads and writes f32 or bf16 itself (computing in f32) for the type
 // layout the models use — activations and their gradients of one type, weights of one type,
@@ -40,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/ops.h"
@@ -58,6 +62,15 @@
                           cublasLtGetStatusName(strata_cublas_rc_) + ": " + \
                           cublasLtGetStatusString(strata_cublas_rc_),       \
                       __FILE__, __LINE__);                                  \
+  } while (0)
+
+#define CUDNN_CHECK(expr)                                                                        \
+  do {                                                                                           \
+    const cudnnStatus_t strata_cudnn_rc_ = (expr);                                               \
+    if (strata_cudnn_rc_ != CUDNN_STATUS_SUCCESS)                                                \
+      ::strata::fatal(                                                                           \
+          std::string("cuDNN call failed: " #expr ": ") + cudnnGetErrorString(strata_cudnn_rc_), \
+          __FILE__, __LINE__);                                                                   \
   } while (0)
 
 namespace strata {
@@ -166,7 +179,7 @@ class StreamStaging final : public DeviceStaging {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, bool cudnn_attention) : device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&dsum_, sizeof(double)));
@@ -174,9 +187,18 @@ class CudaBackend final : public Backend {
                        MemCategory::kBuffers);
     gemm_ = std::make_unique<kc::GemmLt>(workspace_.data(), workspace_.bytes());
     CUBLAS_CHECK(gemm_->status());
+    if (cudnn_attention) {
+      cudnn_ = std::make_unique<kc::CudnnAttention>();
+      if (cudnn_->status() != CUDNN_STATUS_SUCCESS) {
+        throw std::runtime_error(std::string("train.attention_backend \"cudnn\": cudnnCreate "
+                                             "failed: ") +
+                                 cudnnGetErrorString(cudnn_->status()));
+      }
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);  // nothing in flight may outlive its buffers
+    cudnn_.reset();
     gemm_.reset();
     workspace_ = Tensor();
     cudaFree(dsum_);
@@ -187,7 +209,8 @@ class CudaBackend final : public Backend {
   std::string name() const override {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
-    return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16)";
+    return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16" +
+           (cudnn_ ? ", bf16 attention on cuDNN" : "") + ")";
   }
   Allocator& allocator() override { return alloc_; }
   // Published dense peaks of the data-centre GPUs we plan for (the same figures as
@@ -414,6 +437,12 @@ class CudaBackend final : public Backend {
     const AttentionShape a = attention_shape(qkv, NH);
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
+    if (use_cudnn(qkv, a)) {
+      Tensor ws = workspace(cudnn_->forward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.HS));
+      CUDNN_CHECK(cudnn_->forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S, a.NH,
+                                  a.HS, ws.data(), stream_));
+      return;
+    }
     CUDA_CHECK(kc::flash_attention_forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S,
                                            a.NH, a.HS, stream_));
   }
@@ -429,6 +458,17 @@ class CudaBackend final : public Backend {
     expect_numel(dout, a.B * a.S * a.NH * a.HS, "attention dout");
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
+    if (use_cudnn(qkv, a)) {
+      // cuDNN overwrites its gradient: it goes to a temporary, added to dqkv (the interface
+      // accumulates).
+      Tensor grad = empty(qkv.shape(), MemCategory::kBuffers, qkv.dtype());
+      Tensor ws = workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.HS));
+      CUDNN_CHECK(cudnn_->backward(grad.data(), dout.data(), qkv.data(), out.data(), saved.f32(),
+                                   et(qkv), a.B, a.S, a.NH, a.HS, ws.data(), stream_));
+      CUDA_CHECK(
+          kc::add_inplace(dqkv.data(), et(dqkv), grad.data(), et(grad), grad.numel(), stream_));
+      return;
+    }
     const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.HS);
     Tensor scratch = empty({static_cast<int64_t>(bytes / sizeof(float))}, MemCategory::kBuffers);
     CUDA_CHECK(kc::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
@@ -652,6 +692,27 @@ class CudaBackend final : public Backend {
   struct AttentionShape {
     int B, S, NH, HS;
   };
+  // Whether this attention runs on cuDNN: asked for (train.attention_backend "cudnn") and bf16.
+  // A bf16 shape cuDNN refuses is an error: the config check ruled out what Strata knows cuDNN
+  // cannot run, so what is left (an old cuDNN, an old GPU, no engine) must be seen, not hidden.
+  bool use_cudnn(const Tensor& qkv, const AttentionShape& a) {
+    if (!cudnn_ || qkv.dtype() != DType::kBF16) return false;
+    std::string why;
+    if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.HS, &why) != CUDNN_STATUS_SUCCESS) {
+      throw std::runtime_error(
+          "train.attention_backend \"cudnn\": cuDNN " + std::to_string(cudnnGetVersion()) +
+          " cannot run causal attention " + "B=" + std::to_string(a.B) +
+          " S=" + std::to_string(a.S) + " heads=" + std::to_string(a.NH) +
+          " head size=" + std::to_string(a.HS) + " in bf16 (" + why + "); use \"strata\"");
+    }
+    return true;
+  }
+  // A device workspace of `bytes` (at least one element, so data() is never null).
+  Tensor workspace(size_t bytes) {
+    return empty({std::max<int64_t>(1, static_cast<int64_t>((bytes + 3) / 4))},
+                 MemCategory::kBuffers);
+  }
+
   // qkv (B, S, 3·NH·HS) with a head size the fused kernels handle.
   static AttentionShape attention_shape(const Tensor& qkv, int NH) {
     STRATA_CHECK(qkv.dim() == 3,
@@ -691,15 +752,16 @@ class CudaBackend final : public Backend {
   CudaAllocator alloc_;
   std::shared_ptr<StreamStaging> staging_;
   cudaStream_t stream_ = nullptr;
-  double* dsum_ = nullptr;            // sum / sum_squares result
-  Tensor workspace_;                  // cuBLASLt workspace (kBuffers)
-  std::unique_ptr<kc::GemmLt> gemm_;  // uses workspace_ and stream_
+  double* dsum_ = nullptr;                     // sum / sum_squares result
+  Tensor workspace_;                           // cuBLASLt workspace (kBuffers)
+  std::unique_ptr<kc::GemmLt> gemm_;           // uses workspace_ and stream_
+  std::unique_ptr<kc::CudnnAttention> cudnn_;  // train.attention_backend "cudnn", else null
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<CudaBackend>(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, bool cudnn_attention) {
+  return std::make_unique<CudaBackend>(device, cudnn_attention);
 }
 
 }  // namespace strata
