@@ -36,6 +36,7 @@
 #include "runtime/comm.h"
 #include "runtime/rng.h"
 #include "tests/backend_test_util.h"
+#include "tests/cuda/device_buffers.h"
 
 namespace strata {
 namespace {
@@ -43,73 +44,11 @@ namespace {
 namespace kcpu = kernels::cpu;
 namespace kc = kernels::cuda;
 using namespace backend_test;
+using namespace device_test;
 
 constexpr double kTolF32 = 1e-4;
 constexpr double kTolF32FromBf16 = 1e-3;
 constexpr double kTolBf16 = 1e-2;
-
-// ---- host data ----------------------------------------------------------------------------
-
-// The values as the device will hold them in type t.
-std::vector<float> rounded(std::vector<float> v, bool bf16) {
-  if (bf16)
-    for (float& x : v) x = kcpu::bf16_to_f32(kcpu::f32_to_bf16(x));
-  return v;
-}
-
-// ---- raw device buffers (for the kernels/cuda functions) -------------------------------------
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  float* f32() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-// A device array of f32 or bf16 values; host() is what the device holds, widened to float.
-class DeviceArray {
- public:
-  DeviceArray(const std::vector<float>& values, kc::ElemType type)
-      : type_(type), n_(values.size()), buf_(values.size() * kc::elem_size(type)) {
-    set(values);
-  }
-  void set(const std::vector<float>& values) {
-    if (type_ == kc::ElemType::kBF16) {
-      const std::vector<uint16_t> bits = to_bf16_bits(values);
-      EXPECT_EQ(cudaMemcpy(buf_.get(), bits.data(), n_ * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    } else {
-      EXPECT_EQ(cudaMemcpy(buf_.get(), values.data(), n_ * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  std::vector<float> host() const {
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> v(n_);
-    if (type_ == kc::ElemType::kBF16) {
-      std::vector<uint16_t> bits(n_);
-      EXPECT_EQ(cudaMemcpy(bits.data(), buf_.get(), n_ * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      for (size_t i = 0; i < n_; ++i) v[i] = kcpu::bf16_to_f32(bits[i]);
-    } else {
-      EXPECT_EQ(cudaMemcpy(v.data(), buf_.get(), n_ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return v;
-  }
-  void* get() const { return buf_.get(); }
-  float* f32() const { return buf_.f32(); }
-  kc::ElemType type() const { return type_; }
-
- private:
-  kc::ElemType type_;
-  size_t n_;
-  DeviceBuffer buf_;
-};
 
 bool is_bf16(kc::ElemType t) {
   return t == kc::ElemType::kBF16;

@@ -27,6 +27,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -34,6 +35,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "runtime/comm.h"
 #include "tests/backend_test_util.h"
+#include "tests/cuda/device_buffers.h"
 
 namespace strata {
 namespace {
@@ -41,54 +43,23 @@ namespace {
 namespace kcpu = kernels::cpu;
 namespace kc = kernels::cuda;
 using namespace backend_test;
+using namespace device_test;
 
 constexpr double kTolBf16 = 2e-2;
 constexpr double kTolLse = 1e-3;
 
-// ---- device buffers ----------------------------------------------------------------------
-// (tests/cuda/test_cuda_kernels.cc keeps a similar pair; these add only what this file needs.)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  float* f32() const { return static_cast<float*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
-
-// The values as bf16 holds them.
+// bf16 values as the device holds them; the f32 log-sum-exp and the bf16 buffers read back.
 std::vector<float> rounded(std::vector<float> v) {
-  for (float& x : v) x = kcpu::bf16_to_f32(kcpu::f32_to_bf16(x));
-  return v;
+  return device_test::rounded(std::move(v), true);
 }
-
 void upload_bf16(const DeviceBuffer& dst, const std::vector<float>& v) {
-  const std::vector<uint16_t> bits = to_bf16_bits(v);
-  ASSERT_EQ(bits.size() * 2, dst.bytes());
-  ASSERT_EQ(cudaMemcpy(dst.get(), bits.data(), dst.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  upload(dst, v, kc::ElemType::kBF16);
 }
 std::vector<float> download_bf16(const DeviceBuffer& src) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint16_t> bits(src.bytes() / 2);
-  EXPECT_EQ(cudaMemcpy(bits.data(), src.get(), src.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  std::vector<float> v(bits.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = kcpu::bf16_to_f32(bits[i]);
-  return v;
+  return download(src, kc::ElemType::kBF16);
 }
 std::vector<float> download_f32(const DeviceBuffer& src) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> v(src.bytes() / 4);
-  EXPECT_EQ(cudaMemcpy(v.data(), src.get(), src.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
+  return download(src, kc::ElemType::kF32);
 }
 
 // ---- shapes and references ---------------------------------------------------------------
