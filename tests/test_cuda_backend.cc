@@ -157,6 +157,16 @@ TEST_F(CudaBackend, TrainingMatchesTheCpuRun) {
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-4 * cpu.losses[i]) << "iteration " << i;
 }
 
+// Runs `body`; a cuDNN that refuses the shape (an old version, an old GPU: the backend's error
+// names why) skips the test with that reason — the kernel tests say which shapes it runs.
+#define SKIP_IF_CUDNN_REFUSES(body)                                                            \
+  try {                                                                                        \
+    body;                                                                                      \
+  } catch (const std::runtime_error& e) {                                                      \
+    if (std::string(e.what()).find("cannot run causal attention") == std::string::npos) throw; \
+    GTEST_SKIP() << e.what();                                                                  \
+  }
+
 // train.attention_backend "cudnn": bf16 attention on cuDNN's fused flash attention gives what
 // Strata's own flash kernels give — the output, the saved log-sum-exp (the same quantity, so a
 // forward of one and a backward of the other agree) and the gradient, which the backend adds to
@@ -182,7 +192,7 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
       Tensor O = be.empty({B, S, C}, a, bf);
       Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a);
       Tensor dQ = put(be, {B, S, 3 * C}, init, bf);
-      be.attention_forward(O, Att, Q, NH);
+      SKIP_IF_CUDNN_REFUSES(be.attention_forward(O, Att, Q, NH));
       be.attention_backward(dQ, G, Q, O, Att, NH);
       out[k] = get(be, O);
       lse[k] = get(be, Att);
@@ -231,7 +241,9 @@ TEST_F(CudaBackend, TrainingWithCudnnAttentionMatchesStrataAttention) {
                          std::string("train.attention_backend=") + attention}),
         ctx);
   };
-  const TrainResult strata = run("strata"), cudnn = run("cudnn");
+  const TrainResult strata = run("strata");
+  TrainResult cudnn;
+  SKIP_IF_CUDNN_REFUSES(cudnn = run("cudnn"));
   ASSERT_EQ(cudnn.losses.size(), strata.losses.size());
   for (size_t i = 0; i < strata.losses.size(); ++i)
     EXPECT_NEAR(cudnn.losses[i], strata.losses[i], 2e-2 * strata.losses[i]) << "iteration " << i;
