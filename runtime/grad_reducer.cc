@@ -47,7 +47,7 @@ GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
   if (!shard_) {
     opt_segments_ = dense_segments(params_);
     for (const ParamSpan& p : params_)
-      if (p.counted) norm_segments_.push_back({p.offset, p.numel});
+      if (p.counted) add_norm_segment(p.offset, p.numel);
     return;
   }
   // ZeRO-1: this rank owns chunk `rank` of every bucket; intersect the chunks with the
@@ -67,11 +67,24 @@ GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
       if (a >= e) continue;
       const int64_t at = compact + (a - lo);
       opt_segments_.push_back({a, at, e - a, p.decay});
-      if (p.counted) norm_segments_.push_back({at, e - a});
+      if (p.counted) add_norm_segment(at, e - a);
     }
     compact += hi - lo;
   }
   shard_grads_ = be_.zeros({compact}, MemCategory::kGradients);
+}
+
+// Adjacent counted ranges become one: the norm is then a few reductions (one per run of
+// counted parameters), not one per parameter — each is a device round trip on a GPU.
+void GradReducer::add_norm_segment(int64_t offset, int64_t numel) {
+  if (!norm_segments_.empty()) {
+    NormSegment& last = norm_segments_.back();
+    if (last.offset + last.numel == offset) {
+      last.numel += numel;
+      return;
+    }
+  }
+  norm_segments_.push_back({offset, numel});
 }
 
 double GradReducer::since_begin_s() const { return now_s() - begin_; }

@@ -91,7 +91,8 @@ class GradReducer {
   struct NormSegment {
     int64_t offset, numel;  // in optimizer_grads()
   };
-  std::vector<NormSegment> norm_segments_;
+  void add_norm_segment(int64_t offset, int64_t numel);
+  std::vector<NormSegment> norm_segments_;  // maximal runs of counted parameters
   std::vector<double> start_s_;
   double begin_ = 0;
 };
