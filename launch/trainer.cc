@@ -157,9 +157,7 @@ struct Run {
   }
 
   // Where the run's tensors live: the device make_backend() picks for cfg.device.
-  Device tensor_device() const {
-    return cfg.device == "cuda" ? Device::kCUDA : Device::kCPU;
-  }
+  Device tensor_device() const { return backend_device(cfg.device); }
   // How tensors on `d` travel between ranks (NCCL, MPI, or MPI staged through host memory).
   Transport transport(Device d) const {
     return choose_transport(d, w.size, w.local_size, cuda_device_count(),
@@ -303,7 +301,8 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
      << run.data << " = " << run.w.size << " ranks"
      << (cfg.parallel.sequence_parallel ? ", sequence parallel" : "")
      << (cfg.parallel.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
-  if (run.w.size > 1) os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
+  if (run.w.size > 1)
+    os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
   os << "batch: global " << run.global << " sequences = " << run.accumulation
      << " micro-batches of " << run.micro << " × data " << run.data << " ("
      << static_cast<int64_t>(run.global) * run.seq_len << " tokens per iteration)\n";

@@ -21,10 +21,14 @@ std::string compiled_backends() {
 
 // "auto" stays on the CPU until the CUDA backend has been verified on a GPU (issue 7): a run
 // asks for the GPU explicitly with device "cuda".
+Device backend_device(const std::string& device) {
+  return device == "cpu" || device == "auto" ? Device::kCPU : Device::kCUDA;
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
                                       const std::string& attention_backend) {
   const bool cudnn_attention = attention_backend == "cudnn";
-  if (device == "cpu" || device == "auto") {
+  if (backend_device(device) == Device::kCPU) {
     if (cudnn_attention) {
       throw InputError("<config>", "train.attention_backend",
                        "\"auto\" or \"strata\" on the CPU: \"cudnn\" needs device \"cuda\"");

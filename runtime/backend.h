@@ -185,6 +185,10 @@ class MixedPrecisionScope {
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
                                       const std::string& attention_backend = "auto");
 
+// Where make_backend(device, ...) puts tensors, without touching a device: kCUDA for "cuda",
+// kCPU for "cpu" and (for now) "auto".
+Device backend_device(const std::string& device);
+
 // CPU threads per rank: train.threads if set, else OMP_NUM_THREADS, else the cores divided by
 // the ranks on this node (at least 1), so several ranks on one machine never oversubscribe it.
 int resolve_cpu_threads(const std::optional<int>& configured, int ranks_on_node);

@@ -351,6 +351,18 @@ cudnnBackendDescriptor_t causal(GraphBuilder& g, const Layout& l, Style style,
   return y;
 }
 
+// S1 = (Q·Kᵀ) · scale, the scaled scores both directions start from.
+cudnnBackendDescriptor_t scaled_scores(GraphBuilder& g, const Layout& l, cudnnBackendDescriptor_t q,
+                                       cudnnBackendDescriptor_t kt,
+                                       cudnnBackendDescriptor_t scale) {
+  const Dims sd = l.score_dims(), ss = l.score_strides();
+  cudnnBackendDescriptor_t s0 = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.matmul(q, kt, s0);
+  cudnnBackendDescriptor_t s1 = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1);
+  return s1;
+}
+
 void build_forward(GraphBuilder& g, const Layout& l, Style style) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, bf16 = CUDNN_DATA_BFLOAT16;
   const Dims sd = l.score_dims(), ss = l.score_strides();
@@ -363,11 +375,7 @@ void build_forward(GraphBuilder& g, const Layout& l, Style style) {
   cudnnBackendDescriptor_t scale = g.scalar(uid::kScale);
   cudnnBackendDescriptor_t mask_value = g.scalar(uid::kMaskValue);
 
-  cudnnBackendDescriptor_t s0 = g.virt(f32, sd, ss);
-  g.matmul(q, kt, s0);
-  cudnnBackendDescriptor_t s1 = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, s0, scale, nullptr, s1);
-  cudnnBackendDescriptor_t s2 = causal(g, l, style, s1, mask_value);
+  cudnnBackendDescriptor_t s2 = causal(g, l, style, scaled_scores(g, l, q, kt, scale), mask_value);
   cudnnBackendDescriptor_t m = g.virt(f32, rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
   cudnnBackendDescriptor_t centered = g.virt(f32, sd, ss);
@@ -416,10 +424,7 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   g.pointwise(CUDNN_POINTWISE_MUL, f32, sums, one, nullptr, dsum);
 
   // P = exp(causal(Q·Kᵀ · scale) − lse).
-  cudnnBackendDescriptor_t s0 = g.virt(f32, sd, ss);
-  g.matmul(q, kt, s0);
-  cudnnBackendDescriptor_t s1 = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, s0, scale, nullptr, s1);
+  cudnnBackendDescriptor_t s1 = scaled_scores(g, l, q, kt, scale);
   cudnnBackendDescriptor_t logits;
   if (current) {
     cudnnBackendDescriptor_t centered = g.virt(f32, sd, ss);
@@ -694,20 +699,11 @@ cudnnStatus_t CudnnAttention::supports(ElemType type, int B, int S, int NH, int 
     reason = "B, S, NH and HS must be positive (B " + std::to_string(B) + ", S " +
              std::to_string(S) + ", NH " + std::to_string(NH) + ", HS " + std::to_string(HS) + ")";
   }
-  // Argument refusals first: they need neither a device nor a handle.
-  for (bool backward : {false, true}) {
-    if (st != CUDNN_STATUS_SUCCESS) break;
-    reason = precheck(backward, type, S, HS);
-    if (!reason.empty()) st = CUDNN_STATUS_NOT_SUPPORTED;
-  }
-  if (st == CUDNN_STATUS_SUCCESS && status_ != CUDNN_STATUS_SUCCESS) {
-    st = status_;
-    reason = "cudnnCreate failed: " + std::string(cudnnGetErrorString(status_));
-  }
+  // plan() refuses by argument (precheck) before it needs the handle or a device.
   for (bool backward : {false, true}) {
     if (st != CUDNN_STATUS_SUCCESS) break;
     if (!plan(backward, type, B, S, NH, HS)) {
-      st = CUDNN_STATUS_NOT_SUPPORTED;
+      st = refused(backward, type, S, HS);
       reason = refusals_[Key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, HS}];
     }
   }

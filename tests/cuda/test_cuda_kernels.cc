@@ -36,6 +36,7 @@
 #include "runtime/comm.h"
 #include "runtime/rng.h"
 #include "tests/backend_test_util.h"
+#include "tests/cuda/attention_reference.h"
 #include "tests/cuda/device_buffers.h"
 
 namespace strata {
@@ -265,44 +266,11 @@ TEST(CudaKernels, GemmLtEpilogues) {
 
 // ==== flash attention =========================================================================
 
-struct AttentionCase {
-  int B, S, NH, HS;
-  std::string str() const {
-    return "B " + std::to_string(B) + " S " + std::to_string(S) + " NH " + std::to_string(NH) +
-           " HS " + std::to_string(HS);
-  }
-};
-
 std::vector<AttentionCase> attention_cases() {
   std::vector<AttentionCase> cases;
   for (int S : {1, 37, 130, 257})
     for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, HS});
   return cases;
-}
-
-// lse (B, NH, S) = log Σ_{j ≤ i} exp(q_i·k_j / √HS), in double straight from qkv.
-std::vector<float> reference_lse(const std::vector<float>& qkv, const AttentionCase& c) {
-  const int64_t C = static_cast<int64_t>(c.NH) * c.HS;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.HS));
-  std::vector<float> lse(static_cast<size_t>(c.B) * c.NH * c.S);
-  std::vector<double> s(c.S);
-  for (int b = 0; b < c.B; ++b)
-    for (int h = 0; h < c.NH; ++h)
-      for (int i = 0; i < c.S; ++i) {
-        const float* q = &qkv[((static_cast<size_t>(b) * c.S + i) * 3) * C + h * c.HS];
-        double mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const float* k = &qkv[((static_cast<size_t>(b) * c.S + j) * 3 + 1) * C + h * c.HS];
-          double dot = 0;
-          for (int d = 0; d < c.HS; ++d) dot += static_cast<double>(q[d]) * k[d];
-          s[j] = dot * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-        lse[(static_cast<size_t>(b) * c.NH + h) * c.S + i] = static_cast<float>(mx + std::log(sum));
-      }
-  return lse;
 }
 
 TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {

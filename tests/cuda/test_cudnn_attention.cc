@@ -35,6 +35,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "runtime/comm.h"
 #include "tests/backend_test_util.h"
+#include "tests/cuda/attention_reference.h"
 #include "tests/cuda/device_buffers.h"
 
 namespace strata {
@@ -64,52 +65,13 @@ std::vector<float> download_f32(const DeviceBuffer& src) {
 
 // ---- shapes and references ---------------------------------------------------------------
 
-struct Case {
-  int B, S, NH, HS;
-  size_t tokens() const { return static_cast<size_t>(B) * S; }
-  size_t C() const { return static_cast<size_t>(NH) * HS; }
-  size_t rows() const { return static_cast<size_t>(B) * NH * S; }
-  std::string str() const {
-    return "B " + std::to_string(B) + " S " + std::to_string(S) + " NH " + std::to_string(NH) +
-           " HS " + std::to_string(HS);
-  }
-};
-
-// gtest's name for a parameter (else it prints the struct's bytes).
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.str();
-}
+using Case = AttentionCase;
 
 std::vector<Case> cases() {
   std::vector<Case> c;
   for (int S : {1, 37, 128, 200})
     for (int HS : {32, 64, 128}) c.push_back({2, S, 3, HS});
   return c;
-}
-
-// lse (B, NH, S) = log Σ_{j ≤ i} exp(q_i·k_j / √HS), in double straight from qkv.
-std::vector<float> reference_lse(const std::vector<float>& qkv, const Case& c) {
-  const size_t C = c.C();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.HS));
-  std::vector<float> lse(c.rows());
-  std::vector<double> s(c.S);
-  for (int b = 0; b < c.B; ++b)
-    for (int h = 0; h < c.NH; ++h)
-      for (int i = 0; i < c.S; ++i) {
-        const float* q = &qkv[(static_cast<size_t>(b) * c.S + i) * 3 * C + h * c.HS];
-        double mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const float* k = &qkv[((static_cast<size_t>(b) * c.S + j) * 3 + 1) * C + h * c.HS];
-          double dot = 0;
-          for (int d = 0; d < c.HS; ++d) dot += static_cast<double>(q[d]) * k[d];
-          s[j] = dot * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-        lse[(static_cast<size_t>(b) * c.NH + h) * c.S + i] = static_cast<float>(mx + std::log(sum));
-      }
-  return lse;
 }
 
 // The CPU forward and backward (dqkv from zero) in f32.
@@ -208,14 +170,19 @@ class CudnnRunner {
   std::unique_ptr<DeviceBuffer> workspace_;
 };
 
-class CudnnAttentionShape : public ::testing::TestWithParam<Case> {};
+// Each shape's test skips without a device, and with cuDNN's reason where it refuses the shape.
+class CudnnAttentionShape : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    const std::string why = cudnn.prepare(GetParam());
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  CudnnRunner cudnn;
+};
 
 TEST_P(CudnnAttentionShape, ForwardMatchesCpuAndFlash) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
-  CudnnRunner cudnn;
-  const std::string why = cudnn.prepare(c);
-  if (!why.empty()) GTEST_SKIP() << why;
   Problem p(c, 100 + static_cast<uint64_t>(c.S) * 1000 + c.HS);
   cudnn.forward(p);
   p.flash_forward();
@@ -231,11 +198,7 @@ TEST_P(CudnnAttentionShape, ForwardMatchesCpuAndFlash) {
 }
 
 TEST_P(CudnnAttentionShape, BackwardMatchesCpuAndFlash) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
-  CudnnRunner cudnn;
-  const std::string why = cudnn.prepare(c);
-  if (!why.empty()) GTEST_SKIP() << why;
   Problem p(c, 200 + static_cast<uint64_t>(c.S) * 1000 + c.HS);
   cudnn.forward(p);
   cudnn.backward(p, p.out, p.lse);
@@ -249,11 +212,7 @@ TEST_P(CudnnAttentionShape, BackwardMatchesCpuAndFlash) {
 
 // The header's promise: cuDNN's lse is the flash kernels' lse, so the two mix op by op.
 TEST_P(CudnnAttentionShape, ForwardAndBackwardMixWithFlash) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
-  CudnnRunner cudnn;
-  const std::string why = cudnn.prepare(c);
-  if (!why.empty()) GTEST_SKIP() << why;
   Problem p(c, 300 + static_cast<uint64_t>(c.S) * 1000 + c.HS);
   const CpuAttention cpu(p.qkv, p.dout, c);
   // cuDNN forward, flash backward.
