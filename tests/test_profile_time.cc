@@ -1,15 +1,15 @@
 // The planner's time model against measured training time on this machine's CPU: a profile
 // made by `strata profile`'s own code (make_profile), read back through the planner's profile
-// loader, predicts the iteration time of three plans at world size 1 within 20% of the trainer's
-// measured step time (median over the iterations after the first). Also `strata profile`'s
-// command line: its output file loads, and bad arguments are InputErrors naming the flag.
+// loader, predicts the iteration time of four plans at world size 1 within 20% of the trainer's
+// measured step time (median over the iterations after the first; each side the least of up to
+// three measurements). Also `strata profile`'s command line: its output file loads, and bad
+// arguments are InputErrors naming the flag.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,7 +59,6 @@ struct Plan {
 
 struct Attempt {
   std::vector<double> predicted, measured;  // [plan] seconds per iteration
-  double cpu_share = 0;  // process CPU time / wall time: 1 on an otherwise idle core
 };
 
 // One measurement: a profile of the model at both micro-batch sizes, as `strata profile
@@ -67,8 +66,6 @@ struct Attempt {
 // prediction and its training run.
 Attempt measure(const std::vector<Plan>& plans, const Cluster& cpu) {
   Attempt a;
-  const std::clock_t c0 = std::clock();
-  const auto w0 = std::chrono::steady_clock::now();
   const Config base = config({"train.micro_batch_size=4", "train.global_batch_size=16"});
   const Profile prof = profile_from_json(make_profile(base, 10, {4, 8}), "<make_profile>");
   EXPECT_EQ(prof.entries.size(), 2u);
@@ -93,14 +90,14 @@ Attempt measure(const std::vector<Plan>& plans, const Cluster& cpu) {
     EXPECT_GE(r.step_s.size(), 3u);
     a.measured.push_back(median(std::vector<double>(r.step_s.begin() + 1, r.step_s.end())));
   }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-  a.cpu_share = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / wall;
   return a;
 }
 
-// The build machine is shared: another process taking the core half-way (between the
-// profile and a training run) shifts one side only. Up to three measurements; the one with
-// the highest CPU share (the least disturbed) is judged, stopping early at an undisturbed one.
+// The build machine is shared, and another process (or the hypervisor, unseen by this process's
+// CPU time) taking the core for a while slows whichever side runs then: a profile round or a
+// training run. Interference only ever adds time, so each side's least time over up to three
+// measurements estimates its undisturbed time; a model error survives that, a disturbed run
+// does not. Measurements stop once every plan is within 20%.
 TEST(ProfileTime, PredictedIterationTimeWithin20PercentOfMeasured) {
   const std::vector<Plan> plans = {
       {"b=4 m=4 recompute none", {"train.micro_batch_size=4", "train.global_batch_size=16"}},
@@ -111,23 +108,27 @@ TEST(ProfileTime, PredictedIterationTimeWithin20PercentOfMeasured) {
        {"train.micro_batch_size=8", "train.global_batch_size=16", "train.recompute=selective"}},
   };
   const Cluster cpu = load_cluster("cpu-local", configs_dir());
-  Attempt best;
+  std::vector<double> predicted(plans.size(), 1e300), measured(plans.size(), 1e300);
+  auto within = [&](size_t i) { return std::fabs(predicted[i] / measured[i] - 1.0) <= 0.20; };
   for (int attempt = 1; attempt <= 3; ++attempt) {
     std::printf("measurement %d:\n", attempt);
     const Attempt a = measure(plans, cpu);
     for (size_t i = 0; i < plans.size(); ++i) {
       std::printf("  %-24s predicted %.4f s measured %.4f s (%+.1f%%)\n", plans[i].name,
                   a.predicted[i], a.measured[i], (a.predicted[i] / a.measured[i] - 1) * 100);
+      predicted[i] = std::min(predicted[i], a.predicted[i]);
+      measured[i] = std::min(measured[i], a.measured[i]);
     }
-    std::printf("  CPU share %.2f\n", a.cpu_share);
-    if (a.cpu_share > best.cpu_share) best = a;
-    if (a.cpu_share >= 0.9) break;
+    bool all = true;
+    for (size_t i = 0; i < plans.size(); ++i) all = all && within(i);
+    if (all) break;
   }
-  std::printf("judged: the measurement with CPU share %.2f\n", best.cpu_share);
   for (size_t i = 0; i < plans.size(); ++i) {
-    EXPECT_NEAR(best.predicted[i] / best.measured[i], 1.0, 0.20)
-        << plans[i].name << ": predicted " << best.predicted[i] << " s, measured "
-        << best.measured[i] << " s";
+    std::printf("judged %-24s predicted %.4f s measured %.4f s (least of the measurements)\n",
+                plans[i].name, predicted[i], measured[i]);
+    EXPECT_NEAR(predicted[i] / measured[i], 1.0, 0.20)
+        << plans[i].name << ": predicted " << predicted[i] << " s, measured " << measured[i]
+        << " s";
   }
 }
 
