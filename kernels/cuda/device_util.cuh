@@ -1,6 +1,10 @@
 // device_util.cuh — device helpers shared by the kernels/cuda .cu files (never included by host
-// C++): f32 <-> bf16 element access, warp and block reductions, and the dispatch from a runtime
-// ElemType to a kernel template argument.
+// C++): f32 <-> bf16 element access, warp and block reductions, the dispatch from a runtime
+// ElemType to a kernel template argument, and the kernel launch.
+//
+// In the emulation build (STRATA_CUDA_EMULATION) the .cu files are compiled as C++ and their
+// kernels run on the CPU (kernels/cuda/emulation/device.h): kernels are launched through
+// launch() and find their dynamic shared memory through dynamic_shared_floats() for that.
 //
 // Every kernel computes in f32 whatever its storage type: loads widen (exact), stores round to
 // nearest even (bf16) — the rounding is written out bit by bit so that it is the very function
@@ -11,6 +15,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#ifdef STRATA_CUDA_EMULATION
+#include "kernels/cuda/emulation/device.h"
+#endif
 
 #include "kernels/cuda/elem_type.h"
 
@@ -85,6 +94,29 @@ struct Tag {
 template <class F>
 auto dispatch(ElemType t, F&& f) {
   return t == ElemType::kBF16 ? f(Tag<bf16>{}) : f(Tag<float>{});
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...).
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            A&&... args) {
+#ifdef STRATA_CUDA_EMULATION
+  cuda_emulation::launch(kernel, grid, block, smem, stream, std::forward<A>(args)...);
+#else
+  // clang-format off
+  kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+  // clang-format on
+#endif
+}
+
+// The block's dynamic shared memory (the launch's `smem` bytes), as floats.
+__device__ __forceinline__ float* dynamic_shared_floats() {
+#ifdef STRATA_CUDA_EMULATION
+  return static_cast<float*>(cuda_emulation::dynamic_shared());
+#else
+  extern __shared__ float dynamic_smem[];
+  return dynamic_smem;
+#endif
 }
 
 inline unsigned grid_for(int64_t n, int threads) {

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
                          float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;  // head dims per thread
-  extern __shared__ float smem[];
+  float* smem = dynamic_shared_floats();
   float* q_s = smem;                       // (kTile, kPadded)  queries of this block
   float* k_s = q_s + kTile * St::kPadded;  // (kTile, kPadded)  current key tile
   float* v_s = k_s + kTile * St::kPadded;  // (kTile, kDense)   current value tile
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
                           const float* dsum, int S, int NH, int HS, float scale, float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;
-  extern __shared__ float smem[];
+  float* smem = dynamic_shared_floats();
   float* k_s = smem;                          // (kTile, kPadded)  this block's keys
   float* v_s = k_s + kTile * St::kPadded;     // (kTile, kPadded)  this block's values
   float* q_s = v_s + kTile * St::kPadded;     // (kTile, kPadded)  current query tile
@@ -408,8 +408,8 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
           cudaFuncSetAttribute(flash_forward_kernel<T, HS_MAX>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (err != cudaSuccess) return err;
-      flash_forward_kernel<T, HS_MAX><<<grid, kThreads, smem, stream>>>(
-          static_cast<T*>(out), lse, static_cast<const T*>(qkv), S, NH, HS, log2_scale(HS));
+      launch(flash_forward_kernel<T, HS_MAX>, grid, kThreads, smem, stream, static_cast<T*>(out),
+             lse, static_cast<const T*>(qkv), S, NH, HS, log2_scale(HS));
       return cudaGetLastError();
     });
   });
@@ -435,8 +435,8 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
   return dispatch(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const unsigned dsum_blocks = grid_for(rows * 32, kThreads);
-    flash_backward_dsum_kernel<T><<<dsum_blocks, kThreads, 0, stream>>>(
-        dsum, static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
+    launch(flash_backward_dsum_kernel<T>, dsum_blocks, kThreads, 0, stream, dsum,
+           static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
     cudaError_t e = with_head_size(HS, [&](auto hs_max) {
       constexpr int HS_MAX = decltype(hs_max)::value;
       constexpr size_t smem = backward_smem_bytes<HS_MAX>();
@@ -444,16 +444,16 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
           cudaFuncSetAttribute(flash_backward_kernel<T, HS_MAX>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (a != cudaSuccess) return a;
-      flash_backward_kernel<T, HS_MAX><<<grid, kThreads, smem, stream>>>(
-          static_cast<T*>(dqkv), dq_acc, static_cast<const T*>(dout), static_cast<const T*>(qkv),
-          lse, dsum, S, NH, HS, scale, log2_scale(HS));
+      launch(flash_backward_kernel<T, HS_MAX>, grid, kThreads, smem, stream, static_cast<T*>(dqkv),
+             dq_acc, static_cast<const T*>(dout), static_cast<const T*>(qkv), lse, dsum, S, NH, HS,
+             scale, log2_scale(HS));
       return cudaGetLastError();
     });
     if (e != cudaSuccess) return e;
     const int64_t row = static_cast<int64_t>(NH) * HS;
     const int64_t tokens = static_cast<int64_t>(B) * S;
-    flash_backward_dq_kernel<T><<<grid_for(tokens * row, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(dqkv), dq_acc, tokens, row);
+    launch(flash_backward_dq_kernel<T>, grid_for(tokens * row, kThreads), kThreads, 0, stream,
+           static_cast<T*>(dqkv), dq_acc, tokens, row);
     return cudaGetLastError();
   });
 }

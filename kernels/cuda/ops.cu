@@ -335,8 +335,8 @@ cudaError_t cast(void* dst, ElemType dst_type, const void* src, ElemType src_typ
     return dispatch(src_type, [&](auto ts) {
       using D = typename decltype(td)::type;
       using S = typename decltype(ts)::type;
-      cast_kernel<D, S><<<elementwise_grid(n), kThreads, 0, stream>>>(
-          static_cast<D*>(dst), static_cast<const S*>(src), n);
+      launch(cast_kernel<D, S>, elementwise_grid(n), kThreads, 0, stream, static_cast<D*>(dst),
+             static_cast<const S*>(src), n);
       return cudaGetLastError();
     });
   });
@@ -349,8 +349,8 @@ cudaError_t add_bias(void* out, ElemType out_type, const void* bias, ElemType bi
     return dispatch(bias_type, [&](auto tb) {
       using TO = typename decltype(to)::type;
       using TB = typename decltype(tb)::type;
-      add_bias_kernel<TO, TB><<<elementwise_grid(N * OC), kThreads, 0, stream>>>(
-          static_cast<TO*>(out), static_cast<const TB*>(bias), N, OC);
+      launch(add_bias_kernel<TO, TB>, elementwise_grid(N * OC), kThreads, 0, stream,
+             static_cast<TO*>(out), static_cast<const TB*>(bias), N, OC);
       return cudaGetLastError();
     });
   });
@@ -362,7 +362,7 @@ cudaError_t bias_grad(float* dbias, const void* dout, ElemType dout_type, int64_
   const dim3 grid(grid_for(OC, kColTile), row_splits(N)), block(kColTile, kColRows);
   return dispatch(dout_type, [&](auto t) {
     using T = typename decltype(t)::type;
-    bias_grad_kernel<T><<<grid, block, 0, stream>>>(dbias, static_cast<const T*>(dout), N, OC);
+    launch(bias_grad_kernel<T>, grid, block, 0, stream, dbias, static_cast<const T*>(dout), N, OC);
     return cudaGetLastError();
   });
 }
@@ -375,9 +375,9 @@ cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* i
     return dispatch(w_type, [&](auto tw) {
       using TA = typename decltype(ta)::type;
       using TW = typename decltype(tw)::type;
-      layernorm_forward_kernel<TA, TW><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
-          static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
-          static_cast<const TW*>(weight), static_cast<const TW*>(bias), C);
+      launch(layernorm_forward_kernel<TA, TW>, static_cast<unsigned>(N), kRowThreads, 0, stream,
+             static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
+             static_cast<const TW*>(weight), static_cast<const TW*>(bias), C);
       return cudaGetLastError();
     });
   });
@@ -389,16 +389,17 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
                                cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return dispatch(act, [&](auto ta) {
+    // TA is named here, not in the inner lambda: nvcc's launch stub for a kernel template taken
+    // by address cannot name a type alias of an enclosing lambda's parameter.
+    using TA = typename decltype(ta)::type;
     return dispatch(w_type, [&](auto tw) {
-      using TA = typename decltype(ta)::type;
       using TW = typename decltype(tw)::type;
-      layernorm_backward_rows_kernel<TA, TW><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
-          static_cast<TA*>(dinp), static_cast<const TA*>(dout), static_cast<const TA*>(inp),
-          static_cast<const TW*>(weight), mean, rstd, C);
+      launch(layernorm_backward_rows_kernel<TA, TW>, static_cast<unsigned>(N), kRowThreads, 0,
+             stream, static_cast<TA*>(dinp), static_cast<const TA*>(dout),
+             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean, rstd, C);
       const dim3 grid(grid_for(C, kColTile), row_splits(N)), block(kColTile, kColRows);
-      layernorm_backward_cols_kernel<TA>
-          <<<grid, block, 0, stream>>>(dweight, dbias, static_cast<const TA*>(dout),
-                                       static_cast<const TA*>(inp), mean, rstd, N, C);
+      launch(layernorm_backward_cols_kernel<TA>, grid, block, 0, stream, dweight, dbias,
+             static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd, N, C);
       return cudaGetLastError();
     });
   });
@@ -408,8 +409,8 @@ cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cuda
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gelu_forward_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(inp), n);
+    launch(gelu_forward_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(out),
+           static_cast<const T*>(inp), n);
     return cudaGetLastError();
   });
 }
@@ -419,8 +420,8 @@ cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemTyp
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gelu_backward_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(
-        static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n);
+    launch(gelu_backward_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(dinp),
+           static_cast<const T*>(inp), static_cast<const T*>(dout), n);
     return cudaGetLastError();
   });
 }
@@ -434,9 +435,9 @@ cudaError_t embedding_forward(void* out, ElemType out_type, const int32_t* token
     return dispatch(w_type, [&](auto tw) {
       using TO = typename decltype(to)::type;
       using TW = typename decltype(tw)::type;
-      embedding_forward_kernel<TO, TW><<<elementwise_grid(BS * C), kThreads, 0, stream>>>(
-          static_cast<TO*>(out), tokens, static_cast<const TW*>(wte), static_cast<const TW*>(wpe),
-          BS, S, C, vocab_start, V_local);
+      launch(embedding_forward_kernel<TO, TW>, elementwise_grid(BS * C), kThreads, 0, stream,
+             static_cast<TO*>(out), tokens, static_cast<const TW*>(wte),
+             static_cast<const TW*>(wpe), BS, S, C, vocab_start, V_local);
       return cudaGetLastError();
     });
   });
@@ -449,8 +450,8 @@ cudaError_t embedding_backward(float* dwte, float* dwpe, const void* dout, ElemT
   if (BS * C == 0) return cudaSuccess;
   return dispatch(dout_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    embedding_backward_kernel<T><<<elementwise_grid(BS * C), kThreads, 0, stream>>>(
-        dwte, dwpe, static_cast<const T*>(dout), tokens, BS, S, C, vocab_start, V_local);
+    launch(embedding_backward_kernel<T>, elementwise_grid(BS * C), kThreads, 0, stream, dwte, dwpe,
+           static_cast<const T*>(dout), tokens, BS, S, C, vocab_start, V_local);
     return cudaGetLastError();
   });
 }
@@ -460,8 +461,8 @@ cudaError_t ce_row_max(float* row_max, const void* logits, ElemType logits_type,
   if (N == 0) return cudaSuccess;
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ce_row_max_kernel<T><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
-        row_max, static_cast<const T*>(logits), ld, valid);
+    launch(ce_row_max_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_max,
+           static_cast<const T*>(logits), ld, valid);
     return cudaGetLastError();
   });
 }
@@ -471,8 +472,8 @@ cudaError_t ce_row_sumexp(float* row_sumexp, const void* logits, ElemType logits
   if (N == 0) return cudaSuccess;
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ce_row_sumexp_kernel<T><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
-        row_sumexp, static_cast<const T*>(logits), row_max, ld, valid);
+    launch(ce_row_sumexp_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_sumexp,
+           static_cast<const T*>(logits), row_max, ld, valid);
     return cudaGetLastError();
   });
 }
@@ -483,8 +484,8 @@ cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType lo
   if (N == 0) return cudaSuccess;
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ce_target_logit_kernel<T><<<elementwise_grid(N), kThreads, 0, stream>>>(
-        target_logit, static_cast<const T*>(logits), targets, N, ld, vocab_start, valid);
+    launch(ce_target_logit_kernel<T>, elementwise_grid(N), kThreads, 0, stream, target_logit,
+           static_cast<const T*>(logits), targets, N, ld, vocab_start, valid);
     return cudaGetLastError();
   });
 }
@@ -492,8 +493,8 @@ cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType lo
 cudaError_t ce_losses(float* losses, const float* row_max, const float* row_sumexp,
                       const float* target_logit, int64_t N, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
-  ce_losses_kernel<<<elementwise_grid(N), kThreads, 0, stream>>>(losses, row_max, row_sumexp,
-                                                                 target_logit, N);
+  launch(ce_losses_kernel, elementwise_grid(N), kThreads, 0, stream, losses, row_max, row_sumexp,
+         target_logit, N);
   return cudaGetLastError();
 }
 
@@ -506,9 +507,9 @@ cudaError_t ce_backward(void* dlogits, ElemType dlogits_type, const void* logits
     return dispatch(logits_type, [&](auto tl) {
       using TD = typename decltype(td)::type;
       using TL = typename decltype(tl)::type;
-      ce_backward_kernel<TD, TL><<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(
-          static_cast<TD*>(dlogits), static_cast<const TL*>(logits), row_max, row_sumexp, targets,
-          scale, ld, vocab_start, valid);
+      launch(ce_backward_kernel<TD, TL>, static_cast<unsigned>(N), kRowThreads, 0, stream,
+             static_cast<TD*>(dlogits), static_cast<const TL*>(logits), row_max, row_sumexp,
+             targets, scale, ld, vocab_start, valid);
       return cudaGetLastError();
     });
   });
@@ -521,8 +522,8 @@ cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type
     return dispatch(x_type, [&](auto tx) {
       using TY = typename decltype(ty)::type;
       using TX = typename decltype(tx)::type;
-      add_inplace_kernel<TY, TX><<<elementwise_grid(n), kThreads, 0, stream>>>(
-          static_cast<TY*>(y), static_cast<const TX*>(x), n);
+      launch(add_inplace_kernel<TY, TX>, elementwise_grid(n), kThreads, 0, stream,
+             static_cast<TY*>(y), static_cast<const TX*>(x), n);
       return cudaGetLastError();
     });
   });
@@ -537,8 +538,8 @@ cudaError_t add(void* out, ElemType out_type, const void* a, ElemType a_type, co
         using TO = typename decltype(to)::type;
         using TA = typename decltype(ta)::type;
         using TB = typename decltype(tb)::type;
-        add_kernel<TO, TA, TB><<<elementwise_grid(n), kThreads, 0, stream>>>(
-            static_cast<TO*>(out), static_cast<const TA*>(a), static_cast<const TB*>(b), n);
+        launch(add_kernel<TO, TA, TB>, elementwise_grid(n), kThreads, 0, stream,
+               static_cast<TO*>(out), static_cast<const TA*>(a), static_cast<const TB*>(b), n);
         return cudaGetLastError();
       });
     });
@@ -549,7 +550,7 @@ cudaError_t scale_inplace(void* y, ElemType t, float s, int64_t n, cudaStream_t 
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scale_kernel<T><<<elementwise_grid(n), kThreads, 0, stream>>>(static_cast<T*>(y), s, n);
+    launch(scale_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(y), s, n);
     return cudaGetLastError();
   });
 }
@@ -561,7 +562,7 @@ cudaError_t sum(double* out, const void* x, ElemType t, int64_t n, bool square,
   const unsigned grid = std::min(1024u, elementwise_grid(n));
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sum_kernel<T><<<grid, kThreads, 0, stream>>>(out, static_cast<const T*>(x), n, square);
+    launch(sum_kernel<T>, grid, kThreads, 0, stream, out, static_cast<const T*>(x), n, square);
     return cudaGetLastError();
   });
 }
@@ -571,11 +572,11 @@ cudaError_t seq_permute(void* bsc, void* chunks, size_t elem_bytes, int64_t B, i
   const int64_t n = B * S * C;
   if (n == 0) return cudaSuccess;
   if (elem_bytes == 2)
-    seq_permute_kernel<uint16_t><<<elementwise_grid(n), kThreads, 0, stream>>>(
-        static_cast<uint16_t*>(bsc), static_cast<uint16_t*>(chunks), B, S, C, t, to_chunks);
+    launch(seq_permute_kernel<uint16_t>, elementwise_grid(n), kThreads, 0, stream,
+           static_cast<uint16_t*>(bsc), static_cast<uint16_t*>(chunks), B, S, C, t, to_chunks);
   else
-    seq_permute_kernel<uint32_t><<<elementwise_grid(n), kThreads, 0, stream>>>(
-        static_cast<uint32_t*>(bsc), static_cast<uint32_t*>(chunks), B, S, C, t, to_chunks);
+    launch(seq_permute_kernel<uint32_t>, elementwise_grid(n), kThreads, 0, stream,
+           static_cast<uint32_t*>(bsc), static_cast<uint32_t*>(chunks), B, S, C, t, to_chunks);
   return cudaGetLastError();
 }
 

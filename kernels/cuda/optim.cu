@@ -133,8 +133,8 @@ cudaError_t adamw_multi_tensor(const AdamWSegment* segments, int count, const Ad
     }
     const int64_t blocks = index_blocks(t);
     if (blocks == 0) continue;
-    adamw_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        t, hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, bc1, bc2);
+    launch(adamw_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, t, hyper.lr,
+           hyper.beta1, hyper.beta2, hyper.eps, bc1, bc2);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -155,7 +155,7 @@ cudaError_t sum_squares_multi_tensor(double* out, const SumSquaresSegment* segme
     }
     const int64_t blocks = index_blocks(t);
     if (blocks == 0) continue;
-    sum_squares_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, t);
+    launch(sum_squares_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, out, t);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
