@@ -1,0 +1,303 @@
+// scheduler.cc — runs an emulated grid: each block's threads as fibers on the calling thread,
+// switched at barriers (device.h describes the model and what it detects). The fibers are
+// Boost.Context's, whose switch is a few instructions (ucontext's makes two system calls, which
+// made a LayerNorm of 256 rows take seconds); one fiber per thread of the block is made per
+// launch and runs the kernel for every block in turn.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <boost/context/fiber.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/emulation/device.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+namespace strata::cuda_emulation {
+namespace {
+
+constexpr size_t kStackBytes = size_t{64} << 10;  // per thread; kernels keep tiles in "registers"
+constexpr int kWarp = 32;
+
+// A fiber's stack with an inaccessible page below it, so an overflow faults instead of
+// overwriting the next stack.
+class Stack {
+ public:
+  Stack() {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    bytes_ = kStackBytes + page;
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("cuda emulation: mmap of a fiber stack");
+      std::abort();
+    }
+    mprotect(p, page, PROT_NONE);
+    base_ = static_cast<char*>(p);
+    page_ = page;
+  }
+  ~Stack() { munmap(base_, bytes_); }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+  char* bottom() const { return base_ + page_; }
+  size_t size() const { return kStackBytes; }
+
+ private:
+  char* base_ = nullptr;
+  size_t bytes_ = 0, page_ = 0;
+};
+
+enum class Wait { kNone, kBlock, kShuffle, kDone };
+
+// Boost.Context's StackAllocator concept over one of our stacks (which outlive the fiber).
+// Thread i's stack starts (i mod 64) cache lines below the top: stacks a whole number of pages
+// apart would put every fiber's hot frames in the same cache sets, and each switch would miss.
+struct PooledStack {
+  Stack* stack;
+  int thread;
+  boost::context::stack_context allocate() {
+    const size_t colour = static_cast<size_t>(thread % 64) * 64;
+    boost::context::stack_context sc;
+    sc.size = stack->size() - colour;
+    sc.sp = stack->bottom() + sc.size;  // stacks grow down
+    return sc;
+  }
+  void deallocate(boost::context::stack_context&) noexcept {}
+};
+
+struct Fiber {
+  boost::context::fiber self;    // where the scheduler resumes it
+  boost::context::fiber caller;  // where it yields to (the scheduler)
+  uint3 idx;
+  Wait wait = Wait::kNone;
+};
+
+// The state of the grid running on this thread.
+struct Grid {
+  const std::function<void()>* body = nullptr;
+  dim3 grid, block;
+  uint3 block_idx{0, 0, 0};
+  int threads = 0;
+  bool finished = false;  // the last block has run: fibers return when next resumed
+  std::vector<Fiber> fibers;
+  int current = -1;
+  // Per warp: two slots per lane (shuffles alternate between them, so a lane that is done
+  // reading one can already write the next), and which of the two the next shuffle uses.
+  std::vector<uint64_t> slots;  // [warp][parity][lane]
+  std::vector<int> parity;
+  std::vector<unsigned char> smem;
+};
+
+thread_local Grid* g_grid = nullptr;
+thread_local std::vector<std::unique_ptr<Stack>> g_stacks;
+
+std::string describe(const Grid& g) {
+  std::ostringstream os;
+  os << "grid (" << g.grid.x << ", " << g.grid.y << ", " << g.grid.z << ") of blocks (" << g.block.x
+     << ", " << g.block.y << ", " << g.block.z << "), block (" << g.block_idx.x << ", "
+     << g.block_idx.y << ", " << g.block_idx.z << ")";
+  return os.str();
+}
+
+[[noreturn]] void fail(const Grid& g, const std::string& what) {
+  std::fprintf(stderr, "cuda emulation: %s: %s\n", describe(g).c_str(), what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// The running fiber waits for `w` and hands control back to the scheduler.
+void block_on(Wait w) {
+  Grid* g = g_grid;
+  if (g == nullptr || g->current < 0) {
+    std::fprintf(stderr, "cuda emulation: a barrier outside a kernel\n");
+    std::abort();
+  }
+  Fiber& f = g->fibers[static_cast<size_t>(g->current)];
+  f.wait = w;
+  f.caller = std::move(f.caller).resume();
+}
+
+int lane_count(const Grid& g, int warp) {
+  return std::min(kWarp, g.threads - warp * kWarp);
+}
+
+// Where every not-finished thread waits, for a failure message: "t0-31 shuffle, t32 barrier".
+std::string waits(const Grid& g) {
+  std::ostringstream os;
+  auto name = [](Wait w) {
+    return w == Wait::kBlock ? "__syncthreads" : w == Wait::kShuffle ? "a warp shuffle" : "running";
+  };
+  int i = 0;
+  const int n = g.threads;
+  while (i < n) {
+    const Wait w = g.fibers[static_cast<size_t>(i)].wait;
+    int j = i;
+    while (j + 1 < n && g.fibers[static_cast<size_t>(j + 1)].wait == w) ++j;
+    if (w != Wait::kDone) {
+      if (os.tellp() > 0) os << ", ";
+      os << "threads " << i << "-" << j << " wait at " << name(w);
+    }
+    i = j + 1;
+  }
+  return os.str();
+}
+
+// Releases every barrier whose threads have all arrived; false when none could be.
+bool release(Grid& g) {
+  bool any = false;
+  int live = 0, at_block = 0;
+  for (const Fiber& f : g.fibers) {
+    live += f.wait != Wait::kDone;
+    at_block += f.wait == Wait::kBlock;
+  }
+  if (live > 0 && at_block == live) {  // threads that returned count as arrived, as on a GPU
+    for (Fiber& f : g.fibers)
+      if (f.wait == Wait::kBlock) f.wait = Wait::kNone;
+    return true;
+  }
+  for (int w = 0; w * kWarp < g.threads; ++w) {
+    const int first = w * kWarp, lanes = lane_count(g, w);
+    int at_shuffle = 0, done = 0;
+    for (int l = 0; l < lanes; ++l) {
+      const Wait s = g.fibers[static_cast<size_t>(first + l)].wait;
+      at_shuffle += s == Wait::kShuffle;
+      done += s == Wait::kDone;
+    }
+    if (at_shuffle == 0 || at_shuffle + done < lanes) continue;
+    if (done > 0)
+      fail(g, "warp " + std::to_string(w) + ": a shuffle over all lanes while " +
+                  std::to_string(done) + " of its lanes have returned (" + waits(g) + ")");
+    for (int l = 0; l < lanes; ++l) g.fibers[static_cast<size_t>(first + l)].wait = Wait::kNone;
+    g.parity[static_cast<size_t>(w)] ^= 1;
+    any = true;
+  }
+  return any;
+}
+
+// Makes the grid's fibers: thread i runs the kernel body for each block the scheduler gives it.
+void make_fibers(Grid& g) {
+  const int n = g.threads;
+  if (g_stacks.size() < static_cast<size_t>(n)) g_stacks.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    auto& stack = g_stacks[static_cast<size_t>(i)];
+    if (!stack) stack = std::make_unique<Stack>();
+    Fiber& f = g.fibers[static_cast<size_t>(i)];
+    f.idx = uint3{static_cast<unsigned>(i) % g.block.x,
+                  static_cast<unsigned>(i) / g.block.x % g.block.y,
+                  static_cast<unsigned>(i) / (g.block.x * g.block.y)};
+    f.self = boost::context::fiber(std::allocator_arg, PooledStack{stack.get(), i},
+                                   [&g, &f](boost::context::fiber&& scheduler) {
+                                     f.caller = std::move(scheduler);
+                                     while (!g.finished) {
+                                       (*g.body)();
+                                       f.wait = Wait::kDone;
+                                       f.caller = std::move(f.caller).resume();
+                                     }
+                                     return std::move(f.caller);
+                                   });
+  }
+}
+
+void resume(Grid& g, int i) {
+  Fiber& f = g.fibers[static_cast<size_t>(i)];
+  threadIdx = f.idx;
+  g.current = i;
+  f.self = std::move(f.self).resume();
+  g.current = -1;
+}
+
+void run_block(Grid& g, bool reverse) {
+  const int n = g.threads;
+  for (Fiber& f : g.fibers) f.wait = Wait::kNone;
+  std::fill(g.parity.begin(), g.parity.end(), 0);
+  std::fill(g.smem.begin(), g.smem.end(), static_cast<unsigned char>(0xff));
+  blockIdx = g.block_idx;
+  for (;;) {
+    for (int k = 0; k < n; ++k) {
+      const int i = reverse ? n - 1 - k : k;
+      if (g.fibers[static_cast<size_t>(i)].wait == Wait::kNone) resume(g, i);
+    }
+    bool live = false;
+    for (const Fiber& f : g.fibers) live = live || f.wait != Wait::kDone;
+    if (!live) return;
+    // Every fiber that could run has run to a barrier or returned: unless some barrier can now
+    // be released, none ever will be.
+    if (!release(g)) fail(g, "deadlock: " + waits(g));
+  }
+}
+
+}  // namespace
+
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+              const std::function<void()>& body) {
+  Grid g;
+  g.body = &body;
+  g.grid = grid;
+  g.block = block;
+  g.threads = static_cast<int>(block.x * block.y * block.z);
+  if (g.threads <= 0 || g.threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0)
+    fail(g, "invalid launch shape (a GPU refuses it with cudaErrorInvalidConfiguration)");
+  if (dynamic_smem_bytes > max_dynamic_shared_bytes(kernel))
+    fail(g, std::to_string(dynamic_smem_bytes) + " bytes of dynamic shared memory, " +
+                std::to_string(max_dynamic_shared_bytes(kernel)) +
+                " allowed (above 48 KiB a kernel must opt in with cudaFuncSetAttribute)");
+  g.fibers.resize(static_cast<size_t>(g.threads));
+  const int warps = (g.threads + kWarp - 1) / kWarp;
+  g.slots.assign(static_cast<size_t>(warps) * 2 * kWarp, 0);
+  g.parity.assign(static_cast<size_t>(warps), 0);
+  g.smem.resize(dynamic_smem_bytes);
+  Grid* outer = g_grid;
+  if (outer != nullptr) fail(g, "a kernel launched from inside a kernel");
+  g_grid = &g;
+  blockDim = block;
+  gridDim = grid;
+  make_fibers(g);
+  uint64_t index = 0;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x, ++index) {
+        g.block_idx = uint3{x, y, z};
+        run_block(g, index % 2 == 1);
+      }
+  g.finished = true;
+  for (int i = 0; i < g.threads; ++i) resume(g, i);  // each returns from its function
+  g_grid = nullptr;
+}
+
+void sync_block() {
+  block_on(Wait::kBlock);
+}
+
+uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width) {
+  Grid& g = *g_grid;
+  const int t = g.current, warp = t / kWarp, lane = t % kWarp;
+  if (mask != 0xffffffffu || width != kWarp)
+    fail(g, "only full-warp shuffles (mask 0xffffffff, width 32) are emulated");
+  const int src = lane ^ lane_mask;
+  if (src < 0 || src >= lane_count(g, warp))
+    fail(g, "thread " + std::to_string(t) + " shuffles from lane " + std::to_string(src) +
+                ", which its warp does not have");
+  uint64_t* slots = g.slots.data() + (static_cast<size_t>(warp) * 2 +
+                                      static_cast<size_t>(g.parity[static_cast<size_t>(warp)])) *
+                                         kWarp;
+  slots[lane] = bits;
+  block_on(Wait::kShuffle);
+  // The barrier flipped the warp's parity: read the slots this shuffle wrote.
+  slots = g.slots.data() + (static_cast<size_t>(warp) * 2 +
+                            static_cast<size_t>(g.parity[static_cast<size_t>(warp)] ^ 1)) *
+                               kWarp;
+  return slots[src];
+}
+
+void* dynamic_shared() {
+  return g_grid->smem.data();
+}
+
+}  // namespace strata::cuda_emulation
