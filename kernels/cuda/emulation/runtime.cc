@@ -2,12 +2,20 @@
 // emulation build (device.h): one device whose memory is host memory, streams and events on which
 // everything has completed when the call returns, and cudaGetLastError's sticky-free error.
 //
-// Device memory is posix_memalign'd (256-byte aligned, as cudaMalloc's) and filled with 0xff
-// bytes — a NaN in f32 and bf16 — so a kernel that reads what nobody wrote shows it. Copies check
-// that their "device" side lies inside one live allocation: a host pointer passed where a device
-// one belongs (or an overrun) is an error, as on a GPU.
+// Device memory is mapped so that each allocation ends right before an inaccessible page: a
+// kernel that reads or writes past the end of its buffer stops at once with a message naming the
+// allocation and the overrun, instead of reading a neighbour. Allocations are 16-byte aligned
+// (cudaMalloc gives 256, which nothing here relies on) so the end is at most 15 bytes from the
+// guard. Memory starts filled with 0xff bytes — a NaN in f32 and bf16 — so a kernel that reads
+// what nobody wrote shows it. Copies check that their "device" side lies inside one live
+// allocation: a host pointer passed where a device one belongs (or an overrun) is an error, as on
+// a GPU.
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,8 +31,44 @@ constexpr int kDefaultSharedBytes = 48 << 10;      // dynamic shared memory with
 constexpr int kOptinSharedBytes = 227 << 10;       // the most an H100 block can opt into
 
 std::mutex g_mutex;
-std::map<const char*, size_t> g_allocations;  // base → bytes
+struct Allocation {
+  size_t bytes;   // asked for
+  char* mapping;  // the mmap'd region: data pages, then the guard page
+  size_t mapped;
+};
+std::map<const char*, Allocation> g_allocations;  // pointer returned → allocation
 size_t g_allocated = 0;
+size_t g_page = 0;
+
+// A fault in a guard page: name the allocation it ends, then abort (the default action would
+// say only "Segmentation fault").
+void on_segv(int, siginfo_t* info, void*) {
+  const char* at = static_cast<const char*>(info->si_addr);
+  if (g_mutex.try_lock()) {
+    for (const auto& [p, a] : g_allocations) {
+      const char* guard = a.mapping + a.mapped - g_page;
+      if (at >= guard && at < guard + g_page) {
+        std::fprintf(stderr,
+                     "cuda emulation: access %zu bytes past the end of a %zu-byte cudaMalloc "
+                     "allocation (a kernel reading or writing out of bounds)\n",
+                     static_cast<size_t>(at - p) - a.bytes, a.bytes);
+        break;
+      }
+    }
+  }
+  std::signal(SIGSEGV, SIG_DFL);
+  std::abort();
+}
+
+void install_segv_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, nullptr);
+  });
+}
 std::map<const void*, int> g_dynamic_smem_optin;  // kernel → cudaFuncSetAttribute's bytes
 thread_local cudaError_t g_last_error = cudaSuccess;
 
@@ -41,7 +85,7 @@ bool is_device(const void* p, size_t bytes) {
   auto it = g_allocations.upper_bound(c);
   if (it == g_allocations.begin()) return false;
   --it;
-  return c >= it->first && c + bytes <= it->first + it->second;
+  return c >= it->first && c + bytes <= it->first + it->second.bytes;
 }
 
 cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -141,18 +185,26 @@ const char* cudaGetErrorName(cudaError_t error) {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
+  install_segv_handler();
   std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_page == 0) g_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (g_allocated + bytes > kDeviceBytes) {
     g_last_error = cudaErrorMemoryAllocation;
     return cudaErrorMemoryAllocation;
   }
-  void* mem = nullptr;
-  if (posix_memalign(&mem, 256, bytes == 0 ? 1 : bytes) != 0) {
+  const size_t usable = (std::max<size_t>(bytes, 1) + 15) / 16 * 16;
+  const size_t data = (usable + g_page - 1) / g_page * g_page;
+  void* m =
+      mmap(nullptr, data + g_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
     g_last_error = cudaErrorMemoryAllocation;
     return cudaErrorMemoryAllocation;
   }
-  std::memset(mem, 0xff, bytes);
-  g_allocations[static_cast<const char*>(mem)] = bytes;
+  char* mapping = static_cast<char*>(m);
+  mprotect(mapping + data, g_page, PROT_NONE);
+  char* mem = mapping + data - usable;
+  std::memset(mem, 0xff, usable);
+  g_allocations[mem] = Allocation{bytes, mapping, data + g_page};
   g_allocated += bytes;
   *p = mem;
   return cudaSuccess;
@@ -166,9 +218,9 @@ cudaError_t cudaFree(void* p) {
     g_last_error = cudaErrorInvalidValue;
     return cudaErrorInvalidValue;
   }
-  g_allocated -= it->second;
+  g_allocated -= it->second.bytes;
+  munmap(it->second.mapping, it->second.mapped);
   g_allocations.erase(it);
-  std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
