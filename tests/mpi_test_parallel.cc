@@ -235,9 +235,13 @@ TEST(Parallel, BucketReductionsOverlapTheBackwardPass) {
     for (double s : r.bucket_start_s) std::printf(" %.3f", s * 1e3);
     std::printf("\n");
   }
+  // The embedding's bucket is ready only when the backward ends, and the bucket that block 0's
+  // last gradients complete microseconds before it: whether that one's start is stamped before or
+  // after the end is a race between two threads on a shared core (it lost by 2 and 17 µs in two CI
+  // runs). Every other bucket must start while the backward still runs.
   EXPECT_GE(r.bucket_start_s.size(), 3u);
-  EXPECT_GE(early, static_cast<int>(r.bucket_start_s.size()) - 1)
-      << "every bucket but the embedding's must start before the backward pass ends";
+  EXPECT_GE(early, static_cast<int>(r.bucket_start_s.size()) - 2)
+      << "every bucket but the last two must start before the backward pass ends";
 }
 
 }  // namespace
