@@ -351,16 +351,22 @@ cudnnBackendDescriptor_t causal(GraphBuilder& g, const Layout& l, Style style,
   return y;
 }
 
+// A fresh f32 virtual tensor of the scores' shape = mode(a) or mode(a, b), b broadcast.
+cudnnBackendDescriptor_t score_op(GraphBuilder& g, const Layout& l, cudnnPointwiseMode_t mode,
+                                  cudnnBackendDescriptor_t a,
+                                  cudnnBackendDescriptor_t b = nullptr) {
+  cudnnBackendDescriptor_t y = g.virt(CUDNN_DATA_FLOAT, l.score_dims(), l.score_strides());
+  g.pointwise(mode, CUDNN_DATA_FLOAT, a, b, nullptr, y);
+  return y;
+}
+
 // S1 = (Q·Kᵀ) · scale, the scaled scores both directions start from.
 cudnnBackendDescriptor_t scaled_scores(GraphBuilder& g, const Layout& l, cudnnBackendDescriptor_t q,
                                        cudnnBackendDescriptor_t kt,
                                        cudnnBackendDescriptor_t scale) {
-  const Dims sd = l.score_dims(), ss = l.score_strides();
-  cudnnBackendDescriptor_t s0 = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  cudnnBackendDescriptor_t s0 = g.virt(CUDNN_DATA_FLOAT, l.score_dims(), l.score_strides());
   g.matmul(q, kt, s0);
-  cudnnBackendDescriptor_t s1 = g.virt(CUDNN_DATA_FLOAT, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, scale, nullptr, s1);
-  return s1;
+  return score_op(g, l, CUDNN_POINTWISE_MUL, s0, scale);
 }
 
 void build_forward(GraphBuilder& g, const Layout& l, Style style) {
@@ -378,10 +384,8 @@ void build_forward(GraphBuilder& g, const Layout& l, Style style) {
   cudnnBackendDescriptor_t s2 = causal(g, l, style, scaled_scores(g, l, q, kt, scale), mask_value);
   cudnnBackendDescriptor_t m = g.virt(f32, rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
-  cudnnBackendDescriptor_t centered = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, s2, m, nullptr, centered);
-  cudnnBackendDescriptor_t e = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_EXP, f32, centered, nullptr, nullptr, e);
+  cudnnBackendDescriptor_t centered = score_op(g, l, CUDNN_POINTWISE_SUB, s2, m);
+  cudnnBackendDescriptor_t e = score_op(g, l, CUDNN_POINTWISE_EXP, centered);
   cudnnBackendDescriptor_t z = g.virt(f32, rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
   cudnnBackendDescriptor_t log_z = g.virt(f32, rd, rs);
@@ -425,18 +429,10 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
 
   // P = exp(causal(Q·Kᵀ · scale) − lse).
   cudnnBackendDescriptor_t s1 = scaled_scores(g, l, q, kt, scale);
-  cudnnBackendDescriptor_t logits;
-  if (current) {
-    cudnnBackendDescriptor_t centered = g.virt(f32, sd, ss);
-    g.pointwise(CUDNN_POINTWISE_SUB, f32, s1, stats, nullptr, centered);
-    logits = causal(g, l, style, centered, mask_value);
-  } else {
-    cudnnBackendDescriptor_t masked = causal(g, l, style, s1, mask_value);
-    logits = g.virt(f32, sd, ss);
-    g.pointwise(CUDNN_POINTWISE_SUB, f32, masked, stats, nullptr, logits);
-  }
-  cudnnBackendDescriptor_t p = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_EXP, f32, logits, nullptr, nullptr, p);
+  cudnnBackendDescriptor_t logits =
+      current ? causal(g, l, style, score_op(g, l, CUDNN_POINTWISE_SUB, s1, stats), mask_value)
+              : score_op(g, l, CUDNN_POINTWISE_SUB, causal(g, l, style, s1, mask_value), stats);
+  cudnnBackendDescriptor_t p = score_op(g, l, CUDNN_POINTWISE_EXP, logits);
 
   // dV = Pᵀ · dO.
   cudnnBackendDescriptor_t pt = g.virt(bf16, sd, sts);
@@ -446,17 +442,10 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   // dS = (dO · Vᵀ − Dsum) ∘ P · scale.
   cudnnBackendDescriptor_t dp = g.virt(f32, sd, ss);
   g.matmul(d_o, vt, dp);
-  if (!current) {
-    cudnnBackendDescriptor_t kept = g.virt(f32, sd, ss);
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, dp, one, nullptr, kept);
-    dp = kept;
-  }
-  cudnnBackendDescriptor_t diff = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, dp, dsum, nullptr, diff);
-  cudnnBackendDescriptor_t ds_unscaled = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, diff, p, nullptr, ds_unscaled);
-  cudnnBackendDescriptor_t ds = g.virt(f32, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, ds_unscaled, scale, nullptr, ds);
+  if (!current) dp = score_op(g, l, CUDNN_POINTWISE_MUL, dp, one);
+  cudnnBackendDescriptor_t diff = score_op(g, l, CUDNN_POINTWISE_SUB, dp, dsum);
+  cudnnBackendDescriptor_t ds_unscaled = score_op(g, l, CUDNN_POINTWISE_MUL, diff, p);
+  cudnnBackendDescriptor_t ds = score_op(g, l, CUDNN_POINTWISE_MUL, ds_unscaled, scale);
 
   // dK = dSᵀ · Q.
   cudnnBackendDescriptor_t dst = g.virt(bf16, sd, sts);

@@ -189,12 +189,7 @@ GemmLt::Plan* GemmLt::plan_for(const Gemm& g) {
 
 cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
   if (status_ != CUBLAS_STATUS_SUCCESS) return status_;
-  const bool shape_ok = g.M > 0 && g.N > 0 && g.K > 0 && g.lda >= (g.trans_a ? g.M : g.K) &&
-                        g.ldb >= (g.trans_b ? g.K : g.N) && g.ldc >= g.N &&
-                        (g.epilogue != GemmEpilogue::kGeluAuxBias || g.ld_aux >= g.N);
-  if (!shape_ok) return CUBLAS_STATUS_INVALID_VALUE;
-  if (g.epilogue == GemmEpilogue::kGeluAuxBias && g.ld_aux % 8 != 0)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (const cublasStatus_t st = precheck(g); st != CUBLAS_STATUS_SUCCESS) return st;
   Plan* plan = plan_for(g);
   if (!plan->supported) return CUBLAS_STATUS_NOT_SUPPORTED;
   STRATA_LT_TRY(set_epilogue_pointers(plan->desc, g));

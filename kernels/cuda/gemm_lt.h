@@ -65,6 +65,19 @@ struct Gemm {
   int ld_aux = 0;
 };
 
+// The refusals GemmLt::run makes before any cuBLASLt call (both builds' run() start here):
+// CUBLAS_STATUS_INVALID_VALUE for a malformed shape or stride, CUBLAS_STATUS_NOT_SUPPORTED for an
+// aux row stride cuBLASLt cannot use, else CUBLAS_STATUS_SUCCESS.
+inline cublasStatus_t precheck(const Gemm& g) {
+  const bool shape_ok = g.M > 0 && g.N > 0 && g.K > 0 && g.lda >= (g.trans_a ? g.M : g.K) &&
+                        g.ldb >= (g.trans_b ? g.K : g.N) && g.ldc >= g.N &&
+                        (g.epilogue != GemmEpilogue::kGeluAuxBias || g.ld_aux >= g.N);
+  if (!shape_ok) return CUBLAS_STATUS_INVALID_VALUE;
+  if (g.epilogue == GemmEpilogue::kGeluAuxBias && g.ld_aux % 8 != 0)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 class GemmLt {
  public:
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;

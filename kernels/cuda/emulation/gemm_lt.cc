@@ -11,9 +11,9 @@
 // C's type, and not at all when beta == 0, as cuBLAS documents), then the epilogue on the f32
 // value, then one rounding to C's type at the store (bf16: nearest, ties to even).
 //
-// What is accepted mirrors kernels/cuda/gemm_lt.cc: its shape check (INVALID_VALUE) and its
-// up-front ld_aux rule (NOT_SUPPORTED) verbatim. What the real code learns from cuBLASLt's
-// heuristic is decided here by what cuBLASLt documents (see supported()).
+// What is accepted mirrors kernels/cuda/gemm_lt.cc: the same precheck() (gemm_lt.h), then
+// what the real code learns from cuBLASLt's heuristic, decided here by what cuBLASLt documents
+// (see supported()).
 //
 // Thread-safety: run() touches only its arguments; one GemmLt per thread, as in the real one.
 #include "kernels/cuda/gemm_lt.h"
@@ -93,13 +93,7 @@ GemmLt::~GemmLt() = default;
 
 cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t /*stream: synchronous in this build*/) {
   if (status_ != CUBLAS_STATUS_SUCCESS) return status_;
-  // The checks of gemm_lt.cc, in its order.
-  const bool shape_ok = g.M > 0 && g.N > 0 && g.K > 0 && g.lda >= (g.trans_a ? g.M : g.K) &&
-                        g.ldb >= (g.trans_b ? g.K : g.N) && g.ldc >= g.N &&
-                        (g.epilogue != GemmEpilogue::kGeluAuxBias || g.ld_aux >= g.N);
-  if (!shape_ok) return CUBLAS_STATUS_INVALID_VALUE;
-  if (g.epilogue == GemmEpilogue::kGeluAuxBias && g.ld_aux % 8 != 0)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (const cublasStatus_t st = precheck(g); st != CUBLAS_STATUS_SUCCESS) return st;
   if (!supported(g)) return CUBLAS_STATUS_NOT_SUPPORTED;
   // Only here: on a GPU a missing buffer faults in the kernel; on the CPU it would crash this
   // process, so it is refused as a malformed call instead.

@@ -99,6 +99,18 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) 
   return cudaSuccess;
 }
 
+// Streams and events are handles with nothing behind them, since every call completes at once.
+template <class Handle>
+cudaError_t new_handle(Handle* h) {
+  *h = reinterpret_cast<Handle>(new char);
+  return cudaSuccess;
+}
+template <class Handle>
+cudaError_t delete_handle(Handle h) {
+  delete reinterpret_cast<char*>(h);
+  return cudaSuccess;
+}
+
 cudaError_t set(void* p, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!is_device(p, bytes))
@@ -243,17 +255,14 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   return set(p, value, bytes);
 }
 
-// Streams and events: handles with nothing behind them, since every call completes at once.
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new char);
-  return cudaSuccess;
+  return new_handle(s);
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  return cudaStreamCreate(s);
+  return new_handle(s);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<char*>(s);
-  return cudaSuccess;
+  return delete_handle(s);
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   return cudaSuccess;
@@ -262,15 +271,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new char);
-  return cudaSuccess;
+  return new_handle(e);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  return cudaEventCreate(e);
+  return new_handle(e);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<char*>(e);
-  return cudaSuccess;
+  return delete_handle(e);
 }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
   return cudaSuccess;

@@ -128,7 +128,13 @@ int lane_count(const Grid& g, int warp) {
   return std::min(kWarp, g.threads - warp * kWarp);
 }
 
-// Where every not-finished thread waits, for a failure message: "t0-31 shuffle, t32 barrier".
+// The 32 exchange slots of `warp` for shuffles of this parity.
+uint64_t* shuffle_slots(Grid& g, int warp, int parity) {
+  return g.slots.data() + (static_cast<size_t>(warp) * 2 + static_cast<size_t>(parity)) * kWarp;
+}
+
+// Where every not-finished thread waits, for a failure message:
+// "threads 0-31 wait at a warp shuffle, threads 32-63 wait at __syncthreads".
 std::string waits(const Grid& g) {
   std::ostringstream os;
   auto name = [](Wait w) {
@@ -253,8 +259,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
   g.slots.assign(static_cast<size_t>(warps) * 2 * kWarp, 0);
   g.parity.assign(static_cast<size_t>(warps), 0);
   g.smem.resize(dynamic_smem_bytes);
-  Grid* outer = g_grid;
-  if (outer != nullptr) fail(g, "a kernel launched from inside a kernel");
+  if (g_grid != nullptr) fail(g, "a kernel launched from inside a kernel");
   g_grid = &g;
   blockDim = block;
   gridDim = grid;
@@ -284,15 +289,10 @@ uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width) {
   if (src < 0 || src >= lane_count(g, warp))
     fail(g, "thread " + std::to_string(t) + " shuffles from lane " + std::to_string(src) +
                 ", which its warp does not have");
-  uint64_t* slots = g.slots.data() + (static_cast<size_t>(warp) * 2 +
-                                      static_cast<size_t>(g.parity[static_cast<size_t>(warp)])) *
-                                         kWarp;
+  const int parity = g.parity[static_cast<size_t>(warp)];
+  uint64_t* slots = shuffle_slots(g, warp, parity);
   slots[lane] = bits;
-  block_on(Wait::kShuffle);
-  // The barrier flipped the warp's parity: read the slots this shuffle wrote.
-  slots = g.slots.data() + (static_cast<size_t>(warp) * 2 +
-                            static_cast<size_t>(g.parity[static_cast<size_t>(warp)] ^ 1)) *
-                               kWarp;
+  block_on(Wait::kShuffle);  // the release flips the warp's parity; these slots stay as written
   return slots[src];
 }
 
