@@ -740,6 +740,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                 be.name().c_str(), run.w.size, run.tensor, p, run.data,
                 cfg.parallel.sequence_parallel ? ", sequence parallel" : "",
                 reducer.sharded() ? ", distributed optimizer" : "");
+    if (run.w.size > 1)
+      std::printf("  comm     %s\n", to_string(Transport{groups.backend, groups.staged}).c_str());
     if (p > 1)
       std::printf("  pipeline %s, %d micro-batches, %d chunk(s) per stage, layers per piece",
                   to_string(spec.kind), m, spec.chunks);
