@@ -3,8 +3,9 @@
 # needs no CMake edit; CONFIGURE_DEPENDS re-globs on every build.
 #
 # CUDA emulation (STRATA_CUDA_EMULATION): the .cu files are compiled as C++, DIR/cuda/emulation/
-# *.cc are added, and each of them replaces the DIR/cuda/ file of the same name (the cuBLASLt,
-# cuDNN and NCCL parts, which are not emulated).
+# *.cc are added, and each of them replaces the DIR/cuda/ file of the same name, if any (the
+# cuBLASLt and cuDNN parts, which are not emulated); the others stand in for libraries (the
+# CUDA runtime, NCCL).
 function(strata_add_library name dir)
   file(GLOB srcs CONFIGURE_DEPENDS ${dir}/*.cc ${dir}/cpu/*.cc)
   if(STRATA_HAVE_CUDA)

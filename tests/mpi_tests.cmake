@@ -8,6 +8,10 @@
 #                            line within timeout + 5 s
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
 #   mpi_nccl_np{1,2}         (CUDA builds) the NCCL backend; skips visibly without devices
+#   mpi_watchdog_nccl        (CUDA builds) mpi_watchdog on the NCCL backend: the NCCL watchdog
+#                            thread must fire; skips without a device per rank
+#   In the CUDA emulation build the NCCL tests run on emulated devices (STRATA_EMULATED_DEVICES)
+#   over the emulated NCCL (runtime/cuda/emulation/nccl.cc), mpi_nccl_np3 too.
 #
 # Ranks are oversubscribed (CI machines have 2 cores), with one OpenMP thread each.
 
@@ -61,11 +65,24 @@ if(Python3_Interpreter_FOUND)
 endif()
 
 if(STRATA_HAVE_CUDA)
+  set(nccl_ranks 1 2)
+  set(nccl_env "${STRATA_MPI_ENV}")
+  if(STRATA_CUDA_EMULATION)
+    set(nccl_ranks 1 2 3)
+    set(nccl_env "${STRATA_MPI_ENV};STRATA_EMULATED_DEVICES=4")
+  endif()
   strata_mpi_executable(mpi_test_nccl)
-  strata_mpi_test(mpi_test_nccl mpi_nccl 1 2)
-  # Without a CUDA device every test skips: ctest reports the run as skipped, not passed.
-  set_tests_properties(mpi_nccl_np1 mpi_nccl_np2 PROPERTIES
-    SKIP_REGULAR_EXPRESSION "SKIPPED \\][^\n]*tests?, listed below")
+  strata_mpi_test(mpi_test_nccl mpi_nccl ${nccl_ranks})
+  foreach(np ${nccl_ranks})
+    # Without a CUDA device every test skips: ctest reports the run as skipped, not passed.
+    set_tests_properties(mpi_nccl_np${np} PROPERTIES ENVIRONMENT "${nccl_env}"
+      SKIP_REGULAR_EXPRESSION "SKIPPED \\][^\n]*tests?, listed below")
+  endforeach()
+  add_test(NAME mpi_watchdog_nccl
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_watchdog_check.sh ${MPIEXEC_EXECUTABLE}
+                   $<TARGET_FILE:mpi_watchdog_probe> 3 nccl)
+  set_tests_properties(mpi_watchdog_nccl PROPERTIES ENVIRONMENT "${nccl_env}" TIMEOUT 60
+                       PROCESSORS 2 LABELS mpi SKIP_RETURN_CODE 77)
 endif()
 
 # Tensor / sequence / data parallelism against the single-process run (issue 4).

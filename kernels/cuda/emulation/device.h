@@ -4,7 +4,7 @@
 // device_util.cuh in that build only; see docs/gpu.md "CUDA emulation" for what it is for.
 //
 // Execution model (scheduler.cc). A launch runs its blocks one after another on the calling
-// thread. The threads of a block are fibers (ucontext) on that one thread, each run until it
+// thread. The threads of a block are fibers (Boost.Context) on that one thread, each run until it
 // reaches a barrier — __syncthreads (all the block's live threads) or a warp shuffle (all the
 // live lanes of its warp) — or returns; a barrier is released when every thread it waits for has
 // arrived. So __syncthreads and the shuffles mean what they mean on a GPU, atomics need no
@@ -54,6 +54,9 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
               const std::function<void()>& body);
 // The dynamic shared memory `kernel` may use: 48 KiB, or what cudaFuncSetAttribute raised it to.
 size_t max_dynamic_shared_bytes(const void* kernel);
+// What comes before a kernel launched on `stream` (runtime.cc): the stream's pending work (async.h)
+// completes, and communication in flight makes progress.
+void before_launch(cudaStream_t stream);
 // Block barrier, and the exchange of one 64-bit word among the 32 lanes of a warp: every lane
 // puts `bits` in and gets back lane (its lane ^ lane_mask)'s.
 void sync_block();
@@ -81,9 +84,10 @@ T atomic_add(T* address, T v) {
 // kernel<<<grid, block, smem, stream>>>(args...): the arguments are converted to the kernel's
 // parameter types once, as a launch copies them, and every thread gets the same copies.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t /*stream*/,
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong argument count");
+  before_launch(stream);
   const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
   run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem,
            [&] { std::apply(kernel, params); });

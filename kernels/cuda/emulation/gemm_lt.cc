@@ -4,7 +4,8 @@
 // GPU. Not a performance path.
 //
 // Device memory is host memory in this build, so every pointer of a Gemm is dereferenced
-// directly, and streams are synchronous: the result is complete when run() returns.
+// directly, and the GEMM runs when run() is called, after the stream's earlier work (device.h
+// before_launch): the result is complete when run() returns.
 //
 // Arithmetic, as cuBLASLt with CUBLAS_COMPUTE_32F: A and B widened to f32, the product
 // accumulated in f32 (kernels/cpu gemm<float>, OpenBLAS), then alpha·AB + beta·C (old C read in
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/emulation/device.h"
 
 namespace strata::kernels::cuda {
 
@@ -91,10 +93,11 @@ GemmLt::GemmLt(void* workspace, size_t workspace_bytes)
 
 GemmLt::~GemmLt() = default;
 
-cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t /*stream: synchronous in this build*/) {
+cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
   if (status_ != CUBLAS_STATUS_SUCCESS) return status_;
   if (const cublasStatus_t st = precheck(g); st != CUBLAS_STATUS_SUCCESS) return st;
   if (!supported(g)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  strata::cuda_emulation::before_launch(stream);  // after the stream's earlier work
   // Only here: on a GPU a missing buffer faults in the kernel; on the CPU it would crash this
   // process, so it is refused as a malformed call instead.
   const bool pointers_ok = g.A && g.B && g.C && (g.epilogue != GemmEpilogue::kBias || g.bias) &&

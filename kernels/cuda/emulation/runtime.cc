@@ -1,6 +1,11 @@
 // runtime.cc — the CUDA runtime calls the CUDA backend makes, emulated on the CPU for the
-// emulation build (device.h): one device whose memory is host memory, streams and events on which
-// everything has completed when the call returns, and cudaGetLastError's sticky-free error.
+// emulation build (device.h): devices whose memory is host memory, streams and events on which
+// everything has completed when the call returns unless a PendingWork (async.h: the emulated
+// NCCL's) is in flight on them, and cudaGetLastError's sticky-free error.
+//
+// Devices: one, or STRATA_EMULATED_DEVICES (1 to 64) to stand for a host with that many GPUs, so
+// that several ranks on one machine each find a device of their own and take the NCCL path. Each
+// process has its own memory, so the devices differ only in their index.
 //
 // Device memory is mapped so that each allocation ends right before an inaccessible page: a
 // kernel that reads or writes past the end of its buffer stops at once with a message naming the
@@ -20,8 +25,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <vector>
 
+#include "kernels/cuda/emulation/async.h"
 #include "kernels/cuda/emulation/device.h"
 
 namespace {
@@ -29,6 +37,22 @@ namespace {
 constexpr size_t kDeviceBytes = size_t{80} << 30;  // reported total memory: an H100's
 constexpr int kDefaultSharedBytes = 48 << 10;      // dynamic shared memory without an opt-in
 constexpr int kOptinSharedBytes = 227 << 10;       // the most an H100 block can opt into
+
+int device_count() {
+  static const int n = [] {
+    const char* env = std::getenv("STRATA_EMULATED_DEVICES");
+    if (env == nullptr || *env == 0) return 1;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != 0 || v < 1 || v > 64) {
+      std::fprintf(stderr, "cuda emulation: STRATA_EMULATED_DEVICES=%s: expected 1 to 64\n", env);
+      std::exit(2);
+    }
+    return static_cast<int>(v);
+  }();
+  return n;
+}
+thread_local int g_device = 0;
 
 std::mutex g_mutex;
 struct Allocation {
@@ -44,6 +68,7 @@ size_t g_page = 0;
 // say only "Segmentation fault").
 void on_segv(int, siginfo_t* info, void*) {
   const char* at = static_cast<const char*>(info->si_addr);
+  bool named = false;
   if (g_mutex.try_lock()) {
     for (const auto& [p, a] : g_allocations) {
       const char* guard = a.mapping + a.mapped - g_page;
@@ -52,10 +77,16 @@ void on_segv(int, siginfo_t* info, void*) {
                      "cuda emulation: access %zu bytes past the end of a %zu-byte cudaMalloc "
                      "allocation (a kernel reading or writing out of bounds)\n",
                      static_cast<size_t>(at - p) - a.bytes, a.bytes);
+        named = true;
         break;
       }
     }
   }
+  if (!named)
+    std::fprintf(stderr,
+                 "cuda emulation: segmentation fault at %p, in no allocation's guard page "
+                 "(memory already freed, or a host-side bug)\n",
+                 info->si_addr);
   std::signal(SIGSEGV, SIG_DFL);
   std::abort();
 }
@@ -99,16 +130,47 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) 
   return cudaSuccess;
 }
 
-// Streams and events are handles with nothing behind them, since every call completes at once.
-template <class Handle>
-cudaError_t new_handle(Handle* h) {
-  *h = reinterpret_cast<Handle>(new char);
-  return cudaSuccess;
+// A stream is the work in flight on it (nothing, unless a PendingWork was enqueued); an event is
+// the work in flight on its stream when it was last recorded. Guarded by g_async_mutex, which is
+// never held while a PendingWork is tested or waited for.
+using Work = std::shared_ptr<strata::cuda_emulation::PendingWork>;
+struct Stream {
+  std::vector<Work> pending;
+};
+struct Event {
+  std::vector<Work> pending;
+};
+std::mutex g_async_mutex;
+Stream g_default_stream;
+std::vector<Stream*> g_streams{&g_default_stream};  // every live stream, for device syncs
+void (*g_progress_hook)() = nullptr;
+
+Stream& stream_of(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return g_default_stream;
+  return *reinterpret_cast<Stream*>(s);
 }
-template <class Handle>
-cudaError_t delete_handle(Handle h) {
-  delete reinterpret_cast<char*>(h);
-  return cudaSuccess;
+Event& event_of(cudaEvent_t e) {
+  return *reinterpret_cast<Event*>(e);
+}
+
+// The works of `list` that have not completed; those that have leave the list.
+std::vector<Work> unfinished(std::vector<Work>& list) {
+  std::vector<Work> copy;
+  {
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    copy = list;
+  }
+  std::vector<Work> left, done;
+  for (const Work& w : copy) (w->test() ? done : left).push_back(w);
+  std::lock_guard<std::mutex> lock(g_async_mutex);
+  for (const Work& w : done) list.erase(std::remove(list.begin(), list.end(), w), list.end());
+  return left;
+}
+
+// Returns once every work of `list` has completed.
+void finish(std::vector<Work>& list) {
+  for (const Work& w : unfinished(list)) w->wait();
+  unfinished(list);
 }
 
 cudaError_t set(void* p, int value, size_t bytes) {
@@ -124,18 +186,22 @@ cudaError_t set(void* p, int value, size_t bytes) {
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+  if (device < 0 || device >= device_count())
+    return fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+  g_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = g_device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: no such device");
+  if (device < 0 || device >= device_count())
+    return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: no such device");
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "CUDA emulation on the CPU");
   prop->totalGlobalMem = kDeviceBytes;
@@ -150,12 +216,25 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   *value = 0;
+  if (device < 0 || device >= device_count())
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute: no such device");
   if (attr == cudaDevAttrComputeCapabilityMajor) *value = 9;
   if (attr == cudaDevAttrMultiProcessorCount) *value = 1;
   if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin) *value = kOptinSharedBytes;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;  // an H100's: 0 (lowest) to -5 (highest)
+  *greatest = -5;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) {
+  std::vector<Stream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    streams = g_streams;
+  }
+  for (Stream* s : streams) finish(s->pending);
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -176,6 +255,8 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "out of memory";
     case cudaErrorInvalidDevice:
       return "invalid device ordinal";
+    case cudaErrorNotReady:
+      return "device not ready";
     default:
       return "unknown error (emulation)";
   }
@@ -190,6 +271,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     default:
       return "cudaErrorUnknown";
   }
@@ -221,8 +304,10 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = mem;
   return cudaSuccess;
 }
+// As on a GPU, freeing waits for the device's work in flight, which may still use the memory.
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  cudaDeviceSynchronize();
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_allocations.find(static_cast<const char*>(p));
   if (it == g_allocations.end()) {
@@ -242,51 +327,81 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  finish(g_default_stream.pending);
   return copy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t s) {
+  finish(stream_of(s).pending);
   return copy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  finish(g_default_stream.pending);
   return set(p, value, bytes);
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  finish(stream_of(s).pending);
   return set(p, value, bytes);
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  return new_handle(s);
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  return new_handle(s);
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  return delete_handle(s);
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  auto* stream = new Stream;
+  std::lock_guard<std::mutex> lock(g_async_mutex);
+  g_streams.push_back(stream);
+  *s = reinterpret_cast<cudaStream_t>(stream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  return cudaStreamCreate(s);
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int) {
+  return cudaStreamCreate(s);
+}
+// A GPU finishes a destroyed stream's work before releasing it; here the host waits for it.
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (&stream_of(s) == &g_default_stream)
+    return fail(cudaErrorInvalidValue, "cudaStreamDestroy: the default stream");
+  Stream* stream = &stream_of(s);
+  finish(stream->pending);
+  {
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    g_streams.erase(std::remove(g_streams.begin(), g_streams.end(), stream), g_streams.end());
+  }
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  finish(stream_of(s).pending);
+  return cudaSuccess;
+}
+// Work issued on `s` from now on runs at once, so what it must follow completes here.
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  finish(event_of(e).pending);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  return new_handle(e);
+  *e = reinterpret_cast<cudaEvent_t>(new Event);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  return new_handle(e);
+  return cudaEventCreate(e);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  return delete_handle(e);
-}
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
+  delete &event_of(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::vector<Work> pending = unfinished(stream_of(s).pending);
+  std::lock_guard<std::mutex> lock(g_async_mutex);
+  event_of(e).pending = std::move(pending);
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  finish(event_of(e).pending);
   return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return unfinished(event_of(e).pending).empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
 // A kernel's dynamic shared memory above 48 KiB must be opted into, up to the device's 227 KiB.
@@ -305,4 +420,28 @@ size_t strata::cuda_emulation::max_dynamic_shared_bytes(const void* kernel) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_dynamic_smem_optin.find(kernel);
   return static_cast<size_t>(it == g_dynamic_smem_optin.end() ? kDefaultSharedBytes : it->second);
+}
+
+void strata::cuda_emulation::enqueue(cudaStream_t s, std::shared_ptr<PendingWork> w) {
+  std::lock_guard<std::mutex> lock(g_async_mutex);
+  stream_of(s).pending.push_back(std::move(w));
+}
+
+void strata::cuda_emulation::set_progress_hook(void (*hook)()) {
+  std::lock_guard<std::mutex> lock(g_async_mutex);
+  g_progress_hook = hook;
+}
+
+bool strata::cuda_emulation::is_device_memory(const void* p, size_t bytes) {
+  return is_device(p, bytes);
+}
+
+void strata::cuda_emulation::before_launch(cudaStream_t s) {
+  void (*hook)() = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    hook = g_progress_hook;
+  }
+  if (hook != nullptr) hook();
+  finish(stream_of(s).pending);
 }
