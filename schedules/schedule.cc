@@ -383,4 +383,9 @@ std::string instr_string(const Instr& i) {
   return std::string(tag) + std::to_string(i.mb) + "." + std::to_string(i.chunk);
 }
 
+bool schedule_runs_on_rendezvous_sends(ScheduleKind k) {
+  return k == ScheduleKind::kGPipe || k == ScheduleKind::kOneFOneB ||
+         k == ScheduleKind::kZeroBubbleH1;
+}
+
 }  // namespace strata

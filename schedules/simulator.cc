@@ -390,6 +390,26 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     *t = it->second + opt.latency;
     return true;
   };
+  // Collectives (opt.collectives): batch b's ReduceGrads of the first and last stage, and its
+  // OptimizerStep of every stage, each the k-th of its kind in the stage's list.
+  struct Collective {
+    std::set<int> members;  // the stages it reduces over
+    std::set<int> arrived;
+    double ready = 0.0;  // when the last member arrived
+  };
+  std::map<std::tuple<Op, int>, Collective> collectives;
+  auto collective_at = [&](int s, size_t i, Op op) -> Collective& {
+    const auto& list = lists[static_cast<size_t>(s)];
+    int batch = 0;
+    for (size_t k = 0; k < i; ++k) batch += list[k].op == op ? 1 : 0;
+    Collective& c = collectives[{op, batch}];
+    if (op == Op::kOptimizerStep) {
+      for (int q = 0; q < p; ++q) c.members.insert(q);
+    } else if (p > 1 && (s == 0 || s == p - 1)) {
+      c.members = {0, p - 1};
+    }
+    return c;
+  };
   // Runs the instruction (or group) at pc[s]; false when it must wait.
   auto advance = [&](int s) -> bool {
     const auto& list = lists[static_cast<size_t>(s)];
@@ -421,6 +441,16 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
       i = end;
       posted[static_cast<size_t>(s)] = false;
       return true;
+    }
+    if (opt.collectives && (in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep)) {
+      Collective& c = collective_at(s, i, in.op);
+      if (c.members.empty()) {
+        // not a collective on this stage (ReduceGrads of a middle stage)
+      } else {
+        if (c.arrived.insert(s).second) c.ready = std::max(c.ready, t);
+        if (c.arrived.size() < c.members.size()) return false;
+        t = c.ready;
+      }
     }
     const double d = duration_of(s, in, opt);
     r.timeline.push_back({s, in.op, in.mb, in.chunk, t, t + d});
@@ -457,6 +487,16 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     const size_t i = pc[static_cast<size_t>(s)];
     if (i >= list.size()) continue;
     r.finished = false;
+    if (opt.collectives && !is_comm(list[i].op)) {  // stopped at a collective
+      r.blocked_at[static_cast<size_t>(s)] = static_cast<int>(i);
+      const Collective& c = collective_at(s, i, list[i].op);
+      std::string missing;
+      for (int q : c.members)
+        if (!c.arrived.count(q)) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+      deadlock.push_back("deadlock: " + at(s, i, list[i]) +
+                         " waits in the collective for stage(s) " + missing);
+      continue;
+    }
     const size_t k = waiting_transfer(s);
     r.blocked_at[static_cast<size_t>(s)] = static_cast<int>(k);
     const Instr& in = list[k];

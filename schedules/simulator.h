@@ -2,7 +2,8 @@
 //
 // simulate() runs all stages' instruction lists (schedule.h) together on a model of the
 // machine: each stage executes its list in order; a compute instruction takes its duration
-// (SimOptions); a send never blocks and is stamped with the stage's current time; a receive
+// (SimOptions; with `collectives`, ReduceGrads and OptimizerStep also wait for the stages they
+// reduce with); a send never blocks and is stamped with the stage's current time; a receive
 // completes at max(now, time of the matching send + latency) and blocks the stage until that
 // send has happened; a group (instructions sharing `group`) is posted as one batch: all its
 // sends at the time the stage reaches the group, then the stage waits for all its receives.
@@ -51,6 +52,11 @@ struct SimOptions {
   // once the receiving stage has posted the matching receive. The executor's contract is
   // non-blocking sends (false); true checks that the lists also survive rendezvous sends.
   bool rendezvous_sends = false;
+  // ReduceGrads and OptimizerStep as the collectives the trainer makes them: batch b's
+  // ReduceGrads on the first and the last stage waits for the other's (the tied embedding's
+  // gradient sum), and its OptimizerStep on every stage for all the others' (the loss and
+  // gradient-norm sums over the pipeline). Off: they only take their time.
+  bool collectives = false;
   // When set, the duration of every non-communication instruction on `stage` (per stage and
   // chunk costs, e.g. an uneven layer split or the head on the last stage); the fields above
   // are then unused except `latency` and `rendezvous_sends`.

@@ -267,6 +267,43 @@ TEST(Checker, RendezvousSends) {
       << joined(r.problems);
 }
 
+TEST(Checker, CollectivesWithBufferedAndRendezvousSends) {
+  // The step is a collective over the pipeline and ReduceGrads one over its two ends (tied
+  // embeddings). Every schedule survives that with the executor's buffered sends, and the
+  // flushing one-chunk ones (gpipe, 1f1b, zb-h1) with NCCL's rendezvous sends too, which is
+  // what lets them run on NCCL.
+  for (bool rendezvous : {false, true}) {
+    SimOptions o = unit_times();
+    o.collectives = true;
+    o.rendezvous_sends = rendezvous;
+    o.latency = 0.1;
+    for_each_valid_spec([&](const ScheduleSpec& s) {
+      if (rendezvous && !schedule_runs_on_rendezvous_sends(s.kind)) return;
+      const SimResult r = simulate(s, o);
+      ASSERT_TRUE(r.ok()) << describe(s) << (rendezvous ? " (rendezvous)" : "") << "\n"
+                          << joined(r.problems);
+    });
+  }
+  // 2bw's step sits in the middle of the pipeline: with rendezvous sends a stage in its step
+  // waits for a neighbour whose grouped send waits for it, hence refused on NCCL.
+  SimOptions rv = unit_times();
+  rv.collectives = true;
+  rv.rendezvous_sends = true;
+  EXPECT_FALSE(simulate(spec_of(ScheduleKind::kTwoBW, 2, 2, 1, 2), rv).finished);
+  EXPECT_FALSE(schedule_runs_on_rendezvous_sends(ScheduleKind::kTwoBW));
+  EXPECT_FALSE(schedule_runs_on_rendezvous_sends(ScheduleKind::kInterleaved));
+  // A stage left out of the step is named.
+  ScheduleSpec s = spec_of(ScheduleKind::kOneFOneB, 3, 3, 1);
+  std::vector<std::vector<Instr>> lists = build_all(s);
+  lists[2].pop_back();  // stage 2 never steps
+  SimOptions o = unit_times();
+  o.collectives = true;
+  const SimResult r = simulate(s, lists, o);
+  EXPECT_FALSE(r.finished);
+  EXPECT_NE(joined(r.problems).find("waits in the collective for stage(s) 2"), std::string::npos)
+      << joined(r.problems);
+}
+
 TEST(Checker, GroupsAreContiguousCommunication) {
   for_each_valid_spec([&](const ScheduleSpec& s) {
     for (const auto& l : build_all(s)) {
