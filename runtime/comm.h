@@ -188,6 +188,11 @@ class Communicator {
   // stream). Operations wait for the work already enqueued there, and wait() orders the compute
   // stream after them. Ignored by host backends.
   virtual void set_compute_stream(void* stream) { (void)stream; }
+  // Whether a send holds up the group's later operations until its receive is posted (NCCL: a
+  // send blocks its stream; only sends and receives of one batch() progress together). False
+  // for MPI, whose sends never keep later operations from starting. The pipeline executor then
+  // posts each schedule group's sends and receives as one batch.
+  virtual bool rendezvous_sends() const { return false; }
 
   // Blocking forms.
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {

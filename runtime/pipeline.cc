@@ -48,7 +48,19 @@ void PipelineExecutor::reap_sends(bool wait) {
 // guarantees will happen (the simulator checks it), and waiting for it could deadlock two
 // stages that send to each other while each waits for its own send (large messages use MPI's
 // rendezvous protocol). Receive buffers are filed under the (mb, chunk) that consumes them.
+//
+// On a communicator with rendezvous sends (NCCL) a send posted alone would hold up the
+// receives after it until its peer receives, and two neighbours each sending first would wait
+// for each other. There the group's sends and receives go out as one batch, which NCCL runs
+// as one unit, like Megatron's batched send_forward_recv_backward; the wait for the receives
+// is then the wait for the whole batch (on a GPU a stream wait, not a host one). The
+// schedules gpipe, 1f1b and zb-h1 pair every send with the receive its peer posts at the same
+// point (tests/test_schedules.cc checks them with rendezvous sends and the step's collectives);
+// interleaved and 2bw do not, and the trainer runs them over MPI instead (launch/trainer.cc).
 const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
+  const bool together = pp_.rendezvous_sends();
+  std::vector<P2POp> batch;  // together: the group's sends, then (below) its receives
+  std::vector<Tensor> send_bufs;
   std::vector<P2POp> recvs;
   std::string what;
   for (const Instr& in : group) {
@@ -78,18 +90,31 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         STRATA_CHECK(it != pending.end(), "send before its compute: " << instr_string(in));
         Tensor buf = it->second;
         pending.erase(it);
-        Request r = pp_.isend(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(), to.stage,
-                              tag(in.mb, to.chunk, grad));
-        sends_.push_back({std::move(r), {std::move(buf)}});
+        const P2POp op = P2POp::send(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(),
+                                     to.stage, tag(in.mb, to.chunk, grad));
+        if (together) {
+          batch.push_back(op);
+          send_bufs.push_back(std::move(buf));
+        } else {
+          sends_.push_back(
+              {pp_.isend(op.buf, op.count, op.dtype, op.peer, op.tag), {std::move(buf)}});
+        }
         break;
       }
       default:
         STRATA_CHECK(false, "not a transfer: " << instr_string(in));
     }
   }
+  if (together && recvs.empty()) {
+    if (!batch.empty()) sends_.push_back({pp_.ibatch(batch), std::move(send_bufs)});
+    return nullptr;
+  }
   if (recvs.empty()) return nullptr;
   WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
-  pp_.ibatch(recvs).wait();  // the compute after it needs the data
+  batch.insert(batch.end(), recvs.begin(), recvs.end());
+  // The compute after it needs the data. A batch's send buffers may go once it has completed
+  // (on a GPU: once the compute stream, which reuses freed memory, is ordered after it).
+  pp_.ibatch(together ? batch : recvs).wait();
   for (const Instr& in : group)
     if (in.op == Op::kRecvActivation || in.op == Op::kRecvGrad) return &in;
   return nullptr;

@@ -284,6 +284,7 @@ class NcclCommunicator final : public Communicator {
   }
   double timeout_s() const override { return timeout_s_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+  bool rendezvous_sends() const override { return true; }
 
   Request iall_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     return enqueue({"all_reduce", count * dtype_size(dtype), {}}, [&] {

@@ -8,12 +8,15 @@
 //                        from the serial); the maker answers with the group's world ranks in rank
 //                        order, and the members make an MPI communicator of them
 //                        (MPI_Comm_create_group, collective over the members only)
-//   collectives, p2p     the matching non-blocking MPI operation on that communicator, posted when
-//                        the call is made and enqueued on the call's stream as pending work
-//                        (async.h): an event recorded on the stream after it completes with it,
-//                        and a stream that waits for that event waits for it
-//   ncclGroupStart/End   operations are posted at once, so grouped sends and receives progress
-//                        together as they do in a group
+//   collectives, p2p     the matching non-blocking MPI operation on that communicator, enqueued on
+//                        the call's stream as pending work (async.h): an event recorded on the
+//                        stream after it completes with it, and a stream that waits for that
+//                        event waits for it
+//   ncclGroupStart/End   the calls between them are one unit on their stream
+//   stream order         a unit starts (posts its MPI operations) once everything before it on
+//                        its stream has completed, as on a GPU: a send whose receive is not
+//                        posted holds up its stream (MPI's rendezvous for all but small
+//                        messages, like NCCL's, whose buffers take only small ones)
 //
 // As in NCCL, the buffers must be device memory (a host pointer is ncclInvalidArgument), in-place
 // means sendbuff == recvbuff (all-gather and reduce-scatter: the rank's slice of the larger
@@ -32,7 +35,9 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -83,49 +88,86 @@ ncclResult_t error(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   return r;
 }
 
-// One posted MPI operation: the pending work on its stream.
-class MpiOp final : public emu::PendingWork {
- public:
+// One NCCL call: how to start it (posting its MPI request) and what to do once it completes.
+struct Op {
+  std::function<void(Op&)> start;  // fills request
+  std::function<void(Op&)> then;   // once the request completes (may be empty)
   MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<char> scratch;   // where a result lands before `then` moves it
-  std::function<void()> then;  // runs once the request completes
+  std::vector<char> scratch;  // where a result lands before `then` moves it
+};
 
-  // Makes progress on the MPI thread; elsewhere, reports what that thread last saw.
+// The operations of one NCCL group (or one call outside a group): the unit a stream runs. It
+// starts once everything before it on its stream has completed, all its operations together,
+// and completes when all of them have. That is NCCL's semantics on a stream — a send that no
+// receive matches yet holds up everything behind it on its stream — which is what makes a
+// schedule that only works with buffered sends hang here, as it would on GPUs.
+class Group final : public emu::PendingWork {
+ public:
+  std::vector<Op> ops;
+  cudaStream_t stream = nullptr;
+
+  void start() {
+    for (Op& op : ops) op.start(op);
+    started_ = true;
+  }
+  // Tests its requests (MPI thread, once started); true once all have completed.
   bool poll() {
     if (done_.load()) return true;
-    if (!on_mpi_thread()) return false;
-    int flag = 0;
-    MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-    if (flag != 0) {
-      if (then) then();
-      done_.store(true);
+    if (!started_ || !on_mpi_thread()) return false;
+    for (Op& op : ops) {
+      if (op.request == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_CHECK(MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE));
+      if (flag == 0) return false;
     }
-    return flag != 0;
+    for (Op& op : ops)
+      if (op.then) op.then(op);
+    done_.store(true);
+    return true;
   }
   bool test() override;
   void wait() override;
 
  private:
+  bool started_ = false;
   std::atomic<bool> done_{false};
 };
 
-std::vector<std::shared_ptr<MpiOp>> g_in_flight;  // MPI thread only
+// Per stream, its groups not yet completed in order; the first is the one started. MPI thread
+// only.
+std::map<cudaStream_t, std::deque<std::shared_ptr<Group>>> g_streams;
+std::shared_ptr<Group> g_open_group;  // between ncclGroupStart and ncclGroupEnd
+int g_group_depth = 0;
 
-// Tests every operation in flight (MPI moves data only inside its calls).
+// Completes what has completed and starts what may start, on every stream (MPI moves data
+// only inside its calls, so this runs at every NCCL call, kernel launch and wait).
 void progress() {
   if (!on_mpi_thread()) return;
-  g_in_flight.erase(std::remove_if(g_in_flight.begin(), g_in_flight.end(),
-                                   [](const std::shared_ptr<MpiOp>& op) { return op->poll(); }),
-                    g_in_flight.end());
+  for (auto it = g_streams.begin(); it != g_streams.end();) {
+    auto& queue = it->second;
+    while (!queue.empty() && queue.front()->poll()) {
+      queue.pop_front();
+      if (!queue.empty()) queue.front()->start();
+    }
+    it = queue.empty() ? g_streams.erase(it) : std::next(it);
+  }
 }
 
-bool MpiOp::test() {
+void submit(const std::shared_ptr<Group>& g) {
+  auto& queue = g_streams[g->stream];
+  queue.push_back(g);
+  emu::enqueue(g->stream, g);
+  if (queue.size() == 1) g->start();
+  progress();
+}
+
+bool Group::test() {
   if (poll()) return true;
   progress();
   return poll();
 }
 
-void MpiOp::wait() {
+void Group::wait() {
   while (!test()) strata::poll_pause();
 }
 
@@ -203,15 +245,26 @@ struct Call {
                                     std::to_string(comm->size) + " ranks");
   }
 
-  // Posts the operation (`start` fills op.request) on `stream`.
-  ncclResult_t post(cudaStream_t stream, const std::function<void(MpiOp&)>& start,
-                    std::function<void()> then = {}) {
+  // Adds the operation (`start` fills op.request) to the open group, or submits it as a group
+  // of its own on `stream`.
+  ncclResult_t post(cudaStream_t stream, std::function<void(Op&)> start,
+                    std::function<void(Op&)> then = {}) {
     if (!ok()) return status;
-    auto op = std::make_shared<MpiOp>();
-    op->then = std::move(then);
-    start(*op);
-    g_in_flight.push_back(op);
-    emu::enqueue(stream, op);
+    std::shared_ptr<Group> g = g_open_group;
+    if (!g) {
+      g = std::make_shared<Group>();
+      g->stream = stream;
+    } else if (g->ops.empty()) {
+      g->stream = stream;
+    } else if (g->stream != stream) {
+      fail(ncclInvalidUsage, "a group's operations on two streams is not emulated");
+      return status;
+    }
+    Op op;
+    op.start = std::move(start);
+    op.then = std::move(then);
+    g->ops.push_back(std::move(op));
+    if (!g_open_group) submit(g);
     return ncclSuccess;
   }
 };
@@ -340,10 +393,16 @@ const char* ncclGetLastError(ncclComm_t comm) {
 
 ncclResult_t ncclGroupStart() {
   progress();
+  if (g_group_depth++ == 0) g_open_group = std::make_shared<Group>();
   return ncclSuccess;
 }
 ncclResult_t ncclGroupEnd() {
-  progress();
+  if (g_group_depth == 0) return error(ncclInvalidUsage, nullptr, "ncclGroupEnd: no group open");
+  if (--g_group_depth == 0) {
+    std::shared_ptr<Group> g = std::move(g_open_group);
+    g_open_group.reset();
+    if (!g->ops.empty()) submit(g);
+  }
   return ncclSuccess;
 }
 
@@ -352,7 +411,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   Call call(comm, "ncclAllReduce", count, type, op);
   call.device(send, call.bytes, "sendbuff");
   call.device(recv, call.bytes, "recvbuff");
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     MPI_CHECK(MPI_Iallreduce(in_place(send, recv), recv, call.count, call.mpi_type, call.mpi_op,
                              comm->mpi, &o.request));
   });
@@ -365,7 +424,7 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
   call.device(send, call.bytes, "sendbuff");
   const bool is_root = call.ok() && comm->rank == root;
   if (is_root) call.device(recv, call.bytes, "recvbuff");  // used on the root only
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     MPI_CHECK(MPI_Ireduce(is_root ? in_place(send, recv) : send, is_root ? recv : nullptr,
                           call.count, call.mpi_type, call.mpi_op, root, comm->mpi, &o.request));
   });
@@ -378,7 +437,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   const bool is_root = call.ok() && comm->rank == root;
   if (is_root) call.device(send, call.bytes, "sendbuff");  // read on the root only
   call.device(recv, call.bytes, "recvbuff");
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     if (is_root && send != recv) std::memcpy(recv, send, call.bytes);
     MPI_CHECK(MPI_Ibcast(recv, call.count, call.mpi_type, root, comm->mpi, &o.request));
   });
@@ -389,7 +448,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
   Call call(comm, "ncclAllGather", send_count, type);
   call.device(send, call.bytes, "sendbuff");
   if (call.ok()) call.device(recv, call.bytes * static_cast<size_t>(comm->size), "recvbuff");
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     // In place: sendbuff is this rank's slice of recvbuff, which is MPI's in-place too.
     const bool own_slice =
         send == static_cast<const char*>(recv) + static_cast<size_t>(comm->rank) * call.bytes;
@@ -411,17 +470,18 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
   const bool overlaps =
       at < lo + call.bytes * static_cast<size_t>(comm->size) && lo < at + call.bytes;
   const size_t bytes = call.bytes;
-  auto start = [&](MpiOp& o) {
+  auto start = [=](Op& o) {
     void* dst = recv;
     if (overlaps) {
       o.scratch.resize(bytes);
       dst = o.scratch.data();
-      o.then = [&o, recv, bytes] { std::memcpy(recv, o.scratch.data(), bytes); };
     }
     MPI_CHECK(MPI_Ireduce_scatter_block(send, dst, call.count, call.mpi_type, call.mpi_op,
                                         comm->mpi, &o.request));
   };
-  return call.post(stream, start);
+  if (!overlaps) return call.post(stream, start);
+  return call.post(stream, start,
+                   [recv, bytes](Op& o) { std::memcpy(recv, o.scratch.data(), bytes); });
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
@@ -429,7 +489,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
   Call call(comm, "ncclSend", count, type);
   call.rank(peer, "peer");
   call.device(send, call.bytes, "sendbuff");
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     MPI_CHECK(MPI_Isend(send, call.count, call.mpi_type, peer, 0, comm->mpi, &o.request));
   });
 }
@@ -439,7 +499,7 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
   Call call(comm, "ncclRecv", count, type);
   call.rank(peer, "peer");
   call.device(recv, call.bytes, "recvbuff");
-  return call.post(stream, [&](MpiOp& o) {
+  return call.post(stream, [=](Op& o) {
     MPI_CHECK(MPI_Irecv(recv, call.count, call.mpi_type, peer, 0, comm->mpi, &o.request));
   });
 }
