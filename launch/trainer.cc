@@ -160,27 +160,13 @@ struct Run {
   Device tensor_device() const { return backend_device(cfg.device); }
   // How tensors on `d` travel between ranks (NCCL, MPI, or MPI staged through host memory).
   // A pipeline schedule that needs buffered sends (interleaved, 2bw: schedule.h) does not run
-  // on NCCL, whose sends wait for their receive: such a run goes through MPI staged in host
-  // memory instead (slower, and said so in the banner).
+  // on NCCL, whose sends wait for their receive, so it keeps them on staged MPI.
   Transport transport(Device d) const {
-    Transport t = choose_transport(d, w.size, w.local_size, cuda_device_count(),
-                                   backend_available(CommBackend::kNCCL));
-    if (t.backend == CommBackend::kNCCL && !schedule_fits_nccl()) {
-      t.backend = CommBackend::kMPI;
-      t.staged = true;
-    }
-    return t;
-  }
-  // The schedule alone kept tensors on `d` off NCCL.
-  bool nccl_refused_for_schedule(Device d) const {
-    return !schedule_fits_nccl() && choose_transport(d, w.size, w.local_size, cuda_device_count(),
-                                                     backend_available(CommBackend::kNCCL))
-                                            .backend == CommBackend::kNCCL;
-  }
-  bool schedule_fits_nccl() const {
     ScheduleKind kind = ScheduleKind::kOneFOneB;
     parse_schedule_kind(cfg.parallel.schedule, &kind);
-    return pipeline == 1 || schedule_runs_on_rendezvous_sends(kind);
+    return choose_transport(d, w.size, w.local_size, cuda_device_count(),
+                            backend_available(CommBackend::kNCCL),
+                            pipeline > 1 && !schedule_runs_on_rendezvous_sends(kind));
   }
 
   // The groups carrying be's tensors, ordered after be's compute stream. Create be first: the
@@ -760,12 +746,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                 cfg.parallel.sequence_parallel ? ", sequence parallel" : "",
                 reducer.sharded() ? ", distributed optimizer" : "");
     if (run.w.size > 1)
-      std::printf("  comm     %s%s\n", to_string(Transport{groups.backend, groups.staged}).c_str(),
-                  run.nccl_refused_for_schedule(be.device())
-                      ? (" (" + cfg.parallel.schedule +
-                         " needs buffered sends, which NCCL's are not; docs/schedules.md)")
-                            .c_str()
-                      : "");
+      std::printf("  comm     %s\n", to_string(run.transport(be.device())).c_str());
     if (p > 1)
       std::printf("  pipeline %s, %d micro-batches, %d chunk(s) per stage, layers per piece",
                   to_string(spec.kind), m, spec.chunks);

@@ -59,9 +59,9 @@ void PipelineExecutor::reap_sends(bool wait) {
 // interleaved and 2bw do not, and the trainer runs them over MPI instead (launch/trainer.cc).
 const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
   const bool together = pp_.rendezvous_sends();
-  std::vector<P2POp> batch;  // together: the group's sends, then (below) its receives
+  std::vector<P2POp> batch;  // the group's receives; together, its sends too (in group order)
   std::vector<Tensor> send_bufs;
-  std::vector<P2POp> recvs;
+  bool receives = false;
   std::string what;
   for (const Instr& in : group) {
     what += (what.empty() ? "" : " + ") + instr_string(in);
@@ -75,8 +75,9 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         STRATA_CHECK(from.stage >= 0, "receive with no peer piece: " << instr_string(in));
         Tensor buf =
             be_.empty(stage.boundary_shape(), MemCategory::kActivations, stage.boundary_dtype());
-        recvs.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(),
+        batch.push_back(P2POp::recv(buf.data(), static_cast<size_t>(buf.numel()), buf.dtype(),
                                     from.stage, tag(in.mb, in.chunk, grad)));
+        receives = true;
         (grad ? grads_in_ : inputs_)[key] = buf;
         break;
       }
@@ -105,16 +106,14 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         STRATA_CHECK(false, "not a transfer: " << instr_string(in));
     }
   }
-  if (together && recvs.empty()) {
+  if (!receives) {
     if (!batch.empty()) sends_.push_back({pp_.ibatch(batch), std::move(send_bufs)});
     return nullptr;
   }
-  if (recvs.empty()) return nullptr;
   WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
-  batch.insert(batch.end(), recvs.begin(), recvs.end());
   // The compute after it needs the data. A batch's send buffers may go once it has completed
   // (on a GPU: once the compute stream, which reuses freed memory, is ordered after it).
-  pp_.ibatch(together ? batch : recvs).wait();
+  pp_.ibatch(batch).wait();
   for (const Instr& in : group)
     if (in.op == Op::kRecvActivation || in.op == Op::kRecvGrad) return &in;
   return nullptr;

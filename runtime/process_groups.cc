@@ -74,15 +74,17 @@ void ProcessGroups::set_compute_stream(void* stream) {
   }
 }
 
-Transport choose_transport(Device tensors, int world_size, int ranks_per_host,
-                           int devices_per_host, bool nccl_built) {
+Transport choose_transport(Device tensors, int world_size, int ranks_per_host, int devices_per_host,
+                           bool nccl_built, bool needs_buffered_sends) {
   Transport t;
   const CommBackend host = world_size == 1 ? CommBackend::kLocal : CommBackend::kMPI;
+  const bool nccl = world_size > 1 && nccl_built && devices_per_host >= ranks_per_host;
   if (tensors == Device::kCPU) {
     t.backend = host;
-  } else if (world_size > 1 && nccl_built && devices_per_host >= ranks_per_host) {
+  } else if (nccl && !needs_buffered_sends) {
     t.backend = CommBackend::kNCCL;
   } else {
+    t.for_buffered_sends = nccl;
     t.backend = host;
     t.staged = true;
   }
@@ -92,6 +94,8 @@ Transport choose_transport(Device tensors, int world_size, int ranks_per_host,
 std::string to_string(const Transport& t) {
   std::string s = to_string(t.backend);
   if (t.staged) s += ", staged through host memory";
+  if (t.for_buffered_sends)
+    s += " (the pipeline schedule needs buffered sends, which NCCL's are not; docs/schedules.md)";
   return s;
 }
 

@@ -82,13 +82,16 @@ struct ProcessGroups {
 struct Transport {
   CommBackend backend = CommBackend::kLocal;
   bool staged = false;  // device tensors over a host backend (make_staged_communicator)
+  bool for_buffered_sends = false;  // staged although NCCL was there: the schedule needs MPI's
 };
 // Host tensors: MPI (Local for one rank). CUDA tensors: NCCL when it is built and every rank on a
 // host has a GPU of its own (devices_per_host ≥ ranks_per_host); otherwise, when ranks share a
 // GPU (NCCL refuses two ranks on one device) or NCCL is missing, MPI (Local for one rank) staged
-// through host memory. A pure function: tests and the dry run call it directly.
-Transport choose_transport(Device tensors, int world_size, int ranks_per_host,
-                           int devices_per_host, bool nccl_built);
+// through host memory. needs_buffered_sends (a pipeline schedule that does not run on NCCL's
+// rendezvous sends: schedule_runs_on_rendezvous_sends, schedule.h) also keeps CUDA tensors on
+// staged MPI. A pure function: tests and the dry run call it directly.
+Transport choose_transport(Device tensors, int world_size, int ranks_per_host, int devices_per_host,
+                           bool nccl_built, bool needs_buffered_sends = false);
 // "nccl", "mpi", "mpi, staged through host memory", ...
 std::string to_string(const Transport& t);
 

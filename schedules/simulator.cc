@@ -444,9 +444,7 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     }
     if (opt.collectives && (in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep)) {
       Collective& c = collective_at(s, i, in.op);
-      if (c.members.empty()) {
-        // not a collective on this stage (ReduceGrads of a middle stage)
-      } else {
+      if (!c.members.empty()) {  // empty: a middle stage's ReduceGrads, no collective there
         if (c.arrived.insert(s).second) c.ready = std::max(c.ready, t);
         if (c.arrived.size() < c.members.size()) return false;
         t = c.ready;

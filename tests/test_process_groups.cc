@@ -184,6 +184,16 @@ TEST(process_groups, TransportFollowsWhereTensorsLiveAndDevicesPerHost) {
   }
   EXPECT_EQ(to_string(Transport{CommBackend::kMPI, true}), "mpi, staged through host memory");
   EXPECT_EQ(to_string(Transport{CommBackend::kNCCL, false}), "nccl");
+  // A schedule that needs buffered sends (interleaved, 2bw) keeps GPU tensors off NCCL, and
+  // says why; where NCCL was not possible anyway it changes nothing.
+  const Transport buffered = choose_transport(Device::kCUDA, 16, 8, 8, true, true);
+  EXPECT_EQ(buffered.backend, CommBackend::kMPI);
+  EXPECT_TRUE(buffered.staged);
+  EXPECT_EQ(to_string(buffered),
+            "mpi, staged through host memory (the pipeline schedule needs buffered sends, which "
+            "NCCL's are not; docs/schedules.md)");
+  EXPECT_FALSE(choose_transport(Device::kCUDA, 4, 4, 1, true, true).for_buffered_sends);
+  EXPECT_EQ(choose_transport(Device::kCPU, 8, 4, 8, true, true).backend, CommBackend::kMPI);
 }
 
 TEST(process_groups, LocalCommunicatorCopiesAndMatchesSendsToSelf) {

@@ -103,6 +103,26 @@ void install_segv_handler() {
 std::map<const void*, int> g_dynamic_smem_optin;  // kernel → cudaFuncSetAttribute's bytes
 thread_local cudaError_t g_last_error = cudaSuccess;
 
+// The errors this runtime returns, named and described as the CUDA runtime does.
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+const ErrorText& error_text(cudaError_t e) {
+  static const ErrorText known[] = {
+      {cudaSuccess, "cudaSuccess", "no error"},
+      {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+      {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+      {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+      {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+  };
+  static const ErrorText unknown{cudaErrorUnknown, "cudaErrorUnknown", "unknown error (emulation)"};
+  for (const ErrorText& k : known)
+    if (k.code == e) return k;
+  return unknown;
+}
+
 cudaError_t fail(cudaError_t e, const char* what) {
   std::fprintf(stderr, "cuda emulation: %s\n", what);
   g_last_error = e;
@@ -246,36 +266,10 @@ cudaError_t cudaPeekAtLastError(void) {
   return g_last_error;
 }
 const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorNotReady:
-      return "device not ready";
-    default:
-      return "unknown error (emulation)";
-  }
+  return error_text(error).text;
 }
 const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    default:
-      return "cudaErrorUnknown";
-  }
+  return error_text(error).name;
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
