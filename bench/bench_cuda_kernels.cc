@@ -35,6 +35,8 @@
 //     tflops_per_gpu uses), so the % of peak is the fraction of the tensor cores really used.
 //     FlashAttention-2's benchmark halves for causal too but counts the backward as 2.5× the
 //     forward: multiply the bwd figure by 1.25 to compare with its published numbers.
+//     Strata's rows run the kernels the backend runs: bf16 on tensor cores
+//     (kernels/cuda/flash_attention_tc.cu), f32 on CUDA cores.
 //     In bf16 the same forward and backward also run on cuDNN's fused flash attention
 //     (kernels/cuda/cudnn_attention.h, rows "attention fwd cudnn" / "attention bwd cudnn", the
 //     same FLOP count; its backward recomputes the scores too). A shape cuDNN refuses prints

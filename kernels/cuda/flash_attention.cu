@@ -1,5 +1,7 @@
-// flash_attention.cu — the kernels of flash_attention.h, on CUDA cores (f32 FMAs from shared
-// memory; no tensor-core fragments yet: this first version is written for being checkable).
+// flash_attention.cu — flash_attention.h: its entry points, and its f32 kernels, on CUDA cores
+// (f32 FMAs from shared memory), which keep fp32 runs true fp32 for the equivalence checks. bf16
+// goes to the tensor-core kernels of flash_attention_tc.cu; the backward's D pre-pass and dq
+// pass below serve both.
 //
 // Tiling. Queries and keys come in tiles of kTile = 64 rows. A block has 256 threads seen as a
 // 16 × 16 grid (ty, tx): for a 64 × 64 tile of scores it owns rows ty + 16r and columns
@@ -26,10 +28,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_tc.h"
 
 namespace strata::kernels::cuda {
 namespace {
@@ -379,16 +381,27 @@ bool valid_shape(int B, int S, int NH, int HS) {
          (S + kTile - 1) / kTile <= 65535;
 }
 
-// Runs f.template operator()<HS_MAX>() for the smallest kernel size that holds HS.
-template <class F>
-cudaError_t with_head_size(int HS, F&& f) {
-  if (HS <= 32) return f(std::integral_constant<int, 32>{});
-  if (HS <= 64) return f(std::integral_constant<int, 64>{});
-  return f(std::integral_constant<int, 128>{});
-}
-
 float log2_scale(int HS) {
   return kLog2e / std::sqrt(static_cast<float>(HS));
+}
+
+// The f32 backward's main kernel: dk, dv into dqkv, dq into dq_acc.
+cudaError_t f32_backward(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
+                         const float* lse, const float* dsum, int B, int S, int NH, int HS,
+                         cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+  const float scale = 1.f / std::sqrt(static_cast<float>(HS));
+  return with_head_size(HS, [&](auto hs_max) {
+    constexpr int HS_MAX = decltype(hs_max)::value;
+    constexpr size_t smem = backward_smem_bytes<HS_MAX>();
+    cudaError_t err =
+        cudaFuncSetAttribute(flash_backward_kernel<float, HS_MAX>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    launch(flash_backward_kernel<float, HS_MAX>, grid, kThreads, smem, stream, dqkv, dq_acc, dout,
+           qkv, lse, dsum, S, NH, HS, scale, log2_scale(HS));
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace
@@ -397,21 +410,20 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
                                     int S, int NH, int HS, cudaStream_t stream) {
   if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
+  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, HS, stream);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
-  return dispatch(type, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return with_head_size(HS, [&](auto hs_max) {
-      constexpr int HS_MAX = decltype(hs_max)::value;
-      constexpr size_t smem = forward_smem_bytes<HS_MAX>();
-      // Above 48 KiB a kernel must opt in to its dynamic shared memory, per device.
-      cudaError_t err =
-          cudaFuncSetAttribute(flash_forward_kernel<T, HS_MAX>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (err != cudaSuccess) return err;
-      launch(flash_forward_kernel<T, HS_MAX>, grid, kThreads, smem, stream, static_cast<T*>(out),
-             lse, static_cast<const T*>(qkv), S, NH, HS, log2_scale(HS));
-      return cudaGetLastError();
-    });
+  return with_head_size(HS, [&](auto hs_max) {
+    constexpr int HS_MAX = decltype(hs_max)::value;
+    constexpr size_t smem = forward_smem_bytes<HS_MAX>();
+    // Above 48 KiB a kernel must opt in to its dynamic shared memory, per device.
+    cudaError_t err =
+        cudaFuncSetAttribute(flash_forward_kernel<float, HS_MAX>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    launch(flash_forward_kernel<float, HS_MAX>, grid, kThreads, smem, stream,
+           static_cast<float*>(out), lse, static_cast<const float*>(qkv), S, NH, HS,
+           log2_scale(HS));
+    return cudaGetLastError();
   });
 }
 
@@ -430,25 +442,16 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
   float* dsum = dq_acc + rows * HS;              // (B, NH, S)
   cudaError_t err = cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * HS, stream);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
-  const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   return dispatch(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const unsigned dsum_blocks = grid_for(rows * 32, kThreads);
     launch(flash_backward_dsum_kernel<T>, dsum_blocks, kThreads, 0, stream, dsum,
            static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
-    cudaError_t e = with_head_size(HS, [&](auto hs_max) {
-      constexpr int HS_MAX = decltype(hs_max)::value;
-      constexpr size_t smem = backward_smem_bytes<HS_MAX>();
-      cudaError_t a =
-          cudaFuncSetAttribute(flash_backward_kernel<T, HS_MAX>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (a != cudaSuccess) return a;
-      launch(flash_backward_kernel<T, HS_MAX>, grid, kThreads, smem, stream, static_cast<T*>(dqkv),
-             dq_acc, static_cast<const T*>(dout), static_cast<const T*>(qkv), lse, dsum, S, NH, HS,
-             scale, log2_scale(HS));
-      return cudaGetLastError();
-    });
+    cudaError_t e =
+        type == ElemType::kBF16
+            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, HS, stream)
+            : f32_backward(static_cast<float*>(dqkv), dq_acc, static_cast<const float*>(dout),
+                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, HS, stream);
     if (e != cudaSuccess) return e;
     const int64_t row = static_cast<int64_t>(NH) * HS;
     const int64_t tokens = static_cast<int64_t>(B) * S;

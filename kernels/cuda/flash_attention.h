@@ -6,12 +6,15 @@
 //   out  (B, S, NH, HS)
 //   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over j ≤ i, scale = 1/√HS
 // qkv, out, dout and dqkv share one element type (f32 or bf16); every product is summed in f32
-// and bf16 results are rounded once, at the store.
+// and results are rounded once, at the store. f32 runs on CUDA cores in true f32
+// (flash_attention.cu); bf16 on tensor cores (flash_attention_tc.cu), where, as in
+// FlashAttention-2, the probabilities and score gradients are also rounded to bf16 where they
+// become an operand of the next product.
 //
 // Limits: 1 ≤ HS ≤ kFlashMaxHeadSize (head sizes 32, 64 and 128 run on kernels sized for them,
 // any other size on the next larger one); any S ≥ 1. Other shapes return cudaErrorInvalidValue
 // before launching anything. The kernels need up to ~163 KiB of shared memory per block (HS in
-// (64, 128], backward), which sm_80 and sm_90 provide.
+// (64, 128], f32 backward) and the bf16 ones tensor cores, which sm_80 and sm_90 provide.
 //
 // Thread-safety: none needed (no state); calls are ordered by their stream.
 #pragma once
@@ -39,5 +42,10 @@ size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS);
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                      const float* lse, ElemType type, int B, int S, int NH, int HS,
                                      void* scratch, cudaStream_t stream);
+
+// Diagnostics: d (16 × 8, f32, row-major) = a (16 × 16, bf16, row-major) · bᵀ with b (8 × 16,
+// bf16, row-major), as one tensor-core product through the very fragment loads the bf16 kernels
+// use — a check, on the GPU itself, of the fragment layout they assume (kernels/cuda/mma.cuh).
+cudaError_t mma_fragment_product(float* d, const void* a, const void* b, cudaStream_t stream);
 
 }  // namespace strata::kernels::cuda

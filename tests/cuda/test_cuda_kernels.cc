@@ -13,8 +13,11 @@
 //   accumulation inside cuBLASLt, which is not guaranteed to round like IEEE f32 adds.
 // - bf16 results: 1e-2. The GPU rounds each result once to bf16 (≤ 2^-9 ≈ 0.2% of its own
 //   magnitude); a GEMM whose bias could not be fused rounds twice, and the attention backward's
-//   D = rowsum(dout ∘ out) uses the bf16-rounded out, an error of the same size. 1e-2 is ~5x
-//   that, while a wrong term, a missing accumulation or a wrong index is far larger.
+//   D = rowsum(dout ∘ out) uses the bf16-rounded out, an error of the same size. The bf16
+//   attention kernels (tensor cores, as FlashAttention-2) also round the probabilities and the
+//   score gradients to bf16 where they enter the next product: their largest error here is
+//   below 4e-3 (measured in the emulation build). 1e-2 is 2.5-5x those, while a wrong term, a
+//   missing accumulation or a wrong index is far larger (a swapped fragment register: 3e-2).
 // - exact (0): casts against the CPU's rounding function, permutations.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -328,6 +331,27 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
                                       cpu_scratch.data(), c.B, c.S, c.NH, c.HS);
       expect_close(what + " dqkv", Dqkv.host(), dqkv, is_bf16(type) ? kTolBf16 : kTolF32);
     }
+}
+
+// The tensor-core fragment layout the bf16 attention kernels assume (kernels/cuda/mma.cuh):
+// one m16n8k16 product through their fragment loads, against the CPU product. Small integers
+// make every product and sum exact in f32, so the comparison is exact: a lane or register off
+// by one moves whole values. In the emulation build this checks the emulator against the same
+// layout; on a GPU it checks the layout against the hardware.
+TEST(CudaKernels, TensorCoreFragmentLayoutMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> a(16 * 16), b(8 * 16);
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = static_cast<float>(static_cast<int>(i * 7 % 23) - 11);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i * 5 % 19) - 9);
+  DeviceArray A(a, kc::ElemType::kBF16), B(b, kc::ElemType::kBF16);
+  DeviceArray D(std::vector<float>(16 * 8, 0.f), kc::ElemType::kF32);
+  ASSERT_EQ(kc::mma_fragment_product(D.f32(), A.get(), B.get(), nullptr), cudaSuccess);
+  std::vector<float> d(16 * 8, 0.f);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < 16; ++k) d[i * 8 + j] += a[i * 16 + k] * b[j * 16 + k];
+  expect_close("m16n8k16 product", D.host(), d, 0.0);
 }
 
 TEST(CudaKernels, FlashAttentionRefusesHeadSizesAbove128) {

@@ -18,8 +18,14 @@
 // one order or the other and fails a comparison with the CPU reference. Dynamic shared memory
 // and every cudaMalloc start filled with NaN bytes (0xff), so reading what no thread wrote shows.
 //
+// Tensor cores: mma_bf16_16816 stands for mma.sync.m16n8k16 (bf16 in, f32 accumulate), a third
+// warp barrier: when all 32 lanes have arrived, A and B are assembled from their fragments by the
+// PTX ISA's layout (kernels/cuda/mma.cuh) and each lane gets its part of D. Lanes of one warp
+// at different barriers, or a product some lanes never reach, abort like a shuffle does.
+//
 // Not emulated: warp-synchronous code without __syncwarp (each fiber runs alone until it
-// blocks), memory fences, cooperative groups, tensor cores, textures. Kernels here use none.
+// blocks), memory fences, cooperative groups, other tensor-core shapes or types, ldmatrix,
+// textures. Kernels here use none.
 #pragma once
 
 #include <cuda_runtime.h>  // dim3, uint3, cudaStream_t
@@ -61,6 +67,9 @@ void before_launch(cudaStream_t stream);
 // puts `bits` in and gets back lane (its lane ^ lane_mask)'s.
 void sync_block();
 uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width);
+// d += a · b over the warp (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32): this lane's
+// fragments in, its four accumulators updated in place.
+void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b);
 // This block's dynamic shared memory (as many bytes as the launch asked for).
 void* dynamic_shared();
 

@@ -54,7 +54,15 @@ class Stack {
   size_t bytes_ = 0, page_ = 0;
 };
 
-enum class Wait { kNone, kBlock, kShuffle, kDone };
+enum class Wait { kNone, kBlock, kShuffle, kMma, kDone };
+
+// One lane's operands of a warp's tensor-core product (mma_bf16_16816), on its fiber's stack
+// while it waits.
+struct MmaLane {
+  const uint32_t* a;  // [4]
+  const uint32_t* b;  // [2]
+  float* d;           // [4], updated in place
+};
 
 // Boost.Context's StackAllocator concept over one of our stacks (which outlive the fiber).
 // Thread i's stack starts (i mod 64) cache lines below the top: stacks a whole number of pages
@@ -92,6 +100,7 @@ struct Grid {
   // reading one can already write the next), and which of the two the next shuffle uses.
   std::vector<uint64_t> slots;  // [warp][parity][lane]
   std::vector<int> parity;
+  std::vector<MmaLane> mma;  // [warp][lane]: the operands of lanes waiting at a product
   std::vector<unsigned char> smem;
 };
 
@@ -138,7 +147,10 @@ uint64_t* shuffle_slots(Grid& g, int warp, int parity) {
 std::string waits(const Grid& g) {
   std::ostringstream os;
   auto name = [](Wait w) {
-    return w == Wait::kBlock ? "__syncthreads" : w == Wait::kShuffle ? "a warp shuffle" : "running";
+    return w == Wait::kBlock     ? "__syncthreads"
+           : w == Wait::kShuffle ? "a warp shuffle"
+           : w == Wait::kMma     ? "an mma.sync"
+                                 : "running";
   };
   int i = 0;
   const int n = g.threads;
@@ -153,6 +165,42 @@ std::string waits(const Grid& g) {
     i = j + 1;
   }
   return os.str();
+}
+
+float bf16_bits_to_float(uint32_t half) {
+  const uint32_t bits = half << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The product of the warp whose 32 lanes wait at it: A (16 × 16) and B (16 × 8) are put together
+// from the lanes' fragments by the PTX ISA's m16n8k16 layout (kernels/cuda/mma.cuh), D = A·B is
+// summed in f32, and each lane's four accumulators get their part.
+void run_mma(const MmaLane* lanes) {
+  float A[16][16], B[16][8];
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int r = 0; r < 4; ++r) {
+      const int row = g + 8 * (r % 2), k = 2 * t + 8 * (r / 2);
+      A[row][k] = bf16_bits_to_float(lanes[l].a[r] & 0xffffu);
+      A[row][k + 1] = bf16_bits_to_float(lanes[l].a[r] >> 16);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const int k = 2 * t + 8 * r;
+      B[k][g] = bf16_bits_to_float(lanes[l].b[r] & 0xffffu);
+      B[k + 1][g] = bf16_bits_to_float(lanes[l].b[r] >> 16);
+    }
+  }
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int r = 0; r < 4; ++r) {
+      const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+      float sum = 0.f;
+      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+      lanes[l].d[r] += sum;
+    }
+  }
 }
 
 // Releases every barrier whose threads have all arrived; false when none could be.
@@ -170,18 +218,26 @@ bool release(Grid& g) {
   }
   for (int w = 0; w * kWarp < g.threads; ++w) {
     const int first = w * kWarp, lanes = lane_count(g, w);
-    int at_shuffle = 0, done = 0;
+    int at_shuffle = 0, at_mma = 0, done = 0;
     for (int l = 0; l < lanes; ++l) {
       const Wait s = g.fibers[static_cast<size_t>(first + l)].wait;
       at_shuffle += s == Wait::kShuffle;
+      at_mma += s == Wait::kMma;
       done += s == Wait::kDone;
     }
-    if (at_shuffle == 0 || at_shuffle + done < lanes) continue;
+    const int waiting = std::max(at_shuffle, at_mma);
+    if (waiting == 0 || waiting + done < lanes) continue;
+    const char* what = at_shuffle > 0 ? "a shuffle" : "an mma.sync";
     if (done > 0)
-      fail(g, "warp " + std::to_string(w) + ": a shuffle over all lanes while " +
+      fail(g, "warp " + std::to_string(w) + ": " + what + " over all lanes while " +
                   std::to_string(done) + " of its lanes have returned (" + waits(g) + ")");
+    if (at_mma > 0) {
+      if (lanes != kWarp) fail(g, "warp " + std::to_string(w) + ": an mma.sync in a partial warp");
+      run_mma(g.mma.data() + static_cast<size_t>(w) * kWarp);
+    } else {
+      g.parity[static_cast<size_t>(w)] ^= 1;
+    }
     for (int l = 0; l < lanes; ++l) g.fibers[static_cast<size_t>(first + l)].wait = Wait::kNone;
-    g.parity[static_cast<size_t>(w)] ^= 1;
     any = true;
   }
   return any;
@@ -258,6 +314,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
   const int warps = (g.threads + kWarp - 1) / kWarp;
   g.slots.assign(static_cast<size_t>(warps) * 2 * kWarp, 0);
   g.parity.assign(static_cast<size_t>(warps), 0);
+  g.mma.assign(static_cast<size_t>(warps) * kWarp, MmaLane{});
   g.smem.resize(dynamic_smem_bytes);
   if (g_grid != nullptr) fail(g, "a kernel launched from inside a kernel");
   g_grid = &g;
@@ -294,6 +351,12 @@ uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width) {
   slots[lane] = bits;
   block_on(Wait::kShuffle);  // the release flips the warp's parity; these slots stay as written
   return slots[src];
+}
+
+void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
+  Grid& g = *g_grid;
+  g.mma[static_cast<size_t>(g.current)] = MmaLane{a, b, d};
+  block_on(Wait::kMma);  // the release computes the warp's product into every lane's d
 }
 
 void* dynamic_shared() {

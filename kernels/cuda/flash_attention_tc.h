@@ -1,0 +1,37 @@
+// flash_attention_tc.h — the bf16 tensor-core kernels behind flash_attention.h (internal: only
+// flash_attention.cu calls these; it validates shapes, allocates the backward's scratch and runs
+// the backward's D pre-pass and dq pass, which both kernel families share).
+//
+// Same layouts and results as flash_attention.h's, for bf16 qkv/out/dout/dqkv; every product
+// runs on bf16 tensor cores (mma.sync, kernels/cuda/mma.cuh) with f32 accumulation, and the
+// softmax, the running max and sum, lse and the gradients' accumulation stay in f32. As in
+// FlashAttention-2, the probabilities P and the score gradients dS are rounded to bf16 once,
+// where they become the next product's operand.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <type_traits>
+
+namespace strata::kernels::cuda {
+
+// Runs f(std::integral_constant<int, HS_MAX>{}) for the smallest kernel size (32, 64 or 128)
+// that holds head size HS: both kernel families are compiled for those three.
+template <class F>
+cudaError_t with_head_size(int HS, F&& f) {
+  if (HS <= 32) return f(std::integral_constant<int, 32>{});
+  if (HS <= 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
+}
+
+// out (B, S, NH, HS) bf16 and lse (B, NH, S) f32 from qkv (B, S, 3, NH, HS) bf16.
+cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int HS,
+                             cudaStream_t stream);
+
+// dk, dv parts of dqkv += their gradients; dq_acc (B, S, NH, HS) f32 += the unrounded dq, which
+// flash_attention.cu then adds into dqkv. dsum (B, NH, S) = rowsum(dout ∘ out).
+cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
+                              const float* lse, const float* dsum, int B, int S, int NH, int HS,
+                              cudaStream_t stream);
+
+}  // namespace strata::kernels::cuda
