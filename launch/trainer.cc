@@ -158,15 +158,29 @@ struct Run {
 
   // Where the run's tensors live: the device make_backend() picks for cfg.device.
   Device tensor_device() const { return backend_device(cfg.device); }
-  // How tensors on `d` travel between ranks (NCCL, MPI, or MPI staged through host memory).
-  // A pipeline schedule that needs buffered sends (interleaved, 2bw: schedule.h) does not run
-  // on NCCL, whose sends wait for their receive, so it keeps them on staged MPI.
-  Transport transport(Device d) const {
+  // The pipeline schedule of a training batch (2bw: of the whole run, which never flushes).
+  ScheduleSpec train_spec() const {
     ScheduleKind kind = ScheduleKind::kOneFOneB;
     parse_schedule_kind(cfg.parallel.schedule, &kind);
+    ScheduleSpec spec;
+    spec.kind =
+        pipeline == 1 && kind == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : kind;
+    spec.stages = pipeline;
+    spec.microbatches = accumulation;
+    spec.chunks = spec.kind == ScheduleKind::kInterleaved ? cfg.parallel.virtual_stages : 1;
+    spec.batches = kind == ScheduleKind::kTwoBW ? std::max(1, cfg.train.iterations) : 1;
+    return spec;
+  }
+  // How tensors on `d` travel between ranks (NCCL, MPI, or MPI staged through host memory).
+  // A pipeline schedule that needs buffered sends (2bw, and interleaved with micro-batch
+  // groups larger than p: runs_on_rendezvous_sends, simulator.h) does not run on NCCL, whose
+  // sends wait for their receive, so it keeps them on staged MPI.
+  Transport transport(Device d) const {
+    const ScheduleSpec spec = train_spec();
+    const bool buffered =
+        pipeline > 1 && schedule_invalid_reason(spec).empty() && !runs_on_rendezvous_sends(spec);
     return choose_transport(d, w.size, w.local_size, cuda_device_count(),
-                            backend_available(CommBackend::kNCCL),
-                            pipeline > 1 && !schedule_runs_on_rendezvous_sends(kind));
+                            backend_available(CommBackend::kNCCL), buffered);
   }
 
   // The groups carrying be's tensors, ordered after be's compute stream. Create be first: the
@@ -617,12 +631,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   PipelineExecutor exec(*groups.pp, be, groups.pp_rank, p, v);
 
   const bool two_bw = two_bw_run;
-  ScheduleSpec spec;
-  spec.kind = p == 1 && kind == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : kind;
-  spec.stages = p;
-  spec.microbatches = m;
-  spec.chunks = spec.kind == ScheduleKind::kInterleaved ? v : 1;
-  spec.batches = two_bw ? std::max(1, cfg.train.iterations) : 1;
+  const ScheduleSpec spec = run.train_spec();
   if (const std::string why = schedule_invalid_reason(spec); !why.empty())
     throw InputError(cfg.source_file, "parallel.schedule", why);
   const std::vector<Instr> train_list = build_schedule(spec, groups.pp_rank);

@@ -54,9 +54,10 @@ void PipelineExecutor::reap_sends(bool wait) {
 // for each other. There the group's sends and receives go out as one batch, which NCCL runs
 // as one unit, like Megatron's batched send_forward_recv_backward; the wait for the receives
 // is then the wait for the whole batch (on a GPU a stream wait, not a host one). The
-// schedules gpipe, 1f1b and zb-h1 pair every send with the receive its peer posts at the same
-// point (tests/test_schedules.cc checks them with rendezvous sends and the step's collectives);
-// interleaved and 2bw do not, and the trainer runs them over MPI instead (launch/trainer.cc).
+// schedules pair every send with the receive its peer posts at the same point (interleaved
+// by receiving a round ahead); runs_on_rendezvous_sends (simulator.h) proves it per schedule
+// with rendezvous sends and the step's collectives, and the trainer runs the ones it cannot
+// prove (2bw, interleaved with groups larger than p) over MPI instead (launch/trainer.cc).
 const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
   const bool together = pp_.rendezvous_sends();
   std::vector<P2POp> batch;  // the group's receives; together, its sends too (in group order)

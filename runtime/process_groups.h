@@ -88,7 +88,7 @@ struct Transport {
 // host has a GPU of its own (devices_per_host ≥ ranks_per_host); otherwise, when ranks share a
 // GPU (NCCL refuses two ranks on one device) or NCCL is missing, MPI (Local for one rank) staged
 // through host memory. needs_buffered_sends (a pipeline schedule that does not run on NCCL's
-// rendezvous sends: schedule_runs_on_rendezvous_sends, schedule.h) also keeps CUDA tensors on
+// rendezvous sends: runs_on_rendezvous_sends, simulator.h) also keeps CUDA tensors on
 // staged MPI. A pure function: tests and the dry run call it directly.
 Transport choose_transport(Device tensors, int world_size, int ranks_per_host, int devices_per_host,
                            bool nccl_built, bool needs_buffered_sends = false);

@@ -4,12 +4,16 @@
 //   1. a compute order: the stage's forwards, backwards (or backward-input / backward-weight
 //      passes), gradient reductions, optimizer steps and weight switches, in the order the stage
 //      runs them; this is where the schedules differ;
-//   2. with_communication(): the same for all schedules. Each forward is preceded by the receive
-//      of its input and followed by the send of its output, each backward (zero-bubble: each
-//      backward-input pass) by the receive of its output gradient and the send of its input
-//      gradient, wherever the neighbouring model piece exists. The communication between two
-//      compute steps forms one group (sends first, then receives): with 1F1B this is exactly
-//      Megatron's send_forward_recv_backward / send_backward_recv_forward pairing.
+//   2. with_communication(): the same for all one-chunk schedules. Each forward is preceded by
+//      the receive of its input and followed by the send of its output, each backward
+//      (zero-bubble: each backward-input pass) by the receive of its output gradient and the
+//      send of its input gradient, wherever the neighbouring model piece exists. The
+//      communication between two compute steps forms one group (sends first, then receives):
+//      with 1F1B this is exactly Megatron's send_forward_recv_backward /
+//      send_backward_recv_forward pairing. Interleaved is wrapped in rounds instead
+//      (with_communication_ahead: receives a round ahead, as Megatron's), which NCCL's
+//      rendezvous sends need there; the argument below holds for it as well, since a receive
+//      posted early only waits for data the next round needs anyway.
 //
 // Why receives sit immediately before the op that consumes them and sends immediately after the
 // op that produces them: with non-blocking sends, a stage then never waits for anything but
@@ -38,9 +42,23 @@ bool is_comm(Op op) {
          op == Op::kSendGrad;
 }
 
-// Adds the sends and receives around a compute order (see the file comment) and numbers the
-// groups: a run of two or more communication instructions between two compute steps is one
-// group, a lone one stays ungrouped (-1).
+// Numbers the groups: a run of two or more communication instructions between two compute
+// steps is one group, a lone one stays ungrouped (-1).
+void number_groups(std::vector<Instr>* list) {
+  std::vector<Instr>& out = *list;
+  int next_group = 0;
+  for (size_t i = 0; i < out.size();) {
+    size_t j = i;
+    while (j < out.size() && is_comm(out[j].op)) ++j;
+    if (j - i >= 2) {
+      for (size_t k = i; k < j; ++k) out[k].group = next_group;
+      ++next_group;
+    }
+    i = (j == i) ? i + 1 : j;
+  }
+}
+
+// Adds the sends and receives around a compute order (see the file comment).
 std::vector<Instr> with_communication(const std::vector<Step>& order, int stage, int p, int v) {
   std::vector<Instr> out;
   out.reserve(order.size() * 3);
@@ -69,16 +87,52 @@ std::vector<Instr> with_communication(const std::vector<Step>& order, int stage,
         break;
     }
   }
-  int next_group = 0;
-  for (size_t i = 0; i < out.size();) {
-    size_t j = i;
-    while (j < out.size() && is_comm(out[j].op)) ++j;
-    if (j - i >= 2) {
-      for (size_t k = i; k < j; ++k) out[k].group = next_group;
-      ++next_group;
+  number_groups(&out);
+  return out;
+}
+
+// Megatron's communication for the interleaved schedule, one batch per round: `rounds` are the
+// compute steps between two batches (a warm-up forward, a steady-state forward/backward pair,
+// a cool-down backward). After each round one group carries the sends of what the round
+// produced and the receives of what the next round consumes (send_forward_backward_recv_
+// forward_backward); the first round's receives come alone before it. Every stage posts the
+// same kind of batch at each round boundary, so with rendezvous sends (NCCL) a batch's sends
+// meet receives that their peers post in a batch of their own at about the same point, where
+// the just-in-time receives of with_communication() left two stages each sending to the other
+// first; tests/test_schedules.cc checks every (p, m, v) both ways.
+std::vector<Instr> with_communication_ahead(const std::vector<std::vector<Step>>& rounds, int stage,
+                                            int p, int v) {
+  std::vector<Instr> out;
+  auto push = [&](Op op, int mb, int chunk) {
+    Instr i;
+    i.op = op;
+    i.mb = mb;
+    i.chunk = chunk;
+    out.push_back(i);
+  };
+  auto receives = [&](const std::vector<Step>& round) {
+    for (const Step& s : round) {
+      if (s.op == Op::kForward && prev_piece(stage, s.chunk, p, v).stage >= 0)
+        push(Op::kRecvActivation, s.mb, s.chunk);
+      if (s.op == Op::kBackward && next_piece(stage, s.chunk, p, v).stage >= 0)
+        push(Op::kRecvGrad, s.mb, s.chunk);
     }
-    i = (j == i) ? i + 1 : j;
+  };
+  auto sends = [&](const std::vector<Step>& round) {
+    for (const Step& s : round) {
+      if (s.op == Op::kForward && next_piece(stage, s.chunk, p, v).stage >= 0)
+        push(Op::kSendActivation, s.mb, s.chunk);
+      if (s.op == Op::kBackward && prev_piece(stage, s.chunk, p, v).stage >= 0)
+        push(Op::kSendGrad, s.mb, s.chunk);
+    }
+  };
+  if (!rounds.empty()) receives(rounds.front());
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    for (const Step& s : rounds[r]) push(s.op, s.mb, s.chunk);
+    sends(rounds[r]);
+    if (r + 1 < rounds.size()) receives(rounds[r + 1]);
   }
+  number_groups(&out);
   return out;
 }
 
@@ -195,7 +249,7 @@ std::vector<int> interleaved_groups(int m, int p) {
 // (v - 1)·N forwards bring micro-batch 0 to the last chunk on the last stage, and 2 per stage
 // downstream cover the round trip of the first gradient. Then forward(k + warmup) /
 // backward(k) pairs and a cool-down of backwards.
-std::vector<Step> order_interleaved(const ScheduleSpec& s, int stage) {
+std::vector<std::vector<Step>> rounds_interleaved(const ScheduleSpec& s, int stage) {
   const int p = s.stages, m = s.microbatches, v = s.chunks;
   const std::vector<int> groups = interleaved_groups(m, p);
   std::vector<Step> table;  // [virtual micro-batch] (mb, chunk) in forward order
@@ -208,19 +262,18 @@ std::vector<Step> order_interleaved(const ScheduleSpec& s, int stage) {
   }
   const int total = m * v;
   const int warmup = std::min(2 * (p - stage - 1) + (v - 1) * groups.front(), total);
-  std::vector<Step> out;
+  std::vector<std::vector<Step>> rounds;
   auto backward = [&](int k) {
     const Step& f = table[static_cast<size_t>(k)];
-    out.push_back({Op::kBackward, f.mb, v - 1 - f.chunk});
+    return Step{Op::kBackward, f.mb, v - 1 - f.chunk};
   };
-  for (int k = 0; k < warmup; ++k) out.push_back(table[static_cast<size_t>(k)]);
-  for (int k = 0; k < total - warmup; ++k) {
-    out.push_back(table[static_cast<size_t>(k + warmup)]);
-    backward(k);
-  }
-  for (int k = total - warmup; k < total; ++k) backward(k);
-  append_flush_step(&out);
-  return out;
+  for (int k = 0; k < warmup; ++k) rounds.push_back({table[static_cast<size_t>(k)]});
+  for (int k = 0; k < total - warmup; ++k)
+    rounds.push_back({table[static_cast<size_t>(k + warmup)], backward(k)});
+  for (int k = total - warmup; k < total; ++k) rounds.push_back({backward(k)});
+  rounds.emplace_back();
+  append_flush_step(&rounds.back());
+  return rounds;
 }
 
 }  // namespace
@@ -315,8 +368,7 @@ std::vector<Instr> build_schedule(const ScheduleSpec& s, int stage) {
       order = order_1f1b_flush(s, stage, false);
       break;
     case ScheduleKind::kInterleaved:
-      order = order_interleaved(s, stage);
-      break;
+      return with_communication_ahead(rounds_interleaved(s, stage), stage, s.stages, s.chunks);
     case ScheduleKind::kTwoBW:
       order = order_2bw(s, stage);
       break;
@@ -381,11 +433,6 @@ std::string instr_string(const Instr& i) {
       return "Switch";
   }
   return std::string(tag) + std::to_string(i.mb) + "." + std::to_string(i.chunk);
-}
-
-bool schedule_runs_on_rendezvous_sends(ScheduleKind k) {
-  return k == ScheduleKind::kGPipe || k == ScheduleKind::kOneFOneB ||
-         k == ScheduleKind::kZeroBubbleH1;
 }
 
 }  // namespace strata

@@ -77,13 +77,6 @@ std::vector<Instr> build_schedule(const ScheduleSpec& s, int stage);
 // All stages' lists.
 std::vector<std::vector<Instr>> build_all(const ScheduleSpec& s);
 
-// Whether the schedule's lists also run where a send holds up its stage until the receive is
-// posted (NCCL's point-to-point): gpipe, 1f1b and zb-h1, whose groups pair each send with the
-// receive the peer posts at the same point and whose step comes after all transfers.
-// Interleaved receives just in time, and 2bw's step (a collective) falls between a grouped send
-// and its receive; both need buffered sends (MPI). tests/test_schedules.cc proves both ways.
-bool schedule_runs_on_rendezvous_sends(ScheduleKind k);
-
 // Where the output of forward(mb, chunk) on `stage` goes (and where its input gradient comes
 // from): the next model piece's (stage, chunk), or stage -1 past the last piece.
 struct PieceRef {

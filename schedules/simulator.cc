@@ -548,6 +548,14 @@ SimResult simulate(const ScheduleSpec& spec, const SimOptions& opt) {
   return simulate(spec, build_all(spec), opt);
 }
 
+bool runs_on_rendezvous_sends(const ScheduleSpec& spec) {
+  if (spec.kind == ScheduleKind::kTwoBW) return false;
+  SimOptions o;
+  o.rendezvous_sends = true;
+  o.collectives = true;
+  return simulate(spec, o).ok();
+}
+
 double theoretical_bubble_ratio(const ScheduleSpec& s) {
   const double p = s.stages, m = s.microbatches;
   switch (s.kind) {

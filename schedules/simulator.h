@@ -115,6 +115,16 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
 // build_all(spec), then simulate. Precondition: schedule_invalid_reason(spec) is "".
 SimResult simulate(const ScheduleSpec& spec, const SimOptions& opt = SimOptions());
 
+// Whether `spec`'s lists also run where a send holds up its stage until the matching receive is
+// posted (NCCL's point-to-point): proven by simulating them so, with the step's collectives.
+// gpipe, 1f1b and zb-h1 always do (their groups pair each send with the receive the peer posts
+// at the same point; tests/test_schedules.cc checks every spec); interleaved does with
+// Megatron's micro-batch groups of p (m a multiple of p) and with some other m; 2bw never (its
+// step, a collective over the pipeline, falls between a grouped send and its receive), and is
+// answered without simulating its run-long list. Where false, a run on GPUs keeps the
+// pipeline's transfers on MPI's buffered sends (launch/trainer.cc, docs/schedules.md).
+bool runs_on_rendezvous_sends(const ScheduleSpec& spec);
+
 // Megatron's closed form for the bubble ratio of `spec` with equal op times (idle over ideal
 // compute time): (p-1)/m for gpipe and 1f1b, (p-1)/(v·m) interleaved, (p-1)/(n·m) for 2bw's
 // n batches when m >= p-1, and 2(p-1)/(3m) for zb-h1 with F = B = W (docs/schedules.md).

@@ -249,28 +249,67 @@ TEST(Checker, EverySchedulePassesEveryCheck) {
 
 TEST(Checker, RendezvousSends) {
   // The executor's sends never block. Under NCCL-style rendezvous sends (a send completes
-  // once its receive is posted) the one-chunk schedules still run: their groups pair every
-  // send with the receive its peer posts at the same point, as Megatron's do.
+  // once its receive is posted) the schedules still run: their groups pair every send with
+  // the receive its peer posts at the same point, as Megatron's do (interleaved by receiving
+  // one round ahead, as Megatron's send_forward_backward_recv_forward_backward). Interleaved
+  // does so with Megatron's groups of p micro-batches (m a multiple of p).
   SimOptions rv = unit_times();
   rv.rendezvous_sends = true;
   rv.latency = 0.1;
   for_each_valid_spec([&](const ScheduleSpec& s) {
-    if (s.kind == ScheduleKind::kInterleaved) return;
+    if (s.kind == ScheduleKind::kInterleaved && s.microbatches % s.stages != 0) return;
     const SimResult r = simulate(s, rv);
     ASSERT_TRUE(r.ok()) << describe(s) << "\n" << joined(r.problems);
   });
-  // Interleaved receives just in time, so two stages can each wait on a send to the other:
-  // it needs the buffered sends of the contract.
-  const SimResult r = simulate(spec_of(ScheduleKind::kInterleaved, 2, 4, 2), rv);
+  // Larger groups (here 4 and 3 for p = 2, m = 7) let the last stage send the wrapped-around
+  // activation of micro-batch 0 while stage 0 still forwards chunk 0 to it: each waits for the
+  // other's receive. runs_on_rendezvous_sends sees it, and such a run keeps MPI.
+  const SimResult uneven = simulate(spec_of(ScheduleKind::kInterleaved, 2, 7, 2), rv);
+  EXPECT_FALSE(uneven.finished);
+  EXPECT_NE(joined(uneven.problems).find("is blocked sending the activation"), std::string::npos)
+      << joined(uneven.problems);
+  EXPECT_FALSE(runs_on_rendezvous_sends(spec_of(ScheduleKind::kInterleaved, 2, 7, 2)));
+  EXPECT_TRUE(runs_on_rendezvous_sends(spec_of(ScheduleKind::kInterleaved, 2, 5, 2)));
+  // Interleaved with just-in-time receives (each receive moved to right before its consumer,
+  // each send to right after its producer, as the other schedules have them): two stages each
+  // wait on a send to the other, so the receive-ahead is what lets it run on NCCL.
+  const ScheduleSpec s = spec_of(ScheduleKind::kInterleaved, 2, 4, 2);
+  std::vector<std::vector<Instr>> lists = build_all(s);
+  for (std::vector<Instr>& l : lists) {
+    std::vector<Instr> jit;
+    for (const Instr& in : l) {
+      Instr c = in;
+      c.group = -1;
+      if (c.op == Op::kForward || c.op == Op::kBackward) {
+        const bool fwd = c.op == Op::kForward;
+        Instr recv = c, send = c;
+        recv.op = fwd ? Op::kRecvActivation : Op::kRecvGrad;
+        send.op = fwd ? Op::kSendActivation : Op::kSendGrad;
+        auto has = [&](const Instr& x) {
+          return std::any_of(l.begin(), l.end(), [&](const Instr& y) {
+            return y.op == x.op && y.mb == x.mb && y.chunk == x.chunk;
+          });
+        };
+        if (has(recv)) jit.push_back(recv);
+        jit.push_back(c);
+        if (has(send)) jit.push_back(send);
+      } else if (c.op != Op::kRecvActivation && c.op != Op::kRecvGrad &&
+                 c.op != Op::kSendActivation && c.op != Op::kSendGrad) {
+        jit.push_back(c);
+      }
+    }
+    l = jit;
+  }
+  EXPECT_TRUE(simulate(s, lists, unit_times()).ok());
+  const SimResult r = simulate(s, lists, rv);
   EXPECT_FALSE(r.finished);
-  EXPECT_NE(r.problems[0].find("is blocked sending the gradient"), std::string::npos)
-      << joined(r.problems);
+  EXPECT_NE(r.problems[0].find("is blocked sending"), std::string::npos) << joined(r.problems);
 }
 
 TEST(Checker, CollectivesWithBufferedAndRendezvousSends) {
   // The step is a collective over the pipeline and ReduceGrads one over its two ends (tied
   // embeddings). Every schedule survives that with the executor's buffered sends, and the
-  // flushing one-chunk ones (gpipe, 1f1b, zb-h1) with NCCL's rendezvous sends too, which is
+  // flushing ones (gpipe, 1f1b, interleaved, zb-h1) with NCCL's rendezvous sends too, which is
   // what lets them run on NCCL.
   for (bool rendezvous : {false, true}) {
     SimOptions o = unit_times();
@@ -278,7 +317,17 @@ TEST(Checker, CollectivesWithBufferedAndRendezvousSends) {
     o.rendezvous_sends = rendezvous;
     o.latency = 0.1;
     for_each_valid_spec([&](const ScheduleSpec& s) {
-      if (rendezvous && !schedule_runs_on_rendezvous_sends(s.kind)) return;
+      if (rendezvous) {
+        // What the trainer asks before it puts a pipeline on NCCL: yes for every flushing
+        // one-chunk schedule and for interleaved with m a multiple of p.
+        const bool expected =
+            s.kind != ScheduleKind::kTwoBW &&
+            (s.kind != ScheduleKind::kInterleaved || s.microbatches % s.stages == 0);
+        if (expected) {
+          EXPECT_TRUE(runs_on_rendezvous_sends(s)) << describe(s);
+        }
+        if (!runs_on_rendezvous_sends(s)) return;
+      }
       const SimResult r = simulate(s, o);
       ASSERT_TRUE(r.ok()) << describe(s) << (rendezvous ? " (rendezvous)" : "") << "\n"
                           << joined(r.problems);
@@ -290,8 +339,7 @@ TEST(Checker, CollectivesWithBufferedAndRendezvousSends) {
   rv.collectives = true;
   rv.rendezvous_sends = true;
   EXPECT_FALSE(simulate(spec_of(ScheduleKind::kTwoBW, 2, 2, 1, 2), rv).finished);
-  EXPECT_FALSE(schedule_runs_on_rendezvous_sends(ScheduleKind::kTwoBW));
-  EXPECT_FALSE(schedule_runs_on_rendezvous_sends(ScheduleKind::kInterleaved));
+  EXPECT_FALSE(runs_on_rendezvous_sends(spec_of(ScheduleKind::kTwoBW, 2, 2, 1, 2)));
   // A stage left out of the step is named.
   ScheduleSpec s = spec_of(ScheduleKind::kOneFOneB, 3, 3, 1);
   std::vector<std::vector<Instr>> lists = build_all(s);
