@@ -107,11 +107,13 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
         STRATA_CHECK(false, "not a transfer: " << instr_string(in));
     }
   }
+  // The schedule step names what a hang waits for: the NCCL watchdog takes it when the batch
+  // is posted (a sends-only batch too, whose send can hang there), MPI's at the wait.
+  WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
   if (!receives) {
     if (!batch.empty()) sends_.push_back({pp_.ibatch(batch), std::move(send_bufs)});
     return nullptr;
   }
-  WaitContextScope scope("stage " + std::to_string(stage_) + ": " + what);
   // The compute after it needs the data. A batch's send buffers may go once it has completed
   // (on a GPU: once the compute stream, which reuses freed memory, is ordered after it).
   pp_.ibatch(batch).wait();
