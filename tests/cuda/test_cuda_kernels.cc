@@ -17,7 +17,8 @@
 //   attention kernels (tensor cores, as FlashAttention-2) also round the probabilities and the
 //   score gradients to bf16 where they enter the next product: their largest error here is
 //   below 4e-3 (measured in the emulation build). 1e-2 is 2.5-5x those, while a wrong term, a
-//   missing accumulation or a wrong index is far larger (a swapped fragment register: 3e-2).
+//   missing accumulation or a wrong index is far larger (two swapped registers of a tensor-core
+//   fragment put 85% of the elements outside it).
 // - exact (0): casts against the CPU's rounding function, permutations.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
