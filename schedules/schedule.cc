@@ -4,16 +4,16 @@
 //   1. a compute order: the stage's forwards, backwards (or backward-input / backward-weight
 //      passes), gradient reductions, optimizer steps and weight switches, in the order the stage
 //      runs them; this is where the schedules differ;
-//   2. with_communication(): the same for all one-chunk schedules. Each forward is preceded by
-//      the receive of its input and followed by the send of its output, each backward
-//      (zero-bubble: each backward-input pass) by the receive of its output gradient and the
-//      send of its input gradient, wherever the neighbouring model piece exists. The
-//      communication between two compute steps forms one group (sends first, then receives):
-//      with 1F1B this is exactly Megatron's send_forward_recv_backward /
-//      send_backward_recv_forward pairing. Interleaved is wrapped in rounds instead
-//      (with_communication_ahead: receives a round ahead, as Megatron's), which NCCL's
-//      rendezvous sends need there; the argument below holds for it as well, since a receive
-//      posted early only waits for data the next round needs anyway.
+//   2. with_communication(): the same for all schedules, over the order cut into rounds. The
+//      one-chunk schedules have one compute step per round: each forward is preceded by the
+//      receive of its input and followed by the send of its output, each backward (zero-bubble:
+//      each backward-input pass) by the receive of its output gradient and the send of its
+//      input gradient, wherever the neighbouring model piece exists. The communication between
+//      two compute steps forms one group (sends first, then receives): with 1F1B this is
+//      exactly Megatron's send_forward_recv_backward / send_backward_recv_forward pairing.
+//      Interleaved's rounds are a forward and a backward (receives a round ahead, as
+//      Megatron's), which NCCL's rendezvous sends need there; the argument below holds for it
+//      as well, since a receive posted early only waits for data the next round needs anyway.
 //
 // Why receives sit immediately before the op that consumes them and sends immediately after the
 // op that produces them: with non-blocking sends, a stage then never waits for anything but
@@ -58,50 +58,21 @@ void number_groups(std::vector<Instr>* list) {
   }
 }
 
-// Adds the sends and receives around a compute order (see the file comment).
-std::vector<Instr> with_communication(const std::vector<Step>& order, int stage, int p, int v) {
-  std::vector<Instr> out;
-  out.reserve(order.size() * 3);
-  auto push = [&](Op op, int mb, int chunk) {
-    Instr i;
-    i.op = op;
-    i.mb = mb;
-    i.chunk = chunk;
-    out.push_back(i);
-  };
-  for (const Step& s : order) {
-    switch (s.op) {
-      case Op::kForward:
-        if (prev_piece(stage, s.chunk, p, v).stage >= 0) push(Op::kRecvActivation, s.mb, s.chunk);
-        push(Op::kForward, s.mb, s.chunk);
-        if (next_piece(stage, s.chunk, p, v).stage >= 0) push(Op::kSendActivation, s.mb, s.chunk);
-        break;
-      case Op::kBackward:
-      case Op::kBackwardInput:
-        if (next_piece(stage, s.chunk, p, v).stage >= 0) push(Op::kRecvGrad, s.mb, s.chunk);
-        push(s.op, s.mb, s.chunk);
-        if (prev_piece(stage, s.chunk, p, v).stage >= 0) push(Op::kSendGrad, s.mb, s.chunk);
-        break;
-      default:
-        push(s.op, s.mb, s.chunk);
-        break;
-    }
-  }
-  number_groups(&out);
-  return out;
-}
-
-// Megatron's communication for the interleaved schedule, one batch per round: `rounds` are the
-// compute steps between two batches (a warm-up forward, a steady-state forward/backward pair,
-// a cool-down backward). After each round one group carries the sends of what the round
-// produced and the receives of what the next round consumes (send_forward_backward_recv_
-// forward_backward); the first round's receives come alone before it. Every stage posts the
-// same kind of batch at each round boundary, so with rendezvous sends (NCCL) a batch's sends
-// meet receives that their peers post in a batch of their own at about the same point, where
-// the just-in-time receives of with_communication() left two stages each sending to the other
-// first; tests/test_schedules.cc checks every (p, m, v) both ways.
-std::vector<Instr> with_communication_ahead(const std::vector<std::vector<Step>>& rounds, int stage,
-                                            int p, int v) {
+// Adds the sends and receives to a compute order cut into rounds (see the file comment): each
+// round's receives, then the round, then its sends. With one compute step per round this puts
+// every receive right before the op that consumes it and every send right after the op that
+// produces it; the communication between two rounds (the sends of one and the receives of the
+// next) forms one group.
+//
+// Interleaved's rounds are Megatron's (a warm-up forward, a steady-state forward/backward
+// pair, a cool-down backward): one batch per round boundary carries the round's sends and the
+// next round's receives (send_forward_backward_recv_forward_backward). Every stage then posts
+// the same kind of batch at each boundary, so with rendezvous sends (NCCL) a batch's sends meet
+// receives their peers post in a batch of their own at about the same point, where one-step
+// rounds left two stages each sending to the other first; tests/test_schedules.cc checks every
+// (p, m, v) both ways.
+std::vector<Instr> with_communication(const std::vector<std::vector<Step>>& rounds, int stage,
+                                      int p, int v) {
   std::vector<Instr> out;
   auto push = [&](Op op, int mb, int chunk) {
     Instr i;
@@ -110,11 +81,13 @@ std::vector<Instr> with_communication_ahead(const std::vector<std::vector<Step>>
     i.chunk = chunk;
     out.push_back(i);
   };
+  // Zero-bubble's backward-input pass moves gradients as a full backward does.
+  auto backward = [](Op op) { return op == Op::kBackward || op == Op::kBackwardInput; };
   auto receives = [&](const std::vector<Step>& round) {
     for (const Step& s : round) {
       if (s.op == Op::kForward && prev_piece(stage, s.chunk, p, v).stage >= 0)
         push(Op::kRecvActivation, s.mb, s.chunk);
-      if (s.op == Op::kBackward && next_piece(stage, s.chunk, p, v).stage >= 0)
+      if (backward(s.op) && next_piece(stage, s.chunk, p, v).stage >= 0)
         push(Op::kRecvGrad, s.mb, s.chunk);
     }
   };
@@ -122,7 +95,7 @@ std::vector<Instr> with_communication_ahead(const std::vector<std::vector<Step>>
     for (const Step& s : round) {
       if (s.op == Op::kForward && next_piece(stage, s.chunk, p, v).stage >= 0)
         push(Op::kSendActivation, s.mb, s.chunk);
-      if (s.op == Op::kBackward && prev_piece(stage, s.chunk, p, v).stage >= 0)
+      if (backward(s.op) && prev_piece(stage, s.chunk, p, v).stage >= 0)
         push(Op::kSendGrad, s.mb, s.chunk);
     }
   };
@@ -134,6 +107,14 @@ std::vector<Instr> with_communication_ahead(const std::vector<std::vector<Step>>
   }
   number_groups(&out);
   return out;
+}
+
+// One round per compute step: the just-in-time transfers of the one-chunk schedules.
+std::vector<std::vector<Step>> one_step_rounds(const std::vector<Step>& order) {
+  std::vector<std::vector<Step>> rounds;
+  rounds.reserve(order.size());
+  for (const Step& s : order) rounds.push_back({s});
+  return rounds;
 }
 
 // The one-forward-one-backward order over micro-batches 0..n-1 of chunk 0: `warmup` forwards,
@@ -368,7 +349,7 @@ std::vector<Instr> build_schedule(const ScheduleSpec& s, int stage) {
       order = order_1f1b_flush(s, stage, false);
       break;
     case ScheduleKind::kInterleaved:
-      return with_communication_ahead(rounds_interleaved(s, stage), stage, s.stages, s.chunks);
+      return with_communication(rounds_interleaved(s, stage), stage, s.stages, s.chunks);
     case ScheduleKind::kTwoBW:
       order = order_2bw(s, stage);
       break;
@@ -376,7 +357,7 @@ std::vector<Instr> build_schedule(const ScheduleSpec& s, int stage) {
       order = order_zb_h1(s, stage);
       break;
   }
-  return with_communication(order, stage, s.stages, s.chunks);
+  return with_communication(one_step_rounds(order), stage, s.stages, s.chunks);
 }
 
 std::vector<std::vector<Instr>> build_all(const ScheduleSpec& s) {

@@ -109,6 +109,18 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
 #endif
 }
 
+// launch() for a kernel that may use more than 48 KiB of dynamic shared memory, which a kernel
+// must opt in to (per device) before its launch; returns the opt-in's or the launch's error.
+template <class... P, class... A>
+cudaError_t launch_opted_in(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, A&&... args) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  launch(kernel, grid, block, smem, stream, std::forward<A>(args)...);
+  return cudaGetLastError();
+}
+
 // The block's dynamic shared memory (the launch's `smem` bytes), as floats.
 __device__ __forceinline__ float* dynamic_shared_floats() {
 #ifdef STRATA_CUDA_EMULATION

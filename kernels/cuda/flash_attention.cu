@@ -7,9 +7,8 @@
 // 16 × 16 grid (ty, tx): for a 64 × 64 tile of scores it owns rows ty + 16r and columns
 // tx + 16c (r, c < 4), and for a 64 × HS tile of outputs rows ty + 16r and head dims tx + 16c
 // (c < HS_MAX / 16). The 16 threads of one row group are 16 consecutive lanes of one warp, so a
-// row's max and sum are 4 xor-shuffles. Tiles are staged in shared memory as f32 (converted once
-// at the load), with rows padded by one float where threads of a warp read down a column, so
-// those reads fall in distinct banks.
+// row's max and sum are 4 xor-shuffles. Tiles are staged in shared memory, with rows padded by one
+// float where threads of a warp read down a column, so those reads fall in distinct banks.
 //
 // Forward (grid: B·NH × query tiles, the last — longest — query tiles first): the block keeps
 // its 64 query rows and walks the key tiles 0..its own (causal), with the online softmax: a
@@ -64,13 +63,13 @@ constexpr size_t backward_smem_bytes() {
 
 // dst (kTile, HS_MAX) f32 ← rows [row0, row0 + kTile) of src (rows of stride ld, HS used
 // columns); rows at or past S and columns at or past HS are zero, so they add nothing anywhere.
-template <int HS_MAX, class T>
-__device__ __forceinline__ void load_tile(float* dst, int ldd, const T* src, int64_t ld, int row0,
-                                          int S, int HS) {
+template <int HS_MAX>
+__device__ __forceinline__ void load_tile(float* dst, int ldd, const float* src, int64_t ld,
+                                          int row0, int S, int HS) {
   for (int idx = threadIdx.x; idx < kTile * HS_MAX; idx += kThreads) {
     const int r = idx / HS_MAX, d = idx % HS_MAX;
     const int row = row0 + r;
-    dst[r * ldd + d] = (row < S && d < HS) ? to_float(src[row * ld + d]) : 0.f;
+    dst[r * ldd + d] = (row < S && d < HS) ? src[row * ld + d] : 0.f;
   }
 }
 
@@ -84,9 +83,9 @@ __device__ __forceinline__ float group16_max(float v) {
   return v;
 }
 
-template <class T, int HS_MAX>
+template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int NH, int HS,
+    flash_forward_kernel(float* out, float* lse, const float* qkv, int S, int NH, int HS,
                          float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;  // head dims per thread
@@ -101,9 +100,9 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kTile;
   const int64_t ld = 3LL * NH * HS;  // token stride in qkv
-  const T* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;  // (S, HS)
-  const T* k_g = q_g + static_cast<int64_t>(NH) * HS;                                    // (S, HS)
-  const T* v_g = q_g + 2LL * NH * HS;                                                    // (S, HS)
+  const float* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
+  const float* k_g = q_g + static_cast<int64_t>(NH) * HS;  // (S, HS)
+  const float* v_g = q_g + 2LL * NH * HS;                  // (S, HS)
 
   load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
 
@@ -183,11 +182,11 @@ __global__ void __launch_bounds__(kThreads)
     const int i = q0 + ty + 16 * r;
     if (i >= S) continue;
     const float inv = 1.f / l[r];
-    T* o_g = out + ((static_cast<int64_t>(b) * S + i) * NH + h) * HS;  // (HS)
+    float* o_g = out + ((static_cast<int64_t>(b) * S + i) * NH + h) * HS;  // (HS)
 #pragma unroll
     for (int c = 0; c < DC; ++c) {
       const int d = tx + 16 * c;
-      if (d < HS) o_g[d] = from_float<T>(o[r][c] * inv);
+      if (d < HS) o_g[d] = o[r][c] * inv;
     }
     if (tx == 0) lse[static_cast<int64_t>(bh) * S + i] = (m[r] + log2f(l[r])) * kLn2;
   }
@@ -214,10 +213,11 @@ __global__ void flash_backward_dsum_kernel(float* dsum, const T* dout, const T* 
   }
 }
 
-template <class T, int HS_MAX>
+template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_kernel(T* dqkv, float* dq_acc, const T* dout, const T* qkv, const float* lse,
-                          const float* dsum, int S, int NH, int HS, float scale, float scale_log2) {
+    flash_backward_kernel(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
+                          const float* lse, const float* dsum, int S, int NH, int HS, float scale,
+                          float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;
   float* smem = dynamic_shared_floats();
@@ -238,10 +238,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ld = 3LL * NH * HS;                   // token stride in qkv and dqkv
   const int64_t ldo = static_cast<int64_t>(NH) * HS;  // token stride in dout and dq_acc
   const int64_t head = static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
-  const T* q_g = qkv + head;     // (S, HS), stride ld
-  const T* k_g = q_g + ldo;      // (S, HS)
-  const T* v_g = q_g + 2 * ldo;  // (S, HS)
-  const T* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+  const float* q_g = qkv + head;     // (S, HS), stride ld
+  const float* k_g = q_g + ldo;      // (S, HS)
+  const float* v_g = q_g + 2 * ldo;  // (S, HS)
+  const float* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
   float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
   const float* lse_g = lse + static_cast<int64_t>(bh) * S;  // (S)
   const float* d_g = dsum + static_cast<int64_t>(bh) * S;   // (S)
@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  T* dk_g = dqkv + head + ldo;  // (S, HS), stride ld
-  T* dv_g = dk_g + ldo;         // (S, HS), stride ld
+  float* dk_g = dqkv + head + ldo;  // (S, HS), stride ld
+  float* dv_g = dk_g + ldo;         // (S, HS), stride ld
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int j = k0 + ty + 16 * r;
@@ -358,8 +358,8 @@ __global__ void __launch_bounds__(kThreads)
       const int d = tx + 16 * c;
       if (d >= HS) continue;
       const int64_t at = j * ld + d;
-      dk_g[at] = from_float<T>(to_float(dk_g[at]) + scale * dk[r][c]);
-      dv_g[at] = from_float<T>(to_float(dv_g[at]) + dv[r][c]);
+      dk_g[at] += scale * dk[r][c];
+      dv_g[at] += dv[r][c];
     }
   }
 }
@@ -393,14 +393,9 @@ cudaError_t f32_backward(float* dqkv, float* dq_acc, const float* dout, const fl
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    constexpr size_t smem = backward_smem_bytes<HS_MAX>();
-    cudaError_t err =
-        cudaFuncSetAttribute(flash_backward_kernel<float, HS_MAX>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    launch(flash_backward_kernel<float, HS_MAX>, grid, kThreads, smem, stream, dqkv, dq_acc, dout,
-           qkv, lse, dsum, S, NH, HS, scale, log2_scale(HS));
-    return cudaGetLastError();
+    return launch_opted_in(flash_backward_kernel<HS_MAX>, grid, kThreads,
+                           backward_smem_bytes<HS_MAX>(), stream, dqkv, dq_acc, dout, qkv, lse,
+                           dsum, S, NH, HS, scale, log2_scale(HS));
   });
 }
 
@@ -414,16 +409,9 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    constexpr size_t smem = forward_smem_bytes<HS_MAX>();
-    // Above 48 KiB a kernel must opt in to its dynamic shared memory, per device.
-    cudaError_t err =
-        cudaFuncSetAttribute(flash_forward_kernel<float, HS_MAX>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    launch(flash_forward_kernel<float, HS_MAX>, grid, kThreads, smem, stream,
-           static_cast<float*>(out), lse, static_cast<const float*>(qkv), S, NH, HS,
-           log2_scale(HS));
-    return cudaGetLastError();
+    return launch_opted_in(flash_forward_kernel<HS_MAX>, grid, kThreads,
+                           forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
+                           static_cast<const float*>(qkv), S, NH, HS, log2_scale(HS));
   });
 }
 

@@ -356,14 +356,10 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    constexpr size_t smem = Shape<HS_MAX>::forward_smem;
-    cudaError_t err =
-        cudaFuncSetAttribute(flash_tc_forward_kernel<HS_MAX>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    launch(flash_tc_forward_kernel<HS_MAX>, grid, kThreads, smem, stream, static_cast<bf16*>(out),
-           lse, static_cast<const bf16*>(qkv), S, NH, HS, scale_log2, vector_loads(qkv, HS));
-    return cudaGetLastError();
+    return launch_opted_in(flash_tc_forward_kernel<HS_MAX>, grid, kThreads,
+                           Shape<HS_MAX>::forward_smem, stream, static_cast<bf16*>(out), lse,
+                           static_cast<const bf16*>(qkv), S, NH, HS, scale_log2,
+                           vector_loads(qkv, HS));
   });
 }
 
@@ -375,15 +371,10 @@ cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const
   const bool vec = vector_loads(qkv, HS) && vector_loads(dout, HS);
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    constexpr size_t smem = Shape<HS_MAX>::backward_smem;
-    cudaError_t err =
-        cudaFuncSetAttribute(flash_tc_backward_kernel<HS_MAX>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    launch(flash_tc_backward_kernel<HS_MAX>, grid, kThreads, smem, stream, static_cast<bf16*>(dqkv),
-           dq_acc, static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, dsum, S, NH,
-           HS, scale, scale * kLog2e, vec);
-    return cudaGetLastError();
+    return launch_opted_in(flash_tc_backward_kernel<HS_MAX>, grid, kThreads,
+                           Shape<HS_MAX>::backward_smem, stream, static_cast<bf16*>(dqkv), dq_acc,
+                           static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, dsum,
+                           S, NH, HS, scale, scale * kLog2e, vec);
   });
 }
 
