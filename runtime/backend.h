@@ -146,15 +146,33 @@ class Backend {
   // ---- elementwise and reductions ----
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;            // y += x
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
-  virtual void scale_inplace(Tensor& y, float s) = 0;                  // y *= s
-  virtual double sum_squares(const Tensor& x) = 0;                     // Σ x², in double
-  virtual double sum(const Tensor& x) = 0;                             // Σ x, in double
+  virtual void scale_inplace(Tensor& y, float s) = 0;                   // y *= s
+  virtual double sum(const Tensor& x) = 0;                              // Σ x, in double
+  // Σ over every tensor of Σ x², in double: one reduction for the lot (on a GPU one launch per
+  // few dozen tensors and one round trip to the host, not one per tensor).
+  virtual double sum_squares_multi(const std::vector<Tensor>& xs) = 0;
+  double sum_squares(const Tensor& x) { return sum_squares_multi({x}); }
 
   // ---- optimizer ----
-  // AdamW on a contiguous range (param, grad, m, v of equal numel); step is 1-based.
-  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
-                            float beta1, float beta2, float eps, float weight_decay,
-                            int step) = 0;
+  // One AdamW step on every range (runtime/optimizer.h; the gradient norm's clipping is
+  // already in the gradients): param, grad, m, v f32 of equal numel per range, weight decay
+  // applied where `decay`. One multi-tensor launch on a GPU instead of one per parameter.
+  struct AdamWRange {
+    Tensor param;
+    Tensor grad;
+    Tensor m, v;
+    bool decay = true;
+  };
+  struct AdamWHyper {
+    float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+    int step = 1;  // 1-based, for the bias corrections
+  };
+  virtual void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) = 0;
+  // One range, decayed by weight_decay (0: none).
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int step) {
+    adamw_update_multi({{param, grad, m, v, true}}, {lr, beta1, beta2, eps, weight_decay, step});
+  }
 };
 
 // Runs an op written for f32 on operands of any float type: in() gives an f32 view of an input

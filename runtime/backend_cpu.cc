@@ -308,12 +308,17 @@ class CpuBackend final : public Backend {
     }
     k::scale_inplace(y.f32(), s, static_cast<size_t>(y.numel()));
   }
-  double sum_squares(const Tensor& x) override {
-    if (!all_f32(x)) {
-      MixedPrecisionScope mp(*this);
-      return sum_squares(mp.in(x));
+  double sum_squares_multi(const std::vector<Tensor>& xs) override {
+    double s = 0;
+    for (const Tensor& x : xs) {
+      if (!all_f32(x)) {
+        MixedPrecisionScope mp(*this);
+        s += k::sum_squares(mp.in(x).f32(), static_cast<size_t>(x.numel()));
+      } else {
+        s += k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
+      }
     }
-    return k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
+    return s;
   }
   double sum(const Tensor& x) override {
     if (!all_f32(x)) {
@@ -326,13 +331,15 @@ class CpuBackend final : public Backend {
     return s;
   }
 
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int step) override {
-    expect_numel(grad, param.numel(), "adamw grad");
-    expect_numel(m, param.numel(), "adamw m");
-    expect_numel(v, param.numel(), "adamw v");
-    k::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), static_cast<size_t>(param.numel()),
-                    lr, beta1, beta2, eps, weight_decay, step);
+  void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) override {
+    for (const AdamWRange& r : ranges) {
+      expect_numel(r.grad, r.param.numel(), "adamw grad");
+      expect_numel(r.m, r.param.numel(), "adamw m");
+      expect_numel(r.v, r.param.numel(), "adamw v");
+      k::adamw_update(r.param.f32(), r.grad.f32(), r.m.f32(), r.v.f32(),
+                      static_cast<size_t>(r.param.numel()), h.lr, h.beta1, h.beta2, h.eps,
+                      r.decay ? h.weight_decay : 0.f, h.step);
+    }
   }
 
  private:

@@ -133,9 +133,10 @@ void GradReducer::finish() {
 
 double GradReducer::local_sum_squares() {
   const Tensor& g = optimizer_grads();
-  double s = 0;
-  for (const NormSegment& n : norm_segments_) s += be_.sum_squares(g.view(n.offset, {n.numel}));
-  return s;
+  std::vector<Tensor> views;
+  views.reserve(norm_segments_.size());
+  for (const NormSegment& n : norm_segments_) views.push_back(g.view(n.offset, {n.numel}));
+  return be_.sum_squares_multi(views);
 }
 
 void GradReducer::gather_params(Tensor& params) {

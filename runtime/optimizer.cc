@@ -33,16 +33,20 @@ AdamW::AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<OptSegmen
 
 void AdamW::step(Tensor& params, const Tensor& grads, double lr) {
   ++step_;
+  std::vector<Backend::AdamWRange> ranges;
+  ranges.reserve(segments_.size());
   for (const OptSegment& s : segments_) {
     if (s.numel == 0) continue;
-    Tensor p = params.view(s.param_offset, {s.numel});
-    const Tensor g = grads.view(s.state_offset, {s.numel});
-    Tensor m = m_.view(s.state_offset, {s.numel});
-    Tensor v = v_.view(s.state_offset, {s.numel});
-    be_.adamw_update(p, g, m, v, static_cast<float>(lr), static_cast<float>(cfg_.beta1),
-                     static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                     s.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f, step_);
+    ranges.push_back({params.view(s.param_offset, {s.numel}), grads.view(s.state_offset, {s.numel}),
+                      m_.view(s.state_offset, {s.numel}), v_.view(s.state_offset, {s.numel}),
+                      s.decay});
   }
+  Backend::AdamWHyper h;
+  h.lr = static_cast<float>(lr);
+  h.beta1 = static_cast<float>(cfg_.beta1), h.beta2 = static_cast<float>(cfg_.beta2);
+  h.eps = static_cast<float>(cfg_.eps), h.weight_decay = static_cast<float>(cfg_.weight_decay);
+  h.step = step_;
+  be_.adamw_update_multi(ranges, h);
 }
 
 }  // namespace strata

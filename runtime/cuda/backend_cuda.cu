@@ -612,10 +612,13 @@ class CudaBackend final : public Backend {
   void scale_inplace(Tensor& y, float s) override {
     CUDA_CHECK(kc::scale_inplace(y.data(), et(y), s, y.numel(), stream_));
   }
-  double sum_squares(const Tensor& x) override {
-    const kc::SumSquaresSegment seg{x.data(), et(x), x.numel()};
+  double sum_squares_multi(const std::vector<Tensor>& xs) override {
+    std::vector<kc::SumSquaresSegment> segs;
+    segs.reserve(xs.size());
+    for (const Tensor& x : xs) segs.push_back({x.data(), et(x), x.numel()});
     CUDA_CHECK(cudaMemsetAsync(dsum_, 0, sizeof(double), stream_));
-    CUDA_CHECK(kc::sum_squares_multi_tensor(dsum_, &seg, 1, stream_));
+    CUDA_CHECK(
+        kc::sum_squares_multi_tensor(dsum_, segs.data(), static_cast<int>(segs.size()), stream_));
     return read_dsum();
   }
   double sum(const Tensor& x) override {
@@ -625,26 +628,27 @@ class CudaBackend final : public Backend {
   }
 
   // ---- optimizer ----
-  // The f32 master parameters, gradients and moments; one segment of the multi-tensor kernel
-  // (runtime/optimizer calls this once per contiguous range).
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int step) override {
-    if (!all_f32(param, grad, m, v)) {
-      MixedPrecisionScope mp(*this);
-      return adamw_update(mp.out(param), mp.in(grad), mp.out(m), mp.out(v), lr, beta1, beta2, eps,
-                          weight_decay, step);
+  // The f32 master parameters, gradients and moments: every range in one multi-tensor kernel
+  // call (kernels/cuda/optim.h), which launches once per few dozen ranges.
+  void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) override {
+    std::vector<kc::AdamWSegment> segs;
+    segs.reserve(ranges.size());
+    for (const AdamWRange& r : ranges) {
+      STRATA_CHECK(all_f32(r.param, r.grad, r.m, r.v),
+                   "adamw: parameters, gradients and moments are f32 (fp32 master weights)");
+      expect_numel(r.grad, r.param.numel(), "adamw grad");
+      expect_numel(r.m, r.param.numel(), "adamw m");
+      expect_numel(r.v, r.param.numel(), "adamw v");
+      kc::AdamWSegment seg;
+      seg.param = r.param.f32(), seg.grad = r.grad.f32(), seg.m = r.m.f32(), seg.v = r.v.f32();
+      seg.n = r.param.numel();
+      seg.decay = r.decay;
+      segs.push_back(seg);
     }
-    expect_numel(grad, param.numel(), "adamw grad");
-    expect_numel(m, param.numel(), "adamw m");
-    expect_numel(v, param.numel(), "adamw v");
-    kc::AdamWSegment seg;
-    seg.param = param.f32(), seg.grad = grad.f32(), seg.m = m.f32(), seg.v = v.f32();
-    seg.n = param.numel();
-    seg.decay = true;  // the caller passes weight_decay = 0 for ranges it does not decay
-    kc::AdamWHyper h;
-    h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.weight_decay = weight_decay;
-    h.step = step;
-    CUDA_CHECK(kc::adamw_multi_tensor(&seg, 1, h, stream_));
+    kc::AdamWHyper k;
+    k.lr = h.lr, k.beta1 = h.beta1, k.beta2 = h.beta2, k.eps = h.eps;
+    k.weight_decay = h.weight_decay, k.step = h.step;
+    CUDA_CHECK(kc::adamw_multi_tensor(segs.data(), static_cast<int>(segs.size()), k, stream_));
   }
 
  private:
