@@ -263,7 +263,6 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   req.precision = cfg.train.precision;
   req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
                               cfg.device != "cuda");
-  req.memory.cudnn_attention = cfg.train.attention_backend == "cudnn";
   PlanConfig c;
   c.tensor = cfg.parallel.tensor;
   c.pipeline = cfg.parallel.pipeline;

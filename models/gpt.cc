@@ -488,7 +488,7 @@ Tensor GptModel::backward_piece(Acts& a, const Tensor& dout, float grad_scale,
     be_.ce_backward(dlogits, a.logits, a.row_max, a.row_sumexp, a.targets, grad_scale,
                     d.vocab_start(), d.vocab_valid());
     a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
-    Tensor dlnf_full = act_zeros({B, S, d.C});  // partial over the vocabulary shards
+    Tensor dlnf_full = act({B, S, d.C});  // partial over the vocabulary shards
     linear_backward(a, &dlnf_full, d.tie ? "wte" : "lm_head.weight", "", dlogits,
                     full_sequence(a.lnf));
     dlogits = Tensor();
@@ -542,13 +542,13 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   }
   // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
   {
-    Tensor dgelu = act_zeros({B, S, d.F_local()});
+    Tensor dgelu = act({B, S, d.F_local()});
     linear_backward(a, &dgelu, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
                     full_sequence(dresid), h.fch_gelu, /*dout_changes_later=*/!d.sp);
-    Tensor dfch = act_zeros({B, S, d.F_local()});
+    Tensor dfch = act({B, S, d.F_local()});
     be_.gelu_backward(dfch, h.fch, dgelu);
     dgelu = Tensor();
-    Tensor dln2_full = act_zeros({B, S, d.C});
+    Tensor dln2_full = act({B, S, d.C});
     linear_backward(a, &dln2_full, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfch,
                     full_sequence(h.ln2));
     const Tensor dln2 = reduce_input_grad(dln2_full);
@@ -562,13 +562,13 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   }
   // Attention branch: dresid now holds d(res1), also d(x) through the residual.
   {
-    Tensor datty = act_zeros({B, S, d.C_local()});
+    Tensor datty = act({B, S, d.C_local()});
     linear_backward(a, &datty, p + "attn.c_proj.weight", p + "attn.c_proj.bias",
                     full_sequence(dresid), h.atty, /*dout_changes_later=*/!d.sp);
-    Tensor dqkv = act_zeros({B, S, 3 * d.C_local()});
+    Tensor dqkv = act({B, S, 3 * d.C_local()});
     be_.attention_backward(dqkv, datty, h.qkv, h.atty, h.att, d.heads_local());
     datty = Tensor();
-    Tensor dln1_full = act_zeros({B, S, d.C});
+    Tensor dln1_full = act({B, S, d.C});
     linear_backward(a, &dln1_full, p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv,
                     full_sequence(h.ln1));
     const Tensor dln1 = reduce_input_grad(dln1_full);

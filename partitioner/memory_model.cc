@@ -144,13 +144,12 @@ std::vector<MemoryBreakdown> stage_memory(const ModelSpec& m, const PlanConfig& 
       // Two gradient buckets in flight, the p2p send/receive buffers, the sequence-parallel
       // all-gather buffer, the GEMM workspace, and the fused attention backward's f32 scratch
       // (a dq accumulator of the local heads and one row sum per query row; cuDNN's workspace
-      // holds the same two), plus cuDNN's gradient temporary where it runs the attention.
+      // holds the same two).
       const double buckets = c.data > 1 ? 2 * o.bucket_mb * 1024 * 1024 : 0;
       const double p2p = p > 1 ? 2 * b * sl * h * eb : 0;
       const double gather = c.sequence_parallel ? b * s * h * eb : 0;
       const double a = m.num_heads;
-      const double attn_scratch = (o.flash_attention ? 4.0 * (b * s * h / t + b * a / t * s) : 0) +
-                                  (o.cudnn_attention ? 3.0 * b * s * h / t * eb : 0);
+      const double attn_scratch = o.flash_attention ? 4.0 * (b * s * h / t + b * a / t * s) : 0;
       mb.buffers = buckets + p2p + gather + o.workspace_bytes + attn_scratch + o.reserve_bytes;
     }
   }

@@ -65,9 +65,6 @@ struct MemoryOptions {
   // Flash attention (fused, the GPU path) keeps only the softmax statistics; the CPU runtime
   // keeps the (b, a, s, s) probabilities.
   bool flash_attention = true;
-  // GPU, train.attention_backend "cudnn": cuDNN's backward overwrites its gradient, so the
-  // backend adds it to dqkv from a temporary (b, s, 3h/t) buffer of the activation type.
-  bool cudnn_attention = false;
   // Per-rank memory held back from the plan: CUDA context, NCCL, allocator fragmentation (none
   // of it passes through Strata's allocator).
   double reserve_bytes = 0;

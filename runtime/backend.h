@@ -3,8 +3,11 @@
 // Models call these methods on Tensors and never know which device runs them; the backend is
 // chosen once, in make_backend() (the one factory: no #ifdef in model or schedule code). Ops
 // mirror kernels/cpu/ops.h: shapes are checked here, then the kernel runs on the raw buffers.
-// Backward ops ACCUMULATE into gradient outputs (so micro-batch gradients sum), except
-// ce_backward which assigns.
+// Backward ops ACCUMULATE into parameter gradients (so micro-batch gradients sum) and into
+// layernorm_backward's dinp (the residual stream's gradient, which sums over its branches).
+// An input gradient with one producer — matmul's dinp, gelu_backward's, attention_backward's
+// dqkv, ce_backward's dlogits — is ASSIGNED: its buffer needs no zero-fill and is never read,
+// which on a GPU saves a memset and a read of every such activation-sized buffer.
 //
 // Types (train.precision): in fp32 every float tensor is f32. In bf16 (mixed precision) the
 // activations, their gradients and the compute copy of the weights are bf16, while statistics
@@ -85,21 +88,22 @@ class Backend {
   // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC); bias may be null.
   virtual void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                               const Tensor* bias) = 0;
-  // dinp (N, C) += dout · w; dw (OC, C) += dout^T · inp; dbias += Σ dout. dinp, dbias may be null.
+  // dinp (N, C) = dout · w; dw (OC, C) += dout^T · inp; dbias += Σ dout. dinp, dbias may be null.
   virtual void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& w) = 0;
   // The two halves of matmul_backward, for zero-bubble schedules that compute the input
-  // gradient now and the weight gradient later: dinp (N, C) += dout · w; and
+  // gradient now and the weight gradient later: dinp (N, C) = dout · w; and
   // dw (OC, C) += dout^T · inp, dbias (OC) += Σ dout (dbias may be null).
   virtual void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) = 0;
   virtual void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                                       const Tensor& inp) = 0;
-  // out, inp (N, C); mean, rstd (N).
+  // out, inp (N, C); mean, rstd (N). Backward: dinp (N, C) +=; dw, db (C) +=.
   virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                  const Tensor& w, const Tensor& b) = 0;
   virtual void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                                   const Tensor& inp, const Tensor& w, const Tensor& mean,
                                   const Tensor& rstd) = 0;
+  // out = gelu(inp) (tanh form); backward: dinp = gelu'(inp) · dout.
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
 
@@ -112,7 +116,7 @@ class Backend {
   }
   virtual void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv,
                                  int num_heads) = 0;
-  // dqkv += the gradient; out is the forward's output.
+  // dqkv = the gradient; out is the forward's output.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& out, const Tensor& saved, int num_heads) = 0;
 

@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     expect_shape(w, {OC, C}, "matmul weight");
     expect_numel(dout, N * OC, "matmul dout");
     k::gemm<float>(false, false, as_int(N), as_int(C), as_int(OC), 1.0f, dout.f32(), as_int(OC),
-                   w.f32(), as_int(C), 1.0f, dinp.f32(), as_int(C));
+                   w.f32(), as_int(C), 0.0f, dinp.f32(), as_int(C));
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp) override {

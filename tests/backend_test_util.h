@@ -59,9 +59,11 @@ inline std::vector<float> get(Backend& be, const Tensor& x) {
   return v;
 }
 
-// Every element within rel × (the largest |want|); reports the first three that are not.
+// Every element within rel × (the largest |want|); reports the first three that are not, naming
+// the two sides got_name and want_name.
 inline void expect_close(const std::string& what, const std::vector<float>& got,
-                         const std::vector<float>& want, double rel) {
+                         const std::vector<float>& want, double rel, const char* got_name = "cuda",
+                         const char* want_name = "cpu") {
   ASSERT_EQ(got.size(), want.size()) << what;
   double mx = 1e-30;
   for (float w : want) mx = std::max(mx, static_cast<double>(std::fabs(w)));
@@ -69,11 +71,11 @@ inline void expect_close(const std::string& what, const std::vector<float>& got,
   for (size_t i = 0; i < want.size(); ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
     if (!(err <= rel * mx) && bad++ < 3)
-      ADD_FAILURE() << what << "[" << i << "]: cuda " << got[i] << ", cpu " << want[i]
-                    << " (tolerance " << rel * mx << ")";
+      ADD_FAILURE() << what << "[" << i << "]: " << got_name << " " << got[i] << ", " << want_name
+                    << " " << want[i] << " (tolerance " << rel * mx << ")";
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << want.size() << " outside " << rel
-                    << " x max |cpu| = " << rel * mx;
+                    << " x max |" << want_name << "| = " << rel * mx;
 }
 
 }  // namespace strata::backend_test

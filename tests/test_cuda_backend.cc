@@ -236,6 +236,63 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
   EXPECT_NE(bes[1]->name().find("cuDNN"), std::string::npos) << bes[1]->name();
 }
 
+// The Backend contract (runtime/backend.h): an input gradient with one producer is assigned,
+// never read. Each op runs into a buffer of NaN and into a zeroed one: an op that read its
+// output (accumulated) would give NaN in the first. On the CPU backend everywhere and on the
+// CUDA backend where a device (or the emulation) is there, in fp32 and bf16.
+TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
+  std::vector<std::string> devices = {"cpu"};
+  if (have_device()) devices.push_back("cuda");
+  const int B = 2, S = 19, NH = 3, HS = 8, C = NH * HS, N = B * S, F = 4 * C, V = 50;
+  const auto x = random(N * C, 30), w = random(F * C, 31), g = random(N * F, 32);
+  const auto pre = random(N * F, 36, 3);  // GELU inputs
+  const auto qkv = random(N * 3 * C, 33), go = random(N * C, 34), logits = random(N * V, 35, 3);
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(mix64(i + 7) % V);
+  for (const std::string& dev : devices)
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      auto be = make_backend(dev, 1);
+      const std::string what = dev + " " + to_string(t) + " ";
+      // op writes the gradient it is given; returns it started from NaN and from zeros.
+      auto run = [&](const Shape& shape, const std::function<void(Tensor&)>& op) {
+        const int64_t n = shape_numel(shape);
+        Tensor from_nan = put(*be, shape, std::vector<float>(static_cast<size_t>(n), NAN), t);
+        Tensor from_zero = be->zeros(shape, MemCategory::kActivations, t);
+        op(from_nan);
+        op(from_zero);
+        return std::array<std::vector<float>, 2>{get(*be, from_nan), get(*be, from_zero)};
+      };
+      auto check = [&](const std::string& name, const std::array<std::vector<float>, 2>& r) {
+        // The two runs differ only in the starting values; GPU atomics may reorder sums.
+        expect_close(what + name, r[0], r[1], t == DType::kBF16 ? 1e-2 : 1e-5, "from NaN",
+                     "from zeros");
+      };
+      const Tensor X = put(*be, {N, C}, x, t), W = put(*be, {F, C}, w, t);
+      const Tensor G = put(*be, {N, F}, g, t), Pre = put(*be, {N, F}, pre, t);
+      check("matmul_backward_input dinp",
+            run({N, C}, [&](Tensor& d) { be->matmul_backward_input(d, G, W); }));
+      check("matmul_backward dinp", run({N, C}, [&](Tensor& d) {
+              Tensor dw = be->zeros({F, C}, MemCategory::kGradients);
+              Tensor db = be->zeros({F}, MemCategory::kGradients);
+              be->matmul_backward(&d, dw, &db, G, X, W);
+            }));
+      check("gelu_backward dinp", run({N, F}, [&](Tensor& d) { be->gelu_backward(d, Pre, G); }));
+      const Tensor Q = put(*be, {B, S, 3 * C}, qkv, t), Go = put(*be, {B, S, C}, go, t);
+      Tensor O = be->empty({B, S, C}, MemCategory::kActivations, t);
+      Tensor saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
+      be->attention_forward(O, saved, Q, NH);
+      check("attention_backward dqkv",
+            run({B, S, 3 * C}, [&](Tensor& d) { be->attention_backward(d, Go, Q, O, saved, NH); }));
+      const Tensor L = put(*be, {N, V}, logits, t), T = put_i32(*be, {B, S}, tok);
+      Tensor mx = be->empty({N}, MemCategory::kActivations);
+      Tensor se = be->empty({N}, MemCategory::kActivations);
+      be->ce_row_max(mx, L, V);
+      be->ce_row_sumexp(se, L, mx, V);
+      check("ce_backward dlogits",
+            run({N, V}, [&](Tensor& d) { be->ce_backward(d, L, mx, se, T, 0.5f, 0, V); }));
+    }
+}
+
 // Without a GPU, asking the factory for cuDNN attention names the key instead of running the
 // CPU's attention under another name.
 TEST(BackendFactory, CudnnAttentionNeedsTheCudaDevice) {

@@ -71,6 +71,9 @@ double dot(const Vec& a, const Vec& b) {
   return s;
 }
 
+// The starting value of a gradient the kernel must assign: any read of it shows as NaN.
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
 Vec minus(const Vec& a, const Vec& b) {
   Vec d(a.size());
   for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
@@ -201,12 +204,13 @@ TEST(KernelsGrad, MatmulFiniteDifferences) {
     cpu::matmul_forward<double>(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
     return dot(r, out);
   };
-  // Gradients start from random values: the backward must accumulate, not assign.
-  const Vec dinp0 = random_vec(N * C, 14), dw0 = random_vec(OC * C, 15), db0 = random_vec(OC, 16);
-  Vec dinp = dinp0, dw = dw0, db = db0;
+  // Weight gradients start from random values: the backward must accumulate into them. The
+  // input gradient starts as NaN: it must be assigned, never read.
+  const Vec dw0 = random_vec(OC * C, 15), db0 = random_vec(OC, 16);
+  Vec dinp(N * C, kNaN), dw = dw0, db = db0;
   cpu::matmul_backward<double>(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), N,
                                C, OC);
-  expect_close(minus(dinp, dinp0), numeric_grad(inp, loss), kFdTol, "matmul dinp");
+  expect_close(dinp, numeric_grad(inp, loss), kFdTol, "matmul dinp");
   expect_close(minus(dw, dw0), numeric_grad(w, loss), kFdTol, "matmul dweight");
   expect_close(minus(db, db0), numeric_grad(bias, loss), kFdTol, "matmul dbias");
 
@@ -320,10 +324,9 @@ TEST(KernelsGrad, GeluFiniteDifferences) {
     cpu::gelu_forward<double>(out.data(), x.data(), n);
     return dot(r, out);
   };
-  const Vec dx0 = random_vec(n, 52);
-  Vec dx = dx0;
+  Vec dx(n, kNaN);  // assigned, never read
   cpu::gelu_backward<double>(dx.data(), x.data(), r.data(), n);
-  expect_close(minus(dx, dx0), numeric_grad(x, loss), kFdTol, "gelu dinp");
+  expect_close(dx, numeric_grad(x, loss), kFdTol, "gelu dinp");
 }
 
 TEST(KernelsFloat, GeluMatchesDouble) {
@@ -426,13 +429,13 @@ void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t se
     return dot(r, out);
   };
   loss();  // att of the unperturbed input for the backward
-  const Vec dqkv0 = random_vec(nqkv, seed + 2);
-  Vec dqkv = dqkv0;
-  // NaN-filled scratch: the backward must not read scratch it has not written.
-  Vec scratch(cpu::attention_scratch_elems(S), std::numeric_limits<double>::quiet_NaN());
+  // NaN-filled gradient and scratch: the backward assigns dqkv and must not read scratch it has
+  // not written.
+  Vec dqkv(nqkv, kNaN);
+  Vec scratch(cpu::attention_scratch_elems(S), kNaN);
   cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
                                   S, NH, HS);
-  expect_close(minus(dqkv, dqkv0), numeric_grad(qkv, loss), kFdTol, "attention dqkv");
+  expect_close(dqkv, numeric_grad(qkv, loss), kFdTol, "attention dqkv");
 }
 
 TEST(KernelsGrad, AttentionFiniteDifferences) {

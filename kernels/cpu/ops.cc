@@ -160,8 +160,8 @@ template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int C, int OC) {
   if (dinp != nullptr) {
-    // dinp (N, C) += dout (N, OC) · weight (OC, C)
-    gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+    // dinp (N, C) = dout (N, OC) · weight (OC, C)
+    gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
   }
   // dweight (OC, C) += dout^T (OC, N) · inp (N, C)
   gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
@@ -298,7 +298,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) {
     // product finite there: x³ alone would overflow to inf and 0·inf give NaN for |x| > 1e12.
     const T w = T(2) * k * s * (T(1) - s);
     const T grad = s + w * x + T(3) * c * (((w * x) * x) * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 
@@ -389,8 +389,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
         for (int j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
         for (int j = i + 1; j < S; ++j) drow[j] = T(0);
       }
-      // dq[i0:i1] += dpre[i0:i1, 0:i1] · k[0:i1] / √HS
-      gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(1),
+      // dq[i0:i1] = dpre[i0:i1, 0:i1] · k[0:i1] / √HS
+      gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
               dq + static_cast<size_t>(i0) * ld, ld);
     }
     // Key/value rows j only receive from query rows i ≥ j (att and dpre are 0 above the
@@ -399,12 +399,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
       const int j1 = std::min(S, j0 + kAttentionBlock);
       const int rows = j1 - j0;
       const size_t corner = static_cast<size_t>(j0) * S + j0;  // element (j0, j0) of an (S, S)
-      // dv[j0:j1] += att[j0:S, j0:j1]^T · dout[j0:S]
+      // dv[j0:j1] = att[j0:S, j0:j1]^T · dout[j0:S]
       gemm<T>(true, false, rows, HS, S - j0, T(1), a + corner, S,
-              dy + static_cast<size_t>(j0) * ldo, ldo, T(1), dv + static_cast<size_t>(j0) * ld, ld);
-      // dk[j0:j1] += dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
+              dy + static_cast<size_t>(j0) * ldo, ldo, T(0), dv + static_cast<size_t>(j0) * ld, ld);
+      // dk[j0:j1] = dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
       gemm<T>(true, false, rows, HS, S - j0, scale, d + corner, S, q + static_cast<size_t>(j0) * ld,
-              ld, T(1), dk + static_cast<size_t>(j0) * ld, ld);
+              ld, T(0), dk + static_cast<size_t>(j0) * ld, ld);
     }
   }
 }

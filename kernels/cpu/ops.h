@@ -3,9 +3,10 @@
 // Every function is a template over the scalar type T, instantiated for float (training) and
 // double (the reference that finite-difference tests evaluate). GEMMs go to OpenBLAS
 // (sgemm/dgemm); elementwise and reduction loops use OpenMP. Backward functions ACCUMULATE
-// (+=) into their gradient outputs, so gradients of weights sum over micro-batches and
-// gradients of activations can sum over branches (the residual stream). Pointers documented as
-// "may be null" skip that output.
+// (+=) into parameter gradients, so they sum over micro-batches, and into LayerNorm's input
+// gradient, the residual stream's, which sums over its branches; an input gradient with one
+// producer (matmul, GELU, attention, cross-entropy) is ASSIGNED, so its buffer needs no zeroing
+// and is never read. Pointers documented as "may be null" skip that output.
 //
 // Thread-safety: functions touch only their arguments; concurrent calls on disjoint buffers are
 // safe. They use the calling thread's OpenMP team and OpenBLAS's thread count as set by
@@ -53,7 +54,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, 
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC);
 
-// dinp (N, C) += dout (N, OC) · weight (OC, C); dweight (OC, C) += dout^T · inp;
+// dinp (N, C) = dout (N, OC) · weight (OC, C); dweight (OC, C) += dout^T · inp;
 // dbias (OC) += Σ_n dout. dinp and dbias may be null.
 template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
@@ -72,7 +73,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 // GELU, tanh approximation (GPT-2's "gelu_new"): 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))).
 template <class T>
 void gelu_forward(T* out, const T* inp, size_t n);
-// dinp (n) += gelu'(inp) * dout.
+// dinp (n) = gelu'(inp) * dout.
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n);
 
@@ -83,7 +84,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n);
 // Scores are scaled by 1/√HS.
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int HS);
-// dqkv (B, S, 3, NH, HS) += gradients for q, k, v. scratch: (S, S) per OpenMP thread, i.e.
+// dqkv (B, S, 3, NH, HS) = gradients for q, k, v. scratch: (S, S) per OpenMP thread, i.e.
 // attention_scratch_elems(S) elements, owned by the caller.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,

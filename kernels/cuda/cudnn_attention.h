@@ -22,12 +22,12 @@
 // need a padding-mask workaround there that this graph does not build). The first query of a
 // shape compiles cuDNN's kernel at run time (NVRTC), which can take a second or more.
 //
-// Differences from flash_attention.h: dqkv is OVERWRITTEN, not accumulated; f32 operands are
-// not supported (cuDNN's flash attention is fp16/bf16 only); each call needs a device
-// workspace of the size the *_workspace_bytes query returns for that shape (possibly 0 for the
-// forward; the backward's also holds cuDNN's f32 dq accumulator and the dout·out row sums,
-// about 4·B·S·NH·(HS+1) bytes). Every pointer must be 16-byte aligned (cudaMalloc's are), as
-// must the workspace; a misaligned one returns CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER.
+// Differences from flash_attention.h: f32 operands are not supported (cuDNN's flash attention
+// is fp16/bf16 only); each call needs a device workspace of the size the *_workspace_bytes
+// query returns for that shape (possibly 0 for the forward; the backward's also holds cuDNN's f32
+// dq accumulator and the dout·out row sums, about 4·B·S·NH·(HS+1) bytes). Every pointer must be
+// 16-byte aligned (cudaMalloc's are), as must the workspace; a misaligned one returns
+// CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER.
 //
 // Thread-safety: one CudnnAttention per thread (the plan cache is not locked), used on the
 // device that was current when it was constructed. Copy is deleted (it owns the cuDNN handle

@@ -21,8 +21,8 @@
 // tile and accumulates dk, dv in registers while walking the query tiles from its own to the
 // last: P = exp(scale·q·kᵀ − lse), dP = dout·vᵀ, dS = P ∘ (dP − D), dv += Pᵀ·dout,
 // dk += scale·dSᵀ·q, and dq += scale·dS·k goes to an f32 scratch with atomicAdd (several key
-// tiles add to each query row). A last pass adds that scratch into the q part of dqkv; dk, dv
-// are added into dqkv by their one owning block, so dqkv accumulates (+=) as the Backend asks.
+// tiles add to each query row). A last pass stores that scratch into the q part of dqkv; dk, dv
+// are stored by their one owning block, so dqkv is assigned (never read), as the Backend asks.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -358,20 +358,20 @@ __global__ void __launch_bounds__(kThreads)
       const int d = tx + 16 * c;
       if (d >= HS) continue;
       const int64_t at = j * ld + d;
-      dk_g[at] += scale * dk[r][c];
-      dv_g[at] += dv[r][c];
+      dk_g[at] = scale * dk[r][c];
+      dv_g[at] = dv[r][c];
     }
   }
 }
 
-// The q part of dqkv (B, S, 3, NH, HS) += dq_acc (B, S, NH, HS).
+// The q part of dqkv (B, S, 3, NH, HS) = dq_acc (B, S, NH, HS).
 template <class T>
 __global__ void flash_backward_dq_kernel(T* dqkv, const float* dq_acc, int64_t tokens,
                                          int64_t row) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        idx < tokens * row; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t at = (idx / row) * 3 * row + idx % row;
-    dqkv[at] = from_float<T>(to_float(dqkv[at]) + dq_acc[idx]);
+    dqkv[at] = from_float<T>(dq_acc[idx]);
   }
 }
 

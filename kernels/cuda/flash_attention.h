@@ -37,8 +37,9 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
 // (B, NH, S) row sums D = rowsum(dout ∘ out).
 size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS);
 
-// dqkv (B, S, 3, NH, HS) += the gradient of the forward, given its inputs, its output `out`
-// and `lse`. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes, 4-byte aligned.
+// dqkv (B, S, 3, NH, HS) = the gradient of the forward (assigned: never read), given its inputs,
+// its output `out` and `lse`. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes,
+// 4-byte aligned.
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                      const float* lse, ElemType type, int B, int S, int NH, int HS,
                                      void* scratch, cudaStream_t stream);

@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(kThreads)
       const int j = key[e / 2], d = 8 * dn + 2 * t + e % 2;
       if (j >= S || d >= HS) continue;
       const int64_t at = j * ld + d;
-      dk_g[at] = round_to_bf16(to_float(dk_g[at]) + scale * dk[dn][e]);
-      dv_g[at] = round_to_bf16(to_float(dv_g[at]) + dv[dn][e]);
+      dk_g[at] = round_to_bf16(scale * dk[dn][e]);
+      dv_g[at] = round_to_bf16(dv[dn][e]);
     }
 }
 

@@ -46,7 +46,8 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
                                const float* mean, const float* rstd, int64_t N, int C,
                                cudaStream_t stream);
 
-// GELU, tanh approximation; all buffers of type t. gelu_backward: dinp += gelu'(inp) · dout.
+// GELU, tanh approximation; all buffers of type t. gelu_backward: dinp = gelu'(inp) · dout
+// (assigned: dinp is never read).
 cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream);
 cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
                           cudaStream_t stream);

@@ -323,8 +323,7 @@ class CudaBackend final : public Backend {
     g.A = dout.data(), g.lda = g.K;
     g.B = w.data(), g.ldb = g.N;
     g.ab_type = et(dout);
-    g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);
-    g.beta = 1.f;
+    g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);  // beta 0: assigned, never read
     if (run_gemm(g) == GemmRun::kUnsupported) matmul_backward_input_widened(dinp, dout, w);
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
@@ -459,14 +458,9 @@ class CudaBackend final : public Backend {
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
     if (use_cudnn(qkv, a)) {
-      // cuDNN overwrites its gradient: it goes to a temporary, added to dqkv (the interface
-      // accumulates).
-      Tensor grad = empty(qkv.shape(), MemCategory::kBuffers, qkv.dtype());
       Tensor ws = workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.HS));
-      CUDNN_CHECK(cudnn_->backward(grad.data(), dout.data(), qkv.data(), out.data(), saved.f32(),
+      CUDNN_CHECK(cudnn_->backward(dqkv.data(), dout.data(), qkv.data(), out.data(), saved.f32(),
                                    et(qkv), a.B, a.S, a.NH, a.HS, ws.data(), stream_));
-      CUDA_CHECK(
-          kc::add_inplace(dqkv.data(), et(dqkv), grad.data(), et(grad), grad.numel(), stream_));
       return;
     }
     const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.HS);

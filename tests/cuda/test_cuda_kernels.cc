@@ -309,7 +309,8 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
       const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
       const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
       const auto dout = rounded(random(tokens * C, ++key), is_bf16(type));
-      // dqkv starts non-zero (of the gradient's size) so that += is checked, not just =.
+      // dqkv starts non-zero (of the gradient's size): the kernel must assign it (as the CPU's
+      // does), so a kernel that read and added it would miss by the starting values.
       auto dqkv = rounded(random(tokens * 3 * C, ++key, 0.5f), is_bf16(type));
       DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
       DeviceArray Dout(dout, type), Dqkv(dqkv, type);

@@ -2,7 +2,8 @@
 // the CPU attention of kernels/cpu/ops.h (f32, on the very bf16 values the GPU holds) and the
 // own flash kernels of kernels/cuda/flash_attention.h. Also the interchangeability the header
 // promises (a forward of one and a backward of the other give the same gradient), that dqkv is
-// overwritten rather than accumulated, and the refusals with their reasons.
+// overwritten rather than accumulated (as the flash backward's is), and the refusals with their
+// reasons.
 //
 // Shapes: B = 2, NH = 3 and S = 1, 37, 128, 200 (one row, not a multiple of any tile, one
 // tile, a partial last tile) by HS = 32, 64, 128, each its own test. Without a CUDA device the
@@ -119,9 +120,10 @@ struct Problem {
                                           kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS, nullptr),
               cudaSuccess);
   }
-  // The flash backward ACCUMULATES: dqkv is zeroed first. out/lse: either kernel's forward.
+  // The flash backward assigns dqkv: it starts as NaN bytes, which any read would show.
+  // out/lse: either kernel's forward.
   void flash_backward(const DeviceBuffer& fwd_out, const DeviceBuffer& fwd_lse) {
-    ASSERT_EQ(cudaMemset(flash_dqkv.get(), 0, flash_dqkv.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(flash_dqkv.get(), 0xff, flash_dqkv.bytes()), cudaSuccess);
     ASSERT_EQ(kc::flash_attention_backward(flash_dqkv.get(), d_dout.get(), d_qkv.get(),
                                            fwd_out.get(), fwd_lse.f32(), kc::ElemType::kBF16, c.B,
                                            c.S, c.NH, c.HS, flash_scratch.get(), nullptr),
