@@ -448,11 +448,10 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
   {
     const Tensor ln2_full = full_sequence(h.ln2);
     h.fch = act({B, S, d.F_local()});
-    const Tensor fc_b = cparam(p + "mlp.c_fc.bias");
-    be_.matmul_forward(h.fch, ln2_full, cparam(p + "mlp.c_fc.weight"), &fc_b);
+    h.fch_gelu = act({B, S, d.F_local()});
+    be_.matmul_gelu_forward(h.fch, h.fch_gelu, ln2_full, cparam(p + "mlp.c_fc.weight"),
+                            cparam(p + "mlp.c_fc.bias"));
   }
-  h.fch_gelu = act({B, S, d.F_local()});
-  be_.gelu_forward(h.fch_gelu, h.fch);
   {
     Tensor mlp = act({B, S, d.C});  // partial sum over the group
     const Tensor mp_b = cparam(p + "mlp.c_proj.bias");
@@ -542,12 +541,13 @@ void GptModel::block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid) {
   }
   // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
   {
-    Tensor dgelu = act({B, S, d.F_local()});
-    linear_backward(a, &dgelu, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
-                    full_sequence(dresid), h.fch_gelu, /*dout_changes_later=*/!d.sp);
+    // d(fch) straight from d(out) through c_proj and the GELU (one op: fused on a GPU), then
+    // c_proj's weight gradients.
+    const Tensor dout_full = full_sequence(dresid);
     Tensor dfch = act({B, S, d.F_local()});
-    be_.gelu_backward(dfch, h.fch, dgelu);
-    dgelu = Tensor();
+    be_.matmul_backward_input_gelu(dfch, dout_full, cparam(p + "mlp.c_proj.weight"), h.fch);
+    linear_backward(a, nullptr, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", dout_full,
+                    h.fch_gelu, /*dout_changes_later=*/!d.sp);
     Tensor dln2_full = act({B, S, d.C});
     linear_backward(a, &dln2_full, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfch,
                     full_sequence(h.ln2));

@@ -76,7 +76,9 @@ LayerElems layer_elems(const ModelSpec& m, const PlanConfig& c, const MemoryOpti
   const double core = probs + b * s * h / t;  // softmax probabilities + attention output
   const double full_block = 4 * bsh_l + stats + 3 * b * s * h / t + core + 2 * b * s * f / t;
   // Backward of one layer: d(gelu) and d(fc) together, the residual gradient, and with
-  // sequence parallelism the gathered full-sequence copy of a LayerNorm output.
+  // sequence parallelism the gathered full-sequence copy of a LayerNorm output. (A GPU that
+  // runs c_proj's input gradient and GELU's as one GEMM never holds d(gelu): one (b, s, f/t)
+  // buffer less than this, which the prediction keeps as margin for when cuBLASLt declines.)
   const double grads = 2 * b * s * f / t + bsh_l + (c.sequence_parallel ? b * s * h : 0);
   switch (c.recompute) {
     case RecomputeKind::kNone: return {full_block, grads};

@@ -45,6 +45,20 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
 #endif
 }
 
+void Backend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                                  const Tensor& bias) {
+  matmul_forward(pre, inp, w, &bias);
+  gelu_forward(out, pre);
+}
+
+void Backend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
+                                         const Tensor& pre) {
+  // d(gelu(pre)) is an activation-sized temporary, counted as the model's d(gelu) always was.
+  Tensor dact = empty(pre.shape(), MemCategory::kActivations, dpre.dtype());
+  matmul_backward_input(dact, dout, w);
+  gelu_backward(dpre, pre, dact);
+}
+
 const Tensor& MixedPrecisionScope::in(const Tensor& t) {
   if (t.dtype() != DType::kBF16) return t;
   temps_.push_back(std::make_unique<Tensor>(be_.empty(t.shape(), MemCategory::kBuffers)));

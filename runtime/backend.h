@@ -107,6 +107,19 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
 
+  // A linear layer followed by GELU (the MLP's first half), in one op so a backend can fuse
+  // them: pre (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC), out = gelu(pre); pre is what
+  // the backward needs. This default runs matmul_forward then gelu_forward; the CUDA backend
+  // puts the GELU in the GEMM's epilogue where cuBLASLt has one (pre is written, not re-read).
+  virtual void matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                                   const Tensor& bias);
+  // The input gradient of a linear layer whose input was gelu(pre), carried through the GELU:
+  // dpre (N, C) = gelu'(pre) · (dout (N, OC) · w (OC, C)), assigned. This default runs
+  // matmul_backward_input into a temporary, then gelu_backward; the CUDA backend does both in
+  // one GEMM (cuBLASLt's DGELU epilogue: no temporary, nothing written twice).
+  virtual void matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
+                                          const Tensor& pre);
+
   // ---- attention core (causal) ----
   // qkv (B, S, 3, NH, HS) → out (B, S, NH, HS); `saved` (f32, attention_saved_shape) keeps what
   // the backward needs: the CPU backend the (B, NH, S, S) probabilities, a fused (flash-style)

@@ -277,6 +277,9 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
               be->matmul_backward(&d, dw, &db, G, X, W);
             }));
       check("gelu_backward dinp", run({N, F}, [&](Tensor& d) { be->gelu_backward(d, Pre, G); }));
+      const Tensor Wt = put(*be, {C, F}, w, t);  // a (F -> C) layer after the GELU
+      check("matmul_backward_input_gelu dpre",
+            run({N, F}, [&](Tensor& d) { be->matmul_backward_input_gelu(d, X, Wt, Pre); }));
       const Tensor Q = put(*be, {B, S, 3 * C}, qkv, t), Go = put(*be, {B, S, C}, go, t);
       Tensor O = be->empty({B, S, C}, MemCategory::kActivations, t);
       Tensor saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);

@@ -31,6 +31,8 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::kGeluAuxBias:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
     case GemmEpilogue::kBiasGradA:
       // Our A is cuBLASLt's B (see the header), and the reduction runs over K.
       return CUBLASLT_EPILOGUE_BGRADB;
@@ -65,9 +67,9 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAt
 
 // The per-run pointers of the epilogue.
 cublasStatus_t set_epilogue_pointers(cublasLtMatmulDesc_t desc, const Gemm& g) {
-  if (g.epilogue == GemmEpilogue::kNone) return CUBLAS_STATUS_SUCCESS;
-  STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, epilogue_vector(g)));
-  if (g.epilogue == GemmEpilogue::kGeluAuxBias)
+  if (uses_bias(g.epilogue) || g.epilogue == GemmEpilogue::kBiasGradA)
+    STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, epilogue_vector(g)));
+  if (uses_aux(g.epilogue))
     STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux));
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -100,10 +102,10 @@ struct GemmLt::Plan {
     STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b));
     if (g.epilogue != GemmEpilogue::kNone) {
       STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(g.epilogue)));
-      if (g.epilogue != GemmEpilogue::kBiasGradA)  // a bias gradient is of C's type
+      if (uses_bias(g.epilogue))  // a bias gradient is of C's type
         STRATA_LT_TRY(set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                static_cast<int32_t>(data_type(g.bias_type))));
-      if (g.epilogue == GemmEpilogue::kGeluAuxBias)
+      if (uses_aux(g.epilogue))
         STRATA_LT_TRY(
             set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.ld_aux)));
       STRATA_LT_TRY(set_epilogue_pointers(desc, g));

@@ -16,6 +16,9 @@
 //   kBias         C[i][j] = alpha·(op(A)·op(B))[i][j] + beta·C[i][j] + bias[j]   (bias: N)
 //   kGeluAuxBias  pre = the kBias result, written to aux (M, N) with row stride ld_aux (a
 //                 multiple of 8, cuBLASLt's rule); C = gelu(pre) (cuBLASLt's tanh form)
+//   kDGelu        C[i][j] = gelu'(aux[i][j]) · (alpha·(op(A)·op(B)) + beta·C)[i][j], aux the
+//                 pre-activation kGeluAuxBias saved (M, N), same ld_aux rule: the input
+//                 gradient of the layer after a GELU, carried through the GELU in one pass
 //   kBiasGradA    as kNone, and bias_grad[i] = Σ_k op(A)[i][k] (M), OVERWRITTEN (not
 //                 accumulated) and of C's type — the dbias of a weight gradient dW = doutᵀ·x
 //
@@ -42,7 +45,16 @@
 
 namespace strata::kernels::cuda {
 
-enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kBiasGradA };
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu, kBiasGradA };
+
+// Whether epilogue e reads or writes the aux matrix (and so needs aux and ld_aux).
+inline bool uses_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGelu;
+}
+// Whether epilogue e adds a bias vector (and so needs bias and bias_type).
+inline bool uses_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias;
+}
 
 struct Gemm {
   bool trans_a = false, trans_b = false;
@@ -61,7 +73,8 @@ struct Gemm {
   const void* bias = nullptr;  // kBias, kGeluAuxBias: (N) of bias_type
   ElemType bias_type = ElemType::kF32;
   void* bias_grad = nullptr;  // kBiasGradA: (M) of c_type
-  void* aux = nullptr;        // kGeluAuxBias: (M, N) of c_type, row stride ld_aux
+  void* aux = nullptr;        // kGeluAuxBias (written), kDGelu (read): (M, N) of c_type, row
+                              // stride ld_aux
   int ld_aux = 0;
 };
 
@@ -71,10 +84,9 @@ struct Gemm {
 inline cublasStatus_t precheck(const Gemm& g) {
   const bool shape_ok = g.M > 0 && g.N > 0 && g.K > 0 && g.lda >= (g.trans_a ? g.M : g.K) &&
                         g.ldb >= (g.trans_b ? g.K : g.N) && g.ldc >= g.N &&
-                        (g.epilogue != GemmEpilogue::kGeluAuxBias || g.ld_aux >= g.N);
+                        (!uses_aux(g.epilogue) || g.ld_aux >= g.N);
   if (!shape_ok) return CUBLAS_STATUS_INVALID_VALUE;
-  if (g.epilogue == GemmEpilogue::kGeluAuxBias && g.ld_aux % 8 != 0)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (uses_aux(g.epilogue) && g.ld_aux % 8 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -423,6 +423,54 @@ class CudaBackend final : public Backend {
         kc::gelu_backward(dinp.data(), inp.data(), dout.data(), et(inp), inp.numel(), stream_));
   }
 
+  // ---- linear + GELU in one GEMM (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues) ----
+  // Only in bf16, the training precision: fp32 is there to match the CPU to 1e-4, and
+  // cuBLASLt does not document how exactly its epilogue evaluates GELU, so fp32 keeps the
+  // separate kernels. Where cuBLASLt has no such epilogue for the shape, the Backend default
+  // runs the two ops.
+
+  void matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                           const Tensor& bias) override {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(pre, N * OC, "matmul pre-activation");
+    expect_numel(out, N * OC, "gelu out");
+    expect_numel(bias, OC, "matmul bias");
+    if (N > 0 && out.dtype() == DType::kBF16 && all_same_dtype(out, inp, w, pre, bias)) {
+      kc::Gemm g;
+      g.trans_b = true;
+      g.M = as_int(N), g.N = as_int(OC), g.K = as_int(C);
+      g.A = inp.data(), g.lda = g.K;
+      g.B = w.data(), g.ldb = g.K;
+      g.ab_type = et(inp);
+      g.C = out.data(), g.ldc = g.N, g.c_type = et(out);
+      g.epilogue = kc::GemmEpilogue::kGeluAuxBias;
+      g.bias = bias.data(), g.bias_type = et(bias);
+      g.aux = pre.data(), g.ld_aux = g.N;
+      if (run_fused(g)) return;
+    }
+    Backend::matmul_gelu_forward(pre, out, inp, w, bias);
+  }
+  void matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
+                                  const Tensor& pre) override {
+    const int64_t N = rows(dpre), C = dpre.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(dout, N * OC, "matmul dout");
+    expect_numel(pre, N * C, "gelu pre-activation");
+    if (N > 0 && dpre.dtype() == DType::kBF16 && all_same_dtype(dpre, dout, w, pre)) {
+      kc::Gemm g;
+      g.M = as_int(N), g.N = as_int(C), g.K = as_int(OC);
+      g.A = dout.data(), g.lda = g.K;
+      g.B = w.data(), g.ldb = g.N;
+      g.ab_type = et(dout);
+      g.C = dpre.data(), g.ldc = g.N, g.c_type = et(dpre);  // beta 0: assigned
+      g.epilogue = kc::GemmEpilogue::kDGelu;
+      g.aux = pre.data(), g.ld_aux = g.N;
+      if (run_fused(g)) return;
+    }
+    Backend::matmul_backward_input_gelu(dpre, dout, w, pre);
+  }
+
   // ---- attention core (causal, fused) ----
 
   Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override {
@@ -670,6 +718,18 @@ class CudaBackend final : public Backend {
                                                   << ") failed: " << cublasLtGetStatusName(st)
                                                   << ": " << cublasLtGetStatusString(st));
     return plain;
+  }
+
+  // Runs g, whose epilogue is the whole point: true when it ran, false when cuBLASLt has no
+  // kernel for it (nothing ran: the caller takes the unfused ops); any other status is fatal.
+  bool run_fused(const kc::Gemm& g) {
+    const cublasStatus_t st = gemm_->run(g, stream_);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+    STRATA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt GEMM with a GELU epilogue (M "
+                                                  << g.M << ", N " << g.N << ", K " << g.K
+                                                  << ") failed: " << cublasLtGetStatusName(st)
+                                                  << ": " << cublasLtGetStatusString(st));
+    return true;
   }
 
   // The same ops on f32 copies of every bf16 operand: for type mixes cuBLASLt cannot run.

@@ -241,6 +241,35 @@ TEST(CudaKernels, GemmLtEpilogues) {
         }
         expect_close(what, Out.host(), want, tol_c);
       }
+      {
+        // DGELU: out (M, N) = gelu'(aux) · (x · wᵀ), aux a saved pre-activation; out starts as
+        // NaN bytes (beta 0 must not read it).
+        const int ld_aux = (c.N + 7) / 8 * 8;
+        const auto aux =
+            rounded(random(static_cast<size_t>(c.M) * ld_aux, ++key, 3.f), is_bf16(ct));
+        DeviceArray Aux(aux, ct);
+        DeviceArray Out(std::vector<float>(static_cast<size_t>(c.M) * c.N, NAN), ct);
+        kc::Gemm g;
+        g.trans_b = true, g.M = c.M, g.N = c.N, g.K = c.K;
+        g.A = X.get(), g.lda = c.K, g.B = W.get(), g.ldb = c.K, g.ab_type = ab;
+        g.C = Out.get(), g.ldc = c.N, g.c_type = ct;
+        g.epilogue = kc::GemmEpilogue::kDGelu;
+        g.aux = Aux.get(), g.ld_aux = ld_aux;
+        const std::string what = shape + " dgelu";
+        const cublasStatus_t st = t.lt().run(g, nullptr);
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+          std::cout << "[   NOTE   ] cuBLASLt declined the epilogue of " << what << "\n";
+        } else {
+          ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+          std::vector<float> prod(static_cast<size_t>(c.M) * c.N), pre_used, want(prod.size());
+          kcpu::matmul_forward<float>(prod.data(), x.data(), w.data(), nullptr, c.M, c.K, c.N);
+          for (int i = 0; i < c.M; ++i)
+            pre_used.insert(pre_used.end(), aux.begin() + static_cast<size_t>(i) * ld_aux,
+                            aux.begin() + static_cast<size_t>(i) * ld_aux + c.N);
+          kcpu::gelu_backward<float>(want.data(), pre_used.data(), prod.data(), want.size());
+          expect_close(what, Out.host(), want, tol_c);
+        }
+      }
       // dw (N, K) += doutᵀ · x and dbias (N) = Σ_rows dout: the weight gradient with BGRADB.
       const auto dout = rounded(random(static_cast<size_t>(c.M) * c.N, ++key), is_bf16(ab));
       auto dw = rounded(random(static_cast<size_t>(c.N) * c.K, ++key), is_bf16(ct));
@@ -475,6 +504,48 @@ TEST_P(CudaBackendOps, Matmul) {
     expect_close("matmul dinp" + shape, get(*be, dX), dx, tol(act(), act()));
     expect_close("matmul dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
     expect_close("matmul dbias" + shape, get(*be, dB), db, tol(DType::kF32, act()));
+  }
+}
+
+// The MLP's linear + GELU and its input gradient through GELU, which the backend fuses into
+// cuBLASLt's epilogues in bf16 where the output width is a multiple of 8 (64, 96), and runs as
+// two ops otherwise (29; and fp32 always): both ways against the CPU's two ops.
+TEST_P(CudaBackendOps, MatmulGelu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const GemmCase cases[] = {{37, 45, 64}, {64, 128, 96}, {37, 45, 29}};  // (N, C, F)
+  uint64_t key = 750;
+  for (const GemmCase& c : cases) {
+    const int N = c.M, C = c.N, F = c.K;
+    const std::string shape =
+        " N " + std::to_string(N) + " C " + std::to_string(C) + " F " + std::to_string(F);
+    const auto x = host(static_cast<size_t>(N) * C, ++key),
+               w = host(static_cast<size_t>(F) * C, ++key), b = host(F, ++key);
+    Tensor X = put(*be, {N, C}, x, act()), W = put(*be, {F, C}, w, act());
+    Tensor Bi = put(*be, {F}, b, act());
+    Tensor Pre = be->empty({N, F}, MemCategory::kActivations, act());
+    Tensor Y = be->empty({N, F}, MemCategory::kActivations, act());
+    be->matmul_gelu_forward(Pre, Y, X, W, Bi);
+    std::vector<float> pre(static_cast<size_t>(N) * F), y(pre.size());
+    kcpu::matmul_forward<float>(pre.data(), x.data(), w.data(), b.data(), N, C, F);
+    kcpu::gelu_forward<float>(y.data(), pre.data(), y.size());
+    expect_close("matmul_gelu pre" + shape, get(*be, Pre), pre, tol(act(), act()));
+    expect_close("matmul_gelu out" + shape, get(*be, Y), y, tol(act(), act()));
+
+    // The next layer (F -> C) carried back through the GELU: dpre = gelu'(pre) · (dout · w2),
+    // into a buffer of NaN (assigned, never read).
+    const auto pre_in = host(static_cast<size_t>(N) * F, ++key, 3.f);
+    const auto dout = host(static_cast<size_t>(N) * C, ++key);
+    const auto w2 = host(static_cast<size_t>(C) * F, ++key);
+    Tensor P = put(*be, {N, F}, pre_in, act()), G = put(*be, {N, C}, dout, act());
+    Tensor W2 = put(*be, {C, F}, w2, act());
+    Tensor dP = put(*be, {N, F}, std::vector<float>(static_cast<size_t>(N) * F, NAN), act());
+    be->matmul_backward_input_gelu(dP, G, W2, P);
+    std::vector<float> dact(static_cast<size_t>(N) * F), dpre(dact.size());
+    kcpu::gemm<float>(false, false, N, F, C, 1.f, dout.data(), C, w2.data(), F, 0.f, dact.data(),
+                      F);
+    kcpu::gelu_backward<float>(dpre.data(), pre_in.data(), dact.data(), dpre.size());
+    expect_close("matmul_backward_input_gelu dpre" + shape, get(*be, dP), dpre, tol(act(), act()));
   }
 }
 

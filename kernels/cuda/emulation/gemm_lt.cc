@@ -59,10 +59,18 @@ const float* as_f32(const void* p, ElemType t, int rows, int cols, int ld,
   return scratch.data();
 }
 
-// cuBLASLt's tanh form of GELU.
+// cuBLASLt's tanh form of GELU, and its derivative.
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluC = 0.044715f;
 float gelu(float x) {
-  const float k = 0.7978845608028654f;  // √(2/π)
-  return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.f + std::tanh(kGeluK * (x + kGeluC * x * x * x)));
+}
+// d/dx [x·σ(2u)], u = k(x + c·x³): σ + x·σ(1 − σ)·2k(1 + 3c·x²), with w·x multiplied in one
+// factor at a time so that the tails stay finite (as kernels/cpu gelu_backward).
+float gelu_grad(float x) {
+  const float s = 1.f / (1.f + std::exp(-2.f * kGeluK * (x + kGeluC * x * x * x)));
+  const float w = 2.f * kGeluK * s * (1.f - s);
+  return s + w * x + 3.f * kGeluC * (((w * x) * x) * x);
 }
 
 // Whether cuBLASLt runs g's type/epilogue combination (gemm_lt.cc finds out from the heuristic,
@@ -73,15 +81,14 @@ float gelu(float x) {
 //   - bias (kBias, kGeluAuxBias): CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE documents bias elements of
 //     the output type for these types (the exceptions are IMMA and fp8), so another bias type
 //     is refused; the bias gradient of kBiasGradA is of C's type by the contract;
-//   - the GELU aux matrix is of C's type (EPILOGUE_AUX_DATA_TYPE unset);
+//   - the GELU aux matrix is of C's type (EPILOGUE_AUX_DATA_TYPE unset), written by
+//     GELU_AUX_BIAS and read by DGELU;
 //   - any transpose combination and any pointer alignment have an algorithm: gemm_lt.cc tells
 //     the heuristic the real alignments, and the documentation names no epilogue that needs
 //     particular transposes. A GPU may still decline some of these (the tests allow it).
 bool supported(const Gemm& g) {
   if (g.ab_type == ElemType::kF32 && g.c_type != ElemType::kF32) return false;
-  const bool has_bias =
-      g.epilogue == GemmEpilogue::kBias || g.epilogue == GemmEpilogue::kGeluAuxBias;
-  return !has_bias || g.bias_type == g.c_type;
+  return !uses_bias(g.epilogue) || g.bias_type == g.c_type;
 }
 
 }  // namespace
@@ -100,8 +107,8 @@ cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
   strata::cuda_emulation::before_launch(stream);  // after the stream's earlier work
   // Only here: on a GPU a missing buffer faults in the kernel; on the CPU it would crash this
   // process, so it is refused as a malformed call instead.
-  const bool pointers_ok = g.A && g.B && g.C && (g.epilogue != GemmEpilogue::kBias || g.bias) &&
-                           (g.epilogue != GemmEpilogue::kGeluAuxBias || (g.bias && g.aux)) &&
+  const bool pointers_ok = g.A && g.B && g.C && (!uses_bias(g.epilogue) || g.bias) &&
+                           (!uses_aux(g.epilogue) || g.aux) &&
                            (g.epilogue != GemmEpilogue::kBiasGradA || g.bias_grad);
   if (!pointers_ok) return CUBLAS_STATUS_INVALID_VALUE;
 
@@ -131,6 +138,9 @@ cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
           v += load(g.bias, g.bias_type, j);
           store(g.aux, g.c_type, static_cast<size_t>(i) * g.ld_aux + j, v);  // pre-activation
           v = gelu(v);
+          break;
+        case GemmEpilogue::kDGelu:
+          v *= gelu_grad(load(g.aux, g.c_type, static_cast<size_t>(i) * g.ld_aux + j));
           break;
         case GemmEpilogue::kNone:
         case GemmEpilogue::kBiasGradA:
