@@ -459,20 +459,22 @@ void Bench::memcpy_reference() {
 
 // The linear layers of one block and the LM head, as runtime/cuda/backend_cuda.cu runs them:
 //   forward          out (N, out) = inp (N, in) · wᵀ + bias        (bias epilogue)
-//   backward input   dinp (N, in) += dout (N, out) · w (out, in)
+//   backward input   dinp (N, in) = dout (N, out) · w (out, in)     (assigned: beta 0)
 //   backward weight  dw (out, in) += doutᵀ · inp, dbias = Σ dout   (bias-gradient epilogue)
 // Weight gradients are f32 in both precisions (the model's gradients are).
 void Bench::linears(const Model& m, ElemType t) {
   struct Linear {
     const char* name;
     int in, out;
-    bool bias, gelu;  // gelu: also timed with the GELU fused into the epilogue
+    bool bias;
+    bool gelu;        // also timed with the GELU fused into the forward's epilogue
+    bool after_gelu;  // also timed with the backward input carried through GELU (DGELU)
   };
-  const Linear layers[] = {{"qkv", m.C, 3 * m.C, true, false},
-                           {"attn proj", m.C, m.C, true, false},
-                           {"fc", m.C, m.F, true, true},
-                           {"fc proj", m.F, m.C, true, false},
-                           {"lm head (tied wte)", m.C, m.Vp, false, false}};
+  const Linear layers[] = {{"qkv", m.C, 3 * m.C, true, false, false},
+                           {"attn proj", m.C, m.C, true, false, false},
+                           {"fc", m.C, m.F, true, true, false},
+                           {"fc proj", m.F, m.C, true, false, true},
+                           {"lm head (tied wte)", m.C, m.Vp, false, false, false}};
   const int N = static_cast<int>(m.N());
   for (const Linear& l : layers) {
     DeviceBuffer inp(bytes_of(int64_t{N} * l.in, t));                  // (N, in)
@@ -525,10 +527,22 @@ void Bench::linears(const Model& m, ElemType t) {
     bin.B = w.get(), bin.ldb = l.in;
     bin.ab_type = t;
     bin.C = dinp.get(), bin.ldc = l.in, bin.c_type = t;
-    bin.beta = 1.f;
     r = row(m, std::string("gemm bwd-in ") + l.name, t, gemm_shape(bin.M, bin.N, bin.K));
     flops(r, fl, t);
     gemm(r, bin);
+
+    if (l.after_gelu) {  // d(pre-GELU) straight from the GEMM, reading the saved pre-activation
+      DeviceBuffer aux(bytes_of(int64_t{N} * l.in, t));  // (N, F)
+      fill(aux.get(), t, int64_t{N} * l.in, 5, 1.f, stream_);
+      kc::Gemm g = bin;
+      g.epilogue = kc::GemmEpilogue::kDGelu;
+      g.aux = aux.get();
+      g.ld_aux = l.in;
+      r = row(m, std::string("gemm bwd-in ") + l.name + " +dgelu", t,
+              gemm_shape(g.M, g.N, g.K));
+      flops(r, fl, t);
+      gemm(r, g);
+    }
 
     kc::Gemm bw;
     bw.trans_a = true;
@@ -655,8 +669,8 @@ void Bench::rowwise(const Model& m, ElemType t) {
     Row r = row(m, "gelu fwd", t, nc_shape(N, F));
     bytes(r, 2 * n * e);
     measure(r, [&] { return cuda_error(kc::gelu_forward(out.get(), inp.get(), t, n, stream_)); });
-    r = row(m, "gelu bwd", t, nc_shape(N, F));  // inp, dout read; dinp read+written
-    bytes(r, 4 * n * e);
+    r = row(m, "gelu bwd", t, nc_shape(N, F));  // inp, dout read; dinp written
+    bytes(r, 3 * n * e);
     measure(r, [&] {
       return cuda_error(kc::gelu_backward(dinp.get(), inp.get(), dout.get(), t, n, stream_));
     });
