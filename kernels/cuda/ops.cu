@@ -1,9 +1,15 @@
 // ops.cu — the kernels of ops.h.
 //
-// Launch shapes, chosen for being obviously correct first (none has been tuned on a GPU yet):
-// - elementwise ops: one thread per element, 256 per block, a grid-stride loop so any n works;
-// - row ops (LayerNorm, cross-entropy): one 256-thread block per row, block reductions through
-//   warp shuffles; the row is read from global memory once per pass (L2 keeps it between them);
+// Launch shapes (none has been tuned on a GPU yet):
+// - elementwise ops that stream (casts, adds, scaling, GELU): one thread per group of kGroup = 8
+//   elements, moved as 16-byte vectors where the pointers allow (device_util.cuh), 256 threads
+//   per block, a grid-stride loop so any n works;
+// - LayerNorm: one warp per row (8 rows per 256-thread block), each lane taking groups of 8
+//   columns, reductions by warp shuffles alone — a row of 768 or 2048 columns is too short to
+//   keep a whole block busy, and a warp needs no __syncthreads; the row is read from global
+//   memory once per pass (L1/L2 keep it between them);
+// - cross-entropy rows (tens of thousands of columns): one 256-thread block per row, groups of
+//   8 columns per thread, block reductions through warp shuffles;
 // - column sums (dbias, LayerNorm dweight/dbias): 32 columns × 8 row lanes per block, blocks
 //   split the rows into at most kMaxRowSplits groups, each group adds its partial sum with one
 //   atomicAdd per column — so a column takes ≤ 64 atomics instead of one per row.
@@ -20,7 +26,8 @@ namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;     // elementwise blocks
-constexpr int kRowThreads = 256;  // one block per row
+constexpr int kRowThreads = 256;  // cross-entropy: one block per row
+constexpr int kRowWarps = 8;      // LayerNorm: one warp per row, 8 rows per block
 constexpr int kColTile = 32;      // column sums: columns per block (one warp wide) ...
 constexpr int kColRows = 8;       // ... times row lanes per block
 constexpr int kMaxRowSplits = 64;
@@ -30,8 +37,16 @@ constexpr int kMaxRowSplits = 64;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// Grid-stride loop over the groups of kGroup elements of [0, n): i is a group's first element.
+#define STRATA_FOR_EACH_GROUP(i, n)                                                          \
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kGroup; \
+       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x * kGroup)
+
 unsigned elementwise_grid(int64_t n) {
   return grid_for(n, kThreads);
+}
+unsigned group_grid(int64_t n) {
+  return grid_for((n + kGroup - 1) / kGroup, kThreads);
 }
 
 // Row groups for the column sums: enough blocks to fill the GPU when there are few columns,
@@ -44,8 +59,13 @@ unsigned row_splits(int64_t N) {
 // ---- conversions and bias -------------------------------------------------------------------
 
 template <class D, class S>
-__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
-  STRATA_FOR_EACH(i, n) dst[i] = from_float<D>(to_float(src[i]));
+__global__ void cast_kernel(D* dst, const S* src, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float v[kGroup];
+    load_group(src + i, k, vec, v);
+    store_group(dst + i, k, vec, v);
+  }
 }
 
 template <class TO, class TB>
@@ -74,57 +94,95 @@ __global__ void bias_grad_kernel(float* dbias, const T* dout, int64_t N, int OC)
 
 // ---- LayerNorm ------------------------------------------------------------------------------
 
+// One warp per row: lane l takes the groups of columns starting at 8l, 8l + 256, ...
+#define STRATA_FOR_EACH_ROW_GROUP(c, lane, C) \
+  for (int c = kGroup * (lane); c < (C); c += kGroup * 32)
+
 template <class TA, class TW>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowWarps * 32)
     layernorm_forward_kernel(TA* out, float* mean, float* rstd, const TA* inp, const TW* w,
-                             const TW* b, int C) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
+                             const TW* b, int64_t N, int C, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
+  if (row >= N) return;  // the whole warp: none of its lanes shuffles below
   const TA* x = inp + row * C;  // (C)
   TA* y = out + row * C;        // (C)
+  float v[kGroup];
   float s = 0.f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += to_float(x[c]);
-  const float m = block_sum(s, scratch) / C;
-  // Two passes (mean, then squared deviations), as the CPU reference: E[x²] − E[x]² cancels.
-  float v = 0.f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = to_float(x[c]) - m;
-    v += d * d;
+  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+    load_group(x + c, group_count(c, C), vec, v);  // a partial group's missing values are 0
+    for (int e = 0; e < kGroup; ++e) s += v[e];
   }
-  const float r = 1.f / sqrtf(block_sum(v, scratch) / C + 1e-5f);
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    y[c] = from_float<TA>((to_float(x[c]) - m) * r * to_float(w[c]) + to_float(b[c]));
-  if (threadIdx.x == 0) {
+  const float m = warp_sum(s) / C;
+  // Two passes (mean, then squared deviations), as the CPU reference: E[x²] − E[x]² cancels.
+  float q = 0.f;
+  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+    const int k = group_count(c, C);
+    load_group(x + c, k, vec, v);
+    for (int e = 0; e < kGroup; ++e)
+      if (e < k) q += (v[e] - m) * (v[e] - m);
+  }
+  const float r = 1.f / sqrtf(warp_sum(q) / C + 1e-5f);
+  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+    const int k = group_count(c, C);
+    float wv[kGroup], bv[kGroup];
+    load_group(x + c, k, vec, v);
+    load_group(w + c, k, vec, wv);
+    load_group(b + c, k, vec, bv);
+    for (int e = 0; e < kGroup; ++e) v[e] = (v[e] - m) * r * wv[e] + bv[e];
+    store_group(y + c, k, vec, v);
+  }
+  if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
 }
 
-// dinp only (rows are independent): dx = rstd · (g − mean(g) − xhat · mean(g · xhat)), g = w · dy.
+// dinp only (rows are independent): dx += rstd · (g − mean(g) − xhat · mean(g · xhat)),
+// g = w · dy. dinp accumulates: it is the residual stream's gradient.
 template <class TA, class TW>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowWarps * 32)
     layernorm_backward_rows_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
-                                   const float* mean, const float* rstd, int C) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
+                                   const float* mean, const float* rstd, int64_t N, int C,
+                                   bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
+  if (row >= N) return;  // the whole warp
   const TA* x = inp + row * C;    // (C)
   const TA* dy = dout + row * C;  // (C)
   TA* dx = dinp + row * C;        // (C)
   const float m = mean[row], r = rstd[row];
+  float xv[kGroup], dyv[kGroup], wv[kGroup];
   float g_sum = 0.f, gx_sum = 0.f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float g = to_float(w[c]) * to_float(dy[c]);
-    g_sum += g;
-    gx_sum += g * (to_float(x[c]) - m) * r;
+  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+    const int k = group_count(c, C);
+    load_group(x + c, k, vec, xv);
+    load_group(dy + c, k, vec, dyv);
+    load_group(w + c, k, vec, wv);
+    for (int e = 0; e < kGroup; ++e) {  // a partial group's missing w and dy are 0: g = 0
+      const float g = wv[e] * dyv[e];
+      g_sum += g;
+      gx_sum += g * (xv[e] - m) * r;
+    }
   }
-  const float g_mean = block_sum(g_sum, scratch) / C;
-  const float gx_mean = block_sum(gx_sum, scratch) / C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float xhat = (to_float(x[c]) - m) * r;
-    const float g = to_float(w[c]) * to_float(dy[c]);
-    dx[c] = from_float<TA>(to_float(dx[c]) + (g - g_mean - xhat * gx_mean) * r);
+  const float g_mean = warp_sum(g_sum) / C;
+  const float gx_mean = warp_sum(gx_sum) / C;
+  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+    const int k = group_count(c, C);
+    float dxv[kGroup];
+    load_group(x + c, k, vec, xv);
+    load_group(dy + c, k, vec, dyv);
+    load_group(w + c, k, vec, wv);
+    load_group(dx + c, k, vec, dxv);
+    for (int e = 0; e < kGroup; ++e) {
+      const float xhat = (xv[e] - m) * r;
+      dxv[e] += (wv[e] * dyv[e] - g_mean - xhat * gx_mean) * r;
+    }
+    store_group(dx + c, k, vec, dxv);
   }
 }
+
+#undef STRATA_FOR_EACH_ROW_GROUP
 
 // dweight (C) += Σ_n xhat · dy, dbias (C) += Σ_n dy: the column-sum layout of bias_grad_kernel.
 template <class TA>
@@ -161,24 +219,37 @@ __global__ void layernorm_backward_cols_kernel(float* dw, float* db, const TA* d
 constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluC = 0.044715f;
 
+__device__ __forceinline__ float gelu(float x) {
+  return x / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float s = 1.f / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x)));  // σ(2u)
+  // d/dx [x·σ(2u)] = σ + x·σ(1 − σ)·2k(1 + 3c·x²); w·x multiplied in one factor at a time
+  // keeps every product finite in the tails (x³ alone overflows for |x| > 1e12).
+  const float w = 2.f * kGeluK * s * (1.f - s);
+  return s + w * x + 3.f * kGeluC * (((w * x) * x) * x);
+}
+
 template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
-  STRATA_FOR_EACH(i, n) {
-    const float x = to_float(inp[i]);
-    out[i] = from_float<T>(x / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x))));
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float v[kGroup];
+    load_group(inp + i, k, vec, v);
+    for (int e = 0; e < kGroup; ++e) v[e] = gelu(v[e]);
+    store_group(out + i, k, vec, v);
   }
 }
 
 template <class T>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
-  STRATA_FOR_EACH(i, n) {
-    const float x = to_float(inp[i]);
-    const float s = 1.f / (1.f + expf(-2.f * kGeluK * (x + kGeluC * x * x * x)));  // σ(2u)
-    // d/dx [x·σ(2u)] = σ + x·σ(1 − σ)·2k(1 + 3c·x²); w·x multiplied in one factor at a time
-    // keeps every product finite in the tails (x³ alone overflows for |x| > 1e12).
-    const float w = 2.f * kGeluK * s * (1.f - s);
-    const float grad = s + w * x + 3.f * kGeluC * (((w * x) * x) * x);
-    dinp[i] = from_float<T>(grad * to_float(dout[i]));
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float x[kGroup], g[kGroup];
+    load_group(inp + i, k, vec, x);
+    load_group(dout + i, k, vec, g);
+    for (int e = 0; e < kGroup; ++e) g[e] *= gelu_grad(x[e]);
+    store_group(dinp + i, k, vec, g);
   }
 }
 
@@ -215,13 +286,24 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dou
 
 // ---- cross-entropy ----------------------------------------------------------------------------
 
+// Row kernels over a row's groups of 8 columns: thread t takes the groups starting at 8t,
+// 8t + 8·blockDim.x, ... Groups lie within the row's ld columns (a partial one only where ld is
+// not a multiple of 8); columns at or past `valid` (vocabulary padding) are masked.
+#define STRATA_FOR_EACH_COLUMN_GROUP(j, end) \
+  for (int j = kGroup * threadIdx.x; j < (end); j += kGroup * blockDim.x)
+
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    ce_row_max_kernel(float* row_max, const T* logits, int ld, int valid) {
+    ce_row_max_kernel(float* row_max, const T* logits, int ld, int valid, bool vec) {
   __shared__ float scratch[32];
   const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
   float m = -INFINITY;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, to_float(row[j]));
+  STRATA_FOR_EACH_COLUMN_GROUP(j, valid) {
+    float v[kGroup];
+    load_group(row + j, group_count(j, ld), vec, v);
+    for (int e = 0; e < kGroup; ++e)
+      if (j + e < valid) m = fmaxf(m, v[e]);
+  }
   m = block_max(m, scratch);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
@@ -229,12 +311,17 @@ __global__ void __launch_bounds__(kRowThreads)
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
     ce_row_sumexp_kernel(float* row_sumexp, const T* logits, const float* row_max, int ld,
-                         int valid) {
+                         int valid, bool vec) {
   __shared__ float scratch[32];
   const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
   const float m = row_max[blockIdx.x];
   float s = 0.f;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) s += expf(to_float(row[j]) - m);
+  STRATA_FOR_EACH_COLUMN_GROUP(j, valid) {
+    float v[kGroup];
+    load_group(row + j, group_count(j, ld), vec, v);
+    for (int e = 0; e < kGroup; ++e)
+      if (j + e < valid) s += expf(v[e] - m);
+  }
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) row_sumexp[blockIdx.x] = s;
 }
@@ -253,38 +340,64 @@ __global__ void ce_losses_kernel(float* losses, const float* row_max, const floa
   STRATA_FOR_EACH(n, N) losses[n] = logf(row_sumexp[n]) + row_max[n] - target_logit[n];
 }
 
-// No __restrict__: dlogits may alias logits (each element is read, then written, by one thread).
+// No __restrict__: dlogits may alias logits (each group is read, then written, by one thread).
 template <class TD, class TL>
 __global__ void __launch_bounds__(kRowThreads)
     ce_backward_kernel(TD* dlogits, const TL* logits, const float* row_max, const float* row_sumexp,
-                       const int32_t* targets, float scale, int ld, int vocab_start, int valid) {
+                       const int32_t* targets, float scale, int ld, int vocab_start, int valid,
+                       bool vec) {
   const int64_t n = blockIdx.x;
   const TL* row = logits + n * ld;  // (ld)
   TD* drow = dlogits + n * ld;      // (ld)
   const float m = row_max[n], inv = 1.f / row_sumexp[n];
   const int target = targets[n] - vocab_start;
-  for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-    float d = 0.f;
-    if (j < valid) d = scale * (expf(to_float(row[j]) - m) * inv - (j == target ? 1.f : 0.f));
-    drow[j] = from_float<TD>(d);
+  STRATA_FOR_EACH_COLUMN_GROUP(j, ld) {
+    const int k = group_count(j, ld);
+    float v[kGroup];
+    load_group(row + j, k, vec, v);
+    for (int e = 0; e < kGroup; ++e)
+      v[e] = j + e < valid ? scale * (expf(v[e] - m) * inv - (j + e == target ? 1.f : 0.f)) : 0.f;
+    store_group(drow + j, k, vec, v);
   }
 }
+
+#undef STRATA_FOR_EACH_COLUMN_GROUP
 
 // ---- vector helpers ---------------------------------------------------------------------------
 
 template <class TY, class TX>
-__global__ void add_inplace_kernel(TY* y, const TX* x, int64_t n) {
-  STRATA_FOR_EACH(i, n) y[i] = from_float<TY>(to_float(y[i]) + to_float(x[i]));
+__global__ void add_inplace_kernel(TY* y, const TX* x, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float a[kGroup], b[kGroup];
+    load_group(y + i, k, vec, a);
+    load_group(x + i, k, vec, b);
+    for (int e = 0; e < kGroup; ++e) a[e] += b[e];
+    store_group(y + i, k, vec, a);
+  }
 }
 
 template <class TO, class TA, class TB>
-__global__ void add_kernel(TO* out, const TA* a, const TB* b, int64_t n) {
-  STRATA_FOR_EACH(i, n) out[i] = from_float<TO>(to_float(a[i]) + to_float(b[i]));
+__global__ void add_kernel(TO* out, const TA* a, const TB* b, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float u[kGroup], v[kGroup];
+    load_group(a + i, k, vec, u);
+    load_group(b + i, k, vec, v);
+    for (int e = 0; e < kGroup; ++e) u[e] += v[e];
+    store_group(out + i, k, vec, u);
+  }
 }
 
 template <class T>
-__global__ void scale_kernel(T* y, float s, int64_t n) {
-  STRATA_FOR_EACH(i, n) y[i] = from_float<T>(to_float(y[i]) * s);
+__global__ void scale_kernel(T* y, float s, int64_t n, bool vec) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float v[kGroup];
+    load_group(y + i, k, vec, v);
+    for (int e = 0; e < kGroup; ++e) v[e] *= s;
+    store_group(y + i, k, vec, v);
+  }
 }
 
 // Per-thread partial sums in double, a block reduction, one atomicAdd per block.
@@ -335,8 +448,8 @@ cudaError_t cast(void* dst, ElemType dst_type, const void* src, ElemType src_typ
     return dispatch(src_type, [&](auto ts) {
       using D = typename decltype(td)::type;
       using S = typename decltype(ts)::type;
-      launch(cast_kernel<D, S>, elementwise_grid(n), kThreads, 0, stream, static_cast<D*>(dst),
-             static_cast<const S*>(src), n);
+      launch(cast_kernel<D, S>, group_grid(n), kThreads, 0, stream, static_cast<D*>(dst),
+             static_cast<const S*>(src), n, vec_aligned(dst) && vec_aligned(src));
       return cudaGetLastError();
     });
   });
@@ -375,9 +488,11 @@ cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* i
     return dispatch(w_type, [&](auto tw) {
       using TA = typename decltype(ta)::type;
       using TW = typename decltype(tw)::type;
-      launch(layernorm_forward_kernel<TA, TW>, static_cast<unsigned>(N), kRowThreads, 0, stream,
+      const bool vec = vec_aligned(out) && vec_aligned(inp) && vec_aligned(weight) &&
+                       vec_aligned(bias) && rows_vec_aligned(C, sizeof(TA));
+      launch(layernorm_forward_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0, stream,
              static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
-             static_cast<const TW*>(weight), static_cast<const TW*>(bias), C);
+             static_cast<const TW*>(weight), static_cast<const TW*>(bias), N, C, vec);
       return cudaGetLastError();
     });
   });
@@ -394,9 +509,11 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
     using TA = typename decltype(ta)::type;
     return dispatch(w_type, [&](auto tw) {
       using TW = typename decltype(tw)::type;
-      launch(layernorm_backward_rows_kernel<TA, TW>, static_cast<unsigned>(N), kRowThreads, 0,
+      const bool vec = vec_aligned(dinp) && vec_aligned(dout) && vec_aligned(inp) &&
+                       vec_aligned(weight) && rows_vec_aligned(C, sizeof(TA));
+      launch(layernorm_backward_rows_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0,
              stream, static_cast<TA*>(dinp), static_cast<const TA*>(dout),
-             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean, rstd, C);
+             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean, rstd, N, C, vec);
       const dim3 grid(grid_for(C, kColTile), row_splits(N)), block(kColTile, kColRows);
       launch(layernorm_backward_cols_kernel<TA>, grid, block, 0, stream, dweight, dbias,
              static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd, N, C);
@@ -409,8 +526,8 @@ cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cuda
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(gelu_forward_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(out),
-           static_cast<const T*>(inp), n);
+    launch(gelu_forward_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
+           static_cast<const T*>(inp), n, vec_aligned(out) && vec_aligned(inp));
     return cudaGetLastError();
   });
 }
@@ -420,8 +537,9 @@ cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemTyp
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(gelu_backward_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(dinp),
-           static_cast<const T*>(inp), static_cast<const T*>(dout), n);
+    launch(gelu_backward_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(dinp),
+           static_cast<const T*>(inp), static_cast<const T*>(dout), n,
+           vec_aligned(dinp) && vec_aligned(inp) && vec_aligned(dout));
     return cudaGetLastError();
   });
 }
@@ -462,7 +580,8 @@ cudaError_t ce_row_max(float* row_max, const void* logits, ElemType logits_type,
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch(ce_row_max_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_max,
-           static_cast<const T*>(logits), ld, valid);
+           static_cast<const T*>(logits), ld, valid,
+           vec_aligned(logits) && rows_vec_aligned(ld, sizeof(T)));
     return cudaGetLastError();
   });
 }
@@ -473,7 +592,8 @@ cudaError_t ce_row_sumexp(float* row_sumexp, const void* logits, ElemType logits
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch(ce_row_sumexp_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_sumexp,
-           static_cast<const T*>(logits), row_max, ld, valid);
+           static_cast<const T*>(logits), row_max, ld, valid,
+           vec_aligned(logits) && rows_vec_aligned(ld, sizeof(T)));
     return cudaGetLastError();
   });
 }
@@ -507,9 +627,11 @@ cudaError_t ce_backward(void* dlogits, ElemType dlogits_type, const void* logits
     return dispatch(logits_type, [&](auto tl) {
       using TD = typename decltype(td)::type;
       using TL = typename decltype(tl)::type;
+      const bool vec = vec_aligned(dlogits) && vec_aligned(logits) &&
+                       rows_vec_aligned(ld, sizeof(TD)) && rows_vec_aligned(ld, sizeof(TL));
       launch(ce_backward_kernel<TD, TL>, static_cast<unsigned>(N), kRowThreads, 0, stream,
              static_cast<TD*>(dlogits), static_cast<const TL*>(logits), row_max, row_sumexp,
-             targets, scale, ld, vocab_start, valid);
+             targets, scale, ld, vocab_start, valid, vec);
       return cudaGetLastError();
     });
   });
@@ -522,8 +644,8 @@ cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type
     return dispatch(x_type, [&](auto tx) {
       using TY = typename decltype(ty)::type;
       using TX = typename decltype(tx)::type;
-      launch(add_inplace_kernel<TY, TX>, elementwise_grid(n), kThreads, 0, stream,
-             static_cast<TY*>(y), static_cast<const TX*>(x), n);
+      launch(add_inplace_kernel<TY, TX>, group_grid(n), kThreads, 0, stream, static_cast<TY*>(y),
+             static_cast<const TX*>(x), n, vec_aligned(y) && vec_aligned(x));
       return cudaGetLastError();
     });
   });
@@ -538,8 +660,9 @@ cudaError_t add(void* out, ElemType out_type, const void* a, ElemType a_type, co
         using TO = typename decltype(to)::type;
         using TA = typename decltype(ta)::type;
         using TB = typename decltype(tb)::type;
-        launch(add_kernel<TO, TA, TB>, elementwise_grid(n), kThreads, 0, stream,
-               static_cast<TO*>(out), static_cast<const TA*>(a), static_cast<const TB*>(b), n);
+        launch(add_kernel<TO, TA, TB>, group_grid(n), kThreads, 0, stream, static_cast<TO*>(out),
+               static_cast<const TA*>(a), static_cast<const TB*>(b), n,
+               vec_aligned(out) && vec_aligned(a) && vec_aligned(b));
         return cudaGetLastError();
       });
     });
@@ -550,7 +673,8 @@ cudaError_t scale_inplace(void* y, ElemType t, float s, int64_t n, cudaStream_t 
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(scale_kernel<T>, elementwise_grid(n), kThreads, 0, stream, static_cast<T*>(y), s, n);
+    launch(scale_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(y), s, n,
+           vec_aligned(y));
     return cudaGetLastError();
   });
 }
@@ -581,5 +705,6 @@ cudaError_t seq_permute(void* bsc, void* chunks, size_t elem_bytes, int64_t B, i
 }
 
 #undef STRATA_FOR_EACH
+#undef STRATA_FOR_EACH_GROUP
 
 }  // namespace strata::kernels::cuda

@@ -552,7 +552,10 @@ TEST_P(CudaBackendOps, MatmulGelu) {
 TEST_P(CudaBackendOps, LayerNorm) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);
-  const int shapes[][2] = {{37, 45}, {5, 1031}};  // (N, C): C above 4 per thread of a block
+  // (N, C): rows of 45 and 1031 columns are no multiple of 8 and go element by element (a
+  // partial last group per row); rows of 96 and 2048 move as 16-byte vectors (2048: 8 groups per
+  // lane). 37 rows leave the last block of 8 rows part empty.
+  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}};
   uint64_t key = 800;
   for (const auto& nc : shapes) {
     const int N = nc[0], C = nc[1];
@@ -636,37 +639,45 @@ TEST_P(CudaBackendOps, Embedding) {
 TEST_P(CudaBackendOps, CrossEntropy) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);
-  // A shard of 67 columns (61 real, 6 padding) starting at vocabulary index 5.
-  const int N = 37, ld = 67, valid = 61, vocab_start = 5;
-  const float scale = 1.f / N;
-  const auto logits = host(static_cast<size_t>(N) * ld, 1100, 3.f);
-  std::vector<int32_t> targets(N);
-  for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(mix64(50 + n) % 80);
-  Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, targets);
-  const MemCategory a = MemCategory::kActivations;
-  Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
-         ls = be->empty({N}, a);
-  be->ce_row_max(mx, L, valid);
-  be->ce_row_sumexp(se, L, mx, valid);
-  be->ce_target_logit(tl, L, T, vocab_start, valid);
-  be->ce_losses(ls, mx, se, tl);
-  // dlogits into an f32 tensor, and in place over the logits (as the model does to save memory).
-  Tensor dL = be->empty({N, ld}, a);
-  be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid);
-  be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid);
-  std::vector<float> m(N), s(N), t(N), l(N), d(static_cast<size_t>(N) * ld);
-  kcpu::ce_row_max<float>(m.data(), logits.data(), N, ld, valid);
-  kcpu::ce_row_sumexp<float>(s.data(), logits.data(), m.data(), N, ld, valid);
-  kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start, valid);
-  kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), N);
-  kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale, N,
-                           ld, vocab_start, valid);
-  expect_close("ce row_max", get(*be, mx), m, kTolF32);  // a max of the same values: exact
-  expect_close("ce row_sumexp", get(*be, se), s, tol(DType::kF32, act()));
-  expect_close("ce target_logit", get(*be, tl), t, kTolF32);
-  expect_close("ce losses", get(*be, ls), l, tol(DType::kF32, act()));
-  expect_close("ce dlogits (f32)", get(*be, dL), d, tol(DType::kF32, act()));
-  expect_close("ce dlogits (in place)", get(*be, L), d, tol(act(), act()));
+  // Shards starting at vocabulary index 5: 67 columns (61 real, 6 padding), rows that are no
+  // multiple of 8 and so go element by element; and 136 columns (129 real), whose rows move as
+  // 16-byte vectors with the padding masked inside the last group.
+  const int shards[][2] = {{67, 61}, {136, 129}};  // (ld, valid)
+  for (const auto& shard : shards) {
+    const int N = 37, ld = shard[0], valid = shard[1], vocab_start = 5;
+    const std::string shape = " ld " + std::to_string(ld);
+    const float scale = 1.f / N;
+    const auto logits = host(static_cast<size_t>(N) * ld, 1100 + ld, 3.f);
+    std::vector<int32_t> targets(N);
+    for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(mix64(50 + n) % (ld + 13));
+    Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, targets);
+    const MemCategory a = MemCategory::kActivations;
+    Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
+           ls = be->empty({N}, a);
+    be->ce_row_max(mx, L, valid);
+    be->ce_row_sumexp(se, L, mx, valid);
+    be->ce_target_logit(tl, L, T, vocab_start, valid);
+    be->ce_losses(ls, mx, se, tl);
+    // dlogits into an f32 tensor, and in place over the logits (as the model does to save
+    // memory).
+    Tensor dL = be->empty({N, ld}, a);
+    be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid);
+    be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid);
+    std::vector<float> m(N), s(N), t(N), l(N), d(static_cast<size_t>(N) * ld);
+    kcpu::ce_row_max<float>(m.data(), logits.data(), N, ld, valid);
+    kcpu::ce_row_sumexp<float>(s.data(), logits.data(), m.data(), N, ld, valid);
+    kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start,
+                                 valid);
+    kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), N);
+    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale,
+                             N, ld, vocab_start, valid);
+    expect_close("ce row_max" + shape, get(*be, mx), m, kTolF32);  // a max of the same values
+    expect_close("ce row_sumexp" + shape, get(*be, se), s, tol(DType::kF32, act()));
+    expect_close("ce target_logit" + shape, get(*be, tl), t, kTolF32);
+    expect_close("ce losses" + shape, get(*be, ls), l, tol(DType::kF32, act()));
+    expect_close("ce dlogits (f32)" + shape, get(*be, dL), d, tol(DType::kF32, act()));
+    expect_close("ce dlogits (in place)" + shape, get(*be, L), d, tol(act(), act()));
+  }
 }
 
 TEST_P(CudaBackendOps, ElementwiseAndReductionsMixTypes) {
@@ -697,6 +708,17 @@ TEST_P(CudaBackendOps, ElementwiseAndReductionsMixTypes) {
   Tensor Y0 = put(*be, {n}, y0, act());
   EXPECT_NEAR(be->sum(Y0), want_sum, 1e-12 * want_abs);
   EXPECT_NEAR(be->sum_squares(Y0), want_sq, 1e-12 * want_sq);
+
+  // Views one element in are not 16-byte aligned: the same ops then go element by element.
+  Tensor Ys = put(*be, {n}, y0, act()), Xs = put(*be, {n}, x, other);
+  Tensor Outs = be->empty({n}, MemCategory::kActivations, other);
+  Tensor y1 = Ys.view(1, {n - 1}), x1 = Xs.view(1, {n - 1}), out1 = Outs.view(1, {n - 1});
+  be->add(out1, y1, x1);
+  be->add_inplace(y1, x1);
+  be->scale_inplace(y1, 0.5f);
+  expect_close("add (unaligned)", get(*be, out1), {sum.begin() + 1, sum.end()}, tol(other, act()));
+  expect_close("add_inplace, scale_inplace (unaligned)", get(*be, y1), {y.begin() + 1, y.end()},
+               tol(act(), other));
 }
 
 TEST_P(CudaBackendOps, SequenceParallelLayout) {

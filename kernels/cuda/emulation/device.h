@@ -72,6 +72,9 @@ uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width);
 void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b);
 // This block's dynamic shared memory (as many bytes as the launch asked for).
 void* dynamic_shared();
+// A vector load or store of `bytes` at p (a uint4 or float4): aborts, naming the thread and the
+// address, unless p is `bytes`-aligned, where a GPU would stop with a misaligned address.
+void check_aligned(const void* p, size_t bytes);
 
 template <class T>
 T shfl_xor(T v, int lane_mask, unsigned mask, int width) {

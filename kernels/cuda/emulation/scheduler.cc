@@ -363,4 +363,12 @@ void* dynamic_shared() {
   return g_grid->smem.data();
 }
 
+void check_aligned(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes == 0) return;
+  std::ostringstream os;
+  os << "thread " << g_grid->current << ": a " << bytes << "-byte vector access at " << p
+     << ", which is not " << bytes << "-byte aligned (a GPU stops with a misaligned address)";
+  fail(*g_grid, os.str());
+}
+
 }  // namespace strata::cuda_emulation
