@@ -7,12 +7,13 @@
 // - LayerNorm: one warp per row (8 rows per 256-thread block), each lane taking groups of 8
 //   columns, reductions by warp shuffles alone — a row of 768 or 2048 columns is too short to
 //   keep a whole block busy, and a warp needs no __syncthreads; the row is read from global
-//   memory once per pass (L1/L2 keep it between them);
+//   memory once per pass (L1/L2 keep it between them). The backward also sums dweight and
+//   dbias over its rows in shared memory, so dout and inp are read by one kernel only;
 // - cross-entropy rows (tens of thousands of columns): one 256-thread block per row, groups of
 //   8 columns per thread, block reductions through warp shuffles;
-// - column sums (dbias, LayerNorm dweight/dbias): 32 columns × 8 row lanes per block, blocks
-//   split the rows into at most kMaxRowSplits groups, each group adds its partial sum with one
-//   atomicAdd per column — so a column takes ≤ 64 atomics instead of one per row.
+// - column sums (dbias where cuBLASLt has no BGRADB epilogue): 32 columns × 8 row lanes per
+//   block, blocks split the rows into at most kMaxRowSplits groups, each group adds its partial
+//   sum with one atomicAdd per column — so a column takes ≤ 64 atomics instead of one per row.
 // Sums whose order differs from the CPU (block reductions, atomics) match it to float rounding,
 // not bit for bit.
 #include <cuda_runtime.h>
@@ -28,6 +29,7 @@ namespace {
 constexpr int kThreads = 256;     // elementwise blocks
 constexpr int kRowThreads = 256;  // cross-entropy: one block per row
 constexpr int kRowWarps = 8;      // LayerNorm: one warp per row, 8 rows per block
+constexpr unsigned kLayerNormMaxBlocks = 1024;  // LayerNorm backward: blocks at most
 constexpr int kColTile = 32;      // column sums: columns per block (one warp wide) ...
 constexpr int kColRows = 8;       // ... times row lanes per block
 constexpr int kMaxRowSplits = 64;
@@ -138,79 +140,68 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// dinp only (rows are independent): dx += rstd · (g − mean(g) − xhat · mean(g · xhat)),
-// g = w · dy. dinp accumulates: it is the residual stream's gradient.
+// dx += rstd · (g − mean(g) − xhat · mean(g · xhat)), g = w · dy, one warp per row (dinp
+// accumulates: it is the residual stream's gradient); and in the same pass over dout and inp the
+// column sums dweight += Σ_rows xhat · dy, dbias += Σ_rows dy: each block walks rows in steps of
+// the grid, sums its rows' columns in shared memory (2·C floats) and adds them to dweight and
+// dbias with one atomicAdd per column at the end.
 template <class TA, class TW>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    layernorm_backward_rows_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
-                                   const float* mean, const float* rstd, int64_t N, int C,
-                                   bool vec) {
+    layernorm_backward_kernel(TA* dinp, float* dweight, float* dbias, const TA* dout,
+                              const TA* inp, const TW* w, const float* mean, const float* rstd,
+                              int64_t N, int C, bool vec) {
+  float* dw_s = dynamic_shared_floats();  // (C) this block's Σ xhat · dy
+  float* db_s = dw_s + C;                 // (C) this block's Σ dy
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dw_s[c] = 0.f;
+  __syncthreads();
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
-  if (row >= N) return;  // the whole warp
-  const TA* x = inp + row * C;    // (C)
-  const TA* dy = dout + row * C;  // (C)
-  TA* dx = dinp + row * C;        // (C)
-  const float m = mean[row], r = rstd[row];
-  float xv[kGroup], dyv[kGroup], wv[kGroup];
-  float g_sum = 0.f, gx_sum = 0.f;
-  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
-    const int k = group_count(c, C);
-    load_group(x + c, k, vec, xv);
-    load_group(dy + c, k, vec, dyv);
-    load_group(w + c, k, vec, wv);
-    for (int e = 0; e < kGroup; ++e) {  // a partial group's missing w and dy are 0: g = 0
-      const float g = wv[e] * dyv[e];
-      g_sum += g;
-      gx_sum += g * (xv[e] - m) * r;
+  for (int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32; row < N;
+       row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+    const TA* x = inp + row * C;    // (C)
+    const TA* dy = dout + row * C;  // (C)
+    TA* dx = dinp + row * C;        // (C)
+    const float m = mean[row], r = rstd[row];
+    float xv[kGroup], dyv[kGroup], wv[kGroup];
+    float g_sum = 0.f, gx_sum = 0.f;
+    STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+      const int k = group_count(c, C);
+      load_group(x + c, k, vec, xv);
+      load_group(dy + c, k, vec, dyv);
+      load_group(w + c, k, vec, wv);
+      for (int e = 0; e < kGroup; ++e) {  // a partial group's missing w and dy are 0: g = 0
+        const float g = wv[e] * dyv[e];
+        g_sum += g;
+        gx_sum += g * (xv[e] - m) * r;
+      }
+    }
+    const float g_mean = warp_sum(g_sum) / C;
+    const float gx_mean = warp_sum(gx_sum) / C;
+    STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
+      const int k = group_count(c, C);
+      float dxv[kGroup];
+      load_group(x + c, k, vec, xv);
+      load_group(dy + c, k, vec, dyv);
+      load_group(w + c, k, vec, wv);
+      load_group(dx + c, k, vec, dxv);
+      for (int e = 0; e < kGroup; ++e) {
+        const float xhat = (xv[e] - m) * r;
+        dxv[e] += (wv[e] * dyv[e] - g_mean - xhat * gx_mean) * r;
+        if (e < k) {
+          atomicAdd(&dw_s[c + e], xhat * dyv[e]);
+          atomicAdd(&db_s[c + e], dyv[e]);
+        }
+      }
+      store_group(dx + c, k, vec, dxv);
     }
   }
-  const float g_mean = warp_sum(g_sum) / C;
-  const float gx_mean = warp_sum(gx_sum) / C;
-  STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
-    const int k = group_count(c, C);
-    float dxv[kGroup];
-    load_group(x + c, k, vec, xv);
-    load_group(dy + c, k, vec, dyv);
-    load_group(w + c, k, vec, wv);
-    load_group(dx + c, k, vec, dxv);
-    for (int e = 0; e < kGroup; ++e) {
-      const float xhat = (xv[e] - m) * r;
-      dxv[e] += (wv[e] * dyv[e] - g_mean - xhat * gx_mean) * r;
-    }
-    store_group(dx + c, k, vec, dxv);
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    atomicAdd(&dweight[c], dw_s[c]);
+    atomicAdd(&dbias[c], db_s[c]);
   }
 }
 
 #undef STRATA_FOR_EACH_ROW_GROUP
-
-// dweight (C) += Σ_n xhat · dy, dbias (C) += Σ_n dy: the column-sum layout of bias_grad_kernel.
-template <class TA>
-__global__ void layernorm_backward_cols_kernel(float* dw, float* db, const TA* dout, const TA* inp,
-                                               const float* mean, const float* rstd, int64_t N,
-                                               int C) {
-  __shared__ float part_w[kColRows][kColTile + 1], part_b[kColRows][kColTile + 1];
-  const int c = blockIdx.x * kColTile + threadIdx.x;
-  float sw = 0.f, sb = 0.f;
-  if (c < C)
-    for (int64_t n = blockIdx.y * kColRows + threadIdx.y; n < N;
-         n += static_cast<int64_t>(gridDim.y) * kColRows) {
-      const float dy = to_float(dout[n * C + c]);
-      sw += (to_float(inp[n * C + c]) - mean[n]) * rstd[n] * dy;
-      sb += dy;
-    }
-  part_w[threadIdx.y][threadIdx.x] = sw;
-  part_b[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < kColRows; ++y) {
-      sw += part_w[y][threadIdx.x];
-      sb += part_b[y][threadIdx.x];
-    }
-    atomicAdd(&dw[c], sw);
-    atomicAdd(&db[c], sb);
-  }
-}
 
 // ---- GELU (tanh approximation) ----------------------------------------------------------------
 // Through 0.5·(1 + tanh(u)) = σ(2u) = 1 / (1 + e^(−2u)), as the CPU reference: one exp and no
@@ -511,13 +502,14 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
       using TW = typename decltype(tw)::type;
       const bool vec = vec_aligned(dinp) && vec_aligned(dout) && vec_aligned(inp) &&
                        vec_aligned(weight) && rows_vec_aligned(C, sizeof(TA));
-      launch(layernorm_backward_rows_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0,
-             stream, static_cast<TA*>(dinp), static_cast<const TA*>(dout),
-             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean, rstd, N, C, vec);
-      const dim3 grid(grid_for(C, kColTile), row_splits(N)), block(kColTile, kColRows);
-      launch(layernorm_backward_cols_kernel<TA>, grid, block, 0, stream, dweight, dbias,
-             static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd, N, C);
-      return cudaGetLastError();
+      // Enough blocks to fill the GPU several times over; each then takes rows a grid apart, so
+      // the column sums cost kLayerNormMaxBlocks atomics per column at most.
+      const unsigned grid = std::min<unsigned>(kLayerNormMaxBlocks, grid_for(N, kRowWarps));
+      return launch_opted_in(layernorm_backward_kernel<TA, TW>, grid, kRowWarps * 32,
+                             2 * sizeof(float) * static_cast<size_t>(C), stream,
+                             static_cast<TA*>(dinp), dweight, dbias, static_cast<const TA*>(dout),
+                             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean,
+                             rstd, N, C, vec);
     });
   });
 }

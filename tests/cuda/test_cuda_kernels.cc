@@ -554,8 +554,9 @@ TEST_P(CudaBackendOps, LayerNorm) {
   auto be = make_backend("cuda", 1);
   // (N, C): rows of 45 and 1031 columns are no multiple of 8 and go element by element (a
   // partial last group per row); rows of 96 and 2048 move as 16-byte vectors (2048: 8 groups per
-  // lane). 37 rows leave the last block of 8 rows part empty.
-  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}};
+  // lane). 37 rows leave the last block of 8 rows part empty; 8203 rows are more than the
+  // backward's 1024 blocks of 8 take at once, so some blocks sum the columns of two row groups.
+  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}, {8203, 24}};
   uint64_t key = 800;
   for (const auto& nc : shapes) {
     const int N = nc[0], C = nc[1];
