@@ -3,7 +3,9 @@
 // A launch carries a table of up to kMaxSegments segments in its parameters (well under the
 // 4 KiB kernel-parameter limit) and, per segment, the index of its first block. Block k finds
 // its segment by scanning that index (≤ kMaxSegments compares, negligible beside the chunk),
-// then its chunk of kChunk elements; 256 threads stride through the chunk, so reads coalesce.
+// then its chunk of kChunk elements; 256 threads stride through the chunk in groups of 8
+// elements (device_util.cuh), moved as 16-byte vectors where the segment's arrays are 16-byte
+// aligned, so reads coalesce and each thread keeps several of them in flight.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@ struct AdamWTable {
   float* v[kMaxSegments];
   int64_t n[kMaxSegments];
   float weight_decay[kMaxSegments];
+  int vec[kMaxSegments];                  // param, grad, m and v all 16-byte aligned
   int64_t first_block[kMaxSegments + 1];  // [segment]; the last entry is the total
   int count;
 };
@@ -34,6 +37,7 @@ struct SumSquaresTable {
   const void* x[kMaxSegments];
   int64_t n[kMaxSegments];
   int is_bf16[kMaxSegments];
+  int vec[kMaxSegments];  // x 16-byte aligned
   int64_t first_block[kMaxSegments + 1];
   int count;
 };
@@ -62,16 +66,26 @@ __global__ void __launch_bounds__(kThreads)
   float* m = t.m[s];
   float* v = t.v[s];
   const float wd = t.weight_decay[s];
+  const bool vec = t.vec[s];
   const int64_t end = min(t.n[s], start + kChunk);
-  for (int64_t i = start + threadIdx.x; i < end; i += kThreads) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi / bc1;
-    const float vhat = vi / bc2;
-    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+  for (int64_t i = start + kGroup * threadIdx.x; i < end; i += kGroup * kThreads) {
+    const int k = group_count(i, end);
+    float pv[kGroup], gv[kGroup], mv[kGroup], vv[kGroup];
+    load_group(p + i, k, vec, pv);
+    load_group(g + i, k, vec, gv);
+    load_group(m + i, k, vec, mv);
+    load_group(v + i, k, vec, vv);
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) {
+      mv[e] = beta1 * mv[e] + (1.0f - beta1) * gv[e];
+      vv[e] = beta2 * vv[e] + (1.0f - beta2) * gv[e] * gv[e];
+      const float mhat = mv[e] / bc1;
+      const float vhat = vv[e] / bc2;
+      pv[e] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * pv[e]);
+    }
+    store_group(m + i, k, vec, mv);
+    store_group(v + i, k, vec, vv);
+    store_group(p + i, k, vec, pv);
   }
 }
 
@@ -81,11 +95,17 @@ __global__ void __launch_bounds__(kThreads)
   int64_t start = 0;
   const int s = find_segment(t, blockIdx.x, &start);
   const int64_t end = min(t.n[s], start + kChunk);
+  const bool vec = t.vec[s];
   double acc = 0;
-  for (int64_t i = start + threadIdx.x; i < end; i += kThreads) {
-    const double x = t.is_bf16[s] ? to_float(static_cast<const bf16*>(t.x[s])[i])
-                                  : static_cast<const float*>(t.x[s])[i];
-    acc += x * x;
+  for (int64_t i = start + kGroup * threadIdx.x; i < end; i += kGroup * kThreads) {
+    const int k = group_count(i, end);
+    float xv[kGroup];  // a partial group's missing values are 0 and add nothing
+    if (t.is_bf16[s])
+      load_group(static_cast<const bf16*>(t.x[s]) + i, k, vec, xv);
+    else
+      load_group(static_cast<const float*>(t.x[s]) + i, k, vec, xv);
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) acc += static_cast<double>(xv[e]) * xv[e];
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(kFullMask, acc, o);
   if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
@@ -129,6 +149,8 @@ cudaError_t adamw_multi_tensor(const AdamWSegment* segments, int count, const Ad
       t.v[t.count] = seg.v;
       t.n[t.count] = seg.n;
       t.weight_decay[t.count] = seg.decay ? hyper.weight_decay : 0.f;
+      t.vec[t.count] = vec_aligned(seg.param) && vec_aligned(seg.grad) && vec_aligned(seg.m) &&
+                       vec_aligned(seg.v);
       ++t.count;
     }
     const int64_t blocks = index_blocks(t);
@@ -151,6 +173,7 @@ cudaError_t sum_squares_multi_tensor(double* out, const SumSquaresSegment* segme
       t.x[t.count] = seg.x;
       t.n[t.count] = seg.n;
       t.is_bf16[t.count] = seg.type == ElemType::kBF16;
+      t.vec[t.count] = vec_aligned(seg.x);
       ++t.count;
     }
     const int64_t blocks = index_blocks(t);

@@ -445,10 +445,14 @@ TEST(CudaKernels, MultiTensorSumSquaresMatchesCpu) {
   for (int k = 0; k < 37; ++k) {
     const int64_t n = k == 5 ? 0 : 1 + static_cast<int64_t>(mix64(100 + k) % 9000);
     const kc::ElemType type = k % 2 ? kc::ElemType::kBF16 : kc::ElemType::kF32;
-    const auto x = rounded(random(n, 600 + k), is_bf16(type));
-    for (float e : x) want += static_cast<double>(e) * e;
+    // Every third segment starts one element into its buffer, so it is not 16-byte aligned and
+    // is read element by element; the others are read as vectors.
+    const int64_t skip = k % 3 == 2 ? 1 : 0;
+    const auto x = rounded(random(n + skip, 600 + k), is_bf16(type));
+    for (int64_t i = skip; i < n + skip; ++i) want += static_cast<double>(x[i]) * x[i];
     arrays.push_back(std::make_unique<DeviceArray>(x, type));
-    segs.push_back({arrays.back()->get(), type, n});
+    segs.push_back(
+        {static_cast<char*>(arrays.back()->get()) + skip * kc::elem_size(type), type, n});
   }
   DeviceBuffer out(sizeof(double));
   const double start = 2.5;  // the kernel adds to what is there
