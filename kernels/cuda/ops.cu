@@ -356,18 +356,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // ---- vector helpers ---------------------------------------------------------------------------
 
-template <class TY, class TX>
-__global__ void add_inplace_kernel(TY* y, const TX* x, int64_t n, bool vec) {
-  STRATA_FOR_EACH_GROUP(i, n) {
-    const int k = group_count(i, n);
-    float a[kGroup], b[kGroup];
-    load_group(y + i, k, vec, a);
-    load_group(x + i, k, vec, b);
-    for (int e = 0; e < kGroup; ++e) a[e] += b[e];
-    store_group(y + i, k, vec, a);
-  }
-}
-
+// out = a + b; add_inplace passes out = a (each group is read, then written, by one thread).
 template <class TO, class TA, class TB>
 __global__ void add_kernel(TO* out, const TA* a, const TB* b, int64_t n, bool vec) {
   STRATA_FOR_EACH_GROUP(i, n) {
@@ -636,8 +625,9 @@ cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type
     return dispatch(x_type, [&](auto tx) {
       using TY = typename decltype(ty)::type;
       using TX = typename decltype(tx)::type;
-      launch(add_inplace_kernel<TY, TX>, group_grid(n), kThreads, 0, stream, static_cast<TY*>(y),
-             static_cast<const TX*>(x), n, vec_aligned(y) && vec_aligned(x));
+      launch(add_kernel<TY, TY, TX>, group_grid(n), kThreads, 0, stream, static_cast<TY*>(y),
+             static_cast<const TY*>(y), static_cast<const TX*>(x), n,
+             vec_aligned(y) && vec_aligned(x));
       return cudaGetLastError();
     });
   });

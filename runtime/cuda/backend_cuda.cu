@@ -285,13 +285,7 @@ class CudaBackend final : public Backend {
     if (bias) expect_numel(*bias, OC, "matmul bias");
     if (N == 0) return;
     if (!gemm_native(inp, w, out)) return matmul_forward_widened(out, inp, w, bias);
-    kc::Gemm g;
-    g.trans_b = true;
-    g.M = as_int(N), g.N = as_int(OC), g.K = as_int(C);
-    g.A = inp.data(), g.lda = g.K;
-    g.B = w.data(), g.ldb = g.K;
-    g.ab_type = et(inp);
-    g.C = out.data(), g.ldc = g.N, g.c_type = et(out);
+    kc::Gemm g = forward_gemm(out, inp, w);
     if (bias) {
       g.epilogue = kc::GemmEpilogue::kBias;
       g.bias = bias->data();
@@ -318,13 +312,8 @@ class CudaBackend final : public Backend {
     expect_numel(dout, N * OC, "matmul dout");
     if (N == 0) return;
     if (!gemm_native(dout, w, dinp)) return matmul_backward_input_widened(dinp, dout, w);
-    kc::Gemm g;
-    g.M = as_int(N), g.N = as_int(C), g.K = as_int(OC);
-    g.A = dout.data(), g.lda = g.K;
-    g.B = w.data(), g.ldb = g.N;
-    g.ab_type = et(dout);
-    g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);  // beta 0: assigned, never read
-    if (run_gemm(g) == GemmRun::kUnsupported) matmul_backward_input_widened(dinp, dout, w);
+    if (run_gemm(backward_input_gemm(dinp, dout, w)) == GemmRun::kUnsupported)
+      matmul_backward_input_widened(dinp, dout, w);
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp) override {
@@ -437,13 +426,7 @@ class CudaBackend final : public Backend {
     expect_numel(out, N * OC, "gelu out");
     expect_numel(bias, OC, "matmul bias");
     if (N > 0 && out.dtype() == DType::kBF16 && all_same_dtype(out, inp, w, pre, bias)) {
-      kc::Gemm g;
-      g.trans_b = true;
-      g.M = as_int(N), g.N = as_int(OC), g.K = as_int(C);
-      g.A = inp.data(), g.lda = g.K;
-      g.B = w.data(), g.ldb = g.K;
-      g.ab_type = et(inp);
-      g.C = out.data(), g.ldc = g.N, g.c_type = et(out);
+      kc::Gemm g = forward_gemm(out, inp, w);
       g.epilogue = kc::GemmEpilogue::kGeluAuxBias;
       g.bias = bias.data(), g.bias_type = et(bias);
       g.aux = pre.data(), g.ld_aux = g.N;
@@ -458,12 +441,7 @@ class CudaBackend final : public Backend {
     expect_numel(dout, N * OC, "matmul dout");
     expect_numel(pre, N * C, "gelu pre-activation");
     if (N > 0 && dpre.dtype() == DType::kBF16 && all_same_dtype(dpre, dout, w, pre)) {
-      kc::Gemm g;
-      g.M = as_int(N), g.N = as_int(C), g.K = as_int(OC);
-      g.A = dout.data(), g.lda = g.K;
-      g.B = w.data(), g.ldb = g.N;
-      g.ab_type = et(dout);
-      g.C = dpre.data(), g.ldc = g.N, g.c_type = et(dpre);  // beta 0: assigned
+      kc::Gemm g = backward_input_gemm(dpre, dout, w);
       g.epilogue = kc::GemmEpilogue::kDGelu;
       g.aux = pre.data(), g.ld_aux = g.N;
       if (run_fused(g)) return;
@@ -718,6 +696,28 @@ class CudaBackend final : public Backend {
                                                   << ") failed: " << cublasLtGetStatusName(st)
                                                   << ": " << cublasLtGetStatusString(st));
     return plain;
+  }
+
+  // The GEMMs of a linear layer, shapes checked by the caller: out (N, OC) = inp (N, C) · wᵀ,
+  // and dinp (N, C) = dout (N, OC) · w with beta 0 (assigned, never read); no epilogue.
+  static kc::Gemm forward_gemm(const Tensor& out, const Tensor& inp, const Tensor& w) {
+    kc::Gemm g;
+    g.trans_b = true;
+    g.M = as_int(rows(inp)), g.N = as_int(w.size(0)), g.K = as_int(inp.size(-1));
+    g.A = inp.data(), g.lda = g.K;
+    g.B = w.data(), g.ldb = g.K;
+    g.ab_type = et(inp);
+    g.C = out.data(), g.ldc = g.N, g.c_type = et(out);
+    return g;
+  }
+  static kc::Gemm backward_input_gemm(const Tensor& dinp, const Tensor& dout, const Tensor& w) {
+    kc::Gemm g;
+    g.M = as_int(rows(dinp)), g.N = as_int(dinp.size(-1)), g.K = as_int(w.size(0));
+    g.A = dout.data(), g.lda = g.K;
+    g.B = w.data(), g.ldb = g.N;
+    g.ab_type = et(dout);
+    g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);
+    return g;
   }
 
   // Runs g, whose epilogue is the whole point: true when it ran, false when cuBLASLt has no
