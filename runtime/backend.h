@@ -185,11 +185,6 @@ class Backend {
     int step = 1;  // 1-based, for the bias corrections
   };
   virtual void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) = 0;
-  // One range, decayed by weight_decay (0: none).
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int step) {
-    adamw_update_multi({{param, grad, m, v, true}}, {lr, beta1, beta2, eps, weight_decay, step});
-  }
 };
 
 // Runs an op written for f32 on operands of any float type: in() gives an f32 view of an input

@@ -311,12 +311,8 @@ class CpuBackend final : public Backend {
   double sum_squares_multi(const std::vector<Tensor>& xs) override {
     double s = 0;
     for (const Tensor& x : xs) {
-      if (!all_f32(x)) {
-        MixedPrecisionScope mp(*this);
-        s += k::sum_squares(mp.in(x).f32(), static_cast<size_t>(x.numel()));
-      } else {
-        s += k::sum_squares(x.f32(), static_cast<size_t>(x.numel()));
-      }
+      MixedPrecisionScope mp(*this);  // f32 passes through; bf16 is widened
+      s += k::sum_squares(mp.in(x).f32(), static_cast<size_t>(x.numel()));
     }
     return s;
   }

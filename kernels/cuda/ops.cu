@@ -58,17 +58,46 @@ unsigned row_splits(int64_t N) {
       1, std::min<int64_t>(kMaxRowSplits, (N + kColRows * 4 - 1) / (kColRows * 4))));
 }
 
-// ---- conversions and bias -------------------------------------------------------------------
+// ---- elementwise maps: out = op(a) or op(a, b), element by element in f32 ---------------------
+// The streaming elementwise ops (casts, scaling, adds, GELU and its gradient) differ only in
+// `op`; these two kernels move the groups for all of them. out may be a (each group is read, then
+// written, by one thread), so add_inplace and scale_inplace run in place.
 
-template <class D, class S>
-__global__ void cast_kernel(D* dst, const S* src, int64_t n, bool vec) {
+template <class TO, class TA, class Op>
+__global__ void map_kernel(TO* out, const TA* a, int64_t n, bool vec, Op op) {
   STRATA_FOR_EACH_GROUP(i, n) {
     const int k = group_count(i, n);
     float v[kGroup];
-    load_group(src + i, k, vec, v);
-    store_group(dst + i, k, vec, v);
+    load_group(a + i, k, vec, v);
+    for (int e = 0; e < kGroup; ++e) v[e] = op(v[e]);
+    store_group(out + i, k, vec, v);
   }
 }
+
+template <class TO, class TA, class TB, class Op>
+__global__ void map2_kernel(TO* out, const TA* a, const TB* b, int64_t n, bool vec, Op op) {
+  STRATA_FOR_EACH_GROUP(i, n) {
+    const int k = group_count(i, n);
+    float u[kGroup], v[kGroup];
+    load_group(a + i, k, vec, u);
+    load_group(b + i, k, vec, v);
+    for (int e = 0; e < kGroup; ++e) u[e] = op(u[e], v[e]);
+    store_group(out + i, k, vec, u);
+  }
+}
+
+struct Identity {
+  __device__ float operator()(float x) const { return x; }
+};
+struct Scale {
+  float s;
+  __device__ float operator()(float x) const { return x * s; }
+};
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// ---- bias ------------------------------------------------------------------------------------
 
 template <class TO, class TB>
 __global__ void add_bias_kernel(TO* out, const TB* bias, int64_t N, int OC) {
@@ -221,28 +250,12 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return s + w * x + 3.f * kGeluC * (((w * x) * x) * x);
 }
 
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n, bool vec) {
-  STRATA_FOR_EACH_GROUP(i, n) {
-    const int k = group_count(i, n);
-    float v[kGroup];
-    load_group(inp + i, k, vec, v);
-    for (int e = 0; e < kGroup; ++e) v[e] = gelu(v[e]);
-    store_group(out + i, k, vec, v);
-  }
-}
-
-template <class T>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n, bool vec) {
-  STRATA_FOR_EACH_GROUP(i, n) {
-    const int k = group_count(i, n);
-    float x[kGroup], g[kGroup];
-    load_group(inp + i, k, vec, x);
-    load_group(dout + i, k, vec, g);
-    for (int e = 0; e < kGroup; ++e) g[e] *= gelu_grad(x[e]);
-    store_group(dinp + i, k, vec, g);
-  }
-}
+struct Gelu {
+  __device__ float operator()(float x) const { return gelu(x); }
+};
+struct GeluBackward {  // (inp, dout) -> dinp
+  __device__ float operator()(float x, float g) const { return g * gelu_grad(x); }
+};
 
 // ---- embedding ------------------------------------------------------------------------------
 
@@ -354,31 +367,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 #undef STRATA_FOR_EACH_COLUMN_GROUP
 
-// ---- vector helpers ---------------------------------------------------------------------------
-
-// out = a + b; add_inplace passes out = a (each group is read, then written, by one thread).
-template <class TO, class TA, class TB>
-__global__ void add_kernel(TO* out, const TA* a, const TB* b, int64_t n, bool vec) {
-  STRATA_FOR_EACH_GROUP(i, n) {
-    const int k = group_count(i, n);
-    float u[kGroup], v[kGroup];
-    load_group(a + i, k, vec, u);
-    load_group(b + i, k, vec, v);
-    for (int e = 0; e < kGroup; ++e) u[e] += v[e];
-    store_group(out + i, k, vec, u);
-  }
-}
-
-template <class T>
-__global__ void scale_kernel(T* y, float s, int64_t n, bool vec) {
-  STRATA_FOR_EACH_GROUP(i, n) {
-    const int k = group_count(i, n);
-    float v[kGroup];
-    load_group(y + i, k, vec, v);
-    for (int e = 0; e < kGroup; ++e) v[e] *= s;
-    store_group(y + i, k, vec, v);
-  }
-}
+// ---- reductions -------------------------------------------------------------------------------
 
 // Per-thread partial sums in double, a block reduction, one atomicAdd per block.
 template <class T>
@@ -428,8 +417,9 @@ cudaError_t cast(void* dst, ElemType dst_type, const void* src, ElemType src_typ
     return dispatch(src_type, [&](auto ts) {
       using D = typename decltype(td)::type;
       using S = typename decltype(ts)::type;
-      launch(cast_kernel<D, S>, group_grid(n), kThreads, 0, stream, static_cast<D*>(dst),
-             static_cast<const S*>(src), n, vec_aligned(dst) && vec_aligned(src));
+      launch(map_kernel<D, S, Identity>, group_grid(n), kThreads, 0, stream,
+             static_cast<D*>(dst), static_cast<const S*>(src), n,
+             vec_aligned(dst) && vec_aligned(src), Identity{});
       return cudaGetLastError();
     });
   });
@@ -507,8 +497,8 @@ cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cuda
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(gelu_forward_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
-           static_cast<const T*>(inp), n, vec_aligned(out) && vec_aligned(inp));
+    launch(map_kernel<T, T, Gelu>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
+           static_cast<const T*>(inp), n, vec_aligned(out) && vec_aligned(inp), Gelu{});
     return cudaGetLastError();
   });
 }
@@ -518,9 +508,9 @@ cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemTyp
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(gelu_backward_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(dinp),
-           static_cast<const T*>(inp), static_cast<const T*>(dout), n,
-           vec_aligned(dinp) && vec_aligned(inp) && vec_aligned(dout));
+    launch(map2_kernel<T, T, T, GeluBackward>, group_grid(n), kThreads, 0, stream,
+           static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n,
+           vec_aligned(dinp) && vec_aligned(inp) && vec_aligned(dout), GeluBackward{});
     return cudaGetLastError();
   });
 }
@@ -625,9 +615,9 @@ cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type
     return dispatch(x_type, [&](auto tx) {
       using TY = typename decltype(ty)::type;
       using TX = typename decltype(tx)::type;
-      launch(add_kernel<TY, TY, TX>, group_grid(n), kThreads, 0, stream, static_cast<TY*>(y),
-             static_cast<const TY*>(y), static_cast<const TX*>(x), n,
-             vec_aligned(y) && vec_aligned(x));
+      launch(map2_kernel<TY, TY, TX, Sum>, group_grid(n), kThreads, 0, stream,
+             static_cast<TY*>(y), static_cast<const TY*>(y), static_cast<const TX*>(x), n,
+             vec_aligned(y) && vec_aligned(x), Sum{});
       return cudaGetLastError();
     });
   });
@@ -642,9 +632,9 @@ cudaError_t add(void* out, ElemType out_type, const void* a, ElemType a_type, co
         using TO = typename decltype(to)::type;
         using TA = typename decltype(ta)::type;
         using TB = typename decltype(tb)::type;
-        launch(add_kernel<TO, TA, TB>, group_grid(n), kThreads, 0, stream, static_cast<TO*>(out),
-               static_cast<const TA*>(a), static_cast<const TB*>(b), n,
-               vec_aligned(out) && vec_aligned(a) && vec_aligned(b));
+        launch(map2_kernel<TO, TA, TB, Sum>, group_grid(n), kThreads, 0, stream,
+               static_cast<TO*>(out), static_cast<const TA*>(a), static_cast<const TB*>(b), n,
+               vec_aligned(out) && vec_aligned(a) && vec_aligned(b), Sum{});
         return cudaGetLastError();
       });
     });
@@ -655,8 +645,8 @@ cudaError_t scale_inplace(void* y, ElemType t, float s, int64_t n, cudaStream_t 
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(scale_kernel<T>, group_grid(n), kThreads, 0, stream, static_cast<T*>(y), s, n,
-           vec_aligned(y));
+    launch(map_kernel<T, T, Scale>, group_grid(n), kThreads, 0, stream, static_cast<T*>(y),
+           static_cast<const T*>(y), n, vec_aligned(y), Scale{s});
     return cudaGetLastError();
   });
 }
