@@ -730,16 +730,12 @@ void Bench::cross_entropy(const Model& m, ElemType t) {
   const std::string shape =
       "N" + std::to_string(N) + " V" + std::to_string(V) + " ld" + std::to_string(ld);
   const double logit_bytes = double(N) * V * e;  // the real columns, read once
-  Row r = row(m, "ce row max", t, shape);
-  bytes(r, logit_bytes + N * f4);
-  measure(r, [&] {
-    return cuda_error(kc::ce_row_max(row_max.f32(), logits.get(), t, N, ld, V, stream_));
-  });
-  r = row(m, "ce row sumexp", t, shape);
+  // The row max and Σexp in one online pass.
+  Row r = row(m, "ce row stats (max, sumexp)", t, shape);
   bytes(r, logit_bytes + 2 * N * f4);
   measure(r, [&] {
     return cuda_error(
-        kc::ce_row_sumexp(row_sumexp.f32(), logits.get(), t, row_max.f32(), N, ld, V, stream_));
+        kc::ce_row_stats(row_max.f32(), row_sumexp.f32(), logits.get(), t, N, ld, V, stream_));
   });
   // One logit per row plus the row statistics: far too little to fill the GPU, shown for scale.
   r = row(m, "ce target logit + losses", t, shape);

@@ -388,13 +388,18 @@ GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const 
   const Tensor lnf_full = full_sequence(a->lnf);
   a->logits = act({N, d.V_local()});
   be_.matmul_forward(a->logits, lnf_full, cparam(d.tie ? "wte" : "lm_head.weight"), nullptr);
-  // Vocab-parallel cross-entropy: max, Σexp and the target logit are combined over the group.
+  // Vocab-parallel cross-entropy: each shard's max and Σexp (one read of its logits) are brought
+  // to the group's max and summed; the target logit is summed over the group too.
   a->row_max = stat({N});
   a->row_sumexp = stat({N});
-  be_.ce_row_max(a->row_max, a->logits, d.vocab_valid());
-  if (d.tp > 1) tp_->all_reduce(a->row_max, ReduceOp::kMax);
-  be_.ce_row_sumexp(a->row_sumexp, a->logits, a->row_max, d.vocab_valid());
-  tp_sum(a->row_sumexp);
+  be_.ce_row_stats(a->row_max, a->row_sumexp, a->logits, d.vocab_valid());
+  if (d.tp > 1) {
+    Tensor local_max = stat({N});
+    be_.copy(local_max, a->row_max);
+    tp_->all_reduce(a->row_max, ReduceOp::kMax);
+    be_.ce_rescale_sumexp(a->row_sumexp, local_max, a->row_max);
+    tp_sum(a->row_sumexp);
+  }
   Tensor target_logit = stat({N});
   be_.ce_target_logit(target_logit, a->logits, targets, d.vocab_start(), d.vocab_valid());
   tp_sum(target_logit);

@@ -142,9 +142,13 @@ class Backend {
 
   // ---- vocab-parallel cross-entropy steps (see kernels/cpu/ops.h) ----
   // logits (N, ld) this shard's columns, `valid` of them real; row stats (N).
-  virtual void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) = 0;
-  virtual void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
-                             int valid) = 0;
+  // ce_row_stats: this shard's row max and Σ exp(logit − that max), from one read of the logits
+  // on a GPU (an online max and sum). With t > 1 the model reduces the max over the group, then
+  // ce_rescale_sumexp: row_sumexp *= exp(local_max − row_max), and sums row_sumexp.
+  virtual void ce_row_stats(Tensor& row_max, Tensor& row_sumexp, const Tensor& logits,
+                            int valid) = 0;
+  virtual void ce_rescale_sumexp(Tensor& row_sumexp, const Tensor& local_max,
+                                 const Tensor& row_max) = 0;
   virtual void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                                int vocab_start, int valid) = 0;
   virtual void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,

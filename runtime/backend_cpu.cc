@@ -228,22 +228,28 @@ class CpuBackend final : public Backend {
                           as_int(B), as_int(S), as_int(C), vocab_start, as_int(dwte.size(0)));
   }
 
-  void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
-    if (!all_f32(row_max, logits)) {
+  // Two passes over each row (max, then Σexp): the reference the GPU's online pass is held to.
+  void ce_row_stats(Tensor& row_max, Tensor& row_sumexp, const Tensor& logits, int valid) override {
+    if (!all_f32(row_max, row_sumexp, logits)) {
       MixedPrecisionScope mp(*this);
-      return ce_row_max(mp.out(row_max), mp.in(logits), valid);
+      return ce_row_stats(mp.out(row_max), mp.out(row_sumexp), mp.in(logits), valid);
     }
-    k::ce_row_max(row_max.f32(), logits.f32(), as_int(rows(logits)), as_int(logits.size(-1)),
-                  valid);
+    const int N = as_int(rows(logits)), ld = as_int(logits.size(-1));
+    expect_numel(row_max, N, "ce row_max");
+    expect_numel(row_sumexp, N, "ce row_sumexp");
+    k::ce_row_max(row_max.f32(), logits.f32(), N, ld, valid);
+    k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), N, ld, valid);
   }
-  void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
-                     int valid) override {
-    if (!all_f32(row_sumexp, logits, row_max)) {
+  void ce_rescale_sumexp(Tensor& row_sumexp, const Tensor& local_max,
+                         const Tensor& row_max) override {
+    if (!all_f32(row_sumexp, local_max, row_max)) {
       MixedPrecisionScope mp(*this);
-      return ce_row_sumexp(mp.out(row_sumexp), mp.in(logits), mp.in(row_max), valid);
+      return ce_rescale_sumexp(mp.out(row_sumexp), mp.in(local_max), mp.in(row_max));
     }
-    k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), as_int(rows(logits)),
-                     as_int(logits.size(-1)), valid);
+    const int64_t N = row_sumexp.numel();
+    expect_numel(local_max, N, "ce local_max");
+    expect_numel(row_max, N, "ce row_max");
+    k::ce_rescale_sumexp(row_sumexp.f32(), local_max.f32(), row_max.f32(), as_int(N));
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                        int vocab_start, int valid) override {

@@ -118,8 +118,7 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
     const int Nr = B * S;
     Tensor L = put(be, {Nr, Vp}, logits), mx = be.empty({Nr}, a), se = be.empty({Nr}, a);
     Tensor tl = be.empty({Nr}, a), ls = be.empty({Nr}, a), dL = be.empty({Nr, Vp}, a);
-    be.ce_row_max(mx, L, V);
-    be.ce_row_sumexp(se, L, mx, V);
+    be.ce_row_stats(mx, se, L, V);
     be.ce_target_logit(tl, L, T, 0, V);
     be.ce_losses(ls, mx, se, tl);
     be.ce_backward(dL, L, mx, se, T, 0.5f, 0, V);
@@ -290,8 +289,7 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
       const Tensor L = put(*be, {N, V}, logits, t), T = put_i32(*be, {B, S}, tok);
       Tensor mx = be->empty({N}, MemCategory::kActivations);
       Tensor se = be->empty({N}, MemCategory::kActivations);
-      be->ce_row_max(mx, L, V);
-      be->ce_row_sumexp(se, L, mx, V);
+      be->ce_row_stats(mx, se, L, V);
       check("ce_backward dlogits",
             run({N, V}, [&](Tensor& d) { be->ce_backward(d, L, mx, se, T, 0.5f, 0, V); }));
     }

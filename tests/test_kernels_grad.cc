@@ -709,15 +709,17 @@ TEST(KernelsCrossEntropy, VocabShardsMatchUnsharded) {
     for (int j = 0; j < split; ++j) s0[n * split + j] = full[n * V + j];
     for (int j = 0; j < valid1; ++j) s1[n * ld1 + j] = full[n * V + split + j];
   }
-  // 1. row max, all-reduced with max.
-  Vec m0(N), m1(N), mx(N);
+  // 1. Each shard's row max and Σexp against its own max (the model's one pass per shard).
+  Vec m0(N), m1(N), e0(N), e1(N);
   cpu::ce_row_max<double>(m0.data(), s0.data(), N, split, split);
   cpu::ce_row_max<double>(m1.data(), s1.data(), N, ld1, valid1);
+  cpu::ce_row_sumexp<double>(e0.data(), s0.data(), m0.data(), N, split, split);
+  cpu::ce_row_sumexp<double>(e1.data(), s1.data(), m1.data(), N, ld1, valid1);
+  // 2. The max all-reduced with max; each shard's sum rescaled to it, then all-reduced with sum.
+  Vec mx(N), se(N);
   for (int n = 0; n < N; ++n) mx[n] = std::max(m0[n], m1[n]);
-  // 2. sum of exp against the global max, all-reduced with sum.
-  Vec e0(N), e1(N), se(N);
-  cpu::ce_row_sumexp<double>(e0.data(), s0.data(), mx.data(), N, split, split);
-  cpu::ce_row_sumexp<double>(e1.data(), s1.data(), mx.data(), N, ld1, valid1);
+  cpu::ce_rescale_sumexp<double>(e0.data(), m0.data(), mx.data(), N);
+  cpu::ce_rescale_sumexp<double>(e1.data(), m1.data(), mx.data(), N);
   for (int n = 0; n < N; ++n) se[n] = e0[n] + e1[n];
   // 3. target logit, all-reduced with sum (exactly one shard owns each target).
   Vec t0(N), t1(N), tl(N);

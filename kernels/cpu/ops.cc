@@ -489,6 +489,12 @@ void ce_row_sumexp(T* row_sumexp, const T* logits, const T* row_max, int N, int 
 }
 
 template <class T>
+void ce_rescale_sumexp(T* row_sumexp, const T* local_max, const T* row_max, int N) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) row_sumexp[n] *= exp_t(local_max[n] - row_max[n]);
+}
+
+template <class T>
 void ce_target_logit(T* target_logit, const T* logits, const int32_t* targets, int N, int ld,
                      int vocab_start, int valid) {
 #pragma omp parallel for schedule(static)
@@ -589,6 +595,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
   template void embedding_backward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int);  \
   template void ce_row_max<T>(T*, const T*, int, int, int);                                        \
   template void ce_row_sumexp<T>(T*, const T*, const T*, int, int, int);                           \
+  template void ce_rescale_sumexp<T>(T*, const T*, const T*, int);                                 \
   template void ce_target_logit<T>(T*, const T*, const int32_t*, int, int, int, int);              \
   template void ce_losses<T>(T*, const T*, const T*, const T*, int);                               \
   template void ce_backward<T>(T*, const T*, const T*, const T*, const int32_t*, T, int, int, int, \

@@ -110,12 +110,17 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 //   2. row_sumexp (N) = Σ exp(logit - row_max)                  (then all-reduce sum)
 //   3. target_logit (N) = logit[target] if target is in this shard, else 0 (then all-reduce sum)
 //   loss_n = log(row_sumexp) + row_max - target_logit
+// Steps 1 and 2 may also run on the shard alone, with its own max (one read of the logits, as the
+// GPU does); ce_rescale_sumexp then brings each shard's sum to the group's max before the sum:
+//   row_sumexp (N) *= exp(local_max - row_max)
 // ce_backward: dlogits (N, ld) = scale * (softmax - onehot(target)), 0 on padding columns
 // (assigned, not accumulated: logits gradients have one producer).
 template <class T>
 void ce_row_max(T* row_max, const T* logits, int N, int ld, int valid);
 template <class T>
 void ce_row_sumexp(T* row_sumexp, const T* logits, const T* row_max, int N, int ld, int valid);
+template <class T>
+void ce_rescale_sumexp(T* row_sumexp, const T* local_max, const T* row_max, int N);
 template <class T>
 void ce_target_logit(T* target_logit, const T* logits, const int32_t* targets, int N, int ld,
                      int vocab_start, int valid);

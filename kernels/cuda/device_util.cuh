@@ -150,27 +150,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum (or max) over the whole block, returned to every thread. blockDim.x must be a multiple of
-// 32; `scratch` is 32 floats of shared memory, free again when the function returns.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = warp_sum(lane < warps ? scratch[lane] : 0.f);
-  __syncthreads();
-  return v;
-}
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = warp_max(lane < warps ? scratch[lane] : -INFINITY);
-  __syncthreads();
-  return v;
-}
-
 // dispatch(t, f) calls f(Tag<float>{}) or f(Tag<bf16>{}); f reads the type back as
 // `typename decltype(tag)::type`. Host-side only: it picks which kernel instantiation to launch.
 template <class T>

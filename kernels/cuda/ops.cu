@@ -296,38 +296,58 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dou
 #define STRATA_FOR_EACH_COLUMN_GROUP(j, end) \
   for (int j = kGroup * threadIdx.x; j < (end); j += kGroup * blockDim.x)
 
+// A running (max, Σ exp(x − max)) pair; `add` merges another pair into it. A pair with no values
+// yet is (−inf, 0), which merges as nothing (a −inf max is never subtracted from itself).
+struct MaxSumExp {
+  float m = -INFINITY, s = 0.f;
+  __device__ void add(float om, float os) {
+    if (om > m) {
+      s = s * expf(m - om) + os;  // expf(−inf) = 0 while this pair is still empty
+      m = om;
+    } else if (om > -INFINITY) {
+      s += os * expf(om - m);
+    }
+  }
+};
+
+// One read of each row: every thread keeps a running pair over its groups (the group's max
+// first, so the sum is rescaled at most once per group), then warps and the block merge pairs.
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    ce_row_max_kernel(float* row_max, const T* logits, int ld, int valid, bool vec) {
-  __shared__ float scratch[32];
+    ce_row_stats_kernel(float* row_max, float* row_sumexp, const T* logits, int ld, int valid,
+                        bool vec) {
+  __shared__ float scratch_m[32], scratch_s[32];
   const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
-  float m = -INFINITY;
+  MaxSumExp p;
   STRATA_FOR_EACH_COLUMN_GROUP(j, valid) {
     float v[kGroup];
     load_group(row + j, group_count(j, ld), vec, v);
+    float gm = -INFINITY;
     for (int e = 0; e < kGroup; ++e)
-      if (j + e < valid) m = fmaxf(m, v[e]);
+      if (j + e < valid) gm = fmaxf(gm, v[e]);
+    p.add(gm, 0.f);
+    if (p.m == -INFINITY) continue;  // every value so far −inf: nothing to add
+    for (int e = 0; e < kGroup; ++e)
+      if (j + e < valid) p.s += expf(v[e] - p.m);
   }
-  m = block_max(m, scratch);
-  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(kFullMask, p.m, o), os = __shfl_xor_sync(kFullMask, p.s, o);
+    p.add(om, os);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) scratch_m[warp] = p.m, scratch_s[warp] = p.s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSumExp b;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) b.add(scratch_m[w], scratch_s[w]);
+    row_max[blockIdx.x] = b.m;
+    row_sumexp[blockIdx.x] = b.s;
+  }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kRowThreads)
-    ce_row_sumexp_kernel(float* row_sumexp, const T* logits, const float* row_max, int ld,
-                         int valid, bool vec) {
-  __shared__ float scratch[32];
-  const T* row = logits + static_cast<int64_t>(blockIdx.x) * ld;  // (ld)
-  const float m = row_max[blockIdx.x];
-  float s = 0.f;
-  STRATA_FOR_EACH_COLUMN_GROUP(j, valid) {
-    float v[kGroup];
-    load_group(row + j, group_count(j, ld), vec, v);
-    for (int e = 0; e < kGroup; ++e)
-      if (j + e < valid) s += expf(v[e] - m);
-  }
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) row_sumexp[blockIdx.x] = s;
+__global__ void ce_rescale_sumexp_kernel(float* row_sumexp, const float* local_max,
+                                         const float* row_max, int64_t N) {
+  STRATA_FOR_EACH(n, N) row_sumexp[n] *= expf(local_max[n] - row_max[n]);
 }
 
 template <class T>
@@ -545,28 +565,24 @@ cudaError_t embedding_backward(float* dwte, float* dwpe, const void* dout, ElemT
   });
 }
 
-cudaError_t ce_row_max(float* row_max, const void* logits, ElemType logits_type, int64_t N, int ld,
-                       int valid, cudaStream_t stream) {
+cudaError_t ce_row_stats(float* row_max, float* row_sumexp, const void* logits,
+                         ElemType logits_type, int64_t N, int ld, int valid, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return dispatch(logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(ce_row_max_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_max,
-           static_cast<const T*>(logits), ld, valid,
+    launch(ce_row_stats_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_max,
+           row_sumexp, static_cast<const T*>(logits), ld, valid,
            vec_aligned(logits) && rows_vec_aligned(ld, sizeof(T)));
     return cudaGetLastError();
   });
 }
 
-cudaError_t ce_row_sumexp(float* row_sumexp, const void* logits, ElemType logits_type,
-                          const float* row_max, int64_t N, int ld, int valid, cudaStream_t stream) {
+cudaError_t ce_rescale_sumexp(float* row_sumexp, const float* local_max, const float* row_max,
+                              int64_t N, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
-  return dispatch(logits_type, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch(ce_row_sumexp_kernel<T>, static_cast<unsigned>(N), kRowThreads, 0, stream, row_sumexp,
-           static_cast<const T*>(logits), row_max, ld, valid,
-           vec_aligned(logits) && rows_vec_aligned(ld, sizeof(T)));
-    return cudaGetLastError();
-  });
+  launch(ce_rescale_sumexp_kernel, elementwise_grid(N), kThreads, 0, stream, row_sumexp, local_max,
+         row_max, N);
+  return cudaGetLastError();
 }
 
 cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType logits_type,

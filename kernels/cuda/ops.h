@@ -64,10 +64,12 @@ cudaError_t embedding_backward(float* dwte, float* dwpe, const void* dout, ElemT
 
 // The vocab-parallel cross-entropy steps of kernels/cpu/ops.h. logits (N, ld) of type
 // logits_type, `valid` real columns; row stats (N) f32.
-cudaError_t ce_row_max(float* row_max, const void* logits, ElemType logits_type, int64_t N, int ld,
-                       int valid, cudaStream_t stream);
-cudaError_t ce_row_sumexp(float* row_sumexp, const void* logits, ElemType logits_type,
-                          const float* row_max, int64_t N, int ld, int valid, cudaStream_t stream);
+// ce_row_stats: the shard's row max and Σ exp(logit − max) in one pass over the logits (an
+// online max and sum); ce_rescale_sumexp: row_sumexp *= exp(local_max − row_max).
+cudaError_t ce_row_stats(float* row_max, float* row_sumexp, const void* logits,
+                         ElemType logits_type, int64_t N, int ld, int valid, cudaStream_t stream);
+cudaError_t ce_rescale_sumexp(float* row_sumexp, const float* local_max, const float* row_max,
+                              int64_t N, cudaStream_t stream);
 cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType logits_type,
                             const int32_t* targets, int64_t N, int ld, int vocab_start, int valid,
                             cudaStream_t stream);

@@ -534,27 +534,27 @@ class CudaBackend final : public Backend {
   // ---- vocab-parallel cross-entropy steps ----
   // Logits may be f32 or bf16; row statistics are f32 (anything else is widened).
 
-  void ce_row_max(Tensor& row_max, const Tensor& logits, int valid) override {
-    if (!is_f32(row_max)) {
+  void ce_row_stats(Tensor& row_max, Tensor& row_sumexp, const Tensor& logits, int valid) override {
+    if (!all_f32(row_max, row_sumexp)) {
       MixedPrecisionScope mp(*this);
-      return ce_row_max(mp.out(row_max), logits, valid);
+      return ce_row_stats(mp.out(row_max), mp.out(row_sumexp), logits, valid);
     }
     const int64_t N = rows(logits);
     expect_numel(row_max, N, "ce row_max");
-    CUDA_CHECK(kc::ce_row_max(row_max.f32(), logits.data(), et(logits), N, ce_ld(logits, valid),
-                              valid, stream_));
-  }
-  void ce_row_sumexp(Tensor& row_sumexp, const Tensor& logits, const Tensor& row_max,
-                     int valid) override {
-    if (!all_f32(row_sumexp, row_max)) {
-      MixedPrecisionScope mp(*this);
-      return ce_row_sumexp(mp.out(row_sumexp), logits, mp.in(row_max), valid);
-    }
-    const int64_t N = rows(logits);
     expect_numel(row_sumexp, N, "ce row_sumexp");
+    CUDA_CHECK(kc::ce_row_stats(row_max.f32(), row_sumexp.f32(), logits.data(), et(logits), N,
+                                ce_ld(logits, valid), valid, stream_));
+  }
+  void ce_rescale_sumexp(Tensor& row_sumexp, const Tensor& local_max,
+                         const Tensor& row_max) override {
+    if (!all_f32(row_sumexp, local_max, row_max)) {
+      MixedPrecisionScope mp(*this);
+      return ce_rescale_sumexp(mp.out(row_sumexp), mp.in(local_max), mp.in(row_max));
+    }
+    const int64_t N = row_sumexp.numel();
+    expect_numel(local_max, N, "ce local_max");
     expect_numel(row_max, N, "ce row_max");
-    CUDA_CHECK(kc::ce_row_sumexp(row_sumexp.f32(), logits.data(), et(logits), row_max.f32(), N,
-                                 ce_ld(logits, valid), valid, stream_));
+    CUDA_CHECK(kc::ce_rescale_sumexp(row_sumexp.f32(), local_max.f32(), row_max.f32(), N, stream_));
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                        int vocab_start, int valid) override {

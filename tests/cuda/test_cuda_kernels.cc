@@ -645,22 +645,30 @@ TEST_P(CudaBackendOps, CrossEntropy) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);
   // Shards starting at vocabulary index 5: 67 columns (61 real, 6 padding), rows that are no
-  // multiple of 8 and so go element by element; and 136 columns (129 real), whose rows move as
-  // 16-byte vectors with the padding masked inside the last group.
-  const int shards[][2] = {{67, 61}, {136, 129}};  // (ld, valid)
+  // multiple of 8 and so go element by element; 136 columns (129 real), whose rows move as
+  // 16-byte vectors with the padding masked inside the last group; and 136 columns of which 3
+  // are real, where all but one thread of the online max/Σexp pass hold no value to merge.
+  const int shards[][2] = {{67, 61}, {136, 129}, {136, 3}};  // (ld, valid)
   for (const auto& shard : shards) {
     const int N = 37, ld = shard[0], valid = shard[1], vocab_start = 5;
-    const std::string shape = " ld " + std::to_string(ld);
+    const std::string shape = " ld " + std::to_string(ld) + " valid " + std::to_string(valid);
     const float scale = 1.f / N;
-    const auto logits = host(static_cast<size_t>(N) * ld, 1100 + ld, 3.f);
+    auto logits = host(static_cast<size_t>(N) * ld, 1100 + ld + valid, 3.f);
+    // Row 0 rises to its last column, so the running max grows at every group and every merge;
+    // row 1 falls from its first. Row 2 spans ±60: exp of it unscaled would overflow f32 sums.
+    for (int j = 0; j < ld; ++j) {
+      logits[static_cast<size_t>(j)] = 0.05f * j;
+      logits[static_cast<size_t>(ld + j)] = -0.05f * j;
+      logits[static_cast<size_t>(2 * ld + j)] = j % 2 ? 60.f - j : -60.f + j;
+    }
+    logits = rounded(logits, bf16());
     std::vector<int32_t> targets(N);
     for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(mix64(50 + n) % (ld + 13));
     Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, targets);
     const MemCategory a = MemCategory::kActivations;
     Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
            ls = be->empty({N}, a);
-    be->ce_row_max(mx, L, valid);
-    be->ce_row_sumexp(se, L, mx, valid);
+    be->ce_row_stats(mx, se, L, valid);
     be->ce_target_logit(tl, L, T, vocab_start, valid);
     be->ce_losses(ls, mx, se, tl);
     // dlogits into an f32 tensor, and in place over the logits (as the model does to save
@@ -682,6 +690,15 @@ TEST_P(CudaBackendOps, CrossEntropy) {
     expect_close("ce losses" + shape, get(*be, ls), l, tol(DType::kF32, act()));
     expect_close("ce dlogits (f32)" + shape, get(*be, dL), d, tol(DType::kF32, act()));
     expect_close("ce dlogits (in place)" + shape, get(*be, L), d, tol(act(), act()));
+    // A tensor group's max above this shard's own: the shard's sum scales by exp(local − group).
+    std::vector<float> group_max(N), want_se(N);
+    for (int n = 0; n < N; ++n) {
+      group_max[n] = m[n] + 0.25f * static_cast<float>(n % 5);
+      want_se[n] = s[n] * std::exp(m[n] - group_max[n]);
+    }
+    Tensor Gm = put(*be, {N}, group_max, DType::kF32);
+    be->ce_rescale_sumexp(se, mx, Gm);
+    expect_close("ce rescaled row_sumexp" + shape, get(*be, se), want_se, tol(DType::kF32, act()));
   }
 }
 
