@@ -469,12 +469,13 @@ void Bench::linears(const Model& m, ElemType t) {
     bool bias;
     bool gelu;        // also timed with the GELU fused into the forward's epilogue
     bool after_gelu;  // also timed with the backward input carried through GELU (DGELU)
+    bool residual;    // also timed adding the residual stream in the GEMM (beta 1, C_in)
   };
-  const Linear layers[] = {{"qkv", m.C, 3 * m.C, true, false, false},
-                           {"attn proj", m.C, m.C, true, false, false},
-                           {"fc", m.C, m.F, true, true, false},
-                           {"fc proj", m.F, m.C, true, false, true},
-                           {"lm head (tied wte)", m.C, m.Vp, false, false, false}};
+  const Linear layers[] = {{"qkv", m.C, 3 * m.C, true, false, false, false},
+                           {"attn proj", m.C, m.C, true, false, false, true},
+                           {"fc", m.C, m.F, true, true, false, false},
+                           {"fc proj", m.F, m.C, true, false, true, true},
+                           {"lm head (tied wte)", m.C, m.Vp, false, false, false, false}};
   const int N = static_cast<int>(m.N());
   for (const Linear& l : layers) {
     DeviceBuffer inp(bytes_of(int64_t{N} * l.in, t));                  // (N, in)
@@ -517,6 +518,20 @@ void Bench::linears(const Model& m, ElemType t) {
       g.aux = aux.get();
       g.ld_aux = l.out;
       r = row(m, std::string("gemm fwd ") + l.name + " +bias+gelu", t, gemm_shape(g.M, g.N, g.K));
+      flops(r, fl, t);
+      gemm(r, g);
+    }
+
+    // out = inp · wᵀ + bias + residual, as the model runs the projections: compare with the
+    // row above plus the "residual add" row, the two ops this one replaces.
+    if (l.residual) {
+      DeviceBuffer residual(bytes_of(int64_t{N} * l.out, t));  // (N, out)
+      fill(residual.get(), t, int64_t{N} * l.out, 6, 1.f, stream_);
+      kc::Gemm g = fwd;
+      g.beta = 1.f;
+      g.C_in = residual.get();
+      r = row(m, std::string("gemm fwd ") + l.name + " +bias+residual", t,
+              gemm_shape(g.M, g.N, g.K));
       flops(r, fl, t);
       gemm(r, g);
     }

@@ -409,12 +409,35 @@ GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const 
   return a;
 }
 
+// A row-parallel projection joining the residual stream: residual + inp · wᵀ + bias, summed over
+// the tensor group. Without sequence parallelism the residual is the same on every rank, so rank
+// 0 adds it and the bias inside its GEMM, before the all-reduce. With it, each rank holds its
+// own chunk of the residual, which joins after the reduce-scatter.
+Tensor GptModel::projection(const Tensor& inp, const std::string& name, const Tensor& residual) {
+  const GptDims& d = dims_;
+  const int64_t B = inp.size(0), S = inp.size(1);
+  const bool rank0 = d.tp_rank == 0;
+  Tensor out = act({B, S, d.C});  // partial sum over the group
+  const Tensor w = cparam(name + ".weight"), b = cparam(name + ".bias");
+  if (d.sp) {
+    be_.matmul_forward(out, inp, w, rank0 ? &b : nullptr);
+    Tensor sum = sp_reduce_scatter(out);
+    be_.add_inplace(sum, residual);
+    return sum;
+  }
+  if (rank0)
+    be_.matmul_residual_forward(out, inp, w, &b, residual);
+  else
+    be_.matmul_forward(out, inp, w, nullptr);
+  tp_sum(out);
+  return out;
+}
+
 void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) {
   const GptDims& d = dims_;
   const std::string p = "h." + std::to_string(l) + ".";
   BlockActs& h = a.h[static_cast<size_t>(l - pieces_[static_cast<size_t>(a.piece)].first_layer)];
   const int64_t B = x.size(0), Sl = x.size(1), S = d.sp ? Sl * d.tp : Sl;
-  const bool bias_here = d.tp_rank == 0;  // row-parallel biases are added once, by rank 0
 
   h.ln1 = act({B, Sl, d.C});
   h.ln1_mean = stat({B, Sl});
@@ -430,14 +453,7 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
   h.att = stat(be_.attention_saved_shape(B, d.heads_local(), S));
   h.atty = act({B, S, d.C_local()});
   be_.attention_forward(h.atty, h.att, h.qkv, d.heads_local());
-  {
-    Tensor proj = act({B, S, d.C});  // partial sum over the group
-    const Tensor proj_b = cparam(p + "attn.c_proj.bias");
-    be_.matmul_forward(proj, h.atty, cparam(p + "attn.c_proj.weight"),
-                       bias_here ? &proj_b : nullptr);
-    h.res1 = d.sp ? sp_reduce_scatter(proj) : (tp_sum(proj), proj);
-    be_.add_inplace(h.res1, x);
-  }
+  h.res1 = projection(h.atty, p + "attn.c_proj", x);
   if (recompute_ == Recompute::kSelective && !recomputing) {
     // The attention core is recomputed from qkv in the backward pass: drop the S×S
     // probabilities (the largest activation at long sequences) and its output.
@@ -457,14 +473,7 @@ void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) 
     be_.matmul_gelu_forward(h.fch, h.fch_gelu, ln2_full, cparam(p + "mlp.c_fc.weight"),
                             cparam(p + "mlp.c_fc.bias"));
   }
-  {
-    Tensor mlp = act({B, S, d.C});  // partial sum over the group
-    const Tensor mp_b = cparam(p + "mlp.c_proj.bias");
-    be_.matmul_forward(mlp, h.fch_gelu, cparam(p + "mlp.c_proj.weight"),
-                       bias_here ? &mp_b : nullptr);
-    h.out = d.sp ? sp_reduce_scatter(mlp) : (tp_sum(mlp), mlp);
-    be_.add_inplace(h.out, h.res1);
-  }
+  h.out = projection(h.fch_gelu, p + "mlp.c_proj", h.res1);
   if (recompute_ == Recompute::kFull && !recomputing) {
     // Keep only the block's output (the next block's input); the backward pass re-runs this
     // forward from the input to get the rest back.

@@ -227,6 +227,9 @@ class GptModel {
   // recomputing: called from the backward pass to rebuild what recompute dropped (keep it all).
   void block_forward(int l, const Tensor& x, Acts& a, bool recomputing = false);
   void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
+  // residual + inp · wᵀ + bias for the row-parallel projection `name` (attn.c_proj, mlp.c_proj),
+  // summed over the tensor group: (B, S, C) without sp, this rank's (B, S/t, C) chunk with it.
+  Tensor projection(const Tensor& inp, const std::string& name, const Tensor& residual);
   // dinp += dout·W now; dW (and db) += now or, when acts defers weight gradients, in the W pass.
   void linear_backward(Acts& a, Tensor* dinp, const std::string& weight, const std::string& bias,
                        const Tensor& dout, const Tensor& inp, bool dout_changes_later = false);

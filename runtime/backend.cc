@@ -45,6 +45,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
 #endif
 }
 
+void Backend::matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                                      const Tensor* bias, const Tensor& residual) {
+  matmul_forward(out, inp, w, bias);
+  add_inplace(out, residual);
+}
+
 void Backend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
                                   const Tensor& bias) {
   matmul_forward(pre, inp, w, &bias);

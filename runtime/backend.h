@@ -107,6 +107,13 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
 
+  // A linear layer whose output joins the residual stream (the attention and MLP projections):
+  // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC) + residual (N, OC); bias may be null.
+  // This default runs matmul_forward then add_inplace; the CUDA backend reads the residual in
+  // the GEMM (beta 1 with a separate C), so out is written once and never read back.
+  virtual void matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                                       const Tensor* bias, const Tensor& residual);
+
   // A linear layer followed by GELU (the MLP's first half), in one op so a backend can fuse
   // them: pre (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC), out = gelu(pre); pre is what
   // the backward needs. This default runs matmul_forward then gelu_forward; the CUDA backend

@@ -128,7 +128,7 @@ struct GemmLt::Plan {
     if (st == CUBLAS_STATUS_SUCCESS)
       st = set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(g.A));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(g.C));
+      st = set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(c_in(g)));
     if (st == CUBLAS_STATUS_SUCCESS)
       st = set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(g.C));
     cublasLtMatmulHeuristicResult_t result{};
@@ -176,7 +176,7 @@ GemmLt::Key GemmLt::key_of(const Gemm& g) {
           alignment(g.C),
           alignment(epilogue_vector(g)),
           alignment(g.aux),
-          0};
+          alignment(c_in(g))};
 }
 
 GemmLt::Plan* GemmLt::plan_for(const Gemm& g) {
@@ -195,9 +195,9 @@ cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
   Plan* plan = plan_for(g);
   if (!plan->supported) return CUBLAS_STATUS_NOT_SUPPORTED;
   STRATA_LT_TRY(set_epilogue_pointers(plan->desc, g));
-  // cuBLASLt's A is our B and vice versa; C and D are the same buffer (in-place accumulate).
+  // cuBLASLt's A is our B and vice versa; its C is what beta scales (ours, or C_in), D ours.
   const cublasStatus_t st =
-      cublasLtMatmul(handle_, plan->desc, &g.alpha, g.B, plan->a, g.A, plan->b, &g.beta, g.C,
+      cublasLtMatmul(handle_, plan->desc, &g.alpha, g.B, plan->a, g.A, plan->b, &g.beta, c_in(g),
                      plan->c, g.C, plan->c, &plan->algo, workspace_, workspace_bytes_, stream);
   // Some epilogue/type combinations pass the heuristic and are refused only here (the header
   // documents INVALID_VALUE for an unsupported bias or aux type). The shape was checked above,

@@ -3,7 +3,9 @@
 // GemmLt::run computes, on row-major buffers as kernels/cpu gemm does,
 //     C (M, N) = alpha · op(A) · op(B) + beta · C,     op(X) = Xᵀ when trans_x,
 // where A is (M, K) or, transposed, (K, M) with row stride lda (B likewise (K, N) / (N, K), ldb),
-// so strided sub-matrices work directly. beta ≠ 0 accumulates into C in place.
+// so strided sub-matrices work directly. beta ≠ 0 accumulates into C in place, or, with C_in
+// set, reads the beta term from C_in (same type and row stride as C) and writes C: out of place,
+// as a residual add riding on a projection's GEMM does.
 //
 // Types: A and B share one element type (cuBLASLt's rule); C is f32 or bf16. Supported by
 // cuBLASLt with compute type CUBLAS_COMPUTE_32F: A/B f32 with C f32 (true fp32, no TF32 — the
@@ -68,6 +70,7 @@ struct Gemm {
   int ldc = 0;
   ElemType c_type = ElemType::kF32;
   float alpha = 1.f, beta = 0.f;
+  const void* C_in = nullptr;  // beta ≠ 0: the matrix beta scales (M, N) ldc of c_type; null: C
 
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   const void* bias = nullptr;  // kBias, kGeluAuxBias: (N) of bias_type
@@ -77,6 +80,11 @@ struct Gemm {
                               // stride ld_aux
   int ld_aux = 0;
 };
+
+// The matrix beta scales: C_in where given, else C itself.
+inline const void* c_in(const Gemm& g) {
+  return g.C_in ? g.C_in : g.C;
+}
 
 // The refusals GemmLt::run makes before any cuBLASLt call (both builds' run() start here):
 // CUBLAS_STATUS_INVALID_VALUE for a malformed shape or stride, CUBLAS_STATUS_NOT_SUPPORTED for an

@@ -301,6 +301,34 @@ class CudaBackend final : public Backend {
         return;
     }
   }
+  // The residual is cuBLASLt's C with beta 1 (out is its D): read once inside the GEMM.
+  void matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias,
+                               const Tensor& residual) override {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(out, N * OC, "matmul out");
+    expect_numel(residual, N * OC, "matmul residual");
+    if (bias) expect_numel(*bias, OC, "matmul bias");
+    if (N > 0 && gemm_native(inp, w, out) && same_dtype(out, residual)) {
+      kc::Gemm g = forward_gemm(out, inp, w);
+      g.beta = 1.f, g.C_in = residual.data();
+      if (bias) {
+        g.epilogue = kc::GemmEpilogue::kBias;
+        g.bias = bias->data();
+        g.bias_type = et(*bias);
+      }
+      switch (run_gemm(g)) {
+        case GemmRun::kUnsupported:
+          break;
+        case GemmRun::kWithoutEpilogue:
+          CUDA_CHECK(kc::add_bias(out.data(), et(out), bias->data(), et(*bias), N, g.N, stream_));
+          return;
+        case GemmRun::kDone:
+          return;
+      }
+    }
+    Backend::matmul_residual_forward(out, inp, w, bias, residual);
+  }
   void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) override {
     if (dinp) matmul_backward_input(*dinp, dout, w);

@@ -241,6 +241,31 @@ TEST(CudaKernels, GemmLtEpilogues) {
         }
         expect_close(what, Out.host(), want, tol_c);
       }
+      for (const bool with_bias : {true, false}) {
+        // A residual read from a separate C (C_in, beta 1) into an output of NaN: out (M, N) =
+        // x · wᵀ [+ bias] + residual, written without reading out; the residual unchanged.
+        const auto res = rounded(random(static_cast<size_t>(c.M) * c.N, ++key), is_bf16(ct));
+        DeviceArray Res(res, ct);
+        DeviceArray Out(std::vector<float>(res.size(), NAN), ct);
+        kc::Gemm g;
+        g.trans_b = true, g.M = c.M, g.N = c.N, g.K = c.K;
+        g.A = X.get(), g.lda = c.K, g.B = W.get(), g.ldb = c.K, g.ab_type = ab;
+        g.C = Out.get(), g.ldc = c.N, g.c_type = ct, g.beta = 1.f, g.C_in = Res.get();
+        if (with_bias) g.epilogue = kc::GemmEpilogue::kBias, g.bias = Bias.get(), g.bias_type = ct;
+        const std::string what = shape + " residual C_in" + (with_bias ? " + bias" : "");
+        const cublasStatus_t st = t.lt().run(g, nullptr);
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED && with_bias) {
+          std::cout << "[   NOTE   ] cuBLASLt declined the epilogue of " << what << "\n";
+          continue;
+        }
+        ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+        std::vector<float> want(res.size());
+        kcpu::matmul_forward<float>(want.data(), x.data(), w.data(),
+                                    with_bias ? bias.data() : nullptr, c.M, c.K, c.N);
+        for (size_t i = 0; i < want.size(); ++i) want[i] += res[i];
+        expect_close(what, Out.host(), want, tol_c);
+        expect_close(what + " (C_in unchanged)", Res.host(), res, kTolF32);
+      }
       {
         // DGELU: out (M, N) = gelu'(aux) · (x · wᵀ), aux a saved pre-activation; out starts as
         // NaN bytes (beta 0 must not read it).
@@ -508,6 +533,22 @@ TEST_P(CudaBackendOps, Matmul) {
     expect_close("matmul dinp" + shape, get(*be, dX), dx, tol(act(), act()));
     expect_close("matmul dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
     expect_close("matmul dbias" + shape, get(*be, dB), db, tol(DType::kF32, act()));
+
+    // A projection joining the residual stream, with and without a bias, into a buffer of NaN
+    // (written, never read); the residual stays as it was.
+    const auto r = host(static_cast<size_t>(N) * OC, ++key);
+    const Tensor R = put(*be, {N, OC}, r, act());
+    for (const bool with_bias : {true, false}) {
+      const std::string what = std::string(" residual") + (with_bias ? " + bias" : "") + shape;
+      Tensor Yr = put(*be, {N, OC}, std::vector<float>(r.size(), NAN), act());
+      be->matmul_residual_forward(Yr, X, W, with_bias ? &Bi : nullptr, R);
+      std::vector<float> yr(r.size());
+      kcpu::matmul_forward<float>(yr.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N,
+                                  C, OC);
+      for (size_t i = 0; i < yr.size(); ++i) yr[i] += r[i];
+      expect_close("matmul out" + what, get(*be, Yr), yr, tol(act(), act()));
+      expect_close("matmul residual unchanged" + shape, get(*be, R), r, kTolF32);
+    }
   }
 }
 

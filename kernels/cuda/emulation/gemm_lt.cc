@@ -129,7 +129,7 @@ cublasStatus_t GemmLt::run(const Gemm& g, cudaStream_t stream) {
     for (int j = 0; j < N; ++j) {
       const size_t c_at = static_cast<size_t>(i) * g.ldc + j;
       float v = acc[static_cast<size_t>(i) * N + j];
-      if (g.beta != 0.f) v += g.beta * load(g.C, g.c_type, c_at);
+      if (g.beta != 0.f) v += g.beta * load(c_in(g), g.c_type, c_at);
       switch (g.epilogue) {
         case GemmEpilogue::kBias:
           v += load(g.bias, g.bias_type, j);
