@@ -480,9 +480,9 @@ class GptStage final : public PipelineStage {
       next = &other;
     }
     if (r.finite) {  // a non-finite step is skipped: the weights stay (the caller counts)
+      // Clipping rides in the AdamW kernel: no pass of its own over the gradients.
       const double coef = clip_coefficient(r.norm, run_.cfg.optimizer.grad_clip);
-      if (coef < 1.0) be_.scale_inplace(reducer_.optimizer_grads(), static_cast<float>(coef));
-      opt_.step(*next, reducer_.optimizer_grads(), r.lr);
+      opt_.step(*next, reducer_.optimizer_grads(), r.lr, coef);
       reducer_.gather_params(*next);
       model_.params_changed();  // bf16: the compute copy follows the master weights
     }

@@ -182,9 +182,10 @@ class Backend {
   double sum_squares(const Tensor& x) { return sum_squares_multi({x}); }
 
   // ---- optimizer ----
-  // One AdamW step on every range (runtime/optimizer.h; the gradient norm's clipping is
-  // already in the gradients): param, grad, m, v f32 of equal numel per range, weight decay
-  // applied where `decay`. One multi-tensor launch on a GPU instead of one per parameter.
+  // One AdamW step on every range (runtime/optimizer.h): param, grad, m, v f32 of equal numel
+  // per range, weight decay applied where `decay`, each gradient multiplied by grad_scale as it
+  // is read (the gradient norm's clipping coefficient: no separate pass over the gradients,
+  // which are left as they are). One multi-tensor launch on a GPU instead of one per parameter.
   struct AdamWRange {
     Tensor param;
     Tensor grad;
@@ -193,7 +194,8 @@ class Backend {
   };
   struct AdamWHyper {
     float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
-    int step = 1;  // 1-based, for the bias corrections
+    int step = 1;            // 1-based, for the bias corrections
+    float grad_scale = 1.f;  // the clipping coefficient
   };
   virtual void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) = 0;
 };

@@ -340,7 +340,7 @@ class CpuBackend final : public Backend {
       expect_numel(r.v, r.param.numel(), "adamw v");
       k::adamw_update(r.param.f32(), r.grad.f32(), r.m.f32(), r.v.f32(),
                       static_cast<size_t>(r.param.numel()), h.lr, h.beta1, h.beta2, h.eps,
-                      r.decay ? h.weight_decay : 0.f, h.step);
+                      r.decay ? h.weight_decay : 0.f, h.step, h.grad_scale);
     }
   }
 

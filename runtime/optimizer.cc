@@ -31,7 +31,7 @@ AdamW::AdamW(Backend& backend, const OptimizerConfig& cfg, std::vector<OptSegmen
   v_ = be_.zeros({n}, MemCategory::kOptimizer);
 }
 
-void AdamW::step(Tensor& params, const Tensor& grads, double lr) {
+void AdamW::step(Tensor& params, const Tensor& grads, double lr, double grad_scale) {
   ++step_;
   std::vector<Backend::AdamWRange> ranges;
   ranges.reserve(segments_.size());
@@ -46,6 +46,7 @@ void AdamW::step(Tensor& params, const Tensor& grads, double lr) {
   h.beta1 = static_cast<float>(cfg_.beta1), h.beta2 = static_cast<float>(cfg_.beta2);
   h.eps = static_cast<float>(cfg_.eps), h.weight_decay = static_cast<float>(cfg_.weight_decay);
   h.step = step_;
+  h.grad_scale = static_cast<float>(grad_scale);
   be_.adamw_update_multi(ranges, h);
 }
 

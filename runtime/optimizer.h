@@ -40,8 +40,9 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // One update at learning rate lr; grads is the compact gradient buffer (state layout).
-  void step(Tensor& params, const Tensor& grads, double lr);
+  // One update at learning rate lr; grads is the compact gradient buffer (state layout), read
+  // times grad_scale (the clipping coefficient) and left unchanged.
+  void step(Tensor& params, const Tensor& grads, double lr, double grad_scale = 1.0);
   int steps_taken() const { return step_; }
   // Resuming from a checkpoint: the bias corrections continue from the saved step count.
   void set_steps_taken(int n) { step_ = n; }

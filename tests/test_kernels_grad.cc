@@ -763,13 +763,38 @@ TEST(KernelsAdamW, ConstantGradientClosedForm) {
   const std::vector<float> p0 = p;
   std::vector<float> m(p.size(), 0.f), v(p.size(), 0.f);
   for (int t = 1; t <= 3; ++t) {
-    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), p.size(), lr, b1, b2, eps, wd, t);
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), p.size(), lr, b1, b2, eps, wd, t,
+                      1.f);
     const double a = 1.0 - double(lr) * wd;
     for (size_t i = 0; i < p.size(); ++i) {
       const double c = double(lr) * g[i] / (std::fabs(double(g[i])) + eps);
       const double want = std::pow(a, t) * p0[i] - c * (1 - std::pow(a, t)) / (1 - a);
       // float: a few ulp per step of values ~1 (the bias corrections lose ~1e-7 each).
       EXPECT_NEAR(p[i], want, 1e-6) << "step " << t << " param " << i;
+    }
+  }
+}
+
+TEST(KernelsAdamW, GradScaleIsTheScaledGradient) {
+  // Clipping scales the gradients inside the update: the same step, bit for bit, as one on
+  // gradients scaled beforehand (one float product either way), and the gradients unchanged.
+  const std::vector<float> g0 = {0.3f, -2.0f, 1e-3f, 5.0f, -0.7f};
+  for (const float s : {1.f, 0.37f, 1e-3f}) {
+    std::vector<float> g = g0, g_scaled = g0;
+    for (float& x : g_scaled) x *= s;
+    std::vector<float> p = {0.5f, -1.0f, 2.0f, 0.0f, 3.0f}, m(p.size(), 0.1f), v(p.size(), 0.2f);
+    std::vector<float> p2 = p, m2 = m, v2 = v;
+    for (int t = 1; t <= 2; ++t) {
+      cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), p.size(), 0.01f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, t, s);
+      cpu::adamw_update(p2.data(), g_scaled.data(), m2.data(), v2.data(), p2.size(), 0.01f, 0.9f,
+                        0.95f, 1e-8f, 0.1f, t, 1.f);
+    }
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(p[i], p2[i]) << "scale " << s << " param " << i;
+      EXPECT_EQ(m[i], m2[i]) << "scale " << s << " m " << i;
+      EXPECT_EQ(v[i], v2[i]) << "scale " << s << " v " << i;
+      EXPECT_EQ(g[i], g0[i]) << "scale " << s << " gradient " << i << " changed";
     }
   }
 }
@@ -782,7 +807,8 @@ TEST(KernelsAdamW, VaryingGradientUnrolledMoments) {
   std::vector<float> p = {1.0f, -2.0f}, m(2, 0.f), v(2, 0.f);
   std::vector<double> want_p = {1.0, -2.0};
   for (int t = 1; t <= 3; ++t) {
-    cpu::adamw_update(p.data(), grads[t - 1].data(), m.data(), v.data(), 2, lr, b1, b2, eps, wd, t);
+    cpu::adamw_update(p.data(), grads[t - 1].data(), m.data(), v.data(), 2, lr, b1, b2, eps, wd, t,
+                      1.f);
     for (int i = 0; i < 2; ++i) {
       double mt = 0, vt = 0;
       for (int k = 1; k <= t; ++k) {

@@ -96,6 +96,34 @@ TEST(Train, MemoryPredictionMatchesMeasuredPeak) {
   }
 }
 
+// Clipping reaches the update (it is applied inside AdamW, to each gradient as it is read): at
+// grad_clip 1e-12 every gradient is far below Adam's eps (1e-8), so each step moves a weight by
+// at most lr·1e-4, where the unclipped run moves it by up to lr. No weight decay, so nothing else
+// moves the weights.
+TEST(Train, ClippingScalesTheUpdates) {
+  auto run = [](const char* clip) {
+    return run_training(
+        tiny({"train.iterations=3", "optimizer.warmup_iters=0", "optimizer.weight_decay=0",
+              "optimizer.lr=1e-3", std::string("optimizer.grad_clip=") + clip}),
+        quiet());
+  };
+  const TrainResult frozen =
+      run_training(tiny({"train.iterations=3", "optimizer.lr=0", "optimizer.min_lr=0"}), quiet());
+  const TrainResult clipped = run("1e-12"), free = run("0");
+  auto largest_move = [&](const TrainResult& r) {
+    double mx = 0;
+    for (size_t i = 0; i < r.final_params.size(); ++i)
+      mx = std::max(mx, std::fabs(double(r.final_params[i]) - frozen.final_params[i]));
+    return mx;
+  };
+  const double moved_clipped = largest_move(clipped), moved_free = largest_move(free);
+  std::printf("largest weight change over 3 steps: clipped %.3g, unclipped %.3g\n", moved_clipped,
+              moved_free);
+  EXPECT_GT(moved_free, 0.5e-3);  // Adam's first step alone moves each weight by about lr
+  EXPECT_LT(moved_clipped, 3 * 1e-3 * 1e-4);  // at most lr·1e-4 per step
+  EXPECT_GT(clipped.grad_norms[0], 1e-12);    // the norm is reported before clipping
+}
+
 TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {
   // A learning rate of 1e30 blows the weights up after the first step: later losses are not
   // finite, steps are skipped and reported, and the fifth in a row ends the run.

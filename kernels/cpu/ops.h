@@ -144,8 +144,11 @@ template <class T>
 double sum_squares(const T* x, size_t n);
 
 // One AdamW step on n parameters (decoupled weight decay, bias-corrected moments).
-// step is 1-based; weight_decay is applied as param -= lr * wd * param.
+// step is 1-based; weight_decay is applied as param -= lr * wd * param. Each gradient is
+// multiplied by grad_scale as it is read (the clipping coefficient; the gradients stay as they
+// are).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale);
 
 }  // namespace strata::kernels::cpu

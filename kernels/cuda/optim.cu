@@ -58,7 +58,7 @@ __device__ __forceinline__ int find_segment(const Table& t, int64_t blk, int64_t
 // computed on the host in double, as there).
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const __grid_constant__ AdamWTable t, float lr, float beta1, float beta2,
-                 float eps, float bc1, float bc2) {
+                 float eps, float bc1, float bc2, float grad_scale) {
   int64_t start = 0;
   const int s = find_segment(t, blockIdx.x, &start);
   float* p = t.param[s];
@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kThreads)
     load_group(v + i, k, vec, vv);
 #pragma unroll
     for (int e = 0; e < kGroup; ++e) {
+      gv[e] *= grad_scale;
       mv[e] = beta1 * mv[e] + (1.0f - beta1) * gv[e];
       vv[e] = beta2 * vv[e] + (1.0f - beta2) * gv[e] * gv[e];
       const float mhat = mv[e] / bc1;
@@ -156,7 +157,7 @@ cudaError_t adamw_multi_tensor(const AdamWSegment* segments, int count, const Ad
     const int64_t blocks = index_blocks(t);
     if (blocks == 0) continue;
     launch(adamw_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, t, hyper.lr,
-           hyper.beta1, hyper.beta2, hyper.eps, bc1, bc2);
+           hyper.beta1, hyper.beta2, hyper.eps, bc1, bc2, hyper.grad_scale);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

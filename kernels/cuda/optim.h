@@ -29,7 +29,8 @@ struct AdamWSegment {
 
 struct AdamWHyper {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
-  int step = 1;  // 1-based, for the bias corrections
+  int step = 1;            // 1-based, for the bias corrections
+  float grad_scale = 1.f;  // each gradient times this as it is read (the clipping coefficient)
 };
 
 // One AdamW step on every segment, as kernels/cpu adamw_update: decoupled weight decay

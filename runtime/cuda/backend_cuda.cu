@@ -695,7 +695,7 @@ class CudaBackend final : public Backend {
     }
     kc::AdamWHyper k;
     k.lr = h.lr, k.beta1 = h.beta1, k.beta2 = h.beta2, k.eps = h.eps;
-    k.weight_decay = h.weight_decay, k.step = h.step;
+    k.weight_decay = h.weight_decay, k.step = h.step, k.grad_scale = h.grad_scale;
     CUDA_CHECK(kc::adamw_multi_tensor(segs.data(), static_cast<int>(segs.size()), k, stream_));
   }
 

@@ -446,13 +446,14 @@ TEST(CudaKernels, MultiTensorAdamWMatchesCpu) {
   std::vector<float> p = p0, m(total, 0.f), v(total, 0.f);
   for (int step = 1; step <= 3; ++step) {
     h.step = step;
+    h.grad_scale = step == 2 ? 0.37f : 1.f;  // a clipped step between two unclipped ones
     ASSERT_EQ(kc::adamw_multi_tensor(segs.data(), static_cast<int>(segs.size()), h, nullptr),
               cudaSuccess);
     at = 0;
     for (size_t k = 0; k < sizes.size(); ++k) {
       kcpu::adamw_update(p.data() + at, g.data() + at, m.data() + at, v.data() + at,
                          static_cast<size_t>(sizes[k]), h.lr, h.beta1, h.beta2, h.eps,
-                         segs[k].decay ? h.weight_decay : 0.f, step);
+                         segs[k].decay ? h.weight_decay : 0.f, step, h.grad_scale);
       at += sizes[k];
     }
   }
@@ -460,6 +461,7 @@ TEST(CudaKernels, MultiTensorAdamWMatchesCpu) {
   expect_close("adamw param", P.host(), p, 1e-5);
   expect_close("adamw m", M.host(), m, 1e-5);
   expect_close("adamw v", V.host(), v, 1e-5);
+  expect_close("adamw gradients unchanged", G.host(), g, 0.0);
 }
 
 TEST(CudaKernels, MultiTensorSumSquaresMatchesCpu) {
