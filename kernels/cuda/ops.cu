@@ -297,11 +297,15 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dou
   for (int j = kGroup * threadIdx.x; j < (end); j += kGroup * blockDim.x)
 
 // A running (max, Σ exp(x − max)) pair; `add` merges another pair into it. A pair with no values
-// yet is (−inf, 0), which merges as nothing (a −inf max is never subtracted from itself).
+// yet is (−inf, 0), which merges as nothing (a −inf max is never subtracted from itself). A NaN
+// max is sticky: a row with a NaN logit gets NaN statistics, hence a NaN loss, as on the CPU
+// (fmaxf alone would skip the NaN, and a thread holding only NaNs would drop out of the sum).
 struct MaxSumExp {
   float m = -INFINITY, s = 0.f;
   __device__ void add(float om, float os) {
-    if (om > m) {
+    if (isnan(om) || isnan(m)) {
+      m = s = NAN;
+    } else if (om > m) {
       s = s * expf(m - om) + os;  // expf(−inf) = 0 while this pair is still empty
       m = om;
     } else if (om > -INFINITY) {
@@ -323,9 +327,10 @@ __global__ void __launch_bounds__(kRowThreads)
     float v[kGroup];
     load_group(row + j, group_count(j, ld), vec, v);
     float gm = -INFINITY;
+    bool nan = false;
     for (int e = 0; e < kGroup; ++e)
-      if (j + e < valid) gm = fmaxf(gm, v[e]);
-    p.add(gm, 0.f);
+      if (j + e < valid) gm = fmaxf(gm, v[e]), nan |= isnan(v[e]);
+    p.add(nan ? NAN : gm, 0.f);
     if (p.m == -INFINITY) continue;  // every value so far −inf: nothing to add
     for (int e = 0; e < kGroup; ++e)
       if (j + e < valid) p.s += expf(v[e] - p.m);

@@ -743,6 +743,26 @@ TEST_P(CudaBackendOps, CrossEntropy) {
     be->ce_rescale_sumexp(se, mx, Gm);
     expect_close("ce rescaled row_sumexp" + shape, get(*be, se), want_se, tol(DType::kF32, act()));
   }
+  {
+    // A NaN logit makes its row's loss NaN, as on the CPU: row 0 has NaN in columns 0-7 (the
+    // first thread's only group, which the online pass must not skip as empty), row 1 in one
+    // column; row 2 is finite.
+    const int N = 3, ld = 136, valid = 129;
+    auto logits = host(static_cast<size_t>(N) * ld, 1190, 3.f);
+    for (int j = 0; j < 8; ++j) logits[static_cast<size_t>(j)] = NAN;
+    logits[static_cast<size_t>(ld + 50)] = NAN;
+    Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, {100, 100, 100});
+    const MemCategory a = MemCategory::kActivations;
+    Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
+           ls = be->empty({N}, a);
+    be->ce_row_stats(mx, se, L, valid);
+    be->ce_target_logit(tl, L, T, 0, valid);
+    be->ce_losses(ls, mx, se, tl);
+    const std::vector<float> l = get(*be, ls);
+    EXPECT_TRUE(std::isnan(l[0])) << "loss of a row whose first 8 logits are NaN: " << l[0];
+    EXPECT_TRUE(std::isnan(l[1])) << "loss of a row with one NaN logit: " << l[1];
+    EXPECT_TRUE(std::isfinite(l[2])) << "loss of a finite row: " << l[2];
+  }
 }
 
 TEST_P(CudaBackendOps, ElementwiseAndReductionsMixTypes) {

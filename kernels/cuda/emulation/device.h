@@ -113,7 +113,8 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, i
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
 
-using std::max;  // CUDA's device min and max, for the argument types the kernels use
+using std::isnan;  // CUDA's device isnan (expf, fmaxf and the like come from <cmath> unqualified)
+using std::max;    // CUDA's device min and max, for the argument types the kernels use
 using std::min;
 
 inline void __syncthreads() {
