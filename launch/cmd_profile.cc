@@ -169,9 +169,8 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
     reducer.begin_iteration();
     reducer.finish();
     const double norm = std::sqrt(reducer.local_sum_squares());
-    // Clipping scales every gradient (a step whose norm is under the limit skips this pass).
-    be.scale_inplace(reducer.optimizer_grads(), static_cast<float>(1.0 / (1.0 + norm)));
-    opt.step(model.params(), reducer.optimizer_grads(), cfg.optimizer.lr);
+    // Clipping scales every gradient inside the AdamW update, as in the trainer.
+    opt.step(model.params(), reducer.optimizer_grads(), cfg.optimizer.lr, 1.0 / (1.0 + norm));
     be.synchronize();
   };
   Clock::time_point w0 = Clock::now();

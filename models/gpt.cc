@@ -410,27 +410,22 @@ GptModel::ActsPtr GptModel::forward_piece(int piece, const Tensor& input, const 
 }
 
 // A row-parallel projection joining the residual stream: residual + inp · wᵀ + bias, summed over
-// the tensor group. Without sequence parallelism the residual is the same on every rank, so rank
-// 0 adds it and the bias inside its GEMM, before the all-reduce. With it, each rank holds its
-// own chunk of the residual, which joins after the reduce-scatter.
+// the tensor group. With t = 1 the residual rides in the GEMM (matmul_residual_forward). With
+// t > 1 it joins after the all-reduce (or reduce-scatter, with sp): added to rank 0's partial
+// instead, a bf16 all-reduce would round a residual-sized sum at each of its t − 1 steps.
 Tensor GptModel::projection(const Tensor& inp, const std::string& name, const Tensor& residual) {
   const GptDims& d = dims_;
   const int64_t B = inp.size(0), S = inp.size(1);
-  const bool rank0 = d.tp_rank == 0;
   Tensor out = act({B, S, d.C});  // partial sum over the group
   const Tensor w = cparam(name + ".weight"), b = cparam(name + ".bias");
-  if (d.sp) {
-    be_.matmul_forward(out, inp, w, rank0 ? &b : nullptr);
-    Tensor sum = sp_reduce_scatter(out);
-    be_.add_inplace(sum, residual);
-    return sum;
-  }
-  if (rank0)
+  if (d.tp == 1) {
     be_.matmul_residual_forward(out, inp, w, &b, residual);
-  else
-    be_.matmul_forward(out, inp, w, nullptr);
-  tp_sum(out);
-  return out;
+    return out;
+  }
+  be_.matmul_forward(out, inp, w, d.tp_rank == 0 ? &b : nullptr);  // the bias added once
+  Tensor sum = d.sp ? sp_reduce_scatter(out) : (tp_sum(out), out);
+  be_.add_inplace(sum, residual);
+  return sum;
 }
 
 void GptModel::block_forward(int l, const Tensor& x, Acts& a, bool recomputing) {

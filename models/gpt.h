@@ -229,6 +229,7 @@ class GptModel {
   void block_backward(int l, const Tensor& x, Acts& a, Tensor& dresid);
   // residual + inp · wᵀ + bias for the row-parallel projection `name` (attn.c_proj, mlp.c_proj),
   // summed over the tensor group: (B, S, C) without sp, this rank's (B, S/t, C) chunk with it.
+  // The residual rides in the GEMM where t = 1.
   Tensor projection(const Tensor& inp, const std::string& name, const Tensor& residual);
   // dinp += dout·W now; dW (and db) += now or, when acts defers weight gradients, in the W pass.
   void linear_backward(Acts& a, Tensor* dinp, const std::string& weight, const std::string& bias,

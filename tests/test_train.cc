@@ -96,32 +96,47 @@ TEST(Train, MemoryPredictionMatchesMeasuredPeak) {
   }
 }
 
-// Clipping reaches the update (it is applied inside AdamW, to each gradient as it is read): at
-// grad_clip 1e-12 every gradient is far below Adam's eps (1e-8), so each step moves a weight by
-// at most lr·1e-4, where the unclipped run moves it by up to lr. No weight decay, so nothing else
-// moves the weights.
+// Clipping reaches the update (the coefficient c = clip/(norm + 1e-6) is applied inside AdamW, to
+// each gradient as it is read). With Adam's eps far above every gradient, a first step moves a
+// weight by lr·g·c/(|g·c| + eps) ≈ lr·g·c/eps: linear in c, so the clipped run's changes are c
+// times the unclipped run's (a coefficient applied twice, squared or not at all would not be).
+// No weight decay, so nothing else moves the weights.
 TEST(Train, ClippingScalesTheUpdates) {
-  auto run = [](const char* clip) {
+  auto run = [](const std::string& lr, const std::string& clip) {
     return run_training(
-        tiny({"train.iterations=3", "optimizer.warmup_iters=0", "optimizer.weight_decay=0",
-              "optimizer.lr=1e-3", std::string("optimizer.grad_clip=") + clip}),
+        tiny({"train.iterations=1", "optimizer.warmup_iters=0", "optimizer.decay=constant",
+              "optimizer.weight_decay=0", "optimizer.eps=1e4", "optimizer.lr=" + lr,
+              "optimizer.min_lr=" + lr, "optimizer.grad_clip=" + clip}),
         quiet());
   };
-  const TrainResult frozen =
-      run_training(tiny({"train.iterations=3", "optimizer.lr=0", "optimizer.min_lr=0"}), quiet());
-  const TrainResult clipped = run("1e-12"), free = run("0");
-  auto largest_move = [&](const TrainResult& r) {
-    double mx = 0;
-    for (size_t i = 0; i < r.final_params.size(); ++i)
-      mx = std::max(mx, std::fabs(double(r.final_params[i]) - frozen.final_params[i]));
-    return mx;
-  };
-  const double moved_clipped = largest_move(clipped), moved_free = largest_move(free);
-  std::printf("largest weight change over 3 steps: clipped %.3g, unclipped %.3g\n", moved_clipped,
-              moved_free);
-  EXPECT_GT(moved_free, 0.5e-3);  // Adam's first step alone moves each weight by about lr
-  EXPECT_LT(moved_clipped, 3 * 1e-3 * 1e-4);  // at most lr·1e-4 per step
-  EXPECT_GT(clipped.grad_norms[0], 1e-12);    // the norm is reported before clipping
+  const TrainResult frozen = run("0", "0"), free = run("100", "0");
+  const double norm = free.grad_norms.at(0), clip = norm / 4;
+  char clip_text[32];
+  std::snprintf(clip_text, sizeof clip_text, "%.17g", clip);
+  const TrainResult clipped = run("100", clip_text);
+  const double c = clip / (norm + 1e-6);
+  ASSERT_EQ(clipped.grad_norms.at(0), norm);  // the norm is reported before clipping
+  double largest = 0;
+  for (size_t i = 0; i < free.final_params.size(); ++i)
+    largest = std::max(largest, std::fabs(double(free.final_params[i]) - frozen.final_params[i]));
+  ASSERT_GT(largest, 1e-6);
+  int checked = 0, bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < free.final_params.size(); ++i) {
+    const double d_free = double(free.final_params[i]) - frozen.final_params[i];
+    if (std::fabs(d_free) < 0.5 * largest) continue;  // small changes are mostly rounding
+    const double ratio = (double(clipped.final_params[i]) - frozen.final_params[i]) / d_free;
+    ++checked;
+    worst = std::max(worst, std::fabs(ratio - c) / c);
+    if (std::fabs(ratio - c) > 1e-3 * c && bad++ < 3)
+      ADD_FAILURE() << "param " << i << ": clipped change / unclipped change = " << ratio
+                    << ", want c = " << c;
+  }
+  std::printf(
+      "clipping coefficient %.4f: %d weights checked, largest unclipped change %.3g, "
+      "ratio off by at most %.2g relative\n",
+      c, checked, largest, worst);
+  EXPECT_EQ(bad, 0);
 }
 
 TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {

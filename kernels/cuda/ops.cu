@@ -308,7 +308,7 @@ struct MaxSumExp {
     } else if (om > m) {
       s = s * expf(m - om) + os;  // expf(−inf) = 0 while this pair is still empty
       m = om;
-    } else if (om > -INFINITY) {
+    } else if (os != 0.f) {  // (−inf, 0), and a group's (max, 0), add nothing
       s += os * expf(om - m);
     }
   }

@@ -241,31 +241,39 @@ TEST(CudaKernels, GemmLtEpilogues) {
         }
         expect_close(what, Out.host(), want, tol_c);
       }
-      for (const bool with_bias : {true, false}) {
-        // A residual read from a separate C (C_in, beta 1) into an output of NaN: out (M, N) =
-        // x · wᵀ [+ bias] + residual, written without reading out; the residual unchanged.
-        const auto res = rounded(random(static_cast<size_t>(c.M) * c.N, ++key), is_bf16(ct));
-        DeviceArray Res(res, ct);
-        DeviceArray Out(std::vector<float>(res.size(), NAN), ct);
-        kc::Gemm g;
-        g.trans_b = true, g.M = c.M, g.N = c.N, g.K = c.K;
-        g.A = X.get(), g.lda = c.K, g.B = W.get(), g.ldb = c.K, g.ab_type = ab;
-        g.C = Out.get(), g.ldc = c.N, g.c_type = ct, g.beta = 1.f, g.C_in = Res.get();
-        if (with_bias) g.epilogue = kc::GemmEpilogue::kBias, g.bias = Bias.get(), g.bias_type = ct;
-        const std::string what = shape + " residual C_in" + (with_bias ? " + bias" : "");
-        const cublasStatus_t st = t.lt().run(g, nullptr);
-        if (st == CUBLAS_STATUS_NOT_SUPPORTED && with_bias) {
-          std::cout << "[   NOTE   ] cuBLASLt declined the epilogue of " << what << "\n";
-          continue;
+      for (const bool with_bias : {true, false})
+        for (const int shift : {0, 1}) {
+          // A residual read from a separate C (C_in, beta 1) into an output of NaN: out (M, N) =
+          // x · wᵀ [+ bias] + residual, written without reading out; the residual unchanged.
+          // shift 1 starts C_in one element into its buffer, so it is less aligned than C (on a
+          // GPU the plan chosen for the aligned C_in must not be reused for it).
+          const auto res = rounded(random(static_cast<size_t>(c.M) * c.N, ++key), is_bf16(ct));
+          std::vector<float> padded(static_cast<size_t>(shift), 0.f);
+          padded.insert(padded.end(), res.begin(), res.end());
+          DeviceArray Res(padded, ct);
+          DeviceArray Out(std::vector<float>(res.size(), NAN), ct);
+          kc::Gemm g;
+          g.trans_b = true, g.M = c.M, g.N = c.N, g.K = c.K;
+          g.A = X.get(), g.lda = c.K, g.B = W.get(), g.ldb = c.K, g.ab_type = ab;
+          g.C = Out.get(), g.ldc = c.N, g.c_type = ct, g.beta = 1.f;
+          g.C_in = static_cast<const char*>(Res.get()) + shift * kc::elem_size(ct);
+          if (with_bias)
+            g.epilogue = kc::GemmEpilogue::kBias, g.bias = Bias.get(), g.bias_type = ct;
+          const std::string what = shape + " residual C_in" + (with_bias ? " + bias" : "") +
+                                   (shift ? " (C_in unaligned)" : "");
+          const cublasStatus_t st = t.lt().run(g, nullptr);
+          if (st == CUBLAS_STATUS_NOT_SUPPORTED && (with_bias || shift)) {
+            std::cout << "[   NOTE   ] cuBLASLt declined " << what << "\n";
+            continue;
+          }
+          ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
+          std::vector<float> want(res.size());
+          kcpu::matmul_forward<float>(want.data(), x.data(), w.data(),
+                                      with_bias ? bias.data() : nullptr, c.M, c.K, c.N);
+          for (size_t i = 0; i < want.size(); ++i) want[i] += res[i];
+          expect_close(what, Out.host(), want, tol_c);
+          expect_close(what + " (C_in unchanged)", Res.host(), padded, kTolF32);
         }
-        ASSERT_EQ(st, CUBLAS_STATUS_SUCCESS) << what;
-        std::vector<float> want(res.size());
-        kcpu::matmul_forward<float>(want.data(), x.data(), w.data(),
-                                    with_bias ? bias.data() : nullptr, c.M, c.K, c.N);
-        for (size_t i = 0; i < want.size(); ++i) want[i] += res[i];
-        expect_close(what, Out.host(), want, tol_c);
-        expect_close(what + " (C_in unchanged)", Res.host(), res, kTolF32);
-      }
       {
         // DGELU: out (M, N) = gelu'(aux) · (x · wᵀ), aux a saved pre-activation; out starts as
         // NaN bytes (beta 0 must not read it).
