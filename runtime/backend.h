@@ -110,8 +110,8 @@ class Backend {
   // A linear layer whose output joins the residual stream (the attention and MLP projections):
   // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC) + residual (N, OC); bias may be null.
   // out must not alias residual. This default runs matmul_forward then add_inplace; the CUDA
-  // backend reads the residual in
-  // the GEMM (beta 1 with a separate C), so out is written once and never read back.
+  // backend reads the residual in the GEMM (beta 1 with a separate C), so out is written once
+  // and never read back.
   virtual void matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                                        const Tensor* bias, const Tensor& residual);
 

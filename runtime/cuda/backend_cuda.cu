@@ -279,53 +279,20 @@ class CudaBackend final : public Backend {
 
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                       const Tensor* bias) override {
-    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
-    expect_shape(w, {OC, C}, "matmul weight");
-    expect_numel(out, N * OC, "matmul out");
-    if (bias) expect_numel(*bias, OC, "matmul bias");
+    const int64_t N = check_linear(out, inp, w, bias);
     if (N == 0) return;
-    if (!gemm_native(inp, w, out)) return matmul_forward_widened(out, inp, w, bias);
-    kc::Gemm g = forward_gemm(out, inp, w);
-    if (bias) {
-      g.epilogue = kc::GemmEpilogue::kBias;
-      g.bias = bias->data();
-      g.bias_type = et(*bias);
-    }
-    switch (run_gemm(g)) {
-      case GemmRun::kUnsupported:
-        return matmul_forward_widened(out, inp, w, bias);
-      case GemmRun::kWithoutEpilogue:
-        CUDA_CHECK(kc::add_bias(out.data(), et(out), bias->data(), et(*bias), N, g.N, stream_));
-        return;
-      case GemmRun::kDone:
-        return;
-    }
+    if (!gemm_native(inp, w, out) || !run_forward_gemm(forward_gemm(out, inp, w), out, bias))
+      matmul_forward_widened(out, inp, w, bias);
   }
   // The residual is cuBLASLt's C with beta 1 (out is its D): read once inside the GEMM.
   void matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias,
                                const Tensor& residual) override {
-    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
-    expect_shape(w, {OC, C}, "matmul weight");
-    expect_numel(out, N * OC, "matmul out");
-    expect_numel(residual, N * OC, "matmul residual");
-    if (bias) expect_numel(*bias, OC, "matmul bias");
+    const int64_t N = check_linear(out, inp, w, bias);
+    expect_numel(residual, out.numel(), "matmul residual");
     if (N > 0 && gemm_native(inp, w, out) && same_dtype(out, residual)) {
       kc::Gemm g = forward_gemm(out, inp, w);
       g.beta = 1.f, g.C_in = residual.data();
-      if (bias) {
-        g.epilogue = kc::GemmEpilogue::kBias;
-        g.bias = bias->data();
-        g.bias_type = et(*bias);
-      }
-      switch (run_gemm(g)) {
-        case GemmRun::kUnsupported:
-          break;
-        case GemmRun::kWithoutEpilogue:
-          CUDA_CHECK(kc::add_bias(out.data(), et(out), bias->data(), et(*bias), N, g.N, stream_));
-          return;
-        case GemmRun::kDone:
-          return;
-      }
+      if (run_forward_gemm(g, out, bias)) return;
     }
     Backend::matmul_residual_forward(out, inp, w, bias, residual);
   }
@@ -746,6 +713,37 @@ class CudaBackend final : public Backend {
     g.ab_type = et(dout);
     g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);
     return g;
+  }
+
+  // A linear layer's shapes: w (OC, C), inp (N, C), out (N, OC), bias (OC) or null; returns N.
+  static int64_t check_linear(const Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor* bias) {
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(out, N * OC, "matmul out");
+    if (bias) expect_numel(*bias, OC, "matmul bias");
+    return N;
+  }
+
+  // Runs a forward GEMM g (out its C) with the bias, if any, in its epilogue, or added by a
+  // separate kernel where cuBLASLt has no such epilogue. false: cuBLASLt cannot run g at all
+  // (nothing ran; the caller widens or takes the unfused ops).
+  bool run_forward_gemm(kc::Gemm g, Tensor& out, const Tensor* bias) {
+    if (bias) {
+      g.epilogue = kc::GemmEpilogue::kBias;
+      g.bias = bias->data();
+      g.bias_type = et(*bias);
+    }
+    switch (run_gemm(g)) {
+      case GemmRun::kUnsupported:
+        return false;
+      case GemmRun::kWithoutEpilogue:
+        CUDA_CHECK(kc::add_bias(out.data(), et(out), bias->data(), et(*bias), g.M, g.N, stream_));
+        return true;
+      case GemmRun::kDone:
+        break;
+    }
+    return true;
   }
 
   // Runs g, whose epilogue is the whole point: true when it ran, false when cuBLASLt has no
