@@ -2,13 +2,18 @@
 """Side-by-side throughput table: Strata metrics JSONL files and torch_gpt.py JSON lines.
 
   python3 bench/gpu/summarize.py --strata gpt2-124m=OUT/strata_gpt2-124m.jsonl \\
-      --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl --torch OUT/torch.jsonl [--skip 5] [--peak-tflops 989]
+      --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl --strata-cudnn OUT/strata_cudnn.jsonl \\
+      --torch OUT/torch.jsonl [--skip 5] [--peak-tflops 989]
 
 Strata files hold one object per iteration (DESIGN.md: iter, step_ms, tokens_per_s, tflops_per_gpu,
 mfu, mem_peak_bytes); the first --skip iterations are warm-up (cuBLAS heuristics, first
 allocations) and are left out, the rest give medians. `mfu` is taken from the file when Strata
 filled it, else computed as tflops_per_gpu / --peak-tflops (marked '*'; equal to model-FLOP MFU
 for recompute none/selective, where Strata's hardware and model FLOPs are the same).
+--strata-cudnn files hold the same runs with train.attention_backend=cudnn, several models in one
+file, each line tagged with its "label" (scripts/gpu_check writes them so, to stay within the
+device tool's 8 files); they become rows of impl "strata-cudnn", and a line with an "error" key
+(the run's exit status and last output line) goes into the row's note.
 torch_gpt.py lines are already medians over their timed iterations; they are matched to Strata
 runs by "label". Missing or unreadable inputs become a row saying so, never a crash: this runs at
 the end of scripts/gpu_check, whatever failed before it.
@@ -59,6 +64,12 @@ def strata_row(label, path, skip, peak):
         row["note"] = "no metrics file (run failed or skipped)"
         return row
     recs, bad = read_jsonl(path)
+    return strata_stats(row, recs, bad, skip, peak)
+
+
+def strata_stats(row, recs, bad, skip, peak):
+    """Fills `row` with the medians of one Strata run's metrics records; `bad` lines were
+    unreadable."""
     recs = [r for r in recs if isinstance(r, dict) and "iter" in r]
     total = len(recs)
     timed = [r for r in recs if r["iter"] > skip]
@@ -95,6 +106,44 @@ def strata_row(label, path, skip, peak):
     return row
 
 
+def strata_cudnn_rows(paths, labels, skip, peak):
+    """Rows of impl "strata-cudnn" from files of lines tagged with "label": one per label of
+    `labels` (the --strata runs), then one per other label the files hold."""
+    by_label, bad, missing = {}, {}, []
+    for path in paths:
+        if not os.path.exists(path):
+            missing.append(path)
+            continue
+        recs, bad[path] = read_jsonl(path)
+        for r in recs:
+            if isinstance(r, dict) and "label" in r:
+                by_label.setdefault(r["label"], []).append(r)
+    rows = []
+    for label in dict.fromkeys(labels + list(by_label)):
+        row = {"label": label, "impl": "strata-cudnn", "file": ", ".join(paths)}
+        recs = by_label.get(label)
+        if not recs:
+            row["note"] = ("no metrics file (run failed or skipped)" if len(missing) == len(paths)
+                           else f"no lines labelled {label} (run failed or skipped)")
+            rows.append(row)
+            continue
+        errors = ["error: " + str(r["error"])[:120] for r in recs if "error" in r]
+        iters = [r for r in recs if "error" not in r]
+        if iters:
+            strata_stats(row, iters, 0, skip, peak)
+        notes = errors + ([row["note"]] if row.get("note") else [])
+        if notes:
+            row["note"] = "; ".join(notes)
+        if errors:
+            row["failed"] = True
+        rows.append(row)
+    for path, n in bad.items():
+        if n:
+            rows.append({"label": "?", "impl": "strata-cudnn",
+                         "note": f"{n} unreadable lines in {path}"})
+    return rows
+
+
 def torch_rows(path):
     if not os.path.exists(path):
         return [{"label": "?", "impl": "torch", "note": f"no file {path}"}]
@@ -123,6 +172,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strata", action="append", default=[], metavar="LABEL=FILE",
                     help="a Strata metrics JSONL file (LABEL defaults to the file's stem)")
+    ap.add_argument("--strata-cudnn", action="append", default=[], metavar="FILE",
+                    help="Strata runs with cuDNN attention, lines tagged with their \"label\" "
+                         "(scripts/gpu_check's strata_cudnn.jsonl)")
     ap.add_argument("--torch", action="append", default=[], metavar="FILE",
                     help="torch_gpt.py output (JSON lines)")
     ap.add_argument("--skip", type=int, default=5, help="warm-up iterations left out (Strata)")
@@ -139,6 +191,9 @@ def main():
         if not sep:
             path, label = spec, os.path.splitext(os.path.basename(spec))[0]
         rows.append(strata_row(label, path, args.skip, args.peak_tflops))
+    if args.strata_cudnn:
+        rows.extend(strata_cudnn_rows(args.strata_cudnn, [r["label"] for r in rows], args.skip,
+                                      args.peak_tflops))
     for path in args.torch:
         rows.extend(torch_rows(path))
     if not rows:
@@ -148,8 +203,8 @@ def main():
     order = {}
     for r in rows:
         order.setdefault(r["label"], len(order))
-    rank = {"strata": 0, "torch-eager": 1, "torch.compile": 2}
-    rows.sort(key=lambda r: (order[r["label"]], rank.get(r["impl"], 3)))
+    rank = {"strata": 0, "strata-cudnn": 1, "torch-eager": 2, "torch.compile": 3}
+    rows.sort(key=lambda r: (order[r["label"]], rank.get(r["impl"], 4)))
 
     head = (f"{'run':<12} {'impl':<14} {'iters':>6} {'step ms':>9} {'tokens/s':>10} "
             f"{'TFLOP/s':>8} {'MFU':>7} {'peak mem':>10}  {'loss first->last':<17} note")
@@ -169,20 +224,35 @@ def main():
               f"{fmt_bytes(r.get('mem')):>10}  {loss_s:<17} {r.get('note', '')}")
     if any(r.get("mfu_computed") for r in rows):
         print("* MFU computed from tflops_per_gpu (Strata left mfu null)")
+    if args.strata_cudnn:
+        print("strata-cudnn: the same Strata run with train.attention_backend=cudnn "
+              "(strata: Strata's attention kernels)")
 
-    # The issue's comparison: Strata vs torch.compile, same model and batch.
+    def row_of(label, impl):
+        return next((r for r in rows if r["label"] == label and r["impl"] == impl
+                     and r.get("tokens_per_s")), None)
+
+    def ratio(name, label, impl_a, impl_b):
+        a, b = row_of(label, impl_a), row_of(label, impl_b)
+        if a and b:
+            failed = "".join(f"; {r['impl']} failed, see its note"
+                             for r in (a, b) if r.get("failed"))
+            print(f"ratio {name} ({label}): tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.3f}x"
+                  f"  ({fmt_si(a['tokens_per_s'])} vs {fmt_si(b['tokens_per_s'])}{failed})")
+        else:
+            print(f"ratio {name} ({label}): n/a (missing run)")
+
+    # The issue's comparison: Strata vs torch.compile, same model and batch; with cuDNN's
+    # attention too, and cuDNN's against Strata's attention for every model (what "auto" picks).
     lab = args.ratio_label
-    s = next((r for r in rows if r["label"] == lab and r["impl"] == "strata"
-              and r.get("tokens_per_s")), None)
     print()
     for impl in ("torch.compile", "torch-eager"):
-        t = next((r for r in rows if r["label"] == lab and r["impl"] == impl
-                  and r.get("tokens_per_s")), None)
-        if s and t:
-            print(f"ratio Strata / {impl} ({lab}): tokens/s {s['tokens_per_s'] / t['tokens_per_s']:.3f}x"
-                  f"  ({fmt_si(s['tokens_per_s'])} vs {fmt_si(t['tokens_per_s'])})")
-        else:
-            print(f"ratio Strata / {impl} ({lab}): n/a (missing run)")
+        ratio(f"Strata / {impl}", lab, "strata", impl)
+    if args.strata_cudnn:
+        for impl in ("torch.compile", "torch-eager"):
+            ratio(f"Strata-cudnn / {impl}", lab, "strata-cudnn", impl)
+        for label in dict.fromkeys(r["label"] for r in rows if r["impl"] == "strata"):
+            ratio("Strata-cudnn / Strata", label, "strata-cudnn", "strata")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
