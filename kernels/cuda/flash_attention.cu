@@ -405,7 +405,7 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
                                     int S, int NH, int HS, cudaStream_t stream) {
   if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, HS, stream);
+  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, HS, 0, stream);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
@@ -413,6 +413,15 @@ cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, Elem
                            forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
                            static_cast<const float*>(qkv), S, NH, HS, log2_scale(HS));
   });
+}
+
+cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
+                                                   int S, int NH, int HS, int warp_rows,
+                                                   cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, HS) || (warp_rows != 16 && warp_rows != 32))
+    return cudaErrorInvalidValue;
+  if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
+  return flash_tc_forward(out, lse, qkv, B, S, NH, HS, warp_rows, stream);
 }
 
 size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS) {

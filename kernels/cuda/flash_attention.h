@@ -33,6 +33,14 @@ constexpr int kFlashMaxHeadSize = 128;
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
                                     int S, int NH, int HS, cudaStream_t stream);
 
+// The bf16 forward with `warp_rows` query rows per warp, 16 or 32 (32 for head sizes up to 64
+// only), instead of its default (32 up to head size 64, 16 above): the same results, for
+// bench_cuda_kernels to measure the choice side by side. Other values return
+// cudaErrorInvalidValue.
+cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
+                                                   int S, int NH, int HS, int warp_rows,
+                                                   cudaStream_t stream);
+
 // Bytes of device scratch the backward needs: an f32 (B, S, NH, HS) accumulator for dq and the
 // (B, NH, S) row sums D = rowsum(dout ∘ out).
 size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS);
@@ -44,9 +52,14 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
                                      const float* lse, ElemType type, int B, int S, int NH, int HS,
                                      void* scratch, cudaStream_t stream);
 
-// Diagnostics: d (16 × 8, f32, row-major) = a (16 × 16, bf16, row-major) · bᵀ with b (8 × 16,
-// bf16, row-major), as one tensor-core product through the very fragment loads the bf16 kernels
-// use — a check, on the GPU itself, of the fragment layout they assume (kernels/cuda/mma.cuh).
-cudaError_t mma_fragment_product(float* d, const void* a, const void* b, cudaStream_t stream);
+// Diagnostics: d (16 × 16, f32, row-major) = a · bᵀ (kABt), a · b (kAB) or aᵀ · b (kAtB), with a
+// and b 16 × 16 bf16 row-major (16-byte aligned), as two tensor-core products through the very
+// shared-memory staging (cp.async) and fragment loads (ldmatrix, plain and transposed) the bf16
+// kernels use — a check, on the GPU itself, of the layouts they assume (kernels/cuda/mma.cuh).
+// kABt reads b as the kernels read a key tile, kAB as they read a value tile, kAtB reads a as
+// the backward reads dSᵀ.
+enum class MmaFragmentOperands { kABt, kAB, kAtB };
+cudaError_t mma_fragment_product(float* d, const void* a, const void* b,
+                                 MmaFragmentOperands operands, cudaStream_t stream);
 
 }  // namespace strata::kernels::cuda

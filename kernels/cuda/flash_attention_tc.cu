@@ -1,26 +1,32 @@
 // flash_attention_tc.cu — causal flash attention for bf16 on tensor cores (FlashAttention-2's
 // work split, on mma.sync m16n8k16; kernels/cuda/mma.cuh has the fragment layouts).
 //
-// Tiling. A block is 4 warps and works on a tile of 64 rows (queries in the forward, keys in the
-// backward), 16 rows per warp; the other side comes in tiles of 64 staged in shared memory as
-// bf16, rows padded by 8 elements so that the 8 rows one fragment load touches fall in distinct
-// banks. Head dims are padded with zeros to HS_MAX (32, 64 or 128), so any head size up to 128
-// runs; rows past S are zero and masked.
+// Tiling. A block is 4 warps and works on a tile of rows — queries in the forward (32 per warp,
+// as two 16-row m-tiles, up to head size 64; 16 above), keys in the backward (16 per warp) — the
+// other side coming in tiles of 64 staged row-major in shared
+// memory as bf16 by cp.async, rows padded by 8 elements so that the 8 rows one ldmatrix phase
+// reads fall in distinct banks. Every operand is read from its tile by ldmatrix, transposed on
+// the way where the product wants it (.trans), so no tile is ever stored twice. Head dims are
+// padded with zeros to HS_MAX (32, 64 or 128), so any head size up to 128 runs; rows past S are
+// zero and masked.
 //
-// Forward (grid: B·NH × query tiles, the last — longest — first). A warp keeps its 16 query rows
-// as A fragments in registers. For each key tile up to its own (causal): S = Q·Kᵀ (16 × 64, eight
-// accumulator tiles, K staged row-major is B = Kᵀ directly), the mask on the diagonal tile only,
-// the online softmax in the log2 domain (each row's 64 scores are spread over the 4 lanes of a
-// quad: max and sum are two xor-shuffles; the running sum stays per lane until the end), then
-// O += P·V with P taken from the score accumulators as A fragments (no trip through shared
-// memory) and V staged transposed so that B's words are contiguous.
+// Forward (grid: B·NH × query tiles, the last — longest — first). A warp keeps its query rows as
+// A fragments in registers. For each key tile up to its last row (causal): S = Q·Kᵀ (16 × 64 per
+// m-tile, eight accumulator tiles, K's rows are Kᵀ's columns; each key fragment read serves
+// every m-tile), the mask only where the tile reaches past the warp's first row, the online
+// softmax in the log2 domain (each row's 64 scores are spread over the 4 lanes of a quad: max and
+// sum are two xor-shuffles; the running sum stays per lane until the end), then O += P·V with P
+// taken from the score accumulators as A fragments (no trip through shared memory) and V read
+// transposed. The copies overlap the products: the value tile is staged while the scores are
+// computed, the next key tile while P·V is.
 //
 // Backward (grid: B·NH × key tiles, the first — longest — first). A warp keeps dK and dV of its
 // 16 keys in registers and walks the query tiles from its own to the last: Sᵀ = K·Qᵀ and
 // dPᵀ = V·dOᵀ (keys as rows, so Pᵀ and dSᵀ come out as the A fragments of the next products),
-// Pᵀ = exp2(Sᵀ·scale·log2 e − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q; dS goes to
-// shared memory (queries as rows) and each warp then forms dQ = dS·K for 16 of the tile's
-// queries, added with f32 atomics to the dq scratch (several key tiles add to each query row).
+// Pᵀ = exp2(Sᵀ·scale·log2 e − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q; dSᵀ goes to
+// shared memory (keys as rows, two values per store) and each warp then forms dQ = dS·K for 16
+// of the tile's queries (dS read transposed), added with f32 atomics to the dq scratch (several
+// key tiles add to each query row).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -37,7 +43,7 @@ namespace {
 constexpr int kTile = 64;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTileLd = kTile + 8;     // row stride of a transposed tile (HS_MAX × kTile)
+constexpr int kTileLd = kTile + 8;     // row stride of the dS tile (kTile × kTile)
 constexpr int kKeyFrags = kTile / 8;   // accumulator tiles across a tile of 64
 constexpr int kKeySteps = kTile / 16;  // k-steps across a tile of 64
 constexpr float kLog2e = 1.4426950408889634f;
@@ -45,14 +51,21 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 template <int HS_MAX>
 struct Shape {
-  static constexpr int kLd = HS_MAX + 8;         // row stride of a row-major tile (kTile × HS_MAX)
+  static constexpr int kLd = HS_MAX + 8;         // row stride of a tile (kTile × HS_MAX)
   static constexpr int kHeadFrags = HS_MAX / 8;  // accumulator tiles across the head dims
-  static constexpr int kHeadSteps = HS_MAX / 16;     // k-steps across the head dims
-  static constexpr int kRowTile = kTile * kLd;       // elements of a row-major tile
-  static constexpr int kColTile = HS_MAX * kTileLd;  // elements of a transposed tile
-  static constexpr size_t forward_smem = sizeof(bf16) * (2 * kRowTile + kColTile);
+  static constexpr int kHeadSteps = HS_MAX / 16;  // k-steps across the head dims
+  static constexpr int kRowTile = kTile * kLd;    // elements of a tile
+  // Forward: query rows per warp, as 16-row m-tiles. Two share each key and value fragment a
+  // warp reads from shared memory (half the reads per product); at head size 128 their
+  // accumulators would not fit in registers. flash_attention_forward_bf16_warp_rows runs the
+  // other choice where both fit, for the benchmark.
+  static constexpr int kDefaultMTiles = HS_MAX <= 64 ? 2 : 1;
+  __host__ __device__ static constexpr int query_tile(int m_tiles) { return kWarps * 16 * m_tiles; }
+  __host__ __device__ static constexpr size_t forward_smem(int m_tiles) {
+    return sizeof(bf16) * static_cast<size_t>(query_tile(m_tiles) + 2 * kTile) * kLd;
+  }
   static constexpr size_t backward_smem =
-      sizeof(bf16) * (4 * kRowTile + 3 * kColTile + kTile * kTileLd) + sizeof(float) * 2 * kTile;
+      sizeof(bf16) * (4 * kRowTile + kTile * kTileLd) + sizeof(float) * 2 * kTile;
 };
 
 // Max and sum over the 4 lanes of a quad, which hold one accumulator row between them.
@@ -69,118 +82,161 @@ __device__ __forceinline__ bf16* dynamic_shared_bf16() {
   return reinterpret_cast<bf16*>(dynamic_shared_floats());
 }
 
-template <int HS_MAX>
+template <int HS_MAX, int kM>
 __global__ void __launch_bounds__(kThreads)
     flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int S, int NH, int HS,
                             float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
-  bf16* q_s = dynamic_shared_bf16();  // (kTile, HS_MAX) queries of this block
-  bf16* k_s = q_s + Sh::kRowTile;     // (kTile, HS_MAX) current key tile
-  bf16* vt_s = k_s + Sh::kRowTile;    // (HS_MAX, kTile) current value tile, transposed
+  constexpr int kQ = Sh::query_tile(kM);
+  bf16* q_s = dynamic_shared_bf16();  // (kQ, HS_MAX) queries of this block
+  bf16* k_s = q_s + kQ * Sh::kLd;     // (kTile, HS_MAX) current key tile
+  bf16* v_s = k_s + Sh::kRowTile;     // (kTile, HS_MAX) current value tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-  const int qt = gridDim.y - 1 - blockIdx.y;
-  const int q0 = qt * kTile;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQ;
+  const int w0 = q0 + 16 * kM * warp;  // this warp's first row
+  // Key tiles up to the one holding the block's last row (or the sequence's last key).
+  const int key_tiles = min(q0 + kQ - 1, S - 1) / kTile + 1;
   const int64_t ld = 3LL * NH * HS;  // token stride in qkv
   const bf16* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
   const bf16* k_g = q_g + static_cast<int64_t>(NH) * HS;
   const bf16* v_g = q_g + 2LL * NH * HS;
 
-  stage_tile<kTile, HS_MAX>(q_s, Sh::kLd, nullptr, 0, q_g, ld, q0, S, HS, vec);
-  __syncthreads();
-  uint32_t qa[Sh::kHeadSteps][4];
+  // Copy groups: the queries with the first key tile, then per key tile its value tile and the
+  // next key tile (empty after the last), so that "all but the latest group" is always the key
+  // tile the scores need next.
+  stage_tile<kQ, HS_MAX>(q_s, Sh::kLd, q_g, ld, q0, S, HS, vec);
+  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, 0, S, HS, vec);
+  cp_async_commit();
+  uint32_t qa[kM][Sh::kHeadSteps][4];
+
+  // This lane's rows in m-tile i: row[i][0] = g, row[i][1] = g + 8 of its 16 (accumulator
+  // elements 0-1 and 2-3).
+  int row[kM][2];
 #pragma unroll
-  for (int ks = 0; ks < Sh::kHeadSteps; ++ks) load_a(qa[ks], q_s, Sh::kLd, 16 * warp, 16 * ks);
+  for (int i = 0; i < kM; ++i) row[i][0] = w0 + 16 * i + g, row[i][1] = w0 + 16 * i + g + 8;
+  float o[kM][Sh::kHeadFrags][4] = {};
+  float m[kM][2], l[kM][2];  // running max; this lane's part of the row sums (quad-summed last)
+#pragma unroll
+  for (int i = 0; i < kM; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.f;
 
-  // This lane's rows: [0] = g, [1] = g + 8 of the warp's 16 (accumulator elements 0-1 and 2-3).
-  const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  float o[Sh::kHeadFrags][4] = {};
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};  // this lane's part of the row sums (quad-summed at the end)
-
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's k_s and vt_s are no longer read
-    stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, nullptr, 0, k_g, ld, k0, S, HS, vec);
-    stage_tile<kTile, HS_MAX>(nullptr, 0, vt_s, kTileLd, v_g, ld, k0, S, HS, vec);
-    __syncthreads();
+    __syncthreads();  // the previous value tile is no longer read
+    stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of the key tile (and queries) have landed,
+    __syncthreads();     // and every thread's
+    if (kt == 0) {
+#pragma unroll
+      for (int i = 0; i < kM; ++i)
+#pragma unroll
+        for (int ks = 0; ks < Sh::kHeadSteps; ++ks)
+          load_a(qa[i][ks], q_s, Sh::kLd, 16 * kM * warp + 16 * i, 16 * ks);
+    }
+    // A tile that starts past this warp's last row is masked for all of it: the warp only takes
+    // part in the copies and barriers. Key 0 is visible to every row, so m is finite from the
+    // first tile on and a later masked element never gives −inf − −inf.
+    const bool visible = k0 <= w0 + 16 * kM - 1;
+    float s[kM][kKeyFrags][4] = {};
+    if (visible) {
+#pragma unroll
+      for (int ks = 0; ks < Sh::kHeadSteps; ++ks)
+#pragma unroll
+        for (int j = 0; j < kKeyFrags; j += 2) {
+          uint32_t kb[4];
+          load_b_pair(kb, k_s, Sh::kLd, 8 * j, 16 * ks);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma_16816(s[i][j], qa[i][ks], kb[0], kb[1]);
+            mma_16816(s[i][j + 1], qa[i][ks], kb[2], kb[3]);
+          }
+        }
 
-    float s[kKeyFrags][4] = {};
+      // The mask where the tile reaches past the warp's first row; keys past S lie right of
+      // every row that is stored.
+      const bool diagonal = k0 + kTile - 1 > w0;
 #pragma unroll
-    for (int ks = 0; ks < Sh::kHeadSteps; ++ks)
+      for (int i = 0; i < kM; ++i) {
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kKeyFrags; ++j) {
-        uint32_t b0, b1;
-        load_b(b0, b1, k_s, Sh::kLd, 8 * j, 16 * ks);
-        mma_16816(s[j], qa[ks], b0, b1);
+        for (int j = 0; j < kKeyFrags; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = k0 + 8 * j + 2 * t + e % 2;
+            float v = s[i][j][e] * scale_log2;
+            if (diagonal && col > row[i][e / 2]) v = -INFINITY;
+            s[i][j][e] = v;
+            mx[e / 2] = fmaxf(mx[e / 2], v);
+          }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_new = fmaxf(m[i][r], quad_max(mx[r]));
+          alpha[r] = exp2f(m[i][r] - m_new);  // 0 on the first tile (m = −inf)
+          m[i][r] = m_new;
+          l[i][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < kKeyFrags; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[i][j][e] - m[i][e / 2]);
+            l[i][e / 2] += p;
+            s[i][j][e] = p;
+          }
+#pragma unroll
+        for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][dn][e] *= alpha[e / 2];
       }
+    }
 
-    // Key 0 is visible to every row, so m is finite from the first tile on and a later masked
-    // element never gives −inf − −inf. Keys past S only occur in the diagonal tile, where they
-    // lie right of every row that is stored.
-    const bool diagonal = kt == qt;
-    float mx[2] = {-INFINITY, -INFINITY};
+    cp_async_wait<0>();  // the value tile has landed, and after the barrier every warp is done
+    __syncthreads();     // with the key tile: the next one may be staged over it
+    if (kt + 1 < key_tiles)
+      stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0 + kTile, S, HS, vec);
+    cp_async_commit();
+
+    if (visible) {
 #pragma unroll
-    for (int j = 0; j < kKeyFrags; ++j)
+      for (int kk = 0; kk < kKeySteps; ++kk) {
+        uint32_t pa[kM][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = k0 + 8 * j + 2 * t + e % 2;
-        float v = s[j][e] * scale_log2;
-        if (diagonal && col > row[e / 2]) v = -INFINITY;
-        s[j][e] = v;
-        mx[e / 2] = fmaxf(mx[e / 2], v);
+        for (int i = 0; i < kM; ++i) accumulators_to_a(pa[i], s[i][2 * kk], s[i][2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < Sh::kHeadFrags; dn += 2) {
+          uint32_t vb[4];
+          load_b_pair_trans(vb, v_s, Sh::kLd, 8 * dn, 16 * kk);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma_16816(o[i][dn], pa[i], vb[0], vb[1]);
+            mma_16816(o[i][dn + 1], pa[i], vb[2], vb[3]);
+          }
+        }
       }
-    float alpha[2];
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r]));
-      alpha[r] = exp2f(m[r] - m_new);  // 0 on the first tile (m = −inf)
-      m[r] = m_new;
-      l[r] *= alpha[r];
+      const float sum = quad_sum(l[i][r]);
+      const int q = row[i][r];
+      if (q >= S) continue;
+      const float inv = 1.f / sum;
+      bf16* o_g = out + ((static_cast<int64_t>(b) * S + q) * NH + h) * HS;  // (HS)
+#pragma unroll
+      for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int d = 8 * dn + 2 * t + e;
+          if (d < HS) o_g[d] = round_to_bf16(o[i][dn][2 * r + e] * inv);
+        }
+      if (t == 0) lse[static_cast<int64_t>(bh) * S + q] = (m[i][r] + log2f(sum)) * kLn2;
     }
-#pragma unroll
-    for (int j = 0; j < kKeyFrags; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[j][e] - m[e / 2]);
-        l[e / 2] += p;
-        s[j][e] = p;
-      }
-#pragma unroll
-    for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[dn][e] *= alpha[e / 2];
-
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk) {
-      uint32_t pa[4];
-      accumulators_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dn = 0; dn < Sh::kHeadFrags; ++dn) {
-        uint32_t b0, b1;
-        load_b(b0, b1, vt_s, kTileLd, 8 * dn, 16 * kk);
-        mma_16816(o[dn], pa, b0, b1);
-      }
-    }
-  }
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(l[r]);
-    const int i = row[r];
-    if (i >= S) continue;
-    const float inv = 1.f / sum;
-    bf16* o_g = out + ((static_cast<int64_t>(b) * S + i) * NH + h) * HS;  // (HS)
-#pragma unroll
-    for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * dn + 2 * t + e;
-        if (d < HS) o_g[d] = round_to_bf16(o[dn][2 * r + e] * inv);
-      }
-    if (t == 0) lse[static_cast<int64_t>(bh) * S + i] = (m[r] + log2f(sum)) * kLn2;
-  }
 }
 
 template <int HS_MAX>
@@ -191,12 +247,9 @@ __global__ void __launch_bounds__(kThreads)
   using Sh = Shape<HS_MAX>;
   bf16* k_s = dynamic_shared_bf16();  // (kTile, HS_MAX)  this block's keys
   bf16* v_s = k_s + Sh::kRowTile;     // (kTile, HS_MAX)  this block's values
-  bf16* kt_s = v_s + Sh::kRowTile;    // (HS_MAX, kTile)  keys, transposed
-  bf16* q_s = kt_s + Sh::kColTile;    // (kTile, HS_MAX)  current query tile
-  bf16* qt_s = q_s + Sh::kRowTile;    // (HS_MAX, kTile)  its transpose
-  bf16* g_s = qt_s + Sh::kColTile;    // (kTile, HS_MAX)  its output gradient
-  bf16* gt_s = g_s + Sh::kRowTile;    // (HS_MAX, kTile)  its transpose
-  bf16* ds_s = gt_s + Sh::kColTile;   // (kTile queries, kTile keys)  dS
+  bf16* q_s = v_s + Sh::kRowTile;     // (kTile, HS_MAX)  current query tile
+  bf16* g_s = q_s + Sh::kRowTile;     // (kTile, HS_MAX)  its output gradient
+  bf16* ds_s = g_s + Sh::kRowTile;    // (kTile keys, kTile queries)  dSᵀ
   float* lse_s = reinterpret_cast<float*>(ds_s + kTile * kTileLd);  // (kTile) log2 units
   float* d_s = lse_s + kTile;                                       // (kTile) D
 
@@ -215,8 +268,9 @@ __global__ void __launch_bounds__(kThreads)
   const float* lse_g = lse + static_cast<int64_t>(bh) * S;
   const float* d_g = dsum + static_cast<int64_t>(bh) * S;
 
-  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, kt_s, kTileLd, k_g, ld, k0, S, HS, vec);
-  stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, nullptr, 0, v_g, ld, k0, S, HS, vec);
+  // The keys and values join the first query tile's copy group.
+  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0, S, HS, vec);
+  stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
 
   // This lane's keys: [0] = g, [1] = g + 8 of the warp's 16.
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
@@ -224,14 +278,18 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int qt = blockIdx.y; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    __syncthreads();  // the previous query tile and its dS are no longer read
-    stage_tile<kTile, HS_MAX>(q_s, Sh::kLd, qt_s, kTileLd, q_g, ld, q0, S, HS, vec);
-    stage_tile<kTile, HS_MAX>(g_s, Sh::kLd, gt_s, kTileLd, g_g, ldo, q0, S, HS, vec);
+    // No barrier needed before staging over the previous query tile: after the barrier that
+    // publishes dS no warp reads q_s, g_s, lse_s or d_s, and dS itself is rewritten only after
+    // the barrier below, which every warp reaches once done with the previous dQ.
+    stage_tile<kTile, HS_MAX>(q_s, Sh::kLd, q_g, ld, q0, S, HS, vec);
+    stage_tile<kTile, HS_MAX>(g_s, Sh::kLd, g_g, ldo, q0, S, HS, vec);
+    cp_async_commit();
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const bool in = q0 + r < S;
       lse_s[r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
       d_s[r] = in ? d_g[q0 + r] : 0.f;
     }
+    cp_async_wait<0>();
     __syncthreads();
 
     // Sᵀ and dPᵀ for this warp's 16 keys × the tile's 64 queries.
@@ -242,12 +300,14 @@ __global__ void __launch_bounds__(kThreads)
       load_a(ka, k_s, Sh::kLd, 16 * warp, 16 * ks);
       load_a(va, v_s, Sh::kLd, 16 * warp, 16 * ks);
 #pragma unroll
-      for (int j = 0; j < kKeyFrags; ++j) {
-        uint32_t b0, b1;
-        load_b(b0, b1, q_s, Sh::kLd, 8 * j, 16 * ks);
-        mma_16816(p[j], ka, b0, b1);
-        load_b(b0, b1, g_s, Sh::kLd, 8 * j, 16 * ks);
-        mma_16816(ds[j], va, b0, b1);
+      for (int j = 0; j < kKeyFrags; j += 2) {
+        uint32_t qb[4], gb[4];
+        load_b_pair(qb, q_s, Sh::kLd, 8 * j, 16 * ks);
+        mma_16816(p[j], ka, qb[0], qb[1]);
+        mma_16816(p[j + 1], ka, qb[2], qb[3]);
+        load_b_pair(gb, g_s, Sh::kLd, 8 * j, 16 * ks);
+        mma_16816(ds[j], va, gb[0], gb[1]);
+        mma_16816(ds[j + 1], va, gb[2], gb[3]);
       }
     }
     // Pᵀ and dSᵀ; a query before the key (causal) or past S contributes nothing.
@@ -263,31 +323,34 @@ __global__ void __launch_bounds__(kThreads)
         ds[j][e] = pe * (ds[j][e] - d_s[qi]);
       }
 
-      // dV += Pᵀ·dO and dK += dSᵀ·Q (scale applied at the end), and dS to shared memory.
+      // dV += Pᵀ·dO and dK += dSᵀ·Q (scale applied at the end), dO and Q read transposed.
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk) {
       uint32_t pa[4], sa[4];
       accumulators_to_a(pa, p[2 * kk], p[2 * kk + 1]);
       accumulators_to_a(sa, ds[2 * kk], ds[2 * kk + 1]);
 #pragma unroll
-      for (int dn = 0; dn < Sh::kHeadFrags; ++dn) {
-        uint32_t b0, b1;
-        load_b(b0, b1, gt_s, kTileLd, 8 * dn, 16 * kk);
-        mma_16816(dv[dn], pa, b0, b1);
-        load_b(b0, b1, qt_s, kTileLd, 8 * dn, 16 * kk);
-        mma_16816(dk[dn], sa, b0, b1);
+      for (int dn = 0; dn < Sh::kHeadFrags; dn += 2) {
+        uint32_t gb[4], qb[4];
+        load_b_pair_trans(gb, g_s, Sh::kLd, 8 * dn, 16 * kk);
+        mma_16816(dv[dn], pa, gb[0], gb[1]);
+        mma_16816(dv[dn + 1], pa, gb[2], gb[3]);
+        load_b_pair_trans(qb, q_s, Sh::kLd, 8 * dn, 16 * kk);
+        mma_16816(dk[dn], sa, qb[0], qb[1]);
+        mma_16816(dk[dn + 1], sa, qb[2], qb[3]);
       }
     }
+    // dSᵀ to shared memory as it lies in the accumulators: keys as rows, a pair per store.
 #pragma unroll
     for (int j = 0; j < kKeyFrags; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        ds_s[(8 * j + 2 * t + e % 2) * kTileLd + 16 * warp + g + 8 * (e / 2)] =
-            round_to_bf16(ds[j][e]);
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(ds_s + (16 * warp + g + 8 * r) * kTileLd + 8 * j + 2 * t) =
+            pack_bf16(ds[j][2 * r], ds[j][2 * r + 1]);
     __syncthreads();
 
-    // dQ for queries 16·warp .. +15 of the tile: dS (16 × 64 keys) · K, a quarter of the head
-    // dims at a time to keep the accumulators few.
+    // dQ for queries 16·warp .. +15 of the tile: dS (16 × 64 keys, read transposed) · K (read
+    // transposed), a quarter of the head dims at a time to keep the accumulators few.
     constexpr int kChunk = Sh::kHeadFrags >= 4 ? 4 : Sh::kHeadFrags;
 #pragma unroll
     for (int dn0 = 0; dn0 < Sh::kHeadFrags; dn0 += kChunk) {
@@ -295,12 +358,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
         uint32_t a[4];
-        load_a(a, ds_s, kTileLd, 16 * warp, 16 * kk);
+        load_a_trans(a, ds_s, kTileLd, 16 * warp, 16 * kk);
 #pragma unroll
-        for (int c = 0; c < kChunk; ++c) {
-          uint32_t b0, b1;
-          load_b(b0, b1, kt_s, kTileLd, 8 * (dn0 + c), 16 * kk);
-          mma_16816(dq[c], a, b0, b1);
+        for (int c = 0; c < kChunk; c += 2) {
+          uint32_t kb[4];
+          load_b_pair_trans(kb, k_s, Sh::kLd, 8 * (dn0 + c), 16 * kk);
+          mma_16816(dq[c], a, kb[0], kb[1]);
+          mma_16816(dq[c + 1], a, kb[2], kb[3]);
         }
       }
 #pragma unroll
@@ -327,20 +391,34 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// One m16n8k16 product through load_a / load_b / mma_16816 (flash_attention.h's
-// mma_fragment_product).
-__global__ void mma_fragment_kernel(float* d, const bf16* a, const bf16* b) {
-  __shared__ bf16 a_s[16 * 16], b_s[8 * 16];
-  for (int i = threadIdx.x; i < 16 * 16; i += 32) a_s[i] = a[i];
-  for (int i = threadIdx.x; i < 8 * 16; i += 32) b_s[i] = b[i];
+// One 16 × 16 × 16 product (two m16n8k16) through the fragment loads the kernels use
+// (flash_attention.h's mma_fragment_product): a and b staged by cp.async in dynamic shared
+// memory, each 16 × 16 row-major with a padded row stride, as the kernels' tiles are.
+__global__ void mma_fragment_kernel(float* d, const bf16* a, const bf16* b,
+                                    MmaFragmentOperands operands) {
+  constexpr int kLd = 16 + 8;
+  bf16* a_s = dynamic_shared_bf16();
+  bf16* b_s = a_s + 16 * kLd;
+  stage_tile<16, 16>(a_s, kLd, a, 16, 0, 16, 16, true);
+  stage_tile<16, 16>(b_s, kLd, b, 16, 0, 16, 16, true);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
-  uint32_t fa[4], b0, b1;
-  load_a(fa, a_s, 16, 0, 0);
-  load_b(b0, b1, b_s, 16, 0, 0);
-  float acc[4] = {};
-  mma_16816(acc, fa, b0, b1);
+  uint32_t fa[4], fb[4];
+  if (operands == MmaFragmentOperands::kAtB)
+    load_a_trans(fa, a_s, kLd, 0, 0);
+  else
+    load_a(fa, a_s, kLd, 0, 0);
+  if (operands == MmaFragmentOperands::kABt)
+    load_b_pair(fb, b_s, kLd, 0, 0);
+  else
+    load_b_pair_trans(fb, b_s, kLd, 0, 0);
+  float acc[2][4] = {};
+  mma_16816(acc[0], fa, fb[0], fb[1]);
+  mma_16816(acc[1], fa, fb[2], fb[3]);
   const int g = threadIdx.x / 4, t = threadIdx.x % 4;
-  for (int e = 0; e < 4; ++e) d[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2] = acc[e];
+  for (int n = 0; n < 2; ++n)
+    for (int e = 0; e < 4; ++e) d[(g + 8 * (e / 2)) * 16 + 8 * n + 2 * t + e % 2] = acc[n][e];
 }
 
 // 16-byte loads: whole chunks of 8 head dims, every row start 16-byte aligned.
@@ -351,15 +429,28 @@ bool vector_loads(const void* base, int HS) {
 }  // namespace
 
 cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int HS,
-                             cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+                             int warp_rows, cudaStream_t stream) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    return launch_opted_in(flash_tc_forward_kernel<HS_MAX>, grid, kThreads,
-                           Shape<HS_MAX>::forward_smem, stream, static_cast<bf16*>(out), lse,
-                           static_cast<const bf16*>(qkv), S, NH, HS, scale_log2,
-                           vector_loads(qkv, HS));
+    using Sh = Shape<HS_MAX>;
+    const int m_tiles = warp_rows == 0 ? Sh::kDefaultMTiles : warp_rows / 16;
+    auto run = [&](auto m_tag) {
+      constexpr int kM = decltype(m_tag)::value;
+      const dim3 grid(static_cast<unsigned>(B * NH),
+                      static_cast<unsigned>((S + Sh::query_tile(kM) - 1) / Sh::query_tile(kM)));
+      return launch_opted_in(flash_tc_forward_kernel<HS_MAX, kM>, grid, kThreads,
+                             Sh::forward_smem(kM), stream, static_cast<bf16*>(out), lse,
+                             static_cast<const bf16*>(qkv), S, NH, HS, scale_log2,
+                             vector_loads(qkv, HS));
+    };
+    if (m_tiles == 1 && (warp_rows == 0 || warp_rows == 16))
+      return run(std::integral_constant<int, 1>{});
+    if constexpr (HS_MAX <= 64) {  // two m-tiles at head size 128 would spill
+      if (m_tiles == 2 && (warp_rows == 0 || warp_rows == 32))
+        return run(std::integral_constant<int, 2>{});
+    }
+    return cudaErrorInvalidValue;
   });
 }
 
@@ -378,9 +469,10 @@ cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const
   });
 }
 
-cudaError_t mma_fragment_product(float* d, const void* a, const void* b, cudaStream_t stream) {
-  launch(mma_fragment_kernel, 1, 32, 0, stream, d, static_cast<const bf16*>(a),
-         static_cast<const bf16*>(b));
+cudaError_t mma_fragment_product(float* d, const void* a, const void* b,
+                                 MmaFragmentOperands operands, cudaStream_t stream) {
+  launch(mma_fragment_kernel, 1, 32, 2 * 16 * (16 + 8) * sizeof(bf16), stream, d,
+         static_cast<const bf16*>(a), static_cast<const bf16*>(b), operands);
   return cudaGetLastError();
 }
 

@@ -13,9 +13,11 @@
 // operand without leaving registers. mma_fragment_product (flash_attention.h) checks this layout
 // against a CPU product on the GPU itself.
 //
-// The CUDA emulation build runs the product as one warp-collective step (all 32 lanes hand in
-// their fragments, scheduler.cc assembles A and B by the layout above and hands each lane its
-// part of D), so a kernel that gets the layout wrong fails its CPU comparison there too.
+// The CUDA emulation build runs the product, and ldmatrix, as warp-collective steps (all 32 lanes
+// hand in their fragments or row addresses, scheduler.cc assembles the matrices by the layouts
+// above and hands each lane its part), and cp.async at either extreme of when its copies may
+// land; so a kernel that gets a layout, a wait or a barrier wrong fails its CPU comparison there
+// too.
 #pragma once
 
 #include <cstdint>
@@ -47,29 +49,64 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
-__device__ __forceinline__ uint32_t word_at(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+// ---- fragments from shared memory, by ldmatrix ------------------------------------------------
+// ldmatrix.x4 reads four 8 × 8 bf16 matrices, each row 16 bytes given by one lane (lane 8m + i:
+// row i of matrix m), and hands lane l the pair at row l / 4, columns 2(l % 4) and 2(l % 4) + 1
+// of each matrix — with .trans, at column l / 4, rows 2(l % 4) and 2(l % 4) + 1. Those are the
+// fragment positions above, so a tile in shared memory becomes A or B fragments in one
+// instruction per four registers: row-major as stored, or transposed (.trans) where the product
+// wants the other orientation. Rows must be 16-byte aligned: tiles have row strides of a multiple
+// of 8 elements and fragments start at multiples of 8 columns.
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
+#if defined(STRATA_CUDA_EMULATION)
+  cuda_emulation::ldmatrix_x4(r, row, kTrans);
+#elif defined(__CUDA_ARCH__)
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
 }
 
 // The A fragment of rows [row0, row0 + 16) and columns [k0, k0 + 16) of a row-major bf16 tile
-// with row stride `ld` (even).
+// with row stride `ld`: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* s, int ld, int row0, int k0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const bf16* p = s + (row0 + g) * ld + k0 + 2 * t;
-  a[0] = word_at(p);
-  a[1] = word_at(p + 8 * ld);
-  a[2] = word_at(p + 8);
-  a[3] = word_at(p + 8 * ld + 8);
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  ldmatrix_x4<false>(a, s + (row0 + lane % 8 + 8 * (m % 2)) * ld + k0 + 8 * (m / 2));
 }
 
-// The B fragment of B = Mᵀ, columns [n0, n0 + 8) and rows [k0, k0 + 16), from M stored row-major
-// (n, k) with row stride `ld`: B's columns are M's rows, so each register is one aligned word.
-__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* m, int ld, int n0,
-                                       int k0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const bf16* p = m + (n0 + g) * ld + k0 + 2 * t;
-  b0 = word_at(p);
-  b1 = word_at(p + 8);
+// The same A fragment, of a tile stored transposed: `s` holds Aᵀ row-major (k, row), row stride
+// `ld`.
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16* s, int ld, int row0,
+                                             int k0) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  ldmatrix_x4<true>(a, s + (k0 + lane % 8 + 8 * (m / 2)) * ld + row0 + 8 * (m % 2));
+}
+
+// B fragments of B = Mᵀ for columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16) (b[2],
+// b[3]), rows [k0, k0 + 16), from M stored row-major (n, k) with row stride `ld`: B's columns are
+// M's rows (a tile of keys as Kᵀ).
+__device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16* m, int ld, int n0,
+                                            int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8;
+  ldmatrix_x4<false>(b, m + (n0 + lane % 8 + 8 * (q / 2)) * ld + k0 + 8 * (q % 2));
+}
+
+// The same two B fragments of B itself stored row-major (k, n) with row stride `ld` (a tile of
+// values, as the B of P·V), read transposed.
+__device__ __forceinline__ void load_b_pair_trans(uint32_t (&b)[4], const bf16* m, int ld, int n0,
+                                                  int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8;
+  ldmatrix_x4<true>(b, m + (k0 + lane % 8 + 8 * (q % 2)) * ld + n0 + 8 * (q / 2));
 }
 
 // The A fragment (16 × 16) made of two accumulator tiles holding columns 0-7 and 8-15 of it.
@@ -81,40 +118,67 @@ __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// Stages rows [row0, row0 + ROWS) × columns [0, COLS) of a bf16 matrix (row stride `ld`, `rows`
-// rows and `cols` columns in use; the rest of the tile is zero) into shared memory, as `tile`
-// (ROWS × COLS, row stride ROWS_LD) and/or its transpose `tile_t` (COLS × ROWS, row stride
-// COLS_LD); either may be null. `vec` says 16-byte loads are safe: `cols` and `ld` multiples of
-// 8 and `src` 16-byte aligned. Every thread of the block takes part.
+// ---- tiles into shared memory, by cp.async ----------------------------------------------------
+// cp.async copies global memory to shared memory without passing through registers; a thread's
+// copies are grouped by commit and waited for by group (wait<N>: all but the N most recent
+// groups have landed), so a kernel can stage the next tile while it computes on this one. What a
+// thread waited for is visible to the others after a __syncthreads.
+
+// 16 bytes from `src` (its first `src_bytes`, the rest zero) to `dst` in shared memory.
+__device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, int src_bytes) {
+#if defined(STRATA_CUDA_EMULATION)
+  cuda_emulation::cp_async_16(dst, src, src_bytes);
+#elif defined(__CUDA_ARCH__)
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(STRATA_CUDA_EMULATION)
+  cuda_emulation::cp_async_commit();
+#elif defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(STRATA_CUDA_EMULATION)
+  cuda_emulation::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Stages rows [row0, row0 + ROWS) × columns [0, COLS) of a bf16 matrix (row stride `ld`; `rows`
+// rows and `cols` columns in use, the rest of the tile zero) into shared memory as `tile` (ROWS ×
+// COLS, row stride tile_ld, a multiple of 8). With `vec` (`cols` and `ld` multiples of 8, `src`
+// 16-byte aligned) each chunk of 8 columns is one cp.async, which lands when the caller waits for
+// the group it commits next; otherwise the chunks are gathered element by element and stored at
+// once. Every thread of the block takes part.
 template <int ROWS, int COLS>
-__device__ __forceinline__ void stage_tile(bf16* tile, int tile_ld, bf16* tile_t, int tile_t_ld,
-                                           const bf16* src, int64_t ld, int row0, int rows,
-                                           int cols, bool vec) {
+__device__ __forceinline__ void stage_tile(bf16* tile, int tile_ld, const bf16* src, int64_t ld,
+                                           int row0, int rows, int cols, bool vec) {
   static_assert(COLS % 8 == 0, "tiles are staged in chunks of 8 columns");
   constexpr int kChunks = ROWS * COLS / 8;
   for (int idx = threadIdx.x; idx < kChunks; idx += blockDim.x) {
     const int r = idx / (COLS / 8), c = idx % (COLS / 8) * 8;
     const int row = row0 + r;
-    uint32_t w[4] = {0, 0, 0, 0};  // the 8 elements as 4 pairs, lower column in the low half
+    bf16* dst = tile + r * tile_ld + c;
     if (vec) {
-      if (row < rows && c < cols) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src + row * ld + c);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-      }
+      const bool in = row < rows && c < cols;
+      cp_async_16(dst, in ? src + row * ld + c : src, in ? 16 : 0);
     } else {
+      uint32_t w[4] = {0, 0, 0, 0};  // the 8 elements as 4 pairs, lower column in the low half
 #pragma unroll
       for (int e = 0; e < 8; ++e)
         if (row < rows && c + e < cols)
           w[e / 2] |= static_cast<uint32_t>(__bfloat16_as_ushort(src[row * ld + c + e]))
                       << (16 * (e % 2));
-    }
-    if (tile != nullptr)
-      *reinterpret_cast<uint4*>(tile + r * tile_ld + c) = make_uint4(w[0], w[1], w[2], w[3]);
-    if (tile_t != nullptr) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        tile_t[(c + e) * tile_t_ld + r] =
-            __ushort_as_bfloat16(static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2))));
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 }

@@ -359,7 +359,30 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
       expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
+      if (!is_bf16(type) || c.HS > 64) continue;
+      // The bf16 forward's other tiling (16 query rows per warp where 32 is the default) gives
+      // the same results; a sum over the same keys in the same order, so bit for bit.
+      DeviceArray Out16(std::vector<float>(tokens * C, 0.f), type);
+      DeviceArray Lse16(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
+                        kc::ElemType::kF32);
+      ASSERT_EQ(kc::flash_attention_forward_bf16_warp_rows(Out16.get(), Lse16.f32(), Qkv.get(), c.B,
+                                                           c.S, c.NH, c.HS, 16, nullptr),
+                cudaSuccess)
+          << what;
+      expect_close(what + " out, 16 rows per warp", Out16.host(), Out.host(), 0.0);
+      expect_close(what + " lse, 16 rows per warp", Lse16.host(), Lse.host(), 0.0);
     }
+}
+
+TEST(CudaKernels, FlashAttentionWarpRowsRefusesWhatItCannotRun) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  // 32 rows per warp at head size 128 would not fit in registers; 24 is no tiling at all.
+  EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 128, 32,
+                                                       nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 64, 24,
+                                                       nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
@@ -397,25 +420,32 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
     }
 }
 
-// The tensor-core fragment layout the bf16 attention kernels assume (kernels/cuda/mma.cuh):
-// one m16n8k16 product through their fragment loads, against the CPU product. Small integers
-// make every product and sum exact in f32, so the comparison is exact: a lane or register off
-// by one moves whole values. In the emulation build this checks the emulator against the same
-// layout; on a GPU it checks the layout against the hardware.
+// The tensor-core fragment layouts the bf16 attention kernels assume (kernels/cuda/mma.cuh): a
+// 16 × 16 × 16 product through their cp.async staging and ldmatrix fragment loads — b as a key
+// tile (a · bᵀ), b as a value tile (a · b, b read transposed) and a as dSᵀ (aᵀ · b) — against
+// the CPU product. Small integers make every product and sum exact in f32, so the comparison is
+// exact: a lane, register or matrix off by one moves whole values. In the emulation build this
+// checks the emulator against the same layouts; on a GPU it checks them against the hardware.
 TEST(CudaKernels, TensorCoreFragmentLayoutMatchesCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  std::vector<float> a(16 * 16), b(8 * 16);
+  std::vector<float> a(16 * 16), b(16 * 16);
   for (size_t i = 0; i < a.size(); ++i)
     a[i] = static_cast<float>(static_cast<int>(i * 7 % 23) - 11);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i * 5 % 19) - 9);
   DeviceArray A(a, kc::ElemType::kBF16), B(b, kc::ElemType::kBF16);
-  DeviceArray D(std::vector<float>(16 * 8, 0.f), kc::ElemType::kF32);
-  ASSERT_EQ(kc::mma_fragment_product(D.f32(), A.get(), B.get(), nullptr), cudaSuccess);
-  std::vector<float> d(16 * 8, 0.f);
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 8; ++j)
-      for (int k = 0; k < 16; ++k) d[i * 8 + j] += a[i * 16 + k] * b[j * 16 + k];
-  expect_close("m16n8k16 product", D.host(), d, 0.0);
+  using Op = kc::MmaFragmentOperands;
+  for (const Op op : {Op::kABt, Op::kAB, Op::kAtB}) {
+    DeviceArray D(std::vector<float>(16 * 16, 0.f), kc::ElemType::kF32);
+    ASSERT_EQ(kc::mma_fragment_product(D.f32(), A.get(), B.get(), op, nullptr), cudaSuccess);
+    std::vector<float> d(16 * 16, 0.f);
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j)
+        for (int k = 0; k < 16; ++k)
+          d[i * 16 + j] += (op == Op::kAtB ? a[k * 16 + i] : a[i * 16 + k]) *
+                           (op == Op::kABt ? b[j * 16 + k] : b[k * 16 + j]);
+    const char* what = op == Op::kABt ? "a·bT" : op == Op::kAB ? "a·b" : "aT·b";
+    expect_close(std::string("m16n8k16 product ") + what, D.host(), d, 0.0);
+  }
 }
 
 TEST(CudaKernels, FlashAttentionRefusesHeadSizesAbove128) {

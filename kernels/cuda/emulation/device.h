@@ -13,9 +13,12 @@
 //     or a warp shuffle some lanes of the warp never reach) aborts with the block, the kernel's
 //     launch shape and where each thread waits;
 //   - a shuffle whose source lane has returned aborts (a GPU returns an undefined value).
-// Even-numbered blocks run their threads in thread order, odd ones in reverse, so a read of
-// shared memory that a missing __syncthreads leaves unordered sees the other threads' writes in
-// one order or the other and fails a comparison with the CPU reference. Dynamic shared memory
+// The warps of a block take turns: each runs as far as it can (through its shuffles, products and
+// ldmatrix) until its threads wait at __syncthreads or return, before the next warp starts —
+// warps and threads in order in even-numbered blocks, in reverse in odd ones. So shared memory
+// that a missing __syncthreads leaves unordered between two threads or warps is read before it
+// is written (or overwritten before it is read) in one order or the other, and fails a
+// comparison with the CPU reference. Dynamic shared memory
 // and every cudaMalloc start filled with NaN bytes (0xff), so reading what no thread wrote shows.
 //
 // Tensor cores: mma_bf16_16816 stands for mma.sync.m16n8k16 (bf16 in, f32 accumulate), a third
@@ -23,9 +26,22 @@
 // PTX ISA's layout (kernels/cuda/mma.cuh) and each lane gets its part of D. Lanes of one warp
 // at different barriers, or a product some lanes never reach, abort like a shuffle does.
 //
+// ldmatrix (ldmatrix_x4: ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16) is a fourth warp
+// barrier: when all 32 lanes have arrived, each lane's row is read from shared memory and each
+// lane gets its registers by the PTX ISA's layout. A row that is not 16 aligned bytes of the
+// block's dynamic shared memory aborts, as do lanes that disagree on .trans.
+//
+// cp.async (cp_async_16, cp_async_commit, cp_async_wait: cp.async.cg.shared.global of 16 bytes,
+// commit_group, wait_group) lands its copies at one of the two extremes a GPU allows, by block:
+// in even blocks only when the thread's wait_group lets their group complete (or it returns), so
+// a thread that reads a copy's bytes before waiting for it, or another thread's without a
+// __syncthreads after that thread's wait, reads the bytes from before the copy (NaN in a fresh
+// block); in odd blocks at once, so a copy issued over data another warp still reads (the
+// __syncthreads before it missing) overwrites it. Either fails a comparison with the CPU.
+//
 // Not emulated: warp-synchronous code without __syncwarp (each fiber runs alone until it
-// blocks), memory fences, cooperative groups, other tensor-core shapes or types, ldmatrix,
-// textures. Kernels here use none.
+// blocks), memory fences, cooperative groups, other tensor-core shapes or types, other ldmatrix
+// shapes, other cp.async forms, textures. Kernels here use none.
 #pragma once
 
 #include <cuda_runtime.h>  // dim3, uint3, cudaStream_t
@@ -70,6 +86,14 @@ uint64_t shuffle_xor(uint64_t bits, int lane_mask, unsigned mask, int width);
 // d += a · b over the warp (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32): this lane's
 // fragments in, its four accumulators updated in place.
 void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 over the warp: this lane's row address in,
+// its four registers out.
+void ldmatrix_x4(uint32_t* r, const void* row, bool trans);
+// cp.async.cg.shared.global [smem_dst], [global_src], 16, src_bytes (the rest zero-filled);
+// cp.async.commit_group; cp.async.wait_group pending.
+void cp_async_16(void* smem_dst, const void* global_src, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);
 // This block's dynamic shared memory (as many bytes as the launch asked for).
 void* dynamic_shared();
 // A vector load or store of `bytes` at p (a uint4 or float4): aborts, naming the thread and the

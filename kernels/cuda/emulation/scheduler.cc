@@ -54,7 +54,7 @@ class Stack {
   size_t bytes_ = 0, page_ = 0;
 };
 
-enum class Wait { kNone, kBlock, kShuffle, kMma, kDone };
+enum class Wait { kNone, kBlock, kShuffle, kMma, kLdmatrix, kDone };
 
 // One lane's operands of a warp's tensor-core product (mma_bf16_16816), on its fiber's stack
 // while it waits.
@@ -62,6 +62,21 @@ struct MmaLane {
   const uint32_t* a;  // [4]
   const uint32_t* b;  // [2]
   float* d;           // [4], updated in place
+};
+
+// One lane's part of a warp's ldmatrix (ldmatrix_x4): the row it names and where its four
+// registers go.
+struct LdmatrixLane {
+  const unsigned char* row;  // 16 bytes: row (lane % 8) of matrix (lane / 8)
+  uint32_t* r;               // [4]
+  bool trans;
+};
+
+// A cp.async in flight: `src_bytes` bytes from src, then zeros, to the 16 bytes at dst.
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int src_bytes;
 };
 
 // Boost.Context's StackAllocator concept over one of our stacks (which outlive the fiber).
@@ -85,6 +100,11 @@ struct Fiber {
   boost::context::fiber caller;  // where it yields to (the scheduler)
   uint3 idx;
   Wait wait = Wait::kNone;
+  // This thread's cp.async copies: committed groups, oldest first, and those issued since the
+  // last commit. They land in shared memory only when a cp_async_wait lets them (or the thread
+  // returns), so a read that does not wait for its copy sees the bytes from before it.
+  std::vector<std::vector<AsyncCopy>> copy_groups;
+  std::vector<AsyncCopy> uncommitted;
 };
 
 // The state of the grid running on this thread.
@@ -101,7 +121,11 @@ struct Grid {
   std::vector<uint64_t> slots;  // [warp][parity][lane]
   std::vector<int> parity;
   std::vector<MmaLane> mma;  // [warp][lane]: the operands of lanes waiting at a product
+  std::vector<LdmatrixLane> ldm;  // [warp][lane]: the lanes waiting at an ldmatrix
   std::vector<unsigned char> smem;
+  // cp.async copies land when issued (odd blocks) instead of when waited for (even ones): the
+  // earliest a GPU may complete them, where a copy over data another warp still reads shows.
+  bool early_copies = false;
 };
 
 thread_local Grid* g_grid = nullptr;
@@ -147,10 +171,11 @@ uint64_t* shuffle_slots(Grid& g, int warp, int parity) {
 std::string waits(const Grid& g) {
   std::ostringstream os;
   auto name = [](Wait w) {
-    return w == Wait::kBlock     ? "__syncthreads"
-           : w == Wait::kShuffle ? "a warp shuffle"
-           : w == Wait::kMma     ? "an mma.sync"
-                                 : "running";
+    return w == Wait::kBlock      ? "__syncthreads"
+           : w == Wait::kShuffle  ? "a warp shuffle"
+           : w == Wait::kMma      ? "an mma.sync"
+           : w == Wait::kLdmatrix ? "an ldmatrix"
+                                  : "running";
   };
   int i = 0;
   const int n = g.threads;
@@ -203,44 +228,95 @@ void run_mma(const MmaLane* lanes) {
   }
 }
 
-// Releases every barrier whose threads have all arrived; false when none could be.
-bool release(Grid& g) {
-  bool any = false;
+// The ldmatrix.sync.aligned.m8n8.x4[.trans].b16 of the warp whose 32 lanes wait at it: lane
+// 8m + i names row i of 8 × 8 matrix m (16 bytes, 16-byte aligned, in the block's dynamic shared
+// memory); lane l gets, in register m, the pair of matrix m at row l / 4 and columns 2(l % 4),
+// 2(l % 4) + 1, or with .trans at column l / 4 and rows 2(l % 4), 2(l % 4) + 1 (the lower column
+// or row in bits 0-15).
+void run_ldmatrix(const Grid& g, int warp, const LdmatrixLane* lanes) {
+  const unsigned char* smem = g.smem.data();
+  for (int l = 0; l < kWarp; ++l) {
+    const unsigned char* row = lanes[l].row;
+    std::ostringstream os;
+    os << "warp " << warp << ", lane " << l << ": an ldmatrix ";
+    if (lanes[l].trans != lanes[0].trans) {
+      os << "with .trans where lane 0's is " << (lanes[0].trans ? "with" : "without") << " it";
+      fail(g, os.str());
+    }
+    if (row < smem || row + 16 > smem + g.smem.size() || reinterpret_cast<uintptr_t>(row) % 16) {
+      os << "row at " << static_cast<const void*>(row)
+         << ", which is not a 16-byte aligned row of the block's dynamic shared memory ("
+         << g.smem.size() << " bytes at " << static_cast<const void*>(smem) << ")";
+      fail(g, os.str());
+    }
+  }
+  uint16_t m[4][8][8];  // [matrix][row][column], read before any lane's registers are written
+  for (int l = 0; l < kWarp; ++l) std::memcpy(m[l / 8][l % 8], lanes[l].row, 16);
+  for (int l = 0; l < kWarp; ++l) {
+    const int i = l / 4, j = 2 * (l % 4);
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t lo = lanes[l].trans ? m[k][j][i] : m[k][i][j];
+      const uint16_t hi = lanes[l].trans ? m[k][j + 1][i] : m[k][i][j + 1];
+      lanes[l].r[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
+
+void land(const AsyncCopy& c) {
+  std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+  std::memset(c.dst + c.src_bytes, 0, static_cast<size_t>(16 - c.src_bytes));
+}
+
+// Lands thread f's cp.async groups but the `pending` most recent, oldest first.
+void land_copies(Fiber& f, size_t pending) {
+  while (f.copy_groups.size() > pending) {
+    for (const AsyncCopy& c : f.copy_groups.front()) land(c);
+    f.copy_groups.erase(f.copy_groups.begin());
+  }
+}
+
+// Releases the block barrier if every thread that has not returned waits at it (threads that
+// returned count as arrived, as on a GPU); false otherwise.
+bool release_block(Grid& g) {
   int live = 0, at_block = 0;
   for (const Fiber& f : g.fibers) {
     live += f.wait != Wait::kDone;
     at_block += f.wait == Wait::kBlock;
   }
-  if (live > 0 && at_block == live) {  // threads that returned count as arrived, as on a GPU
-    for (Fiber& f : g.fibers)
-      if (f.wait == Wait::kBlock) f.wait = Wait::kNone;
-    return true;
+  if (live == 0 || at_block < live) return false;
+  for (Fiber& f : g.fibers)
+    if (f.wait == Wait::kBlock) f.wait = Wait::kNone;
+  return true;
+}
+
+// Releases warp w's shuffle, product or ldmatrix if all its lanes have arrived; false otherwise.
+bool release_warp(Grid& g, int w) {
+  const int first = w * kWarp, lanes = lane_count(g, w);
+  int at_shuffle = 0, at_mma = 0, at_ldm = 0, done = 0;
+  for (int l = 0; l < lanes; ++l) {
+    const Wait s = g.fibers[static_cast<size_t>(first + l)].wait;
+    at_shuffle += s == Wait::kShuffle;
+    at_mma += s == Wait::kMma;
+    at_ldm += s == Wait::kLdmatrix;
+    done += s == Wait::kDone;
   }
-  for (int w = 0; w * kWarp < g.threads; ++w) {
-    const int first = w * kWarp, lanes = lane_count(g, w);
-    int at_shuffle = 0, at_mma = 0, done = 0;
-    for (int l = 0; l < lanes; ++l) {
-      const Wait s = g.fibers[static_cast<size_t>(first + l)].wait;
-      at_shuffle += s == Wait::kShuffle;
-      at_mma += s == Wait::kMma;
-      done += s == Wait::kDone;
-    }
-    const int waiting = std::max(at_shuffle, at_mma);
-    if (waiting == 0 || waiting + done < lanes) continue;
-    const char* what = at_shuffle > 0 ? "a shuffle" : "an mma.sync";
-    if (done > 0)
-      fail(g, "warp " + std::to_string(w) + ": " + what + " over all lanes while " +
-                  std::to_string(done) + " of its lanes have returned (" + waits(g) + ")");
-    if (at_mma > 0) {
-      if (lanes != kWarp) fail(g, "warp " + std::to_string(w) + ": an mma.sync in a partial warp");
-      run_mma(g.mma.data() + static_cast<size_t>(w) * kWarp);
-    } else {
-      g.parity[static_cast<size_t>(w)] ^= 1;
-    }
-    for (int l = 0; l < lanes; ++l) g.fibers[static_cast<size_t>(first + l)].wait = Wait::kNone;
-    any = true;
+  const int waiting = std::max({at_shuffle, at_mma, at_ldm});
+  if (waiting == 0 || waiting + done < lanes) return false;
+  const char* what = at_shuffle > 0 ? "a shuffle" : at_mma > 0 ? "an mma.sync" : "an ldmatrix";
+  if (done > 0)
+    fail(g, "warp " + std::to_string(w) + ": " + what + " over all lanes while " +
+                std::to_string(done) + " of its lanes have returned (" + waits(g) + ")");
+  if (at_shuffle == 0 && lanes != kWarp)
+    fail(g, "warp " + std::to_string(w) + ": " + what + " in a partial warp");
+  if (at_mma > 0) {
+    run_mma(g.mma.data() + static_cast<size_t>(w) * kWarp);
+  } else if (at_ldm > 0) {
+    run_ldmatrix(g, w, g.ldm.data() + static_cast<size_t>(w) * kWarp);
+  } else {
+    g.parity[static_cast<size_t>(w)] ^= 1;
   }
-  return any;
+  for (int l = 0; l < lanes; ++l) g.fibers[static_cast<size_t>(first + l)].wait = Wait::kNone;
+  return true;
 }
 
 // Makes the grid's fibers: thread i runs the kernel body for each block the scheduler gives it.
@@ -259,6 +335,8 @@ void make_fibers(Grid& g) {
                                      f.caller = std::move(scheduler);
                                      while (!g.finished) {
                                        (*g.body)();
+                                       land_copies(f, 0);  // a GPU completes them too
+                                       f.uncommitted.clear();
                                        f.wait = Wait::kDone;
                                        f.caller = std::move(f.caller).resume();
                                      }
@@ -275,23 +353,39 @@ void resume(Grid& g, int i) {
   g.current = -1;
 }
 
+// Runs one block. Its warps take turns, each running as far as it can — through its shuffles,
+// products and ldmatrix — until all its threads wait at __syncthreads or have returned: warp order
+// and thread order in even blocks, both reversed in odd ones. So one warp always gets to a
+// barrier before the next starts, and shared memory that one warp writes and another reads (or
+// overwrites) without a __syncthreads between is seen unwritten (or overwritten) in one of the
+// two orders.
 void run_block(Grid& g, bool reverse) {
-  const int n = g.threads;
-  for (Fiber& f : g.fibers) f.wait = Wait::kNone;
+  const int n = g.threads, warps = (n + kWarp - 1) / kWarp;
+  for (Fiber& f : g.fibers) {
+    f.wait = Wait::kNone;
+    f.copy_groups.clear();
+    f.uncommitted.clear();
+  }
   std::fill(g.parity.begin(), g.parity.end(), 0);
   std::fill(g.smem.begin(), g.smem.end(), static_cast<unsigned char>(0xff));
+  g.early_copies = reverse;
   blockIdx = g.block_idx;
   for (;;) {
-    for (int k = 0; k < n; ++k) {
-      const int i = reverse ? n - 1 - k : k;
-      if (g.fibers[static_cast<size_t>(i)].wait == Wait::kNone) resume(g, i);
+    for (int wi = 0; wi < warps; ++wi) {
+      const int w = reverse ? warps - 1 - wi : wi, lanes = lane_count(g, w);
+      do {
+        for (int k = 0; k < lanes; ++k) {
+          const int i = w * kWarp + (reverse ? lanes - 1 - k : k);
+          if (g.fibers[static_cast<size_t>(i)].wait == Wait::kNone) resume(g, i);
+        }
+      } while (release_warp(g, w));
     }
     bool live = false;
     for (const Fiber& f : g.fibers) live = live || f.wait != Wait::kDone;
     if (!live) return;
-    // Every fiber that could run has run to a barrier or returned: unless some barrier can now
-    // be released, none ever will be.
-    if (!release(g)) fail(g, "deadlock: " + waits(g));
+    // Every warp has run as far as it can: unless all live threads wait at __syncthreads, some
+    // wait at a barrier that will never be released.
+    if (!release_block(g)) fail(g, "deadlock: " + waits(g));
   }
 }
 
@@ -315,6 +409,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
   g.slots.assign(static_cast<size_t>(warps) * 2 * kWarp, 0);
   g.parity.assign(static_cast<size_t>(warps), 0);
   g.mma.assign(static_cast<size_t>(warps) * kWarp, MmaLane{});
+  g.ldm.assign(static_cast<size_t>(warps) * kWarp, LdmatrixLane{});
   g.smem.resize(dynamic_smem_bytes);
   if (g_grid != nullptr) fail(g, "a kernel launched from inside a kernel");
   g_grid = &g;
@@ -357,6 +452,48 @@ void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
   Grid& g = *g_grid;
   g.mma[static_cast<size_t>(g.current)] = MmaLane{a, b, d};
   block_on(Wait::kMma);  // the release computes the warp's product into every lane's d
+}
+
+void ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
+  Grid& g = *g_grid;
+  g.ldm[static_cast<size_t>(g.current)] =
+      LdmatrixLane{static_cast<const unsigned char*>(row), r, trans};
+  block_on(Wait::kLdmatrix);  // the release reads the warp's rows into every lane's r
+}
+
+void cp_async_16(void* smem_dst, const void* global_src, int src_bytes) {
+  Grid& g = *g_grid;
+  const auto* dst = static_cast<unsigned char*>(smem_dst);
+  const unsigned char* smem = g.smem.data();
+  std::ostringstream os;
+  os << "thread " << g.current << ": a 16-byte cp.async ";
+  if (dst < smem || dst + 16 > smem + g.smem.size() || reinterpret_cast<uintptr_t>(dst) % 16) {
+    os << "to " << smem_dst << ", which is not 16 aligned bytes of the block's dynamic shared "
+       << "memory (" << g.smem.size() << " bytes at " << static_cast<const void*>(smem) << ")";
+    fail(g, os.str());
+  }
+  if (src_bytes < 0 || src_bytes > 16 ||
+      (src_bytes > 0 && reinterpret_cast<uintptr_t>(global_src) % 16)) {
+    os << "of " << src_bytes << " source bytes from " << global_src
+       << " (0 to 16 bytes from a 16-byte aligned address)";
+    fail(g, os.str());
+  }
+  const AsyncCopy c{static_cast<unsigned char*>(smem_dst),
+                    static_cast<const unsigned char*>(global_src), src_bytes};
+  if (g.early_copies)
+    land(c);
+  else
+    g.fibers[static_cast<size_t>(g.current)].uncommitted.push_back(c);
+}
+
+void cp_async_commit() {
+  Fiber& f = g_grid->fibers[static_cast<size_t>(g_grid->current)];
+  f.copy_groups.push_back(std::move(f.uncommitted));
+  f.uncommitted.clear();
+}
+
+void cp_async_wait(int pending) {
+  land_copies(g_grid->fibers[static_cast<size_t>(g_grid->current)], static_cast<size_t>(pending));
 }
 
 void* dynamic_shared() {
