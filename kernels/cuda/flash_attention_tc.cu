@@ -21,7 +21,8 @@
 // computed, the next key tile while P·V is.
 //
 // Backward (grid: B·NH × key tiles, the first — longest — first). A warp keeps dK and dV of its
-// 16 keys in registers and walks the query tiles from its own to the last: Sᵀ = K·Qᵀ and
+// 16 keys in registers and walks the query tiles from its own to the last, the next one staged
+// (double-buffered) while this one is computed on: Sᵀ = K·Qᵀ and
 // dPᵀ = V·dOᵀ (keys as rows, so Pᵀ and dSᵀ come out as the A fragments of the next products),
 // Pᵀ = exp2(Sᵀ·scale·log2 e − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q; dSᵀ goes to
 // shared memory (keys as rows, two values per store) and each warp then forms dQ = dS·K for 16
@@ -64,8 +65,9 @@ struct Shape {
   __host__ __device__ static constexpr size_t forward_smem(int m_tiles) {
     return sizeof(bf16) * static_cast<size_t>(query_tile(m_tiles) + 2 * kTile) * kLd;
   }
+  // Backward: keys, values, two query tiles and their output gradients, dSᵀ, lse and D twice.
   static constexpr size_t backward_smem =
-      sizeof(bf16) * (4 * kRowTile + kTile * kTileLd) + sizeof(float) * 2 * kTile;
+      sizeof(bf16) * (6 * kRowTile + kTile * kTileLd) + sizeof(float) * 4 * kTile;
 };
 
 // Max and sum over the 4 lanes of a quad, which hold one accumulator row between them.
@@ -245,18 +247,18 @@ __global__ void __launch_bounds__(kThreads)
                              const float* lse, const float* dsum, int S, int NH, int HS,
                              float scale, float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
-  bf16* k_s = dynamic_shared_bf16();  // (kTile, HS_MAX)  this block's keys
-  bf16* v_s = k_s + Sh::kRowTile;     // (kTile, HS_MAX)  this block's values
-  bf16* q_s = v_s + Sh::kRowTile;     // (kTile, HS_MAX)  current query tile
-  bf16* g_s = q_s + Sh::kRowTile;     // (kTile, HS_MAX)  its output gradient
-  bf16* ds_s = g_s + Sh::kRowTile;    // (kTile keys, kTile queries)  dSᵀ
-  float* lse_s = reinterpret_cast<float*>(ds_s + kTile * kTileLd);  // (kTile) log2 units
-  float* d_s = lse_s + kTile;                                       // (kTile) D
+  bf16* k_s = dynamic_shared_bf16();     // (kTile, HS_MAX)  this block's keys
+  bf16* v_s = k_s + Sh::kRowTile;        // (kTile, HS_MAX)  this block's values
+  bf16* q_s2 = v_s + Sh::kRowTile;       // (2, kTile, HS_MAX)  query tiles, double-buffered
+  bf16* g_s2 = q_s2 + 2 * Sh::kRowTile;  // (2, kTile, HS_MAX)  their output gradients
+  bf16* ds_s = g_s2 + 2 * Sh::kRowTile;  // (kTile keys, kTile queries)  dSᵀ
+  float* lse_s2 = reinterpret_cast<float*>(ds_s + kTile * kTileLd);  // (2, kTile) log2 units
+  float* d_s2 = lse_s2 + 2 * kTile;                                  // (2, kTile) D
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
   const int k0 = blockIdx.y * kTile;
-  const int tiles = gridDim.y;
+  const int first = blockIdx.y, tiles = gridDim.y;
   const int64_t ld = 3LL * NH * HS;                   // token stride in qkv and dqkv
   const int64_t ldo = static_cast<int64_t>(NH) * HS;  // token stride in dout and dq_acc
   const int64_t head = static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
@@ -268,29 +270,41 @@ __global__ void __launch_bounds__(kThreads)
   const float* lse_g = lse + static_cast<int64_t>(bh) * S;
   const float* d_g = dsum + static_cast<int64_t>(bh) * S;
 
-  // The keys and values join the first query tile's copy group.
+  // Query tile qt's queries, output gradients, lse and D into buffer `buf`: the tiles by
+  // cp.async (landing with the group the caller commits next), lse and D by plain stores.
+  auto stage_queries = [&](int qt, int buf) {
+    const int q0 = qt * kTile;
+    stage_tile<kTile, HS_MAX>(q_s2 + buf * Sh::kRowTile, Sh::kLd, q_g, ld, q0, S, HS, vec);
+    stage_tile<kTile, HS_MAX>(g_s2 + buf * Sh::kRowTile, Sh::kLd, g_g, ldo, q0, S, HS, vec);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const bool in = q0 + r < S;
+      lse_s2[buf * kTile + r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
+      d_s2[buf * kTile + r] = in ? d_g[q0 + r] : 0.f;
+    }
+  };
+  // The keys and values travel with the first query tile.
   stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0, S, HS, vec);
   stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
+  stage_queries(first, 0);
+  cp_async_commit();
 
   // This lane's keys: [0] = g, [1] = g + 8 of the warp's 16.
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[Sh::kHeadFrags][4] = {}, dv[Sh::kHeadFrags][4] = {};
 
-  for (int qt = blockIdx.y; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
-    // No barrier needed before staging over the previous query tile: after the barrier that
-    // publishes dS no warp reads q_s, g_s, lse_s or d_s, and dS itself is rewritten only after
-    // the barrier below, which every warp reaches once done with the previous dQ.
-    stage_tile<kTile, HS_MAX>(q_s, Sh::kLd, q_g, ld, q0, S, HS, vec);
-    stage_tile<kTile, HS_MAX>(g_s, Sh::kLd, g_g, ldo, q0, S, HS, vec);
+  for (int qt = first; qt < tiles; ++qt) {
+    const int q0 = qt * kTile, buf = (qt - first) & 1;
+    // The next query tile goes to the other buffer while this one is computed on. That buffer
+    // was last read before the previous step's dS barrier, which every warp has passed: no
+    // barrier is needed before the copies (and dS is rewritten only after the barrier below).
+    if (qt + 1 < tiles) stage_queries(qt + 1, buf ^ 1);
     cp_async_commit();
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      const bool in = q0 + r < S;
-      lse_s[r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
-      d_s[r] = in ? d_g[q0 + r] : 0.f;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
+    cp_async_wait<1>();  // this thread's copies of this tile have landed,
+    __syncthreads();     // and every thread's
+    const bf16* q_s = q_s2 + buf * Sh::kRowTile;
+    const bf16* g_s = g_s2 + buf * Sh::kRowTile;
+    const float* lse_s = lse_s2 + buf * kTile;
+    const float* d_s = d_s2 + buf * kTile;
 
     // Sᵀ and dPᵀ for this warp's 16 keys × the tile's 64 queries.
     float p[kKeyFrags][4] = {}, ds[kKeyFrags][4] = {};
@@ -311,7 +325,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // Pᵀ and dSᵀ; a query before the key (causal) or past S contributes nothing.
-    const bool edge = qt == static_cast<int>(blockIdx.y) || q0 + kTile > S;
+    const bool edge = qt == first || q0 + kTile > S;
 #pragma unroll
     for (int j = 0; j < kKeyFrags; ++j)
 #pragma unroll
