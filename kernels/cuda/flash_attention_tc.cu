@@ -151,8 +151,7 @@ __global__ void __launch_bounds__(kThreads)
           load_b_pair(kb, k_s, Sh::kLd, 8 * j, 16 * ks);
 #pragma unroll
           for (int i = 0; i < kM; ++i) {
-            mma_16816(s[i][j], qa[i][ks], kb[0], kb[1]);
-            mma_16816(s[i][j + 1], qa[i][ks], kb[2], kb[3]);
+            mma_16816_pair(s[i][j], s[i][j + 1], qa[i][ks], kb);
           }
         }
 
@@ -213,8 +212,7 @@ __global__ void __launch_bounds__(kThreads)
           load_b_pair_trans(vb, v_s, Sh::kLd, 8 * dn, 16 * kk);
 #pragma unroll
           for (int i = 0; i < kM; ++i) {
-            mma_16816(o[i][dn], pa[i], vb[0], vb[1]);
-            mma_16816(o[i][dn + 1], pa[i], vb[2], vb[3]);
+            mma_16816_pair(o[i][dn], o[i][dn + 1], pa[i], vb);
           }
         }
       }
@@ -317,11 +315,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kKeyFrags; j += 2) {
         uint32_t qb[4], gb[4];
         load_b_pair(qb, q_s, Sh::kLd, 8 * j, 16 * ks);
-        mma_16816(p[j], ka, qb[0], qb[1]);
-        mma_16816(p[j + 1], ka, qb[2], qb[3]);
+        mma_16816_pair(p[j], p[j + 1], ka, qb);
         load_b_pair(gb, g_s, Sh::kLd, 8 * j, 16 * ks);
-        mma_16816(ds[j], va, gb[0], gb[1]);
-        mma_16816(ds[j + 1], va, gb[2], gb[3]);
+        mma_16816_pair(ds[j], ds[j + 1], va, gb);
       }
     }
     // Pᵀ and dSᵀ; a query before the key (causal) or past S contributes nothing.
@@ -347,11 +343,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int dn = 0; dn < Sh::kHeadFrags; dn += 2) {
         uint32_t gb[4], qb[4];
         load_b_pair_trans(gb, g_s, Sh::kLd, 8 * dn, 16 * kk);
-        mma_16816(dv[dn], pa, gb[0], gb[1]);
-        mma_16816(dv[dn + 1], pa, gb[2], gb[3]);
+        mma_16816_pair(dv[dn], dv[dn + 1], pa, gb);
         load_b_pair_trans(qb, q_s, Sh::kLd, 8 * dn, 16 * kk);
-        mma_16816(dk[dn], sa, qb[0], qb[1]);
-        mma_16816(dk[dn + 1], sa, qb[2], qb[3]);
+        mma_16816_pair(dk[dn], dk[dn + 1], sa, qb);
       }
     }
     // dSᵀ to shared memory as it lies in the accumulators: keys as rows, a pair per store.
@@ -377,8 +371,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int c = 0; c < kChunk; c += 2) {
           uint32_t kb[4];
           load_b_pair_trans(kb, k_s, Sh::kLd, 8 * (dn0 + c), 16 * kk);
-          mma_16816(dq[c], a, kb[0], kb[1]);
-          mma_16816(dq[c + 1], a, kb[2], kb[3]);
+          mma_16816_pair(dq[c], dq[c + 1], a, kb);
         }
       }
 #pragma unroll
@@ -428,8 +421,7 @@ __global__ void mma_fragment_kernel(float* d, const bf16* a, const bf16* b,
   else
     load_b_pair_trans(fb, b_s, kLd, 0, 0);
   float acc[2][4] = {};
-  mma_16816(acc[0], fa, fb[0], fb[1]);
-  mma_16816(acc[1], fa, fb[2], fb[3]);
+  mma_16816_pair(acc[0], acc[1], fa, fb);
   const int g = threadIdx.x / 4, t = threadIdx.x % 4;
   for (int n = 0; n < 2; ++n)
     for (int e = 0; e < 4; ++e) d[(g + 8 * (e / 2)) * 16 + 8 * n + 2 * t + e % 2] = acc[n][e];

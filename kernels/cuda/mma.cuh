@@ -49,6 +49,14 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// d0 += a · b0 and d1 += a · b1 for the two B fragments one load_b_pair / load_b_pair_trans
+// gives (b[0], b[1] and b[2], b[3]): adjacent 8-column accumulator tiles.
+__device__ __forceinline__ void mma_16816_pair(float (&d0)[4], float (&d1)[4],
+                                               const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  mma_16816(d0, a, b[0], b[1]);
+  mma_16816(d1, a, b[2], b[3]);
+}
+
 // ---- fragments from shared memory, by ldmatrix ------------------------------------------------
 // ldmatrix.x4 reads four 8 × 8 bf16 matrices, each row 16 bytes given by one lane (lane 8m + i:
 // row i of matrix m), and hands lane l the pair at row l / 4, columns 2(l % 4) and 2(l % 4) + 1
