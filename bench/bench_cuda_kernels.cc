@@ -36,10 +36,9 @@
 //     FlashAttention-2's benchmark halves for causal too but counts the backward as 2.5× the
 //     forward: multiply the bwd figure by 1.25 to compare with its published numbers.
 //     Strata's rows run the kernels the backend runs: bf16 on tensor cores
-//     (kernels/cuda/flash_attention_tc.cu), f32 on CUDA cores. Up to head size 64 the bf16
-//     forward also runs with its other tiling, 16 query rows per warp instead of 32 (row
-//     "attention fwd 16 rows/warp", left out of the summary): the measurement that decides the
-//     default.
+//     (kernels/cuda/flash_attention_tc.cu), f32 on CUDA cores. The bf16 forward also runs with
+//     its other tiling, 16 query rows per warp instead of 32 (row "attention fwd 16 rows/warp",
+//     left out of the summary): the measurement that decides the default.
 //     In bf16 the same forward and backward also run on cuDNN's fused flash attention
 //     (kernels/cuda/cudnn_attention.h, rows "attention fwd cudnn" / "attention bwd cudnn", the
 //     same FLOP count; its backward recomputes the scores too). A shape cuDNN refuses prints
@@ -611,10 +610,10 @@ void Bench::attention(const Model& m, ElemType t) {
                                                    stream_));
   });
   if (t != ElemType::kBF16) return;  // cuDNN's flash attention is fp16/bf16 only
-  if (HS <= 64) {
-    // The forward's other tiling, side by side with its default (32 query rows per warp up to
-    // head size 64): 16 rows per warp, twice the warps per SM but twice the shared-memory reads
-    // per product. Kept out of the summary's attention figures.
+  {
+    // The forward's other tiling, side by side with its default (32 query rows per warp): 16
+    // rows per warp, more blocks per SM but twice the shared-memory reads per product. Kept out
+    // of the summary's attention figures.
     Row v = row(m, "attention fwd 16 rows/warp", t, shape);
     flops(v, fl, t);
     v.group = "variant";

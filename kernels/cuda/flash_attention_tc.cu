@@ -2,8 +2,8 @@
 // work split, on mma.sync m16n8k16; kernels/cuda/mma.cuh has the fragment layouts).
 //
 // Tiling. A block is 4 warps and works on a tile of rows — queries in the forward (32 per warp,
-// as two 16-row m-tiles, up to head size 64; 16 above), keys in the backward (16 per warp) — the
-// other side coming in tiles of 64 staged row-major in shared
+// as two 16-row m-tiles), keys in the backward (16 per warp) — the other side coming in tiles of
+// 64 staged row-major in shared
 // memory as bf16 by cp.async, rows padded by 8 elements so that the 8 rows one ldmatrix phase
 // reads fall in distinct banks. Every operand is read from its tile by ldmatrix, transposed on
 // the way where the product wants it (.trans), so no tile is ever stored twice. Head dims are
@@ -11,13 +11,14 @@
 // zero and masked.
 //
 // Forward (grid: B·NH × query tiles, the last — longest — first). A warp keeps its query rows as
-// A fragments in registers. For each key tile up to its last row (causal): S = Q·Kᵀ (16 × 64 per
-// m-tile, eight accumulator tiles, K's rows are Kᵀ's columns; each key fragment read serves
-// every m-tile), the mask only where the tile reaches past the warp's first row, the online
-// softmax in the log2 domain (each row's 64 scores are spread over the 4 lanes of a quad: max and
-// sum are two xor-shuffles; the running sum stays per lane until the end), then O += P·V with P
-// taken from the score accumulators as A fragments (no trip through shared memory) and V read
-// transposed. The copies overlap the products: the value tile is staged while the scores are
+// A fragments in registers (up to head size 64; at 128 they are read from shared memory at each
+// k-step, as the accumulators take the registers). For each key tile up to its last row (causal): S
+// = Q·Kᵀ (16 × 64 per m-tile, eight accumulator tiles, K's rows are Kᵀ's columns; each key fragment
+// read serves every m-tile), the mask only where the tile reaches past the warp's first row, the
+// online softmax in the log2 domain (each row's 64 scores are spread over the 4 lanes of a quad:
+// max and sum are two xor-shuffles; the running sum stays per lane until the end), then O += P·V
+// with P taken from the score accumulators as A fragments (no trip through shared memory) and V
+// read transposed. The copies overlap the products: the value tile is staged while the scores are
 // computed, the next key tile while P·V is.
 //
 // Backward (grid: B·NH × key tiles, the first — longest — first). A warp keeps dK and dV of its
@@ -57,10 +58,9 @@ struct Shape {
   static constexpr int kHeadSteps = HS_MAX / 16;  // k-steps across the head dims
   static constexpr int kRowTile = kTile * kLd;    // elements of a tile
   // Forward: query rows per warp, as 16-row m-tiles. Two share each key and value fragment a
-  // warp reads from shared memory (half the reads per product); at head size 128 their
-  // accumulators would not fit in registers. flash_attention_forward_bf16_warp_rows runs the
-  // other choice where both fit, for the benchmark.
-  static constexpr int kDefaultMTiles = HS_MAX <= 64 ? 2 : 1;
+  // warp reads from shared memory (half the reads per product), as FlashAttention-2's 128-row
+  // tiles of 4 warps do; flash_attention_forward_bf16_warp_rows runs one, for the benchmark.
+  static constexpr int kDefaultMTiles = 2;
   __host__ __device__ static constexpr int query_tile(int m_tiles) { return kWarps * 16 * m_tiles; }
   __host__ __device__ static constexpr size_t forward_smem(int m_tiles) {
     return sizeof(bf16) * static_cast<size_t>(query_tile(m_tiles) + 2 * kTile) * kLd;
@@ -111,7 +111,11 @@ __global__ void __launch_bounds__(kThreads)
   stage_tile<kQ, HS_MAX>(q_s, Sh::kLd, q_g, ld, q0, S, HS, vec);
   stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, 0, S, HS, vec);
   cp_async_commit();
-  uint32_t qa[kM][Sh::kHeadSteps][4];
+  // The warp's query fragments stay in registers where they fit beside the accumulators, and
+  // are read from q_s at every k-step where they do not (two m-tiles at head size 128).
+  constexpr bool kQInRegs = kM * HS_MAX <= 128;
+  constexpr int kQSteps = kQInRegs ? Sh::kHeadSteps : 1;
+  uint32_t qa[kM][kQSteps][4];
 
   // This lane's rows in m-tile i: row[i][0] = g, row[i][1] = g + 8 of its 16 (accumulator
   // elements 0-1 and 2-3).
@@ -130,11 +134,11 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of the key tile (and queries) have landed,
     __syncthreads();     // and every thread's
-    if (kt == 0) {
+    if (kQInRegs && kt == 0) {
 #pragma unroll
       for (int i = 0; i < kM; ++i)
 #pragma unroll
-        for (int ks = 0; ks < Sh::kHeadSteps; ++ks)
+        for (int ks = 0; ks < kQSteps; ++ks)
           load_a(qa[i][ks], q_s, Sh::kLd, 16 * kM * warp + 16 * i, 16 * ks);
     }
     // A tile that starts past this warp's last row is masked for all of it: the warp only takes
@@ -144,16 +148,21 @@ __global__ void __launch_bounds__(kThreads)
     float s[kM][kKeyFrags][4] = {};
     if (visible) {
 #pragma unroll
-      for (int ks = 0; ks < Sh::kHeadSteps; ++ks)
+      for (int ks = 0; ks < Sh::kHeadSteps; ++ks) {
+        const int qk = kQInRegs ? ks : 0;
+        if (!kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < kM; ++i)
+            load_a(qa[i][0], q_s, Sh::kLd, 16 * kM * warp + 16 * i, 16 * ks);
+        }
 #pragma unroll
         for (int j = 0; j < kKeyFrags; j += 2) {
           uint32_t kb[4];
           load_b_pair(kb, k_s, Sh::kLd, 8 * j, 16 * ks);
 #pragma unroll
-          for (int i = 0; i < kM; ++i) {
-            mma_16816_pair(s[i][j], s[i][j + 1], qa[i][ks], kb);
-          }
+          for (int i = 0; i < kM; ++i) mma_16816_pair(s[i][j], s[i][j + 1], qa[i][qk], kb);
         }
+      }
 
       // The mask where the tile reaches past the warp's first row; keys past S lie right of
       // every row that is stored.
@@ -452,10 +461,8 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
     };
     if (m_tiles == 1 && (warp_rows == 0 || warp_rows == 16))
       return run(std::integral_constant<int, 1>{});
-    if constexpr (HS_MAX <= 64) {  // two m-tiles at head size 128 would spill
-      if (m_tiles == 2 && (warp_rows == 0 || warp_rows == 32))
-        return run(std::integral_constant<int, 2>{});
-    }
+    if (m_tiles == 2 && (warp_rows == 0 || warp_rows == 32))
+      return run(std::integral_constant<int, 2>{});
     return cudaErrorInvalidValue;
   });
 }
