@@ -186,12 +186,13 @@ cudaError_t launch_opted_in(void (*kernel)(P...), dim3 grid, dim3 block, size_t 
   return cudaGetLastError();
 }
 
-// The block's dynamic shared memory (the launch's `smem` bytes), as floats.
+// The block's dynamic shared memory (the launch's `smem` bytes), as floats; 16-byte aligned,
+// for the 16-byte vector stores, cp.async copies and ldmatrix rows placed in it.
 __device__ __forceinline__ float* dynamic_shared_floats() {
 #ifdef STRATA_CUDA_EMULATION
   return static_cast<float*>(cuda_emulation::dynamic_shared());
 #else
-  extern __shared__ float dynamic_smem[];
+  extern __shared__ __align__(16) float dynamic_smem[];
   return dynamic_smem;
 #endif
 }

@@ -70,7 +70,7 @@ template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
 #if defined(STRATA_CUDA_EMULATION)
   cuda_emulation::ldmatrix_x4(r, row, kTrans);
-#elif defined(__CUDA_ARCH__)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   if constexpr (kTrans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -82,6 +82,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();  // the bf16 kernels need sm_80 (see mma_16816)
 #endif
 }
 
@@ -136,18 +138,20 @@ __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[4], const float 
 __device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, int src_bytes) {
 #if defined(STRATA_CUDA_EMULATION)
   cuda_emulation::cp_async_16(dst, src, src_bytes);
-#elif defined(__CUDA_ARCH__)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-               "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr),
+               "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
                : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(STRATA_CUDA_EMULATION)
   cuda_emulation::cp_async_commit();
-#elif defined(__CUDA_ARCH__)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
@@ -156,7 +160,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(STRATA_CUDA_EMULATION)
   cuda_emulation::cp_async_wait(N);
-#elif defined(__CUDA_ARCH__)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -360,8 +360,15 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
       if (!is_bf16(type)) continue;
-      // The bf16 forward's other tiling (16 query rows per warp where 32 is the default) gives
-      // the same results; a sum over the same keys in the same order, so bit for bit.
+        // The bf16 forward's other tiling (16 query rows per warp where 32 is the default) gives
+        // the same results: a sum over the same keys in the same order, so bit for bit in the
+        // emulation build. On a GPU the two kernels are compiled apart and nvcc may fuse a
+        // multiply and an add (an FMA) in one and not the other: up to a rounding of the output.
+#ifdef STRATA_CUDA_EMULATION
+      constexpr double kTolOut = 0.0, kTolLse = 0.0;
+#else
+      constexpr double kTolOut = kTolBf16, kTolLse = kTolF32;
+#endif
       DeviceArray Out16(std::vector<float>(tokens * C, 0.f), type);
       DeviceArray Lse16(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
                         kc::ElemType::kF32);
@@ -369,8 +376,8 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
                                                            c.S, c.NH, c.HS, 16, nullptr),
                 cudaSuccess)
           << what;
-      expect_close(what + " out, 16 rows per warp", Out16.host(), Out.host(), 0.0);
-      expect_close(what + " lse, 16 rows per warp", Lse16.host(), Lse.host(), 0.0);
+      expect_close(what + " out, 16 rows per warp", Out16.host(), Out.host(), kTolOut);
+      expect_close(what + " lse, 16 rows per warp", Lse16.host(), Lse.host(), kTolLse);
     }
 }
 

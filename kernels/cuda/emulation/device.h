@@ -33,11 +33,12 @@
 //
 // cp.async (cp_async_16, cp_async_commit, cp_async_wait: cp.async.cg.shared.global of 16 bytes,
 // commit_group, wait_group) lands its copies at one of the two extremes a GPU allows, by block:
-// in even blocks only when the thread's wait_group lets their group complete (or it returns), so
-// a thread that reads a copy's bytes before waiting for it, or another thread's without a
-// __syncthreads after that thread's wait, reads the bytes from before the copy (NaN in a fresh
-// block); in odd blocks at once, so a copy issued over data another warp still reads (the
-// __syncthreads before it missing) overwrites it. Either fails a comparison with the CPU.
+// in blocks 0 and 1 of every 4 only when the thread's wait_group lets their group complete (never,
+// if it returns without waiting), so a thread that reads a copy's bytes before waiting for it, or
+// another thread's without a __syncthreads after that thread's wait, reads the bytes from before
+// the copy (NaN in a fresh block); in blocks 2 and 3 at once, so a copy issued over data another
+// warp still reads (the __syncthreads before it missing) overwrites it. With the warp order
+// alternating by block, each landing meets each order. Either fails a comparison with the CPU.
 //
 // Not emulated: warp-synchronous code without __syncwarp (each fiber runs alone until it
 // blocks), memory fences, cooperative groups, other tensor-core shapes or types, other ldmatrix

@@ -123,8 +123,8 @@ struct Grid {
   std::vector<MmaLane> mma;  // [warp][lane]: the operands of lanes waiting at a product
   std::vector<LdmatrixLane> ldm;  // [warp][lane]: the lanes waiting at an ldmatrix
   std::vector<unsigned char> smem;
-  // cp.async copies land when issued (odd blocks) instead of when waited for (even ones): the
-  // earliest a GPU may complete them, where a copy over data another warp still reads shows.
+  // cp.async copies land when issued (blocks 2 and 3 of every 4) instead of when waited for:
+  // the earliest a GPU may complete them, where a copy over data another warp still reads shows.
   bool early_copies = false;
 };
 
@@ -335,7 +335,9 @@ void make_fibers(Grid& g) {
                                      f.caller = std::move(scheduler);
                                      while (!g.finished) {
                                        (*g.body)();
-                                       land_copies(f, 0);  // a GPU completes them too
+                                       // Copies it never waited for never land: no
+                                       // thread can have been ordered after them.
+                                       f.copy_groups.clear();
                                        f.uncommitted.clear();
                                        f.wait = Wait::kDone;
                                        f.caller = std::move(f.caller).resume();
@@ -359,7 +361,7 @@ void resume(Grid& g, int i) {
 // barrier before the next starts, and shared memory that one warp writes and another reads (or
 // overwrites) without a __syncthreads between is seen unwritten (or overwritten) in one of the
 // two orders.
-void run_block(Grid& g, bool reverse) {
+void run_block(Grid& g, bool reverse, bool early_copies) {
   const int n = g.threads, warps = (n + kWarp - 1) / kWarp;
   for (Fiber& f : g.fibers) {
     f.wait = Wait::kNone;
@@ -368,7 +370,7 @@ void run_block(Grid& g, bool reverse) {
   }
   std::fill(g.parity.begin(), g.parity.end(), 0);
   std::fill(g.smem.begin(), g.smem.end(), static_cast<unsigned char>(0xff));
-  g.early_copies = reverse;
+  g.early_copies = early_copies;
   blockIdx = g.block_idx;
   for (;;) {
     for (int wi = 0; wi < warps; ++wi) {
@@ -421,7 +423,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x, ++index) {
         g.block_idx = uint3{x, y, z};
-        run_block(g, index % 2 == 1);
+        run_block(g, index % 2 == 1, index / 2 % 2 == 1);
       }
   g.finished = true;
   for (int i = 0; i < g.threads; ++i) resume(g, i);  // each returns from its function

@@ -92,57 +92,83 @@ TEST(CudaEmulation, CpAsyncLandsAtTheWaitOrEarlier) {
   const std::vector<int> values = {10, 11, 12, 13, 14, 15, 16, 17};
   Ints in(values);
   for (const int pending : {0, 1, 2}) {
-    Ints out(2 * 8);
-    kc::launch(groups_kernel, 2, 1, 8 * sizeof(int), nullptr, out.get(), in.get(), pending);
+    Ints out(4 * 8);
+    kc::launch(groups_kernel, 4, 1, 8 * sizeof(int), nullptr, out.get(), in.get(), pending);
     const std::vector<int> got = out.host();
-    for (int k = 0; k < 8; ++k) {
-      // Block 0 lands copies as late as a GPU may: what the wait left pending is unwritten
-      // (0xff bytes); block 1 as early: everything is there.
-      const bool landed = k < 4 ? pending <= 1 : pending == 0;
-      EXPECT_EQ(got[static_cast<size_t>(k)], landed ? values[static_cast<size_t>(k)] : -1)
-          << "block 0, pending " << pending << ", int " << k;
-      EXPECT_EQ(got[static_cast<size_t>(8 + k)], values[static_cast<size_t>(k)])
-          << "block 1, pending " << pending << ", int " << k;
-    }
+    for (int block = 0; block < 4; ++block)
+      for (int k = 0; k < 8; ++k) {
+        // Blocks 0 and 1 land copies as late as a GPU may: what the wait left pending is
+        // unwritten (0xff bytes); blocks 2 and 3 as early: everything is there.
+        const bool landed = block >= 2 || (k < 4 ? pending <= 1 : pending == 0);
+        EXPECT_EQ(got[static_cast<size_t>(block * 8 + k)],
+                  landed ? values[static_cast<size_t>(k)] : -1)
+            << "block " << block << ", pending " << pending << ", int " << k;
+      }
   }
 }
 
-// Warp 1 stages in[] by cp.async over shared memory that warp 0 reads, with (`sync`) or without
-// the __syncthreads between warp 0's read and warp 1's copy. Warp 1 waits for its copy only after
-// a __syncthreads, so the overwrite shows only where a copy may land before its wait: ordering
-// the warps alone would not show it.
-__global__ void overwrite_kernel(int* out, const int* in, bool sync) {
+// Warp 1 stages in[] by cp.async and returns without waiting; warp 0 reads the copy after a
+// __syncthreads, which orders nothing after a copy no thread waited for.
+__global__ void unwaited_kernel(int* out, const int* in) {
   int* s = shared_ints();
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  if (warp == 0)
+  if (warp == 1) {
+    kc::cp_async_16(reinterpret_cast<bf16*>(s + 4 * lane),
+                    reinterpret_cast<const bf16*>(in + 4 * lane), 16);
+    kc::cp_async_commit();
+    return;
+  }
+  __syncthreads();
+  for (int k = 0; k < 4; ++k)
+    out[static_cast<int>(blockIdx.x) * 128 + 4 * lane + k] = s[4 * lane + k];
+}
+
+TEST(CudaEmulation, CpAsyncNobodyWaitedForIsSeen) {
+  Ints in(128, 3), out(4 * 128);
+  kc::launch(unwaited_kernel, 4, 64, 128 * sizeof(int), nullptr, out.get(), in.get());
+  int wrong = 0;
+  for (const int v : out.host()) wrong += v != 3;
+  EXPECT_GT(wrong, 0) << "some block must leave the copies unlanded";
+}
+
+// Warp 1 - `reader` stages in[] by cp.async over shared memory that warp `reader` reads, with
+// (`sync`) or without the __syncthreads between the read and the copy. The copying warp waits
+// for its copy only after a __syncthreads, so the overwrite shows only where a copy may land
+// before its wait: ordering the warps alone would not show it.
+__global__ void overwrite_kernel(int* out, const int* in, int reader, bool sync) {
+  int* s = shared_ints();
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (warp == reader)
     for (int k = 0; k < 4; ++k) s[4 * lane + k] = 7;
   __syncthreads();
-  if (warp == 0)
+  if (warp == reader)
     for (int k = 0; k < 4; ++k)
       out[static_cast<int>(blockIdx.x) * 128 + 4 * lane + k] = s[4 * lane + k];
   if (sync) __syncthreads();
-  if (warp == 1) {
+  if (warp != reader) {
     kc::cp_async_16(reinterpret_cast<bf16*>(s + 4 * lane),
                     reinterpret_cast<const bf16*>(in + 4 * lane), 16);
     kc::cp_async_commit();
   }
   __syncthreads();
-  if (warp == 1) kc::cp_async_wait<0>();
+  if (warp != reader) kc::cp_async_wait<0>();
   __syncthreads();
 }
 
 TEST(CudaEmulation, CpAsyncOverDataAnotherWarpReadsIsSeen) {
   Ints in(128, 3);
-  for (const bool sync : {true, false}) {
-    Ints out(2 * 128);
-    kc::launch(overwrite_kernel, 2, 64, 128 * sizeof(int), nullptr, out.get(), in.get(), sync);
-    int wrong = 0;
-    for (const int v : out.host()) wrong += v != 7;
-    if (sync)
-      EXPECT_EQ(wrong, 0) << "warp 0 reads before any copy is issued";
-    else
-      EXPECT_GT(wrong, 0) << "some block must land a copy before warp 0 reads";
-  }
+  for (const int reader : {0, 1})
+    for (const bool sync : {true, false}) {
+      Ints out(4 * 128);
+      kc::launch(overwrite_kernel, 4, 64, 128 * sizeof(int), nullptr, out.get(), in.get(), reader,
+                 sync);
+      int wrong = 0;
+      for (const int v : out.host()) wrong += v != 7;
+      if (sync)
+        EXPECT_EQ(wrong, 0) << "warp " << reader << " reads before any copy is issued";
+      else
+        EXPECT_GT(wrong, 0) << "some block must land a copy before warp " << reader << " reads";
+    }
 }
 
 // Each lane names row lane % 8 of 8 × 8 matrix lane / 8 (element (r, c) of matrix m holds
