@@ -3,32 +3,31 @@
 //
 // Tiling. A block is 4 warps and works on a tile of rows — queries in the forward (32 per warp,
 // as two 16-row m-tiles), keys in the backward (16 per warp) — the other side coming in tiles of
-// 64 staged row-major in shared
-// memory as bf16 by cp.async, rows padded by 8 elements so that the 8 rows one ldmatrix phase
-// reads fall in distinct banks. Every operand is read from its tile by ldmatrix, transposed on
-// the way where the product wants it (.trans), so no tile is ever stored twice. Head dims are
-// padded with zeros to HS_MAX (32, 64 or 128), so any head size up to 128 runs; rows past S are
-// zero and masked.
+// 64 staged row-major in shared memory as bf16 by cp.async, rows padded by 8 elements so that
+// the 8 rows one ldmatrix phase reads fall in distinct banks. Every operand is read from its tile
+// by ldmatrix, transposed on the way where the product wants it (.trans), so no tile is ever
+// stored twice. Head dims are padded with zeros to HS_MAX (32, 64 or 128), so any head size up
+// to 128 runs; rows past S are zero and masked.
 //
 // Forward (grid: B·NH × query tiles, the last — longest — first). A warp keeps its query rows as
 // A fragments in registers (up to head size 64; at 128 they are read from shared memory at each
-// k-step, as the accumulators take the registers). For each key tile up to its last row (causal): S
-// = Q·Kᵀ (16 × 64 per m-tile, eight accumulator tiles, K's rows are Kᵀ's columns; each key fragment
-// read serves every m-tile), the mask only where the tile reaches past the warp's first row, the
-// online softmax in the log2 domain (each row's 64 scores are spread over the 4 lanes of a quad:
-// max and sum are two xor-shuffles; the running sum stays per lane until the end), then O += P·V
-// with P taken from the score accumulators as A fragments (no trip through shared memory) and V
-// read transposed. The copies overlap the products: the value tile is staged while the scores are
-// computed, the next key tile while P·V is.
+// k-step, as the accumulators take the registers). For each key tile up to its last row
+// (causal): S = Q·Kᵀ (16 × 64 per m-tile, eight accumulator tiles, K's rows are Kᵀ's columns;
+// each key fragment read serves every m-tile), the mask only where the tile reaches past the
+// warp's first row, the online softmax in the log2 domain (each row's 64 scores are spread over
+// the 4 lanes of a quad: max and sum are two xor-shuffles; the running sum stays per lane until
+// the end), then O += P·V with P taken from the score accumulators as A fragments (no trip
+// through shared memory) and V read transposed. The copies overlap the products: the value tile
+// is staged while the scores are computed, the next key tile while P·V is.
 //
 // Backward (grid: B·NH × key tiles, the first — longest — first). A warp keeps dK and dV of its
 // 16 keys in registers and walks the query tiles from its own to the last, the next one staged
-// (double-buffered) while this one is computed on: Sᵀ = K·Qᵀ and
-// dPᵀ = V·dOᵀ (keys as rows, so Pᵀ and dSᵀ come out as the A fragments of the next products),
-// Pᵀ = exp2(Sᵀ·scale·log2 e − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q; dSᵀ goes to
-// shared memory (keys as rows, two values per store) and each warp then forms dQ = dS·K for 16
-// of the tile's queries (dS read transposed), added with f32 atomics to the dq scratch (several
-// key tiles add to each query row).
+// (double-buffered) while this one is computed on: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (keys as rows, so
+// Pᵀ and dSᵀ come out as the A fragments of the next products), Pᵀ = exp2(Sᵀ·scale·log2 e − lse),
+// dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q; dSᵀ goes to shared memory (keys as rows, two
+// values per store) and each warp then forms dQ = dS·K for 16 of the tile's queries (dS read
+// transposed), added with f32 atomics to the dq scratch (several key tiles add to each query
+// row).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -341,7 +340,6 @@ __global__ void __launch_bounds__(kThreads)
         p[j][e] = pe;
         ds[j][e] = pe * (ds[j][e] - d_s[qi]);
       }
-
       // dV += Pᵀ·dO and dK += dSᵀ·Q (scale applied at the end), dO and Q read transposed.
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk) {
@@ -449,7 +447,6 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     using Sh = Shape<HS_MAX>;
-    const int m_tiles = warp_rows == 0 ? Sh::kDefaultMTiles : warp_rows / 16;
     auto run = [&](auto m_tag) {
       constexpr int kM = decltype(m_tag)::value;
       const dim3 grid(static_cast<unsigned>(B * NH),
@@ -459,11 +456,14 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
                              static_cast<const bf16*>(qkv), S, NH, HS, scale_log2,
                              vector_loads(qkv, HS));
     };
-    if (m_tiles == 1 && (warp_rows == 0 || warp_rows == 16))
-      return run(std::integral_constant<int, 1>{});
-    if (m_tiles == 2 && (warp_rows == 0 || warp_rows == 32))
-      return run(std::integral_constant<int, 2>{});
-    return cudaErrorInvalidValue;
+    switch (warp_rows == 0 ? 16 * Sh::kDefaultMTiles : warp_rows) {
+      case 16:
+        return run(std::integral_constant<int, 1>{});
+      case 32:
+        return run(std::integral_constant<int, 2>{});
+      default:
+        return cudaErrorInvalidValue;
+    }
   });
 }
 

@@ -100,9 +100,10 @@ struct Fiber {
   boost::context::fiber caller;  // where it yields to (the scheduler)
   uint3 idx;
   Wait wait = Wait::kNone;
-  // This thread's cp.async copies: committed groups, oldest first, and those issued since the
-  // last commit. They land in shared memory only when a cp_async_wait lets them (or the thread
-  // returns), so a read that does not wait for its copy sees the bytes from before it.
+  // This thread's cp.async copies in blocks that land them late: committed groups, oldest first,
+  // and those issued since the last commit. They land in shared memory only when a cp_async_wait
+  // lets them (never, if the thread returns first), so a read that does not wait for its copy
+  // sees the bytes from before it.
   std::vector<std::vector<AsyncCopy>> copy_groups;
   std::vector<AsyncCopy> uncommitted;
 };
@@ -228,27 +229,38 @@ void run_mma(const MmaLane* lanes) {
   }
 }
 
+// Whether the 16 bytes at p are 16-byte aligned and inside the block's dynamic shared memory,
+// as an ldmatrix row or a cp.async destination must be; shared_span names that memory for the
+// failure message.
+bool is_shared_chunk(const Grid& g, const void* p) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  return b >= g.smem.data() && b + 16 <= g.smem.data() + g.smem.size() &&
+         reinterpret_cast<uintptr_t>(b) % 16 == 0;
+}
+std::string shared_span(const Grid& g) {
+  std::ostringstream os;
+  os << g.smem.size() << " bytes at " << static_cast<const void*>(g.smem.data());
+  return os.str();
+}
+
 // The ldmatrix.sync.aligned.m8n8.x4[.trans].b16 of the warp whose 32 lanes wait at it: lane
 // 8m + i names row i of 8 × 8 matrix m (16 bytes, 16-byte aligned, in the block's dynamic shared
 // memory); lane l gets, in register m, the pair of matrix m at row l / 4 and columns 2(l % 4),
 // 2(l % 4) + 1, or with .trans at column l / 4 and rows 2(l % 4), 2(l % 4) + 1 (the lower column
 // or row in bits 0-15).
 void run_ldmatrix(const Grid& g, int warp, const LdmatrixLane* lanes) {
-  const unsigned char* smem = g.smem.data();
   for (int l = 0; l < kWarp; ++l) {
-    const unsigned char* row = lanes[l].row;
+    const bool same_trans = lanes[l].trans == lanes[0].trans;
+    if (same_trans && is_shared_chunk(g, lanes[l].row)) continue;
     std::ostringstream os;
     os << "warp " << warp << ", lane " << l << ": an ldmatrix ";
-    if (lanes[l].trans != lanes[0].trans) {
+    if (!same_trans)
       os << "with .trans where lane 0's is " << (lanes[0].trans ? "with" : "without") << " it";
-      fail(g, os.str());
-    }
-    if (row < smem || row + 16 > smem + g.smem.size() || reinterpret_cast<uintptr_t>(row) % 16) {
-      os << "row at " << static_cast<const void*>(row)
+    else
+      os << "row at " << static_cast<const void*>(lanes[l].row)
          << ", which is not a 16-byte aligned row of the block's dynamic shared memory ("
-         << g.smem.size() << " bytes at " << static_cast<const void*>(smem) << ")";
-      fail(g, os.str());
-    }
+         << shared_span(g) << ")";
+    fail(g, os.str());
   }
   uint16_t m[4][8][8];  // [matrix][row][column], read before any lane's registers are written
   for (int l = 0; l < kWarp; ++l) std::memcpy(m[l / 8][l % 8], lanes[l].row, 16);
@@ -465,19 +477,17 @@ void ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
 
 void cp_async_16(void* smem_dst, const void* global_src, int src_bytes) {
   Grid& g = *g_grid;
-  const auto* dst = static_cast<unsigned char*>(smem_dst);
-  const unsigned char* smem = g.smem.data();
-  std::ostringstream os;
-  os << "thread " << g.current << ": a 16-byte cp.async ";
-  if (dst < smem || dst + 16 > smem + g.smem.size() || reinterpret_cast<uintptr_t>(dst) % 16) {
-    os << "to " << smem_dst << ", which is not 16 aligned bytes of the block's dynamic shared "
-       << "memory (" << g.smem.size() << " bytes at " << static_cast<const void*>(smem) << ")";
-    fail(g, os.str());
-  }
-  if (src_bytes < 0 || src_bytes > 16 ||
-      (src_bytes > 0 && reinterpret_cast<uintptr_t>(global_src) % 16)) {
-    os << "of " << src_bytes << " source bytes from " << global_src
-       << " (0 to 16 bytes from a 16-byte aligned address)";
+  const bool bad_src = src_bytes < 0 || src_bytes > 16 ||
+                       (src_bytes > 0 && reinterpret_cast<uintptr_t>(global_src) % 16);
+  if (bad_src || !is_shared_chunk(g, smem_dst)) {
+    std::ostringstream os;
+    os << "thread " << g.current << ": a 16-byte cp.async ";
+    if (bad_src)
+      os << "of " << src_bytes << " source bytes from " << global_src
+         << " (0 to 16 bytes from a 16-byte aligned address)";
+    else
+      os << "to " << smem_dst << ", which is not 16 aligned bytes of the block's dynamic shared "
+         << "memory (" << shared_span(g) << ")";
     fail(g, os.str());
   }
   const AsyncCopy c{static_cast<unsigned char*>(smem_dst),

@@ -8,42 +8,36 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "tests/cuda/device_buffers.h"
 
 namespace kc = strata::kernels::cuda;
 using kc::bf16;
 
 namespace {
 
-// Device memory holding `n` ints, copied in and out.
-class Ints {
+// n values of T in device memory (device_buffers.h's DeviceBuffer), copied in and out.
+template <class T>
+class DeviceValues {
  public:
-  explicit Ints(size_t n, int fill = 0) : n_(n) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(int)), cudaSuccess);
-    const std::vector<int> v(n, fill);
-    EXPECT_EQ(cudaMemcpy(p_, v.data(), n * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  explicit DeviceValues(const std::vector<T>& v) : buf_(v.size() * sizeof(T)) {
+    EXPECT_EQ(cudaMemcpy(buf_.get(), v.data(), buf_.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
   }
-  explicit Ints(const std::vector<int>& v) : Ints(v.size()) {
-    EXPECT_EQ(cudaMemcpy(p_, v.data(), n_ * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Ints() { cudaFree(p_); }
-  Ints(const Ints&) = delete;
-  Ints& operator=(const Ints&) = delete;
-  int* get() const { return p_; }
-  std::vector<int> host() const {
-    std::vector<int> v(n_);
-    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  explicit DeviceValues(size_t n, T fill = T{}) : DeviceValues(std::vector<T>(n, fill)) {}
+  T* get() const { return static_cast<T*>(buf_.get()); }
+  std::vector<T> host() const {
+    std::vector<T> v(buf_.bytes() / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(v.data(), buf_.get(), buf_.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
   }
 
  private:
-  size_t n_;
-  int* p_ = nullptr;
+  strata::device_test::DeviceBuffer buf_;
 };
+using Ints = DeviceValues<int>;
 
 int* shared_ints() {
   return reinterpret_cast<int*>(kc::dynamic_shared_floats());
@@ -186,16 +180,12 @@ __global__ void ldmatrix_kernel(uint32_t* out) {
 
 TEST(CudaEmulation, LdmatrixHandsOutThePtxLayout) {
   for (const bool trans : {false, true}) {
-    uint32_t* d = nullptr;
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 32 * 4 * sizeof(uint32_t)), cudaSuccess);
+    DeviceValues<uint32_t> d(32 * 4);
     if (trans)
-      kc::launch(ldmatrix_kernel<true>, 1, 32, 32 * 16, nullptr, d);
+      kc::launch(ldmatrix_kernel<true>, 1, 32, 32 * 16, nullptr, d.get());
     else
-      kc::launch(ldmatrix_kernel<false>, 1, 32, 32 * 16, nullptr, d);
-    std::vector<uint32_t> got(32 * 4);
-    ASSERT_EQ(cudaMemcpy(got.data(), d, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    cudaFree(d);
+      kc::launch(ldmatrix_kernel<false>, 1, 32, 32 * 16, nullptr, d.get());
+    const std::vector<uint32_t> got = d.host();
     // PTX ISA, ldmatrix: lane l holds elements (l / 4, 2(l % 4)) and (l / 4, 2(l % 4) + 1) of
     // each matrix, the first in the low half; with .trans, of each matrix's transpose.
     for (int l = 0; l < 32; ++l)
