@@ -29,7 +29,7 @@ namespace {
 constexpr int kThreads = 256;     // elementwise blocks
 constexpr int kRowThreads = 256;  // cross-entropy: one block per row
 constexpr int kRowWarps = 8;      // LayerNorm: one warp per row, 8 rows per block
-constexpr unsigned kLayerNormMaxBlocks = 1024;  // LayerNorm backward: blocks at most
+constexpr int64_t kLnGridTarget = 264;  // LayerNorm parameter gradients: blocks in all
 constexpr int kColTile = 32;      // column sums: columns per block (one warp wide) ...
 constexpr int kColRows = 8;       // ... times row lanes per block
 constexpr int kMaxRowSplits = 64;
@@ -174,15 +174,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // column sums dweight += Σ_rows xhat · dy, dbias += Σ_rows dy: each block walks rows in steps of
 // the grid, sums its rows' columns in shared memory (2·C floats) and adds them to dweight and
 // dbias with one atomicAdd per column at the end.
+// The input gradient, one warp per row: dx += (w·dy − mean(w·dy) − xhat·mean(w·dy·xhat))·rstd.
 template <class TA, class TW>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    layernorm_backward_kernel(TA* dinp, float* dweight, float* dbias, const TA* dout,
-                              const TA* inp, const TW* w, const float* mean, const float* rstd,
-                              int64_t N, int C, bool vec) {
-  float* dw_s = dynamic_shared_floats();  // (C) this block's Σ xhat · dy
-  float* db_s = dw_s + C;                 // (C) this block's Σ dy
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dw_s[c] = 0.f;
-  __syncthreads();
+    layernorm_backward_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
+                              const float* mean, const float* rstd, int64_t N, int C, bool vec) {
   const int lane = threadIdx.x % 32;
   for (int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32; row < N;
        row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
@@ -212,21 +208,54 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       load_group(dy + c, k, vec, dyv);
       load_group(w + c, k, vec, wv);
       load_group(dx + c, k, vec, dxv);
-      for (int e = 0; e < kGroup; ++e) {
-        const float xhat = (xv[e] - m) * r;
-        dxv[e] += (wv[e] * dyv[e] - g_mean - xhat * gx_mean) * r;
-        if (e < k) {
-          atomicAdd(&dw_s[c + e], xhat * dyv[e]);
-          atomicAdd(&db_s[c + e], dyv[e]);
-        }
-      }
+      for (int e = 0; e < kGroup; ++e)
+        dxv[e] += (wv[e] * dyv[e] - g_mean - (xv[e] - m) * r * gx_mean) * r;
       store_group(dx + c, k, vec, dxv);
     }
   }
+}
+
+// The parameter gradients, column sums over the rows: dweight += Σ xhat·dy, dbias += Σ dy.
+// A block covers kLnColumns columns (each lane one group of kGroup, read as 16-byte vectors
+// where rows allow) and its warps take rows kRowWarps · gridDim.y apart, summing in registers;
+// the warps' sums meet in shared memory and each column adds its block's sum with one atomic.
+// (Summing them in the row kernel took two shared-memory atomics per element: 4.9 ms of a
+// 46 ms GPT-2 124M step on an H100.)
+constexpr int kLnColumns = kGroup * 32;
+template <class TA>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    layernorm_param_grad_kernel(float* dweight, float* dbias, const TA* dout, const TA* inp,
+                                const float* mean, const float* rstd, int64_t N, int C, bool vec) {
+  __shared__ float part[2][kRowWarps][kLnColumns];  // [dw, db][warp][column of the tile]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int c = blockIdx.x * kLnColumns + lane * kGroup;  // this lane's group
+  const int k = c < C ? group_count(c, C) : 0;
+  float dw[kGroup] = {}, db[kGroup] = {};
+  if (k > 0) {
+    for (int64_t row = blockIdx.y * int64_t{kRowWarps} + warp; row < N;
+         row += static_cast<int64_t>(gridDim.y) * kRowWarps) {
+      float xv[kGroup], dyv[kGroup];
+      load_group(inp + row * C + c, k, vec, xv);
+      load_group(dout + row * C + c, k, vec, dyv);
+      const float m = mean[row], r = rstd[row];
+      for (int e = 0; e < kGroup; ++e) {  // a partial group's missing dy are 0
+        dw[e] += (xv[e] - m) * r * dyv[e];
+        db[e] += dyv[e];
+      }
+    }
+  }
+  for (int e = 0; e < kGroup; ++e) {
+    part[0][warp][lane * kGroup + e] = dw[e];
+    part[1][warp][lane * kGroup + e] = db[e];
+  }
   __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(&dweight[c], dw_s[c]);
-    atomicAdd(&dbias[c], db_s[c]);
+  for (int i = threadIdx.x; i < 2 * kLnColumns; i += blockDim.x) {
+    const int which = i / kLnColumns, col = i % kLnColumns;
+    const int gc = blockIdx.x * kLnColumns + col;
+    if (gc >= C) continue;
+    float sum = 0.f;
+    for (int w2 = 0; w2 < kRowWarps; ++w2) sum += part[which][w2][col];
+    atomicAdd(which == 0 ? &dweight[gc] : &dbias[gc], sum);
   }
 }
 
@@ -506,14 +535,18 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
       using TW = typename decltype(tw)::type;
       const bool vec = vec_aligned(dinp) && vec_aligned(dout) && vec_aligned(inp) &&
                        vec_aligned(weight) && rows_vec_aligned(C, sizeof(TA));
-      // Enough blocks to fill the GPU several times over; each then takes rows a grid apart, so
-      // the column sums cost kLayerNormMaxBlocks atomics per column at most.
-      const unsigned grid = std::min<unsigned>(kLayerNormMaxBlocks, grid_for(N, kRowWarps));
-      return launch_opted_in(layernorm_backward_kernel<TA, TW>, grid, kRowWarps * 32,
-                             2 * sizeof(float) * static_cast<size_t>(C), stream,
-                             static_cast<TA*>(dinp), dweight, dbias, static_cast<const TA*>(dout),
-                             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean,
-                             rstd, N, C, vec);
+      launch(layernorm_backward_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0, stream,
+             static_cast<TA*>(dinp), static_cast<const TA*>(dout), static_cast<const TA*>(inp),
+             static_cast<const TW*>(weight), mean, rstd, N, C, vec);
+      if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+      // About two blocks per SM of a 132-SM GPU in all: more row slices only add atomics.
+      const unsigned tiles = static_cast<unsigned>((C + kLnColumns - 1) / kLnColumns);
+      const unsigned slices = static_cast<unsigned>(std::max<int64_t>(
+          1, std::min<int64_t>((N + kRowWarps - 1) / kRowWarps, (kLnGridTarget + tiles - 1) / tiles)));
+      launch(layernorm_param_grad_kernel<TA>, dim3(tiles, slices), kRowWarps * 32, 0, stream,
+             dweight, dbias, static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd,
+             N, C, vec);
+      return cudaGetLastError();
     });
   });
 }

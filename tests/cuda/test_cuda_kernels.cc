@@ -644,10 +644,11 @@ TEST_P(CudaBackendOps, LayerNorm) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);
   // (N, C): rows of 45 and 1031 columns are no multiple of 8 and go element by element (a
-  // partial last group per row); rows of 96 and 2048 move as 16-byte vectors (2048: 8 groups per
-  // lane). 37 rows leave the last block of 8 rows part empty; 8203 rows are more than the
-  // backward's 1024 blocks of 8 take at once, so some blocks sum the columns of two row groups.
-  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}, {8203, 24}};
+  // partial last group per row); rows of 96, 768 and 2048 move as 16-byte vectors (2048: 8
+  // groups per lane, and 8 column tiles of 256 in the parameter-gradient kernel; 1031: 5 tiles,
+  // the last part empty). 37 rows leave the last block of 8 rows part empty; of 8203 and 300
+  // rows each warp of the parameter-gradient kernel sums several (264 and 88 row slices of 8).
+  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}, {8203, 24}, {300, 768}};
   uint64_t key = 800;
   for (const auto& nc : shapes) {
     const int N = nc[0], C = nc[1];
