@@ -50,6 +50,8 @@ class DataSource {
 
   // Writes sequences [first, first + count) of batch `iter` of `split`:
   // inputs (count, seq_len) and targets (count, seq_len), targets[i] = the token after inputs[i].
+  // A pure function of its arguments, safe to call from any thread: the trainer samples the
+  // next micro-batch on a host thread while the device computes.
   virtual void sample(Split split, uint64_t iter, int64_t first, int count, int seq_len,
                       int32_t* inputs, int32_t* targets) const = 0;
 };
