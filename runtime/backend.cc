@@ -8,7 +8,7 @@ namespace strata {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend_cpu.cc
 #ifdef STRATA_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int device, bool cudnn_attention);  // backend_cuda.cu
+std::unique_ptr<Backend> make_cuda_backend(int device, CudnnAttentionUse cudnn);  // backend_cuda.cu
 #endif
 
 std::string compiled_backends() {
@@ -19,24 +19,32 @@ std::string compiled_backends() {
 #endif
 }
 
-// "auto" stays on the CPU until the CUDA backend has been verified on a GPU (issue 7): a run
-// asks for the GPU explicitly with device "cuda".
+// "auto" is the GPU where one is visible (verified on an H100, issue 7), else the CPU. The CUDA
+// emulation build keeps "auto" on the CPU: its GPU runs kernels on the CPU, for tests only.
 Device backend_device(const std::string& device) {
-  return device == "cpu" || device == "auto" ? Device::kCPU : Device::kCUDA;
+  if (device == "cpu") return Device::kCPU;
+  if (device == "cuda") return Device::kCUDA;
+#if defined(STRATA_HAVE_CUDA) && !defined(STRATA_CUDA_EMULATION)
+  return cuda_device_count() > 0 ? Device::kCUDA : Device::kCPU;
+#else
+  return Device::kCPU;
+#endif
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
                                       const std::string& attention_backend) {
-  const bool cudnn_attention = attention_backend == "cudnn";
   if (backend_device(device) == Device::kCPU) {
-    if (cudnn_attention) {
+    if (attention_backend == "cudnn") {
       throw InputError("<config>", "train.attention_backend",
                        "\"auto\" or \"strata\" on the CPU: \"cudnn\" needs device \"cuda\"");
     }
     return make_cpu_backend(threads);
   }
+  const CudnnAttentionUse cudnn = attention_backend == "cudnn"  ? CudnnAttentionUse::kAlways
+                                  : attention_backend == "auto" ? CudnnAttentionUse::kWhereItRuns
+                                                                : CudnnAttentionUse::kNever;
 #ifdef STRATA_HAVE_CUDA
-  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index(), cudnn_attention);
+  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index(), cudnn);
   throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
 #else
   throw InputError("<config>", "device",

@@ -200,10 +200,16 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
                                      make_backend("cuda", 1, "cudnn")};
   const DType bf = DType::kBF16;
   const MemCategory a = MemCategory::kActivations;
-  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 77, 4, 64}, {1, 256, 2, 128},
-                                    {3, 1, 2, 32}, {2, 130, 3, 16}}) {
-    SCOPED_TRACE("B " + std::to_string(B) + " S " + std::to_string(S) + " NH " +
-                 std::to_string(NH) + " HS " + std::to_string(HS));
+  // cuDNN 9.14's backward runs S multiples of 128 only: those shapes come first, and a shape
+  // it refuses is reported and passed over, so the others still run.
+  std::string refused;
+  int compared = 0;
+  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 128, 4, 64}, {1, 256, 2, 128},
+                                    {2, 77, 4, 64}, {3, 1, 2, 32},
+                                    {2, 130, 3, 16}}) {
+    const std::string shape = "B " + std::to_string(B) + " S " + std::to_string(S) + " NH " +
+                              std::to_string(NH) + " HS " + std::to_string(HS);
+    SCOPED_TRACE(shape);
     const int C = NH * HS;
     const auto qkv = random(B * S * 3 * C, 21), g = random(B * S * C, 22);
     const auto init = random(B * S * 3 * C, 23, 0.5f);  // dqkv before: the gradient adds to it
@@ -214,7 +220,15 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
       Tensor O = be.empty({B, S, C}, a, bf);
       Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a);
       Tensor dQ = put(be, {B, S, 3 * C}, init, bf);
-      SKIP_IF_CUDNN_REFUSES(be.attention_forward(O, Att, Q, NH));
+      try {
+        be.attention_forward(O, Att, Q, NH);
+      } catch (const std::runtime_error& e) {
+        if (k == 0 || std::string(e.what()).find("cannot run causal attention") ==
+                          std::string::npos)
+          throw;
+        refused += shape + ": " + e.what() + "\n";
+        break;
+      }
       be.attention_backward(dQ, G, Q, O, Att, NH);
       out[k] = get(be, O);
       lse[k] = get(be, Att);
@@ -228,12 +242,56 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
         cross = get(*bes[0], dQs);
       }
     }
+    if (out[1].empty()) continue;  // refused
+    ++compared;
     expect_close("out", out[1], out[0], 2e-2);
     expect_close("log-sum-exp", lse[1], lse[0], 1e-3);
     expect_close("dqkv", dqkv[1], dqkv[0], 2e-2);
     expect_close("dqkv, cuDNN forward then Strata backward", cross, dqkv[0], 2e-2);
   }
   EXPECT_NE(bes[1]->name().find("cuDNN"), std::string::npos) << bes[1]->name();
+  if (!refused.empty()) std::printf("cuDNN refused (compared %d shapes):\n%s", compared, refused.c_str());
+  if (compared == 0) GTEST_SKIP() << "cuDNN refused every shape:\n" << refused;
+}
+
+// train.attention_backend "auto" runs bf16 attention on cuDNN for the shapes cuDNN runs and on
+// Strata's kernels for the others, without an error: bit for bit the "cudnn" run where cuDNN
+// takes the shape, and the "strata" run where it refuses it (cuDNN 9.14 refuses S = 77).
+TEST_F(CudaBackend, AutoAttentionIsCudnnWhereItRunsElseStrata) {
+  std::unique_ptr<Backend> strata = make_backend("cuda", 1, "strata");
+  std::unique_ptr<Backend> cudnn = make_backend("cuda", 1, "cudnn");
+  std::unique_ptr<Backend> automatic = make_backend("cuda", 1, "auto");
+  const DType bf = DType::kBF16;
+  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 128, 4, 64}, {2, 77, 4, 64}}) {
+    SCOPED_TRACE("S " + std::to_string(S));
+    const int C = NH * HS;
+    const auto qkv = random(B * S * 3 * C, 41), g = random(B * S * C, 42);
+    auto run = [&](Backend& be, std::vector<float>* out) {
+      Tensor Q = put(be, {B, S, 3 * C}, qkv, bf), G = put(be, {B, S, C}, g, bf);
+      Tensor O = be.empty({B, S, C}, MemCategory::kActivations, bf);
+      Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), MemCategory::kActivations);
+      Tensor dQ = be.zeros({B, S, 3 * C}, MemCategory::kActivations, bf);
+      be.attention_forward(O, Att, Q, NH);
+      be.attention_backward(dQ, G, Q, O, Att, NH);
+      out[0] = get(be, O);
+      out[1] = get(be, dQ);
+    };
+    std::vector<float> got[2], want[2];
+    run(*automatic, got);
+    bool cudnn_runs = true;
+    try {
+      run(*cudnn, want);
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).find("cannot run causal attention") == std::string::npos) throw;
+      cudnn_runs = false;
+      run(*strata, want);
+    }
+    std::printf("S %d: auto ran %s\n", S, cudnn_runs ? "cuDNN" : "Strata's kernels");
+    EXPECT_EQ(got[0], want[0]) << "out";
+    EXPECT_EQ(got[1], want[1]) << "dqkv";
+  }
+  EXPECT_NE(automatic->name().find("cuDNN where it runs"), std::string::npos)
+      << automatic->name();
 }
 
 // The Backend contract (runtime/backend.h): an input gradient with one producer is assigned,
@@ -298,7 +356,9 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
 // Without a GPU, asking the factory for cuDNN attention names the key instead of running the
 // CPU's attention under another name.
 TEST(BackendFactory, CudnnAttentionNeedsTheCudaDevice) {
-  for (const char* device : {"cpu", "auto"}) {
+  std::vector<const char*> cpu_devices = {"cpu"};
+  if (backend_device("auto") == Device::kCPU) cpu_devices.push_back("auto");  // no GPU seen
+  for (const char* device : cpu_devices) {
     try {
       make_backend(device, 1, "cudnn");
       ADD_FAILURE() << device << ": expected an InputError";
@@ -316,9 +376,10 @@ TEST_F(CudaBackend, TrainingWithCudnnAttentionMatchesStrataAttention) {
     RunContext ctx;
     ctx.verbose = false;
     return run_training(
-        load_config("", {"model.preset=tiny", "train.iterations=20", "train.micro_batch_size=4",
-                         "train.global_batch_size=8", "train.eval_interval=0",
-                         "train.precision=bf16", "device=cuda",
+        // seq 128: cuDNN 9.14's backward runs multiples of 128 only.
+        load_config("", {"model.preset=tiny", "model.seq_len=128", "train.iterations=20",
+                         "train.micro_batch_size=4", "train.global_batch_size=8",
+                         "train.eval_interval=0", "train.precision=bf16", "device=cuda",
                          std::string("train.attention_backend=") + attention}),
         ctx);
   };

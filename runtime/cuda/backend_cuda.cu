@@ -179,7 +179,7 @@ class StreamStaging final : public DeviceStaging {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool cudnn_attention) : device_(device) {
+  CudaBackend(int device, CudnnAttentionUse cudnn_use) : device_(device), cudnn_use_(cudnn_use) {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&dsum_, sizeof(double)));
@@ -187,12 +187,15 @@ class CudaBackend final : public Backend {
                        MemCategory::kBuffers);
     gemm_ = std::make_unique<kc::GemmLt>(workspace_.data(), workspace_.bytes());
     CUBLAS_CHECK(gemm_->status());
-    if (cudnn_attention) {
+    if (cudnn_use_ != CudnnAttentionUse::kNever) {
       cudnn_ = std::make_unique<kc::CudnnAttention>();
       if (cudnn_->status() != CUDNN_STATUS_SUCCESS) {
-        throw std::runtime_error(std::string("train.attention_backend \"cudnn\": cudnnCreate "
-                                             "failed: ") +
-                                 cudnnGetErrorString(cudnn_->status()));
+        if (cudnn_use_ == CudnnAttentionUse::kAlways) {
+          throw std::runtime_error(std::string("train.attention_backend \"cudnn\": cudnnCreate "
+                                               "failed: ") +
+                                   cudnnGetErrorString(cudnn_->status()));
+        }
+        cudnn_.reset();  // "auto": Strata's kernels
       }
     }
   }
@@ -210,7 +213,10 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
     return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16" +
-           (cudnn_ ? ", bf16 attention on cuDNN" : "") + ")";
+           (!cudnn_                                        ? ""
+            : cudnn_use_ == CudnnAttentionUse::kAlways ? ", bf16 attention on cuDNN"
+                                                       : ", bf16 attention on cuDNN where it runs") +
+           ")";
   }
   Allocator& allocator() override { return alloc_; }
   // Published dense peaks of the data-centre GPUs we plan for (the same figures as
@@ -776,13 +782,16 @@ class CudaBackend final : public Backend {
   struct AttentionShape {
     int B, S, NH, HS;
   };
-  // Whether this attention runs on cuDNN: asked for (train.attention_backend "cudnn") and bf16.
-  // A bf16 shape cuDNN refuses is an error: the config check ruled out what Strata knows cuDNN
-  // cannot run, so what is left (an old cuDNN, an old GPU, no engine) must be seen, not hidden.
+  // Whether this attention runs on cuDNN: asked for (train.attention_backend "cudnn" or "auto")
+  // and bf16. With "cudnn", a bf16 shape cuDNN refuses is an error: the config check ruled out
+  // what Strata knows cuDNN cannot run, so what is left (an old cuDNN, an old GPU, no engine)
+  // must be seen, not hidden. With "auto" it runs on Strata's kernels (the same saved
+  // log-sum-exp, so a forward on one and a backward on the other agree).
   bool use_cudnn(const Tensor& qkv, const AttentionShape& a) {
     if (!cudnn_ || qkv.dtype() != DType::kBF16) return false;
     std::string why;
     if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.HS, &why) != CUDNN_STATUS_SUCCESS) {
+      if (cudnn_use_ == CudnnAttentionUse::kWhereItRuns) return false;
       throw std::runtime_error(
           "train.attention_backend \"cudnn\": cuDNN " + std::to_string(cudnnGetVersion()) +
           " cannot run causal attention " + "B=" + std::to_string(a.B) +
@@ -839,13 +848,14 @@ class CudaBackend final : public Backend {
   double* dsum_ = nullptr;                     // sum / sum_squares result
   Tensor workspace_;                           // cuBLASLt workspace (kBuffers)
   std::unique_ptr<kc::GemmLt> gemm_;           // uses workspace_ and stream_
-  std::unique_ptr<kc::CudnnAttention> cudnn_;  // train.attention_backend "cudnn", else null
+  CudnnAttentionUse cudnn_use_;
+  std::unique_ptr<kc::CudnnAttention> cudnn_;  // train.attention_backend "cudnn"/"auto", else null
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device, bool cudnn_attention) {
-  return std::make_unique<CudaBackend>(device, cudnn_attention);
+std::unique_ptr<Backend> make_cuda_backend(int device, CudnnAttentionUse cudnn) {
+  return std::make_unique<CudaBackend>(device, cudnn);
 }
 
 }  // namespace strata

@@ -70,7 +70,7 @@ using Case = AttentionCase;
 
 std::vector<Case> cases() {
   std::vector<Case> c;
-  for (int S : {1, 37, 128, 200})
+  for (int S : {1, 37, 128, 200, 256})
     for (int HS : {32, 64, 128}) c.push_back({2, S, 3, HS});
   return c;
 }
