@@ -87,11 +87,16 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
   be.upload(tokens, host.data());
   be.upload(targets, tgt.data());
   const float scale = static_cast<float>(1.0 / (static_cast<double>(micro) * S));
-  Tensor qkv = be.empty({micro, S, 3 * dims.C_local()}, MemCategory::kActivations);
+  // The attention core's input in the run's activation type (bf16 runs attention in bf16,
+  // on cuDNN when train.attention_backend says so).
+  const DType act = cfg.train.precision == "bf16" ? DType::kBF16 : DType::kF32;
+  Tensor qkv = be.empty({micro, S, 3 * dims.C_local()}, MemCategory::kActivations, act);
   {
+    Tensor q32 = be.empty(qkv.shape(), MemCategory::kActivations);
     std::vector<float> q(static_cast<size_t>(qkv.numel()));
     for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 197) - 1.0f;
-    be.upload(qkv, q.data());
+    be.upload(q32, q.data());
+    be.cast(qkv, q32);
   }
 
   // One pass: the six figures of one micro-batch, added to acc[figure].
@@ -120,8 +125,11 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
     c[6] = Clock::now();
     for (int k = 0; k < 6; ++k) acc[k] += seconds(c[k], c[k + 1]);
     // The attention core alone (selective recompute runs it again in the backward pass).
-    Tensor att = be.empty({micro, dims.heads_local(), S, S}, MemCategory::kActivations);
-    Tensor atty = be.empty({micro, S, dims.C_local()}, MemCategory::kActivations);
+    // What the backend keeps for the backward pass: the probabilities on the CPU, the
+    // log-sum-exp of each row with the GPU's fused kernels.
+    Tensor att = be.empty(be.attention_saved_shape(micro, dims.heads_local(), S),
+                          MemCategory::kActivations);
+    Tensor atty = be.empty({micro, S, dims.C_local()}, MemCategory::kActivations, act);
     be.synchronize();
     const Clock::time_point a0 = Clock::now();
     be.attention_forward(atty, att, qkv, dims.heads_local());
