@@ -208,7 +208,8 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
   }
   const int threads = resolve_cpu_threads(cfg.train.threads, 1);
   std::unique_ptr<Backend> backend = make_backend(cfg.device, threads, cfg.train.attention_backend);
-  const GptDims dims = gpt_dims(cfg.model);
+  GptDims dims = gpt_dims(cfg.model);
+  dims.bf16 = cfg.train.precision == "bf16";  // as the trainer: bf16 weights and activations
   std::vector<int> sizes = micro_batch_sizes;
   if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);
   Profile p;
