@@ -37,8 +37,9 @@
 //     forward: multiply the bwd figure by 1.25 to compare with its published numbers.
 //     Strata's rows run the kernels the backend runs: bf16 on tensor cores
 //     (kernels/cuda/flash_attention_tc.cu), f32 on CUDA cores. The bf16 forward also runs with
-//     its other tiling, 16 query rows per warp instead of 32 (row "attention fwd 16 rows/warp",
-//     left out of the summary): the measurement that decides the default.
+//     each of its two tilings, 16 and 32 query rows per warp (rows "attention fwd 16 rows/warp"
+//     and "... 32 rows/warp", left out of the summary): the measurement that decides the
+//     default (on an H100: 32 at head size 128, 16 at 64).
 //     In bf16 the same forward and backward also run on cuDNN's fused flash attention
 //     (kernels/cuda/cudnn_attention.h, rows "attention fwd cudnn" / "attention bwd cudnn", the
 //     same FLOP count; its backward recomputes the scores too). A shape cuDNN refuses prints
@@ -610,16 +611,16 @@ void Bench::attention(const Model& m, ElemType t) {
                                                    stream_));
   });
   if (t != ElemType::kBF16) return;  // cuDNN's flash attention is fp16/bf16 only
-  {
-    // The forward's other tiling, side by side with its default (32 query rows per warp): 16
-    // rows per warp, more blocks per SM but twice the shared-memory reads per product. Kept out
-    // of the summary's attention figures.
-    Row v = row(m, "attention fwd 16 rows/warp", t, shape);
+  for (const int rows : {16, 32}) {
+    // The forward's two tilings side by side (the default is 32 query rows per warp above head
+    // size 64, else 16): 16 rows per warp, more blocks per SM; 32, half the shared-memory reads
+    // per product. Kept out of the summary's attention figures.
+    Row v = row(m, "attention fwd " + std::to_string(rows) + " rows/warp", t, shape);
     flops(v, fl, t);
     v.group = "variant";
     measure(v, [&] {
       return cuda_error(kc::flash_attention_forward_bf16_warp_rows(out.get(), lse.f32(), qkv.get(),
-                                                                   B, S, NH, HS, 16, stream_));
+                                                                   B, S, NH, HS, rows, stream_));
     });
   }
   // The same on cuDNN; its backward uses its own forward's out and lse, and overwrites dqkv.

@@ -33,9 +33,9 @@ constexpr int kFlashMaxHeadSize = 128;
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
                                     int S, int NH, int HS, cudaStream_t stream);
 
-// The bf16 forward with `warp_rows` query rows per warp, 16 or 32 (its default): the same
-// results, for bench_cuda_kernels to measure the choice side by side. Other values return
-// cudaErrorInvalidValue.
+// The bf16 forward with `warp_rows` query rows per warp, 16 or 32 (the default is 32 for head
+// sizes above 64, else 16: measured): the same results, for bench_cuda_kernels to measure the
+// choice side by side. Other values return cudaErrorInvalidValue.
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
                                                    int S, int NH, int HS, int warp_rows,
                                                    cudaStream_t stream);

@@ -58,8 +58,11 @@ struct Shape {
   static constexpr int kRowTile = kTile * kLd;    // elements of a tile
   // Forward: query rows per warp, as 16-row m-tiles. Two share each key and value fragment a
   // warp reads from shared memory (half the reads per product), as FlashAttention-2's 128-row
-  // tiles of 4 warps do; flash_attention_forward_bf16_warp_rows runs one, for the benchmark.
-  static constexpr int kDefaultMTiles = 2;
+  // tiles of 4 warps do. Measured on an H100 (bench_cuda_kernels, 2026-11-24) two pay at head
+  // size 128 (GPT 1.3B's shape: 0.418 ms against 0.431 ms with one), and one is faster below
+  // (GPT-2 124M's, head size 64: 0.225-0.230 ms against 0.255-0.265 ms with two: half the
+  // registers, more blocks per SM). flash_attention_forward_bf16_warp_rows runs either.
+  static constexpr int kDefaultMTiles = HS_MAX > 64 ? 2 : 1;
   __host__ __device__ static constexpr int query_tile(int m_tiles) { return kWarps * 16 * m_tiles; }
   __host__ __device__ static constexpr size_t forward_smem(int m_tiles) {
     return sizeof(bf16) * static_cast<size_t>(query_tile(m_tiles) + 2 * kTile) * kLd;

@@ -25,8 +25,8 @@ cudaError_t with_head_size(int HS, F&& f) {
 }
 
 // out (B, S, NH, HS) bf16 and lse (B, NH, S) f32 from qkv (B, S, 3, NH, HS) bf16, with
-// `warp_rows` query rows per warp: 0 for the default (32), 16 or 32; any other value returns
-// cudaErrorInvalidValue.
+// `warp_rows` query rows per warp: 0 for the default (32 above head size 64, else 16), 16 or
+// 32; any other value returns cudaErrorInvalidValue.
 cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int HS,
                              int warp_rows, cudaStream_t stream);
 

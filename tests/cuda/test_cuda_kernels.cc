@@ -35,6 +35,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/optim.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"
@@ -360,24 +361,28 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
       if (!is_bf16(type)) continue;
-        // The bf16 forward's other tiling (16 query rows per warp where 32 is the default) gives
-        // the same results: a sum over the same keys in the same order, so bit for bit in the
-        // emulation build. On a GPU the two kernels are compiled apart and nvcc may fuse a
-        // multiply and an add (an FMA) in one and not the other: up to a rounding of the output.
+        // The bf16 forward's two tilings (16 and 32 query rows per warp; the default is one of
+        // them, by head size) give the same results: a sum over the same keys in the same
+        // order, so bit for bit in the emulation build. On a GPU the two kernels are compiled
+        // apart and nvcc may fuse a multiply and an add (an FMA) in one and not the other: up
+        // to a rounding of the output.
 #ifdef STRATA_CUDA_EMULATION
       constexpr double kTolOut = 0.0, kTolLse = 0.0;
 #else
       constexpr double kTolOut = kTolBf16, kTolLse = kTolF32;
 #endif
-      DeviceArray Out16(std::vector<float>(tokens * C, 0.f), type);
-      DeviceArray Lse16(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                        kc::ElemType::kF32);
-      ASSERT_EQ(kc::flash_attention_forward_bf16_warp_rows(Out16.get(), Lse16.f32(), Qkv.get(), c.B,
-                                                           c.S, c.NH, c.HS, 16, nullptr),
-                cudaSuccess)
-          << what;
-      expect_close(what + " out, 16 rows per warp", Out16.host(), Out.host(), kTolOut);
-      expect_close(what + " lse, 16 rows per warp", Lse16.host(), Lse.host(), kTolLse);
+      for (const int rows : {16, 32}) {
+        const std::string tiling = ", " + std::to_string(rows) + " rows per warp";
+        DeviceArray OutR(std::vector<float>(tokens * C, 0.f), type);
+        DeviceArray LseR(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
+                         kc::ElemType::kF32);
+        ASSERT_EQ(kc::flash_attention_forward_bf16_warp_rows(OutR.get(), LseR.f32(), Qkv.get(), c.B,
+                                                             c.S, c.NH, c.HS, rows, nullptr),
+                  cudaSuccess)
+            << what << tiling;
+        expect_close(what + " out" + tiling, OutR.host(), Out.host(), kTolOut);
+        expect_close(what + " lse" + tiling, LseR.host(), Lse.host(), kTolLse);
+      }
     }
 }
 
@@ -537,6 +542,85 @@ TEST(CudaKernels, MultiTensorSumSquaresMatchesCpu) {
   EXPECT_NEAR(got, start + want, 1e-10 * (start + want));
 }
 
+// ==== LayerNorm backward =========================================================================
+// What the backend's LayerNorm test (below) cannot reach: weights of the other type than the
+// activations, row pointers that are not 16-byte aligned although C is a multiple of 8, and
+// enough rows that every warp of the parameter-gradient kernel sums many. mean and rstd come from
+// the CPU, so both sides start from the same statistics; dinp, dweight and dbias start nonzero, as
+// they are accumulated into.
+
+TEST(CudaKernels, LayerNormBackwardMatchesCpuForMixedTypesAndUnalignedRows) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  using ET = kc::ElemType;
+  struct Case {
+    int N, C;
+    ET act, w;
+    int skip;  // elements before dinp, dout, inp and weight in their buffers: 1 misaligns them
+  };
+  const Case cases[] = {
+      // 2 column tiles of 256 (the second 8 columns wide), 132 row slices of 8: 9 or 10 rows per
+      // warp, 16-byte vectors.
+      {10037, 264, ET::kBF16, ET::kF32, 0},
+      // rows of 1536 bytes start 2 bytes into the buffers: element by element throughout.
+      {300, 768, ET::kBF16, ET::kF32, 1},
+      // f32 rows of 400 bytes move as vectors but for each row's last, partial group.
+      {1000, 100, ET::kF32, ET::kBF16, 0},
+      {37, 130, ET::kF32, ET::kBF16, 1},
+      {1, 7, ET::kBF16, ET::kBF16, 0},
+  };
+  uint64_t key = 1700;
+  for (const Case& c : cases) {
+    const std::string what = std::string("layernorm backward N ") + std::to_string(c.N) + " C " +
+                             std::to_string(c.C) + " " + name(c.act) + "/" + name(c.w) +
+                             (c.skip ? " unaligned" : "");
+    const size_t n = static_cast<size_t>(c.N) * c.C;
+    const bool ab = is_bf16(c.act), wb = is_bf16(c.w);
+    auto x = random(n, ++key);
+    for (float& v : x) v += 3.f;  // a mean far from 0, as in the residual stream
+    x = rounded(x, ab);
+    const auto dy = rounded(random(n, ++key), ab), dx0 = rounded(random(n, ++key), ab);
+    const auto w = rounded(random(c.C, ++key), wb), b = random(c.C, ++key);
+    const auto dw0 = random(c.C, ++key), db0 = random(c.C, ++key);
+    std::vector<float> y(n), mean(c.N), rstd(c.N);
+    kcpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                   c.N, c.C);
+    // The device arrays hold `skip` zeros, then the values.
+    const auto padded = [&](const std::vector<float>& v) {
+      std::vector<float> p(c.skip, 0.f);
+      p.insert(p.end(), v.begin(), v.end());
+      return p;
+    };
+    const auto unpadded = [&](std::vector<float> v) {
+      v.erase(v.begin(), v.begin() + c.skip);
+      return v;
+    };
+    DeviceArray dX(padded(dx0), c.act), dY(padded(dy), c.act), X(padded(x), c.act);
+    DeviceArray W(padded(w), c.w), Mean(mean, ET::kF32), Rstd(rstd, ET::kF32);
+    DeviceArray dW(dw0, ET::kF32), dB(db0, ET::kF32);
+    const auto at = [&](const DeviceArray& a) {
+      return static_cast<char*>(a.get()) + c.skip * kc::elem_size(a.type());
+    };
+    ASSERT_EQ(kc::layernorm_backward(at(dX), dW.f32(), dB.f32(), at(dY), at(X), c.act, at(W), c.w,
+                                     Mean.f32(), Rstd.f32(), c.N, c.C, nullptr),
+              cudaSuccess)
+        << what;
+    std::vector<float> dx = dx0, dw = dw0, db = db0;
+    kcpu::layernorm_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                    mean.data(), rstd.data(), c.N, c.C);
+    // dinp is rounded to act; it and the parameter gradients are f32 sums of act-type inputs
+    // (and, for dinp, of the weights).
+    const double dx_tol = ab ? kTolBf16 : wb ? kTolF32FromBf16 : kTolF32;
+    const double dwb_tol = ab ? kTolF32FromBf16 : kTolF32;
+    expect_close(what + " dinp", unpadded(dX.host()), dx, dx_tol);
+    expect_close(what + " dweight", dW.host(), dw, dwb_tol);
+    expect_close(what + " dbias", dB.host(), db, dwb_tol);
+  }
+  // No rows: nothing to do, and no pointer is touched.
+  EXPECT_EQ(kc::layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, ET::kBF16, nullptr,
+                                   ET::kF32, nullptr, nullptr, 0, 768, nullptr),
+            cudaSuccess);
+}
+
 // ==== the backend's ops in f32 and bf16 ========================================================
 // Parameterised by the activation type; weights (compute copies) have the same type, statistics
 // and parameter gradients are f32, as train.precision = bf16 lays them out.
@@ -643,12 +727,16 @@ TEST_P(CudaBackendOps, MatmulGelu) {
 TEST_P(CudaBackendOps, LayerNorm) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);
-  // (N, C): rows of 45 and 1031 columns are no multiple of 8 and go element by element (a
-  // partial last group per row); rows of 96, 768 and 2048 move as 16-byte vectors (2048: 8
-  // groups per lane, and 8 column tiles of 256 in the parameter-gradient kernel; 1031: 5 tiles,
-  // the last part empty). 37 rows leave the last block of 8 rows part empty; of 8203 and 300
-  // rows each warp of the parameter-gradient kernel sums several (264 and 88 row slices of 8).
-  const int shapes[][2] = {{37, 45}, {5, 1031}, {37, 96}, {9, 2048}, {8203, 24}, {300, 768}};
+  // (N, C): rows of 7, 45, 130 and 1031 columns are no multiple of 8 and go element by element
+  // (a partial last group per row; 7: that group alone); rows of 100 move as 16-byte vectors in
+  // f32 but for their last, partial group, and element by element in bf16; rows of 96, 768 and
+  // 2048 move as vectors (2048: 8 groups per lane, and 8 column tiles of 256 in the
+  // parameter-gradient kernel; 1031: 5 tiles, the last part empty). 1 and 37 rows leave the
+  // last block of 8 rows part empty; of 8203 rows each warp of the parameter-gradient kernel
+  // sums 3 or 4 (264 row slices of 8). The kernel-level test above adds mixed weight types,
+  // unaligned rows and many rows per warp.
+  const int shapes[][2] = {{37, 45},   {5, 1031}, {37, 96},    {9, 2048}, {8203, 24},
+                           {300, 768}, {1, 7},    {1000, 100}, {37, 130}, {1, 768}};
   uint64_t key = 800;
   for (const auto& nc : shapes) {
     const int N = nc[0], C = nc[1];
@@ -770,8 +858,8 @@ TEST_P(CudaBackendOps, CrossEntropy) {
     kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start,
                                  valid);
     kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), N);
-    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale,
-                             N, ld, vocab_start, valid);
+    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale, N,
+                             ld, vocab_start, valid);
     expect_close("ce row_max" + shape, get(*be, mx), m, kTolF32);  // a max of the same values
     expect_close("ce row_sumexp" + shape, get(*be, se), s, tol(DType::kF32, act()));
     expect_close("ce target_logit" + shape, get(*be, tl), t, kTolF32);
