@@ -87,9 +87,9 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
   be.upload(tokens, host.data());
   be.upload(targets, tgt.data());
   const float scale = static_cast<float>(1.0 / (static_cast<double>(micro) * S));
-  // The attention core's input in the run's activation type (bf16 runs attention in bf16,
+  // The attention core's input in the model's activation type (bf16 runs attention in bf16,
   // on cuDNN when train.attention_backend says so).
-  const DType act = cfg.train.precision == "bf16" ? DType::kBF16 : DType::kF32;
+  const DType act = model.activation_dtype();
   Tensor qkv = be.empty({micro, S, 3 * dims.C_local()}, MemCategory::kActivations, act);
   {
     Tensor q32 = be.empty(qkv.shape(), MemCategory::kActivations);
@@ -127,8 +127,8 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
     // The attention core alone (selective recompute runs it again in the backward pass).
     // What the backend keeps for the backward pass: the probabilities on the CPU, the
     // log-sum-exp of each row with the GPU's fused kernels.
-    Tensor att = be.empty(be.attention_saved_shape(micro, dims.heads_local(), S),
-                          MemCategory::kActivations);
+    Tensor att =
+        be.empty(be.attention_saved_shape(micro, dims.heads_local(), S), MemCategory::kActivations);
     Tensor atty = be.empty({micro, S, dims.C_local()}, MemCategory::kActivations, act);
     be.synchronize();
     const Clock::time_point a0 = Clock::now();

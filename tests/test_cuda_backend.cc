@@ -179,14 +179,19 @@ TEST_F(CudaBackend, Bf16TrainingFollowsTheCpuBf16Run) {
   EXPECT_LT(gpu.back(), gpu.front());
 }
 
+// Whether `e` is the backend's report that cuDNN refuses an attention shape.
+bool is_cudnn_refusal(const std::exception& e) {
+  return std::string(e.what()).find("cannot run causal attention") != std::string::npos;
+}
+
 // Runs `body`; a cuDNN that refuses the shape (an old version, an old GPU: the backend's error
 // names why) skips the test with that reason — the kernel tests say which shapes it runs.
-#define SKIP_IF_CUDNN_REFUSES(body)                                                            \
-  try {                                                                                        \
-    body;                                                                                      \
-  } catch (const std::runtime_error& e) {                                                      \
-    if (std::string(e.what()).find("cannot run causal attention") == std::string::npos) throw; \
-    GTEST_SKIP() << e.what();                                                                  \
+#define SKIP_IF_CUDNN_REFUSES(body)       \
+  try {                                   \
+    body;                                 \
+  } catch (const std::runtime_error& e) { \
+    if (!is_cudnn_refusal(e)) throw;      \
+    GTEST_SKIP() << e.what();             \
   }
 
 // train.attention_backend "cudnn": bf16 attention on cuDNN's fused flash attention gives what
@@ -204,8 +209,10 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
   // it refuses is reported and passed over, so the others still run.
   std::string refused;
   int compared = 0;
-  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 128, 4, 64}, {1, 256, 2, 128},
-                                    {2, 77, 4, 64}, {3, 1, 2, 32},
+  for (const auto [B, S, NH, HS] : {std::array<int, 4>{2, 128, 4, 64},
+                                    {1, 256, 2, 128},
+                                    {2, 77, 4, 64},
+                                    {3, 1, 2, 32},
                                     {2, 130, 3, 16}}) {
     const std::string shape = "B " + std::to_string(B) + " S " + std::to_string(S) + " NH " +
                               std::to_string(NH) + " HS " + std::to_string(HS);
@@ -223,9 +230,7 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
       try {
         be.attention_forward(O, Att, Q, NH);
       } catch (const std::runtime_error& e) {
-        if (k == 0 || std::string(e.what()).find("cannot run causal attention") ==
-                          std::string::npos)
-          throw;
+        if (k == 0 || !is_cudnn_refusal(e)) throw;
         refused += shape + ": " + e.what() + "\n";
         break;
       }
@@ -250,7 +255,8 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
     expect_close("dqkv, cuDNN forward then Strata backward", cross, dqkv[0], 2e-2);
   }
   EXPECT_NE(bes[1]->name().find("cuDNN"), std::string::npos) << bes[1]->name();
-  if (!refused.empty()) std::printf("cuDNN refused (compared %d shapes):\n%s", compared, refused.c_str());
+  if (!refused.empty())
+    std::printf("cuDNN refused (compared %d shapes):\n%s", compared, refused.c_str());
   if (compared == 0) GTEST_SKIP() << "cuDNN refused every shape:\n" << refused;
 }
 
@@ -282,7 +288,7 @@ TEST_F(CudaBackend, AutoAttentionIsCudnnWhereItRunsElseStrata) {
     try {
       run(*cudnn, want);
     } catch (const std::runtime_error& e) {
-      if (std::string(e.what()).find("cannot run causal attention") == std::string::npos) throw;
+      if (!is_cudnn_refusal(e)) throw;
       cudnn_runs = false;
       run(*strata, want);
     }
@@ -290,8 +296,7 @@ TEST_F(CudaBackend, AutoAttentionIsCudnnWhereItRunsElseStrata) {
     EXPECT_EQ(got[0], want[0]) << "out";
     EXPECT_EQ(got[1], want[1]) << "dqkv";
   }
-  EXPECT_NE(automatic->name().find("cuDNN where it runs"), std::string::npos)
-      << automatic->name();
+  EXPECT_NE(automatic->name().find("cuDNN where it runs"), std::string::npos) << automatic->name();
 }
 
 // The Backend contract (runtime/backend.h): an input gradient with one producer is assigned,

@@ -61,15 +61,15 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        g_events.push_back({k->name ? k->name : "kernel", k->start, k->end, 1, k->streamId,
-                            "kernel"});
+        g_events.push_back(
+            {k->name ? k->name : "kernel", k->start, k->end, 1, k->streamId, "kernel"});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        g_events.push_back({"memcpy kind " + std::to_string(m->copyKind) + " " +
-                                std::to_string(m->bytes) + " B",
-                            m->start, m->end, 1, m->streamId, "memcpy"});
+        g_events.push_back(
+            {"memcpy kind " + std::to_string(m->copyKind) + " " + std::to_string(m->bytes) + " B",
+             m->start, m->end, 1, m->streamId, "memcpy"});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {

@@ -169,12 +169,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// dx += rstd · (g − mean(g) − xhat · mean(g · xhat)), g = w · dy, one warp per row (dinp
-// accumulates: it is the residual stream's gradient); and in the same pass over dout and inp the
-// column sums dweight += Σ_rows xhat · dy, dbias += Σ_rows dy: each block walks rows in steps of
-// the grid, sums its rows' columns in shared memory (2·C floats) and adds them to dweight and
-// dbias with one atomicAdd per column at the end.
-// The input gradient, one warp per row: dx += (w·dy − mean(w·dy) − xhat·mean(w·dy·xhat))·rstd.
+// The input gradient, one warp per row: dx += rstd · (g − mean(g) − xhat · mean(g · xhat)),
+// g = w · dy (dinp accumulates: it is the residual stream's gradient). The parameter gradients
+// are layernorm_param_grad_kernel's.
 template <class TA, class TW>
 __global__ void __launch_bounds__(kRowWarps * 32)
     layernorm_backward_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
@@ -542,7 +539,8 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
       // About two blocks per SM of a 132-SM GPU in all: more row slices only add atomics.
       const unsigned tiles = static_cast<unsigned>((C + kLnColumns - 1) / kLnColumns);
       const unsigned slices = static_cast<unsigned>(std::max<int64_t>(
-          1, std::min<int64_t>((N + kRowWarps - 1) / kRowWarps, (kLnGridTarget + tiles - 1) / tiles)));
+          1,
+          std::min<int64_t>((N + kRowWarps - 1) / kRowWarps, (kLnGridTarget + tiles - 1) / tiles)));
       launch(layernorm_param_grad_kernel<TA>, dim3(tiles, slices), kRowWarps * 32, 0, stream,
              dweight, dbias, static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd,
              N, C, vec);

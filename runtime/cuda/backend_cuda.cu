@@ -212,11 +212,11 @@ class CudaBackend final : public Backend {
   std::string name() const override {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
+    std::string attention;
+    if (cudnn_) attention = ", bf16 attention on cuDNN";
+    if (cudnn_ && cudnn_use_ == CudnnAttentionUse::kWhereItRuns) attention += " where it runs";
     return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", fp32/bf16" +
-           (!cudnn_                                        ? ""
-            : cudnn_use_ == CudnnAttentionUse::kAlways ? ", bf16 attention on cuDNN"
-                                                       : ", bf16 attention on cuDNN where it runs") +
-           ")";
+           attention + ")";
   }
   Allocator& allocator() override { return alloc_; }
   // Published dense peaks of the data-centre GPUs we plan for (the same figures as
