@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/model_state.h"
-#include "models/gpt.h"
+#include "launch/train/model_state.h"
+#include "models/gpt/gpt.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 
@@ -46,10 +46,10 @@ int main(int argc, char** argv) {
   mc.ffn_hidden_size = 4096;
   mc.seq_len = 1024;
   mc.vocab_size = 50257;
-  const GptDims d = gpt_dims(mc);
   RankShard shard;
   int64_t elems = 0;
-  for (const ParamInfo& p : GptModel::layout(d)) {
+  const ParamLayout layout = GptModel::layout(gpt_shape(mc), 1, 0, false, whole_model(mc.num_layers));
+  for (const ParamInfo& p : layout.infos()) {
     shard.meta[p.name] = {p.full_shape, p.shape, "replicated", 0, 1};
     for (const char* kind : {"param", "m", "v"}) {
       std::vector<float> v(static_cast<size_t>(p.numel));

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "runtime/comm.h"
 
 namespace {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "launch/config_parse.h"
+#include "models/registry.h"
 #include "partitioner/planner.h"
 
 namespace {
@@ -104,14 +105,16 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < tab.n; ++i) {
       const Row& r = tab.rows[i];
       PlanRequest req;
-      req.model.name = r.name;
-      req.model.num_layers = r.layers;
-      req.model.hidden_size = r.hidden;
-      req.model.num_heads = r.heads;
-      req.model.ffn_hidden_size = 4 * r.hidden;
-      req.model.seq_len = tab.seq;
-      req.model.vocab_size = tab.vocab;
-      req.model.tie_embeddings = !tab.megatron_core;
+      ModelConfig m;
+      m.num_layers = r.layers;
+      m.hidden_size = r.hidden;
+      m.num_heads = r.heads;
+      m.ffn_hidden_size = 4 * r.hidden;
+      m.seq_len = tab.seq;
+      m.vocab_size = tab.vocab;
+      m.tie_embeddings = !tab.megatron_core;
+      req.model = describe_model(m);
+      req.model_name = r.name;
       req.cluster = cl;
       req.cluster.nodes = r.gpus / cl.gpus_per_node;
       req.global_batch_size = r.batch;
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
         // the backward pass (no overlap), full recomputation; micro-batch size searched.
         req.fixes.sequence_parallel = false;
         req.fixes.distributed_optimizer = false;
-        req.fixes.recompute = RecomputeKind::kFull;
+        req.fixes.recompute = Recompute::kFull;
         req.params.dp_overlap = 0;
       }
       req.top_k = 1;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "models/gpt.h"
+#include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/optimizer.h"
 #include "runtime/rng.h"
@@ -52,11 +52,13 @@ int main(int argc, char** argv) {
   mc.ffn_hidden_size = 4 * 384;
   mc.seq_len = 256;
   mc.vocab_size = 256;
-  const GptDims d = gpt_dims(mc);
   const int B = 8, S = mc.seq_len;
-  GptModel model(d, *be, 1234);
+  ModelOptions mo;
+  mo.seed = 1234;
+  const std::unique_ptr<Model> model = build_model(mc, mo, *be);
+  ParamStore& params = model->params();
   std::vector<OptSegment> segments;
-  for (const ParamInfo& p : model.param_infos())
+  for (const ParamInfo& p : params.infos())
     segments.push_back({p.offset, p.offset, p.numel, p.decay});
   OptimizerConfig oc;
   AdamW opt(*be, oc, segments);
@@ -68,25 +70,26 @@ int main(int argc, char** argv) {
     targets.i32()[i] = static_cast<int32_t>(mix64(static_cast<uint64_t>(i) + 7777) % 256);
   }
   auto step = [&] {
-    model.zero_grads();
-    double s = 0;
-    auto acts = model.forward(tokens, targets, &s);
-    model.backward(*acts, 1.0f / static_cast<float>(B * S));
-    opt.step(model.params(), model.grads(), 1e-4);
+    params.zero_grads();
+    LossSum loss;
+    auto acts = model->forward(ModelBatch{tokens, targets, Tensor()}, &loss);
+    model->backward(*acts, 1.0f / static_cast<float>(B * S));
+    opt.step(params.params(), params.grads(), 1e-4);
   };
   step();  // warm-up: first-touch of every buffer
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) step();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
 
-  const FlopCount f = GptModel::flops_per_iteration(d, B, S, false);
+  const std::unique_ptr<ModelDescription> desc = describe_model(mc);
+  const FlopCount f = desc->flops_per_iteration(B, Recompute::kNone);
   const double tok_s = B * S / s;
   const double gflops = f.model / s / 1e9;
   const double peak = sgemm_gflops(2048, 2048, 2048, 3);
   const double mlp = sgemm_gflops(B * S, 4 * 384, 384, 10);
   std::printf("bench_train: GPT 6 layers, hidden 384, 6 heads, seq 256, vocab 256, micro-batch 8\n");
   std::printf("  backend              %s\n", be->name().c_str());
-  std::printf("  parameters           %lld\n", static_cast<long long>(model.num_real_parameters()));
+  std::printf("  parameters           %lld\n", static_cast<long long>(desc->parameters()));
   std::printf("  step                 %.1f ms (mean of %d)\n", s * 1e3, iters);
   std::printf("  tokens/s             %.0f\n", tok_s);
   std::printf("  achieved GFLOP/s     %.1f (model FLOPs %.3g per step)\n", gflops, f.model);

@@ -1,23 +1,35 @@
-# strata_add_library(NAME DIR DEPS...): a static library of every DIR/*.cc (and DIR/cuda/*.cu
-# plus DIR/cuda/*.cc when the CUDA backend is on). Sources are globbed so that adding a file
-# needs no CMake edit; CONFIGURE_DEPENDS re-globs on every build.
+# strata_add_library(NAME DIR DEPS...): a static library of every .cc under DIR, in any
+# sub-folder (models/layers/, models/gpt/, launch/train/, …), plus the .cu and .cc files of any
+# cuda/ sub-folder when the CUDA backend is on. Sources are globbed recursively so that adding a
+# file or a folder (a new model architecture) needs no CMake edit; CONFIGURE_DEPENDS re-globs on
+# every build.
 #
-# CUDA emulation (STRATA_CUDA_EMULATION): the .cu files are compiled as C++, DIR/cuda/emulation/
-# *.cc are added, and each of them replaces the DIR/cuda/ file of the same name, if any (the
-# cuBLASLt and cuDNN parts, which are not emulated); the others stand in for libraries (the
-# CUDA runtime, NCCL).
+# CUDA emulation (STRATA_CUDA_EMULATION): the .cu files are compiled as C++, the .cc files of
+# cuda/emulation/ folders are added, and each of them replaces the cuda/ file of the same name
+# beside it, if any (the cuBLASLt and cuDNN parts, which are not emulated); the others stand in
+# for libraries (the CUDA runtime, NCCL).
 function(strata_add_library name dir)
-  file(GLOB srcs CONFIGURE_DEPENDS ${dir}/*.cc ${dir}/cpu/*.cc)
+  file(GLOB_RECURSE all_srcs CONFIGURE_DEPENDS ${dir}/*.cc ${dir}/*.cu)
+  # cuda/ folders are the CUDA backend's, added below only when it is built.
+  set(srcs ${all_srcs})
+  list(FILTER srcs INCLUDE REGEX ".*\\.cc$")
+  list(FILTER srcs EXCLUDE REGEX ".*/cuda/.*")
   if(STRATA_HAVE_CUDA)
-    file(GLOB cuda_srcs CONFIGURE_DEPENDS ${dir}/cuda/*.cu ${dir}/cuda/*.cc)
+    # Files directly inside a cuda/ folder (its emulation/ sub-folder is handled below).
+    set(cuda_srcs ${all_srcs})
+    list(FILTER cuda_srcs INCLUDE REGEX ".*/cuda/[^/]+$")
     if(STRATA_CUDA_EMULATION)
-      file(GLOB emulation_srcs CONFIGURE_DEPENDS ${dir}/cuda/emulation/*.cc)
+      set(emulation_srcs ${all_srcs})
+      list(FILTER emulation_srcs INCLUDE REGEX ".*/cuda/emulation/[^/]+\\.cc$")
       foreach(e ${emulation_srcs})
+        get_filename_component(edir ${e} DIRECTORY)
+        get_filename_component(cdir ${edir} DIRECTORY)
         get_filename_component(replaced ${e} NAME)
-        list(REMOVE_ITEM cuda_srcs ${dir}/cuda/${replaced})
+        list(REMOVE_ITEM cuda_srcs ${cdir}/${replaced})
       endforeach()
+      set(cu_srcs ${cuda_srcs})
+      list(FILTER cu_srcs INCLUDE REGEX ".*\\.cu$")
       list(APPEND cuda_srcs ${emulation_srcs})
-      file(GLOB cu_srcs CONFIGURE_DEPENDS ${dir}/cuda/*.cu)
       # #pragma unroll is nvcc's; g++ ignores it.
       set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
                                   COMPILE_OPTIONS "-Wno-unknown-pragmas")

@@ -15,7 +15,7 @@
 #include "launch/cmd_profile.h"
 #include "launch/cmd_schedule.h"
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "runtime/abort_hook.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"

@@ -5,7 +5,8 @@
 #include <iostream>
 #include <set>
 
-#include "launch/model_state.h"
+#include "launch/train/model_state.h"
+#include "models/registry.h"
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
@@ -25,6 +26,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   const LoadedCheckpoint c = read_checkpoint(path);
   const nlohmann::json& m = c.run_state.at("model");
   ModelConfig mc;
+  mc.arch = m.value("arch", std::string("gpt"));
   mc.num_layers = m.at("num_layers").get<int>();
   mc.hidden_size = m.at("hidden_size").get<int>();
   mc.num_heads = m.at("num_heads").get<int>();
@@ -32,8 +34,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   mc.seq_len = m.at("seq_len").get<int>();
   mc.vocab_size = m.at("vocab_size").get<int>();
   mc.tie_embeddings = m.at("tie_embeddings").get<bool>();
-  const GptDims d = gpt_dims(mc);
-  const FullTensors hf = to_hf_gpt2(d, assemble_full(c.shards, "param", {}, path));
+  const FullTensors hf =
+      architecture(mc.arch).hf.to_hf(mc, assemble_full(c.shards, "param", {}, path));
   StFile f;
   f.metadata["format"] = "pt";  // what transformers' save_pretrained writes
   for (const auto& [name, t] : hf) f.tensors[name] = st_from_f32(t.data.data(), t.shape);

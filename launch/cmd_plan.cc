@@ -8,6 +8,8 @@
 
 #include "launch/args.h"
 #include "launch/config_parse.h"
+#include "models/registry.h"
+#include "partitioner/layer_split.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/planner.h"
 #include "runtime/error.h"
@@ -69,13 +71,14 @@ std::string gib(double bytes) {
 
 void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os) {
   char buf[256];
-  os << "model: " << req.model.name << " (" << model_parameters(req.model) / 1e9 << "B parameters, "
-     << req.model.num_layers << " layers, hidden " << req.model.hidden_size << ", seq "
-     << req.model.seq_len << ", vocab " << req.model.vocab_size << ")\n";
+  const ModelDescription& model = *req.model;
+  os << "model: " << req.model_name << " (" << model.parameters() / 1e9 << "B parameters, "
+     << model.num_layers() << " layers, hidden " << model.hidden_size() << ", seq "
+     << model.seq_len() << ", vocab " << model.vocab_size() << ")\n";
   os << "cluster: " << req.cluster.name << ", " << req.cluster.nodes << " × "
      << req.cluster.gpus_per_node << " GPUs, " << gib(req.cluster.memory_bytes) << " each, "
      << req.precision << " peak " << req.cluster.peak(req.precision) / 1e12 << " TFLOP/s\n";
-  const double mf = model_flops(req.model, req.global_batch_size);
+  const double mf = model.flops_per_iteration(req.global_batch_size, Recompute::kNone).model;
   os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << mf
      << " (hardware FLOPs add the recomputed forward passes)\n";
   os << "searched " << out.candidates << " configurations in " << out.search_s * 1e3 << " ms\n\n";
@@ -154,19 +157,6 @@ MemoryOptions memory_options(const std::string& precision, const ParallelConfig*
 
 }  // namespace
 
-ModelSpec model_spec(const ModelConfig& m) {
-  ModelSpec s;
-  s.name = m.preset.empty() ? "custom" : m.preset;
-  s.num_layers = m.num_layers;
-  s.hidden_size = m.hidden_size;
-  s.num_heads = m.num_heads;
-  s.ffn_hidden_size = m.ffn_hidden_size;
-  s.seq_len = m.seq_len;
-  s.vocab_size = m.vocab_size;
-  s.tie_embeddings = m.tie_embeddings;
-  return s;
-}
-
 int cmd_plan(const std::vector<std::string>& args) {
   std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
   int batch = 0, nodes = 0, top = 5, seq = 0;
@@ -214,8 +204,10 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (seq > 0) sets.push_back("model.seq_len=" + std::to_string(seq));
   const Config cfg = model_config(model, sets);
   PlanRequest req;
-  req.model = model_spec(cfg.model);
-  if (!std::filesystem::is_regular_file(model)) req.model.name = model;
+  req.model = describe_model(cfg.model);
+  req.model_name = std::filesystem::is_regular_file(model)
+                       ? (cfg.model.preset.empty() ? "custom" : cfg.model.preset)
+                       : model;
   req.cluster = load_cluster(cluster_name, configs_dir());
   if (nodes > 0) req.cluster.nodes = nodes;
   req.global_batch_size = batch;
@@ -227,7 +219,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   Profile profile;
   if (!profile_path.empty()) {
     profile = load_profile(profile_path);
-    check_profile_matches(profile, req.model, precision, profile_path);
+    check_profile_matches(profile, *req.model, precision, profile_path);
     req.profile = &profile;
   }
   const PlanOutput out = search_plans(req);
@@ -239,7 +231,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   if (!trace_out.empty()) {
     if (out.plans.empty()) bad_flag("--trace", "a plan to trace, but no plan fits");
-    CostContext ctx{&req.model, &req.cluster, req.precision, req.profile, req.params};
+    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, req.params};
     const IterationTime it = iteration_time(ctx, out.plans.front().config, true);
     std::ofstream f(trace_out);
     f << chrome_trace_json(it.sim, 1e6) << "\n";
@@ -250,7 +242,8 @@ int cmd_plan(const std::vector<std::string>& args) {
 
 json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster_in) {
   PlanRequest req;
-  req.model = model_spec(cfg.model);
+  req.model = describe_model(cfg.model);
+  req.model_name = cfg.model.preset.empty() ? "custom" : cfg.model.preset;
   req.cluster = cluster_in;
   // The prediction is for this job's ranks, whatever size the cluster description has.
   if (world_size % req.cluster.gpus_per_node == 0) {
@@ -272,16 +265,19 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
     throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
   }
-  if (!parse_recompute_kind(cfg.train.recompute, &c.recompute)) {
+  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
     throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
   }
   c.sequence_parallel = cfg.parallel.sequence_parallel;
   c.distributed_optimizer = cfg.parallel.distributed_optimizer;
-  if (cfg.parallel.layers_per_stage) c.layers_per_piece = *cfg.parallel.layers_per_stage;
+  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
+  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
+                                   cfg.parallel.layers_per_stage);
   const PlanResult r = evaluate_plan(req, c);
   json j = plan_result_json(r);
-  j["model_flops"] = model_flops(req.model, req.global_batch_size);
-  j["hardware_flops"] = hardware_flops(req.model, req.global_batch_size, c.recompute);
+  const FlopCount f = req.model->flops_per_iteration(req.global_batch_size, c.recompute);
+  j["model_flops"] = f.model;
+  j["hardware_flops"] = f.hardware;
   return j;
 }
 
@@ -325,8 +321,8 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
   p.distributed_optimizer = need_bool("distributed_optimizer");
   out.train.micro_batch_size = need_int("micro_batch_size");
   out.train.recompute = need_str("recompute");
-  RecomputeKind rk;
-  if (!parse_recompute_kind(out.train.recompute, &rk)) {
+  Recompute rk;
+  if (!parse_recompute(out.train.recompute, &rk)) {
     throw InputError(file, prefix + "recompute", "none, selective or full");
   }
   if (plan->contains("num_microbatches")) {

@@ -26,9 +26,6 @@ namespace strata {
 // InputError for bad arguments or files.
 int cmd_plan(const std::vector<std::string>& args);
 
-// The planner's model of a config's model section.
-ModelSpec model_spec(const ModelConfig& m);
-
 // The planner's prediction for cfg as it stands on `world_size` ranks of `cluster` (a plan
 // entry of DESIGN.md's schema plus "model_flops" and "hardware_flops" per iteration). fp32
 // predicts the CPU runtime (attention probabilities kept, attention scratch per thread).

@@ -15,7 +15,8 @@
 #include "launch/args.h"
 #include "launch/cmd_plan.h"
 #include "launch/config_parse.h"
-#include "models/gpt.h"
+#include "models/registry.h"
+#include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -64,77 +65,68 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// One entry: a GptModel of three pieces (the embedding alone, one block, the head alone) at
-// micro-batch `micro`, and the per-parameter step work on the same parameters.
-ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, int micro,
+// One entry: the config's model built with three pieces (the embedding alone, one layer, the
+// head alone) at micro-batch `micro`, and the per-parameter step work on the same parameters.
+ProfileEntry measure_entry(Backend& be, const Config& cfg, const ModelOptions& base, int micro,
                            int repeat) {
   const int S = cfg.model.seq_len;
-  const std::vector<ModelPiece> pieces = {{0, 0, true, false},   // embedding
-                                          {0, 1, false, false},  // block 0
-                                          {1, 0, false, true}};  // ln_f, head, loss
-  GptModel model(dims, be, cfg.train.seed, nullptr, pieces, Recompute::kNone);
+  ModelOptions o = base;
+  o.pieces = {{0, 0, true, false},   // embedding
+              {0, 1, false, false},  // layer 0
+              {1, 0, false, true}};  // final norm, head, loss
+  const std::unique_ptr<Model> model = build_model(cfg.model, o, be);
 
   // Tokens spread over the vocabulary (their values do not change the work).
   std::vector<int32_t> host(static_cast<size_t>(micro) * S), tgt(host.size());
   uint64_t x = 0x9e3779b97f4a7c15ULL ^ cfg.train.seed;
   for (size_t i = 0; i < host.size(); ++i) {
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    host[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(dims.V));
-    tgt[i] = static_cast<int32_t>((x >> 13) % static_cast<uint64_t>(dims.V));
+    host[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(cfg.model.vocab_size));
+    tgt[i] = static_cast<int32_t>((x >> 13) % static_cast<uint64_t>(cfg.model.vocab_size));
   }
-  Tensor tokens = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
-  Tensor targets = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
-  be.upload(tokens, host.data());
-  be.upload(targets, tgt.data());
+  ModelBatch batch;
+  batch.tokens = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
+  batch.targets = be.empty({micro, S}, MemCategory::kActivations, DType::kI32);
+  be.upload(batch.tokens, host.data());
+  be.upload(batch.targets, tgt.data());
   const float scale = static_cast<float>(1.0 / (static_cast<double>(micro) * S));
-  // The attention core's input in the model's activation type (bf16 runs attention in bf16,
-  // on cuDNN when train.attention_backend says so).
-  const DType act = model.activation_dtype();
-  Tensor qkv = be.empty({micro, S, 3 * dims.C_local()}, MemCategory::kActivations, act);
-  {
-    Tensor q32 = be.empty(qkv.shape(), MemCategory::kActivations);
-    std::vector<float> q(static_cast<size_t>(qkv.numel()));
-    for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 197) - 1.0f;
-    be.upload(q32, q.data());
-    be.cast(qkv, q32);
-  }
 
   // One pass: the six figures of one micro-batch, added to acc[figure].
   auto pass = [&](double* acc) {
-    double loss = 0;
+    LossSum loss;
     Clock::time_point c[7];
     be.synchronize();
     c[0] = Clock::now();
-    GptModel::ActsPtr emb = model.forward_piece(0, Tensor(), tokens, targets, &loss);
+    PieceActsPtr emb = model->forward_piece(0, Tensor(), batch, &loss);
     be.synchronize();
     c[1] = Clock::now();
-    GptModel::ActsPtr blk = model.forward_piece(1, GptModel::output(*emb), tokens, targets, &loss);
+    PieceActsPtr blk = model->forward_piece(1, model->piece_output(*emb), batch, &loss);
     be.synchronize();
     c[2] = Clock::now();
-    GptModel::ActsPtr head = model.forward_piece(2, GptModel::output(*blk), tokens, targets, &loss);
+    PieceActsPtr head = model->forward_piece(2, model->piece_output(*blk), batch, &loss);
     be.synchronize();
     c[3] = Clock::now();
-    Tensor d_head = model.backward_piece(*head, Tensor(), scale, false);
+    // The attention core alone (selective recompute runs it again in the backward pass), on the
+    // layer's own saved inputs, in the run's activation type.
+    model->rerun_selective_recompute(*blk);
+    be.synchronize();
+    const Clock::time_point a1 = Clock::now();
+    Tensor d_head = model->backward_piece(*head, Tensor(), scale, false);
     be.synchronize();
     c[4] = Clock::now();
-    Tensor d_blk = model.backward_piece(*blk, d_head, scale, false);
+    Tensor d_blk = model->backward_piece(*blk, d_head, scale, false);
     be.synchronize();
     c[5] = Clock::now();
-    model.backward_piece(*emb, d_blk, scale, false);
+    model->backward_piece(*emb, d_blk, scale, false);
     be.synchronize();
     c[6] = Clock::now();
-    for (int k = 0; k < 6; ++k) acc[k] += seconds(c[k], c[k + 1]);
-    // The attention core alone (selective recompute runs it again in the backward pass).
-    // What the backend keeps for the backward pass: the probabilities on the CPU, the
-    // log-sum-exp of each row with the GPU's fused kernels.
-    Tensor att =
-        be.empty(be.attention_saved_shape(micro, dims.heads_local(), S), MemCategory::kActivations);
-    Tensor atty = be.empty({micro, S, dims.C_local()}, MemCategory::kActivations, act);
-    be.synchronize();
-    const Clock::time_point a0 = Clock::now();
-    be.attention_forward(atty, att, qkv, dims.heads_local());
-    be.synchronize();
-    acc[6] += seconds(a0, Clock::now());
+    acc[0] += seconds(c[0], c[1]);
+    acc[1] += seconds(c[1], c[2]);
+    acc[2] += seconds(c[2], c[3]);
+    acc[3] += seconds(a1, c[4]);
+    acc[4] += seconds(c[4], c[5]);
+    acc[5] += seconds(c[5], c[6]);
+    acc[6] += seconds(c[3], a1);
   };
   // Warm-up, then rounds of `inner` passes each lasting at least kMinRoundS, so that every
   // sample averages over the machine's scheduling noise the way a training step does; the
@@ -167,18 +159,18 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
   // (no reduction), the norm, clipping, AdamW over the parameters' segments (one per tensor,
   // as in the whole model), on this three-piece model so that large models need no more
   // than one block's parameters.
+  ParamStore& params = model->params();
   std::vector<ParamSpan> spans;
-  for (const ParamInfo& p : model.param_infos())
-    spans.push_back({p.offset, p.numel, p.decay, true});
-  GradReducer reducer(be, nullptr, model.grads(), spans, cfg.parallel.bucket_mb, false);
+  for (const ParamInfo& p : params.infos()) spans.push_back({p.offset, p.numel, p.decay, true});
+  GradReducer reducer(be, nullptr, params.grads(), spans, cfg.parallel.bucket_mb, false);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   auto step = [&]() {
-    model.zero_grads();
+    params.zero_grads();
     reducer.begin_iteration();
     reducer.finish();
     const double norm = std::sqrt(reducer.local_sum_squares());
     // Clipping scales every gradient inside the AdamW update, as in the trainer.
-    opt.step(model.params(), reducer.optimizer_grads(), cfg.optimizer.lr, 1.0 / (1.0 + norm));
+    opt.step(params.params(), reducer.optimizer_grads(), cfg.optimizer.lr, 1.0 / (1.0 + norm));
     be.synchronize();
   };
   Clock::time_point w0 = Clock::now();
@@ -193,7 +185,7 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const GptDims& dims, 
     for (int i = 0; i < inner_steps; ++i) step();
     steps.push_back(seconds(a, Clock::now()) / inner_steps);
   }
-  e.optimizer_s_per_param = median(steps) / static_cast<double>(model.num_parameters());
+  e.optimizer_s_per_param = median(steps) / static_cast<double>(params.numel());
   return e;
 }
 
@@ -208,8 +200,9 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
   }
   const int threads = resolve_cpu_threads(cfg.train.threads, 1);
   std::unique_ptr<Backend> backend = make_backend(cfg.device, threads, cfg.train.attention_backend);
-  GptDims dims = gpt_dims(cfg.model);
-  dims.bf16 = cfg.train.precision == "bf16";  // as the trainer: bf16 weights and activations
+  ModelOptions options;
+  options.bf16 = cfg.train.precision == "bf16";  // as the trainer: bf16 weights and activations
+  options.seed = cfg.train.seed;
   std::vector<int> sizes = micro_batch_sizes;
   if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);
   Profile p;
@@ -217,21 +210,18 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
   p.precision = cfg.train.precision;
   p.seq_len = cfg.model.seq_len;
   p.hidden_size = cfg.model.hidden_size;
-  for (int b : sizes) p.entries.push_back(measure_entry(*backend, cfg, dims, b, repeat));
+  for (int b : sizes) p.entries.push_back(measure_entry(*backend, cfg, options, b, repeat));
   json j = profile_to_json(p);
   // Context for a reader (the loader ignores these keys).
   j["threads"] = threads;
   j["repeat"] = repeat;
-  j["model"] = {{"num_layers", cfg.model.num_layers},
-                {"num_heads", cfg.model.num_heads},
-                {"ffn_hidden_size", cfg.model.ffn_hidden_size},
-                {"vocab_size", cfg.model.vocab_size}};
+  j["model"] = describe_model(cfg.model)->shape_json();
   return j;
 }
 
 json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profile& profile) {
   PlanRequest req;
-  req.model = model_spec(cfg.model);
+  req.model = describe_model(cfg.model);
   req.cluster = cluster;
   req.cluster.nodes = 1;
   req.cluster.gpus_per_node = 1;
@@ -243,7 +233,7 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
   req.memory.bucket_mb = cfg.parallel.bucket_mb;
-  check_profile_matches(profile, req.model, req.precision, "<profile>");
+  check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
   PlanConfig c;
   c.tensor = cfg.parallel.tensor;
@@ -258,12 +248,13 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
   if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
     throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
   }
-  if (!parse_recompute_kind(cfg.train.recompute, &c.recompute)) {
+  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
     throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
   }
   c.sequence_parallel = false;
   c.distributed_optimizer = false;
-  if (cfg.parallel.layers_per_stage) c.layers_per_piece = *cfg.parallel.layers_per_stage;
+  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
+                                   cfg.parallel.layers_per_stage);
   return plan_result_json(evaluate_plan(req, c));
 }
 

@@ -5,10 +5,11 @@
 //                  [--micro-batch-sizes b1,b2,...] [--help]
 //
 // What is timed, per micro-batch size (default: the config's train.micro_batch_size), at the
-// config's sequence length, precision, device and train.threads, on a GptModel holding three
-// pieces (models/gpt.h, recompute none): the embedding alone, one transformer block, the head
-// (ln_f, logits, cross-entropy); the forward and backward of each, the attention core's
-// forward alone (what selective recompute repeats), and the per-step work that scales with the
+// config's sequence length, precision, device and train.threads, on the config's model (built
+// through models/registry.h, recompute none) holding three pieces: the embedding alone, one
+// transformer layer, the head (final norm, logits, loss); the forward and backward of each,
+// what selective recompute repeats (Model::rerun_selective_recompute: the attention core's
+// forward) alone, and the per-step work that scales with the
 // parameters (zeroing the gradients, the gradient norm, clipping, the AdamW update over the
 // parameters' segments) divided by the parameter count. After two warm-up passes, each figure
 // is the median over N rounds of the mean of as many passes as fill 50 ms: a round averages

@@ -12,23 +12,6 @@ namespace strata {
 
 using nlohmann::json;
 
-double model_flops(const ModelSpec& m, double B) {
-  const double s = m.seq_len, l = m.num_layers, h = m.hidden_size, V = m.vocab_size;
-  return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
-}
-
-double hardware_flops(const ModelSpec& m, double B, RecomputeKind r) {
-  const double s = m.seq_len, l = m.num_layers, h = m.hidden_size, V = m.vocab_size;
-  if (r == RecomputeKind::kFull) {
-    return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
-  }
-  if (r == RecomputeKind::kSelective) {
-    // The attention core's forward once more: 4·B·s²·h per layer (Megatron's full-s² count).
-    return model_flops(m, B) + 4.0 * B * s * s * h * l;
-  }
-  return model_flops(m, B);
-}
-
 namespace {
 
 double get_num(const json& o, const char* key, const std::string& where, const std::string& file) {
@@ -102,15 +85,15 @@ Profile load_profile(const std::string& path) {
   return profile_from_json(read_json_file(path), path);
 }
 
-void check_profile_matches(const Profile& p, const ModelSpec& m, const std::string& precision,
+void check_profile_matches(const Profile& p, const ModelDescription& m, const std::string& precision,
                            const std::string& file) {
-  if (p.seq_len != 0 && p.seq_len != m.seq_len)
-    throw InputError(file, "seq_len", "the model's sequence length " + std::to_string(m.seq_len) +
+  if (p.seq_len != 0 && p.seq_len != m.seq_len())
+    throw InputError(file, "seq_len", "the model's sequence length " + std::to_string(m.seq_len()) +
                                           " (profile measured at " + std::to_string(p.seq_len) +
                                           "; run strata profile for this model)");
-  if (p.hidden_size != 0 && p.hidden_size != m.hidden_size)
+  if (p.hidden_size != 0 && p.hidden_size != m.hidden_size())
     throw InputError(file, "hidden_size",
-                     "the model's hidden size " + std::to_string(m.hidden_size) +
+                     "the model's hidden size " + std::to_string(m.hidden_size()) +
                          " (profile measured at " + std::to_string(p.hidden_size) +
                          "; run strata profile for this model)");
   if (!p.precision.empty() && p.precision != precision)
@@ -161,8 +144,8 @@ LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured
   LayerTimes t;
   t.layer_fwd = best->layer_forward_s * k;
   t.layer_bwd = best->layer_backward_s * k;
-  if (c.recompute == RecomputeKind::kFull) t.layer_bwd += t.layer_fwd;
-  if (c.recompute == RecomputeKind::kSelective) t.layer_bwd += best->attention_forward_s * k;
+  if (c.recompute == Recompute::kFull) t.layer_bwd += t.layer_fwd;
+  if (c.recompute == Recompute::kSelective) t.layer_bwd += best->attention_forward_s * k;
   t.layer_bwd_input = t.layer_bwd / 2;
   t.layer_bwd_weight = t.layer_bwd / 2;
   t.emb_fwd = best->embedding_forward_s * k;
@@ -172,77 +155,85 @@ LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured
   return t;
 }
 
+// Time of the forward (or backward) of a part's work on one rank: GEMMs on the efficiency
+// curve, the attention core at the fused kernels' efficiency, elementwise passes at HBM speed.
+struct PartTimes {
+  double gemm_f = 0, dgrad = 0, wgrad = 0;  // GEMMs of the forward, input and weight gradients
+  double attn_f = 0, attn_b = 0;
+  double elem_f = 0, elem_b = 0;  // elementwise passes in the activation precision
+  double f32_f = 0, f32_b = 0;    // and in f32
+  double tp_f = 0, tp_b = 0;      // tensor-group collectives
+};
+
+PartTimes part_times(const PartWork& w, const Cluster& cl, const CostParams& cp,
+                     const std::string& precision, int tensor) {
+  const double eb = elem_bytes(precision);
+  const double peak = cl.peak(precision), hbm = cl.hbm_bandwidth;
+  const double mem_rate = hbm * cp.mem_eff;
+  PartTimes t;
+  for (const GemmShape& g : w.gemms) {
+    t.gemm_f += gemm_time({g.m, g.n, g.k}, peak, hbm, eb, cp);
+    t.dgrad += gemm_time({g.m, g.k, g.n}, peak, hbm, eb, cp);
+    t.wgrad += gemm_time({g.n, g.k, g.m}, peak, hbm, eb, cp);
+  }
+  t.attn_f = w.attention_flops / (peak * cp.attn_fwd_eff);
+  t.attn_b = 2 * w.attention_flops / (peak * cp.attn_bwd_eff);
+  t.elem_f = w.elementwise_fwd * eb / mem_rate;
+  t.elem_b = w.elementwise_bwd * eb / mem_rate;
+  t.f32_f = w.f32_fwd * 4 / mem_rate;
+  t.f32_b = w.f32_bwd * 4 / mem_rate;
+  for (double n : w.tp_collectives_fwd) t.tp_f += ring_allreduce(n * eb, tensor, cl.intra_node, cp.net_eff);
+  for (double n : w.tp_collectives_bwd) t.tp_b += ring_allreduce(n * eb, tensor, cl.intra_node, cp.net_eff);
+  return t;
+}
+
 }  // namespace
 
 LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
-  const ModelSpec& m = *ctx.model;
+  const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const CostParams& cp = ctx.params;
   const double eb = elem_bytes(ctx.precision);
-  const double b = c.micro_batch_size, s = m.seq_len, h = m.hidden_size, f = m.ffn_hidden_size;
-  const double t = c.tensor, bs = b * s;
-  const double sl = c.sequence_parallel ? s / t : s;
-  const double mem_rate = cl.hbm_bandwidth * cp.mem_eff;
+  const int b = c.micro_batch_size;
+  const RankShape rs{c.tensor, c.sequence_parallel};
+  const double t = c.tensor;
 
-  // Point-to-point between stages: b·s·h/t per rank when t > 1 (scatter, then all-gather over
-  // NVLink on the receiver); stages sit in different nodes once t·d fills a node.
+  // Point-to-point between stages: the boundary activation of b·s·h elements, b·s·h/t per rank
+  // when t > 1 (scatter, then all-gather over NVLink on the receiver); stages sit in different
+  // nodes once t·d fills a node.
   const bool cross_node = c.tensor * c.data >= cl.gpus_per_node;
   const Link p2p_link = cross_node ? Link{cl.inter_node_bandwidth_per_gpu(), cl.inter_node.latency_s}
                                    : cl.intra_node;
   LayerTimes lt;
-  const double act_bytes = b * s * h * eb;
+  const double act_bytes = m.boundary_elems(b, RankShape{c.tensor, false}) * eb;
   lt.p2p = p2p_link.latency_s +
            act_bytes / t / (p2p_link.bandwidth * (cross_node ? cp.ib_eff : cp.net_eff)) +
            (c.tensor > 1 ? (t - 1) / t * act_bytes / (cl.intra_node.bandwidth * cp.net_eff) : 0);
 
-
-  const double peak = cl.peak(ctx.precision), hbm = cl.hbm_bandwidth;
-  const Gemm fwd[] = {{bs, 3 * h / t, h}, {bs, h, h / t}, {bs, f / t, h}, {bs, h, f / t}};
-  double gemm_f = 0, dgrad = 0, wgrad = 0;
-  for (const Gemm& g : fwd) {
-    gemm_f += gemm_time(g, peak, hbm, eb, cp);
-    dgrad += gemm_time({g.M, g.K, g.N}, peak, hbm, eb, cp);
-    wgrad += gemm_time({g.N, g.K, g.M}, peak, hbm, eb, cp);
-  }
-  // Causal attention computes half of the s² score matrix Megatron counts.
-  const double attn_flops = 0.5 * 4 * b * s * s * h / t;
-  const double attn_f = attn_flops / (peak * cp.attn_fwd_eff);
-  const double attn_b = 2 * attn_flops / (peak * cp.attn_bwd_eff);
-  // LayerNorms (read + write), two dropout-residual adds (2 reads, 1 write, a byte mask),
-  // bias-GELU (read + write), the q/k/v and attention-output layout copies (read + write).
-  const double elem_f = (11 * b * sl * h + 2 * bs * f / t + 8 * bs * h / t) * eb / mem_rate;
-  const double elem_b = 2 * elem_f;
-
-  double tp_f = 0;
-  if (c.tensor > 1) tp_f = 2 * ring_allreduce(act_bytes, c.tensor, cl.intra_node, cp.net_eff);
-  const double tp_b = tp_f;
-  const double exp_f = std::max(tp_f * (1 - cp.tp_overlap), tp_f - gemm_f);
-  const double exp_b = std::max(tp_b * (1 - cp.tp_overlap), tp_b - dgrad - wgrad);
+  const PartTimes layer = part_times(m.layer_work(b, rs), cl, cp, ctx.precision, c.tensor);
+  const double exp_f = std::max(layer.tp_f * (1 - cp.tp_overlap), layer.tp_f - layer.gemm_f);
+  const double exp_b =
+      std::max(layer.tp_b * (1 - cp.tp_overlap), layer.tp_b - layer.dgrad - layer.wgrad);
 
   const double launch_f = cp.kernel_overhead_s * cp.kernels_per_layer_fwd;
   const double launch_b = cp.kernel_overhead_s * cp.kernels_per_layer_bwd;
-  lt.layer_fwd = gemm_f + attn_f + elem_f + exp_f + launch_f;
-  lt.layer_bwd_weight = wgrad;
-  lt.layer_bwd_input = dgrad + attn_b + elem_b + exp_b + launch_b;
-  if (c.recompute == RecomputeKind::kFull) lt.layer_bwd_input += lt.layer_fwd;
-  if (c.recompute == RecomputeKind::kSelective) lt.layer_bwd_input += attn_f;
+  lt.layer_fwd = layer.gemm_f + layer.attn_f + layer.f32_f + layer.elem_f + exp_f + launch_f;
+  lt.layer_bwd_weight = layer.wgrad;
+  lt.layer_bwd_input = layer.dgrad + layer.attn_b + layer.f32_b + layer.elem_b + exp_b + launch_b;
+  if (c.recompute == Recompute::kFull) lt.layer_bwd_input += lt.layer_fwd;
+  if (c.recompute == Recompute::kSelective) lt.layer_bwd_input += layer.attn_f;
   lt.layer_bwd = lt.layer_bwd_input + lt.layer_bwd_weight;
-  lt.tp_exposed_per_layer = exp_f + exp_b + (c.recompute == RecomputeKind::kFull ? exp_f : 0);
+  lt.tp_exposed_per_layer = exp_f + exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
 
-  // Embedding: gather + position add, and with t > 1 the all-reduce of the vocab-parallel
-  // lookup; backward scatter-adds into the table.
-  const double vp = static_cast<double>(padded_vocab(m, c.tensor));
-  const double emb_tp =
-      c.tensor > 1 ? ring_allreduce(act_bytes, c.tensor, cl.intra_node, cp.net_eff) : 0;
-  lt.emb_fwd = 3 * bs * h * eb / mem_rate + emb_tp;
-  lt.emb_bwd = 3 * bs * h * eb / mem_rate;
-  // Head: ln_f, the (b·s, V/t) logits GEMM, the fp32 cross-entropy over the logits.
-  const Gemm head{bs, vp / t, h};
-  const double ce = 3 * bs * vp / t * 4 / mem_rate;
-  lt.head_fwd = gemm_time(head, peak, hbm, eb, cp) + ce + 2 * b * sl * h * eb / mem_rate;
-  lt.head_bwd = gemm_time({head.M, head.K, head.N}, peak, hbm, eb, cp) +
-                gemm_time({head.N, head.K, head.M}, peak, hbm, eb, cp) + ce +
-                4 * b * sl * h * eb / mem_rate;
+  // Embedding: its lookup (and with t > 1 the sum of the vocab-parallel lookup), the
+  // scatter-add into the table in the backward pass.
+  const PartTimes emb = part_times(m.embedding_work(b, rs), cl, cp, ctx.precision, c.tensor);
+  lt.emb_fwd = emb.gemm_f + emb.f32_f + emb.elem_f + emb.tp_f;
+  lt.emb_bwd = emb.dgrad + emb.wgrad + emb.f32_b + emb.elem_b + emb.tp_b;
+  // Head: final norm, the logits GEMM, the fp32 loss over the logits.
+  const PartTimes head = part_times(m.head_work(b, rs), cl, cp, ctx.precision, c.tensor);
+  lt.head_fwd = head.gemm_f + head.f32_f + head.elem_f + head.tp_f;
+  lt.head_bwd = head.dgrad + head.wgrad + head.f32_b + head.elem_b + head.tp_b;
   if (ctx.profile == nullptr || ctx.profile->empty()) return lt;
 
   // A measured profile replaces the compute. An entry of the plan's width t already contains
@@ -252,12 +243,12 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
   LayerTimes pt = profile_times(*ctx.profile, c, &measured_t);
   pt.p2p = lt.p2p;
   if (measured_t != c.tensor) {
-    const double bwd_extra = exp_b + (c.recompute == RecomputeKind::kFull ? exp_f : 0);
+    const double bwd_extra = exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
     pt.layer_fwd += exp_f;
     pt.layer_bwd_input += bwd_extra;
     pt.layer_bwd += bwd_extra;
     pt.tp_exposed_per_layer = lt.tp_exposed_per_layer;
-    pt.emb_fwd += emb_tp;
+    pt.emb_fwd += emb.tp_f;
   }
   return pt;
 }
@@ -272,21 +263,21 @@ Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParam
           cl.inter_node.latency_s};
 }
 
-std::vector<double> stage_parameters(const ModelSpec& m, const PlanConfig& c) {
+std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c) {
   const int p = c.pipeline, v = c.virtual_stages;
   std::vector<double> n(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
     for (int ch = 0; ch < v; ++ch) {
       const int k = ch * p + st;
-      n[static_cast<size_t>(st)] += static_cast<double>(piece_parameters_per_rank(
-          m, c.tensor, k, p * v, c.layers_per_piece[static_cast<size_t>(k)]));
+      n[static_cast<size_t>(st)] += static_cast<double>(
+          piece_parameters(m, c.tensor, k, p * v, c.layers_per_piece[static_cast<size_t>(k)]));
     }
   }
   return n;
 }
 
 IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
-  const ModelSpec& m = *ctx.model;
+  const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const CostParams& cp = ctx.params;
   const LayerTimes lt = layer_times(ctx, c);

@@ -1,15 +1,17 @@
 // cost_model.h — predicted time of one training iteration of a plan (docs/planner.md).
 //
-// Per transformer layer and micro-batch, on one tensor-parallel rank:
+// The work of each part comes from the model's self-description (models/description.h: its
+// GEMM shapes, attention FLOPs, elementwise passes and tensor-group collectives per
+// micro-batch on one tensor-parallel rank), priced per transformer layer and micro-batch as:
 //   GEMMs      2·M·N·K FLOPs each against peak · eff(M, N, K), the achievable-efficiency
 //              curve eff = e_max / (1 + d0/M + d0/N + d0/K) (small dimensions leave tensor
-//              cores idle), floored by the HBM roofline;
+//              cores idle), floored by the HBM roofline; the backward runs each GEMM twice;
 //   attention  the causal core (half of Megatron's full s² count) at the fused-attention
 //              efficiencies;
-//   elementwise LayerNorm, GELU, residual adds: bytes moved against HBM bandwidth;
-//   TP         4 all-reduces (or all-gather + reduce-scatter with sequence parallelism) of
-//              b·s·h elements: 8·b·s·h·(t−1)/t elements per layer per micro-batch on the
-//              ring, partly hidden behind the GEMMs (tp_overlap);
+//   elementwise LayerNorm, GELU, residual adds, the loss: bytes moved against HBM bandwidth;
+//   TP         ring all-reduces (or all-gather + reduce-scatter with sequence parallelism) of
+//              the collectives' elements (GPT: 2 of b·s·h in each direction per layer),
+//              partly hidden behind the GEMMs (tp_overlap);
 // or, with a measured profile (profile JSON), the measured layer times.
 // Per stage: layers · layer time + the embedding (first piece) and the head (last piece).
 // Pipeline: the schedule is simulated (schedules/simulator.h) with these per-stage, per-chunk
@@ -86,12 +88,9 @@ Profile load_profile(const std::string& path);
 // A profile times one model shape: InputError(file, "seq_len" / "hidden_size" / "precision")
 // when it was measured for another sequence length, hidden size or precision than `m` and
 // `precision` (0 or "" in the profile: not recorded, accepted).
-void check_profile_matches(const Profile& p, const ModelSpec& m, const std::string& precision,
+void check_profile_matches(const Profile& p, const ModelDescription& m, const std::string& precision,
                            const std::string& file);
 
-// Megatron-LM's FLOP counts for one iteration of `global_batch` sequences.
-double model_flops(const ModelSpec& m, double global_batch);
-double hardware_flops(const ModelSpec& m, double global_batch, RecomputeKind r);
 
 // Times (seconds) of the pieces of one micro-batch on one rank.
 struct LayerTimes {
@@ -104,7 +103,7 @@ struct LayerTimes {
 };
 
 struct CostContext {
-  const ModelSpec* model = nullptr;
+  const ModelDescription* model = nullptr;
   const Cluster* cluster = nullptr;
   std::string precision = "bf16";
   const Profile* profile = nullptr;  // null or empty: the analytical model
@@ -131,7 +130,7 @@ struct IterationTime {
 Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParams& cp);
 
 // Parameters on the busiest rank of each stage (elements), for the DP and optimizer terms.
-std::vector<double> stage_parameters(const ModelSpec& m, const PlanConfig& c);
+std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c);
 
 // The whole prediction by simulating the schedule (keep_timeline: keep sim.timeline for a
 // trace). Precondition: c is valid (sizes divide, layers_per_piece covers the model).

@@ -1,10 +1,10 @@
 // memory_model.h — what the planner knows about a model and a parallel layout, and the bytes
 // each rank needs for it.
 //
-// The partitioner does not depend on models/ (DESIGN.md layout), so the parameter and
-// activation counts here are the planner's own closed forms of the GPT of docs/model.md;
-// tests/test_planner.cc checks them against models/ (parameter layout) and against the
-// allocator's measured peak of the CPU runtime.
+// Parameter and activation counts are the model's own (models/description.h: its layers'
+// parameter layout and saved tensors); tests/mpi_test_memory.cc and
+// tests/test_planner.cc check the prediction against the allocator's measured peak of the CPU
+// runtime.
 //
 // Byte model (docs/planner.md):
 //   fp32:  parameters 4, gradients 4, optimizer 8 (Adam m, v) bytes per parameter;
@@ -23,25 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "models/description.h"
 #include "schedules/schedule.h"
 
 namespace strata {
-
-// The model as the planner sees it (the keys of the config's `model` section).
-struct ModelSpec {
-  std::string name;
-  int num_layers = 12;
-  int hidden_size = 768;
-  int num_heads = 12;
-  int ffn_hidden_size = 3072;
-  int seq_len = 1024;
-  int vocab_size = 50257;
-  bool tie_embeddings = true;
-};
-
-enum class RecomputeKind { kNone, kSelective, kFull };
-const char* to_string(RecomputeKind r);
-bool parse_recompute_kind(const std::string& s, RecomputeKind* out);
 
 // One point of the search space: a full parallel layout and schedule.
 struct PlanConfig {
@@ -52,7 +37,7 @@ struct PlanConfig {
   int micro_batch_size = 1;
   int num_microbatches = 1;  // per pipeline per iteration: B / (b · d)
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
-  RecomputeKind recompute = RecomputeKind::kNone;
+  Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   // [piece] layers, piece k = chunk · p + stage (Megatron's interleaving); p · v entries.
@@ -76,29 +61,17 @@ struct MemoryOptions {
   double bucket_mb = 25;
 };
 
-// Parameters (elements) of the whole model, without vocabulary padding: the model size.
-int64_t model_parameters(const ModelSpec& m);
-// Vocabulary padded to a multiple of 128 · t, as the runtime (and Megatron) pad it.
-int64_t padded_vocab(const ModelSpec& m, int tensor);
-// Elements of one transformer layer on one tensor-parallel rank.
-int64_t layer_parameters_per_rank(const ModelSpec& m, int tensor);
-// Elements on one rank of model piece `piece` of a layout cut into `pieces` pieces holding
-// `layers` layers (the first piece has wte and wpe, the last ln_f and the head; with tied
-// embeddings and several pieces the last piece holds a copy of wte).
-int64_t piece_parameters_per_rank(const ModelSpec& m, int tensor, int piece, int pieces,
-                                  int layers);
-
 struct MemoryBreakdown {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
   double total() const { return parameters + gradients + optimizer + activations + buffers; }
 };
 
 // Activation bytes one transformer layer keeps for the backward pass of one micro-batch.
-double layer_activation_bytes(const ModelSpec& m, const PlanConfig& c, const MemoryOptions& o);
+double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c, const MemoryOptions& o);
 
 // [stage] bytes per rank. inflight: [stage] the most (micro-batch, chunk) pairs alive at once
 // (SimResult::peak_inflight). Precondition: c.layers_per_piece has p · v entries.
-std::vector<MemoryBreakdown> stage_memory(const ModelSpec& m, const PlanConfig& c,
+std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanConfig& c,
                                           const MemoryOptions& o, const std::vector<int>& inflight);
 
 }  // namespace strata

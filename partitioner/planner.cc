@@ -68,8 +68,8 @@ PlanFixes parse_fixes(const std::string& text) {
       }
       f.schedule = s;
     } else if (k == "recompute") {
-      RecomputeKind r;
-      if (!parse_recompute_kind(v, &r)) {
+      Recompute r;
+      if (!parse_recompute(v, &r)) {
         throw InputError("<command line>", "--fix recompute",
                          "none, selective or full, got '" + v + "'");
       }
@@ -83,47 +83,6 @@ PlanFixes parse_fixes(const std::string& text) {
     }
   }
   return f;
-}
-
-std::vector<int> split_layers_even(int layers, int pieces) {
-  std::vector<int> n(static_cast<size_t>(pieces), layers / pieces);
-  for (int i = 0; i < layers % pieces; ++i) n[static_cast<size_t>(pieces / 2 - (layers % pieces) / 2 + i)]++;
-  return n;
-}
-
-std::vector<int> split_layers_dp(const std::vector<double>& cost, int pieces, double first_extra,
-                                 double last_extra) {
-  const int L = static_cast<int>(cost.size());
-  std::vector<double> pre(static_cast<size_t>(L) + 1, 0.0);
-  for (int i = 0; i < L; ++i) pre[static_cast<size_t>(i) + 1] = pre[static_cast<size_t>(i)] + cost[static_cast<size_t>(i)];
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[k][n]: the smallest max piece cost covering the first n layers with k pieces.
-  std::vector<std::vector<double>> best(static_cast<size_t>(pieces) + 1,
-                                        std::vector<double>(static_cast<size_t>(L) + 1, inf));
-  std::vector<std::vector<int>> from(best.size(), std::vector<int>(static_cast<size_t>(L) + 1, -1));
-  best[0][0] = 0;
-  for (int k = 1; k <= pieces; ++k) {
-    const double extra = (k == 1 ? first_extra : 0) + (k == pieces ? last_extra : 0);
-    for (int n = k; n <= L - (pieces - k); ++n) {
-      for (int j = k - 1; j < n; ++j) {
-        const double prev = best[static_cast<size_t>(k) - 1][static_cast<size_t>(j)];
-        if (prev == inf) continue;
-        const double c = std::max(prev, pre[static_cast<size_t>(n)] - pre[static_cast<size_t>(j)] + extra);
-        if (c < best[static_cast<size_t>(k)][static_cast<size_t>(n)]) {
-          best[static_cast<size_t>(k)][static_cast<size_t>(n)] = c;
-          from[static_cast<size_t>(k)][static_cast<size_t>(n)] = j;
-        }
-      }
-    }
-  }
-  std::vector<int> out(static_cast<size_t>(pieces));
-  int n = L;
-  for (int k = pieces; k >= 1; --k) {
-    const int j = from[static_cast<size_t>(k)][static_cast<size_t>(n)];
-    out[static_cast<size_t>(k) - 1] = n - j;
-    n = j;
-  }
-  return out;
 }
 
 namespace {
@@ -172,8 +131,6 @@ std::vector<int> split_fast(int L, int pieces, double c, double first_extra, dou
   return out;
 }
 
-bool divides(int a, int b) { return a > 0 && b % a == 0; }
-
 std::string placement_text(const Cluster& cl, const PlanConfig& c) {
   std::ostringstream os;
   const int gpn = cl.gpus_per_node;
@@ -220,7 +177,7 @@ json family_json(int t, int p, ScheduleKind k) {
 
 }  // namespace
 
-std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int B, const PlanConfig& c) {
+std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B, const PlanConfig& c) {
   const int world = c.tensor * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
@@ -231,18 +188,10 @@ std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int B, co
     return "tensor " + std::to_string(c.tensor) + " would span nodes (" +
            std::to_string(cl.gpus_per_node) + " GPUs per node)";
   }
-  if (!divides(c.tensor, m.num_heads)) {
-    return "tensor " + std::to_string(c.tensor) + " does not divide " + std::to_string(m.num_heads) + " heads";
-  }
-  if (!divides(c.tensor, m.ffn_hidden_size)) {
-    return "tensor " + std::to_string(c.tensor) + " does not divide ffn " + std::to_string(m.ffn_hidden_size);
-  }
-  if (c.sequence_parallel && !divides(c.tensor, m.seq_len)) {
-    return "tensor " + std::to_string(c.tensor) + " does not divide sequence " + std::to_string(m.seq_len);
-  }
-  if (c.pipeline * c.virtual_stages > m.num_layers) {
+  if (std::string why = m.tensor_split_reason(c.tensor, c.sequence_parallel); !why.empty()) return why;
+  if (c.pipeline * c.virtual_stages > m.num_layers()) {
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
-           std::to_string(m.num_layers) + " layers";
+           std::to_string(m.num_layers()) + " layers";
   }
   if (B % (c.micro_batch_size * c.data) != 0) {
     return "global batch " + std::to_string(B) + " is not a multiple of micro-batch " +
@@ -261,21 +210,22 @@ std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int B, co
 }
 
 PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
-  const std::string bad = plan_invalid_reason(req.model, req.cluster, req.global_batch_size, c);
+  const ModelDescription& m = *req.model;
+  const std::string bad = plan_invalid_reason(m, req.cluster, req.global_batch_size, c);
   if (!bad.empty()) throw InputError("<plan>", "parallel", bad);
   c.num_microbatches = req.global_batch_size / (c.micro_batch_size * c.data);
-  CostContext ctx{&req.model, &req.cluster, req.precision, req.profile, req.params};
+  CostContext ctx{&m, &req.cluster, req.precision, req.profile, req.params};
   const int pieces = c.pipeline * c.virtual_stages;
   if (c.layers_per_piece.empty()) {
     const LayerTimes lt = layer_times(ctx, c);
     c.layers_per_piece = split_layers_dp(
-        std::vector<double>(static_cast<size_t>(req.model.num_layers), lt.layer_fwd + lt.layer_bwd),
+        std::vector<double>(static_cast<size_t>(m.num_layers()), lt.layer_fwd + lt.layer_bwd),
         pieces, lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
   }
   PlanResult r;
   r.config = c;
   r.time = iteration_time(ctx, c, false);
-  r.memory = stage_memory(req.model, c, req.memory, r.time.peak_inflight);
+  r.memory = stage_memory(m, c, req.memory, r.time.peak_inflight);
   for (size_t s = 0; s < r.memory.size(); ++s) {
     if (r.memory[s].total() > r.peak_memory) {
       r.peak_memory = r.memory[s].total();
@@ -284,16 +234,16 @@ PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
   }
   const double world = req.cluster.world_size();
   const double peak = req.cluster.peak(req.precision);
-  r.tflops_per_gpu =
-      hardware_flops(req.model, req.global_batch_size, c.recompute) / world / r.time.iteration_s / 1e12;
-  r.mfu = model_flops(req.model, req.global_batch_size) / world / r.time.iteration_s / peak;
+  const FlopCount flops = m.flops_per_iteration(req.global_batch_size, c.recompute);
+  r.tflops_per_gpu = flops.hardware / world / r.time.iteration_s / 1e12;
+  r.mfu = flops.model / world / r.time.iteration_s / peak;
   r.placement = placement_text(req.cluster, c);
   return r;
 }
 
 PlanOutput search_plans(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
-  const ModelSpec& m = req.model;
+  const ModelDescription& m = *req.model;
   const Cluster& cl = req.cluster;
   const PlanFixes& fx = req.fixes;
   const int world = cl.world_size(), B = req.global_batch_size;
@@ -317,10 +267,10 @@ PlanOutput search_plans(const PlanRequest& req) {
   const ScheduleKind kinds[] = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
                                 ScheduleKind::kZeroBubbleH1, ScheduleKind::kGPipe,
                                 ScheduleKind::kTwoBW};
-  const RecomputeKind recs[] = {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull};
+  const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   for (int t = 1; t <= cl.gpus_per_node; t *= 2) {
     if (fx.tensor && *fx.tensor != t) continue;
-    for (int p = 1; p <= std::min(m.num_layers, world / t); ++p) {
+    for (int p = 1; p <= std::min(m.num_layers(), world / t); ++p) {
       if (fx.pipeline && *fx.pipeline != p) continue;
       if (world % (t * p) != 0) continue;
       const int d = world / (t * p);
@@ -340,13 +290,13 @@ PlanOutput search_plans(const PlanRequest& req) {
           std::vector<int> vs = {1};
           if (k == ScheduleKind::kInterleaved) {
             vs.clear();
-            for (int v = 2; v * p <= m.num_layers; ++v) {
-              if (m.num_layers % (v * p) == 0) vs.push_back(v);
+            for (int v = 2; v * p <= m.num_layers(); ++v) {
+              if (m.num_layers() % (v * p) == 0) vs.push_back(v);
             }
           }
           for (int v : vs) {
             if (fx.virtual_stages && *fx.virtual_stages != v) continue;
-            for (RecomputeKind rc : recs) {
+            for (Recompute rc : recs) {
               if (fx.recompute && *fx.recompute != rc) continue;
               for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
                 if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
@@ -372,7 +322,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                   const LayerTimes lt = layer_times(ctx, c);
                   const double per_layer = lt.layer_fwd + lt.layer_bwd;
                   const double p2p_op = p * v > 1 ? req.params.p2p_exposed * lt.p2p : 0;
-                  c.layers_per_piece = split_fast(m.num_layers, p * v, per_layer,
+                  c.layers_per_piece = split_fast(m.num_layers(), p * v, per_layer,
                                                   lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
                   // Closed-form time: the slowest stage's compute stretched by the bubble.
                   double stage_max = 0, stage_f = 0;
@@ -399,7 +349,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                   const double compute = c.num_microbatches * stage_max;
                   Estimate e;
                   e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
-                  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers / (p);
+                  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
                   // DP and optimizer through the same formulas as the exact pass, cheaply:
                   // one stage with the largest parameter count.
                   const std::vector<double> np = stage_parameters(m, c);
@@ -568,16 +518,15 @@ json plan_result_json(const PlanResult& r) {
 }
 
 json plan_output_json(const PlanRequest& req, const PlanOutput& out) {
-  const ModelSpec& m = req.model;
+  const ModelDescription& m = *req.model;
   json plans = json::array();
   for (const PlanResult& r : out.plans) plans.push_back(plan_result_json(r));
   json rejected = json::array();
   for (const Rejection& r : out.rejected) rejected.push_back({{"config", r.config}, {"reason", r.reason}});
-  return {{"model",
-           {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_heads", m.num_heads},
-            {"ffn_hidden_size", m.ffn_hidden_size}, {"seq_len", m.seq_len},
-            {"vocab_size", m.vocab_size}, {"tie_embeddings", m.tie_embeddings},
-            {"parameters", model_parameters(m)}}},
+  json model = m.shape_json();
+  model["arch"] = m.arch();
+  model["parameters"] = m.parameters();
+  return {{"model", model},
           {"cluster", cluster_to_json(req.cluster)},
           {"global_batch_size", req.global_batch_size},
           {"precision", req.precision},

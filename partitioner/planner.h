@@ -14,6 +14,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 
 #include "partitioner/cluster.h"
 #include "partitioner/cost_model.h"
+#include "partitioner/layer_split.h"
 #include "partitioner/memory_model.h"
 
 namespace strata {
@@ -30,7 +32,7 @@ namespace strata {
 struct PlanFixes {
   std::optional<int> tensor, pipeline, data, virtual_stages, micro_batch_size;
   std::optional<ScheduleKind> schedule;
-  std::optional<RecomputeKind> recompute;
+  std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
 };
 // "tensor=8,pipeline=4,schedule=interleaved,..." → fixes; InputError("<command line>", "--fix",
@@ -38,7 +40,8 @@ struct PlanFixes {
 PlanFixes parse_fixes(const std::string& text);
 
 struct PlanRequest {
-  ModelSpec model;
+  std::shared_ptr<const ModelDescription> model;
+  std::string model_name;  // for the header: a preset's name, "custom" for a model of a file
   Cluster cluster;
   int global_batch_size = 1;
   std::string precision = "bf16";
@@ -80,16 +83,8 @@ PlanOutput search_plans(const PlanRequest& req);
 // Throws InputError("<plan>", field, ...) when the sizes do not fit together.
 PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c);
 
-// Min-max split of layers with costs `layer_cost` into `pieces` contiguous pieces of at least
-// one layer, the first piece also paying `first_extra` and the last `last_extra` (dynamic
-// programming, O(pieces · L²)). Returns [piece] layer counts.
-std::vector<int> split_layers_dp(const std::vector<double>& layer_cost, int pieces,
-                                 double first_extra, double last_extra);
-// Every piece as equal as the layer count allows (the naive split).
-std::vector<int> split_layers_even(int layers, int pieces);
-
 // Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
-std::string plan_invalid_reason(const ModelSpec& m, const Cluster& cl, int global_batch,
+std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int global_batch,
                                 const PlanConfig& c);
 
 nlohmann::json plan_config_json(const PlanConfig& c);

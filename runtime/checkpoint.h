@@ -46,7 +46,7 @@ uint32_t crc32_ieee(const void* data, size_t n, uint32_t crc = 0);
 struct ShardMeta {
   std::vector<int64_t> full_shape;
   std::vector<int64_t> shard_shape;
-  std::string split;  // "replicated", "rows", "cols", "qkv_rows" (models/gpt.h ParamSplit)
+  std::string split;  // "replicated", "rows", "cols", "qkv_rows" (models/layers/params.h ParamSplit)
   int tp_rank = 0;
   int tp = 1;
 };

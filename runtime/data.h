@@ -54,6 +54,14 @@ class DataSource {
   // next micro-batch on a host thread while the device computes.
   virtual void sample(Split split, uint64_t iter, int64_t first, int count, int seq_len,
                       int32_t* inputs, int32_t* targets) const = 0;
+  // How many target positions of those sequences count in the loss — what the loss of a batch
+  // averages over, known before any compute so that the backward can be scaled by its inverse.
+  // A pure function like sample(). Language-model sources count every position; a source with
+  // masked or padded positions counts fewer.
+  virtual double loss_tokens(Split split, uint64_t iter, int64_t first, int count,
+                             int seq_len) const {
+    return static_cast<double>(count) * seq_len;
+  }
 };
 
 // Builds the source of `data`, seeded by `seed` (train.seed) for sampling. `config_file` names

@@ -367,6 +367,17 @@ std::vector<std::vector<Instr>> build_all(const ScheduleSpec& s) {
   return all;
 }
 
+std::vector<Instr> build_forward_only(int stage, int p, int v, int m) {
+  std::vector<Instr> list;
+  for (int mb = 0; mb < m; ++mb)
+    for (int c = 0; c < v; ++c) {
+      if (prev_piece(stage, c, p, v).stage >= 0) list.push_back({Op::kRecvActivation, mb, c, -1});
+      list.push_back({Op::kForward, mb, c, -1});
+      if (next_piece(stage, c, p, v).stage >= 0) list.push_back({Op::kSendActivation, mb, c, -1});
+    }
+  return list;
+}
+
 PieceRef next_piece(int stage, int chunk, int p, int v) {
   if (stage < p - 1) return {stage + 1, chunk};
   if (chunk < v - 1) return {0, chunk + 1};

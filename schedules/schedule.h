@@ -74,6 +74,10 @@ std::string schedule_invalid_reason(const ScheduleSpec& s);
 // The instructions of `stage` (0..p-1). Precondition: schedule_invalid_reason(s) is "".
 std::vector<Instr> build_schedule(const ScheduleSpec& s, int stage);
 
+// Forward-only instructions for evaluation: every micro-batch of one batch through `stage`'s
+// v chunks in model order, p stages, m micro-batches. Sends never block, so no stage waits on a
+// later one.
+std::vector<Instr> build_forward_only(int stage, int p, int v, int m);
 // All stages' lists.
 std::vector<std::vector<Instr>> build_all(const ScheduleSpec& s);
 

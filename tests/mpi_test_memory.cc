@@ -13,7 +13,7 @@
 
 #include "launch/cmd_plan.h"
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "partitioner/cluster.h"
 #include "runtime/comm.h"

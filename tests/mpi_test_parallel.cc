@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
-#include "models/gpt.h"
+#include "launch/train/trainer.h"
+#include "models/gpt/gpt.h"
 #include "mpi_test_util.h"
 #include "runtime/comm.h"
 
@@ -88,7 +88,9 @@ TrainResult run_layout(const Layout& l) {
 TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
   const TrainResult& ref = reference();
   const Config ref_cfg = make_config({});
-  const std::vector<ParamInfo> full = GptModel::layout(gpt_dims(ref_cfg.model));
+  const std::vector<ParamInfo> full =
+      GptModel::layout(gpt_shape(ref_cfg.model), 1, 0, false, whole_model(ref_cfg.model.num_layers))
+          .infos();
   for (const Layout& l : layouts(world().size)) {
     const TrainResult r = run_layout(l);
     mpitest::Tally losses, norms, params;
@@ -101,9 +103,10 @@ TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
     // This rank's shard of every parameter, cut from the reference by global index.
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
     const int tp_rank = world().rank % l.t;
-    const GptDims dims = gpt_dims(cfg.model, l.t, tp_rank, l.sp);
     bad = 0;
-    for (const ParamInfo& p : GptModel::layout(dims)) {
+    const ParamLayout mine = GptModel::layout(gpt_shape(cfg.model), l.t, tp_rank, l.sp,
+                                              whole_model(cfg.model.num_layers));
+    for (const ParamInfo& p : mine.infos()) {
       const ParamInfo* f = nullptr;
       for (const ParamInfo& q : full)
         if (q.name == p.name) f = &q;
@@ -181,7 +184,9 @@ TEST(Parallel, MemoryShrinksWithTheLayout) {
     const TrainResult r = run_layout(l);
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
     int64_t sharded = 0, whole = 0;  // elements of the single-process model
-    for (const ParamInfo& p : GptModel::layout(gpt_dims(cfg.model, l.t, 0, false))) {
+    const ParamLayout rank0 =
+        GptModel::layout(gpt_shape(cfg.model), l.t, 0, false, whole_model(cfg.model.num_layers));
+    for (const ParamInfo& p : rank0.infos()) {
       if (p.split == ParamSplit::kReplicated) whole += p.numel;
       else sharded += p.numel * l.t;
     }

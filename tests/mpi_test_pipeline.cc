@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "runtime/comm.h"
 

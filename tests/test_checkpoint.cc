@@ -17,9 +17,9 @@
 
 #include "launch/cmd_export.h"
 #include "launch/config_parse.h"
-#include "launch/model_state.h"
-#include "launch/trainer.h"
-#include "models/gpt.h"
+#include "launch/train/model_state.h"
+#include "launch/train/trainer.h"
+#include "models/gpt/gpt.h"
 #include "runtime/backend.h"
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
@@ -262,12 +262,15 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   // The model the fixture was exported from (tests/golden/README.md: trained 3 steps with this
   // config by `strata train`, then `strata export`).
   const Config c = load_config(std::string(STRATA_TEST_DIR) + "/golden/hf_tiny_train.json", {});
-  const GptDims d = gpt_dims(c.model);
+  const GptShape d = gpt_shape(c.model);
+  const VocabShard vocab = vocab_shard(d.V, 1, 0);
   std::unique_ptr<Backend> be = make_backend("cpu", 1);
-  GptModel model(d, *be, c.train.seed);
-  std::vector<float> params(static_cast<size_t>(model.num_parameters()));
-  fill_params(model, from_hf_gpt2(d, hf, path), params, path);
-  be->upload(model.params(), params.data());
+  ModelOptions o;
+  o.seed = c.train.seed;
+  GptModel model(d, o, *be);
+  std::vector<float> params(static_cast<size_t>(model.params().numel()));
+  fill_params(model.params().layout(), gpt_from_hf(c.model, hf, path), params, path);
+  be->upload(model.params().params(), params.data());
 
   const StTensor& tok = f.at("tokens", path);  // (B, S) i32
   const std::vector<int32_t> tokens = tok.as_i32();
@@ -276,8 +279,8 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   Tensor tg = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
   be->upload(tt, tokens.data());
   be->upload(tg, tokens.data());  // targets only feed the loss, unused here
-  double loss = 0;
-  GptModel::ActsPtr acts = model.forward(tt, tg, &loss);
+  LossSum loss;
+  PieceActsPtr acts = model.forward(ModelBatch{tt, tg, Tensor()}, &loss);
   const Tensor& logits = GptModel::logits(*acts);  // (B·S, Vp)
   std::vector<float> got(static_cast<size_t>(logits.numel()));
   be->download(got.data(), logits);
@@ -287,7 +290,7 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   for (int64_t r = 0; r < static_cast<int64_t>(B) * S; ++r)
     for (int64_t v = 0; v < d.V; ++v)
       worst =
-          std::max(worst, std::fabs(static_cast<double>(got[static_cast<size_t>(r * d.Vp + v)]) -
+          std::max(worst, std::fabs(static_cast<double>(got[static_cast<size_t>(r * vocab.Vp + v)]) -
                                     want[static_cast<size_t>(r * d.V + v)]));
   std::printf("logits vs transformers: max |diff| %.3g over %d tokens\n", worst, B * S);
   EXPECT_LT(worst, 1e-4);

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"

@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "runtime/backend.h"
 #include "runtime/optimizer.h"
 #include "runtime/safetensors.h"
@@ -33,9 +33,27 @@ const std::string kFixture = std::string(STRATA_TEST_DIR) + "/golden/gpt_tiny.sa
 struct Golden {
   StFile f;
   nlohmann::json cfg;
-  GptDims dims;
+  GptShape dims;
+  int Vp = 0;  // the vocabulary as stored (padded to a multiple of 128)
   int B = 0;
 };
+
+// The golden model on one rank (tensor 1), initialised from seed 1 before the fixture's weights
+// are copied in.
+ModelOptions options(Recompute recompute = Recompute::kNone) {
+  ModelOptions o;
+  o.recompute = recompute;
+  o.seed = 1;
+  return o;
+}
+
+// Forward of one batch through the whole model; *loss_sum receives Σ of the token losses.
+PieceActsPtr forward(Model& model, const Tensor& in, const Tensor& tg, double* loss_sum) {
+  LossSum l;
+  PieceActsPtr acts = model.forward(ModelBatch{in, tg, Tensor()}, &l);
+  *loss_sum = l.sum;
+  return acts;
+}
 
 Golden load() {
   Golden g;
@@ -49,19 +67,20 @@ Golden load() {
   m.seq_len = g.cfg["seq_len"];
   m.vocab_size = g.cfg["vocab_size"];
   m.tie_embeddings = true;
-  g.dims = gpt_dims(m);
+  g.dims = gpt_shape(m);
+  g.Vp = pad_vocab(m.vocab_size, 128);
   g.B = g.cfg["batch_size"];
   return g;
 }
 
 // Copies the fixture's weights into the model; padded vocabulary rows stay 0.
 void load_weights(GptModel& model, const Golden& g, const std::string& prefix = "") {
-  model.params().reshape({model.num_parameters()});
-  std::fill(model.params().f32(), model.params().f32() + model.num_parameters(), 0.0f);
-  for (const ParamInfo& p : model.param_infos()) {
+  ParamStore& ps = model.params();
+  std::fill(ps.params().f32(), ps.params().f32() + ps.numel(), 0.0f);
+  for (const ParamInfo& p : ps.infos()) {
     const std::vector<float> v = g.f.at(prefix + p.name, kFixture).as_f32();
     ASSERT_LE(static_cast<int64_t>(v.size()), p.numel) << p.name;
-    std::copy(v.begin(), v.end(), model.params().f32() + p.offset);
+    std::copy(v.begin(), v.end(), ps.params().f32() + p.offset);
   }
 }
 
@@ -111,14 +130,14 @@ int compare(const std::string& what, const float* got, const std::vector<float>&
 TEST(GptGolden, ForwardLogitsAndLoss) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  GptModel model(g.dims, *be, 1);
+  GptModel model(g.dims, options(), *be);
   load_weights(model, g);
-  const int B = g.B, S = g.dims.S, V = g.dims.V, Vp = g.dims.Vp;
+  const int B = g.B, S = g.dims.S, V = g.dims.V, Vp = g.Vp;
   Tensor in = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
   Tensor tg = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
   split_tokens(g.f.at("tokens", kFixture).as_i32(), B, S, in, tg);
   double loss_sum = 0;
-  auto acts = model.forward(in, tg, &loss_sum);
+  auto acts = forward(model, in, tg, &loss_sum);
   const std::vector<float> want_logits = g.f.at("logits", kFixture).as_f32();
   std::vector<float> got(want_logits.size());
   const float* logits = GptModel::logits(*acts).f32();
@@ -137,27 +156,27 @@ TEST_P(GptGoldenGrad, GradientsMatchAutograd) {
   const int micro = GetParam();
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  GptModel model(g.dims, *be, 1);
+  GptModel model(g.dims, options(), *be);
   load_weights(model, g);
   const int B = g.B, S = g.dims.S;
   const std::vector<int32_t> tok = g.f.at("tokens", kFixture).as_i32();
-  model.zero_grads();
+  model.params().zero_grads();
   for (int first = 0; first < B; first += micro) {
     std::vector<int32_t> part(tok.begin() + first * (S + 1), tok.begin() + (first + micro) * (S + 1));
     Tensor in = be->empty({micro, S}, MemCategory::kActivations, DType::kI32);
     Tensor tg = be->empty({micro, S}, MemCategory::kActivations, DType::kI32);
     split_tokens(part, micro, S, in, tg);
     double s = 0;
-    auto acts = model.forward(in, tg, &s);
+    auto acts = forward(model, in, tg, &s);
     model.backward(*acts, 1.0f / static_cast<float>(B * S));
   }
   int bad = 0;
-  for (const ParamInfo& p : model.param_infos()) {
+  for (const ParamInfo& p : model.params().infos()) {
     const std::vector<float> want = g.f.at("grad." + p.name, kFixture).as_f32();
-    bad += compare("grad." + p.name, model.grads().f32() + p.offset, want, 1e-4);
+    bad += compare("grad." + p.name, model.params().grads().f32() + p.offset, want, 1e-4);
     // Padded vocabulary rows never receive gradient.
     for (int64_t i = static_cast<int64_t>(want.size()); i < p.numel; ++i)
-      ASSERT_EQ(model.grads().f32()[p.offset + i], 0.0f) << p.name << " padded element " << i;
+      ASSERT_EQ(model.params().grads().f32()[p.offset + i], 0.0f) << p.name << " padded element " << i;
   }
   EXPECT_EQ(bad, 0);
 }
@@ -171,8 +190,8 @@ class GptGoldenRecompute : public ::testing::TestWithParam<Recompute> {};
 // Mismatches of every parameter gradient against the fixture's autograd gradients.
 int compare_grads(GptModel& model, const Golden& g) {
   int bad = 0;
-  for (const ParamInfo& p : model.param_infos())
-    bad += compare("grad." + p.name, model.grads().f32() + p.offset,
+  for (const ParamInfo& p : model.params().infos())
+    bad += compare("grad." + p.name, model.params().grads().f32() + p.offset,
                    g.f.at("grad." + p.name, kFixture).as_f32(), 1e-4);
   return bad;
 }
@@ -180,13 +199,13 @@ int compare_grads(GptModel& model, const Golden& g) {
 TEST_P(GptGoldenRecompute, GradientsMatchAutograd) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  GptModel model(g.dims, *be, 1, nullptr, {}, GetParam());
+  GptModel model(g.dims, options(GetParam()), *be);
   load_weights(model, g);
   const FixtureBatch b = fixture_batch(*be, g);
   const int tokens = g.B * g.dims.S;
-  model.zero_grads();
+  model.params().zero_grads();
   double s = 0;
-  auto acts = model.forward(b.in, b.tg, &s);
+  auto acts = forward(model, b.in, b.tg, &s);
   model.backward(*acts, 1.0f / static_cast<float>(tokens));
   const double want_loss = g.f.at("loss", kFixture).as_f32()[0];
   EXPECT_NEAR(s / tokens, want_loss, 1e-5 * want_loss);
@@ -198,16 +217,17 @@ TEST_P(GptGoldenRecompute, GradientsMatchAutograd) {
 TEST(GptGolden, DeferredWeightGradientsMatchAutograd) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  GptModel model(g.dims, *be, 1);
+  GptModel model(g.dims, options(), *be);
   load_weights(model, g);
   const FixtureBatch b = fixture_batch(*be, g);
-  model.zero_grads();
+  model.params().zero_grads();
   double s = 0;
-  auto acts = model.forward(b.in, b.tg, &s);
+  auto acts = forward(model, b.in, b.tg, &s);
   model.backward_piece(*acts, Tensor(), 1.0f / static_cast<float>(g.B * g.dims.S), true, true);
   // After B alone the matrices have no gradient yet; LayerNorms already do.
-  EXPECT_EQ(be->sum_squares(model.grad("h.0.mlp.c_fc.weight")), 0.0);
-  EXPECT_GT(be->sum_squares(model.grad("h.0.ln_1.weight")), 0.0);
+  const ParamStore& ps = model.params();
+  EXPECT_EQ(be->sum_squares(ps.grad(ps.layout().find("h.0.mlp.c_fc.weight"))), 0.0);
+  EXPECT_GT(be->sum_squares(ps.grad(ps.layout().find("h.0.ln_1.weight"))), 0.0);
   model.backward_weight_piece(*acts, true);
   EXPECT_EQ(compare_grads(model, g), 0);
 }
@@ -218,7 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Recompute, GptGoldenRecompute,
 TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  GptModel model(g.dims, *be, 1);
+  GptModel model(g.dims, options(), *be);
   load_weights(model, g);
   const int B = g.B, S = g.dims.S;
   OptimizerConfig o;
@@ -234,7 +254,7 @@ TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
   o.grad_clip = g.cfg["grad_clip"];
   const int steps = g.cfg["steps"];
   std::vector<OptSegment> segments;
-  for (const ParamInfo& p : model.param_infos())
+  for (const ParamInfo& p : model.params().infos())
     segments.push_back({p.offset, p.offset, p.numel, p.decay});
   AdamW opt(*be, o, segments);
 
@@ -247,28 +267,29 @@ TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
     Tensor in = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
     Tensor tg = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
     split_tokens(tok, B, S, in, tg);
-    model.zero_grads();
+    model.params().zero_grads();
     double s = 0;
-    auto acts = model.forward(in, tg, &s);
+    auto acts = forward(model, in, tg, &s);
     model.backward(*acts, 1.0f / static_cast<float>(B * S));
     const double loss = s / (B * S);
-    const double norm = std::sqrt(be->sum_squares(model.grads()));
+    const double norm = std::sqrt(be->sum_squares(model.params().grads()));
     const double lr = learning_rate(o, steps, k + 1);
     EXPECT_NEAR(loss, want_loss[k], 1e-5 * want_loss[k]) << "step " << k;
     EXPECT_NEAR(norm, want_norm[k], 1e-5 * want_norm[k]) << "step " << k;
     EXPECT_NEAR(lr, want_lr[k], 1e-6 * want_lr[k]) << "step " << k;
     // As the trainer runs it: the clipping coefficient applied inside the AdamW update.
-    opt.step(model.params(), model.grads(), lr, clip_coefficient(norm, o.grad_clip));
+    opt.step(model.params().params(), model.params().grads(), lr,
+             clip_coefficient(norm, o.grad_clip));
   }
   int bad = 0;
-  for (const ParamInfo& p : model.param_infos()) {
+  for (const ParamInfo& p : model.params().infos()) {
     const std::vector<float> want = g.f.at("final." + p.name, kFixture).as_f32();
     const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
     for (size_t i = 0; i < want.size(); ++i) {
       const bool key_row = key_bias && i >= static_cast<size_t>(g.dims.C) &&
                            i < static_cast<size_t>(2 * g.dims.C);
       const double tol = key_row ? 1e-3 : 1e-4;
-      const float got = model.params().f32()[p.offset + static_cast<int64_t>(i)];
+      const float got = model.params().params().f32()[p.offset + static_cast<int64_t>(i)];
       if (std::fabs(got - want[i]) > tol) {
         if (bad < 5)
           ADD_FAILURE() << "final." << p.name << "[" << i << "]: got " << got << ", want "

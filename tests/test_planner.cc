@@ -1,4 +1,4 @@
-// Planner tests: parameter counts against models/, memory predictions against the CPU
+// Planner tests: the self-description's parameter counts against the model's layout, memory predictions against the CPU
 // allocator's measured peak, the search's guarantees, and the DP layer split.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,9 @@
 
 #include "launch/cmd_plan.h"
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
-#include "models/gpt.h"
+#include "launch/train/trainer.h"
+#include "models/gpt/gpt.h"
+#include "models/registry.h"
 #include "partitioner/planner.h"
 #include "runtime/error.h"
 
@@ -23,26 +24,31 @@ Cluster h100(int nodes) {
   return c;
 }
 
-// The planner's closed-form parameter counts against the model's own layout (the outside
-// reference), per tensor rank and per pipeline piece.
+// The self-description's parameter counts (what the planner uses) against the layout of the
+// pieces a stage really holds, per tensor rank and per pipeline piece.
 TEST(PlannerMemory, ParametersMatchModelLayout) {
   for (const char* preset : {"tiny", "gpt2-124m"}) {
     for (bool tie : {true, false}) {
       const Config cfg = load_config("", {std::string("model.preset=") + preset,
                                           std::string("model.tie_embeddings=") + (tie ? "true" : "false")});
-      const ModelSpec spec = model_spec(cfg.model);
-      EXPECT_EQ(model_parameters(spec), GptModel::real_parameters(gpt_dims(cfg.model)));
+      const std::unique_ptr<ModelDescription> spec = describe_model(cfg.model);
+      const GptShape shape = gpt_shape(cfg.model);
+      int64_t real = 0;  // the whole model without vocabulary padding
+      const ParamLayout whole = GptModel::layout(shape, 1, 0, false, whole_model(shape.L));
+      for (const ParamInfo& p : whole.infos())
+        real += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
+      EXPECT_EQ(spec->parameters(), real);
       for (int t : {1, 2, 4}) {
-        const GptDims d = gpt_dims(cfg.model, t, 0, false);
         for (int pieces : {1, 2}) {
-          const std::vector<int> layers = split_layers_even(d.L, pieces);
+          const std::vector<int> layers = split_layers_even(shape.L, pieces);
           int first = 0;
           for (int k = 0; k < pieces; ++k) {
             ModelPiece pc{first, layers[static_cast<size_t>(k)], k == 0, k == pieces - 1};
             first += pc.num_layers;
             int64_t n = 0;
-            for (const ParamInfo& p : GptModel::layout(d, {pc})) n += p.numel;
-            EXPECT_EQ(piece_parameters_per_rank(spec, t, k, pieces, pc.num_layers), n)
+            const ParamLayout piece = GptModel::layout(shape, t, 0, false, {pc});
+            for (const ParamInfo& p : piece.infos()) n += p.numel;
+            EXPECT_EQ(piece_parameters(*spec, t, k, pieces, pc.num_layers), n)
                 << preset << " tie " << tie << " t " << t << " piece " << k << "/" << pieces;
           }
         }
@@ -83,7 +89,7 @@ TEST(PlannerSearch, NeverReturnsAPlanOverMemory) {
        {std::tuple<const char*, int, int>{"gpt3-13b", 1, 64}, {"gpt3-175b", 64, 1536}}) {
     const Config cfg = load_config("", {std::string("model.preset=") + preset});
     PlanRequest req;
-    req.model = model_spec(cfg.model);
+    req.model = describe_model(cfg.model);
     req.cluster = load_cluster("dgx-a100-80gb", configs_dir());
     req.cluster.nodes = nodes;
     req.global_batch_size = batch;
@@ -105,7 +111,7 @@ TEST(PlannerSearch, NeverReturnsAPlanOverMemory) {
 TEST(PlannerSearch, HandCheckableSmallCase) {
   const Config cfg = load_config("", {"model.preset=gpt2-124m"});
   PlanRequest req;
-  req.model = model_spec(cfg.model);
+  req.model = describe_model(cfg.model);
   req.cluster = h100(1);
   req.global_batch_size = 64;
   req.fixes.schedule = ScheduleKind::kOneFOneB;
@@ -115,26 +121,28 @@ TEST(PlannerSearch, HandCheckableSmallCase) {
   EXPECT_EQ(c.tensor, 1);
   EXPECT_EQ(c.pipeline, 1);
   EXPECT_EQ(c.data, 8);
-  EXPECT_EQ(c.recompute, RecomputeKind::kNone);
+  EXPECT_EQ(c.recompute, Recompute::kNone);
   EXPECT_EQ(c.micro_batch_size, 8);
 }
 
 TEST(PlannerSearch, TrillionParametersOn3072Gpus) {
   PlanRequest req;
-  req.model.name = "1T";
-  req.model.num_layers = 128;
-  req.model.hidden_size = 25600;
-  req.model.num_heads = 160;
-  req.model.ffn_hidden_size = 4 * 25600;
-  req.model.seq_len = 2048;
-  req.model.vocab_size = 51200;
+  ModelConfig m;
+  m.num_layers = 128;
+  m.hidden_size = 25600;
+  m.num_heads = 160;
+  m.ffn_hidden_size = 4 * 25600;
+  m.seq_len = 2048;
+  m.vocab_size = 51200;
+  req.model = describe_model(m);
+  req.model_name = "1T";
   req.cluster = load_cluster("dgx-a100-80gb", configs_dir());
   req.cluster.nodes = 384;
   req.global_batch_size = 3072;
   req.memory.reserve_bytes = 1 << 30;
   const PlanOutput out = search_plans(req);
   std::printf("1T parameters (%.3g), 3072 GPUs: %lld configurations in %.3f s\n",
-              static_cast<double>(model_parameters(req.model)),
+              static_cast<double>(req.model->parameters()),
               static_cast<long long>(out.candidates), out.search_s);
   ASSERT_FALSE(out.plans.empty());
   EXPECT_LT(out.search_s, 5.0);  // the target is 1 s; generous for loaded CI machines
@@ -163,7 +171,7 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
   // And with the real cost model: the planner's stage times for gpt3-13b with p = 4.
   const Config cfg = load_config("", {"model.preset=gpt3-13b"});
   PlanRequest req;
-  req.model = model_spec(cfg.model);
+  req.model = describe_model(cfg.model);
   req.cluster = h100(4);
   req.global_batch_size = 128;
   PlanConfig c;
@@ -172,7 +180,7 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
   c.data = 1;
   c.micro_batch_size = 1;
   const PlanResult balanced = evaluate_plan(req, c);
-  c.layers_per_piece = split_layers_even(req.model.num_layers, 4);
+  c.layers_per_piece = split_layers_even(req.model->num_layers(), 4);
   const PlanResult naive = evaluate_plan(req, c);
   auto busiest = [](const PlanResult& r) {
     return *std::max_element(r.time.stage_compute_s.begin(), r.time.stage_compute_s.end());
@@ -226,17 +234,18 @@ TEST(PlannerPlan, CommandWritesThePlanSchema) {
 // A profile measured for another model shape is refused with the key that differs.
 TEST(PlannerProfile, MismatchedProfileNamesTheKey) {
   const Config cfg = load_config("", {"model.preset=gpt2-124m"});
-  const ModelSpec m = model_spec(cfg.model);
+  const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
+  const ModelDescription& m = *desc;
   Profile p;
   p.precision = "bf16";
-  p.seq_len = m.seq_len;
-  p.hidden_size = m.hidden_size;
+  p.seq_len = m.seq_len();
+  p.hidden_size = m.hidden_size();
   p.entries.push_back(ProfileEntry{});
   EXPECT_NO_THROW(check_profile_matches(p, m, "bf16", "prof.json"));
   for (const char* key : {"seq_len", "hidden_size", "precision"}) {
     Profile q = p;
-    if (std::string(key) == "seq_len") q.seq_len = m.seq_len / 2;
-    if (std::string(key) == "hidden_size") q.hidden_size = m.hidden_size * 2;
+    if (std::string(key) == "seq_len") q.seq_len = m.seq_len() / 2;
+    if (std::string(key) == "hidden_size") q.hidden_size = m.hidden_size() * 2;
     if (std::string(key) == "precision") q.precision = "fp32";
     try {
       check_profile_matches(q, m, "bf16", "prof.json");
@@ -252,7 +261,7 @@ TEST(PlannerProfile, MismatchedProfileNamesTheKey) {
 // plus the modelled exposed all-reduces; a t = 2 entry is used as measured.
 TEST(PlannerProfile, UnshardedProfileIsRescaledForTensorParallelPlans) {
   const Config cfg = load_config("", {"model.preset=gpt2-124m"});
-  const ModelSpec m = model_spec(cfg.model);
+  const std::unique_ptr<ModelDescription> m = describe_model(cfg.model);
   const Cluster cl = h100(1);
   Profile prof;
   ProfileEntry e;
@@ -264,8 +273,8 @@ TEST(PlannerProfile, UnshardedProfileIsRescaledForTensorParallelPlans) {
   c.tensor = 2;
   c.data = 4;
   c.micro_batch_size = 4;
-  CostContext analytic{&m, &cl, "bf16", nullptr, CostParams{}};
-  CostContext measured{&m, &cl, "bf16", &prof, CostParams{}};
+  CostContext analytic{m.get(), &cl, "bf16", nullptr, CostParams{}};
+  CostContext measured{m.get(), &cl, "bf16", &prof, CostParams{}};
   const LayerTimes a = layer_times(analytic, c);
   const LayerTimes t1 = layer_times(measured, c);
   ASSERT_GT(a.tp_exposed_per_layer, 0);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "launch/config_parse.h"
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "runtime/backend.h"
 #include "runtime/rng.h"
 
@@ -53,17 +53,22 @@ TEST(Precision, CastRoundsToNearestEven) {
   EXPECT_EQ(f.f32()[0], 1.0f + std::ldexp(1.0f, -7));
 }
 
-GptDims tiny_dims(bool bf16) {
+GptShape tiny_dims() {
   const Config cfg = load_config("", {"model.preset=tiny"});
-  GptDims d = gpt_dims(cfg.model);
-  d.bf16 = bf16;
-  return d;
+  return gpt_shape(cfg.model);
+}
+
+ModelOptions precision(bool bf16) {
+  ModelOptions o;
+  o.bf16 = bf16;
+  o.seed = 1234;
+  return o;
 }
 
 struct Batch {
   Tensor tokens, targets;
 };
-Batch random_batch(Backend& be, const GptDims& d, int B) {
+Batch random_batch(Backend& be, const GptShape& d, int B) {
   Batch b;
   b.tokens = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
   b.targets = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
@@ -79,11 +84,17 @@ Batch random_batch(Backend& be, const GptDims& d, int B) {
 // master copy as optimizer state.
 TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
   auto be = make_backend("cpu", 1);
-  const GptDims d = tiny_dims(true);
+  const GptShape d = tiny_dims();
   const MemStats before = be->allocator().stats();
-  GptModel model(d, *be, 1234);
+  GptModel model(d, precision(true), *be);
   const MemStats after = be->allocator().stats();
-  const int64_t n = model.num_parameters();
+  const int64_t n = model.params().numel();
+  // Forward only: Σ of the token losses.
+  const auto loss_sum = [&](const Batch& b) {
+    LossSum l;
+    model.forward(ModelBatch{b.tokens, b.targets, Tensor()}, &l);
+    return l.sum;
+  };
   const auto grew = [&](MemCategory c) {
     return after.current[static_cast<int>(c)] - before.current[static_cast<int>(c)];
   };
@@ -93,34 +104,35 @@ TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
   EXPECT_EQ(model.activation_dtype(), DType::kBF16);
 
   const Batch b = random_batch(*be, d, 2);
-  const double l0 = model.loss_sum(b.tokens, b.targets);
+  const double l0 = loss_sum(b);
   // Writing the master weights changes nothing until params_changed() re-rounds the copy.
-  float* p = model.params().f32();
+  float* p = model.params().params().f32();
   for (int64_t i = 0; i < n; ++i) p[i] *= 1.5f;
-  EXPECT_EQ(model.loss_sum(b.tokens, b.targets), l0);
-  model.params_changed();
-  EXPECT_NE(model.loss_sum(b.tokens, b.targets), l0);
+  EXPECT_EQ(loss_sum(b), l0);
+  model.params().params_changed();
+  EXPECT_NE(loss_sum(b), l0);
 }
 
 TEST(Precision, Bf16ForwardAndBackwardCloseToFp32) {
   auto be = make_backend("cpu", 1);
-  GptModel m32(tiny_dims(false), *be, 1234);
-  GptModel m16(tiny_dims(true), *be, 1234);
-  const Batch b = random_batch(*be, m32.dims(), 2);
-  const float scale = 1.0f / static_cast<float>(2 * m32.dims().S);
-  double l32 = 0, l16 = 0;
-  auto a32 = m32.forward(b.tokens, b.targets, &l32);
-  auto a16 = m16.forward(b.tokens, b.targets, &l16);
+  GptModel m32(tiny_dims(), precision(false), *be);
+  GptModel m16(tiny_dims(), precision(true), *be);
+  const Batch b = random_batch(*be, tiny_dims(), 2);
+  const float scale = 1.0f / static_cast<float>(2 * tiny_dims().S);
+  LossSum s32, s16;
+  auto a32 = m32.forward(ModelBatch{b.tokens, b.targets, Tensor()}, &s32);
+  auto a16 = m16.forward(ModelBatch{b.tokens, b.targets, Tensor()}, &s16);
+  const double l32 = s32.sum, l16 = s16.sum;
   const double rel = std::fabs(l16 - l32) / std::fabs(l32);
   std::printf("loss fp32 %.7f bf16 %.7f: relative difference %.2e\n", l32, l16, rel);
   EXPECT_LT(rel, 1e-2);
   EXPECT_GT(rel, 0.0);
   m32.backward(*a32, scale);
   m16.backward(*a16, scale);
-  const float* g32 = m32.grads().f32();
-  const float* g16 = m16.grads().f32();
+  const float* g32 = m32.params().grads().f32();
+  const float* g16 = m16.params().grads().f32();
   double diff = 0, norm = 0;
-  for (int64_t i = 0; i < m32.num_parameters(); ++i) {
+  for (int64_t i = 0; i < m32.params().numel(); ++i) {
     diff += (g16[i] - g32[i]) * static_cast<double>(g16[i] - g32[i]);
     norm += g32[i] * static_cast<double>(g32[i]);
   }

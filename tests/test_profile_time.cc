@@ -18,7 +18,7 @@
 
 #include "launch/cmd_profile.h"
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "partitioner/cost_model.h"
 #include "runtime/error.h"
 

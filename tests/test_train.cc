@@ -10,8 +10,8 @@
 #include <string>
 
 #include "launch/config_parse.h"
-#include "launch/trainer.h"
-#include "models/gpt.h"
+#include "launch/train/trainer.h"
+#include "models/gpt/gpt.h"
 
 namespace strata {
 namespace {

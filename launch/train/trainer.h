@@ -1,9 +1,9 @@
-// trainer.h — `strata train`: builds backend, data, model and optimizer from a Config and runs
-// the training loop (gradient accumulation over micro-batches, clipping, AdamW, evaluation,
-// metrics), or with --dry-run prints the model size, FLOPs and predicted memory. With
-// checkpoint.dir it saves every checkpoint.interval iterations and resumes (checkpoint.resume)
-// from a checkpoint saved under any layout (docs/checkpoints.md); model.init_from starts from a
-// Hugging Face GPT-2 safetensors file.
+// trainer.h — `strata train`: the flow of a training run. The layout is computed once from the
+// config (run_layout.h); the model is built through its architecture's registry entry
+// (models/registry.h) for this stage's pieces; the pipeline stage (model_stage.h) runs the
+// schedule's instructions through the executor; checkpointing.h resumes, starts from Hugging
+// Face weights and saves; reporting.h prints and writes metrics and the trace; dry_run.h is
+// --dry-run and the start-up memory check. docs/architecture.md draws the picture.
 //
 // Thread-safety: one run per process.
 #pragma once
@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/train/dry_run.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
 
@@ -50,22 +51,7 @@ struct TrainResult {
   int pipeline_rank = 0;
 };
 
-// How parallel.layers_per_stage (or an even split) cuts num_layers into pipeline·virtual pieces;
-// piece k = chunk·p + stage (Megatron's interleaving). InputError when it does not cover the
-// model exactly.
-std::vector<int> layers_per_piece(const Config& cfg);
-
 // Runs training. Throws InputError for bad input found at start-up.
 TrainResult run_training(const Config& cfg, const RunContext& ctx);
-
-// Prints what --dry-run promises: parameters, FLOPs per iteration, memory per category.
-void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os);
-
-// The planner's prediction (partitioner/) for cfg on `world_size` ranks of this machine, taken as
-// one node whose memory the ranks on it share: what --dry-run prints and the memory check uses.
-nlohmann::json planner_prediction(const Config& cfg, int world_size);
-
-// Best-effort physical memory of this machine in bytes (0 when unknown).
-int64_t physical_memory_bytes();
 
 }  // namespace strata

@@ -1,37 +1,30 @@
-// model_state.h — between a GptModel's per-rank shards and full tensors: what a rank writes into
-// a checkpoint (runtime/checkpoint.h), how any layout rebuilds its shards from a checkpoint
-// written under another one (resharding), and the Hugging Face GPT-2 names and layouts used by
-// `strata export` and model.init_from.
+// model_state.h — between a model's per-rank parameter shards (models/layers/params.h) and full
+// tensors: what a rank writes into a checkpoint (runtime/checkpoint.h), and how any layout
+// rebuilds its shards from a checkpoint written under another one (resharding). Nothing here
+// knows an architecture: it follows each parameter's ParamInfo (split, tied copy, padded rows).
 //
-// Full tensors use our layouts (models/gpt.h: weights (out, in), wte (Vp, C) with the padded
+// Full tensors use our layouts (weights (out, in), a vocabulary table (Vp, C) with its padded
 // rows); a full tensor whose row count differs from this layout's (the vocabulary padded for
 // another tensor-parallel size) maps row by row, rows past either end being padding (zero).
 //
 // Thread-safety: plain functions.
 #pragma once
 
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "models/gpt.h"
+#include "models/layers/params.h"
 #include "runtime/checkpoint.h"
 #include "runtime/optimizer.h"
 
 namespace strata {
 
-struct FullTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-using FullTensors = std::map<std::string, FullTensor>;  // [parameter name]
-
 // What this rank writes: every parameter it is the writer of (tensor-replicated ones on tensor
-// rank 0, everything on data rank 0; the last stage's tied copy of wte never), and the AdamW
-// moments of the state it owns (with ZeRO-1 each data rank its own chunk). params, m, v: host
-// copies of the model's flat parameters and the optimizer's compact state.
-RankShard make_rank_shard(const GptModel& model, const std::vector<float>& params,
+// rank 0, everything on data rank 0; the last stage's copy of a tied parameter never), and the
+// AdamW moments of the state it owns (with ZeRO-1 each data rank its own chunk). params, m, v:
+// host copies of the model's flat parameters and the optimizer's compact state.
+RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
                           const std::vector<float>& m, const std::vector<float>& v,
                           const std::vector<OptSegment>& segments, int dp_rank, bool sharded);
 
@@ -45,18 +38,11 @@ float shard_value(const ParamInfo& p, const FullTensor& f, int64_t local, int tp
 
 // Fills this rank's flat parameters from full tensors (every parameter must be present:
 // InputError naming `path` and the parameter otherwise).
-void fill_params(const GptModel& model, const FullTensors& full, std::vector<float>& params,
+void fill_params(const ParamLayout& layout, const FullTensors& full, std::vector<float>& params,
                  const std::string& path);
 // Fills the compact optimizer state (segments over the flat parameters) from full tensors.
-void fill_state(const GptModel& model, const FullTensors& full,
+void fill_state(const ParamLayout& layout, const FullTensors& full,
                 const std::vector<OptSegment>& segments, std::vector<float>& state,
                 const std::string& path);
-
-// Hugging Face GPT2LMHeadModel tensors (transformer.wte.weight (V, C) unpadded, Conv1D weights
-// (in, out), lm_head.weight equal to wte) from our full tensors of model `d` (unsharded dims).
-FullTensors to_hf_gpt2(const GptDims& d, const FullTensors& ours);
-// The inverse, checked against `d`: InputError naming `path` and the tensor when a name is
-// missing or a shape differs.
-FullTensors from_hf_gpt2(const GptDims& d, const FullTensors& hf, const std::string& path);
 
 }  // namespace strata

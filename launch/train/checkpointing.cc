@@ -1,0 +1,163 @@
+#include "launch/train/checkpointing.h"
+
+#include <cstdio>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "launch/train/model_state.h"
+#include "models/registry.h"
+#include "runtime/checkpoint.h"
+#include "runtime/error.h"
+#include "runtime/safetensors.h"
+
+namespace strata {
+namespace {
+
+void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
+                       const std::string& path) {
+  std::string diff;
+  for (const auto& [key, value] : want.items()) {
+    const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (got == value) continue;
+    diff += (diff.empty() ? "" : ", ") + key + " (checkpoint " + got.dump() + ", config " +
+            value.dump() + ")";
+  }
+  if (!diff.empty())
+    throw InputError(path + "/run_state.json", "model",
+                     "the model shape of the config; differing keys: " + diff);
+}
+
+FullTensors read_full_f32(const std::string& path) {
+  const StFile f = read_safetensors(path);
+  FullTensors t;
+  // Other dtypes (a fixture's token ids) are not parameters.
+  for (const auto& [name, st] : f.tensors)
+    if (st.dtype == "F32") t[name] = {st.shape, st.as_f32()};
+  return t;
+}
+
+}  // namespace
+
+nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc) {
+  nlohmann::json j = desc.shape_json();
+  j["arch"] = m.arch;
+  return j;
+}
+
+Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
+                             ProcessGroups& groups, Model& model, AdamW& opt,
+                             GradReducer& reducer, Backend& be, bool lead)
+    : run_(run), desc_(desc), groups_(groups), model_(model), opt_(opt), reducer_(reducer),
+      be_(be), lead_(lead) {
+  const CheckpointConfig& ck = run_.cfg->checkpoint;
+  const bool resume_path = ck.resume != "auto" && ck.resume != "none";
+  if (run_.two_bw() && (ck.dir || resume_path))
+    throw InputError(run_.cfg->source_file, "checkpoint",
+                     "no checkpoint settings with parallel.schedule 2bw: its second weight "
+                     "version is not saved yet (set checkpoint.dir to null or use a flushing "
+                     "schedule)");
+}
+
+bool Checkpointing::due(int it) const {
+  const CheckpointConfig& ck = run_.cfg->checkpoint;
+  return ck.dir && ck.interval > 0 && it % ck.interval == 0;
+}
+
+RunStart Checkpointing::restore() {
+  const Config& cfg = *run_.cfg;
+  const CheckpointConfig& ck = cfg.checkpoint;
+  RunStart start;
+  // Rank 0 chooses (and reports skipped checkpoints) so that every rank loads the same one.
+  std::string choice;
+  if (run_.world->rank == 0 || run_.single_process) {
+    try {
+      std::ostringstream warn;
+      const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
+      if (!warn.str().empty()) std::fprintf(stderr, "%s", warn.str().c_str());
+      choice = sel ? "ok:" + *sel : "none:";
+    } catch (const InputError& e) {
+      // The parts travel separately so every rank rethrows the same InputError (exit 2).
+      choice = "err:" + e.file() + '\n' + e.where() + '\n' + e.expected();
+    }
+  }
+  choice = all_gather_strings(*groups_.host, choice)[0];
+  if (choice.rfind("err:", 0) == 0) {
+    const size_t a = choice.find('\n'), b = choice.find('\n', a + 1);
+    throw InputError(choice.substr(4, a - 4), choice.substr(a + 1, b - a - 1),
+                     choice.substr(b + 1));
+  }
+  ParamStore& params = model_.params();
+  const ParamLayout& layout = params.layout();
+  std::vector<float> hp(static_cast<size_t>(params.numel()));
+  if (choice.rfind("ok:", 0) == 0) {
+    const std::string path = choice.substr(3);
+    const LoadedCheckpoint c = read_checkpoint(path);
+    check_model_shape(model_shape_json(cfg.model, desc_),
+                      c.run_state.value("model", nlohmann::json::object()), path);
+    std::set<std::string> names;
+    for (const ParamInfo& pi : layout.infos()) names.insert(pi.name);
+    fill_params(layout, assemble_full(c.shards, "param", names, path), hp, path);
+    be_.upload(params.params(), hp.data());
+    params.params_changed();
+    for (const char* k : {"m", "v"}) {
+      Tensor& st = std::string(k) == "m" ? opt_.m() : opt_.v();
+      std::vector<float> hs(static_cast<size_t>(st.numel()));
+      fill_state(layout, assemble_full(c.shards, k, names, path), reducer_.optimizer_segments(),
+                 hs, path);
+      be_.upload(st, hs.data());
+    }
+    opt_.set_steps_taken(c.run_state.value("optimizer_steps", 0));
+    start.iteration = c.run_state.value("iteration", 0);
+    start.nonfinite_in_a_row = c.run_state.value("nonfinite_in_a_row", 0);
+    if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
+  } else if (cfg.model.init_from) {
+    const std::string& path = *cfg.model.init_from;
+    const HfAdapter& hf = architecture(cfg.model.arch).hf;
+    fill_params(layout, hf.from_hf(cfg.model, read_full_f32(path), path), hp, path);
+    be_.upload(params.params(), hp.data());
+    params.params_changed();
+    if (lead_) std::printf("initialised from %s\n", path.c_str());
+  }
+  return start;
+}
+
+void Checkpointing::save(int it, int nonfinite_in_a_row) {
+  const Config& cfg = *run_.cfg;
+  ParamStore& params = model_.params();
+  std::vector<float> hp(static_cast<size_t>(params.numel()));
+  std::vector<float> hm(static_cast<size_t>(opt_.m().numel())), hv(hm.size());
+  be_.download(hp.data(), params.params());
+  be_.download(hm.data(), opt_.m());
+  be_.download(hv.data(), opt_.v());
+  const RankShard shard = make_rank_shard(params.layout(), hp, hm, hv,
+                                          reducer_.optimizer_segments(), groups_.dp_rank,
+                                          reducer_.sharded());
+  nlohmann::json rs = {
+      {"format", "strata-run-state-1"},
+      {"iteration", it},
+      {"optimizer_steps", opt_.steps_taken()},
+      // Batch j is sampled from (seed, j): the next iteration's data needs nothing else.
+      {"data_position", it},
+      {"seed", cfg.train.seed},
+      {"rng", "none: initialisation and data are pure functions of train.seed"},
+      {"nonfinite_in_a_row", nonfinite_in_a_row},
+      {"world_size", groups_.host->size()},
+      {"model", model_shape_json(cfg.model, desc_)},
+      {"parallel", {{"tensor", run_.tensor}, {"pipeline", run_.pipeline}, {"data", run_.data},
+                    {"virtual_stages", run_.virtual_stages}, {"schedule", cfg.parallel.schedule},
+                    {"sequence_parallel", cfg.parallel.sequence_parallel},
+                    {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
+      {"train", {{"iterations", cfg.train.iterations},
+                 {"micro_batch_size", cfg.train.micro_batch_size},
+                 {"global_batch_size", cfg.train.global_batch_size}}},
+      {"config_file", cfg.source_file}};
+  const std::string dir =
+      save_checkpoint(*groups_.host, *cfg.checkpoint.dir, it, shard, rs, cfg.checkpoint.keep);
+  if (lead_) {
+    std::printf("checkpoint %s\n", dir.c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,199 @@
+#include "launch/train/model_stage.h"
+
+#include <cmath>
+
+#include "runtime/check.h"
+
+namespace strata {
+
+double sum_over(Backend& be, Communicator* c, double v) {
+  if (!c || c->size() == 1) return v;
+  float f = static_cast<float>(v);
+  if (c->device() == Device::kCPU) {
+    c->all_reduce(&f, 1, DType::kF32, ReduceOp::kSum);
+    return f;
+  }
+  Tensor t = be.empty({1}, MemCategory::kBuffers);
+  be.upload(t, &f);
+  c->all_reduce(t, ReduceOp::kSum);
+  be.download(&f, t);  // after the compute stream, which the reduction's wait ordered
+  return f;
+}
+
+std::vector<ParamSpan> param_spans(const ParamStore& params) {
+  std::vector<ParamSpan> s;
+  const int tp_rank = params.layout().tp_rank();
+  for (const ParamInfo& p : params.infos()) {
+    const bool counted = (p.split != ParamSplit::kReplicated || tp_rank == 0) && !p.tied_copy;
+    s.push_back({p.offset, p.numel, p.decay, counted});
+  }
+  return s;
+}
+
+ModelStage::ModelStage(const RunLayout& run, Model& model, Backend& be, const DataSource& data,
+                       ProcessGroups& groups, GradReducer& reducer, AdamW& opt)
+    : run_(run), model_(model), be_(be), data_(data), groups_(groups), reducer_(reducer),
+      opt_(opt) {
+  versions_[0] = model_.params().params();
+}
+
+void ModelStage::begin(Split split, uint64_t iter, bool training) {
+  split_ = split;
+  iter_ = iter;
+  training_ = training;
+  loss_by_batch_.clear();
+  batches_.clear();
+}
+
+double ModelStage::loss_sum(int b) const {
+  auto it = loss_by_batch_.find(b);
+  return it == loss_by_batch_.end() ? 0.0 : it->second.sum;
+}
+
+double ModelStage::loss_tokens(int b) const {
+  return data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b), 0, run_.global, run_.seq_len);
+}
+
+Shape ModelStage::boundary_shape() const { return model_.boundary_shape(run_.micro, run_.seq_len); }
+
+Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
+  use_version_of(mb);
+  const ModelBatch& b = batch(mb);
+  LossSum loss;
+  PieceActsPtr acts = model_.forward_piece(chunk, input, b, &loss);
+  LossSum& sum = loss_by_batch_[mb / run_.accumulation];
+  sum.sum += loss.sum;
+  sum.count += loss.count;
+  const bool last_piece = piece_index(chunk) == run_.pieces() - 1;
+  Tensor out = last_piece ? Tensor() : model_.piece_output(*acts);
+  if (training_) acts_[{mb, chunk}] = std::move(acts);
+  return out;
+}
+
+PieceActsPtr ModelStage::take_acts(int mb, int chunk, const char* what) {
+  auto it = acts_.find({mb, chunk});
+  STRATA_CHECK(it != acts_.end(), what << " of micro-batch " << mb << " chunk " << chunk
+                                       << " before its forward");
+  PieceActsPtr acts = std::move(it->second);
+  acts_.erase(it);
+  return acts;
+}
+
+Tensor ModelStage::backward(int mb, int chunk, const Tensor& grad_output) {
+  PieceActsPtr acts = take_acts(mb, chunk, "backward");
+  use_version_of(mb);
+  return model_.backward_piece(*acts, grad_output, grad_scale(mb), last_of_batch(mb));
+}
+
+Tensor ModelStage::backward_input(int mb, int chunk, const Tensor& grad_output) {
+  auto it = acts_.find({mb, chunk});
+  STRATA_CHECK(it != acts_.end(), "backward-input of micro-batch " << mb << " chunk " << chunk
+                                                                   << " before its forward");
+  use_version_of(mb);
+  return model_.backward_piece(*it->second, grad_output, grad_scale(mb), last_of_batch(mb),
+                               /*defer_weight_grads=*/true);
+}
+
+void ModelStage::backward_weight(int mb, int chunk) {
+  PieceActsPtr acts = take_acts(mb, chunk, "backward-weight");
+  use_version_of(mb);
+  model_.backward_weight_piece(*acts, last_of_batch(mb));
+}
+
+void ModelStage::reduce_grads() {
+  // Parameters held by two stages (a tied embedding): sum the two holders' gradients.
+  const std::vector<ParamInfo>& infos = model_.params().infos();
+  for (int i = 0; i < static_cast<int>(infos.size()); ++i) {
+    if (!infos[static_cast<size_t>(i)].tied) continue;
+    STRATA_CHECK(groups_.embedding && groups_.embedding->size() > 1,
+                 "parameter " << infos[static_cast<size_t>(i)].name
+                              << " is tied across stages but this rank has no embedding group");
+    Tensor g = model_.params().grad(ParamRef{i});
+    groups_.embedding->all_reduce(g, ReduceOp::kSum);
+    reducer_.mark_ready(i, i + 1);
+  }
+  reducer_.finish();
+}
+
+void ModelStage::optimizer_step() {
+  StepRecord r;
+  r.batch = static_cast<int>(iter_) + steps_in_list_;
+  const int b = steps_in_list_;
+  if (model_.pieces().back().head) {
+    // The loss counted the tokens the data said it would (this rank's share of the batch).
+    const int per_rank = run_.global / run_.data;
+    const double mine = data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
+                                          static_cast<int64_t>(groups_.dp_rank) * per_rank,
+                                          per_rank, run_.seq_len);
+    const auto it = loss_by_batch_.find(b);
+    STRATA_CHECK(it != loss_by_batch_.end() && it->second.count == mine,
+                 "the loss counted " << (it == loss_by_batch_.end() ? 0.0 : it->second.count)
+                                     << " tokens where the data has " << mine);
+  }
+  r.loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), loss_sum(b))) /
+           loss_tokens(b);
+  double sq = reducer_.local_sum_squares();
+  if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
+  r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
+  r.lr = learning_rate(run_.cfg->optimizer, run_.cfg->train.iterations, r.batch + 1);
+  r.finite = std::isfinite(r.norm) && std::isfinite(r.loss);
+  ParamStore& params = model_.params();
+  // W(j+1) goes into the buffer of W(j−1) (2bw), or over W(j) (flushing schedules).
+  Tensor& current = versions_[steps_ % 2];
+  Tensor* next = &current;
+  if (run_.two_bw()) {
+    Tensor& other = versions_[(steps_ + 1) % 2];
+    if (!other.defined()) other = be_.empty({current.numel()}, MemCategory::kParameters);
+    be_.copy(other, current);
+    next = &other;
+  }
+  if (r.finite) {  // a non-finite step is skipped: the weights stay (the caller counts)
+    // Clipping rides in the AdamW kernel: no pass of its own over the gradients.
+    const double coef = clip_coefficient(r.norm, run_.cfg->optimizer.grad_clip);
+    opt_.step(*next, reducer_.optimizer_grads(), r.lr, coef);
+    reducer_.gather_params(*next);
+    params.params_changed();  // bf16: the compute copy follows the master weights
+  }
+  if (run_.two_bw()) {
+    ++steps_;
+    // The next batch's gradients accumulate from zero while the pipeline keeps running.
+    params.zero_grads();
+    reducer_.begin_iteration();
+  }
+  ++steps_in_list_;
+  r.at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  records_.push_back(r);
+}
+
+// 2bw: point the model at W(max(b−1, 0)) for micro-batch mb of batch b.
+void ModelStage::use_version_of(int mb) {
+  if (!run_.two_bw()) return;
+  const int b = static_cast<int>(iter_) + mb / run_.accumulation;
+  model_.params().use_params(versions_[std::max(b - 1, 0) % 2]);
+}
+
+float ModelStage::grad_scale(int mb) const {
+  return static_cast<float>(1.0 / loss_tokens(mb / run_.accumulation));
+}
+
+const ModelBatch& ModelStage::batch(int mb) {
+  auto it = batches_.find(mb);
+  if (it != batches_.end()) return it->second;
+  // Earlier micro-batches of this rank are done with their data once a later batch starts.
+  const int m = run_.accumulation;
+  for (auto old = batches_.begin(); old != batches_.end() && old->first / m < mb / m - 1;)
+    old = batches_.erase(old);
+  const HostBatch host = prefetcher_.take(batch_key(mb));
+  prefetcher_.prefetch(batch_key(mb + 1));  // the next micro-batch, or the next batch's first
+  return batches_[mb] = upload_batch(be_, host, run_.micro, run_.seq_len);
+}
+
+// Micro-batch mb is slot mb % m of batch iter + mb / m (2bw numbers them across batches).
+BatchKey ModelStage::batch_key(int mb) const {
+  const int m = run_.accumulation;
+  const int64_t first = static_cast<int64_t>(groups_.dp_rank) * (run_.global / run_.data) +
+                        static_cast<int64_t>(mb % m) * run_.micro;
+  return {split_, iter_ + static_cast<uint64_t>(mb / m), first, run_.micro, run_.seq_len};
+}
+
+}  // namespace strata

@@ -1,0 +1,118 @@
+// model_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
+// side of the executor's instructions (runtime/pipeline.h), the loss and gradient-norm sums, the
+// reduction of gradients and the optimizer step with clipping.
+//
+// Loss: the loss of an iteration is the mean over the tokens of the global batch that count
+// (DESIGN.md); their number comes from the data (DataSource::loss_tokens), known before the
+// compute, so the backward is scaled by its inverse and the summed gradient is that of the mean.
+//
+// PipeDream-2BW (two_bw): micro-batches are numbered across batches (batch b = mb / m) and batch
+// b runs forward and backward on weight version W(max(b−1, 0)); step j computes
+// W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses any
+// more. Version k lives in versions_[k % 2]: at most two versions are ever held.
+//
+// Parameters held by two stages (ParamInfo::tied: a tied embedding split over the first and last
+// stage) have their gradients summed over the embedding group in reduce_grads(), after the
+// pipeline has drained, before they are reduced over the data group.
+//
+// Thread-safety: driven from the training thread.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "launch/train/batches.h"
+#include "launch/train/run_layout.h"
+#include "models/model.h"
+#include "runtime/data.h"
+#include "runtime/grad_reducer.h"
+#include "runtime/optimizer.h"
+#include "runtime/pipeline.h"
+#include "runtime/process_groups.h"
+
+namespace strata {
+
+// What one optimizer step saw, the same on every rank.
+struct StepRecord {
+  int batch = 0;     // 0-based
+  double loss = 0;   // mean over the global batch
+  double norm = 0;   // global gradient norm before clipping
+  double lr = 0;
+  bool finite = true;
+  double at_s = 0;   // when the step finished, seconds from set_clock()
+};
+
+// Sum of a double over a group (float on the wire: the figures summed here are losses and
+// squared norms, for which float's 1e-7 relative rounding is far inside 1e-5). A group of device
+// tensors (NCCL, staged) takes the value through a one-element tensor of the backend.
+double sum_over(Backend& be, Communicator* c, double v);
+
+// The gradient reducer's view of the model's parameters: a parameter replicated over the tensor
+// group has the same gradient on every member, so its squares count once, on tensor rank 0; the
+// last stage's copy of a tied parameter counts nowhere (it is the first stage's again).
+std::vector<ParamSpan> param_spans(const ParamStore& params);
+
+class ModelStage final : public PipelineStage {
+ public:
+  ModelStage(const RunLayout& run, Model& model, Backend& be, const DataSource& data,
+             ProcessGroups& groups, GradReducer& reducer, AdamW& opt);
+
+  // Starts batch `iter` (0-based) of `split` (2bw: the first of the batches the list covers);
+  // training or forward-only evaluation.
+  void begin(Split split, uint64_t iter, bool training);
+  void reset_list() { steps_in_list_ = 0; }
+  // Σ token losses of this stage's forwards of batch `b` (relative to begin()).
+  double loss_sum(int b = 0) const;
+  // The tokens the loss of batch `b` (relative to begin()) averages over, in the whole global
+  // batch.
+  double loss_tokens(int b = 0) const;
+  const std::vector<StepRecord>& records() const { return records_; }
+  void set_clock(std::chrono::steady_clock::time_point t0) { t0_ = t0; }
+  // The newest weights (what evaluation and the final parameters use).
+  const Tensor& newest_params() const { return versions_[steps_ % 2]; }
+
+  Shape boundary_shape() const override;
+  DType boundary_dtype() const override { return model_.activation_dtype(); }
+  Tensor forward(int mb, int chunk, const Tensor& input) override;
+  Tensor backward(int mb, int chunk, const Tensor& grad_output) override;
+  // Zero-bubble split: the B pass computes input gradients (sent on at once), the W pass the
+  // weight gradients later, filling the pipeline bubble. The activations stay alive from F to W.
+  Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override;
+  void backward_weight(int mb, int chunk) override;
+  void reduce_grads() override;
+  void optimizer_step() override;
+  void switch_weights() override {}  // versions are chosen per micro-batch (use_version_of)
+
+ private:
+  int piece_index(int chunk) const { return chunk * run_.pipeline + groups_.pp_rank; }
+  bool last_of_batch(int mb) const { return mb % run_.accumulation == run_.accumulation - 1; }
+  void use_version_of(int mb);
+  float grad_scale(int mb) const;
+  const ModelBatch& batch(int mb);
+  BatchKey batch_key(int mb) const;
+  PieceActsPtr take_acts(int mb, int chunk, const char* what);
+
+  const RunLayout& run_;
+  Model& model_;
+  Backend& be_;
+  const DataSource& data_;
+  ProcessGroups& groups_;
+  GradReducer& reducer_;
+  AdamW& opt_;
+  Split split_ = Split::kTrain;
+  uint64_t iter_ = 0;
+  bool training_ = true;
+  std::map<int, LossSum> loss_by_batch_;  // [batch − iter_] on this stage
+  std::vector<StepRecord> records_;
+  int steps_ = 0;          // 2bw: optimizer steps taken (W(steps_) is the newest version)
+  int steps_in_list_ = 0;  // steps taken in the current instruction list
+  Tensor versions_[2];     // 2bw: W(k) in versions_[k % 2]; flushing: versions_[0] only
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::map<int, ModelBatch> batches_;                   // [mb] this batch's data
+  BatchPrefetcher prefetcher_{data_};                   // the next micro-batch's data
+  std::map<std::pair<int, int>, PieceActsPtr> acts_;    // [(mb, chunk)] awaiting backward
+};
+
+}  // namespace strata

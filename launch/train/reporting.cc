@@ -1,0 +1,185 @@
+#include "launch/train/reporting.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace strata {
+
+std::string si(double v) {
+  char buf[32];
+  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2f T", v / 1e12);
+  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f ", v);
+  return buf;
+}
+
+namespace {
+
+// A resumed run continues the metrics file: it keeps the lines up to the checkpoint's iteration
+// and drops those a killed run wrote after it (they are about to be recomputed).
+void keep_metrics_up_to(const std::string& path, int iteration) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("iter", iteration + 1) <= iteration) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+std::string trace_events_json(const std::vector<std::pair<double, PipelineEvent>>& events,
+                              int rank) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& [offset, e] : events) {
+    arr.push_back({{"name", instr_string({e.op, e.mb, e.chunk, -1})},
+                   {"cat", to_string(e.op)},
+                   {"ph", "X"},
+                   {"pid", 0},
+                   {"tid", rank},
+                   {"ts", (offset + e.start_s) * 1e6},
+                   {"dur", (e.end_s - e.start_s) * 1e6}});
+  }
+  return arr.dump();
+}
+
+}  // namespace
+
+Reporter::Reporter(const RunLayout& run, const ModelDescription& desc, Backend& be, bool lead,
+                   int start_iteration, TrainResult& result)
+    : run_(run), be_(be), lead_(lead), res_(result),
+      flops_(desc.flops_per_iteration(run.global, run.recompute)),
+      model_summary_(desc.summary()), parameters_(desc.parameters()) {
+  const Config& cfg = *run_.cfg;
+  if (cfg.log.metrics && run_.world->rank == 0) {
+    if (start_iteration > 0) keep_metrics_up_to(*cfg.log.metrics, start_iteration);
+    metrics_ = std::make_unique<MetricsWriter>(*cfg.log.metrics, start_iteration > 0,
+                                               cfg.source_file);
+  }
+}
+
+void Reporter::banner(const DataSource& data, const std::string& comm, const ScheduleSpec& spec,
+                      bool sharded_optimizer) const {
+  if (!lead_) return;
+  const Config& cfg = *run_.cfg;
+  std::printf("strata train: %s\n", cfg.source_file.c_str());
+  std::printf("  backend  %s; %d rank(s): tensor %d × pipeline %d × data %d%s%s\n",
+              be_.name().c_str(), run_.world->size, run_.tensor, run_.pipeline, run_.data,
+              run_.sequence_parallel ? ", sequence parallel" : "",
+              sharded_optimizer ? ", distributed optimizer" : "");
+  if (run_.world->size > 1) std::printf("  comm     %s\n", comm.c_str());
+  if (run_.pipeline > 1) {
+    std::printf("  pipeline %s, %d micro-batches, %d chunk(s) per stage, layers per piece",
+                to_string(spec.kind), run_.accumulation, spec.chunks);
+    for (int n : run_.split) std::printf(" %d", n);
+    std::printf("\n");
+  }
+  std::printf("  model    %s: %s parameters\n", model_summary_.c_str(),
+              si(static_cast<double>(parameters_)).c_str());
+  std::printf("  data     %s\n", data.describe().c_str());
+  if (res_.loss_floor)
+    std::printf("  floor    best achievable loss at seq %d: %.4f nats/token (entropy rate %.4f)\n",
+                run_.seq_len, *res_.loss_floor, data.entropy_rate().value_or(0));
+  std::printf("  batch    %d sequences × %d tokens = %d micro-batches of %d × data %d; "
+              "%d iterations\n",
+              run_.global, run_.seq_len, run_.accumulation, run_.micro, run_.data,
+              cfg.train.iterations);
+  std::fflush(stdout);
+}
+
+void Reporter::step(const StepRecord& r, double step_s, double bubble,
+                    std::optional<double> val_loss) {
+  const Config& cfg = *run_.cfg;
+  const int it = r.batch + 1, iters = cfg.train.iterations;
+  res_.bubbles.push_back(bubble);
+  res_.step_s.push_back(step_s);
+  IterationMetrics mt;
+  mt.iter = it;
+  mt.loss = r.loss;
+  mt.lr = r.lr;
+  mt.grad_norm = r.norm;
+  mt.step_ms = step_s * 1e3;
+  mt.tokens_per_s = run_.tokens_per_iteration() / step_s;
+  mt.tflops_per_gpu = flops_.hardware / step_s / run_.world->size / 1e12;
+  if (const std::optional<double> peak = be_.peak_flops(cfg.train.precision))
+    mt.mfu = flops_.model / step_s / run_.world->size / *peak;
+  mt.bubble = bubble;
+  mt.mem_peak_bytes = be_.allocator().stats().total_peak;
+  mt.skipped = !r.finite;
+  mt.val_loss = val_loss;
+  if (val_loss) res_.val_losses.emplace_back(it, *val_loss);
+  res_.losses.push_back(r.loss);
+  res_.grad_norms.push_back(r.norm);
+  res_.skipped.push_back(!r.finite);
+  if (metrics_) metrics_->write(mt);
+  if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss)) {
+    std::printf("iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
+                "%sFLOP/s | mem %s",
+                it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
+                si(mt.tokens_per_s).c_str(), si(flops_.hardware / step_s).c_str(),
+                format_bytes(mt.mem_peak_bytes).c_str());
+    if (run_.pipeline > 1)
+      std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
+    if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+}
+
+void Reporter::keep_timeline(const PipelineExecutor& exec, const GradReducer& reducer,
+                             std::chrono::steady_clock::time_point t0) {
+  res_.bucket_start_s = reducer.bucket_start_s();
+  double bwd_end = 0;
+  for (const PipelineEvent& e : exec.events())
+    if (e.op == Op::kBackward || e.op == Op::kBackwardInput) bwd_end = std::max(bwd_end, e.end_s);
+  res_.backward_end_s = bwd_end;
+  if (run_.cfg->log.trace)
+    for (const PipelineEvent& e : exec.events())
+      trace_.emplace_back(std::chrono::duration<double>(t0 - t_start_).count(), e);
+}
+
+void Reporter::write_trace(Communicator& host) const {
+  const Config& cfg = *run_.cfg;
+  if (!cfg.log.trace) return;
+  const std::vector<std::string> parts =
+      all_gather_strings(host, trace_events_json(trace_, run_.world->rank));
+  if (run_.world->rank != 0) return;
+  std::ofstream out(*cfg.log.trace);
+  if (!out) throw InputError(cfg.source_file, "log.trace", "a writable file path");
+  out << "{\"traceEvents\": [";
+  bool first_event = true;
+  for (const std::string& part : parts) {
+    const nlohmann::json arr = nlohmann::json::parse(part);
+    for (const auto& e : arr) {
+      out << (first_event ? "\n" : ",\n") << e.dump();
+      first_event = false;
+    }
+  }
+  out << "\n], \"displayTimeUnit\": \"ms\"}\n";
+}
+
+void Reporter::summary() const {
+  const int iters = run_.cfg->train.iterations;
+  if (!lead_ || iters <= res_.start_iteration) return;
+  std::printf("done: %d iterations in %.1f s | final loss %.4f", iters, res_.wall_s,
+              res_.losses.back());
+  if (!res_.val_losses.empty()) std::printf(" | val %.4f", res_.val_losses.back().second);
+  if (res_.loss_floor) {
+    const double last =
+        res_.val_losses.empty() ? res_.losses.back() : res_.val_losses.back().second;
+    std::printf(" | floor %.4f (+%.4f nats)", *res_.loss_floor, last - *res_.loss_floor);
+  }
+  std::printf(" | %s tok/s | peak memory %s per rank\n", si(res_.tokens_per_s).c_str(),
+              format_bytes(res_.memory.total_peak).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace strata

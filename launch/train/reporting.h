@@ -1,0 +1,67 @@
+// reporting.h — what a training run tells its user: the start-up banner, one console line and
+// one metrics object (DESIGN.md's keys) per optimizer step, the Chrome trace of the run
+// (Perfetto) and the closing summary. Console output comes from world rank 0 only.
+//
+// Thread-safety: driven from the training thread; write_trace() is collective over the host
+// group.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launch/train/model_stage.h"
+#include "launch/train/run_layout.h"
+#include "launch/train/trainer.h"
+#include "models/description.h"
+#include "runtime/backend.h"
+#include "runtime/data.h"
+#include "runtime/grad_reducer.h"
+#include "runtime/metrics.h"
+#include "runtime/pipeline.h"
+
+namespace strata {
+
+// "12.3 M": a figure with an SI prefix, for console lines.
+std::string si(double v);
+
+class Reporter {
+ public:
+  // lead: this rank prints (world rank 0 of a verbose run). start_iteration: a resumed run
+  // continues the metrics file after the checkpoint's iteration.
+  Reporter(const RunLayout& run, const ModelDescription& desc, Backend& be, bool lead,
+           int start_iteration, TrainResult& result);
+
+  // The run's clock: the trace's time 0.
+  void set_start(std::chrono::steady_clock::time_point t) { t_start_ = t; }
+  void banner(const DataSource& data, const std::string& comm, const ScheduleSpec& spec,
+              bool sharded_optimizer) const;
+  // One optimizer step: the result's per-step figures, the metrics object and the console
+  // line (every log.interval steps, the first, the last and on evaluations).
+  void step(const StepRecord& r, double step_s, double bubble, std::optional<double> val_loss);
+  // The timeline of the executor's last run(), started at t0 (data-parallel overlap figures
+  // into the result; the events into the trace when log.trace is set).
+  void keep_timeline(const PipelineExecutor& exec, const GradReducer& reducer,
+                     std::chrono::steady_clock::time_point t0);
+  // One Chrome trace for the job, every rank's events on its own track (tid = world rank);
+  // rank 0 writes log.trace. Collective over `host`.
+  void write_trace(Communicator& host) const;
+  void summary() const;
+
+ private:
+  const RunLayout& run_;
+  Backend& be_;
+  bool lead_;
+  TrainResult& res_;
+  FlopCount flops_;
+  std::string model_summary_;
+  int64_t parameters_ = 0;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+  std::vector<std::pair<double, PipelineEvent>> trace_;  // (start of its run, event)
+};
+
+}  // namespace strata

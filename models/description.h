@@ -1,0 +1,133 @@
+// description.h — what a model is without building it: parameters, FLOPs, the work and the
+// activation memory of each part, per tensor-parallel rank.
+//
+// The planner's cost and memory models (partitioner/), `strata train --dry-run`, the start-up
+// memory check and the training metrics (FLOPs, MFU) all read a model through this interface, so
+// the numbers they use are the model's own: parameter counts come from the parameter layout the
+// model itself declares (its layers declared into a layout that is never allocated), activation
+// counts from the same saved-tensor lists its forward keeps. An architecture implements it next
+// to its model (models/gpt/description.cc).
+//
+// Parts: the model is an embedding, num_layers() identical transformer layers, and a head
+// (final norm, LM head, loss). Sizes are per micro-batch of b sequences of seq_len() tokens on
+// one rank of a tensor group of t (RankShape); "elements" are counted in the activation type
+// unless a field says f32.
+//
+// Thread-safety: const methods, callable from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model.h"
+
+namespace strata {
+
+// How one rank holds its share of a layer.
+struct RankShape {
+  int tensor = 1;                  // tensor-parallel size t
+  bool sequence_parallel = false;  // activations between tensor regions sharded along S
+};
+
+// One GEMM C (m, n) = A (m, k) · B (k, n): 2·m·n·k FLOPs.
+struct GemmShape {
+  double m = 0, n = 0, k = 0;
+};
+
+// The forward work of one micro-batch through a part on one rank; the backward runs every GEMM
+// twice (input and weight gradients: (m, k, n) and (n, k, m)).
+struct PartWork {
+  std::vector<GemmShape> gemms;
+  double attention_flops = 0;  // attention core forward FLOPs as the kernels run them (causal: half)
+  double elementwise_fwd = 0;  // elements read + written by the other ops, forward
+  double elementwise_bwd = 0;  // the same, backward
+  double f32_fwd = 0, f32_bwd = 0;  // f32 elements read + written (loss over the logits)
+  // Tensor-group collectives of the forward and backward (all-reduce, or all-gather plus
+  // reduce-scatter with sequence parallelism): elements of each.
+  std::vector<double> tp_collectives_fwd, tp_collectives_bwd;
+};
+
+// Activation elements a part keeps from its forward to its backward (saved), and the working set
+// its backward adds on top of them (transient).
+struct ActivationElems {
+  double saved = 0;
+  double transient = 0;
+  // Of `saved`: what the head's backward frees before the layers' backward starts (the
+  // logits), so a layer's working set does not stack on it.
+  double freed_before_layers = 0;
+};
+
+// FLOPs of one training iteration in Megatron-LM's counting (matrix multiplies only; attention
+// scores over the full S×S as Megatron counts them).
+struct FlopCount {
+  double model = 0;     // forward + backward (3× forward)
+  double hardware = 0;  // plus the forward work recompute repeats
+};
+
+class ModelDescription {
+ public:
+  virtual ~ModelDescription() = default;
+
+  virtual std::string arch() const = 0;
+  virtual int num_layers() const = 0;
+  virtual int seq_len() const = 0;
+  virtual int hidden_size() const = 0;
+  virtual int num_heads() const = 0;
+  virtual int vocab_size() const = 0;
+  // The vocabulary rows as stored on t ranks (padded to a multiple of 128·t).
+  virtual int64_t padded_vocab(int tensor) const = 0;
+  // One line for banners: "12 layers, hidden 768, 12 heads, seq 1024, vocab 50257".
+  virtual std::string summary() const = 0;
+  // Why the model cannot be split over a tensor group of t ranks ("" when it can): the sizes
+  // tensor parallelism divides (heads, MLP width, with sequence parallelism the sequence).
+  virtual std::string tensor_split_reason(int tensor, bool sequence_parallel) const = 0;
+  // The model's keys as the plan's "model" object and checkpoints record them (the keys that fix
+  // parameter shapes, DESIGN.md's names).
+  virtual nlohmann::json shape_json() const = 0;
+
+  // Parameters of the whole model without vocabulary padding (the model size).
+  virtual int64_t parameters() const = 0;
+  // Elements one rank of a tensor group of t holds of: one layer, the embedding (first piece),
+  // the head (last piece: final norm and an untied LM head), and the copy of a tied embedding
+  // that the last piece holds when it is not also the first (0 when untied).
+  virtual int64_t layer_parameters(int tensor) const = 0;
+  virtual int64_t embedding_parameters(int tensor) const = 0;
+  virtual int64_t head_parameters(int tensor) const = 0;
+  virtual int64_t tied_copy_parameters(int tensor) const = 0;
+
+  virtual FlopCount flops_per_iteration(double sequences, Recompute recompute) const = 0;
+
+  // Work of one micro-batch of b sequences on one rank.
+  virtual PartWork layer_work(int b, const RankShape& r) const = 0;
+  virtual PartWork embedding_work(int b, const RankShape& r) const = 0;
+  virtual PartWork head_work(int b, const RankShape& r) const = 0;
+
+  // Activations of one micro-batch. flash_attention: the attention keeps the softmax
+  // statistics (fused GPU kernels) instead of the probabilities (the CPU kernels).
+  virtual ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
+                                            bool flash_attention) const = 0;
+  virtual ActivationElems head_activations(int b, const RankShape& r) const = 0;
+  // What a piece keeps besides its layers: its input (the received activation or the
+  // embedding's output) and the micro-batch's token ids.
+  virtual double piece_input_elems(int b, const RankShape& r) const = 0;
+  // The activation between two pieces (what a pipeline send or receive buffer holds).
+  virtual double boundary_elems(int b, const RankShape& r) const = 0;
+  // Scratch buffers held outside the activations: the sequence-parallel all-gather of one
+  // activation, and the fused attention backward's f32 scratch (per layer in flight).
+  virtual double sequence_gather_elems(int b, const RankShape& r) const = 0;
+  virtual double attention_scratch_f32(int b, const RankShape& r) const = 0;
+  // The CPU attention backward's f32 scratch per thread.
+  virtual double cpu_attention_scratch_f32_per_thread() const = 0;
+};
+
+// Elements on one rank of piece `piece` of a model cut into `pieces` pieces, holding `layers`
+// layers: the layers, plus the embedding on the first piece, the head on the last, and on the
+// last the copy of a tied embedding when the first piece is another.
+int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces,
+                         int layers);
+
+}  // namespace strata

@@ -1,0 +1,212 @@
+// The GPT's self-description (models/description.h): parameter counts from the layout GptModel
+// declares, FLOPs, and the work and activations of each part as models/gpt/gpt.cc computes and
+// keeps them.
+#include <map>
+#include <mutex>
+
+#include "models/gpt/gpt.h"
+
+namespace strata {
+namespace {
+
+class GptDescription final : public ModelDescription {
+ public:
+  explicit GptDescription(const ModelConfig& m) : m_(m), d_(gpt_shape(m)) {}
+
+  std::string arch() const override { return "gpt"; }
+  int num_layers() const override { return d_.L; }
+  int seq_len() const override { return d_.S; }
+  int hidden_size() const override { return d_.C; }
+  int num_heads() const override { return d_.NH; }
+  int vocab_size() const override { return d_.V; }
+  int64_t padded_vocab(int tensor) const override { return pad_vocab(d_.V, 128 * tensor); }
+  std::string summary() const override {
+    return std::to_string(d_.L) + " layers, hidden " + std::to_string(d_.C) + ", " +
+           std::to_string(d_.NH) + " heads, ffn " + std::to_string(d_.F) + ", seq " +
+           std::to_string(d_.S) + ", vocab " + std::to_string(d_.V);
+  }
+  std::string tensor_split_reason(int t, bool sequence_parallel) const override {
+    const std::string by = "tensor " + std::to_string(t) + " does not divide ";
+    if (t < 1 || d_.NH % t != 0) return by + std::to_string(d_.NH) + " heads";
+    if (d_.F % t != 0) return by + "ffn " + std::to_string(d_.F);
+    if (sequence_parallel && d_.S % t != 0) return by + "sequence " + std::to_string(d_.S);
+    return "";
+  }
+  nlohmann::json shape_json() const override {
+    return {{"num_layers", d_.L},       {"hidden_size", d_.C}, {"num_heads", d_.NH},
+            {"ffn_hidden_size", d_.F},  {"seq_len", d_.S},     {"vocab_size", d_.V},
+            {"tie_embeddings", d_.tie}};
+  }
+
+  int64_t parameters() const override {
+    int64_t n = 0;
+    const ParamLayout whole = GptModel::layout(d_, 1, 0, false, whole_model(d_.L));
+    for (const ParamInfo& p : whole.infos())
+      n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
+    return n;
+  }
+  int64_t layer_parameters(int t) const override { return counts(t).layer; }
+  int64_t embedding_parameters(int t) const override { return counts(t).embedding; }
+  int64_t head_parameters(int t) const override { return counts(t).head; }
+  int64_t tied_copy_parameters(int t) const override { return counts(t).tied_copy; }
+
+  FlopCount flops_per_iteration(double sequences, Recompute recompute) const override {
+    // Per token, forward: 2 FLOPs per multiply-add of every weight matrix, plus the attention
+    // scores QKᵀ and the weighted sum AV over the full S positions (2·2·S·C per layer).
+    const double s = d_.S, C = d_.C, F = d_.F, V = d_.V;
+    const double attention = 4.0 * s * C;
+    const double per_token_layer = 2.0 * (3 * C * C + C * C + 2 * C * F) + attention;
+    const double per_token_fwd = d_.L * per_token_layer + 2.0 * C * V;
+    const double tokens = sequences * s;
+    FlopCount f;
+    f.model = 3.0 * per_token_fwd * tokens;
+    // Recompute repeats forward work in the backward pass: each layer's whole forward (full),
+    // or its attention core (selective); never the head.
+    f.hardware = f.model;
+    if (recompute == Recompute::kFull) f.hardware += d_.L * per_token_layer * tokens;
+    if (recompute == Recompute::kSelective) f.hardware += d_.L * attention * tokens;
+    return f;
+  }
+
+  PartWork layer_work(int b, const RankShape& r) const override {
+    const double bs = double{1.0} * b * d_.S, h = d_.C, f = d_.F, t = r.tensor;
+    const double sl = seq_local(r);
+    PartWork w;
+    // c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj on this rank's slice.
+    w.gemms = {{bs, 3 * h / t, h}, {bs, h, h / t}, {bs, f / t, h}, {bs, h, f / t}};
+    // Causal attention computes half of the s² score matrix Megatron counts.
+    w.attention_flops = 0.5 * 4 * b * double{1.0} * d_.S * d_.S * h / t;
+    // LayerNorms (read + write), two residual adds (2 reads, 1 write, a byte mask), bias-GELU
+    // (read + write), the q/k/v and attention-output layout copies (read + write).
+    w.elementwise_fwd = 11 * b * sl * h + 2 * bs * f / t + 8 * bs * h / t;
+    w.elementwise_bwd = 2 * w.elementwise_fwd;
+    // One reduction after the attention and one after the MLP (all-gather/reduce-scatter pairs
+    // with sequence parallelism); the backward's two input-gradient reductions mirror them.
+    if (r.tensor > 1) {
+      w.tp_collectives_fwd = {bs * h, bs * h};
+      w.tp_collectives_bwd = {bs * h, bs * h};
+    }
+    return w;
+  }
+
+  PartWork embedding_work(int b, const RankShape& r) const override {
+    const double bs = double{1.0} * b * d_.S, h = d_.C;
+    PartWork w;
+    // Gather + position add; the backward scatter-adds into the table.
+    w.elementwise_fwd = 3 * bs * h;
+    w.elementwise_bwd = 3 * bs * h;
+    if (r.tensor > 1) w.tp_collectives_fwd = {bs * h};  // the vocab-parallel lookup's sum
+    return w;
+  }
+
+  PartWork head_work(int b, const RankShape& r) const override {
+    const double bs = double{1.0} * b * d_.S, h = d_.C, t = r.tensor;
+    const double vl = static_cast<double>(padded_vocab(r.tensor)) / t;
+    const double sl = seq_local(r);
+    PartWork w;
+    w.gemms = {{bs, vl, h}};  // the (b·s, V/t) logits
+    // The fp32 cross-entropy reads the logits for its statistics, its target and its gradient.
+    w.f32_fwd = 3 * bs * vl;
+    w.f32_bwd = 3 * bs * vl;
+    w.elementwise_fwd = 2 * b * sl * h;  // ln_f
+    w.elementwise_bwd = 4 * b * sl * h;
+    return w;
+  }
+
+  // Counted tensor by tensor as GptModel keeps them (Block::Saved in models/gpt/gpt.cc).
+  ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
+                                    bool flash_attention) const override {
+    const double s = d_.S, h = d_.C, f = d_.F, t = r.tensor, a = d_.NH;
+    const double sl = seq_local(r);
+    const double bsh_l = b * sl * h;
+    const double layernorm = bsh_l + 2 * b * sl;  // output, mean and rstd
+    const double qkv = 3 * b * s * h / t;
+    // The core's saved state: the log-sum-exp per row (fused kernels) or the probabilities.
+    const double probs = flash_attention ? b * a / t * s : b * a / t * s * s;
+    const double core = probs + b * s * h / t;  // plus the core's output
+    const double mlp = 2 * b * s * f / t;       // before and after GELU
+    // ln_1, attention, res1, ln_2, MLP, block output.
+    const double full_block = 2 * layernorm + qkv + core + bsh_l + mlp + bsh_l;
+    // Backward of one layer: d(gelu) and d(fc) together, the residual gradient, and with
+    // sequence parallelism the gathered full-sequence copy of a LayerNorm output. (A GPU that
+    // runs c_proj's input gradient and GELU's as one GEMM never holds d(gelu): one (b, s, f/t)
+    // buffer less than this, which the prediction keeps as margin for when cuBLASLt declines.)
+    const double grads = 2 * b * s * f / t + bsh_l + (sp(r) ? b * s * h : 0);
+    switch (recompute) {
+      case Recompute::kNone: return {full_block, grads, 0};
+      case Recompute::kSelective: return {full_block - core, grads + core, 0};
+      case Recompute::kFull: return {bsh_l, grads + full_block, 0};
+    }
+    return {full_block, grads, 0};
+  }
+
+  ActivationElems head_activations(int b, const RankShape& r) const override {
+    const double s = d_.S, h = d_.C, sl = seq_local(r);
+    const double logits = b * s * static_cast<double>(padded_vocab(r.tensor)) / r.tensor;
+    ActivationElems e;
+    // ln_f output and statistics, the logits (b·s, V/t) and their row statistics.
+    e.saved = b * sl * h + 2 * b * sl + logits + 2 * b * s;
+    // The head's backward: d(logits) beside the logits, d(ln_f) over the full sequence and the
+    // residual gradient; a layer's backward comes after the logits are freed.
+    e.transient = logits + b * s * h + b * sl * h;
+    e.freed_before_layers = logits;
+    return e;
+  }
+
+  double piece_input_elems(int b, const RankShape& r) const override {
+    return b * seq_local(r) * d_.C + 2.0 * b * d_.S;  // the input and the token ids, targets
+  }
+  double boundary_elems(int b, const RankShape& r) const override {
+    return b * seq_local(r) * d_.C;
+  }
+  double sequence_gather_elems(int b, const RankShape& r) const override {
+    return sp(r) ? double{1.0} * b * d_.S * d_.C : 0;
+  }
+  double attention_scratch_f32(int b, const RankShape& r) const override {
+    // The fused attention backward's dq accumulator of the local heads and one row sum per
+    // query row (cuDNN's workspace holds the same two).
+    const double s = d_.S, t = r.tensor;
+    return b * s * d_.C / t + b * d_.NH / t * s;
+  }
+  double cpu_attention_scratch_f32_per_thread() const override {
+    return double{1.0} * d_.S * d_.S;
+  }
+
+ private:
+  struct Counts {
+    int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
+  };
+  static bool sp(const RankShape& r) { return r.sequence_parallel && r.tensor > 1; }
+  double seq_local(const RankShape& r) const {
+    return sp(r) ? static_cast<double>(d_.S) / r.tensor : d_.S;
+  }
+  static int64_t numel(const ParamLayout& l) { return l.numel(); }
+  // The per-rank counts at tensor size t, from the layouts of a one-layer piece, an
+  // embedding-only piece and a head-only piece (cached: the planner asks often).
+  Counts counts(int t) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(t);
+    if (it != cache_.end()) return it->second;
+    Counts c;
+    c.layer = numel(GptModel::layout(d_, t, 0, false, {{0, 1, false, false}}));
+    c.embedding = numel(GptModel::layout(d_, t, 0, false, {{0, 0, true, false}}));
+    // A head-only piece of a tied model holds the copy of wte; the head proper is the rest.
+    const int64_t head_piece = numel(GptModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}));
+    c.tied_copy = d_.tie ? padded_vocab(t) / t * d_.C : 0;
+    c.head = head_piece - c.tied_copy;
+    return cache_[t] = c;
+  }
+
+  ModelConfig m_;
+  GptShape d_;
+  mutable std::mutex mu_;
+  mutable std::map<int, Counts> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelDescription> describe_gpt(const ModelConfig& m) {
+  return std::make_unique<GptDescription>(m);
+}
+
+}  // namespace strata

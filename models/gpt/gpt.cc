@@ -1,0 +1,310 @@
+#include "models/gpt/gpt.h"
+
+#include <cmath>
+#include <string>
+
+#include "runtime/check.h"
+
+namespace strata {
+
+GptShape gpt_shape(const ModelConfig& m) {
+  GptShape s;
+  s.L = m.num_layers;
+  s.C = m.hidden_size;
+  s.NH = m.num_heads;
+  s.F = m.ffn_hidden_size;
+  s.S = m.seq_len;
+  s.V = m.vocab_size;
+  s.tie = m.tie_embeddings;
+  s.init_std = m.init_std;
+  return s;
+}
+
+// One transformer block: its layers and the range of its parameters.
+struct GptModel::Block {
+  LayerNorm ln1, ln2;
+  SelfAttention attn;
+  GeluMLP mlp;
+  ParamRef first, last;  // ln_1.weight … mlp.c_proj.bias
+
+  // What the block's forward keeps. Shapes: B micro-batch, S sequence, Sl = S/t with sequence
+  // parallelism (else S), C hidden, t tensor-parallel size.
+  struct Saved {
+    LayerNorm::Saved ln1;       // (B, Sl, C) ln_1(x)
+    SelfAttention::Saved attn;  // q/k/v (B, S, 3C/t), the core's state and output (B, S, C/t)
+    Tensor res1;                // (B, Sl, C) x + attn(x)
+    LayerNorm::Saved ln2;       // (B, Sl, C)
+    GeluMLP::Saved mlp;         // (B, S, F/t) before and after GELU
+    Tensor out;                 // (B, Sl, C) block output = next block's input
+  };
+};
+
+// ln_f, the LM head and the loss.
+struct GptModel::Head {
+  LayerNorm ln_f;
+  ColumnParallelLinear lm_head;  // weight: lm_head.weight, or wte (tied)
+  VocabParallelCrossEntropy loss;
+  bool own_weight = false;       // an untied lm_head.weight
+};
+
+struct GptModel::Acts final : PieceActs {
+  int piece = 0;
+  std::vector<DeferredWeightGrad> deferred;  // zero-bubble W pass, in backward order
+  ModelBatch batch;
+  Tensor input;                    // (B, Sl, C) the piece's input: embedding output or received
+  std::vector<Block::Saved> h;     // [layer − first layer of the piece]
+  LayerNorm::Saved lnf;            // (B, Sl, C)
+  Tensor logits;                   // (B·S, Vp/t)
+  VocabParallelCrossEntropy::Saved ce;
+};
+
+ParamLayout GptModel::layout(const GptShape& shape, int tensor, int tensor_rank, bool sp,
+                             const std::vector<ModelPiece>& pieces) {
+  ModelOptions o;
+  o.tensor = tensor;
+  o.tensor_rank = tensor_rank;
+  o.sequence_parallel = sp;
+  o.pieces = pieces;
+  GptModel declared_only(shape, o);
+  return std::move(declared_only.declared_);
+}
+
+GptModel::GptModel(const GptShape& shape, const ModelOptions& options)
+    : shape_(shape), options_(options),
+      pieces_(options.pieces.empty() ? whole_model(shape.L) : options.pieces),
+      declared_(options.tensor, options.tensor_rank) {
+  declare(declared_);
+}
+
+GptModel::GptModel(const GptShape& shape, const ModelOptions& options, Backend& backend)
+    : GptModel(shape, options) {
+  const GptShape& d = shape_;
+  STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
+  STRATA_CHECK(d.NH % options_.tensor == 0 && d.C % options_.tensor == 0 &&
+                   d.F % options_.tensor == 0,
+               "heads, hidden and ffn must divide by tensor " << options_.tensor);
+  tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
+                                         options_.tensor_rank, options_.sequence_parallel,
+                                         activation_dtype());
+  store_ = std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16,
+                                        options_.seed);
+  env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype()});
+}
+
+GptModel::~GptModel() = default;
+
+void GptModel::declare(ParamLayout& layout) {
+  const GptShape& d = shape_;
+  const bool sp = options_.sequence_parallel && options_.tensor > 1;
+  const VocabShard vocab = vocab_shard(d.V, options_.tensor, options_.tensor_rank);
+  const LinearInit w{d.init_std};
+  const LinearInit proj{d.init_std / std::sqrt(2.0 * d.L)};  // GPT-2's residual scaling
+  const bool holds_embedding = pieces_.front().embedding;
+  const bool holds_head = pieces_.back().head;
+  block_of_layer_.assign(static_cast<size_t>(d.L), -1);
+  for (const ModelPiece& piece : pieces_) {
+    if (piece.embedding) {
+      embedding_ = VocabParallelEmbedding(layout, vocab, d.C, d.init_std, "wte", d.S, "wpe");
+      // Split over two stages, the tied table's gradient is final only once summed with the
+      // head's copy.
+      if (d.tie && !holds_head) layout.infos()[static_cast<size_t>(embedding_.table.index)].tied = true;
+    }
+    for (int l = piece.first_layer; l < piece.first_layer + piece.num_layers; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      Block b;
+      b.ln1 = LayerNorm(layout, h + "ln_1", d.C, sp);
+      b.attn = SelfAttention(layout, h + "attn.c_attn", h + "attn.c_proj", d.C, d.NH, w, proj,
+                             /*bias=*/true);
+      b.ln2 = LayerNorm(layout, h + "ln_2", d.C, sp);
+      b.mlp = GeluMLP(layout, h + "mlp.c_fc", h + "mlp.c_proj", d.C, d.F, w, proj, /*bias=*/true);
+      b.first = b.ln1.weight;
+      b.last = b.mlp.proj.bias;
+      block_of_layer_[static_cast<size_t>(l)] = static_cast<int>(blocks_.size());
+      blocks_.push_back(std::move(b));
+    }
+    if (piece.head) {
+      head_ = std::make_unique<Head>();
+      head_->ln_f = LayerNorm(layout, "ln_f", d.C, sp);
+      if (!d.tie) {
+        head_->lm_head = ColumnParallelLinear(layout, "lm_head", d.C, vocab.Vp, w, /*bias=*/false);
+        // Padded vocabulary rows stay zero, as in wte.
+        layout.infos()[static_cast<size_t>(head_->lm_head.weight.index)].rows_initialised = d.V;
+        head_->own_weight = true;
+      } else if (!holds_embedding) {
+        // The last stage's own copy of the tied embedding: same name, so the same initial
+        // values; its gradient is summed with the first stage's every step, so it stays equal.
+        const VocabParallelEmbedding copy(layout, vocab, d.C, d.init_std, "wte", 0, "");
+        ParamInfo& info = layout.infos()[static_cast<size_t>(copy.table.index)];
+        info.tied = true;
+        info.tied_copy = true;
+        head_->lm_head = ColumnParallelLinear::tied_to(copy.table, vocab.local);
+      } else {
+        head_->lm_head = ColumnParallelLinear::tied_to(embedding_.table, vocab.local);
+      }
+      head_->loss = VocabParallelCrossEntropy(vocab);
+    }
+  }
+}
+
+Shape GptModel::boundary_shape(int micro_batch, int seq_len) const {
+  const bool sp = options_.sequence_parallel && options_.tensor > 1;
+  return {micro_batch, sp ? seq_len / options_.tensor : seq_len, shape_.C};
+}
+
+const Tensor& GptModel::piece_output(const PieceActs& acts) const {
+  const Acts& a = static_cast<const Acts&>(acts);
+  return a.h.empty() ? a.input : a.h.back().out;
+}
+
+const Tensor& GptModel::logits(const PieceActs& acts) {
+  return static_cast<const Acts&>(acts).logits;
+}
+
+PieceActsPtr GptModel::forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
+                                     LossSum* loss) {
+  const LayerEnv& env = *env_;
+  const ModelPiece& pc = pieces_.at(static_cast<size_t>(piece));
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
+  STRATA_CHECK(S <= shape_.S, "sequence " << S << " > model.seq_len " << shape_.S);
+  auto a = std::make_unique<Acts>();
+  a->piece = piece;
+  a->batch = batch;
+  *loss = LossSum{};
+
+  a->input = pc.embedding ? embedding_.forward(env, batch.tokens) : input;
+  a->h.resize(static_cast<size_t>(pc.num_layers));
+  for (int i = 0; i < pc.num_layers; ++i) {
+    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    block_forward(blk, i > 0 ? a->h[static_cast<size_t>(i - 1)].out : a->input, *a, i, false);
+  }
+  if (!pc.head) return a;
+
+  const Head& head = *head_;
+  head.ln_f.forward(env, a->lnf, piece_output(*a));
+  a->logits = head.lm_head.forward(env, a->lnf.out).reshape({B * S, head.lm_head.out_local});
+  *loss = head.loss.forward(env, a->logits, batch.targets, batch.loss_mask, a->ce);
+  return a;
+}
+
+void GptModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int i,
+                             bool recomputing) const {
+  const LayerEnv& env = *env_;
+  Block::Saved& h = a.h[static_cast<size_t>(i)];
+  blk.ln1.forward(env, h.ln1, x);
+  h.res1 = blk.attn.forward(env, h.ln1.out, x, h.attn);
+  // Selective recompute: the attention core is recomputed from q/k/v in the backward pass, so
+  // its S×S state (the largest activation at long sequences) and output are dropped.
+  if (options_.recompute == Recompute::kSelective && !recomputing) SelfAttention::drop_core(h.attn);
+  blk.ln2.forward(env, h.ln2, h.res1);
+  h.out = blk.mlp.forward(env, h.ln2.out, h.res1, h.mlp);
+  if (options_.recompute == Recompute::kFull && !recomputing) {
+    // Keep only the block's output (the next block's input); the backward pass re-runs this
+    // forward from the input to get the rest back.
+    Tensor out = h.out;
+    h = Block::Saved();
+    h.out = out;
+  }
+}
+
+Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
+                                bool last_microbatch, bool defer_weight_grads) {
+  const LayerEnv& env = *env_;
+  Acts& a = static_cast<Acts&>(acts);
+  const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
+  BackwardPass pass{defer_weight_grads, last_microbatch, &a.deferred};
+  // With deferred weight gradients nothing is final before the W pass reports it.
+  store_->set_reporting(last_microbatch && !defer_weight_grads);
+  const int64_t B = a.batch.tokens.size(0), S = a.batch.tokens.size(1);
+  const int64_t Sl = tp_->seq_local(S);
+
+  Tensor dresid;  // gradient of the residual stream, (B, Sl, C)
+  if (pc.head) {
+    const Head& head = *head_;
+    dresid = env.act_zeros({B, Sl, shape_.C});
+    Tensor dlogits = env.act(a.logits.shape());
+    head.loss.backward(env, dlogits, a.logits, a.ce, a.batch.targets, a.batch.loss_mask,
+                       grad_scale);
+    a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
+    const Tensor dlnf = head.lm_head.backward(env, pass, std::move(dlogits), a.lnf.out);
+    head.ln_f.backward(env, pass, dresid, dlnf, piece_output(a), a.lnf);
+    if (head.own_weight) store_->report_ready(head.lm_head.weight, head.lm_head.weight);
+    store_->report_ready(head.ln_f.weight, head.ln_f.bias);
+  } else {
+    // The gradient arrives from the next stage; it is accumulated in place below.
+    dresid = env.act({B, Sl, shape_.C});
+    env.be.copy(dresid, dout);
+  }
+
+  for (int i = pc.num_layers - 1; i >= 0; --i) {
+    const Tensor& x = i > 0 ? a.h[static_cast<size_t>(i - 1)].out : a.input;
+    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    block_backward(blk, x, a, i, pass, dresid);
+  }
+
+  Tensor dinput;
+  if (pc.embedding) {
+    embedding_.backward(env, dresid, a.batch.tokens);
+    store_->report_ready(embedding_.table, embedding_.positions);
+  } else {
+    dinput = dresid;
+  }
+  store_->set_reporting(false);
+  return dinput;
+}
+
+void GptModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i,
+                              BackwardPass& pass, Tensor& dresid) const {
+  const LayerEnv& env = *env_;
+  Block::Saved& h = a.h[static_cast<size_t>(i)];
+  if (options_.recompute == Recompute::kFull) block_forward(blk, x, a, i, true);
+  if (options_.recompute == Recompute::kSelective) blk.attn.recompute_core(env, h.attn);
+  // MLP branch: dresid holds d(out); it is also d(res1) through the residual.
+  {
+    const Tensor dln2 = blk.mlp.backward(env, pass, dresid, h.ln2.out, h.mlp);
+    blk.ln2.backward(env, pass, dresid, dln2, h.res1, h.ln2);
+  }
+  // Attention branch: dresid now holds d(res1), also d(x) through the residual.
+  {
+    const Tensor dln1 = blk.attn.backward(env, pass, dresid, h.ln1.out, h.attn);
+    blk.ln1.backward(env, pass, dresid, dln1, x, h.ln1);
+  }
+  h = Block::Saved();  // this block's activations are consumed
+  store_->report_ready(blk.first, blk.last);
+}
+
+void GptModel::backward_weight_piece(PieceActs& acts, bool last_microbatch) {
+  Acts& a = static_cast<Acts&>(acts);
+  run_deferred_weight_grads(*env_, a.deferred);
+  // Every gradient of the piece is final now: report them all at once.
+  if (last_microbatch) {
+    store_->set_reporting(true);
+    report_piece_ready(a.piece);
+    store_->set_reporting(false);
+  }
+}
+
+void GptModel::report_piece_ready(int piece) const {
+  const ModelPiece& pc = pieces_[static_cast<size_t>(piece)];
+  if (pc.head) {
+    if (head_->own_weight) store_->report_ready(head_->lm_head.weight, head_->lm_head.weight);
+    store_->report_ready(head_->ln_f.weight, head_->ln_f.bias);
+  }
+  for (int l = pc.first_layer + pc.num_layers - 1; l >= pc.first_layer; --l) {
+    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(l)])];
+    store_->report_ready(blk.first, blk.last);
+  }
+  if (pc.embedding) store_->report_ready(embedding_.table, embedding_.positions);
+}
+
+void GptModel::rerun_selective_recompute(const PieceActs& acts) {
+  const Acts& a = static_cast<const Acts&>(acts);
+  const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
+  for (int i = 0; i < pc.num_layers; ++i) {
+    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    SelfAttention::Saved again;
+    again.qkv = a.h[static_cast<size_t>(i)].attn.qkv;
+    blk.attn.recompute_core(*env_, again);
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,90 @@
+// Hugging Face GPT2LMHeadModel ↔ our full tensors (registry.h's HfAdapter for "gpt").
+//
+// HF's Conv1D stores (in, out) where ours is (out, in); transformer.wte.weight is (V, C)
+// without the padded rows; lm_head.weight equals wte when the embeddings are tied, as
+// transformers saves it.
+#include "models/gpt/gpt.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+FullTensor transpose(const FullTensor& t) {
+  FullTensor o;
+  const int64_t r = t.shape[0], c = t.shape[1];
+  o.shape = {c, r};
+  o.data.resize(t.data.size());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j)
+      o.data[static_cast<size_t>(j * r + i)] = t.data[static_cast<size_t>(i * c + j)];
+  return o;
+}
+
+FullTensor first_rows(const FullTensor& t, int64_t rows) {
+  FullTensor o;
+  o.shape = t.shape;
+  o.shape[0] = rows;
+  const int64_t row = t.shape[1];
+  o.data.assign(t.data.begin(), t.data.begin() + rows * row);
+  return o;
+}
+
+}  // namespace
+
+FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
+  const GptShape d = gpt_shape(m);
+  FullTensors hf;
+  const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
+  hf["transformer.wte.weight"] = first_rows(get("wte"), d.V);
+  hf["transformer.wpe.weight"] = get("wpe");
+  for (int l = 0; l < d.L; ++l) {
+    const std::string o = "h." + std::to_string(l) + ".", h = "transformer." + o;
+    for (const char* n :
+         {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_attn.bias",
+          "attn.c_proj.bias", "mlp.c_fc.bias", "mlp.c_proj.bias"})
+      hf[h + n] = get(o + n);
+    for (const char* n :
+         {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
+      hf[h + n] = transpose(get(o + n));
+  }
+  hf["transformer.ln_f.weight"] = get("ln_f.weight");
+  hf["transformer.ln_f.bias"] = get("ln_f.bias");
+  hf["lm_head.weight"] =
+      d.tie ? hf["transformer.wte.weight"] : first_rows(get("lm_head.weight"), d.V);
+  return hf;
+}
+
+FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
+  const GptShape d = gpt_shape(m);
+  const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
+    auto it = hf.find(n);
+    if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
+    if (it->second.shape != shape)
+      throw InputError(path, n,
+                       "shape " + shape_string(shape) + " (from the config), found " +
+                           shape_string(it->second.shape));
+    return it->second;
+  };
+  const int64_t C = d.C, F = d.F;
+  FullTensors o;
+  o["wte"] = get("transformer.wte.weight", {d.V, C});
+  o["wpe"] = get("transformer.wpe.weight", {d.S, C});
+  for (int l = 0; l < d.L; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".", h = "transformer." + p;
+    for (const char* n : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
+                          "attn.c_proj.bias", "mlp.c_proj.bias"})
+      o[p + n] = get(h + n, {C});
+    o[p + "attn.c_attn.bias"] = get(h + "attn.c_attn.bias", {3 * C});
+    o[p + "mlp.c_fc.bias"] = get(h + "mlp.c_fc.bias", {F});
+    o[p + "attn.c_attn.weight"] = transpose(get(h + "attn.c_attn.weight", {C, 3 * C}));
+    o[p + "attn.c_proj.weight"] = transpose(get(h + "attn.c_proj.weight", {C, C}));
+    o[p + "mlp.c_fc.weight"] = transpose(get(h + "mlp.c_fc.weight", {C, F}));
+    o[p + "mlp.c_proj.weight"] = transpose(get(h + "mlp.c_proj.weight", {F, C}));
+  }
+  o["ln_f.weight"] = get("transformer.ln_f.weight", {C});
+  o["ln_f.bias"] = get("transformer.ln_f.bias", {C});
+  if (!d.tie) o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
+  return o;
+}
+
+}  // namespace strata

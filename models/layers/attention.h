@@ -1,0 +1,50 @@
+// attention.h — tensor-parallel multi-head self-attention: a column-parallel fused q/k/v
+// projection (each rank computes its heads' queries, keys and values), the attention core on
+// those heads (a backend op: the CPU kernels, Strata's flash kernels or cuDNN), and a
+// row-parallel output projection that joins the residual stream.
+//
+// The core is causal (decoder models). Selective recompute (Korthikanti et al.) drops what the
+// core saves — the (B, NH/t, S, S) probabilities on the CPU, the log-sum-exp of each row with
+// fused kernels — and its output after the forward, and recomputes them from the saved q/k/v at
+// the start of the layer's backward.
+//
+// Thread-safety: as the model.
+#pragma once
+
+#include <string>
+
+#include "models/layers/linear.h"
+#include "models/layers/parallel.h"
+
+namespace strata {
+
+class SelfAttention {
+ public:
+  struct Saved {
+    Tensor qkv;  // (B, S, 3C/t) [q | k | v] of this rank's heads
+    Tensor att;  // backend's saved state (Backend::attention_saved_shape), f32
+    Tensor out;  // (B, S, C/t) the core's output, the projection's input
+  };
+
+  SelfAttention() = default;
+  // qkv_name, proj_name: the two projections' parameter prefixes (`qkv_name`.weight, …).
+  SelfAttention(ParamLayout& layout, const std::string& qkv_name, const std::string& proj_name,
+                int64_t C, int heads, LinearInit qkv_init, LinearInit proj_init, bool bias);
+
+  // residual + attention(x), reduced over the group; x (B, S_local, C) the normalised input.
+  Tensor forward(const LayerEnv& env, const Tensor& x, const Tensor& residual, Saved& s) const;
+  // Selective recompute: drop the core's saved state and output (after the forward) and
+  // rebuild them from q/k/v (before the backward).
+  static void drop_core(Saved& s);
+  void recompute_core(const LayerEnv& env, Saved& s) const;
+  // dresid: the gradient of the output (B, S_local, C). Returns the gradient of x, reduced over
+  // the group (B, S_local, C); the saved tensors are consumed.
+  Tensor backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid, const Tensor& x,
+                  Saved& s) const;
+
+  ColumnParallelLinear qkv;
+  RowParallelLinear proj;
+  int heads_local = 0;  // NH / t
+};
+
+}  // namespace strata

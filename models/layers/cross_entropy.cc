@@ -1,0 +1,43 @@
+#include "models/layers/cross_entropy.h"
+
+#include "runtime/check.h"
+
+namespace strata {
+
+LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& logits,
+                                           const Tensor& targets, const Tensor& loss_mask,
+                                           Saved& s) const {
+  const int64_t N = logits.size(0);
+  // Each shard's max and Σexp (one read of its logits) are brought to the group's max and
+  // summed; the target logit is summed over the group too.
+  s.row_max = env.stat({N});
+  s.row_sumexp = env.stat({N});
+  env.be.ce_row_stats(s.row_max, s.row_sumexp, logits, vocab.valid());
+  if (env.tp.size() > 1) {
+    Tensor local_max = env.stat({N});
+    env.be.copy(local_max, s.row_max);
+    env.tp.max(s.row_max);
+    env.be.ce_rescale_sumexp(s.row_sumexp, local_max, s.row_max);
+    env.tp.sum(s.row_sumexp);
+  }
+  Tensor target_logit = env.stat({N});
+  env.be.ce_target_logit(target_logit, logits, targets, vocab.start, vocab.valid());
+  env.tp.sum(target_logit);
+  Tensor losses = env.stat({N});
+  STRATA_CHECK(!loss_mask.defined(), "loss masks need the backend's weighted loss ops");
+  env.be.ce_losses(losses, s.row_max, s.row_sumexp, target_logit);
+  LossSum l;
+  l.sum = env.be.sum(losses);
+  l.count = loss_mask.defined() ? env.be.sum(loss_mask) : static_cast<double>(N);
+  return l;
+}
+
+void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits,
+                                         const Tensor& logits, const Saved& s,
+                                         const Tensor& targets, const Tensor& loss_mask,
+                                         float scale) const {
+  env.be.ce_backward(dlogits, logits, s.row_max, s.row_sumexp, targets, scale, vocab.start,
+                     vocab.valid());
+}
+
+}  // namespace strata

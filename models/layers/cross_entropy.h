@@ -1,0 +1,47 @@
+// cross_entropy.h — the vocab-parallel cross-entropy of Megatron-LM: no rank ever holds the
+// full logits.
+//
+// Each rank holds the logits of its vocabulary shard (VocabShard). The forward pass takes the
+// shard's row max and Σ exp (one read of its logits), brings every shard's sum to the group's
+// max and sums them, and sums the target's logit over the group (the shard holding the target
+// contributes it, the others 0); loss = log Σexp + max − target logit, per token. Padded
+// vocabulary columns are excluded everywhere.
+//
+// Which tokens count: every position, or those with a 1 in the loss mask (B, S) f32 (a 0
+// position contributes neither loss nor gradient). A target outside [0, V) — PyTorch's
+// ignore_index -100, say — selects no logit; give such positions a 0 in the mask. The loss
+// returns its sum together with the number of tokens it summed, so a caller averages over the
+// tokens that count (masked language modelling, padding) and not over B·S.
+//
+// Thread-safety: as the model.
+#pragma once
+
+#include "models/layers/embedding.h"
+#include "models/layers/parallel.h"
+#include "models/model.h"
+
+namespace strata {
+
+class VocabParallelCrossEntropy {
+ public:
+  struct Saved {
+    Tensor row_max;     // (N) f32 over the whole vocabulary
+    Tensor row_sumexp;  // (N) f32
+  };
+
+  VocabParallelCrossEntropy() = default;
+  explicit VocabParallelCrossEntropy(const VocabShard& v) : vocab(v) {}
+
+  // logits (N, V/t) of this rank's shard, targets (N) i32, loss_mask (N) f32 or undefined.
+  // Returns Σ of the counted tokens' losses and how many there are.
+  LossSum forward(const LayerEnv& env, const Tensor& logits, const Tensor& targets,
+                  const Tensor& loss_mask, Saved& s) const;
+  // dlogits (N, V/t) = scale · (softmax − onehot(target)) on the counted rows, 0 elsewhere
+  // (assigned).
+  void backward(const LayerEnv& env, Tensor& dlogits, const Tensor& logits, const Saved& s,
+                const Tensor& targets, const Tensor& loss_mask, float scale) const;
+
+  VocabShard vocab;
+};
+
+}  // namespace strata

@@ -1,0 +1,52 @@
+// embedding.h — the vocab-parallel token embedding (Megatron's VocabParallelEmbedding), with
+// optional learned position embeddings.
+//
+// The vocabulary is padded to a multiple of 128·t (Megatron's make-vocab-size-divisible-by
+// times t); rank r holds rows [r·Vp/t, (r+1)·Vp/t) of the (Vp, C) table. Padded rows start at
+// zero, are excluded from the loss and never sampled. In the forward pass each rank adds its own
+// rows' vectors (and rank 0 the positions), and the sum over the group is the embedding; with
+// sequence parallelism the sum is reduce-scattered straight to the sequence shards.
+//
+// Thread-safety: as the model.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "models/layers/parallel.h"
+#include "models/layers/params.h"
+
+namespace strata {
+
+// A vocabulary of V entries padded to Vp and split over t ranks.
+struct VocabShard {
+  int V = 0;       // real entries
+  int Vp = 0;      // padded to a multiple of 128·t
+  int local = 0;   // Vp / t rows on this rank
+  int start = 0;   // this rank's first row
+  // Real (non-padding) entries in this rank's shard.
+  int valid() const { return std::clamp(V - start, 0, local); }
+};
+int pad_vocab(int vocab, int multiple);
+VocabShard vocab_shard(int vocab, int tp, int tp_rank);
+
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding() = default;
+  // Declares `table_name` (Vp, C) rows-split, N(0, std) over the real rows, and with
+  // `positions` > 0 a replicated `positions_name` (positions, C) table, N(0, std).
+  VocabParallelEmbedding(ParamLayout& layout, const VocabShard& vocab, int64_t C, double std,
+                         const std::string& table_name, int64_t positions,
+                         const std::string& positions_name);
+
+  // tokens (B, S) i32 → (B, S_local, C): the sum over the tensor group of each rank's rows (and
+  // the positions), reduce-scattered to this rank's sequence chunk with sequence parallelism.
+  Tensor forward(const LayerEnv& env, const Tensor& tokens) const;
+  // Table (and position) gradients from the gradient of the output, dout (B, S_local, C).
+  void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens) const;
+
+  ParamRef table, positions;  // positions invalid without learned positions
+  VocabShard vocab;
+};
+
+}  // namespace strata

@@ -1,0 +1,168 @@
+#include "models/layers/params.h"
+
+#include <algorithm>
+
+#include "runtime/check.h"
+#include "runtime/rng.h"
+
+namespace strata {
+
+const char* to_string(ParamSplit s) {
+  switch (s) {
+    case ParamSplit::kReplicated: return "replicated";
+    case ParamSplit::kRows: return "rows";
+    case ParamSplit::kCols: return "cols";
+    case ParamSplit::kQkvRows: return "qkv_rows";
+  }
+  return "replicated";
+}
+
+bool parse_param_split(const std::string& s, ParamSplit* out) {
+  for (ParamSplit k :
+       {ParamSplit::kReplicated, ParamSplit::kRows, ParamSplit::kCols, ParamSplit::kQkvRows}) {
+    if (s == to_string(k)) {
+      *out = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
+  switch (p.split) {
+    case ParamSplit::kReplicated: return local;
+    case ParamSplit::kRows: return local + tp_rank * p.numel;  // row-major: shard is contiguous
+    case ParamSplit::kCols: {
+      const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
+      return (local / cols) * full_cols + tp_rank * cols + local % cols;
+    }
+    case ParamSplit::kQkvRows: {
+      // Local rows: [q_r; k_r; v_r], each block a third of the shard.
+      const int64_t block = p.numel / 3;  // elements of one of q_r, k_r, v_r
+      const int64_t which = local / block;
+      return which * block * tp + tp_rank * block + local % block;
+    }
+  }
+  return local;
+}
+
+ParamRef ParamLayout::add(const ParamDecl& d) {
+  ParamInfo p;
+  p.name = d.name;
+  p.full_shape = d.full_shape;
+  p.split = d.split;
+  p.shape = d.full_shape;
+  if (d.split == ParamSplit::kRows || d.split == ParamSplit::kQkvRows) {
+    STRATA_CHECK(p.shape[0] % tp_ == 0, d.name << ": " << p.shape[0] << " rows over tensor " << tp_);
+    p.shape[0] /= tp_;
+  }
+  if (d.split == ParamSplit::kCols) {
+    STRATA_CHECK(p.shape[1] % tp_ == 0, d.name << ": " << p.shape[1] << " columns over tensor "
+                                               << tp_);
+    p.shape[1] /= tp_;
+  }
+  p.numel = shape_numel(p.shape);
+  p.offset = numel_;
+  p.init = d.init;
+  p.std = d.std;
+  p.decay = d.decay;
+  p.rows_initialised = d.rows_initialised;
+  p.sequence_partial_grad = d.sequence_partial_grad;
+  STRATA_CHECK(index_.emplace(p.name, static_cast<int>(infos_.size())).second,
+               "parameter " << p.name << " declared twice");
+  numel_ += p.numel;
+  infos_.push_back(std::move(p));
+  return ParamRef{static_cast<int>(infos_.size()) - 1};
+}
+
+ParamRef ParamLayout::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? ParamRef{} : ParamRef{it->second};
+}
+
+ParamStore::ParamStore(ParamLayout layout, Backend& backend, bool bf16, uint64_t seed)
+    : layout_(std::move(layout)), be_(backend), bf16_(bf16) {
+  const int64_t n = layout_.numel();
+  // Mixed precision keeps the fp32 parameters as the optimizer's master copy and computes with
+  // a bf16 copy (Megatron's accounting: 2 bytes of parameters, 4 of gradients, 12 of optimizer).
+  params_ = be_.empty({n}, bf16 ? MemCategory::kOptimizer : MemCategory::kParameters);
+  if (bf16) params_lp_ = be_.empty({n}, MemCategory::kParameters, DType::kBF16);
+  grads_ = be_.zeros({n}, MemCategory::kGradients);
+  init(seed);
+}
+
+Tensor ParamStore::param(ParamRef r) const {
+  const ParamInfo& p = info(r);
+  return params_.view(p.offset, p.shape);
+}
+
+Tensor ParamStore::grad(ParamRef r) const {
+  const ParamInfo& p = info(r);
+  return grads_.view(p.offset, p.shape);
+}
+
+Tensor ParamStore::cparam(ParamRef r) const {
+  const ParamInfo& p = info(r);
+  return (bf16_ ? params_lp_ : params_).view(p.offset, p.shape);
+}
+
+void ParamStore::params_changed() {
+  if (bf16_) be_.cast(params_lp_, params_);
+}
+
+void ParamStore::init(uint64_t seed) {
+  // Values are produced on the host from global indices and uploaded, so every backend and every
+  // tensor-parallel layout starts from the same model.
+  std::vector<float> host(static_cast<size_t>(params_.numel()), 0.0f);
+  for (const ParamInfo& p : infos()) {
+    float* dst = host.data() + p.offset;
+    switch (p.init) {
+      case ParamInit::kZeros: break;
+      case ParamInit::kOnes: std::fill(dst, dst + p.numel, 1.0f); break;
+      case ParamInit::kNormal: {
+        const uint64_t key = mix64(seed ^ hash_name(p.name));
+        const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
+        for (int64_t i = 0; i < p.numel; ++i) {
+          const int64_t g = global_index(p, i, layout_.tp_rank(), layout_.tp());
+          if (p.rows_initialised >= 0 && g / row_len >= p.rows_initialised) continue;  // padding
+          dst[i] = static_cast<float>(p.std * normal01(key, static_cast<uint64_t>(g)));
+        }
+        break;
+      }
+    }
+  }
+  be_.upload(params_, host.data());
+  params_changed();
+}
+
+void ParamStore::zero_grads() { be_.zero(grads_); }
+
+void ParamStore::use_params(const Tensor& p) {
+  STRATA_CHECK(p.numel() == params_.numel(), "parameter buffer of " << p.numel()
+                                                 << " elements for a model of "
+                                                 << params_.numel());
+  // 2bw switches versions per micro-batch: re-round the bf16 copy only on a real switch (a
+  // version is written only while no micro-batch computes with it).
+  if (p.data() == params_.data()) return;
+  params_ = p;
+  params_changed();
+}
+
+void ParamStore::report_ready(ParamRef first, ParamRef last) {
+  if (!reporting_ || !ready_hook_) return;
+  STRATA_CHECK(first.valid() && last.index >= first.index,
+               "parameter range " << first.index << " .. " << last.index);
+  // Runs of untied parameters, in order.
+  int run = -1;
+  for (int i = first.index; i <= last.index; ++i) {
+    const bool tied = infos()[static_cast<size_t>(i)].tied;
+    if (!tied && run < 0) run = i;
+    if (tied && run >= 0) {
+      ready_hook_(run, i);
+      run = -1;
+    }
+  }
+  if (run >= 0) ready_hook_(run, last.index + 1);
+}
+
+}  // namespace strata

@@ -1,0 +1,135 @@
+// model.h — the one interface between a model and everything that trains, saves, profiles or
+// plans it.
+//
+// The trainer's pipeline stage, the checkpointer, Hugging Face import/export, `strata profile`
+// and the planner see a model only through this header and models/description.h; they never name
+// an architecture's parameters or layers. An architecture is a folder under models/ (models/gpt/)
+// that implements Model from the reusable tensor-parallel layers of models/layers/ and registers
+// itself in models/registry.cc (docs/architecture.md: how to add one).
+//
+// A rank holds pieces of the model (ModelPiece): contiguous runs of transformer layers, the
+// first piece with the embedding, the last with the head and the loss. A pipeline stage holds one
+// piece, or v with interleaving (piece k = chunk·p + stage). Activations travel between pieces as
+// (B, S_local, C) tensors (boundary_shape): S_local = S/t with sequence parallelism.
+//
+// Gradients: backward passes ACCUMULATE into the parameter gradients (micro-batches sum). The
+// loss of a micro-batch is the sum of its token losses (LossSum, with the count of tokens that
+// counted); the caller scales the backward by 1 / (tokens of the global batch), so the summed
+// gradient is that of the global mean loss.
+//
+// Thread-safety: one model per rank, driven from one thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layers/params.h"
+#include "runtime/backend.h"
+#include "runtime/comm.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+
+// train.recompute: kNone keeps every activation for the backward pass; kSelective recomputes the
+// attention core (scores, softmax, weighted sum) from the saved q, k, v; kFull keeps only each
+// layer's input and re-runs the layer's forward in the backward pass.
+enum class Recompute { kNone, kSelective, kFull };
+const char* to_string(Recompute r);
+// "none", "selective", "full"; false on an unknown name.
+bool parse_recompute(const std::string& s, Recompute* out);
+
+// A contiguous piece of the model: layers [first_layer, first_layer + num_layers), plus the
+// embedding when it is the first piece and the head (final norm, LM head, loss) when it is the
+// last.
+struct ModelPiece {
+  int first_layer = 0;
+  int num_layers = 0;
+  bool embedding = false;
+  bool head = false;
+};
+
+// One micro-batch on the model's device.
+struct ModelBatch {
+  Tensor tokens;     // (B, S) i32, read by the embedding
+  Tensor targets;    // (B, S) i32, read by the loss
+  Tensor loss_mask;  // (B, S) f32: 1 where a position counts in the loss; undefined: all count
+};
+
+// Σ of the token losses of a micro-batch and how many tokens they are.
+struct LossSum {
+  double sum = 0;
+  double count = 0;
+};
+
+// What a piece's forward keeps for its backward (each architecture derives its own).
+class PieceActs {
+ public:
+  virtual ~PieceActs() = default;
+};
+using PieceActsPtr = std::unique_ptr<PieceActs>;
+
+// How this rank instantiates the model.
+struct ModelOptions {
+  int tensor = 1;       // tensor-parallel size t
+  int tensor_rank = 0;  // this rank's place in the tensor group
+  Communicator* tensor_group = nullptr;  // null when t = 1
+  bool sequence_parallel = false;
+  // Mixed precision: activations, their gradients and a compute copy of the weights are bf16;
+  // the fp32 parameters stay the master copy and gradients stay fp32.
+  bool bf16 = false;
+  Recompute recompute = Recompute::kNone;
+  std::vector<ModelPiece> pieces;  // what this rank holds; empty: the whole model
+  uint64_t seed = 0;               // train.seed: initialisation
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // This rank's parameters, their layout and gradients (flat buffers).
+  virtual ParamStore& params() = 0;
+  const ParamStore& params() const { return const_cast<Model*>(this)->params(); }
+  virtual const std::vector<ModelPiece>& pieces() const = 0;
+
+  // The element type of activations and of what crosses a pipeline boundary.
+  virtual DType activation_dtype() const = 0;
+  // Shape of the activation (and its gradient) between two pieces for a micro-batch of
+  // `micro_batch` sequences of `seq_len` tokens.
+  virtual Shape boundary_shape(int micro_batch, int seq_len) const = 0;
+
+  // Forward of one micro-batch through piece `piece` (index into pieces()): `input` is the
+  // previous piece's output, undefined on the first piece (which reads batch.tokens). On the
+  // last piece *loss receives the loss of the micro-batch, elsewhere {0, 0}.
+  virtual PieceActsPtr forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
+                                     LossSum* loss) = 0;
+  // The output a forward_piece produced, for the next piece (undefined on the last piece).
+  virtual const Tensor& piece_output(const PieceActs& acts) const = 0;
+  // Backward of a forward_piece: dout is the gradient of its output (ignored on the last piece,
+  // whose gradient starts at the loss, scaled by grad_scale). Returns the gradient of its input
+  // (undefined on the first piece). last_microbatch: gradients are final after this pass.
+  // defer_weight_grads (zero-bubble B pass): input gradients only; backward_weight_piece (the W
+  // pass) computes the weight gradients later; the activations must stay alive until then.
+  virtual Tensor backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
+                                bool last_microbatch, bool defer_weight_grads = false) = 0;
+  virtual void backward_weight_piece(PieceActs& acts, bool last_microbatch) = 0;
+
+  // Runs again, on the activations of a forward_piece, what selective recompute repeats in the
+  // backward pass of the piece's layers (`strata profile` times it); the result is dropped.
+  virtual void rerun_selective_recompute(const PieceActs& acts) = 0;
+
+  // Convenience for single-piece models (tests, evaluation in one process).
+  PieceActsPtr forward(const ModelBatch& batch, LossSum* loss) {
+    return forward_piece(0, Tensor(), batch, loss);
+  }
+  void backward(PieceActs& acts, float grad_scale, bool last_microbatch = true) {
+    backward_piece(acts, Tensor(), grad_scale, last_microbatch);
+  }
+};
+
+// The whole model as one piece.
+std::vector<ModelPiece> whole_model(int num_layers);
+
+}  // namespace strata

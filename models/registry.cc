@@ -1,0 +1,35 @@
+#include "models/registry.h"
+
+#include <stdexcept>
+
+#include "models/gpt/gpt.h"
+
+namespace strata {
+
+// One line per architecture folder (docs/architecture.md).
+const std::vector<ArchSpec>& architectures() {
+  static const std::vector<ArchSpec> all = {gpt_arch()};
+  return all;
+}
+
+std::vector<std::string> architecture_names() {
+  std::vector<std::string> names;
+  for (const ArchSpec& a : architectures()) names.push_back(a.name);
+  return names;
+}
+
+const ArchSpec& architecture(const std::string& name) {
+  for (const ArchSpec& a : architectures())
+    if (a.name == name) return a;
+  throw std::invalid_argument("no model architecture named \"" + name + "\"");
+}
+
+std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m) {
+  return architecture(m.arch).describe(m);
+}
+
+std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend) {
+  return architecture(m.arch).build(m, o, backend);
+}
+
+}  // namespace strata

@@ -1,0 +1,61 @@
+// registry.h — model.arch → how to describe, build and convert that architecture.
+//
+// Each architecture folder (models/gpt/, …) provides one ArchSpec; models/registry.cc lists
+// them. Everything outside models/ reaches an architecture only through these entries: the
+// trainer builds its Model, the planner and the dry run read its ModelDescription, `strata
+// export` and model.init_from go through its Hugging Face adapter.
+//
+// Thread-safety: the registry is built once on first use and read-only afterwards.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/description.h"
+#include "models/model.h"
+#include "runtime/config.h"
+
+namespace strata {
+
+// Between our full tensors (models/layers/params.h: our names and layouts, the vocabulary padded
+// as stored) and a Hugging Face checkpoint's state dict for this architecture.
+struct HfAdapter {
+  // The HF transformers class the tensors are named after ("GPT2LMHeadModel").
+  std::string hf_class;
+  // Our full tensors → HF tensors (names, layouts, vocabulary without padding).
+  std::function<FullTensors(const ModelConfig& m, const FullTensors& ours)> to_hf;
+  // HF tensors → our full tensors, checked against the config: InputError naming `path` and the
+  // tensor when one is missing or has another shape.
+  std::function<FullTensors(const ModelConfig& m, const FullTensors& hf, const std::string& path)>
+      from_hf;
+};
+
+struct ArchSpec {
+  std::string name;  // model.arch
+  std::function<std::unique_ptr<ModelDescription>(const ModelConfig&)> describe;
+  // Builds this rank's part of the model on `backend` (parameters allocated and initialised
+  // from options.seed).
+  std::function<std::unique_ptr<Model>(const ModelConfig&, const ModelOptions&, Backend&)> build;
+  HfAdapter hf;
+  // Refuses, with InputError(file, key, …), a config this architecture cannot build under a
+  // tensor-parallel size t (sizes that do not divide, keys it does not support).
+  std::function<void(const ModelConfig&, int tensor, const std::string& file)> validate;
+};
+
+// Every registered architecture, in registration order.
+const std::vector<ArchSpec>& architectures();
+// The names model.arch accepts.
+std::vector<std::string> architecture_names();
+// The entry of m.arch (std::invalid_argument when none: the config parser refuses unknown
+// names first).
+const ArchSpec& architecture(const std::string& name);
+
+// Shorthands over architecture(m.arch).
+std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
+std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
+
+}  // namespace strata
