@@ -1081,6 +1081,15 @@ void validate_for_world(const Config& c, int world_size) {
   }
 }
 
+std::vector<ConfigKey> config_keys() {
+  const json defaults = default_json();
+  std::vector<ConfigKey> keys;
+  for_each_leaf("", [&](const std::string& path, const Key& k) {
+    keys.push_back({path, defaults[json_path(path)].dump(), k.meaning});
+  });
+  return keys;
+}
+
 int data_parallel_size(const Config& c, int world_size) {
   if (c.parallel.data) return *c.parallel.data;
   return static_cast<int>(world_size / (int64_t{c.parallel.tensor} * c.parallel.pipeline));
