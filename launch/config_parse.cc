@@ -6,6 +6,11 @@
 // leaf. Values are read into Config only after merging, so a type or range error names the
 // source that last set the bad value, and a consistency error names the most recently set of
 // the keys involved (the one the user is most likely to have just changed).
+//
+// Every key is written once, in the tables of schema(): its name, where it lives in Config, its
+// kind and single-key checks, and its meaning. The known-key lists, the defaults (Config's own
+// member initialisers), the reads and the resolved JSON all come from those tables; only the
+// checks that combine several keys are code (check_consistency, validate_for_world).
 
 #include "launch/config_parse.h"
 
@@ -14,10 +19,12 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <map>
@@ -25,6 +32,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +49,12 @@ const char kDefaultsFile[] = "<defaults>";
 // read from disk when a config names one: a defaults-only run needs no files.
 const char kDefaultPreset[] = "gpt2-124m";
 
+// The architectures model.arch accepts. The models registry (models/) will supply this list once
+// it exists; until then GPT is the one architecture built.
+std::vector<std::string> known_archs() {
+  return {"gpt"};
+}
+
 // Layers, lowest first. A leaf's layer decides whether ffn_hidden_size is derived from
 // hidden_size and which source a consistency error blames.
 enum Layer : int { kLayerDefaults = 0, kLayerPreset = 1, kLayerFile = 2, kLayerFirstSet = 3 };
@@ -54,34 +68,539 @@ struct Origin {
 };
 using Origins = std::map<std::string, Origin>;  // config path of a leaf -> who set it last
 
-// The keys of each section, in DESIGN.md's order so that error messages list them as documented.
+std::string join(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+// "a.b" as a JSON pointer, "/a/b".
+json::json_pointer json_path(const std::string& path) {
+  std::string p = "/" + path;
+  std::replace(p.begin(), p.end(), '.', '/');
+  return json::json_pointer(p);
+}
+
+std::string join_list(const std::vector<std::string>& items, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? sep : "") + items[i];
+  return s;
+}
+
+std::vector<std::string> quoted(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const std::string& s : items) out.push_back("\"" + s + "\"");
+  return out;
+}
+
+// A value as the user wrote it, cut short so that one error stays one line.
+std::string show(const json& v) {
+  constexpr size_t kMaxChars = 60;
+  std::string s = v.dump();
+  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars) + "...";
+  return s;
+}
+
+// An integer-valued JSON number; 3.0 counts, 3.5 does not. Values beyond int64 saturate, which
+// every caller then refuses as out of range.
+std::optional<int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d) return std::nullopt;
+    if (d >= 9.2e18) return INT64_MAX;
+    if (d <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+// Typed, range-checked reads from the merged JSON. Every error names the source that set the
+// value (its file and the path as that file spells it).
+class Reader {
+ public:
+  Reader(const json& root, const Origins& origins, std::string fallback_file)
+      : root_(root), origins_(origins), fallback_file_(std::move(fallback_file)) {}
+
+  // Every path exists: the merge starts from the defaults, which hold every key.
+  const json& at(const std::string& path) const {
+    const json* v = &root_;
+    for (size_t start = 0;;) {
+      const size_t dot = path.find('.', start);
+      v = &v->at(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) return *v;
+      start = dot + 1;
+    }
+  }
+
+  Origin origin(const std::string& path) const {
+    const auto it = origins_.find(path);
+    return it == origins_.end() ? Origin{fallback_file_, kLayerDefaults, ""} : it->second;
+  }
+
+  [[noreturn]] void fail(const std::string& path, const std::string& expected) const {
+    fail_in(origin(path).file, path, expected);
+  }
+
+  // Names `path` in `file`; the path is spelled as `file` spells it when `file` set it.
+  [[noreturn]] void fail_in(const std::string& file, const std::string& path,
+                            const std::string& expected) const {
+    const Origin o = origin(path);
+    std::string where = path;
+    if (o.file == file && !o.strip.empty() && where.rfind(o.strip, 0) == 0) {
+      where = where.substr(o.strip.size());
+    }
+    throw InputError(file, where, expected);
+  }
+
+  // A consistency error among several keys: reported at the key set by the latest layer,
+  // since that is the one the user most likely just changed (first listed on ties).
+  [[noreturn]] void fail_latest(std::initializer_list<std::string> paths,
+                                const std::string& expected) const {
+    const std::string* latest = paths.begin();
+    for (const std::string& p : paths) {
+      if (origin(p).layer > origin(*latest).layer) latest = &p;
+    }
+    fail(*latest, expected);
+  }
+
+  // The file of whichever of `paths` was set last.
+  std::string latest_file(std::initializer_list<std::string> paths) const {
+    Origin best = origin(*paths.begin());
+    for (const std::string& p : paths) {
+      if (origin(p).layer > best.layer) best = origin(p);
+    }
+    return best.file;
+  }
+
+  void require(bool ok, const std::string& path, const std::string& expected) const {
+    if (!ok) fail(path, expected + ", got " + show(at(path)));
+  }
+
+  int integer(const std::string& path, int64_t min) const {
+    return *integer_impl(path, min, /*nullable=*/false);
+  }
+  std::optional<int> optional_integer(const std::string& path, int64_t min) const {
+    return integer_impl(path, min, /*nullable=*/true);
+  }
+
+  uint64_t seed(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      // 2^64 is exactly representable; anything below it that is integral fits in uint64.
+      if (std::isfinite(d) && std::floor(d) == d && d >= 0 && d < 18446744073709551616.0) {
+        return static_cast<uint64_t>(d);
+      }
+    }
+    fail(path, "expected a non-negative integer, got " + show(v));
+  }
+
+  double number(const std::string& path) const {
+    const json& v = at(path);
+    if (!v.is_number()) fail(path, "expected a number, got " + show(v));
+    return v.get<double>();
+  }
+
+  bool boolean(const std::string& path) const {
+    const json& v = at(path);
+    if (!v.is_boolean()) fail(path, "expected a boolean, got " + show(v));
+    return v.get<bool>();
+  }
+
+  // Optional strings are all file paths here; "" would only fail later, far from the config.
+  std::optional<std::string> optional_string(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_string()) fail(path, "expected a string or null, got " + show(v));
+    if (v.get<std::string>().empty()) fail(path, "expected a non-empty string or null, got \"\"");
+    return v.get<std::string>();
+  }
+
+  std::string one_of(const std::string& path, const std::vector<std::string>& options) const {
+    const json& v = at(path);
+    if (v.is_string() &&
+        std::find(options.begin(), options.end(), v.get<std::string>()) != options.end()) {
+      return v.get<std::string>();
+    }
+    fail(path, "expected one of " + join_list(quoted(options), ", ") + ", got " + show(v));
+  }
+
+  std::optional<std::vector<int>> optional_positive_array(const std::string& path) const {
+    const json& v = at(path);
+    if (v.is_null()) return std::nullopt;
+    const std::string expected = "expected an array of positive integers or null, got " + show(v);
+    if (!v.is_array()) fail(path, expected);
+    std::vector<int> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::optional<int64_t> n = as_int64(v[i]);
+      if (!n || *n < 1 || *n > INT_MAX) {
+        fail(path, expected + " (entry " + std::to_string(i) + " is " + show(v[i]) + ")");
+      }
+      out.push_back(static_cast<int>(*n));
+    }
+    return out;
+  }
+
+ private:
+  std::optional<int> integer_impl(const std::string& path, int64_t min, bool nullable) const {
+    const json& v = at(path);
+    if (nullable && v.is_null()) return std::nullopt;
+    const std::string or_null = nullable ? " or null" : "";
+    const std::optional<int64_t> n = as_int64(v);
+    if (!n) fail(path, "expected an integer" + or_null + ", got " + show(v));
+    if (*n < min) {
+      const std::string what = min == 1   ? "a positive integer"
+                               : min == 0 ? "a non-negative integer"
+                                          : "an integer >= " + std::to_string(min);
+      fail(path, "expected " + what + or_null + ", got " + show(v));
+    }
+    if (*n > INT_MAX) {
+      fail(path, "expected an integer at most " + std::to_string(INT_MAX) + ", got " + show(v));
+    }
+    return static_cast<int>(*n);
+  }
+
+  const json& root_;
+  const Origins& origins_;
+  std::string fallback_file_;
+};
+
+// ---- the key tables ----
+
+// The interval a number must lie in, lower bound `lo` (closed or open) up to `hi` (open; none
+// when infinite), with the words an error gives it: "a number > 0", "a number in [0, 1)".
+struct Range {
+  double lo;
+  bool lo_closed;
+  double hi = INFINITY;
+
+  bool contains(double x) const { return (lo_closed ? x >= lo : x > lo) && x < hi; }
+  std::string expected() const {
+    if (std::isinf(hi))
+      return std::string("expected a number ") + (lo_closed ? ">= " : "> ") + text(lo);
+    return std::string("expected a number in ") + (lo_closed ? "[" : "(") + text(lo) + ", " +
+           text(hi) + ")";
+  }
+  static std::string text(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", x);
+    return buf;
+  }
+};
+Range at_least(double lo) {
+  return {lo, true};
+}
+Range above(double lo) {
+  return {lo, false};
+}
+Range closed_open(double lo, double hi) {
+  return {lo, true, hi};
+}
+Range open_interval(double lo, double hi) {
+  return {lo, false, hi};
+}
+
+// A rule of one key beyond its kind, run right after the key is read (the key's path, the
+// Config read so far); it throws InputError through the Reader.
+using KeyCheck = std::function<void(const Reader&, const std::string& path, const Config&)>;
+
+// One key of a section. A leaf reads itself from the merged JSON into Config, with the checks
+// of its kind, and writes itself back as JSON; a key without `read` is a nested section, whose
+// keys are the Section at "<section path>.<name>".
+struct Key {
+  std::string name;
+  std::string meaning;  // one line; docs/config.md says it at more length
+  std::function<void(const Reader&, const std::string& path, Config&)> read;
+  std::function<json(const Config&)> write;
+  KeyCheck check;                     // none when the kind says it all
+  std::optional<json> layer_default;  // the defaults layer's value, where not Config's own
+
+  bool is_section() const { return !read; }
+  Key then(KeyCheck c) && {
+    check = std::move(c);
+    return std::move(*this);
+  }
+  Key defaults_to(json v) && {
+    layer_default = std::move(v);
+    return std::move(*this);
+  }
+};
+
+Key section(const char* name) {
+  Key k;
+  k.name = name;
+  return k;
+}
+
+// A field's value as JSON: an absent optional is null.
+template <class T>
+json as_json(const T& v) {
+  return json(v);
+}
+template <class T>
+json as_json(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+// The keys of the struct S that `get` finds in a Config. `get` is a generic lambda,
+// [](auto& c) -> auto& { return c.model; }, so one accessor serves the read and the write, and
+// each key names its field by member pointer: a misspelt field is a compile error.
+template <class S, class Get>
+class Fields {
+ public:
+  explicit Fields(Get get) : get_(get) {}
+
+  // An integer >= min.
+  Key integer(const char* name, int S::*f, int64_t min, const char* meaning) const {
+    return leaf(name, meaning, f,
+                [min](const Reader& r, const std::string& p) { return r.integer(p, min); });
+  }
+  // An integer >= min, or null.
+  Key optional_integer(const char* name, std::optional<int> S::*f, int64_t min,
+                       const char* meaning) const {
+    return leaf(name, meaning, f, [min](const Reader& r, const std::string& p) {
+      return r.optional_integer(p, min);
+    });
+  }
+  // A non-negative integer below 2^64.
+  Key seed(const char* name, uint64_t S::*f, const char* meaning) const {
+    return leaf(name, meaning, f, [](const Reader& r, const std::string& p) { return r.seed(p); });
+  }
+  // Any number.
+  Key number(const char* name, double S::*f, const char* meaning) const {
+    return leaf(name, meaning, f,
+                [](const Reader& r, const std::string& p) { return r.number(p); });
+  }
+  // A number in `range`.
+  Key number(const char* name, double S::*f, Range range, const char* meaning) const {
+    return leaf(name, meaning, f, [range](const Reader& r, const std::string& p) {
+      const double v = r.number(p);
+      r.require(range.contains(v), p, range.expected());
+      return v;
+    });
+  }
+  Key boolean(const char* name, bool S::*f, const char* meaning) const {
+    return leaf(name, meaning, f,
+                [](const Reader& r, const std::string& p) { return r.boolean(p); });
+  }
+  // One of `options`.
+  Key one_of(const char* name, std::string S::*f, std::vector<std::string> options,
+             const char* meaning) const {
+    return leaf(name, meaning, f,
+                [options](const Reader& r, const std::string& p) { return r.one_of(p, options); });
+  }
+  // One of `keywords` or any other non-empty string, which `other` describes.
+  Key keyword_or(const char* name, std::string S::*f, std::vector<std::string> keywords,
+                 const char* other, const char* meaning) const {
+    return leaf(name, meaning, f, [keywords, other](const Reader& r, const std::string& p) {
+      const json& v = r.at(p);
+      if (!v.is_string() || v.get<std::string>().empty()) {
+        r.fail(p, "expected " + join_list(quoted(keywords), ", ") + " or " + other + ", got " +
+                      show(v));
+      }
+      return v.get<std::string>();
+    });
+  }
+  // A non-empty string (a file path), or null.
+  Key path(const char* name, std::optional<std::string> S::*f, const char* meaning) const {
+    return leaf(name, meaning, f,
+                [](const Reader& r, const std::string& p) { return r.optional_string(p); });
+  }
+  // A non-empty string, or null, which the field holds as "".
+  Key optional_name(const char* name, std::string S::*f, const char* meaning) const {
+    Key k = leaf(name, meaning, f, [](const Reader& r, const std::string& p) {
+      return r.optional_string(p).value_or("");
+    });
+    const Get get = get_;
+    k.write = [get, f](const Config& c) {
+      const std::string& v = get(c).*f;
+      return v.empty() ? json(nullptr) : json(v);
+    };
+    return k;
+  }
+  // An array of positive integers, or null.
+  Key positive_array(const char* name, std::optional<std::vector<int>> S::*f,
+                     const char* meaning) const {
+    return leaf(name, meaning, f,
+                [](const Reader& r, const std::string& p) { return r.optional_positive_array(p); });
+  }
+
+ private:
+  // `read` returns the checked value of the key at a path.
+  template <class T, class Read>
+  Key leaf(const char* name, const char* meaning, T S::*f, Read read) const {
+    const Get get = get_;
+    Key k;
+    k.name = name;
+    k.meaning = meaning;
+    k.read = [get, f, read](const Reader& r, const std::string& p, Config& c) {
+      get(c).*f = read(r, p);
+    };
+    k.write = [get, f](const Config& c) { return as_json(get(c).*f); };
+    return k;
+  }
+
+  Get get_;
+};
+
+template <class Get>
+auto fields(Get get) {
+  using S = std::remove_reference_t<decltype(get(std::declval<Config&>()))>;
+  return Fields<S, Get>(get);
+}
+
+// The keys of one section ("" the top level, "data.synthetic" a nested one), in DESIGN.md's
+// order, so that error messages list them as documented.
 struct Section {
   std::string path;
-  std::vector<std::string> keys;
+  std::vector<Key> keys;
 };
 
 const std::vector<Section>& schema() {
-  static const std::vector<Section> sections = {
-      {"",
-       {"model", "parallel", "train", "optimizer", "data", "checkpoint", "log", "comm", "device"}},
-      {"model",
-       {"preset", "arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len",
-        "vocab_size", "tie_embeddings", "dropout", "init_std", "init_from"}},
-      {"parallel",
-       {"tensor", "pipeline", "data", "virtual_stages", "schedule", "layers_per_stage",
-        "sequence_parallel", "distributed_optimizer", "bucket_mb"}},
-      {"train",
-       {"micro_batch_size", "global_batch_size", "iterations", "seed", "recompute", "precision",
-        "attention_backend", "threads", "eval_interval", "eval_iters", "skip_nonfinite"}},
-      {"optimizer",
-       {"name", "lr", "min_lr", "warmup_iters", "decay", "decay_iters", "weight_decay", "beta1",
-        "beta2", "eps", "grad_clip"}},
-      {"data", {"source", "path", "val_fraction", "synthetic"}},
-      {"data.synthetic", {"vocab_size", "order", "seed"}},
-      {"checkpoint", {"dir", "interval", "keep", "resume"}},
-      {"log", {"interval", "metrics", "trace"}},
-      {"comm", {"timeout_s"}},
-  };
+  static const std::vector<Section> sections = [] {
+    const auto top = fields([](auto& c) -> auto& { return c; });
+    const auto model = fields([](auto& c) -> auto& { return c.model; });
+    const auto parallel = fields([](auto& c) -> auto& { return c.parallel; });
+    const auto train = fields([](auto& c) -> auto& { return c.train; });
+    const auto optimizer = fields([](auto& c) -> auto& { return c.optimizer; });
+    const auto data = fields([](auto& c) -> auto& { return c.data; });
+    const auto synthetic = fields([](auto& c) -> auto& { return c.data.synthetic; });
+    const auto checkpoint = fields([](auto& c) -> auto& { return c.checkpoint; });
+    const auto log = fields([](auto& c) -> auto& { return c.log; });
+    const auto comm = fields([](auto& c) -> auto& { return c.comm; });
+    using M = ModelConfig;
+    using P = ParallelConfig;
+    using T = TrainConfig;
+    using O = OptimizerConfig;
+    using D = DataConfig;
+    using K = CheckpointConfig;
+    using L = LogConfig;
+    return std::vector<Section>{
+        {"",
+         {section("model"), section("parallel"), section("train"), section("optimizer"),
+          section("data"), section("checkpoint"), section("log"), section("comm"),
+          top.one_of(
+              "device", &Config::device, {"auto", "cpu", "cuda"},
+              "auto: the GPU where the build has CUDA and a device is visible, else the CPU")}},
+        {"model",
+         {model
+              .optional_name("preset", &M::preset,
+                             "a file of configs/models/ under the explicit keys")
+              .defaults_to(kDefaultPreset),
+          model.one_of("arch", &M::arch, known_archs(), "the model architecture"),
+          model.integer("num_layers", &M::num_layers, 1, "transformer blocks"),
+          model.integer("hidden_size", &M::hidden_size, 1,
+                        "residual width; divisible by num_heads (and by parallel.tensor)"),
+          model.integer("num_heads", &M::num_heads, 1, "attention heads"),
+          model.integer("ffn_hidden_size", &M::ffn_hidden_size, 1,
+                        "MLP width; 4 × hidden_size unless given with hidden_size or later"),
+          model.integer("seq_len", &M::seq_len, 1, "tokens per sequence (and learned positions)"),
+          model.integer("vocab_size", &M::vocab_size, 1,
+                        "≥ the data's vocabulary; padded to a multiple of 128·t"),
+          model.boolean("tie_embeddings", &M::tie_embeddings,
+                        "the LM head shares the token embedding"),
+          model.number("dropout", &M::dropout, closed_open(0, 1), "only 0 is implemented")
+              .then([](const Reader& r, const std::string& p, const Config& c) {
+                // The key is part of the documented config, but no layer applies dropout yet;
+                // refusing is better than training without the regularisation asked for.
+                r.require(c.model.dropout == 0, p, "dropout is not implemented; expected 0");
+              }),
+          model.number("init_std", &M::init_std, above(0),
+                       "N(0, init_std) weights; residual output projections ÷ √(2L)"),
+          model.path("init_from", &M::init_from,
+                     "a Hugging Face GPT-2 safetensors file to start from")}},
+        {"parallel",
+         {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
+          parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
+          parallel.optional_integer("data", &P::data, 1,
+                                    "data-parallel size d; null: world size / (t·p)"),
+          parallel.integer("virtual_stages", &P::virtual_stages, 1,
+                           "model chunks per stage (interleaved schedule only)"),
+          parallel.one_of("schedule", &P::schedule,
+                          {"gpipe", "1f1b", "interleaved", "2bw", "zb-h1"},
+                          "the pipeline schedule"),
+          parallel.positive_array("layers_per_stage", &P::layers_per_stage,
+                                  "explicit split: p·v entries summing to model.num_layers"),
+          parallel.boolean("sequence_parallel", &P::sequence_parallel,
+                           "shard LayerNorm/dropout regions along the sequence"),
+          parallel.boolean("distributed_optimizer", &P::distributed_optimizer, "ZeRO-1"),
+          parallel.number("bucket_mb", &P::bucket_mb, above(0),
+                          "gradient bucket size of the data-parallel reduction")}},
+        {"train",
+         {train.integer("micro_batch_size", &T::micro_batch_size, 1, "sequences per micro-batch"),
+          train.integer("global_batch_size", &T::global_batch_size, 1,
+                        "sequences per optimizer step = micro × micro-batches × d"),
+          train.integer("iterations", &T::iterations, 0, "optimizer steps"),
+          train.seed("seed", &T::seed, "the model and the data order depend on it alone"),
+          train.one_of("recompute", &T::recompute, {"none", "selective", "full"},
+                       "activation recomputation"),
+          train.one_of("precision", &T::precision, {"fp32", "bf16"},
+                       "fp32, or bf16 mixed precision"),
+          train.one_of("attention_backend", &T::attention_backend, {"auto", "strata", "cudnn"},
+                       "causal attention kernels: Strata's own, cuDNN's, or the faster that runs"),
+          train.optional_integer("threads", &T::threads, 1,
+                                 "CPU threads per rank; null: OMP_NUM_THREADS, else cores ÷ ranks"),
+          train.integer("eval_interval", &T::eval_interval, 0,
+                        "validation every N steps and at the last (0: never)"),
+          train.integer("eval_iters", &T::eval_iters, 1, "validation batches"),
+          train.boolean("skip_nonfinite", &T::skip_nonfinite,
+                        "skip a step whose loss or gradient is not finite")}},
+        {"optimizer",
+         {optimizer.one_of("name", &O::name, {"adamw"}, "AdamW, decoupled weight decay"),
+          optimizer.number("lr", &O::lr, at_least(0), "peak learning rate"),
+          optimizer.number("min_lr", &O::min_lr, "final learning rate, 0 ≤ min_lr ≤ lr")
+              .then([](const Reader& r, const std::string& p, const Config& c) {
+                const OptimizerConfig& o = c.optimizer;
+                if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
+                  r.fail_latest({p, "optimizer.lr"},
+                                "expected min_lr in [0, lr = " + show(r.at("optimizer.lr")) +
+                                    "], got min_lr " + show(r.at(p)));
+                }
+              }),
+          optimizer.integer("warmup_iters", &O::warmup_iters, 0, "linear warm-up from 0"),
+          optimizer.one_of("decay", &O::decay, {"cosine", "linear", "constant"},
+                           "the shape of the decay to min_lr at decay_iters"),
+          optimizer.optional_integer("decay_iters", &O::decay_iters, 0,
+                                     "where the decay ends; null: train.iterations"),
+          optimizer.number("weight_decay", &O::weight_decay, at_least(0),
+                           "decoupled, on matrices and embeddings only"),
+          optimizer.number("beta1", &O::beta1, closed_open(0, 1), "first-moment decay"),
+          optimizer.number("beta2", &O::beta2, closed_open(0, 1), "second-moment decay"),
+          optimizer.number("eps", &O::eps, above(0), "added to the second moment's root"),
+          optimizer.number("grad_clip", &O::grad_clip, at_least(0),
+                           "global-norm clipping; 0: off")}},
+        {"data",
+         {data.one_of("source", &D::source, {"synthetic", "text", "tokens"},
+                      "synthetic, text (UTF-8 bytes) or tokens (llm.c .bin)"),
+          data.path("path", &D::path, "the file for text / tokens"),
+          data.number("val_fraction", &D::val_fraction, open_interval(0, 1),
+                      "last fraction of the file held out for validation"),
+          section("synthetic")}},
+        {"data.synthetic",
+         {synthetic.integer("vocab_size", &SyntheticDataConfig::vocab_size, 1,
+                            "the Markov chain's vocabulary"),
+          synthetic.integer("order", &SyntheticDataConfig::order, 0, "the Markov chain's order"),
+          synthetic.seed("seed", &SyntheticDataConfig::seed, "the Markov chain's seed")}},
+        {"checkpoint",
+         {checkpoint.path("dir", &K::dir, "where checkpoints are saved; null: nowhere"),
+          checkpoint.integer("interval", &K::interval, 0,
+                             "steps between checkpoints (0: never; > 0 needs dir)"),
+          checkpoint.integer("keep", &K::keep, 1, "checkpoints kept"),
+          checkpoint.keyword_or("resume", &K::resume, {"auto", "none"}, "a checkpoint path",
+                                "auto: the latest in dir; none; or a checkpoint path")}},
+        {"log",
+         {log.integer("interval", &L::interval, 1, "console progress line every N steps"),
+          log.path("metrics", &L::metrics, "JSON Lines file of per-iteration metrics (rank 0)"),
+          log.path("trace", &L::trace, "Chrome trace of the run")}},
+        {"comm",
+         {comm.number("timeout_s", &CommConfig::timeout_s, above(0),
+                      "watchdog deadline of every blocking wait")}},
+    };
+  }();
   return sections;
 }
 
@@ -93,31 +612,29 @@ const Section* find_section(const std::string& path) {
 }
 
 bool has_key(const Section& s, const std::string& key) {
-  return std::find(s.keys.begin(), s.keys.end(), key) != s.keys.end();
-}
-
-std::string join(const std::string& parent, const std::string& key) {
-  return parent.empty() ? key : parent + "." + key;
-}
-
-std::string join_list(const std::vector<std::string>& items, const std::string& sep) {
-  std::string s;
-  for (size_t i = 0; i < items.size(); ++i) s += (i ? sep : "") + items[i];
-  return s;
-}
-
-// A value as the user wrote it, cut short so that one error stays one line.
-std::string show(const json& v) {
-  constexpr size_t kMaxChars = 60;
-  std::string s = v.dump();
-  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars) + "...";
-  return s;
+  return std::any_of(s.keys.begin(), s.keys.end(), [&key](const Key& k) { return k.name == key; });
 }
 
 std::string unknown_key_message(const Section& s) {
+  std::vector<std::string> names;
+  for (const Key& k : s.keys) names.push_back(k.name);
   return "unknown key (known " +
          (s.path.empty() ? std::string("top-level keys") : "keys of " + s.path) + ": " +
-         join_list(s.keys, ", ") + ")";
+         join_list(names, ", ") + ")";
+}
+
+// Calls f(path, key) for every leaf of the section at `path` and of its nested sections, in
+// table order.
+void for_each_leaf(const std::string& path,
+                   const std::function<void(const std::string&, const Key&)>& f) {
+  for (const Key& k : find_section(path)->keys) {
+    const std::string sub = join(path, k.name);
+    if (k.is_section()) {
+      for_each_leaf(sub, f);
+    } else {
+      f(sub, k);
+    }
+  }
 }
 
 // Checks `j` against the section `schema_path`: an object, known keys only, nested sections
@@ -233,24 +750,6 @@ bool valid_preset_name(const std::string& name) {
   });
 }
 
-// An integer-valued JSON number; 3.0 counts, 3.5 does not. Values beyond int64 saturate, which
-// every caller then refuses as out of range.
-std::optional<int64_t> as_int64(const json& v) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    return u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
-  }
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || std::floor(d) != d) return std::nullopt;
-    if (d >= 9.2e18) return INT64_MAX;
-    if (d <= -9.2e18) return INT64_MIN;
-    return static_cast<int64_t>(d);
-  }
-  return std::nullopt;
-}
-
 void merge_into(json& dst, const json& src, const std::string& path, const Origin& origin,
                 Origins& origins) {
   for (const auto& [key, value] : src.items()) {
@@ -319,343 +818,29 @@ void derive_ffn(json& merged, Origins& origins) {
   origins["model.ffn_hidden_size"] = origins.at("model.hidden_size");
 }
 
-json nullable(const std::optional<std::string>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-json nullable(const std::optional<int>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-
 json to_json(const Config& c) {
-  const ModelConfig& m = c.model;
-  const ParallelConfig& p = c.parallel;
-  const TrainConfig& t = c.train;
-  const OptimizerConfig& o = c.optimizer;
-  const DataConfig& d = c.data;
   json j = json::object();
-  j["model"] = {{"preset", m.preset.empty() ? json(nullptr) : json(m.preset)},
-                {"arch", m.arch},
-                {"num_layers", m.num_layers},
-                {"hidden_size", m.hidden_size},
-                {"num_heads", m.num_heads},
-                {"ffn_hidden_size", m.ffn_hidden_size},
-                {"seq_len", m.seq_len},
-                {"vocab_size", m.vocab_size},
-                {"tie_embeddings", m.tie_embeddings},
-                {"dropout", m.dropout},
-                {"init_std", m.init_std},
-                {"init_from", nullable(m.init_from)}};
-  j["parallel"] = {
-      {"tensor", p.tensor},
-      {"pipeline", p.pipeline},
-      {"data", nullable(p.data)},
-      {"virtual_stages", p.virtual_stages},
-      {"schedule", p.schedule},
-      {"layers_per_stage", p.layers_per_stage ? json(*p.layers_per_stage) : json(nullptr)},
-      {"sequence_parallel", p.sequence_parallel},
-      {"distributed_optimizer", p.distributed_optimizer},
-      {"bucket_mb", p.bucket_mb}};
-  j["train"] = {{"micro_batch_size", t.micro_batch_size},
-                {"global_batch_size", t.global_batch_size},
-                {"iterations", t.iterations},
-                {"seed", t.seed},
-                {"recompute", t.recompute},
-                {"precision", t.precision},
-                {"attention_backend", t.attention_backend},
-                {"threads", nullable(t.threads)},
-                {"eval_interval", t.eval_interval},
-                {"eval_iters", t.eval_iters},
-                {"skip_nonfinite", t.skip_nonfinite}};
-  j["optimizer"] = {{"name", o.name},
-                    {"lr", o.lr},
-                    {"min_lr", o.min_lr},
-                    {"warmup_iters", o.warmup_iters},
-                    {"decay", o.decay},
-                    {"decay_iters", nullable(o.decay_iters)},
-                    {"weight_decay", o.weight_decay},
-                    {"beta1", o.beta1},
-                    {"beta2", o.beta2},
-                    {"eps", o.eps},
-                    {"grad_clip", o.grad_clip}};
-  j["data"] = {{"source", d.source},
-               {"path", nullable(d.path)},
-               {"val_fraction", d.val_fraction},
-               {"synthetic",
-                {{"vocab_size", d.synthetic.vocab_size},
-                 {"order", d.synthetic.order},
-                 {"seed", d.synthetic.seed}}}};
-  j["checkpoint"] = {{"dir", nullable(c.checkpoint.dir)},
-                     {"interval", c.checkpoint.interval},
-                     {"keep", c.checkpoint.keep},
-                     {"resume", c.checkpoint.resume}};
-  j["log"] = {{"interval", c.log.interval},
-              {"metrics", nullable(c.log.metrics)},
-              {"trace", nullable(c.log.trace)}};
-  j["comm"] = {{"timeout_s", c.comm.timeout_s}};
-  j["device"] = c.device;
+  for_each_leaf("",
+                [&](const std::string& path, const Key& k) { j[json_path(path)] = k.write(c); });
   return j;
 }
 
+// Config's member initialisers, and the few keys whose defaults layer says otherwise.
 json default_json() {
-  Config defaults;
-  defaults.model.preset = kDefaultPreset;
-  return to_json(defaults);
+  json j = to_json(Config{});
+  for_each_leaf("", [&j](const std::string& path, const Key& k) {
+    if (k.layer_default) j[json_path(path)] = *k.layer_default;
+  });
+  return j;
 }
 
-// Typed, range-checked reads from the merged JSON. Every error names the source that set the
-// value (its file and the path as that file spells it).
-class Reader {
- public:
-  Reader(const json& root, const Origins& origins, std::string fallback_file)
-      : root_(root), origins_(origins), fallback_file_(std::move(fallback_file)) {}
-
-  // Every path exists: the merge starts from the defaults, which hold every key.
-  const json& at(const std::string& path) const {
-    const json* v = &root_;
-    for (size_t start = 0;;) {
-      const size_t dot = path.find('.', start);
-      v = &v->at(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-      if (dot == std::string::npos) return *v;
-      start = dot + 1;
-    }
-  }
-
-  Origin origin(const std::string& path) const {
-    const auto it = origins_.find(path);
-    return it == origins_.end() ? Origin{fallback_file_, kLayerDefaults, ""} : it->second;
-  }
-
-  [[noreturn]] void fail(const std::string& path, const std::string& expected) const {
-    fail_in(origin(path).file, path, expected);
-  }
-
-  // Names `path` in `file`; the path is spelled as `file` spells it when `file` set it.
-  [[noreturn]] void fail_in(const std::string& file, const std::string& path,
-                            const std::string& expected) const {
-    const Origin o = origin(path);
-    std::string where = path;
-    if (o.file == file && !o.strip.empty() && where.rfind(o.strip, 0) == 0) {
-      where = where.substr(o.strip.size());
-    }
-    throw InputError(file, where, expected);
-  }
-
-  // A consistency error among several keys: reported at the key set by the latest layer,
-  // since that is the one the user most likely just changed (first listed on ties).
-  [[noreturn]] void fail_latest(std::initializer_list<std::string> paths,
-                                const std::string& expected) const {
-    const std::string* latest = paths.begin();
-    for (const std::string& p : paths) {
-      if (origin(p).layer > origin(*latest).layer) latest = &p;
-    }
-    fail(*latest, expected);
-  }
-
-  // The file of whichever of `paths` was set last.
-  std::string latest_file(std::initializer_list<std::string> paths) const {
-    Origin best = origin(*paths.begin());
-    for (const std::string& p : paths) {
-      if (origin(p).layer > best.layer) best = origin(p);
-    }
-    return best.file;
-  }
-
-  void require(bool ok, const std::string& path, const std::string& expected) const {
-    if (!ok) fail(path, expected + ", got " + show(at(path)));
-  }
-
-  int integer(const std::string& path, int64_t min) const {
-    return *integer_impl(path, min, /*nullable=*/false);
-  }
-  std::optional<int> optional_integer(const std::string& path, int64_t min) const {
-    return integer_impl(path, min, /*nullable=*/true);
-  }
-
-  uint64_t seed(const std::string& path) const {
-    const json& v = at(path);
-    if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      // 2^64 is exactly representable; anything below it that is integral fits in uint64.
-      if (std::isfinite(d) && std::floor(d) == d && d >= 0 && d < 18446744073709551616.0) {
-        return static_cast<uint64_t>(d);
-      }
-    }
-    fail(path, "expected a non-negative integer, got " + show(v));
-  }
-
-  double number(const std::string& path) const {
-    const json& v = at(path);
-    if (!v.is_number()) fail(path, "expected a number, got " + show(v));
-    return v.get<double>();
-  }
-
-  bool boolean(const std::string& path) const {
-    const json& v = at(path);
-    if (!v.is_boolean()) fail(path, "expected a boolean, got " + show(v));
-    return v.get<bool>();
-  }
-
-  // Optional strings are all file paths here; "" would only fail later, far from the config.
-  std::optional<std::string> optional_string(const std::string& path) const {
-    const json& v = at(path);
-    if (v.is_null()) return std::nullopt;
-    if (!v.is_string()) fail(path, "expected a string or null, got " + show(v));
-    if (v.get<std::string>().empty()) fail(path, "expected a non-empty string or null, got \"\"");
-    return v.get<std::string>();
-  }
-
-  std::string one_of(const std::string& path, const std::vector<std::string>& options) const {
-    const json& v = at(path);
-    if (v.is_string() &&
-        std::find(options.begin(), options.end(), v.get<std::string>()) != options.end()) {
-      return v.get<std::string>();
-    }
-    std::vector<std::string> quoted;
-    for (const std::string& o : options) quoted.push_back("\"" + o + "\"");
-    fail(path, "expected one of " + join_list(quoted, ", ") + ", got " + show(v));
-  }
-
-  std::optional<std::vector<int>> optional_positive_array(const std::string& path) const {
-    const json& v = at(path);
-    if (v.is_null()) return std::nullopt;
-    const std::string expected = "expected an array of positive integers or null, got " + show(v);
-    if (!v.is_array()) fail(path, expected);
-    std::vector<int> out;
-    for (size_t i = 0; i < v.size(); ++i) {
-      const std::optional<int64_t> n = as_int64(v[i]);
-      if (!n || *n < 1 || *n > INT_MAX) {
-        fail(path, expected + " (entry " + std::to_string(i) + " is " + show(v[i]) + ")");
-      }
-      out.push_back(static_cast<int>(*n));
-    }
-    return out;
-  }
-
- private:
-  std::optional<int> integer_impl(const std::string& path, int64_t min, bool nullable) const {
-    const json& v = at(path);
-    if (nullable && v.is_null()) return std::nullopt;
-    const std::string or_null = nullable ? " or null" : "";
-    const std::optional<int64_t> n = as_int64(v);
-    if (!n) fail(path, "expected an integer" + or_null + ", got " + show(v));
-    if (*n < min) {
-      const std::string what = min == 1   ? "a positive integer"
-                               : min == 0 ? "a non-negative integer"
-                                          : "an integer >= " + std::to_string(min);
-      fail(path, "expected " + what + or_null + ", got " + show(v));
-    }
-    if (*n > INT_MAX) {
-      fail(path, "expected an integer at most " + std::to_string(INT_MAX) + ", got " + show(v));
-    }
-    return static_cast<int>(*n);
-  }
-
-  const json& root_;
-  const Origins& origins_;
-  std::string fallback_file_;
-};
-
+// Every key, in table order, with the checks of its kind and its own rule.
 Config read_config(const Reader& r) {
   Config c;
-
-  ModelConfig& m = c.model;
-  m.preset = r.optional_string("model.preset").value_or("");
-  m.arch = r.one_of("model.arch", {"gpt"});
-  m.num_layers = r.integer("model.num_layers", 1);
-  m.hidden_size = r.integer("model.hidden_size", 1);
-  m.num_heads = r.integer("model.num_heads", 1);
-  m.ffn_hidden_size = r.integer("model.ffn_hidden_size", 1);
-  m.seq_len = r.integer("model.seq_len", 1);
-  m.vocab_size = r.integer("model.vocab_size", 1);
-  m.tie_embeddings = r.boolean("model.tie_embeddings");
-  m.dropout = r.number("model.dropout");
-  r.require(m.dropout >= 0 && m.dropout < 1, "model.dropout", "expected a number in [0, 1)");
-  // The key is part of the documented config, but no layer applies dropout yet; refusing is
-  // better than training without the regularisation the user asked for.
-  r.require(m.dropout == 0, "model.dropout", "dropout is not implemented; expected 0");
-  m.init_std = r.number("model.init_std");
-  r.require(m.init_std > 0, "model.init_std", "expected a number > 0");
-  m.init_from = r.optional_string("model.init_from");
-
-  ParallelConfig& p = c.parallel;
-  p.tensor = r.integer("parallel.tensor", 1);
-  p.pipeline = r.integer("parallel.pipeline", 1);
-  p.data = r.optional_integer("parallel.data", 1);
-  p.virtual_stages = r.integer("parallel.virtual_stages", 1);
-  p.schedule = r.one_of("parallel.schedule", {"gpipe", "1f1b", "interleaved", "2bw", "zb-h1"});
-  p.layers_per_stage = r.optional_positive_array("parallel.layers_per_stage");
-  p.sequence_parallel = r.boolean("parallel.sequence_parallel");
-  p.distributed_optimizer = r.boolean("parallel.distributed_optimizer");
-  p.bucket_mb = r.number("parallel.bucket_mb");
-  r.require(p.bucket_mb > 0, "parallel.bucket_mb", "expected a number > 0");
-
-  TrainConfig& t = c.train;
-  t.micro_batch_size = r.integer("train.micro_batch_size", 1);
-  t.global_batch_size = r.integer("train.global_batch_size", 1);
-  t.iterations = r.integer("train.iterations", 0);
-  t.seed = r.seed("train.seed");
-  t.recompute = r.one_of("train.recompute", {"none", "selective", "full"});
-  t.precision = r.one_of("train.precision", {"fp32", "bf16"});
-  t.attention_backend = r.one_of("train.attention_backend", {"auto", "strata", "cudnn"});
-  t.threads = r.optional_integer("train.threads", 1);
-  t.eval_interval = r.integer("train.eval_interval", 0);
-  t.eval_iters = r.integer("train.eval_iters", 1);
-  t.skip_nonfinite = r.boolean("train.skip_nonfinite");
-
-  OptimizerConfig& o = c.optimizer;
-  o.name = r.one_of("optimizer.name", {"adamw"});
-  o.lr = r.number("optimizer.lr");
-  r.require(o.lr >= 0, "optimizer.lr", "expected a number >= 0");
-  o.min_lr = r.number("optimizer.min_lr");
-  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
-    r.fail_latest({"optimizer.min_lr", "optimizer.lr"},
-                  "expected min_lr in [0, lr = " + show(r.at("optimizer.lr")) + "], got min_lr " +
-                      show(r.at("optimizer.min_lr")));
-  }
-  o.warmup_iters = r.integer("optimizer.warmup_iters", 0);
-  o.decay = r.one_of("optimizer.decay", {"cosine", "linear", "constant"});
-  o.decay_iters = r.optional_integer("optimizer.decay_iters", 0);
-  o.weight_decay = r.number("optimizer.weight_decay");
-  r.require(o.weight_decay >= 0, "optimizer.weight_decay", "expected a number >= 0");
-  o.beta1 = r.number("optimizer.beta1");
-  r.require(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1", "expected a number in [0, 1)");
-  o.beta2 = r.number("optimizer.beta2");
-  r.require(o.beta2 >= 0 && o.beta2 < 1, "optimizer.beta2", "expected a number in [0, 1)");
-  o.eps = r.number("optimizer.eps");
-  r.require(o.eps > 0, "optimizer.eps", "expected a number > 0");
-  o.grad_clip = r.number("optimizer.grad_clip");
-  r.require(o.grad_clip >= 0, "optimizer.grad_clip", "expected a number >= 0");
-
-  DataConfig& d = c.data;
-  d.source = r.one_of("data.source", {"synthetic", "text", "tokens"});
-  d.path = r.optional_string("data.path");
-  d.val_fraction = r.number("data.val_fraction");
-  r.require(d.val_fraction > 0 && d.val_fraction < 1, "data.val_fraction",
-            "expected a number in (0, 1)");
-  d.synthetic.vocab_size = r.integer("data.synthetic.vocab_size", 1);
-  d.synthetic.order = r.integer("data.synthetic.order", 0);
-  d.synthetic.seed = r.seed("data.synthetic.seed");
-
-  CheckpointConfig& k = c.checkpoint;
-  k.dir = r.optional_string("checkpoint.dir");
-  k.interval = r.integer("checkpoint.interval", 0);
-  k.keep = r.integer("checkpoint.keep", 1);
-  const json& resume = r.at("checkpoint.resume");
-  if (!resume.is_string() || resume.get<std::string>().empty()) {
-    r.fail("checkpoint.resume",
-           "expected \"auto\", \"none\" or a checkpoint path, got " + show(resume));
-  }
-  k.resume = resume.get<std::string>();
-
-  c.log.interval = r.integer("log.interval", 1);
-  c.log.metrics = r.optional_string("log.metrics");
-  c.log.trace = r.optional_string("log.trace");
-
-  c.comm.timeout_s = r.number("comm.timeout_s");
-  r.require(c.comm.timeout_s > 0, "comm.timeout_s", "expected a number > 0");
-
-  c.device = r.one_of("device", {"auto", "cpu", "cuda"});
+  for_each_leaf("", [&r, &c](const std::string& path, const Key& k) {
+    k.read(r, path, c);
+    if (k.check) k.check(r, path, c);
+  });
   return c;
 }
 
@@ -894,6 +1079,15 @@ void validate_for_world(const Config& c, int world_size) {
                          " is not divisible by micro_batch_size " + to_string(t.micro_batch_size) +
                          " × data-parallel size " + to_string(d) + " = " + to_string(per_step));
   }
+}
+
+std::vector<ConfigKey> config_keys() {
+  const json defaults = default_json();
+  std::vector<ConfigKey> keys;
+  for_each_leaf("", [&](const std::string& path, const Key& k) {
+    keys.push_back({path, defaults[json_path(path)].dump(), k.meaning});
+  });
+  return keys;
 }
 
 int data_parallel_size(const Config& c, int world_size) {

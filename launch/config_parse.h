@@ -35,6 +35,18 @@ nlohmann::json load_model_preset(const std::string& name, const std::string& fil
 // InputError naming both numbers. Called once the world size is known.
 void validate_for_world(const Config& c, int world_size);
 
+// One key of the config as the parser's tables hold it: its JSON path ("data.synthetic.order"),
+// its default in the defaults layer as JSON text (what a config that omits the key gets, before
+// any preset: model.preset is "\"gpt2-124m\""), and its meaning in one line.
+struct ConfigKey {
+  std::string path;
+  std::string default_json;
+  std::string meaning;
+};
+
+// Every leaf key, in DESIGN.md's order; docs/config.md is checked against this list.
+std::vector<ConfigKey> config_keys();
+
 // Derived sizes.
 int data_parallel_size(const Config& c, int world_size);
 int microbatches_per_pipeline(const Config& c, int world_size);  // global / (micro * d)
