@@ -37,7 +37,7 @@ const char* kUsage =
     "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
     "  profile   time each layer on this machine for the planner (strata profile --help)\n"
-    "  export    write a checkpoint as a Hugging Face GPT-2 safetensors file (strata export --help)\n"
+    "  export    write a checkpoint as a Hugging Face safetensors file (strata export --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <set>
 
+#include "launch/config_parse.h"
 #include "launch/train/model_state.h"
 #include "models/registry.h"
 #include "runtime/checkpoint.h"
@@ -24,16 +25,13 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     throw InputError(path, "", "a complete checkpoint: " + why);
   }
   const LoadedCheckpoint c = read_checkpoint(path);
-  const nlohmann::json& m = c.run_state.at("model");
-  ModelConfig mc;
-  mc.arch = m.value("arch", std::string("gpt"));
-  mc.num_layers = m.at("num_layers").get<int>();
-  mc.hidden_size = m.at("hidden_size").get<int>();
-  mc.num_heads = m.at("num_heads").get<int>();
-  mc.ffn_hidden_size = m.at("ffn_hidden_size").get<int>();
-  mc.seq_len = m.at("seq_len").get<int>();
-  mc.vocab_size = m.at("vocab_size").get<int>();
-  mc.tie_embeddings = m.at("tie_embeddings").get<bool>();
+  // The model keys the checkpoint recorded (model_shape_json: the architecture and the keys
+  // that fix parameter shapes), read as a config's model section. The data section only matters
+  // to training: the smallest synthetic vocabulary keeps its check out of the way.
+  const ModelConfig mc = config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
+                                          path + "/run_state.json",
+                                          {"data.synthetic.vocab_size=1"})
+                             .model;
   const FullTensors hf =
       architecture(mc.arch).hf.to_hf(mc, assemble_full(c.shards, "param", {}, path));
   StFile f;
@@ -50,7 +48,8 @@ int cmd_export(const std::vector<std::string>& args) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: strata export --checkpoint DIR --out model.safetensors\n"
-          "  Writes the checkpoint's model with Hugging Face GPT2LMHeadModel names and layouts.\n"
+          "  Writes the checkpoint's model with its Hugging Face class's names and layouts\n"
+          "  (GPT: GPT2LMHeadModel).\n"
           "  DIR: a checkpoint (iter_<N>) or a checkpoint.dir (its newest valid checkpoint).\n");
       return 0;
     }

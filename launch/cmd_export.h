@@ -3,10 +3,10 @@
 //   strata export --checkpoint DIR --out model.safetensors
 //
 // DIR is a checkpoint (…/iter_<N>) or a checkpoint.dir, whose newest valid checkpoint is used.
-// The file holds GPT2LMHeadModel's tensor names and layouts (launch/model_state.h to_hf_gpt2):
-// transformer.wte.weight (V, C) without vocabulary padding, Conv1D weights as (in, out), and
-// lm_head.weight equal to wte when the embeddings are tied, as transformers saves it. Any layout
-// the checkpoint was saved under gives the same file. model.init_from reads it back.
+// The file holds the tensor names and layouts of the architecture's Hugging Face class (its
+// adapter in models/registry.h; GPT: GPT2LMHeadModel, vocabulary without padding, Conv1D
+// weights as (in, out), the head equal to the embedding when tied, as transformers saves it).
+// Any layout the checkpoint was saved under gives the same file. model.init_from reads it back.
 //
 // Thread-safety: one call at a time.
 #pragma once

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/registry.h"
 #include "runtime/error.h"
 
 namespace strata {
@@ -48,12 +49,6 @@ const char kDefaultsFile[] = "<defaults>";
 // DESIGN.md's default model. The built-in model defaults are its sizes, so the preset is only
 // read from disk when a config names one: a defaults-only run needs no files.
 const char kDefaultPreset[] = "gpt2-124m";
-
-// The architectures model.arch accepts. The models registry (models/) will supply this list once
-// it exists; until then GPT is the one architecture built.
-std::vector<std::string> known_archs() {
-  return {"gpt"};
-}
 
 // Layers, lowest first. A leaf's layer decides whether ffn_hidden_size is derived from
 // hidden_size and which source a consistency error blames.
@@ -491,7 +486,7 @@ const std::vector<Section>& schema() {
               .optional_name("preset", &M::preset,
                              "a file of configs/models/ under the explicit keys")
               .defaults_to(kDefaultPreset),
-          model.one_of("arch", &M::arch, known_archs(), "the model architecture"),
+          model.one_of("arch", &M::arch, architecture_names(), "the model architecture"),
           model.integer("num_layers", &M::num_layers, 1, "transformer blocks"),
           model.integer("hidden_size", &M::hidden_size, 1,
                         "residual width; divisible by num_heads (and by parallel.tensor)"),
@@ -1069,6 +1064,8 @@ void validate_for_world(const Config& c, int world_size) {
                      "sequence_parallel needs seq_len divisible by tensor: seq_len " +
                          to_string(m.seq_len) + by_tensor);
   }
+  // What the architecture adds (its own keys, its own splits).
+  architecture(m.arch).validate(m, p.tensor, file);
 
   const TrainConfig& t = c.train;
   const int64_t d = data_parallel_size(c, world_size);

@@ -97,7 +97,7 @@ struct LayerTimes {
   double layer_fwd = 0, layer_bwd = 0;        // one transformer layer (recompute included)
   double layer_bwd_input = 0, layer_bwd_weight = 0;  // zero-bubble split of layer_bwd
   double emb_fwd = 0, emb_bwd = 0;            // the embedding (first piece)
-  double head_fwd = 0, head_bwd = 0;          // ln_f, head, loss (last piece)
+  double head_fwd = 0, head_bwd = 0;          // final norm, head, loss (last piece)
   double tp_exposed_per_layer = 0;            // of layer_fwd + layer_bwd: TP not hidden
   double p2p = 0;                             // one activation transfer between stages
 };

@@ -7,6 +7,7 @@
 #   mpi_watchdog             a deliberately missing send: the job must abort with the watchdog
 #                            line within timeout + 5 s
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
+#   mpi_layout_np4           --dry-run, the planner and training use one layer split
 #   mpi_nccl_np{1,2}         (CUDA builds) the NCCL backend; skips visibly without devices
 #   mpi_watchdog_nccl        (CUDA builds) mpi_watchdog on the NCCL backend: the NCCL watchdog
 #                            thread must fire; skips without a device per rank
@@ -109,3 +110,7 @@ set_tests_properties(mpi_checkpoint_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_
 # The planner's per-stage memory prediction against the allocator under several layouts (issue 6).
 strata_mpi_executable(mpi_test_memory)
 strata_mpi_test(mpi_test_memory mpi_memory 4)
+
+# One layer split for --dry-run, the planner's prediction and training (the model-interface issue).
+strata_mpi_executable(mpi_test_layout)
+strata_mpi_test(mpi_test_layout mpi_layout 4)

@@ -112,6 +112,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
 
   TrainResult res;
   res.pipeline_rank = groups.pp_rank;
+  res.layers_per_piece = run.split;
+  res.pieces = model->pieces();
   res.loss_floor = data->loss_floor(run.seq_len);
   // The schedule's idle share of the step with equal op times (schedules/simulator.h).
   res.theoretical_bubble = theoretical_bubble_fraction(spec);

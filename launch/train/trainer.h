@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/train/dry_run.h"
+#include "models/model.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
 
@@ -49,6 +50,8 @@ struct TrainResult {
   std::vector<double> step_s;       // [iteration] wall time of the step
   double theoretical_bubble = 0;    // the schedule's, with equal op times
   int pipeline_rank = 0;
+  std::vector<int> layers_per_piece;  // [piece] the split the run used (piece = chunk·p + stage)
+  std::vector<ModelPiece> pieces;     // [chunk] what this rank's model held
 };
 
 // Runs training. Throws InputError for bad input found at start-up.
