@@ -42,7 +42,7 @@
 #include "kernels/cpu/precision.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"
