@@ -80,12 +80,18 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/elem_type.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gelu.h"
+#include "kernels/cuda/gemm_bias.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/precision.h"
 
 namespace kc = strata::kernels::cuda;
 using kc::ElemType;

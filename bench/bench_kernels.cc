@@ -28,7 +28,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/threads.h"
 
 namespace cpu = strata::kernels::cpu;
 

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/gemm.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/optimizer.h"

@@ -2,7 +2,8 @@
 //
 // Models call these methods on Tensors and never know which device runs them; the backend is
 // chosen once, in make_backend() (the one factory: no #ifdef in model or schedule code). Ops
-// mirror kernels/cpu/ops.h: shapes are checked here, then the kernel runs on the raw buffers.
+// mirror the kernels of kernels/cpu (a header per op family): shapes are checked here, then the
+// kernel runs on the raw buffers.
 // Backward ops ACCUMULATE into parameter gradients (so micro-batch gradients sum) and into
 // layernorm_backward's dinp (the residual stream's gradient, which sums over its branches).
 // An input gradient with one producer — matmul's dinp, gelu_backward's, attention_backward's
@@ -148,7 +149,7 @@ class Backend {
   virtual void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout,
                                   const Tensor& tokens, int vocab_start) = 0;
 
-  // ---- vocab-parallel cross-entropy steps (see kernels/cpu/ops.h) ----
+  // ---- vocab-parallel cross-entropy steps (see kernels/cpu/cross_entropy.h) ----
   // logits (N, ld) this shard's columns, `valid` of them real; row stats (N).
   // ce_row_stats: this shard's row max and Σ exp(logit − that max), from one read of the logits
   // on a GPU (an online max and sum). With t > 1 the model reduces the max over the group, then

@@ -7,7 +7,16 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cpu/precision.h"
+#include "kernels/cpu/threads.h"
 #include "runtime/backend.h"
 #include "runtime/backend_checks.h"
 #include "runtime/check.h"

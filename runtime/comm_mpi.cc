@@ -23,7 +23,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/precision.h"
 #include "runtime/abort_hook.h"
 #include "runtime/watchdog.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/precision.h"
 #include "runtime/backend.h"
 #include "runtime/rng.h"
 

@@ -1,4 +1,4 @@
-// test_kernels_grad.cc — the CPU kernels of kernels/cpu/ops.h against references that do not
+// test_kernels_grad.cc — the CPU kernels of kernels/cpu against references that do not
 // share their code path:
 //   * every backward against central finite differences of the DOUBLE forward, on the scalar
 //     objective L = Σ r ⊙ out with r a fixed random tensor (so dout = r);
@@ -31,7 +31,15 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cpu/threads.h"
 
 namespace cpu = strata::kernels::cpu;
 

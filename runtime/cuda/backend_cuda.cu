@@ -13,7 +13,9 @@
 //   train.attention_backend "cudnn", bf16 attention runs on cuDNN's fused flash attention
 //   (kernels/cuda/cudnn_attention.h; same layouts and the same log-sum-exp, so `saved` is the
 //   same); a shape cuDNN refuses is an error naming why, never a silent switch of kernels.
-// - Everything else: the kernels of kernels/cuda/ops.h and optim.h.
+// - Everything else: the kernels of kernels/cuda, one header per op family (layernorm.h,
+//   gelu.h, elementwise.h, gemm_bias.h, embedding.h, cross_entropy.h, precision.h,
+//   seq_permute.h) and optim.h.
 // Native bf16: every kernel reads and writes f32 or bf16 itself (computing in f32) for the type
 // layout the models use — activations and their gradients of one type, weights of one type,
 // statistics and parameter gradients f32. Any other mix (say an f32 output of a bf16 input, or
@@ -43,11 +45,18 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gelu.h"
+#include "kernels/cuda/gemm_bias.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/precision.h"
+#include "kernels/cuda/seq_permute.h"
 #include "runtime/backend.h"
 #include "runtime/backend_checks.h"
 #include "runtime/check.h"

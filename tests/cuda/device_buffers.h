@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/precision.h"
 #include "kernels/cuda/elem_type.h"
 #include "tests/backend_test_util.h"
 

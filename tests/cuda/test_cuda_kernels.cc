@@ -1,5 +1,5 @@
 // The CUDA kernels (kernels/cuda) and the CUDA backend's mixed-precision ops against the CPU
-// reference (kernels/cpu/ops.h, evaluated in f32 on the very values the GPU holds: bf16 inputs
+// reference (kernels/cpu, evaluated in f32 on the very values the GPU holds: bf16 inputs
 // are rounded on the host first, so both sides start from identical numbers). Shapes are chosen
 // not to be multiples of any tile (S = 1, 37, 130, 257; odd N, C, OC; head sizes 32, 64, 128 and
 // in between). Every test skips visibly without a CUDA device.
@@ -32,10 +32,17 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cpu/precision.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"

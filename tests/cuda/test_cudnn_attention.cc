@@ -1,5 +1,5 @@
 // CudnnAttention (kernels/cuda/cudnn_attention.h) against two references computed outside it:
-// the CPU attention of kernels/cpu/ops.h (f32, on the very bf16 values the GPU holds) and the
+// the CPU attention of kernels/cpu/attention.h (f32, on the very bf16 values the GPU holds) and the
 // own flash kernels of kernels/cuda/flash_attention.h. Also the interchangeability the header
 // promises (a forward of one and a backward of the other give the same gradient), that dqkv is
 // overwritten rather than accumulated (as the flash backward's is), and the refusals with their
@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "runtime/comm.h"

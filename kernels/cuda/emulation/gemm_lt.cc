@@ -24,7 +24,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/precision.h"
 #include "kernels/cuda/emulation/device.h"
 
 namespace strata::kernels::cuda {

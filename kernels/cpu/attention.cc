@@ -1,0 +1,147 @@
+// attention.cc — CPU implementation of kernels/cpu/attention.h.
+//
+// One (batch, head) pair per OpenMP iteration, its GEMMs single-threaded: the build links
+// Debian's OpenMP-flavoured OpenBLAS, which runs a GEMM single-threaded when it is called inside
+// an OpenMP parallel region, so every thread runs one small GEMM at once.
+#include "kernels/cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/util.h"
+
+namespace strata::kernels::cpu {
+
+namespace {
+
+// Rows per block of the causal attention GEMMs: a block of query rows [i0, i1) only needs key
+// columns [0, i1), which skips about half the work of the (S, S) products for long sequences
+// while keeping each GEMM large enough for OpenBLAS to run near its peak.
+constexpr int kAttentionBlock = 64;
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int HS) {
+  const int ld = 3 * NH * HS;  // row stride of q, k, v inside qkv
+  const int ldo = NH * HS;     // row stride of one head inside out
+  const T scale = T(1) / std::sqrt(T(HS));
+  // One (b, h) pair per iteration; the GEMMs inside run single-threaded (OpenMP OpenBLAS inside
+  // a parallel region), so all threads work on different heads at once.
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH;
+    const int h = bh % NH;
+    const T* q = qkv + static_cast<size_t>(b) * S * ld + static_cast<size_t>(h) * HS;  // (S, HS)
+    const T* k = q + static_cast<size_t>(NH) * HS;                                     // (S, HS)
+    const T* v = q + 2 * static_cast<size_t>(NH) * HS;                                 // (S, HS)
+    T* a = att + static_cast<size_t>(bh) * S * S;                                      // (S, S)
+    T* o = out + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;       // (S, HS)
+    for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
+      const int i1 = std::min(S, i0 + kAttentionBlock);
+      const int rows = i1 - i0;
+      // scores[i0:i1, 0:i1] = q[i0:i1] · k[0:i1]^T / √HS; later keys are masked anyway.
+      gemm<T>(false, true, rows, i1, HS, scale, q + static_cast<size_t>(i0) * ld, ld, k, ld, T(0),
+              a + static_cast<size_t>(i0) * S, S);
+      for (int i = i0; i < i1; ++i) {
+        T* row = a + static_cast<size_t>(i) * S;  // (S)
+        // Subtracting the row max keeps exp() ≤ 1: no overflow whatever the scores.
+        T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j <= i; ++j) {
+          row[j] = exp_t(row[j] - mx);
+          sum += row[j];
+        }
+        const T inv = T(1) / sum;
+#pragma omp simd
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = i + 1; j < S; ++j) row[j] = T(0);
+      }
+      // out[i0:i1] = att[i0:i1, 0:i1] · v[0:i1]
+      gemm<T>(false, false, rows, HS, i1, T(1), a + static_cast<size_t>(i0) * S, S, v, ld, T(0),
+              o + static_cast<size_t>(i0) * ldo, ldo);
+    }
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,
+                        int S, int NH, int HS) {
+  const int ld = 3 * NH * HS;
+  const int ldo = NH * HS;
+  const T scale = T(1) / std::sqrt(T(HS));
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH;
+    const int h = bh % NH;
+    const size_t head = static_cast<size_t>(b) * S * ld + static_cast<size_t>(h) * HS;
+    const T* q = qkv + head;                             // (S, HS), row stride ld
+    const T* k = q + static_cast<size_t>(NH) * HS;       // (S, HS)
+    const T* v = q + 2 * static_cast<size_t>(NH) * HS;   // (S, HS)
+    T* dq = dqkv + head;                                 // (S, HS)
+    T* dk = dq + static_cast<size_t>(NH) * HS;           // (S, HS)
+    T* dv = dq + 2 * static_cast<size_t>(NH) * HS;       // (S, HS)
+    const T* a = att + static_cast<size_t>(bh) * S * S;  // (S, S)
+    const T* dy = dout + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
+    T* d = scratch + static_cast<size_t>(omp_get_thread_num()) * S * S;  // (S, S): datt, then dpre
+
+    for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
+      const int i1 = std::min(S, i0 + kAttentionBlock);
+      const int rows = i1 - i0;
+      // datt[i0:i1, 0:i1] = dout[i0:i1] · v[0:i1]^T
+      gemm<T>(false, true, rows, i1, HS, T(1), dy + static_cast<size_t>(i0) * ldo, ldo, v, ld, T(0),
+              d + static_cast<size_t>(i0) * S, S);
+      // Softmax backward on the causal part: dpre = att ⊙ (datt − Σ_j att ⊙ datt). The rest of
+      // the row is zeroed because the dk GEMM below reads whole columns of dpre.
+      for (int i = i0; i < i1; ++i) {
+        const T* arow = a + static_cast<size_t>(i) * S;  // (S)
+        T* drow = d + static_cast<size_t>(i) * S;        // (S)
+        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int j = 0; j <= i; ++j) dot += arow[j] * drow[j];
+        for (int j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
+        for (int j = i + 1; j < S; ++j) drow[j] = T(0);
+      }
+      // dq[i0:i1] = dpre[i0:i1, 0:i1] · k[0:i1] / √HS
+      gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
+              dq + static_cast<size_t>(i0) * ld, ld);
+    }
+    // Key/value rows j only receive from query rows i ≥ j (att and dpre are 0 above the
+    // diagonal), so a block of key rows [j0, j1) needs query rows [j0, S) only.
+    for (int j0 = 0; j0 < S; j0 += kAttentionBlock) {
+      const int j1 = std::min(S, j0 + kAttentionBlock);
+      const int rows = j1 - j0;
+      const size_t corner = static_cast<size_t>(j0) * S + j0;  // element (j0, j0) of an (S, S)
+      // dv[j0:j1] = att[j0:S, j0:j1]^T · dout[j0:S]
+      gemm<T>(true, false, rows, HS, S - j0, T(1), a + corner, S,
+              dy + static_cast<size_t>(j0) * ldo, ldo, T(0), dv + static_cast<size_t>(j0) * ld, ld);
+      // dk[j0:j1] = dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
+      gemm<T>(true, false, rows, HS, S - j0, scale, d + corner, S, q + static_cast<size_t>(j0) * ld,
+              ld, T(0), dk + static_cast<size_t>(j0) * ld, ld);
+    }
+  }
+}
+
+size_t attention_scratch_elems(int S) {
+  return static_cast<size_t>(S) * S * static_cast<size_t>(omp_get_max_threads());
+}
+
+// Explicit instantiations: float for training, double for the finite-difference reference.
+
+#define STRATA_INSTANTIATE_CPU_ATTENTION(T)                                 \
+  template void attention_forward<T>(T*, T*, const T*, int, int, int, int); \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, T*, int, int, int, int);
+
+STRATA_INSTANTIATE_CPU_ATTENTION(float)
+STRATA_INSTANTIATE_CPU_ATTENTION(double)
+
+#undef STRATA_INSTANTIATE_CPU_ATTENTION
+
+}  // namespace strata::kernels::cpu

@@ -1,0 +1,32 @@
+// attention.h — CPU causal self-attention core: pure functions on raw row-major buffers.
+//
+// Every function is a template over the scalar type T, instantiated for float (training) and
+// double (the reference that finite-difference tests evaluate). The GEMMs go to OpenBLAS (gemm.h),
+// the softmax loops use OpenMP. attention_backward ASSIGNS dqkv (one producer), so its buffer needs
+// no zeroing and is never read. The CUDA kernels: kernels/cuda/flash_attention.h,
+// flash_attention_tc.h and cudnn_attention.h.
+//
+// Thread-safety: functions touch only their arguments; concurrent calls on disjoint buffers are
+// safe. They use the calling thread's OpenMP team and OpenBLAS's thread count as set by
+// set_num_threads() (threads.h).
+#pragma once
+
+#include <cstddef>
+
+namespace strata::kernels::cpu {
+
+// Causal multi-head self-attention core.
+// qkv (B, S, 3, NH, HS): per position, all heads' queries, then keys, then values (this rank's
+// heads only under tensor parallelism). out (B, S, NH, HS). att (B, NH, S, S): softmax
+// probabilities saved for backward (entries above the diagonal are written as 0).
+// Scores are scaled by 1/√HS.
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int HS);
+// dqkv (B, S, 3, NH, HS) = gradients for q, k, v. scratch: (S, S) per OpenMP thread, i.e.
+// attention_scratch_elems(S) elements, owned by the caller.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,
+                        int S, int NH, int HS);
+size_t attention_scratch_elems(int S);
+
+}  // namespace strata::kernels::cpu
