@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "runtime/comm.h"
 #include "schedules/simulator.h"

@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
 

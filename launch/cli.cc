@@ -10,11 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch/cmd_export.h"
-#include "launch/cmd_plan.h"
-#include "launch/cmd_profile.h"
-#include "launch/cmd_schedule.h"
-#include "launch/config_parse.h"
+#include "launch/commands/export.h"
+#include "launch/commands/plan.h"
+#include "launch/commands/profile.h"
+#include "launch/commands/schedule.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "runtime/abort_hook.h"
 #include "runtime/backend.h"

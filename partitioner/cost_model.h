@@ -64,7 +64,7 @@ struct CostParams {
 //                 "attention_forward_s": ..}]}
 // (attention_forward_s, optional: the attention core's forward alone, what selective
 // recompute runs again in the backward pass; full recompute adds layer_forward_s.)
-// `strata profile` (launch/cmd_profile.h) writes it.
+// `strata profile` (launch/commands/profile.h) writes it.
 struct ProfileEntry {
   int micro_batch_size = 1;
   int tensor = 1;

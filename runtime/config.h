@@ -1,6 +1,6 @@
 // config.h — the training configuration as plain values: every key of ../shared/DESIGN.md.
 //
-// Parsing, presets, overrides and validation live in launch/config_parse.h; the runtime, the
+// Parsing, presets, overrides and validation live in launch/config/config_parse.h; the runtime, the
 // models and the partitioner only read these structs.
 //
 // Thread-safety: plain values.

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "runtime/comm.h"

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "runtime/comm.h"

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch/cmd_plan.h"
-#include "launch/config_parse.h"
+#include "launch/commands/plan.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "partitioner/cluster.h"

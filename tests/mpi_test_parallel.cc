@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
 #include "mpi_test_util.h"

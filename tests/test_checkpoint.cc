@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "launch/cmd_export.h"
-#include "launch/config_parse.h"
+#include "launch/commands/export.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/model_state.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"

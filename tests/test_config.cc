@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "runtime/error.h"
 
 namespace strata {

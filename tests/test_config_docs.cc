@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 
 namespace strata {
 namespace {

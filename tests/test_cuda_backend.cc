@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"

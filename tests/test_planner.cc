@@ -7,8 +7,8 @@
 #include <fstream>
 #include <tuple>
 
-#include "launch/cmd_plan.h"
-#include "launch/config_parse.h"
+#include "launch/commands/plan.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
 #include "models/registry.h"

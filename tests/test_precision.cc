@@ -13,7 +13,7 @@
 #include <limits>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "models/gpt/gpt.h"
 #include "runtime/backend.h"
 #include "runtime/rng.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/cmd_profile.h"
-#include "launch/config_parse.h"
+#include "launch/commands/profile.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "partitioner/cost_model.h"
 #include "runtime/error.h"

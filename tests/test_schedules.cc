@@ -1,5 +1,5 @@
 // test_schedules.cc — the pipeline schedules (schedules/schedule.h), their checker and
-// simulator (schedules/simulator.h) and `strata schedule` (launch/cmd_schedule.h).
+// simulator (schedules/simulator.h) and `strata schedule` (launch/commands/schedule.h).
 //
 // Expected values come from outside the code under test: closed forms of the bubble and of
 // the in-flight activations (Megatron-LM and PipeDream papers, derived in docs/schedules.md),
@@ -10,11 +10,14 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "launch/cmd_schedule.h"
+#include "launch/commands/schedule.h"
 #include "runtime/error.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
@@ -145,6 +148,45 @@ TEST(ModelPieces, InterleavedRing) {
   EXPECT_EQ(prev_piece(0, 0, 4, 2).stage, -1);
   EXPECT_EQ(prev_piece(2, 1, 4, 2).stage, 1);
   EXPECT_EQ(prev_piece(2, 1, 4, 2).chunk, 1);
+}
+
+// Evaluation's forward-only lists: every (micro-batch, chunk) forwarded once per stage, in model
+// order, each receive matched by the previous piece's send; run with sends that never block
+// (the executor's contract) they finish, whatever the stage count, chunks and micro-batches.
+TEST(ScheduleOrder, ForwardOnlyListsRunEveryMicroBatchThroughEveryPiece) {
+  for (int p = 1; p <= 4; ++p)
+    for (int v = 1; v <= 3; ++v)
+      for (int m = 1; m <= 5; ++m) {
+        std::vector<std::vector<Instr>> lists;
+        for (int s = 0; s < p; ++s) lists.push_back(build_forward_only(s, p, v, m));
+        std::set<std::tuple<int, int, int>> sent;  // (stage, mb, chunk) of a forward's output
+        std::vector<size_t> at(static_cast<size_t>(p), 0);
+        std::map<std::pair<int, int>, int> forwards;  // [(stage, chunk)] count
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int s = 0; s < p; ++s) {
+            const std::vector<Instr>& l = lists[static_cast<size_t>(s)];
+            size_t& i = at[static_cast<size_t>(s)];
+            for (; i < l.size(); ++i, progress = true) {
+              const Instr& in = l[i];
+              if (in.op == Op::kRecvActivation) {
+                const PieceRef from = prev_piece(s, in.chunk, p, v);
+                if (!sent.count({from.stage, in.mb, from.chunk})) break;  // waits for its send
+              } else if (in.op == Op::kSendActivation) {
+                sent.insert({s, in.mb, in.chunk});
+              } else {
+                ASSERT_EQ(in.op, Op::kForward) << instr_string(in);
+                ++forwards[{s, in.chunk}];
+              }
+            }
+          }
+        }
+        for (int s = 0; s < p; ++s) {
+          EXPECT_EQ(at[static_cast<size_t>(s)], lists[static_cast<size_t>(s)].size())
+              << "stage " << s << " blocked: p " << p << " v " << v << " m " << m;
+          for (int c = 0; c < v; ++c) EXPECT_EQ((forwards[{s, c}]), m) << s << "." << c;
+        }
+      }
 }
 
 TEST(ScheduleOrder, OneFOneBIsMegatrons) {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
 

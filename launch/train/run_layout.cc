@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "partitioner/layer_split.h"
 #include "runtime/error.h"
 #include "schedules/simulator.h"

@@ -1,11 +1,11 @@
-#include "launch/cmd_export.h"
+#include "launch/commands/export.h"
 
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <set>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/model_state.h"
 #include "models/registry.h"
 #include "runtime/checkpoint.h"

@@ -12,7 +12,7 @@
 // member initialisers), the reads and the resolved JSON all come from those tables; only the
 // checks that combine several keys are code (check_consistency, validate_for_world).
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 
 #include <algorithm>
 #include <cerrno>

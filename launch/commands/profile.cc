@@ -1,4 +1,4 @@
-#include "launch/cmd_profile.h"
+#include "launch/commands/profile.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "launch/args.h"
-#include "launch/cmd_plan.h"
-#include "launch/config_parse.h"
+#include "launch/commands/plan.h"
+#include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/layer_split.h"
 #include "partitioner/planner.h"

@@ -1,4 +1,4 @@
-// cmd_profile.h — `strata profile`: time each piece of the config's model on this machine and
+// commands/profile.h — `strata profile`: time each piece of the config's model on this machine and
 // backend, and write the measured profile the planner reads (`strata plan --profile`).
 //
 //   strata profile --config FILE [--set k=v ...] [--out PROFILE.json] [--repeat N]

@@ -1,4 +1,4 @@
-#include "launch/cmd_schedule.h"
+#include "launch/commands/schedule.h"
 
 #include <cstdio>
 #include <fstream>

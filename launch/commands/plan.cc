@@ -1,4 +1,4 @@
-#include "launch/cmd_plan.h"
+#include "launch/commands/plan.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "launch/args.h"
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/layer_split.h"
 #include "partitioner/cost_model.h"

@@ -1,4 +1,4 @@
-// cmd_schedule.h — `strata schedule`: print a pipeline schedule as a diagram and simulate it.
+// commands/schedule.h — `strata schedule`: print a pipeline schedule as a diagram and simulate it.
 //
 //   strata schedule --schedule S --stages p --microbatches m [--chunks v] [--batches n]
 //                   [--trace OUT.json] [--list] [--help]

@@ -1,4 +1,4 @@
-// cmd_export.h — `strata export`: a checkpoint's model as one Hugging Face safetensors file.
+// commands/export.h — `strata export`: a checkpoint's model as one Hugging Face safetensors file.
 //
 //   strata export --checkpoint DIR --out model.safetensors
 //

@@ -1,4 +1,4 @@
-// cmd_plan.h — `strata plan`: search the parallel layouts of a model on a cluster and print
+// commands/plan.h — `strata plan`: search the parallel layouts of a model on a cluster and print
 // the best plans with their predicted time and memory (partitioner/planner.h).
 //
 //   strata plan --model FILE|PRESET --cluster FILE|PRESET --global-batch-size B [--nodes N]
