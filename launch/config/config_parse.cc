@@ -507,7 +507,7 @@ const std::vector<Section>& schema() {
           model.number("init_std", &M::init_std, above(0),
                        "N(0, init_std) weights; residual output projections ÷ √(2L)"),
           model.path("init_from", &M::init_from,
-                     "a Hugging Face GPT-2 safetensors file to start from")}},
+                     "a Hugging Face safetensors file of the architecture's class to start from")}},
         {"parallel",
          {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
           parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
