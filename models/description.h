@@ -18,10 +18,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/model.h"
 
@@ -42,9 +41,10 @@ struct GemmShape {
 // twice (input and weight gradients: (m, k, n) and (n, k, m)).
 struct PartWork {
   std::vector<GemmShape> gemms;
-  double attention_flops = 0;  // attention core forward FLOPs as the kernels run them (causal: half)
-  double elementwise_fwd = 0;  // elements read + written by the other ops, forward
-  double elementwise_bwd = 0;  // the same, backward
+  double attention_flops =
+      0;  // attention core forward FLOPs as the kernels run them (causal: half)
+  double elementwise_fwd = 0;       // elements read + written by the other ops, forward
+  double elementwise_bwd = 0;       // the same, backward
   double f32_fwd = 0, f32_bwd = 0;  // f32 elements read + written (loss over the logits)
   // Tensor-group collectives of the forward and backward (all-reduce, or all-gather plus
   // reduce-scatter with sequence parallelism): elements of each.
@@ -127,7 +127,6 @@ class ModelDescription {
 // Elements on one rank of piece `piece` of a model cut into `pieces` pieces, holding `layers`
 // layers: the layers, plus the embedding on the first piece, the head on the last, and on the
 // last the copy of a tied embedding when the first piece is another.
-int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces,
-                         int layers);
+int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers);
 
 }  // namespace strata

@@ -73,8 +73,8 @@ using PieceActsPtr = std::unique_ptr<PieceActs>;
 
 // How this rank instantiates the model.
 struct ModelOptions {
-  int tensor = 1;       // tensor-parallel size t
-  int tensor_rank = 0;  // this rank's place in the tensor group
+  int tensor = 1;                        // tensor-parallel size t
+  int tensor_rank = 0;                   // this rank's place in the tensor group
   Communicator* tensor_group = nullptr;  // null when t = 1
   bool sequence_parallel = false;
   // Mixed precision: activations, their gradients and a compute copy of the weights are bf16;

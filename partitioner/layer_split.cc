@@ -22,7 +22,8 @@ std::vector<int> split_layers_dp(const std::vector<double>& cost, int pieces, do
                                  double last_extra) {
   const int L = static_cast<int>(cost.size());
   std::vector<double> pre(static_cast<size_t>(L) + 1, 0.0);
-  for (int i = 0; i < L; ++i) pre[static_cast<size_t>(i) + 1] = pre[static_cast<size_t>(i)] + cost[static_cast<size_t>(i)];
+  for (int i = 0; i < L; ++i)
+    pre[static_cast<size_t>(i) + 1] = pre[static_cast<size_t>(i)] + cost[static_cast<size_t>(i)];
   const double inf = std::numeric_limits<double>::infinity();
   // best[k][n]: the smallest max piece cost covering the first n layers with k pieces.
   std::vector<std::vector<double>> best(static_cast<size_t>(pieces) + 1,
@@ -35,7 +36,8 @@ std::vector<int> split_layers_dp(const std::vector<double>& cost, int pieces, do
       for (int j = k - 1; j < n; ++j) {
         const double prev = best[static_cast<size_t>(k) - 1][static_cast<size_t>(j)];
         if (prev == inf) continue;
-        const double c = std::max(prev, pre[static_cast<size_t>(n)] - pre[static_cast<size_t>(j)] + extra);
+        const double c =
+            std::max(prev, pre[static_cast<size_t>(n)] - pre[static_cast<size_t>(j)] + extra);
         if (c < best[static_cast<size_t>(k)][static_cast<size_t>(n)]) {
           best[static_cast<size_t>(k)][static_cast<size_t>(n)] = c;
           from[static_cast<size_t>(k)][static_cast<size_t>(n)] = j;

@@ -8,11 +8,10 @@
 // Runs on 4 ranks (tensor 1, pipeline 4 or pipeline 2 × virtual 2, or tensor 2 × pipeline 2).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
@@ -67,10 +66,11 @@ TEST(LayerSplit, DryRunPredictionAndTrainingUseTheSameSplit) {
        {"model.preset=gpt2-124m", "model.seq_len=64", "parallel.pipeline=4",
         "train.micro_batch_size=1", "train.global_batch_size=8"},
        {3, 3, 3, 3}},
-      {"10 layers over 4 stages", with({"model.num_layers=10", "parallel.pipeline=4"}),
+      {"10 layers over 4 stages",
+       with({"model.num_layers=10", "parallel.pipeline=4"}),
        {3, 3, 2, 2}},
-      {"explicit uneven", with({"model.num_layers=10", "parallel.pipeline=4",
-                                "parallel.layers_per_stage=[1,4,3,2]"}),
+      {"explicit uneven",
+       with({"model.num_layers=10", "parallel.pipeline=4", "parallel.layers_per_stage=[1,4,3,2]"}),
        {1, 4, 3, 2}},
       {"interleaved, 7 layers over 2 x 2",
        with({"model.num_layers=7", "parallel.pipeline=2", "parallel.virtual_stages=2",
@@ -96,8 +96,7 @@ TEST(LayerSplit, DryRunPredictionAndTrainingUseTheSameSplit) {
     std::ostringstream dry;
     print_dry_run(cfg, ctx, dry);
     const std::vector<int> predicted = predicted_split(planner_prediction(cfg, 4), p, v);
-    tally.add(std::string(k.name) + ": prediction " + text_of(predicted),
-              predicted != k.want);
+    tally.add(std::string(k.name) + ": prediction " + text_of(predicted), predicted != k.want);
     if (world().rank == 0) {
       const std::vector<int> printed = printed_split(dry.str());
       tally.add(std::string(k.name) + ": dry run printed " + text_of(printed), printed != k.want);
@@ -127,4 +126,6 @@ TEST(LayerSplit, DryRunPredictionAndTrainingUseTheSameSplit) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

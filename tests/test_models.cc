@@ -45,8 +45,7 @@ TEST(ModelDescription, GptFlopsAreMegatronsClosedForm) {
     const double model = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
     const double full = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
     EXPECT_NEAR(d->flops_per_iteration(B, Recompute::kNone).model / model, 1.0, 1e-12) << preset;
-    EXPECT_NEAR(d->flops_per_iteration(B, Recompute::kFull).hardware / full, 1.0, 1e-12)
-        << preset;
+    EXPECT_NEAR(d->flops_per_iteration(B, Recompute::kFull).hardware / full, 1.0, 1e-12) << preset;
     // Selective recomputation repeats the attention core's forward: 4·B·s²·h per layer.
     EXPECT_NEAR(d->flops_per_iteration(B, Recompute::kSelective).hardware,
                 model + 4 * B * s * s * h * l, 1e-9 * model)

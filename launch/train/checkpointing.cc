@@ -46,10 +46,16 @@ nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& de
 }
 
 Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
-                             ProcessGroups& groups, Model& model, AdamW& opt,
-                             GradReducer& reducer, Backend& be, bool lead)
-    : run_(run), desc_(desc), groups_(groups), model_(model), opt_(opt), reducer_(reducer),
-      be_(be), lead_(lead) {
+                             ProcessGroups& groups, Model& model, AdamW& opt, GradReducer& reducer,
+                             Backend& be, bool lead)
+    : run_(run),
+      desc_(desc),
+      groups_(groups),
+      model_(model),
+      opt_(opt),
+      reducer_(reducer),
+      be_(be),
+      lead_(lead) {
   const CheckpointConfig& ck = run_.cfg->checkpoint;
   const bool resume_path = ck.resume != "auto" && ck.resume != "none";
   if (run_.two_bw() && (ck.dir || resume_path))
@@ -103,8 +109,8 @@ RunStart Checkpointing::restore() {
     for (const char* k : {"m", "v"}) {
       Tensor& st = std::string(k) == "m" ? opt_.m() : opt_.v();
       std::vector<float> hs(static_cast<size_t>(st.numel()));
-      fill_state(layout, assemble_full(c.shards, k, names, path), reducer_.optimizer_segments(),
-                 hs, path);
+      fill_state(layout, assemble_full(c.shards, k, names, path), reducer_.optimizer_segments(), hs,
+                 path);
       be_.upload(st, hs.data());
     }
     opt_.set_steps_taken(c.run_state.value("optimizer_steps", 0));
@@ -130,9 +136,9 @@ void Checkpointing::save(int it, int nonfinite_in_a_row) {
   be_.download(hp.data(), params.params());
   be_.download(hm.data(), opt_.m());
   be_.download(hv.data(), opt_.v());
-  const RankShard shard = make_rank_shard(params.layout(), hp, hm, hv,
-                                          reducer_.optimizer_segments(), groups_.dp_rank,
-                                          reducer_.sharded());
+  const RankShard shard =
+      make_rank_shard(params.layout(), hp, hm, hv, reducer_.optimizer_segments(), groups_.dp_rank,
+                      reducer_.sharded());
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},
@@ -144,13 +150,18 @@ void Checkpointing::save(int it, int nonfinite_in_a_row) {
       {"nonfinite_in_a_row", nonfinite_in_a_row},
       {"world_size", groups_.host->size()},
       {"model", model_shape_json(cfg.model, desc_)},
-      {"parallel", {{"tensor", run_.tensor}, {"pipeline", run_.pipeline}, {"data", run_.data},
-                    {"virtual_stages", run_.virtual_stages}, {"schedule", cfg.parallel.schedule},
-                    {"sequence_parallel", cfg.parallel.sequence_parallel},
-                    {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
-      {"train", {{"iterations", cfg.train.iterations},
-                 {"micro_batch_size", cfg.train.micro_batch_size},
-                 {"global_batch_size", cfg.train.global_batch_size}}},
+      {"parallel",
+       {{"tensor", run_.tensor},
+        {"pipeline", run_.pipeline},
+        {"data", run_.data},
+        {"virtual_stages", run_.virtual_stages},
+        {"schedule", cfg.parallel.schedule},
+        {"sequence_parallel", cfg.parallel.sequence_parallel},
+        {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
+      {"train",
+       {{"iterations", cfg.train.iterations},
+        {"micro_batch_size", cfg.train.micro_batch_size},
+        {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
   const std::string dir =
       save_checkpoint(*groups_.host, *cfg.checkpoint.dir, it, shard, rs, cfg.checkpoint.keep);

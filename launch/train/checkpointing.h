@@ -7,9 +7,8 @@
 // host group.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "launch/train/run_layout.h"
 #include "models/description.h"

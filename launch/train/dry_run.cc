@@ -53,9 +53,9 @@ void check_fits_in_memory(const RunLayout& run, int64_t device_bytes) {
     throw InputError(cfg.source_file, "model",
                      std::string("a model that fits in ") +
                          (gpu ? "the GPU's memory" : "this machine's memory") +
-                         ": training needs " + format_bytes(need) + " (" +
-                         std::to_string(sharing) + " rank(s) × " + format_bytes(per_rank) +
-                         "), the " + (gpu ? "GPU" : "machine") + " has " + format_bytes(have));
+                         ": training needs " + format_bytes(need) + " (" + std::to_string(sharing) +
+                         " rank(s) × " + format_bytes(per_rank) + "), the " +
+                         (gpu ? "GPU" : "machine") + " has " + format_bytes(have));
   }
 }
 
@@ -84,9 +84,8 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   if (run.pipeline > 1) {
     const ScheduleSpec spec = run.train_spec();
     // The training banner's words, from the same split (partitioner/layer_split.h).
-    os << "pipeline: " << to_string(spec.kind) << ", " << run.accumulation
-       << " micro-batches, " << spec.chunks << " chunk(s) per stage, layers per piece "
-       << split_text(run.split) << "\n";
+    os << "pipeline: " << to_string(spec.kind) << ", " << run.accumulation << " micro-batches, "
+       << spec.chunks << " chunk(s) per stage, layers per piece " << split_text(run.split) << "\n";
   }
   if (run.world->size > 1)
     os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
@@ -98,8 +97,7 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   // The planner's memory model (partitioner/), which follows the schedule's in-flight
   // micro-batches per stage; tests/mpi_test_memory.cc checks it against the allocator.
   os << "predicted memory per rank, by pipeline stage:\n";
-  const char* kinds[] = {"parameters", "gradients", "optimizer", "activations", "buffers",
-                         "total"};
+  const char* kinds[] = {"parameters", "gradients", "optimizer", "activations", "buffers", "total"};
   os << "  stage";
   for (const char* k : kinds) {
     char buf[32];

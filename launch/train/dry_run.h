@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <iosfwd>
-
 #include <nlohmann/json.hpp>
 
 #include "launch/train/run_layout.h"

@@ -32,7 +32,12 @@ std::vector<ParamSpan> param_spans(const ParamStore& params) {
 
 ModelStage::ModelStage(const RunLayout& run, Model& model, Backend& be, const DataSource& data,
                        ProcessGroups& groups, GradReducer& reducer, AdamW& opt)
-    : run_(run), model_(model), be_(be), data_(data), groups_(groups), reducer_(reducer),
+    : run_(run),
+      model_(model),
+      be_(be),
+      data_(data),
+      groups_(groups),
+      reducer_(reducer),
       opt_(opt) {
   versions_[0] = model_.params().params();
 }
@@ -54,7 +59,9 @@ double ModelStage::loss_tokens(int b) const {
   return data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b), 0, run_.global, run_.seq_len);
 }
 
-Shape ModelStage::boundary_shape() const { return model_.boundary_shape(run_.micro, run_.seq_len); }
+Shape ModelStage::boundary_shape() const {
+  return model_.boundary_shape(run_.micro, run_.seq_len);
+}
 
 Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
   use_version_of(mb);
@@ -72,8 +79,8 @@ Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
 
 PieceActsPtr ModelStage::take_acts(int mb, int chunk, const char* what) {
   auto it = acts_.find({mb, chunk});
-  STRATA_CHECK(it != acts_.end(), what << " of micro-batch " << mb << " chunk " << chunk
-                                       << " before its forward");
+  STRATA_CHECK(it != acts_.end(),
+               what << " of micro-batch " << mb << " chunk " << chunk << " before its forward");
   PieceActsPtr acts = std::move(it->second);
   acts_.erase(it);
   return acts;
@@ -122,9 +129,9 @@ void ModelStage::optimizer_step() {
   if (model_.pieces().back().head) {
     // The loss counted the tokens the data said it would (this rank's share of the batch).
     const int per_rank = run_.global / run_.data;
-    const double mine = data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
-                                          static_cast<int64_t>(groups_.dp_rank) * per_rank,
-                                          per_rank, run_.seq_len);
+    const double mine =
+        data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
+                          static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
     const auto it = loss_by_batch_.find(b);
     STRATA_CHECK(it != loss_by_batch_.end() && it->second.count == mine,
                  "the loss counted " << (it == loss_by_batch_.end() ? 0.0 : it->second.count)

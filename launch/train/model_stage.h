@@ -36,12 +36,12 @@ namespace strata {
 
 // What one optimizer step saw, the same on every rank.
 struct StepRecord {
-  int batch = 0;     // 0-based
-  double loss = 0;   // mean over the global batch
-  double norm = 0;   // global gradient norm before clipping
+  int batch = 0;    // 0-based
+  double loss = 0;  // mean over the global batch
+  double norm = 0;  // global gradient norm before clipping
   double lr = 0;
   bool finite = true;
-  double at_s = 0;   // when the step finished, seconds from set_clock()
+  double at_s = 0;  // when the step finished, seconds from set_clock()
 };
 
 // Sum of a double over a group (float on the wire: the figures summed here are losses and
@@ -110,9 +110,9 @@ class ModelStage final : public PipelineStage {
   int steps_in_list_ = 0;  // steps taken in the current instruction list
   Tensor versions_[2];     // 2bw: W(k) in versions_[k % 2]; flushing: versions_[0] only
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-  std::map<int, ModelBatch> batches_;                   // [mb] this batch's data
-  BatchPrefetcher prefetcher_{data_};                   // the next micro-batch's data
-  std::map<std::pair<int, int>, PieceActsPtr> acts_;    // [(mb, chunk)] awaiting backward
+  std::map<int, ModelBatch> batches_;                 // [mb] this batch's data
+  BatchPrefetcher prefetcher_{data_};                 // the next micro-batch's data
+  std::map<std::pair<int, int>, PieceActsPtr> acts_;  // [(mb, chunk)] awaiting backward
 };
 
 }  // namespace strata

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
@@ -12,11 +11,16 @@ namespace strata {
 
 std::string si(double v) {
   char buf[32];
-  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2f T", v / 1e12);
-  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f ", v);
+  if (v >= 1e12)
+    std::snprintf(buf, sizeof buf, "%.2f T", v / 1e12);
+  else if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f ", v);
   return buf;
 }
 
@@ -55,14 +59,18 @@ std::string trace_events_json(const std::vector<std::pair<double, PipelineEvent>
 
 Reporter::Reporter(const RunLayout& run, const ModelDescription& desc, Backend& be, bool lead,
                    int start_iteration, TrainResult& result)
-    : run_(run), be_(be), lead_(lead), res_(result),
+    : run_(run),
+      be_(be),
+      lead_(lead),
+      res_(result),
       flops_(desc.flops_per_iteration(run.global, run.recompute)),
-      model_summary_(desc.summary()), parameters_(desc.parameters()) {
+      model_summary_(desc.summary()),
+      parameters_(desc.parameters()) {
   const Config& cfg = *run_.cfg;
   if (cfg.log.metrics && run_.world->rank == 0) {
     if (start_iteration > 0) keep_metrics_up_to(*cfg.log.metrics, start_iteration);
-    metrics_ = std::make_unique<MetricsWriter>(*cfg.log.metrics, start_iteration > 0,
-                                               cfg.source_file);
+    metrics_ =
+        std::make_unique<MetricsWriter>(*cfg.log.metrics, start_iteration > 0, cfg.source_file);
   }
 }
 
@@ -88,10 +96,10 @@ void Reporter::banner(const DataSource& data, const std::string& comm, const Sch
   if (res_.loss_floor)
     std::printf("  floor    best achievable loss at seq %d: %.4f nats/token (entropy rate %.4f)\n",
                 run_.seq_len, *res_.loss_floor, data.entropy_rate().value_or(0));
-  std::printf("  batch    %d sequences × %d tokens = %d micro-batches of %d × data %d; "
-              "%d iterations\n",
-              run_.global, run_.seq_len, run_.accumulation, run_.micro, run_.data,
-              cfg.train.iterations);
+  std::printf(
+      "  batch    %d sequences × %d tokens = %d micro-batches of %d × data %d; "
+      "%d iterations\n",
+      run_.global, run_.seq_len, run_.accumulation, run_.micro, run_.data, cfg.train.iterations);
   std::fflush(stdout);
 }
 
@@ -121,11 +129,12 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   res_.skipped.push_back(!r.finite);
   if (metrics_) metrics_->write(mt);
   if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss)) {
-    std::printf("iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
-                "%sFLOP/s | mem %s",
-                it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
-                si(mt.tokens_per_s).c_str(), si(flops_.hardware / step_s).c_str(),
-                format_bytes(mt.mem_peak_bytes).c_str());
+    std::printf(
+        "iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
+        "%sFLOP/s | mem %s",
+        it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
+        si(mt.tokens_per_s).c_str(), si(flops_.hardware / step_s).c_str(),
+        format_bytes(mt.mem_peak_bytes).c_str());
     if (run_.pipeline > 1)
       std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
     if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);

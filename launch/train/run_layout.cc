@@ -76,8 +76,8 @@ ModelOptions RunLayout::model_options(int stage, Communicator* tensor_group) con
 
 ScheduleSpec RunLayout::train_spec() const {
   ScheduleSpec spec;
-  spec.kind = pipeline == 1 && schedule == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB
-                                                                       : schedule;
+  spec.kind =
+      pipeline == 1 && schedule == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : schedule;
   spec.stages = pipeline;
   spec.microbatches = accumulation;
   spec.chunks = spec.kind == ScheduleKind::kInterleaved ? virtual_stages : 1;
@@ -85,7 +85,9 @@ ScheduleSpec RunLayout::train_spec() const {
   return spec;
 }
 
-Device RunLayout::tensor_device() const { return backend_device(cfg->device); }
+Device RunLayout::tensor_device() const {
+  return backend_device(cfg->device);
+}
 
 Transport RunLayout::transport(Device d) const {
   const ScheduleSpec spec = train_spec();

@@ -38,11 +38,11 @@ struct RunLayout {
   bool distributed_optimizer = false;
   int threads = 1;  // CPU threads of this rank
 
-  int micro = 0;         // sequences per micro-batch
-  int global = 0;        // sequences per iteration
+  int micro = 0;   // sequences per micro-batch
+  int global = 0;  // sequences per iteration
   int seq_len = 0;
-  int accumulation = 0;  // micro-batches per pipeline per iteration
-  RankCoord coord;       // this rank's (tp, dp, pp)
+  int accumulation = 0;    // micro-batches per pipeline per iteration
+  RankCoord coord;         // this rank's (tp, dp, pp)
   std::vector<int> split;  // [piece] layers, piece = chunk·p + stage
 
   bool two_bw() const { return schedule == ScheduleKind::kTwoBW; }

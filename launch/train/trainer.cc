@@ -181,8 +181,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       const double step_s = seconds_since(t0);
       train_time += step_s;
       report.keep_timeline(exec, reducer, t0);
-      finish_step(stage.records().back(), step_s,
-                  std::max(0.0, 1.0 - exec.compute_s() / step_s));
+      finish_step(stage.records().back(), step_s, std::max(0.0, 1.0 - exec.compute_s() / step_s));
       if (checkpoints.due(it)) checkpoints.save(it, guard.in_a_row());
     }
   }

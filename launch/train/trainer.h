@@ -10,11 +10,10 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "launch/train/dry_run.h"
 #include "models/model.h"
@@ -36,19 +35,19 @@ struct TrainResult {
   std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
   std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)
-  std::vector<bool> skipped;       // [iteration] non-finite step not applied
-  std::optional<double> loss_floor;  // best achievable loss (synthetic data)
-  double tokens_per_s = 0;         // over the whole run, excluding evaluation
+  std::vector<bool> skipped;                       // [iteration] non-finite step not applied
+  std::optional<double> loss_floor;                // best achievable loss (synthetic data)
+  double tokens_per_s = 0;                         // over the whole run, excluding evaluation
   double wall_s = 0;
-  MemStats memory;                 // allocator figures at the end (peaks over the run)
+  MemStats memory;                  // allocator figures at the end (peaks over the run)
   std::vector<float> final_params;  // the flat parameters at the end (this rank's shard)
   // Data-parallel overlap, last iteration: when each bucket's reduction started and when the
   // backward pass ended, in seconds from the start of the last micro-batch's backward.
   std::vector<double> bucket_start_s;
   double backward_end_s = 0;
-  std::vector<double> bubbles;      // [iteration] measured compute-idle fraction of the step
-  std::vector<double> step_s;       // [iteration] wall time of the step
-  double theoretical_bubble = 0;    // the schedule's, with equal op times
+  std::vector<double> bubbles;    // [iteration] measured compute-idle fraction of the step
+  std::vector<double> step_s;     // [iteration] wall time of the step
+  double theoretical_bubble = 0;  // the schedule's, with equal op times
   int pipeline_rank = 0;
   std::vector<int> layers_per_piece;  // [piece] the split the run used (piece = chunk·p + stage)
   std::vector<ModelPiece> pieces;     // [chunk] what this rank's model held

@@ -33,8 +33,8 @@ class GptDescription final : public ModelDescription {
     return "";
   }
   nlohmann::json shape_json() const override {
-    return {{"num_layers", d_.L},       {"hidden_size", d_.C}, {"num_heads", d_.NH},
-            {"ffn_hidden_size", d_.F},  {"seq_len", d_.S},     {"vocab_size", d_.V},
+    return {{"num_layers", d_.L},      {"hidden_size", d_.C}, {"num_heads", d_.NH},
+            {"ffn_hidden_size", d_.F}, {"seq_len", d_.S},     {"vocab_size", d_.V},
             {"tie_embeddings", d_.tie}};
   }
 
@@ -133,9 +133,12 @@ class GptDescription final : public ModelDescription {
     // buffer less than this, which the prediction keeps as margin for when cuBLASLt declines.)
     const double grads = 2 * b * s * f / t + bsh_l + (sp(r) ? b * s * h : 0);
     switch (recompute) {
-      case Recompute::kNone: return {full_block, grads, 0};
-      case Recompute::kSelective: return {full_block - core, grads + core, 0};
-      case Recompute::kFull: return {bsh_l, grads + full_block, 0};
+      case Recompute::kNone:
+        return {full_block, grads, 0};
+      case Recompute::kSelective:
+        return {full_block - core, grads + core, 0};
+      case Recompute::kFull:
+        return {bsh_l, grads + full_block, 0};
     }
     return {full_block, grads, 0};
   }
@@ -168,9 +171,7 @@ class GptDescription final : public ModelDescription {
     const double s = d_.S, t = r.tensor;
     return b * s * d_.C / t + b * d_.NH / t * s;
   }
-  double cpu_attention_scratch_f32_per_thread() const override {
-    return double{1.0} * d_.S * d_.S;
-  }
+  double cpu_attention_scratch_f32_per_thread() const override { return double{1.0} * d_.S * d_.S; }
 
  private:
   struct Counts {

@@ -44,17 +44,17 @@ struct GptModel::Head {
   LayerNorm ln_f;
   ColumnParallelLinear lm_head;  // weight: lm_head.weight, or wte (tied)
   VocabParallelCrossEntropy loss;
-  bool own_weight = false;       // an untied lm_head.weight
+  bool own_weight = false;  // an untied lm_head.weight
 };
 
 struct GptModel::Acts final : PieceActs {
   int piece = 0;
   std::vector<DeferredWeightGrad> deferred;  // zero-bubble W pass, in backward order
   ModelBatch batch;
-  Tensor input;                    // (B, Sl, C) the piece's input: embedding output or received
-  std::vector<Block::Saved> h;     // [layer − first layer of the piece]
-  LayerNorm::Saved lnf;            // (B, Sl, C)
-  Tensor logits;                   // (B·S, Vp/t)
+  Tensor input;                 // (B, Sl, C) the piece's input: embedding output or received
+  std::vector<Block::Saved> h;  // [layer − first layer of the piece]
+  LayerNorm::Saved lnf;         // (B, Sl, C)
+  Tensor logits;                // (B·S, Vp/t)
   VocabParallelCrossEntropy::Saved ce;
 };
 
@@ -70,7 +70,8 @@ ParamLayout GptModel::layout(const GptShape& shape, int tensor, int tensor_rank,
 }
 
 GptModel::GptModel(const GptShape& shape, const ModelOptions& options)
-    : shape_(shape), options_(options),
+    : shape_(shape),
+      options_(options),
       pieces_(options.pieces.empty() ? whole_model(shape.L) : options.pieces),
       declared_(options.tensor, options.tensor_rank) {
   declare(declared_);
@@ -80,14 +81,14 @@ GptModel::GptModel(const GptShape& shape, const ModelOptions& options, Backend& 
     : GptModel(shape, options) {
   const GptShape& d = shape_;
   STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
-  STRATA_CHECK(d.NH % options_.tensor == 0 && d.C % options_.tensor == 0 &&
-                   d.F % options_.tensor == 0,
-               "heads, hidden and ffn must divide by tensor " << options_.tensor);
+  STRATA_CHECK(
+      d.NH % options_.tensor == 0 && d.C % options_.tensor == 0 && d.F % options_.tensor == 0,
+      "heads, hidden and ffn must divide by tensor " << options_.tensor);
   tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                          options_.tensor_rank, options_.sequence_parallel,
                                          activation_dtype());
-  store_ = std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16,
-                                        options_.seed);
+  store_ =
+      std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
   env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype()});
 }
 
@@ -107,7 +108,8 @@ void GptModel::declare(ParamLayout& layout) {
       embedding_ = VocabParallelEmbedding(layout, vocab, d.C, d.init_std, "wte", d.S, "wpe");
       // Split over two stages, the tied table's gradient is final only once summed with the
       // head's copy.
-      if (d.tie && !holds_head) layout.infos()[static_cast<size_t>(embedding_.table.index)].tied = true;
+      if (d.tie && !holds_head)
+        layout.infos()[static_cast<size_t>(embedding_.table.index)].tied = true;
     }
     for (int l = piece.first_layer; l < piece.first_layer + piece.num_layers; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
@@ -174,7 +176,8 @@ PieceActsPtr GptModel::forward_piece(int piece, const Tensor& input, const Model
   a->input = pc.embedding ? embedding_.forward(env, batch.tokens) : input;
   a->h.resize(static_cast<size_t>(pc.num_layers));
   for (int i = 0; i < pc.num_layers; ++i) {
-    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk =
+        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
     block_forward(blk, i > 0 ? a->h[static_cast<size_t>(i - 1)].out : a->input, *a, i, false);
   }
   if (!pc.head) return a;
@@ -237,7 +240,8 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
 
   for (int i = pc.num_layers - 1; i >= 0; --i) {
     const Tensor& x = i > 0 ? a.h[static_cast<size_t>(i - 1)].out : a.input;
-    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk =
+        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
     block_backward(blk, x, a, i, pass, dresid);
   }
 
@@ -252,8 +256,8 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
   return dinput;
 }
 
-void GptModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i,
-                              BackwardPass& pass, Tensor& dresid) const {
+void GptModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
+                              Tensor& dresid) const {
   const LayerEnv& env = *env_;
   Block::Saved& h = a.h[static_cast<size_t>(i)];
   if (options_.recompute == Recompute::kFull) block_forward(blk, x, a, i, true);
@@ -300,7 +304,8 @@ void GptModel::rerun_selective_recompute(const PieceActs& acts) {
   const Acts& a = static_cast<const Acts&>(acts);
   const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
   for (int i = 0; i < pc.num_layers; ++i) {
-    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk =
+        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
     SelfAttention::Saved again;
     again.qkv = a.h[static_cast<size_t>(i)].attn.qkv;
     blk.attn.recompute_core(*env_, again);

@@ -60,8 +60,8 @@ class GptModel final : public Model {
   PieceActsPtr forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
                              LossSum* loss) override;
   const Tensor& piece_output(const PieceActs& acts) const override;
-  Tensor backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
-                        bool last_microbatch, bool defer_weight_grads) override;
+  Tensor backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale, bool last_microbatch,
+                        bool defer_weight_grads) override;
   void backward_weight_piece(PieceActs& acts, bool last_microbatch) override;
   void rerun_selective_recompute(const PieceActs& acts) override;
 

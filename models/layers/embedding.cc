@@ -2,7 +2,9 @@
 
 namespace strata {
 
-int pad_vocab(int vocab, int multiple) { return (vocab + multiple - 1) / multiple * multiple; }
+int pad_vocab(int vocab, int multiple) {
+  return (vocab + multiple - 1) / multiple * multiple;
+}
 
 VocabShard vocab_shard(int vocab, int tp, int tp_rank) {
   VocabShard v;
@@ -13,16 +15,21 @@ VocabShard vocab_shard(int vocab, int tp, int tp_rank) {
   return v;
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabShard& v,
-                                               int64_t C, double std,
-                                               const std::string& table_name, int64_t n_positions,
+VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabShard& v, int64_t C,
+                                               double std, const std::string& table_name,
+                                               int64_t n_positions,
                                                const std::string& positions_name)
     : vocab(v) {
-  table = layout.add(
-      {table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true});
+  table =
+      layout.add({table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true});
   if (n_positions > 0) {
-    positions = layout.add({positions_name, {n_positions, C}, ParamSplit::kReplicated,
-                            ParamInit::kNormal, std, -1, true});
+    positions = layout.add({positions_name,
+                            {n_positions, C},
+                            ParamSplit::kReplicated,
+                            ParamInit::kNormal,
+                            std,
+                            -1,
+                            true});
   }
 }
 
@@ -42,8 +49,7 @@ void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout,
   const Tensor dx0 = env.tp.full_sequence(dout);
   Tensor dtable = env.g(table);
   Tensor dpos = positions.valid() ? env.g(positions) : Tensor();
-  env.be.embedding_backward(dtable, positions.valid() ? &dpos : nullptr, dx0, tokens,
-                            vocab.start);
+  env.be.embedding_backward(dtable, positions.valid() ? &dpos : nullptr, dx0, tokens, vocab.start);
 }
 
 }  // namespace strata

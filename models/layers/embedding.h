@@ -20,10 +20,10 @@ namespace strata {
 
 // A vocabulary of V entries padded to Vp and split over t ranks.
 struct VocabShard {
-  int V = 0;       // real entries
-  int Vp = 0;      // padded to a multiple of 128·t
-  int local = 0;   // Vp / t rows on this rank
-  int start = 0;   // this rank's first row
+  int V = 0;      // real entries
+  int Vp = 0;     // padded to a multiple of 128·t
+  int local = 0;  // Vp / t rows on this rank
+  int start = 0;  // this rank's first row
   // Real (non-padding) entries in this rank's shard.
   int valid() const { return std::clamp(V - start, 0, local); }
 };

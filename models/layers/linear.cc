@@ -20,9 +20,8 @@ void linear_backward(const LayerEnv& env, BackwardPass& pass, Tensor* dinp, Para
   env.be.matmul_backward(dinp, dw, bias.valid() ? &db : nullptr, dout, inp, env.w(weight));
 }
 
-ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::string& name,
-                                           int64_t in, int64_t out, LinearInit init, bool with_bias,
-                                           bool qkv) {
+ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::string& name, int64_t in,
+                                           int64_t out, LinearInit init, bool with_bias, bool qkv) {
   const ParamSplit split = qkv ? ParamSplit::kQkvRows : ParamSplit::kRows;
   weight = layout.add({name + ".weight", {out, in}, split, ParamInit::kNormal, init.std, -1, true});
   if (with_bias) bias = layout.add({name + ".bias", {out}, split, ParamInit::kZeros, 0, -1, false});
@@ -54,7 +53,8 @@ void ColumnParallelLinear::forward_gelu(const LayerEnv& env, const Tensor& x, Te
 
 Tensor ColumnParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, Tensor dout,
                                       const Tensor& x) const {
-  const int64_t B = x.size(0), S = env.tp.sequence_parallel() ? x.size(1) * env.tp.size() : x.size(1);
+  const int64_t B = x.size(0),
+                S = env.tp.sequence_parallel() ? x.size(1) * env.tp.size() : x.size(1);
   Tensor dx_full = env.act({B, S, x.size(2)});  // partial over the group
   linear_backward(env, pass, &dx_full, weight, bias, dout, env.tp.full_sequence(x));
   dout = Tensor();
@@ -104,9 +104,9 @@ void RowParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, Tensor
                   /*dout_changes_later=*/!env.tp.sequence_parallel());
 }
 
-void RowParallelLinear::backward_through_gelu(const LayerEnv& env, BackwardPass& pass,
-                                              Tensor& dpre, const Tensor& dout_full,
-                                              const Tensor& pre, const Tensor& x) const {
+void RowParallelLinear::backward_through_gelu(const LayerEnv& env, BackwardPass& pass, Tensor& dpre,
+                                              const Tensor& dout_full, const Tensor& pre,
+                                              const Tensor& x) const {
   env.be.matmul_backward_input_gelu(dpre, dout_full, env.w(weight), pre);
   backward(env, pass, nullptr, dout_full, x);
 }

@@ -6,11 +6,15 @@ namespace strata {
 
 TensorParallel::TensorParallel(Backend& backend, Communicator* comm, int size, int rank, bool sp,
                                DType act_dtype)
-    : be_(backend), comm_(comm), size_(size), rank_(rank), sp_(sp && size > 1),
+    : be_(backend),
+      comm_(comm),
+      size_(size),
+      rank_(rank),
+      sp_(sp && size > 1),
       act_dtype_(act_dtype) {
-  STRATA_CHECK(size == 1 || (comm && comm->size() == size && comm->rank() == rank),
-               "tensor-parallel group does not match the layout (size " << size << ", rank "
-                                                                       << rank << ")");
+  STRATA_CHECK(
+      size == 1 || (comm && comm->size() == size && comm->rank() == rank),
+      "tensor-parallel group does not match the layout (size " << size << ", rank " << rank << ")");
 }
 
 Tensor TensorParallel::act(const Shape& s) {
@@ -29,8 +33,7 @@ Tensor TensorParallel::gather_sequence(const Tensor& shard) {
   const int t = size_;
   const int64_t B = shard.size(0), Sl = shard.size(1), C = shard.size(2);
   Tensor chunks = act({t, B, Sl, C});
-  comm_->all_gather(shard.data(), chunks.data(), static_cast<size_t>(shard.numel()),
-                    shard.dtype());
+  comm_->all_gather(shard.data(), chunks.data(), static_cast<size_t>(shard.numel()), shard.dtype());
   Tensor full = act({B, Sl * t, C});
   be_.seq_interleave(full, chunks, t);
   return full;
@@ -47,7 +50,9 @@ Tensor TensorParallel::reduce_scatter_sequence(const Tensor& full) {
   return shard;
 }
 
-Tensor TensorParallel::full_sequence(const Tensor& x) { return sp_ ? gather_sequence(x) : x; }
+Tensor TensorParallel::full_sequence(const Tensor& x) {
+  return sp_ ? gather_sequence(x) : x;
+}
 
 Tensor TensorParallel::reduce(Tensor& partial) {
   if (sp_) return reduce_scatter_sequence(partial);

@@ -9,10 +9,14 @@ namespace strata {
 
 const char* to_string(ParamSplit s) {
   switch (s) {
-    case ParamSplit::kReplicated: return "replicated";
-    case ParamSplit::kRows: return "rows";
-    case ParamSplit::kCols: return "cols";
-    case ParamSplit::kQkvRows: return "qkv_rows";
+    case ParamSplit::kReplicated:
+      return "replicated";
+    case ParamSplit::kRows:
+      return "rows";
+    case ParamSplit::kCols:
+      return "cols";
+    case ParamSplit::kQkvRows:
+      return "qkv_rows";
   }
   return "replicated";
 }
@@ -30,8 +34,10 @@ bool parse_param_split(const std::string& s, ParamSplit* out) {
 
 int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
   switch (p.split) {
-    case ParamSplit::kReplicated: return local;
-    case ParamSplit::kRows: return local + tp_rank * p.numel;  // row-major: shard is contiguous
+    case ParamSplit::kReplicated:
+      return local;
+    case ParamSplit::kRows:
+      return local + tp_rank * p.numel;  // row-major: shard is contiguous
     case ParamSplit::kCols: {
       const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
       return (local / cols) * full_cols + tp_rank * cols + local % cols;
@@ -53,12 +59,13 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   p.split = d.split;
   p.shape = d.full_shape;
   if (d.split == ParamSplit::kRows || d.split == ParamSplit::kQkvRows) {
-    STRATA_CHECK(p.shape[0] % tp_ == 0, d.name << ": " << p.shape[0] << " rows over tensor " << tp_);
+    STRATA_CHECK(p.shape[0] % tp_ == 0,
+                 d.name << ": " << p.shape[0] << " rows over tensor " << tp_);
     p.shape[0] /= tp_;
   }
   if (d.split == ParamSplit::kCols) {
-    STRATA_CHECK(p.shape[1] % tp_ == 0, d.name << ": " << p.shape[1] << " columns over tensor "
-                                               << tp_);
+    STRATA_CHECK(p.shape[1] % tp_ == 0,
+                 d.name << ": " << p.shape[1] << " columns over tensor " << tp_);
     p.shape[1] /= tp_;
   }
   p.numel = shape_numel(p.shape);
@@ -117,8 +124,11 @@ void ParamStore::init(uint64_t seed) {
   for (const ParamInfo& p : infos()) {
     float* dst = host.data() + p.offset;
     switch (p.init) {
-      case ParamInit::kZeros: break;
-      case ParamInit::kOnes: std::fill(dst, dst + p.numel, 1.0f); break;
+      case ParamInit::kZeros:
+        break;
+      case ParamInit::kOnes:
+        std::fill(dst, dst + p.numel, 1.0f);
+        break;
       case ParamInit::kNormal: {
         const uint64_t key = mix64(seed ^ hash_name(p.name));
         const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
@@ -135,12 +145,14 @@ void ParamStore::init(uint64_t seed) {
   params_changed();
 }
 
-void ParamStore::zero_grads() { be_.zero(grads_); }
+void ParamStore::zero_grads() {
+  be_.zero(grads_);
+}
 
 void ParamStore::use_params(const Tensor& p) {
   STRATA_CHECK(p.numel() == params_.numel(), "parameter buffer of " << p.numel()
-                                                 << " elements for a model of "
-                                                 << params_.numel());
+                                                                    << " elements for a model of "
+                                                                    << params_.numel());
   // 2bw switches versions per micro-batch: re-round the bf16 copy only on a real switch (a
   // version is written only while no micro-batch computes with it).
   if (p.data() == params_.data()) return;

@@ -4,8 +4,8 @@
 // typed handle, ParamRef); the model then allocates one flat fp32 buffer for all of them and one
 // of the same layout for the gradients (ParamStore). One buffer makes the optimizer, the gradient
 // norm and the data-parallel reduction single loops; the handles make a parameter a compile-time
-// name (`attn_.qkv.weight`), not a string looked up on the hot path. Names ("h.3.attn.c_attn.weight")
-// remain for checkpoints, Hugging Face files and messages.
+// name (`attn_.qkv.weight`), not a string looked up on the hot path. Names
+// ("h.3.attn.c_attn.weight") remain for checkpoints, Hugging Face files and messages.
 //
 // A layout can be built without a backend: the self-description (models/description.h) counts a
 // layer's parameters by declaring it into a throw-away layout, so the planner and the model can
@@ -134,7 +134,7 @@ class ParamStore {
 
   Tensor& params() { return params_; }  // (N) flat, fp32
   const Tensor& params() const { return params_; }
-  Tensor& grads() { return grads_; }    // (N) flat, same layout
+  Tensor& grads() { return grads_; }  // (N) flat, same layout
   // Computes with another buffer of the same layout from now on (PipeDream-2BW's weight
   // versions); params() then returns it.
   void use_params(const Tensor& p);
@@ -145,8 +145,8 @@ class ParamStore {
   void init(uint64_t seed);
   void zero_grads();
 
-  Tensor param(ParamRef r) const;   // a view of params() (fp32)
-  Tensor grad(ParamRef r) const;    // a view of grads()
+  Tensor param(ParamRef r) const;  // a view of params() (fp32)
+  Tensor grad(ParamRef r) const;   // a view of grads()
   // The weights the forward and backward compute with: the bf16 copy in bf16 mode, else param().
   Tensor cparam(ParamRef r) const;
 
