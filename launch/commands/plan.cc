@@ -240,6 +240,28 @@ int cmd_plan(const std::vector<std::string>& args) {
   return 0;
 }
 
+PlanConfig plan_config_for(const Config& cfg, int world_size) {
+  PlanConfig c;
+  c.tensor = cfg.parallel.tensor;
+  c.pipeline = cfg.parallel.pipeline;
+  c.data = cfg.parallel.data.value_or(world_size / (c.tensor * c.pipeline));
+  c.virtual_stages = cfg.parallel.virtual_stages;
+  c.micro_batch_size = cfg.train.micro_batch_size;
+  // The config parser accepted only known names (InputError here would be a parser bug's).
+  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
+    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
+  }
+  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
+    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
+  }
+  c.sequence_parallel = cfg.parallel.sequence_parallel;
+  c.distributed_optimizer = cfg.parallel.distributed_optimizer;
+  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
+  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
+                                   cfg.parallel.layers_per_stage);
+  return c;
+}
+
 json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster_in) {
   PlanRequest req;
   req.model = describe_model(cfg.model);
@@ -256,23 +278,7 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   req.precision = cfg.train.precision;
   req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
                               cfg.device != "cuda");
-  PlanConfig c;
-  c.tensor = cfg.parallel.tensor;
-  c.pipeline = cfg.parallel.pipeline;
-  c.data = cfg.parallel.data.value_or(world_size / (c.tensor * c.pipeline));
-  c.virtual_stages = cfg.parallel.virtual_stages;
-  c.micro_batch_size = cfg.train.micro_batch_size;
-  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
-    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
-  }
-  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
-    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
-  }
-  c.sequence_parallel = cfg.parallel.sequence_parallel;
-  c.distributed_optimizer = cfg.parallel.distributed_optimizer;
-  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
-  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
-                                   cfg.parallel.layers_per_stage);
+  const PlanConfig c = plan_config_for(cfg, world_size);
   const PlanResult r = evaluate_plan(req, c);
   json j = plan_result_json(r);
   const FlopCount f = req.model->flops_per_iteration(req.global_batch_size, c.recompute);

@@ -32,6 +32,12 @@ int cmd_plan(const std::vector<std::string>& args);
 // Throws InputError when the layout does not fit the world size.
 nlohmann::json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster);
 
+// The config's parallel layout as the planner's point: sizes, the schedule and recompute parsed
+// once into their enums, and the layer split training runs (partitioner/layer_split.h).
+// num_microbatches is left for the planner to derive. Precondition: cfg passed
+// validate_for_world(world_size).
+PlanConfig plan_config_for(const Config& cfg, int world_size);
+
 // cfg with parallel.* and train.micro_batch_size / recompute / global_batch_size taken from
 // `plan`: a plan entry, or a whole `strata plan --json` document (its first plan). `plan_file`
 // names the file in errors: InputError(plan_file, "plans[0].tensor", ...) when malformed.

@@ -16,7 +16,6 @@
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
-#include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -235,26 +234,13 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
   req.memory.bucket_mb = cfg.parallel.bucket_mb;
   check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
-  PlanConfig c;
-  c.tensor = cfg.parallel.tensor;
-  c.pipeline = cfg.parallel.pipeline;
-  c.data = cfg.parallel.data.value_or(1);
+  PlanConfig c = plan_config_for(cfg, 1);
   if (c.tensor * c.pipeline * c.data != 1) {
     throw InputError(cfg.source_file, "parallel",
                      "tensor = pipeline = data = 1 for a one-rank prediction");
   }
-  c.virtual_stages = cfg.parallel.virtual_stages;
-  c.micro_batch_size = cfg.train.micro_batch_size;
-  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
-    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
-  }
-  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
-    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
-  }
   c.sequence_parallel = false;
   c.distributed_optimizer = false;
-  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
-                                   cfg.parallel.layers_per_stage);
   return plan_result_json(evaluate_plan(req, c));
 }
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
-#include "partitioner/layer_split.h"
 #include "runtime/error.h"
 #include "schedules/simulator.h"
 
@@ -32,9 +32,10 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.pipeline = cfg.parallel.pipeline;
   r.data = data_parallel_size(cfg, w.size);
   r.virtual_stages = cfg.parallel.virtual_stages;
-  // The config parser accepted only known names.
-  parse_schedule_kind(cfg.parallel.schedule, &r.schedule);
-  parse_recompute(cfg.train.recompute, &r.recompute);
+  // The schedule, recompute and split as the planner's prediction of this config sees them.
+  const PlanConfig plan = plan_config_for(cfg, w.size);
+  r.schedule = plan.schedule;
+  r.recompute = plan.recompute;
   r.bf16 = cfg.train.precision == "bf16";
   r.sequence_parallel = cfg.parallel.sequence_parallel;
   r.distributed_optimizer = cfg.parallel.distributed_optimizer;
@@ -45,7 +46,7 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.accumulation = microbatches_per_pipeline(cfg, w.size);
   // This rank's coordinates, from the group layout (the same formula as the groups).
   r.coord = group_layout(r.tensor, r.pipeline, r.data).coord(w.rank);
-  r.split = layer_split(cfg.model.num_layers, r.pieces(), cfg.parallel.layers_per_stage);
+  r.split = plan.layers_per_piece;
   return r;
 }
 
