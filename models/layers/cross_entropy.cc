@@ -25,7 +25,7 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   env.tp.sum(target_logit);
   Tensor losses = env.stat({N});
   STRATA_CHECK(!loss_mask.defined(), "loss masks need the backend's weighted loss ops");
-  env.be.ce_losses(losses, s.row_max, s.row_sumexp, target_logit);
+  env.be.ce_losses(losses, s.row_max, s.row_sumexp, target_logit, nullptr);
   LossSum l;
   l.sum = env.be.sum(losses);
   l.count = loss_mask.defined() ? env.be.sum(loss_mask) : static_cast<double>(N);
@@ -37,7 +37,7 @@ void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits,
                                          const Tensor& targets, const Tensor& loss_mask,
                                          float scale) const {
   env.be.ce_backward(dlogits, logits, s.row_max, s.row_sumexp, targets, scale, vocab.start,
-                     vocab.valid());
+                     vocab.valid(), nullptr);
 }
 
 }  // namespace strata
