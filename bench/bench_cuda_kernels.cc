@@ -781,15 +781,15 @@ void Bench::cross_entropy(const Model& m, ElemType t) {
                                                      targets.i32(), N, ld, 0, V, stream_));
     if (!err.empty()) return err;
     return cuda_error(kc::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(),
-                                    target_logit.f32(), N, stream_));
+                                    target_logit.f32(), nullptr, N, stream_));
   });
   // real logits read, every dlogits column written (padding zeroed), stats and targets read.
   r = row(m, "ce bwd (softmax - onehot)", t, shape);
   bytes(r, logit_bytes + double(N) * ld * e + 3 * N * f4);
   measure(r, [&] {
     return cuda_error(kc::ce_backward(dlogits.get(), t, logits.get(), t, row_max.f32(),
-                                      row_sumexp.f32(), targets.i32(), 1.f / float(N), N, ld, 0, V,
-                                      stream_));
+                                      row_sumexp.f32(), targets.i32(), nullptr, 1.f / float(N), N,
+                                      ld, 0, V, stream_));
   });
 }
 

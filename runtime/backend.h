@@ -160,11 +160,15 @@ class Backend {
                                  const Tensor& row_max) = 0;
   virtual void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                                int vocab_start, int valid) = 0;
+  // weights (N) f32, or nullptr (every row weighs 1): the loss mask. Row n's loss is
+  // w_n · loss_n and its dlogits row w_n · scale · (softmax − onehot); where w_n == 0 both are
+  // exactly 0, whatever the row's logits (NaN and inf included: an ignored position is ignored,
+  // as PyTorch's ignore_index). With nullptr the arithmetic is the unweighted one, unchanged.
   virtual void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
-                         const Tensor& target_logit) = 0;
+                         const Tensor& target_logit, const Tensor* weights) = 0;
   virtual void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                            const Tensor& row_sumexp, const Tensor& targets, float scale,
-                           int vocab_start, int valid) = 0;
+                           int vocab_start, int valid, const Tensor* weights) = 0;
 
   // ---- sequence-parallel layout changes ----
   // Sequence parallelism gathers (t, B, S/t, C) chunks (one per tensor rank, contiguous) into the

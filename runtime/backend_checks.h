@@ -25,6 +25,14 @@ inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
   STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
 }
 
+// An optional per-row weight (the cross-entropy's loss mask): (N) f32 when given.
+inline void expect_row_weights(const Tensor* w, int64_t n, const char* what) {
+  if (w == nullptr) return;
+  STRATA_CHECK(w->dtype() == DType::kF32,
+               what << " is " << to_string(w->dtype()) << ", expected f32");
+  expect_numel(*w, n, what);
+}
+
 // Rows of a tensor viewed as (N, last dim).
 inline int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 

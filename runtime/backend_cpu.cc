@@ -271,25 +271,29 @@ class CpuBackend final : public Backend {
                        as_int(logits.size(-1)), vocab_start, valid);
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
-                 const Tensor& target_logit) override {
+                 const Tensor& target_logit, const Tensor* weights) override {
+    expect_row_weights(weights, losses.numel(), "cross-entropy weights");
     if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
       MixedPrecisionScope mp(*this);
-      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit));
+      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit),
+                       weights);
     }
     k::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
-                 as_int(losses.numel()));
+                 weights ? weights->f32() : nullptr, as_int(losses.numel()));
   }
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
-                   int valid) override {
+                   int valid, const Tensor* weights) override {
+    expect_row_weights(weights, rows(logits), "cross-entropy weights");
     if (!all_f32(dlogits, logits, row_max, row_sumexp)) {
       MixedPrecisionScope mp(*this);
-      return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp),
-                         targets, scale, vocab_start, valid);
+      return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp), targets,
+                         scale, vocab_start, valid, weights);
     }
     expect_numel(dlogits, logits.numel(), "cross-entropy dlogits");
     k::ce_backward(dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(),
-                   scale, as_int(rows(logits)), as_int(logits.size(-1)), vocab_start, valid);
+                   weights ? weights->f32() : nullptr, scale, as_int(rows(logits)),
+                   as_int(logits.size(-1)), vocab_start, valid);
   }
 
   void seq_interleave(Tensor& out, const Tensor& chunks, int t) override {

@@ -73,6 +73,9 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
   const auto wte = random(Vp * C, 15), wpe = random(S * C, 16), logits = random(B * S * Vp, 17, 3);
   std::vector<int32_t> tok(B * S);
   for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(mix64(i) % V);
+  std::vector<float> ce_weights(B * S);  // (B·S): 0, 1, 0.25, 0, 1, 0.25, ...
+  for (size_t i = 0; i < ce_weights.size(); ++i)
+    ce_weights[i] = i % 3 == 0 ? 0.f : i % 3 == 1 ? 1.f : 0.25f;
   std::vector<std::vector<float>> out[2];
   Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
   for (int k = 0; k < 2; ++k) {
@@ -120,10 +123,16 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
     Tensor tl = be.empty({Nr}, a), ls = be.empty({Nr}, a), dL = be.empty({Nr, Vp}, a);
     be.ce_row_stats(mx, se, L, V);
     be.ce_target_logit(tl, L, T, 0, V);
-    be.ce_losses(ls, mx, se, tl);
-    be.ce_backward(dL, L, mx, se, T, 0.5f, 0, V);
+    be.ce_losses(ls, mx, se, tl, nullptr);
+    be.ce_backward(dL, L, mx, se, T, 0.5f, 0, V, nullptr);
     o.push_back(get(be, ls));
     o.push_back(get(be, dL));
+    // ... weighted by a loss mask (zeros, ones and fractions)
+    Tensor Wm = put(be, {Nr}, ce_weights), lsw = be.empty({Nr}, a), dLw = be.empty({Nr, Vp}, a);
+    be.ce_losses(lsw, mx, se, tl, &Wm);
+    be.ce_backward(dLw, L, mx, se, T, 0.5f, 0, V, &Wm);
+    o.push_back(get(be, lsw));
+    o.push_back(get(be, dLw));
     // Reductions and AdamW
     o.push_back({static_cast<float>(be.sum_squares(X)), static_cast<float>(be.sum(X))});
     Tensor Pm = put(be, {B, S, C}, x), Mm = be.zeros({B, S, C}, a), Vv = be.zeros({B, S, C}, a);
@@ -354,7 +363,13 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
       Tensor se = be->empty({N}, MemCategory::kActivations);
       be->ce_row_stats(mx, se, L, V);
       check("ce_backward dlogits",
-            run({N, V}, [&](Tensor& d) { be->ce_backward(d, L, mx, se, T, 0.5f, 0, V); }));
+            run({N, V}, [&](Tensor& d) { be->ce_backward(d, L, mx, se, T, 0.5f, 0, V, nullptr); }));
+      // Weighted, with zero-weight rows (whose dlogits rows are stored as zeros, never read).
+      std::vector<float> ce_w(static_cast<size_t>(N));
+      for (size_t i = 0; i < ce_w.size(); ++i) ce_w[i] = static_cast<float>(i % 3) * 0.5f;
+      const Tensor Wm = put(*be, {N}, ce_w);
+      check("ce_backward dlogits (weighted)",
+            run({N, V}, [&](Tensor& d) { be->ce_backward(d, L, mx, se, T, 0.5f, 0, V, &Wm); }));
     }
 }
 

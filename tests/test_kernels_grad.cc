@@ -594,7 +594,7 @@ std::vector<T> ce_forward(const std::vector<T>& logits, const std::vector<int32_
   cpu::ce_row_max<T>(mx.data(), logits.data(), N, ld, valid);
   cpu::ce_row_sumexp<T>(se.data(), logits.data(), mx.data(), N, ld, valid);
   cpu::ce_target_logit<T>(tl.data(), logits.data(), targets.data(), N, ld, 0, valid);
-  cpu::ce_losses<T>(losses.data(), mx.data(), se.data(), tl.data(), N);
+  cpu::ce_losses<T>(losses.data(), mx.data(), se.data(), tl.data(), nullptr, N);
   if (row_max != nullptr) *row_max = mx;
   if (row_sumexp != nullptr) *row_sumexp = se;
   return losses;
@@ -633,7 +633,7 @@ TEST(KernelsGrad, CrossEntropyFiniteDifferences) {
   // ce_backward assigns: NaN in, finite values (and exact zeros on padding) out.
   Vec dlogits(N * ld, std::numeric_limits<double>::quiet_NaN());  // (N, ld)
   cpu::ce_backward<double>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
-                           1.0 / N, N, ld, 0, valid);
+                           nullptr, 1.0 / N, N, ld, 0, valid);
   for (int n = 0; n < N; ++n) {
     for (int j = valid; j < ld; ++j) EXPECT_EQ(dlogits[n * ld + j], 0.0);
   }
@@ -651,13 +651,13 @@ TEST(KernelsFloat, CrossEntropyMatchesDouble) {
   const Vec losses = ce_forward<double>(logits, targets, N, ld, valid, &mx, &se);
   Vec dlogits(N * ld);
   cpu::ce_backward<double>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
-                           1.0 / N, N, ld, 0, valid);
+                           nullptr, 1.0 / N, N, ld, 0, valid);
   const auto flogits = to_float(logits);
   std::vector<float> fmx, fse;
   const auto flosses = ce_forward<float>(flogits, targets, N, ld, valid, &fmx, &fse);
   std::vector<float> fdlogits(N * ld);
   cpu::ce_backward<float>(fdlogits.data(), flogits.data(), fmx.data(), fse.data(), targets.data(),
-                          1.0f / N, N, ld, 0, valid);
+                          nullptr, 1.0f / N, N, ld, 0, valid);
   expect_close(flosses, losses, kFloatTol, "float ce losses");
   expect_close(fdlogits, dlogits, kFloatTol, "float ce dlogits");
 }
@@ -692,10 +692,10 @@ TEST(KernelsCrossEntropy, PaddingColumnsChangeNothing) {
   const auto loss_t = ce_forward<float>(tight, targets, N, valid, valid, &mx_t, &se_t);
   const auto loss_p = ce_forward<float>(padded, targets, N, ld, valid, &mx_p, &se_p);
   std::vector<float> d_t(N * valid), d_p(N * ld);
-  cpu::ce_backward<float>(d_t.data(), tight.data(), mx_t.data(), se_t.data(), targets.data(), 0.5f,
-                          N, valid, 0, valid);
-  cpu::ce_backward<float>(d_p.data(), padded.data(), mx_p.data(), se_p.data(), targets.data(), 0.5f,
-                          N, ld, 0, valid);
+  cpu::ce_backward<float>(d_t.data(), tight.data(), mx_t.data(), se_t.data(), targets.data(),
+                          nullptr, 0.5f, N, valid, 0, valid);
+  cpu::ce_backward<float>(d_p.data(), padded.data(), mx_p.data(), se_p.data(), targets.data(),
+                          nullptr, 0.5f, N, ld, 0, valid);
   // Same numbers summed in the same order: bitwise equal.
   for (int n = 0; n < N; ++n) {
     EXPECT_EQ(loss_t[n], loss_p[n]) << "row " << n;
@@ -735,16 +735,16 @@ TEST(KernelsCrossEntropy, VocabShardsMatchUnsharded) {
   cpu::ce_target_logit<double>(t1.data(), s1.data(), targets.data(), N, ld1, split, valid1);
   for (int n = 0; n < N; ++n) tl[n] = t0[n] + t1[n];
   Vec losses(N);
-  cpu::ce_losses<double>(losses.data(), mx.data(), se.data(), tl.data(), N);
+  cpu::ce_losses<double>(losses.data(), mx.data(), se.data(), tl.data(), nullptr, N);
   expect_close(losses, naive_ce(full, targets, N, V, V), 1e-12, "sharded ce losses");
 
   // Backward per shard, against softmax − onehot of the full row.
   const double scale = 0.25;
   Vec d0(N * split), d1(N * ld1);
-  cpu::ce_backward<double>(d0.data(), s0.data(), mx.data(), se.data(), targets.data(), scale, N,
-                           split, 0, split);
-  cpu::ce_backward<double>(d1.data(), s1.data(), mx.data(), se.data(), targets.data(), scale, N,
-                           ld1, split, valid1);
+  cpu::ce_backward<double>(d0.data(), s0.data(), mx.data(), se.data(), targets.data(), nullptr,
+                           scale, N, split, 0, split);
+  cpu::ce_backward<double>(d1.data(), s1.data(), mx.data(), se.data(), targets.data(), nullptr,
+                           scale, N, ld1, split, valid1);
   Vec got(N * V), want(N * V);
   for (int n = 0; n < N; ++n) {
     double z = 0;
@@ -756,6 +756,104 @@ TEST(KernelsCrossEntropy, VocabShardsMatchUnsharded) {
     for (int j = valid1; j < ld1; ++j) EXPECT_EQ(d1[n * ld1 + j], 0.0);
   }
   expect_close(got, want, 1e-12, "sharded ce dlogits");
+}
+
+// The loss mask as per-row weights, against the unweighted kernels run one row at a time and
+// scaled by hand. Rows 2 and 4 weigh 0 and hold a NaN logit, and +inf and −inf logits with the
+// target −100 (PyTorch's ignore_index): their losses and gradient rows must be exactly 0, as an
+// ignored position is ignored. Tolerance 1e-6 relative: the kernel multiplies w · (loss) and
+// (w · scale) · (softmax − onehot), the hand w · (loss) and w · (scale · (softmax − onehot)),
+// two float roundings apart (≤ 2.4e-7 relative).
+TEST(KernelsCrossEntropy, WeightsScaleRowsAndZeroWeightIgnoresTheRow) {
+  const int N = 6, valid = 11, ld = 16, vocab_start = 0;
+  const float scale = 0.125f;
+  std::vector<float> logits = to_float(random_vec(N * ld, 150, -4.0, 4.0));  // (N, ld)
+  std::vector<int32_t> targets = random_tokens(N, 151, 0, valid);            // (N)
+  const std::vector<float> weights = {1.f, 0.5f, 0.f, 2.f, 0.f, 0.25f};      // (N)
+  logits[2 * ld + 3] = std::numeric_limits<float>::quiet_NaN();
+  logits[4 * ld + 1] = std::numeric_limits<float>::infinity();
+  logits[4 * ld + 5] = -std::numeric_limits<float>::infinity();
+  targets[4] = -100;
+  std::vector<float> mx, se;
+  ce_forward<float>(logits, targets, N, ld, valid, &mx, &se);
+  std::vector<float> tl(N);
+  cpu::ce_target_logit<float>(tl.data(), logits.data(), targets.data(), N, ld, vocab_start, valid);
+  // The masked rows' unweighted losses are not finite: what the weights must keep out.
+  std::vector<float> unweighted(N);
+  cpu::ce_losses<float>(unweighted.data(), mx.data(), se.data(), tl.data(), nullptr, N);
+  EXPECT_FALSE(std::isfinite(unweighted[2]));
+  EXPECT_FALSE(std::isfinite(unweighted[4]));
+
+  std::vector<float> losses(N, NAN);
+  cpu::ce_losses<float>(losses.data(), mx.data(), se.data(), tl.data(), weights.data(), N);
+  std::vector<float> dlogits(N * ld, NAN);  // (N, ld): NaN shows any element left unassigned
+  cpu::ce_backward<float>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
+                          weights.data(), scale, N, ld, vocab_start, valid);
+  Vec want_loss(N, 0.0), want_d(N * ld, 0.0);
+  for (int n = 0; n < N; ++n) {
+    if (weights[n] == 0.f) {
+      EXPECT_EQ(losses[n], 0.f) << "row " << n;
+      for (int j = 0; j < ld; ++j)
+        EXPECT_EQ(dlogits[n * ld + j], 0.f) << "row " << n << " col " << j;
+      continue;
+    }
+    float l = NAN;  // the unweighted kernels on this row alone
+    cpu::ce_losses<float>(&l, &mx[n], &se[n], &tl[n], nullptr, 1);
+    std::vector<float> d(ld, NAN);
+    cpu::ce_backward<float>(d.data(), &logits[n * ld], &mx[n], &se[n], &targets[n], nullptr, scale,
+                            1, ld, vocab_start, valid);
+    want_loss[n] = static_cast<double>(weights[n]) * l;
+    for (int j = 0; j < ld; ++j) want_d[n * ld + j] = static_cast<double>(weights[n]) * d[j];
+  }
+  expect_close(losses, want_loss, 1e-6, "weighted ce losses");
+  expect_close(dlogits, want_d, 1e-6, "weighted ce dlogits");
+
+  // All weights 1: the unweighted results bit for bit (w · x is x exactly), so an all-ones mask
+  // trains as no mask does.
+  const std::vector<int32_t> finite_targets = random_tokens(N, 152, 0, valid);
+  const std::vector<float> clean = to_float(random_vec(N * ld, 153, -4.0, 4.0));
+  const std::vector<float> ones(N, 1.f);
+  ce_forward<float>(clean, finite_targets, N, ld, valid, &mx, &se);
+  cpu::ce_target_logit<float>(tl.data(), clean.data(), finite_targets.data(), N, ld, 0, valid);
+  std::vector<float> l0(N), l1(N), d0(N * ld), d1(N * ld);
+  cpu::ce_losses<float>(l0.data(), mx.data(), se.data(), tl.data(), nullptr, N);
+  cpu::ce_losses<float>(l1.data(), mx.data(), se.data(), tl.data(), ones.data(), N);
+  cpu::ce_backward<float>(d0.data(), clean.data(), mx.data(), se.data(), finite_targets.data(),
+                          nullptr, scale, N, ld, 0, valid);
+  cpu::ce_backward<float>(d1.data(), clean.data(), mx.data(), se.data(), finite_targets.data(),
+                          ones.data(), scale, N, ld, 0, valid);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(d0, d1);
+}
+
+// d(Σ w_n · loss_n · scale)/d(logits) by central differences of the double forward, against the
+// weighted backward; the zero-weight row's gradient is 0 on both sides (its loss is constant).
+TEST(KernelsGrad, WeightedCrossEntropyFiniteDifferences) {
+  const int N = 5, valid = 7, ld = 9;
+  Vec logits = random_vec(N * ld, 160, -3.0, 3.0);  // (N, ld)
+  for (int n = 0; n < N; ++n) {
+    for (int j = valid; j < ld; ++j) logits[n * ld + j] = 50.0;  // padding, excluded
+  }
+  const std::vector<int32_t> targets = {0, 6, 3, 3, 2};  // (N)
+  const Vec weights = {1.0, 0.0, 0.5, 3.0, 1.0};         // (N)
+  const double scale = 1.0 / 4;                          // 1 / Σ of the counted rows' ones
+  auto weighted_loss = [&] {
+    Vec mx(N), se(N), tl(N), losses(N);
+    cpu::ce_row_max<double>(mx.data(), logits.data(), N, ld, valid);
+    cpu::ce_row_sumexp<double>(se.data(), logits.data(), mx.data(), N, ld, valid);
+    cpu::ce_target_logit<double>(tl.data(), logits.data(), targets.data(), N, ld, 0, valid);
+    cpu::ce_losses<double>(losses.data(), mx.data(), se.data(), tl.data(), weights.data(), N);
+    double s = 0;
+    for (double l : losses) s += l;
+    return s * scale;
+  };
+  Vec mx, se;
+  ce_forward<double>(logits, targets, N, ld, valid, &mx, &se);
+  Vec dlogits(N * ld, kNaN);  // (N, ld)
+  cpu::ce_backward<double>(dlogits.data(), logits.data(), mx.data(), se.data(), targets.data(),
+                           weights.data(), scale, N, ld, 0, valid);
+  for (int j = 0; j < ld; ++j) EXPECT_EQ(dlogits[1 * ld + j], 0.0) << "zero-weight row, col " << j;
+  expect_close(dlogits, numeric_grad(logits, weighted_loss), kFdTol, "weighted ce dlogits");
 }
 
 // ---------------------------------------------------------------------------------------------

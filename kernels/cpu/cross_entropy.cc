@@ -53,25 +53,43 @@ void ce_target_logit(T* target_logit, const T* logits, const int32_t* targets, i
 }
 
 template <class T>
-void ce_losses(T* losses, const T* row_max, const T* row_sumexp, const T* target_logit, int N) {
+void ce_losses(T* losses, const T* row_max, const T* row_sumexp, const T* target_logit,
+               const T* weights, int N) {
+  if (weights == nullptr) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) losses[n] = std::log(row_sumexp[n]) + row_max[n] - target_logit[n];
+    for (int n = 0; n < N; ++n) losses[n] = std::log(row_sumexp[n]) + row_max[n] - target_logit[n];
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    // Tested, not multiplied: 0 · NaN (a masked row's NaN or inf logits) would be NaN.
+    const T w = weights[n];
+    losses[n] = w == T(0) ? T(0) : w * (std::log(row_sumexp[n]) + row_max[n] - target_logit[n]);
+  }
 }
 
 template <class T>
 void ce_backward(T* dlogits, const T* logits, const T* row_max, const T* row_sumexp,
-                 const int32_t* targets, T scale, int N, int ld, int vocab_start, int valid) {
+                 const int32_t* targets, const T* weights, T scale, int N, int ld, int vocab_start,
+                 int valid) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const T* row = logits + static_cast<size_t>(n) * ld;  // (ld)
     T* drow = dlogits + static_cast<size_t>(n) * ld;      // (ld)
+    if (weights != nullptr && weights[n] == T(0)) {
+      // A masked row: exact zeros, its logits never read (they may be NaN or inf).
+      std::fill(drow, drow + ld, T(0));
+      continue;
+    }
+    // Without weights the row's factor is `scale` itself: the unweighted arithmetic.
+    const T s = weights != nullptr ? weights[n] * scale : scale;
     const T mx = row_max[n];
     const T inv = T(1) / row_sumexp[n];
     const int32_t local = targets[n] - vocab_start;
 #pragma omp simd
-    for (int j = 0; j < valid; ++j) drow[j] = scale * (exp_t(row[j] - mx) * inv);
+    for (int j = 0; j < valid; ++j) drow[j] = s * (exp_t(row[j] - mx) * inv);
     // The one-hot term outside the loop, which a per-column test would keep from vectorising.
-    if (local >= 0 && local < valid) drow[local] = scale * (exp_t(row[local] - mx) * inv - T(1));
+    if (local >= 0 && local < valid) drow[local] = s * (exp_t(row[local] - mx) * inv - T(1));
     for (int j = valid; j < ld; ++j) drow[j] = T(0);
   }
 }
@@ -83,9 +101,9 @@ void ce_backward(T* dlogits, const T* logits, const T* row_max, const T* row_sum
   template void ce_row_sumexp<T>(T*, const T*, const T*, int, int, int);                           \
   template void ce_rescale_sumexp<T>(T*, const T*, const T*, int);                                 \
   template void ce_target_logit<T>(T*, const T*, const int32_t*, int, int, int, int);              \
-  template void ce_losses<T>(T*, const T*, const T*, const T*, int);                               \
-  template void ce_backward<T>(T*, const T*, const T*, const T*, const int32_t*, T, int, int, int, \
-                               int);
+  template void ce_losses<T>(T*, const T*, const T*, const T*, const T*, int);                     \
+  template void ce_backward<T>(T*, const T*, const T*, const T*, const int32_t*, const T*, T, int, \
+                               int, int, int);
 
 STRATA_INSTANTIATE_CPU_CROSS_ENTROPY(float)
 STRATA_INSTANTIATE_CPU_CROSS_ENTROPY(double)

@@ -24,6 +24,10 @@ namespace strata::kernels::cpu {
 //   row_sumexp (N) *= exp(local_max - row_max)
 // ce_backward: dlogits (N, ld) = scale * (softmax - onehot(target)), 0 on padding columns
 // (assigned, not accumulated: logits gradients have one producer).
+// weights (N), optional (null: every row weighs 1): the loss mask. Row n's loss is
+// w_n * loss_n and its dlogits row w_n * scale * (softmax - onehot); a row with w_n == 0 gets
+// exactly 0 in both, whatever its logits (an ignored position is ignored, NaN and inf included,
+// as PyTorch's ignore_index). A null `weights` runs the unweighted arithmetic unchanged.
 template <class T>
 void ce_row_max(T* row_max, const T* logits, int N, int ld, int valid);
 template <class T>
@@ -34,9 +38,11 @@ template <class T>
 void ce_target_logit(T* target_logit, const T* logits, const int32_t* targets, int N, int ld,
                      int vocab_start, int valid);
 template <class T>
-void ce_losses(T* losses, const T* row_max, const T* row_sumexp, const T* target_logit, int N);
+void ce_losses(T* losses, const T* row_max, const T* row_sumexp, const T* target_logit,
+               const T* weights, int N);
 template <class T>
 void ce_backward(T* dlogits, const T* logits, const T* row_max, const T* row_sumexp,
-                 const int32_t* targets, T scale, int N, int ld, int vocab_start, int valid);
+                 const int32_t* targets, const T* weights, T scale, int N, int ld, int vocab_start,
+                 int valid);
 
 }  // namespace strata::kernels::cpu

@@ -90,28 +90,44 @@ __global__ void ce_target_logit_kernel(float* out, const T* logits, const int32_
   }
 }
 
+// weights may be null (every row weighs 1). A zero weight is tested, not multiplied: 0 · NaN
+// (a masked row's NaN or inf logits) would be NaN.
 __global__ void ce_losses_kernel(float* losses, const float* row_max, const float* row_sumexp,
-                                 const float* target_logit, int64_t N) {
-  STRATA_FOR_EACH(n, N) losses[n] = logf(row_sumexp[n]) + row_max[n] - target_logit[n];
+                                 const float* target_logit, const float* weights, int64_t N) {
+  STRATA_FOR_EACH(n, N) {
+    if (weights == nullptr) {
+      losses[n] = logf(row_sumexp[n]) + row_max[n] - target_logit[n];
+    } else {
+      const float w = weights[n];
+      losses[n] = w == 0.f ? 0.f : w * (logf(row_sumexp[n]) + row_max[n] - target_logit[n]);
+    }
+  }
 }
 
 // No __restrict__: dlogits may alias logits (each group is read, then written, by one thread).
+// weights may be null (every row weighs 1); a row whose weight is 0 is stored as zeros without
+// reading its logits, which may be NaN or inf.
 template <class TD, class TL>
 __global__ void __launch_bounds__(kRowThreads)
     ce_backward_kernel(TD* dlogits, const TL* logits, const float* row_max, const float* row_sumexp,
-                       const int32_t* targets, float scale, int ld, int vocab_start, int valid,
-                       bool vec) {
+                       const int32_t* targets, const float* weights, float scale, int ld,
+                       int vocab_start, int valid, bool vec) {
   const int64_t n = blockIdx.x;
   const TL* row = logits + n * ld;  // (ld)
   TD* drow = dlogits + n * ld;      // (ld)
+  const bool masked = weights != nullptr && weights[n] == 0.f;
+  // Without weights the row's factor is `scale` itself: the unweighted arithmetic.
+  const float s = weights != nullptr ? weights[n] * scale : scale;
   const float m = row_max[n], inv = 1.f / row_sumexp[n];
   const int target = targets[n] - vocab_start;
   STRATA_FOR_EACH_COLUMN_GROUP(j, ld) {
     const int k = group_count(j, ld);
-    float v[kGroup];
-    load_group(row + j, k, vec, v);
-    for (int e = 0; e < kGroup; ++e)
-      v[e] = j + e < valid ? scale * (expf(v[e] - m) * inv - (j + e == target ? 1.f : 0.f)) : 0.f;
+    float v[kGroup] = {};
+    if (!masked) {
+      load_group(row + j, k, vec, v);
+      for (int e = 0; e < kGroup; ++e)
+        v[e] = j + e < valid ? s * (expf(v[e] - m) * inv - (j + e == target ? 1.f : 0.f)) : 0.f;
+    }
     store_group(drow + j, k, vec, v);
   }
 }
@@ -153,17 +169,18 @@ cudaError_t ce_target_logit(float* target_logit, const void* logits, ElemType lo
 }
 
 cudaError_t ce_losses(float* losses, const float* row_max, const float* row_sumexp,
-                      const float* target_logit, int64_t N, cudaStream_t stream) {
+                      const float* target_logit, const float* weights, int64_t N,
+                      cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   launch(ce_losses_kernel, elementwise_grid(N), kThreads, 0, stream, losses, row_max, row_sumexp,
-         target_logit, N);
+         target_logit, weights, N);
   return cudaGetLastError();
 }
 
 cudaError_t ce_backward(void* dlogits, ElemType dlogits_type, const void* logits,
                         ElemType logits_type, const float* row_max, const float* row_sumexp,
-                        const int32_t* targets, float scale, int64_t N, int ld, int vocab_start,
-                        int valid, cudaStream_t stream) {
+                        const int32_t* targets, const float* weights, float scale, int64_t N,
+                        int ld, int vocab_start, int valid, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return dispatch(dlogits_type, [&](auto td) {
     return dispatch(logits_type, [&](auto tl) {
@@ -173,7 +190,7 @@ cudaError_t ce_backward(void* dlogits, ElemType dlogits_type, const void* logits
                        rows_vec_aligned(ld, sizeof(TD)) && rows_vec_aligned(ld, sizeof(TL));
       launch(ce_backward_kernel<TD, TL>, static_cast<unsigned>(N), kRowThreads, 0, stream,
              static_cast<TD*>(dlogits), static_cast<const TL*>(logits), row_max, row_sumexp,
-             targets, scale, ld, vocab_start, valid, vec);
+             targets, weights, scale, ld, vocab_start, valid, vec);
       return cudaGetLastError();
     });
   });

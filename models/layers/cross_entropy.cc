@@ -3,6 +3,17 @@
 #include "runtime/check.h"
 
 namespace strata {
+namespace {
+
+// The (B, S) loss mask as the ops' per-row weights (N); undefined stays undefined.
+Tensor rows_mask(const Tensor& loss_mask, int64_t N) {
+  if (!loss_mask.defined()) return Tensor();
+  STRATA_CHECK(loss_mask.numel() == N,
+               "loss mask " << shape_string(loss_mask.shape()) << " for " << N << " positions");
+  return loss_mask.reshape({N});
+}
+
+}  // namespace
 
 LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& logits,
                                            const Tensor& targets, const Tensor& loss_mask,
@@ -24,8 +35,9 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   env.be.ce_target_logit(target_logit, logits, targets, vocab.start, vocab.valid());
   env.tp.sum(target_logit);
   Tensor losses = env.stat({N});
-  STRATA_CHECK(!loss_mask.defined(), "loss masks need the backend's weighted loss ops");
-  env.be.ce_losses(losses, s.row_max, s.row_sumexp, target_logit);
+  // A masked position's loss is exactly 0, even where its logits are not finite.
+  const Tensor mask = rows_mask(loss_mask, N);
+  env.be.ce_losses(losses, s.row_max, s.row_sumexp, target_logit, mask.defined() ? &mask : nullptr);
   LossSum l;
   l.sum = env.be.sum(losses);
   l.count = loss_mask.defined() ? env.be.sum(loss_mask) : static_cast<double>(N);
@@ -36,8 +48,9 @@ void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits,
                                          const Tensor& logits, const Saved& s,
                                          const Tensor& targets, const Tensor& loss_mask,
                                          float scale) const {
+  const Tensor mask = rows_mask(loss_mask, logits.size(0));
   env.be.ce_backward(dlogits, logits, s.row_max, s.row_sumexp, targets, scale, vocab.start,
-                     vocab.valid());
+                     vocab.valid(), mask.defined() ? &mask : nullptr);
 }
 
 }  // namespace strata

@@ -579,35 +579,39 @@ class CudaBackend final : public Backend {
                                    ce_ld(logits, valid), vocab_start, valid, stream_));
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
-                 const Tensor& target_logit) override {
+                 const Tensor& target_logit, const Tensor* weights) override {
+    expect_row_weights(weights, losses.numel(), "ce weights");
     if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
       MixedPrecisionScope mp(*this);
-      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit));
+      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit),
+                       weights);
     }
     const int64_t N = losses.numel();
     expect_numel(row_max, N, "ce row_max");
     expect_numel(row_sumexp, N, "ce row_sumexp");
     expect_numel(target_logit, N, "ce target_logit");
-    CUDA_CHECK(kc::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(), N,
-                             stream_));
+    CUDA_CHECK(kc::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
+                             weights ? weights->f32() : nullptr, N, stream_));
   }
   // dlogits may be the logits tensor itself (the kernel reads each element before writing it).
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
-                   int valid) override {
+                   int valid, const Tensor* weights) override {
+    const int64_t N = rows(logits);
+    expect_row_weights(weights, N, "ce weights");
     if (!all_f32(row_max, row_sumexp)) {
       MixedPrecisionScope mp(*this);
       return ce_backward(dlogits, logits, mp.in(row_max), mp.in(row_sumexp), targets, scale,
-                         vocab_start, valid);
+                         vocab_start, valid, weights);
     }
-    const int64_t N = rows(logits);
     expect_numel(dlogits, logits.numel(), "ce dlogits");
     expect_numel(row_max, N, "ce row_max");
     expect_numel(row_sumexp, N, "ce row_sumexp");
     expect_numel(targets, N, "ce targets");
     CUDA_CHECK(kc::ce_backward(dlogits.data(), et(dlogits), logits.data(), et(logits),
-                               row_max.f32(), row_sumexp.f32(), targets.i32(), scale, N,
-                               ce_ld(logits, valid), vocab_start, valid, stream_));
+                               row_max.f32(), row_sumexp.f32(), targets.i32(),
+                               weights ? weights->f32() : nullptr, scale, N, ce_ld(logits, valid),
+                               vocab_start, valid, stream_));
   }
 
   // ---- sequence-parallel layout changes ----

@@ -856,20 +856,20 @@ TEST_P(CudaBackendOps, CrossEntropy) {
            ls = be->empty({N}, a);
     be->ce_row_stats(mx, se, L, valid);
     be->ce_target_logit(tl, L, T, vocab_start, valid);
-    be->ce_losses(ls, mx, se, tl);
+    be->ce_losses(ls, mx, se, tl, nullptr);
     // dlogits into an f32 tensor, and in place over the logits (as the model does to save
     // memory).
     Tensor dL = be->empty({N, ld}, a);
-    be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid);
-    be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid);
+    be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid, nullptr);
+    be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid, nullptr);
     std::vector<float> m(N), s(N), t(N), l(N), d(static_cast<size_t>(N) * ld);
     kcpu::ce_row_max<float>(m.data(), logits.data(), N, ld, valid);
     kcpu::ce_row_sumexp<float>(s.data(), logits.data(), m.data(), N, ld, valid);
     kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start,
                                  valid);
-    kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), N);
-    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), scale, N,
-                             ld, vocab_start, valid);
+    kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), nullptr, N);
+    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(), nullptr,
+                             scale, N, ld, vocab_start, valid);
     expect_close("ce row_max" + shape, get(*be, mx), m, kTolF32);  // a max of the same values
     expect_close("ce row_sumexp" + shape, get(*be, se), s, tol(DType::kF32, act()));
     expect_close("ce target_logit" + shape, get(*be, tl), t, kTolF32);
@@ -900,11 +900,70 @@ TEST_P(CudaBackendOps, CrossEntropy) {
            ls = be->empty({N}, a);
     be->ce_row_stats(mx, se, L, valid);
     be->ce_target_logit(tl, L, T, 0, valid);
-    be->ce_losses(ls, mx, se, tl);
+    be->ce_losses(ls, mx, se, tl, nullptr);
     const std::vector<float> l = get(*be, ls);
     EXPECT_TRUE(std::isnan(l[0])) << "loss of a row whose first 8 logits are NaN: " << l[0];
     EXPECT_TRUE(std::isnan(l[1])) << "loss of a row with one NaN logit: " << l[1];
     EXPECT_TRUE(std::isfinite(l[2])) << "loss of a finite row: " << l[2];
+  }
+}
+
+// The loss mask as per-row weights, against the CPU's weighted kernels on the same values.
+// Rows 3 and 10 weigh 0 and hold a NaN logit (row 3, in the first thread's group) and ±inf
+// logits with the target −100 (row 10): their losses and dlogits rows must be exactly 0 (an
+// ignored position is ignored, as PyTorch's ignore_index), in f32 and in place over the logits.
+TEST_P(CudaBackendOps, CrossEntropyWeighted) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int shards[][2] = {{67, 61}, {136, 129}};  // (ld, valid): element by element, vectors
+  for (const auto& shard : shards) {
+    const int N = 37, ld = shard[0], valid = shard[1], vocab_start = 5;
+    const std::string shape = " ld " + std::to_string(ld) + " valid " + std::to_string(valid);
+    const float scale = 1.f / N;
+    auto logits = host(static_cast<size_t>(N) * ld, 1300 + ld, 3.f);
+    logits[3 * static_cast<size_t>(ld) + 2] = NAN;
+    logits[10 * static_cast<size_t>(ld) + 7] = INFINITY;
+    logits[10 * static_cast<size_t>(ld) + 40] = -INFINITY;
+    std::vector<int32_t> targets(N);
+    std::vector<float> weights(N);
+    for (int n = 0; n < N; ++n) {
+      targets[n] = static_cast<int32_t>(mix64(70 + n) % (ld + 13));
+      weights[n] = n % 4 == 1 ? 0.f : 0.5f * static_cast<float>(n % 5);  // 0, 0.5, 1, 1.5, 2
+    }
+    weights[3] = weights[10] = 0.f;
+    targets[10] = -100;
+    Tensor L = put(*be, {N, ld}, logits, act()), T = put_i32(*be, {N}, targets);
+    Tensor W = put(*be, {N}, weights, DType::kF32);
+    const MemCategory a = MemCategory::kActivations;
+    Tensor mx = be->empty({N}, a), se = be->empty({N}, a), tl = be->empty({N}, a),
+           ls = be->empty({N}, a);
+    be->ce_row_stats(mx, se, L, valid);
+    be->ce_target_logit(tl, L, T, vocab_start, valid);
+    be->ce_losses(ls, mx, se, tl, &W);
+    Tensor dL = put(*be, {N, ld}, std::vector<float>(static_cast<size_t>(N) * ld, NAN));
+    be->ce_backward(dL, L, mx, se, T, scale, vocab_start, valid, &W);
+    be->ce_backward(L, L, mx, se, T, scale, vocab_start, valid, &W);
+    std::vector<float> m(N), s(N), t(N), l(N), d(static_cast<size_t>(N) * ld);
+    kcpu::ce_row_max<float>(m.data(), logits.data(), N, ld, valid);
+    kcpu::ce_row_sumexp<float>(s.data(), logits.data(), m.data(), N, ld, valid);
+    kcpu::ce_target_logit<float>(t.data(), logits.data(), targets.data(), N, ld, vocab_start,
+                                 valid);
+    kcpu::ce_losses<float>(l.data(), m.data(), s.data(), t.data(), weights.data(), N);
+    kcpu::ce_backward<float>(d.data(), logits.data(), m.data(), s.data(), targets.data(),
+                             weights.data(), scale, N, ld, vocab_start, valid);
+    const std::vector<float> gl = get(*be, ls), gd = get(*be, dL), gi = get(*be, L);
+    for (int n : {3, 10}) {
+      EXPECT_EQ(gl[n], 0.f) << "loss of zero-weight row " << n << shape;
+      for (int j = 0; j < ld; ++j) {
+        const size_t i = static_cast<size_t>(n) * ld + j;
+        ASSERT_EQ(gd[i], 0.f) << "dlogits of zero-weight row " << n << ", column " << j << shape;
+        ASSERT_EQ(gi[i], 0.f) << "in-place dlogits of zero-weight row " << n << ", column " << j
+                              << shape;
+      }
+    }
+    expect_close("weighted ce losses" + shape, gl, l, tol(DType::kF32, act()));
+    expect_close("weighted ce dlogits (f32)" + shape, gd, d, tol(DType::kF32, act()));
+    expect_close("weighted ce dlogits (in place)" + shape, gi, d, tol(act(), act()));
   }
 }
 

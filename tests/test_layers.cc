@@ -1,0 +1,173 @@
+// The reusable layers of models/layers/ driven through a whole model (the registry's tiny GPT on
+// the CPU backend): what a layer promises the model interface, checked against references that
+// do not share its code path.
+//
+// The loss mask (VocabParallelCrossEntropy): ModelBatch.loss_mask zeroes positions; their
+// targets are −100 (PyTorch's ignore_index). References:
+//   * per-position losses from the unmasked model alone: attention is causal, so position p's
+//     loss depends on tokens [0, p] only, and the loss sum of a sequence cut to p + 1 tokens
+//     minus that of the sequence cut to p tokens is position p's loss (one sequence per run);
+//   * an all-ones mask against no mask: the same arithmetic (w · x = x for w = 1), bit for bit;
+//   * central finite differences of the masked loss sum for the weight the backward says
+//     matters most.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "launch/config_parse.h"
+#include "models/registry.h"
+#include "runtime/backend.h"
+#include "runtime/rng.h"
+
+namespace strata {
+namespace {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+struct Fixture {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  ModelConfig cfg = load_config("", {"model.preset=tiny"}).model;
+  std::unique_ptr<Model> model;
+  Fixture() {
+    ModelOptions o;
+    o.seed = 1234;
+    model = build_model(cfg, o, *be);
+  }
+  Tensor i32(int B, int S) { return be->empty({B, S}, MemCategory::kActivations, DType::kI32); }
+  // Σ of the token losses of one forward (no backward).
+  LossSum loss(const Tensor& tokens, const Tensor& targets, const Tensor& mask) {
+    LossSum l;
+    model->forward(ModelBatch{tokens, targets, mask}, &l);
+    return l;
+  }
+  // The gradients of Σ of the counted tokens' losses (backward scale 1), from zero.
+  std::vector<float> grads(const Tensor& tokens, const Tensor& targets, const Tensor& mask,
+                           LossSum* l) {
+    model->params().zero_grads();
+    PieceActsPtr acts = model->forward(ModelBatch{tokens, targets, mask}, l);
+    model->backward(*acts, 1.0f);
+    const Tensor& g = model->params().grads();
+    return std::vector<float>(g.f32(), g.f32() + g.numel());
+  }
+};
+
+TEST(LossMask, MaskedLossIsTheSumOfTheKeptPositionsLosses) {
+  Fixture f;
+  const int B = 2, S = 24, V = f.cfg.vocab_size;
+  Tensor tokens = f.i32(B, S), targets = f.i32(B, S), ignored = f.i32(B, S);
+  Tensor mask = f.be->empty({B, S}, MemCategory::kActivations);
+  Tensor ones = f.be->empty({B, S}, MemCategory::kActivations);
+  int kept = 0;
+  for (int i = 0; i < B * S; ++i) {
+    tokens.i32()[i] = static_cast<int32_t>(mix64(300 + static_cast<uint64_t>(i)) % V);
+    targets.i32()[i] = static_cast<int32_t>(mix64(700 + static_cast<uint64_t>(i)) % V);
+    // Every third position, and the second sequence's last 6 (as padding would be).
+    const bool keep = i % 3 != 0 && !(i / S == 1 && i % S >= S - 6);
+    mask.f32()[i] = keep ? 1.f : 0.f;
+    ones.f32()[i] = 1.f;
+    ignored.i32()[i] = keep ? targets.i32()[i] : kIgnoreIndex;
+    kept += keep;
+  }
+
+  // Position (b, p)'s loss from the unmasked model: the prefix [0, p] of sequence b minus the
+  // prefix [0, p).
+  std::vector<double> position_loss(static_cast<size_t>(B * S));
+  for (int b = 0; b < B; ++b) {
+    double before = 0;
+    for (int len = 1; len <= S; ++len) {
+      Tensor tk = f.i32(1, len), tg = f.i32(1, len);
+      for (int p = 0; p < len; ++p) {
+        tk.i32()[p] = tokens.i32()[b * S + p];
+        tg.i32()[p] = targets.i32()[b * S + p];
+      }
+      const double upto = f.loss(tk, tg, Tensor()).sum;
+      position_loss[static_cast<size_t>(b * S + len - 1)] = upto - before;
+      before = upto;
+    }
+  }
+  double want_all = 0, want_kept = 0;
+  for (int i = 0; i < B * S; ++i) {
+    want_all += position_loss[static_cast<size_t>(i)];
+    if (mask.f32()[i] == 1.f) want_kept += position_loss[static_cast<size_t>(i)];
+  }
+
+  const LossSum none = f.loss(tokens, targets, Tensor());
+  const LossSum all = f.loss(tokens, targets, ones);
+  const LossSum masked = f.loss(tokens, ignored, mask);
+  EXPECT_EQ(none.count, B * S);
+  EXPECT_EQ(all.count, B * S);
+  EXPECT_EQ(masked.count, kept);
+  EXPECT_EQ(all.sum, none.sum);  // w · x = x for w = 1: no mask and an all-ones mask agree
+  // The prefix runs compute in float with other GEMM and attention shapes: each position's loss
+  // (≈ log 64 ≈ 4.2) may move by a few float ulps (~1e-6), and each difference carries the
+  // rounding of two prefix sums. Measured: 1e-6 absolute on sums of ≈ 200 and ≈ 120 (5e-9
+  // relative); 1e-6 relative leaves two orders of margin, while dropping or adding one position
+  // moves the sum by ≈ 4.
+  EXPECT_NEAR(none.sum, want_all, 1e-6 * want_all);
+  EXPECT_NEAR(masked.sum, want_kept, 1e-6 * want_kept);
+  // A masked position's target is never read: −100 and a real token give the same loss.
+  EXPECT_EQ(f.loss(tokens, targets, mask).sum, masked.sum);
+}
+
+TEST(LossMask, GradientOfTheMaskedLossSum) {
+  Fixture f;
+  const int B = 2, S = 16, V = f.cfg.vocab_size;
+  Tensor tokens = f.i32(B, S), targets = f.i32(B, S), ignored = f.i32(B, S);
+  Tensor mask = f.be->empty({B, S}, MemCategory::kActivations);
+  Tensor ones = f.be->empty({B, S}, MemCategory::kActivations);
+  for (int i = 0; i < B * S; ++i) {
+    tokens.i32()[i] = static_cast<int32_t>(mix64(900 + static_cast<uint64_t>(i)) % V);
+    targets.i32()[i] = static_cast<int32_t>(mix64(950 + static_cast<uint64_t>(i)) % V);
+    const bool keep = i % 4 != 1;
+    mask.f32()[i] = keep ? 1.f : 0.f;
+    ones.f32()[i] = 1.f;
+    ignored.i32()[i] = keep ? targets.i32()[i] : kIgnoreIndex;
+  }
+  LossSum l_none, l_ones, l_masked, l_real_targets;
+  const std::vector<float> g_none = f.grads(tokens, targets, Tensor(), &l_none);
+  const std::vector<float> g_ones = f.grads(tokens, targets, ones, &l_ones);
+  const std::vector<float> g = f.grads(tokens, ignored, mask, &l_masked);
+  const std::vector<float> g_real_targets = f.grads(tokens, targets, mask, &l_real_targets);
+  EXPECT_EQ(g_ones, g_none);     // an all-ones mask is no mask, bit for bit
+  EXPECT_EQ(g_real_targets, g);  // masked rows' targets are never read
+  EXPECT_NE(g, g_none);
+
+  // d(masked loss sum)/d(w) by central differences, for two parameter elements: the one with the
+  // largest gradient and the one whose gradient the mask changes most.
+  size_t largest = 0, most_masked = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::fabs(g[i]) > std::fabs(g[largest])) largest = i;
+    if (std::fabs(g[i] - g_none[i]) > std::fabs(g[most_masked] - g_none[most_masked]))
+      most_masked = i;
+  }
+  // Tolerance 1e-3 relative. The loss sum (24 positions, ≈ 100) is float arithmetic whose
+  // rounding moves it by ~1e-6 absolute, ~2e-4 absolute in the quotient over 2h = 6e-3; the
+  // truncation error h²·L'''/6 dominates (measured: 9e-4 relative at h = 1e-2, ≤ 1e-4 at
+  // h = 3e-3). Both gradients are ≥ 1 and the unmasked gradient of the second element differs by
+  // far more than the tolerance (asserted), so a backward that ignored the mask fails.
+  const float h = 3e-3f;
+  for (size_t at : {largest, most_masked}) {
+    float* w = f.model->params().params().f32() + at;
+    const float w0 = *w, up = w0 + h, down = w0 - h;  // the steps as float holds them
+    auto loss_at = [&](float v) {
+      *w = v;
+      f.model->params().params_changed();
+      return f.loss(tokens, ignored, mask).sum;
+    };
+    const double plus = loss_at(up), minus = loss_at(down);
+    loss_at(w0);
+    const double numeric = (plus - minus) / (static_cast<double>(up) - static_cast<double>(down));
+    const double tol = 1e-3 * std::fabs(numeric);
+    ASSERT_GT(std::fabs(g[at]), 1.0f) << "parameter element " << at;
+    EXPECT_NEAR(g[at], numeric, tol) << "parameter element " << at;
+    if (at == most_masked) {
+      ASSERT_GT(std::fabs(g_none[at] - numeric), 10 * tol) << "the check would not tell the mask";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
