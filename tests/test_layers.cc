@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "launch/config_parse.h"
+#include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/rng.h"

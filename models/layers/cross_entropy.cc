@@ -44,10 +44,9 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   return l;
 }
 
-void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits,
-                                         const Tensor& logits, const Saved& s,
-                                         const Tensor& targets, const Tensor& loss_mask,
-                                         float scale) const {
+void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits, const Tensor& logits,
+                                         const Saved& s, const Tensor& targets,
+                                         const Tensor& loss_mask, float scale) const {
   const Tensor mask = rows_mask(loss_mask, logits.size(0));
   env.be.ce_backward(dlogits, logits, s.row_max, s.row_sumexp, targets, scale, vocab.start,
                      vocab.valid(), mask.defined() ? &mask : nullptr);
