@@ -11,12 +11,12 @@
 //   124m  B=16 S=1024 C=768  NH=12 HS=64  ffn 3072, 12 layers
 //   1.3b  B=4  S=2048 C=2048 NH=16 HS=128 ffn 8192, 24 layers (configs/bench/gpt-1.3b-gpu.json's
 //         micro-batch)
-//   Both: vocabulary 50257, padded to 50304 (a multiple of 128, as models/gpt.cc pads it): the
+//   Both: vocabulary 50257, padded to 50304 (a multiple of 128, as models/layers/embedding.cc pads it): the
 //   LM-head GEMMs and the logits' row width use 50304, the cross-entropy reads the 50257 real
 //   columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B, padding
 //   rows included), one multi-tensor segment per parameter tensor.
 //
-// Precisions, as the model runs them (models/gpt.cc):
+// Precisions, as the model runs them (models/gpt/gpt.cc):
 //   f32   every operand f32. cuBLASLt computes in true fp32 (no TF32, gemm_lt.h), so GEMMs and
 //         attention are held against the CUDA-core fp32 peak.
 //   bf16  activations and the GEMMs' weight copy bf16 with f32 accumulation; weight gradients,
@@ -327,7 +327,7 @@ struct ParamTensor {
   bool decay;  // weight matrices decay; biases and LayerNorm parameters do not
 };
 
-// The GPT parameter tensors (models/gpt.cc's layout, tied embeddings, padded vocabulary).
+// The GPT parameter tensors (models/gpt/gpt.cc's layout, tied embeddings, padded vocabulary).
 std::vector<ParamTensor> param_tensors(const Model& m) {
   const int64_t C = m.C, F = m.F;
   std::vector<ParamTensor> t = {{int64_t{m.Vp} * C, true}, {int64_t{m.S} * C, true}};
