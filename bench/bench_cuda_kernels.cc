@@ -11,9 +11,9 @@
 //   124m  B=16 S=1024 C=768  NH=12 HS=64  ffn 3072, 12 layers
 //   1.3b  B=4  S=2048 C=2048 NH=16 HS=128 ffn 8192, 24 layers (configs/bench/gpt-1.3b-gpu.json's
 //         micro-batch)
-//   Both: vocabulary 50257, padded to 50304 (a multiple of 128, as models/layers/embedding.cc pads it): the
-//   LM-head GEMMs and the logits' row width use 50304, the cross-entropy reads the 50257 real
-//   columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B, padding
+//   Both: vocabulary 50257, padded to 50304 (a multiple of 128, as models/layers/embedding.cc
+//   pads it): the LM-head GEMMs and the logits' row width use 50304, the cross-entropy reads the
+//   50257 real columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B, padding
 //   rows included), one multi-tensor segment per parameter tensor.
 //
 // Precisions, as the model runs them (models/gpt/gpt.cc):
