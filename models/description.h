@@ -4,9 +4,10 @@
 // The planner's cost and memory models (partitioner/), `strata train --dry-run`, the start-up
 // memory check and the training metrics (FLOPs, MFU) all read a model through this interface, so
 // the numbers they use are the model's own: parameter counts come from the parameter layout the
-// model itself declares (its layers declared into a layout that is never allocated), activation
-// counts from the same saved-tensor lists its forward keeps. An architecture implements it next
-// to its model (models/gpt/description.cc).
+// model itself declares (its layers declared into a layout that is never allocated); activation
+// counts are written beside the model, tensor by tensor as its forward keeps them, and checked
+// against the allocator's measured peak (tests/test_planner.cc, tests/mpi_test_memory.cc). An
+// architecture implements it next to its model (models/gpt/description.cc).
 //
 // Parts: the model is an embedding, num_layers() identical transformer layers, and a head
 // (final norm, LM head, loss). Sizes are per micro-batch of b sequences of seq_len() tokens on

@@ -91,7 +91,7 @@ class Model {
 
   // This rank's parameters, their layout and gradients (flat buffers).
   virtual ParamStore& params() = 0;
-  const ParamStore& params() const { return const_cast<Model*>(this)->params(); }
+  virtual const ParamStore& params() const = 0;
   virtual const std::vector<ModelPiece>& pieces() const = 0;
 
   // The element type of activations and of what crosses a pipeline boundary.

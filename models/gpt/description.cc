@@ -11,7 +11,7 @@ namespace {
 
 class GptDescription final : public ModelDescription {
  public:
-  explicit GptDescription(const ModelConfig& m) : m_(m), d_(gpt_shape(m)) {}
+  explicit GptDescription(const ModelConfig& m) : d_(gpt_shape(m)) {}
 
   std::string arch() const override { return "gpt"; }
   int num_layers() const override { return d_.L; }
@@ -181,7 +181,6 @@ class GptDescription final : public ModelDescription {
   double seq_local(const RankShape& r) const {
     return sp(r) ? static_cast<double>(d_.S) / r.tensor : d_.S;
   }
-  static int64_t numel(const ParamLayout& l) { return l.numel(); }
   // The per-rank counts at tensor size t, from the layouts of a one-layer piece, an
   // embedding-only piece and a head-only piece (cached: the planner asks often).
   Counts counts(int t) const {
@@ -189,16 +188,15 @@ class GptDescription final : public ModelDescription {
     auto it = cache_.find(t);
     if (it != cache_.end()) return it->second;
     Counts c;
-    c.layer = numel(GptModel::layout(d_, t, 0, false, {{0, 1, false, false}}));
-    c.embedding = numel(GptModel::layout(d_, t, 0, false, {{0, 0, true, false}}));
+    c.layer = GptModel::layout(d_, t, 0, false, {{0, 1, false, false}}).numel();
+    c.embedding = GptModel::layout(d_, t, 0, false, {{0, 0, true, false}}).numel();
     // A head-only piece of a tied model holds the copy of wte; the head proper is the rest.
-    const int64_t head_piece = numel(GptModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}));
+    const int64_t head_piece = GptModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}).numel();
     c.tied_copy = d_.tie ? padded_vocab(t) / t * d_.C : 0;
     c.head = head_piece - c.tied_copy;
     return cache_[t] = c;
   }
 
-  ModelConfig m_;
   GptShape d_;
   mutable std::mutex mu_;
   mutable std::map<int, Counts> cache_;

@@ -96,7 +96,6 @@ GptModel::~GptModel() = default;
 
 void GptModel::declare(ParamLayout& layout) {
   const GptShape& d = shape_;
-  const bool sp = options_.sequence_parallel && options_.tensor > 1;
   const VocabShard vocab = vocab_shard(d.V, options_.tensor, options_.tensor_rank);
   const LinearInit w{d.init_std};
   const LinearInit proj{d.init_std / std::sqrt(2.0 * d.L)};  // GPT-2's residual scaling
@@ -114,10 +113,10 @@ void GptModel::declare(ParamLayout& layout) {
     for (int l = piece.first_layer; l < piece.first_layer + piece.num_layers; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
       Block b;
-      b.ln1 = LayerNorm(layout, h + "ln_1", d.C, sp);
+      b.ln1 = LayerNorm(layout, h + "ln_1", d.C);
       b.attn = SelfAttention(layout, h + "attn.c_attn", h + "attn.c_proj", d.C, d.NH, w, proj,
                              /*bias=*/true);
-      b.ln2 = LayerNorm(layout, h + "ln_2", d.C, sp);
+      b.ln2 = LayerNorm(layout, h + "ln_2", d.C);
       b.mlp = GeluMLP(layout, h + "mlp.c_fc", h + "mlp.c_proj", d.C, d.F, w, proj, /*bias=*/true);
       b.first = b.ln1.weight;
       b.last = b.mlp.proj.bias;
@@ -126,7 +125,7 @@ void GptModel::declare(ParamLayout& layout) {
     }
     if (piece.head) {
       head_ = std::make_unique<Head>();
-      head_->ln_f = LayerNorm(layout, "ln_f", d.C, sp);
+      head_->ln_f = LayerNorm(layout, "ln_f", d.C);
       if (!d.tie) {
         head_->lm_head = ColumnParallelLinear(layout, "lm_head", d.C, vocab.Vp, w, /*bias=*/false);
         // Padded vocabulary rows stay zero, as in wte.
@@ -176,8 +175,7 @@ PieceActsPtr GptModel::forward_piece(int piece, const Tensor& input, const Model
   a->input = pc.embedding ? embedding_.forward(env, batch.tokens) : input;
   a->h.resize(static_cast<size_t>(pc.num_layers));
   for (int i = 0; i < pc.num_layers; ++i) {
-    const Block& blk =
-        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk = block(pc.first_layer + i);
     block_forward(blk, i > 0 ? a->h[static_cast<size_t>(i - 1)].out : a->input, *a, i, false);
   }
   if (!pc.head) return a;
@@ -230,8 +228,7 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
     a.logits = Tensor();  // the largest activation: release it as soon as it is consumed
     const Tensor dlnf = head.lm_head.backward(env, pass, std::move(dlogits), a.lnf.out);
     head.ln_f.backward(env, pass, dresid, dlnf, piece_output(a), a.lnf);
-    if (head.own_weight) store_->report_ready(head.lm_head.weight, head.lm_head.weight);
-    store_->report_ready(head.ln_f.weight, head.ln_f.bias);
+    report_head_ready();
   } else {
     // The gradient arrives from the next stage; it is accumulated in place below.
     dresid = env.act({B, Sl, shape_.C});
@@ -240,8 +237,7 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
 
   for (int i = pc.num_layers - 1; i >= 0; --i) {
     const Tensor& x = i > 0 ? a.h[static_cast<size_t>(i - 1)].out : a.input;
-    const Block& blk =
-        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk = block(pc.first_layer + i);
     block_backward(blk, x, a, i, pass, dresid);
   }
 
@@ -287,14 +283,20 @@ void GptModel::backward_weight_piece(PieceActs& acts, bool last_microbatch) {
   }
 }
 
+const GptModel::Block& GptModel::block(int layer) const {
+  return blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(layer)])];
+}
+
+void GptModel::report_head_ready() const {
+  if (head_->own_weight) store_->report_ready(head_->lm_head.weight, head_->lm_head.weight);
+  store_->report_ready(head_->ln_f.weight, head_->ln_f.bias);
+}
+
 void GptModel::report_piece_ready(int piece) const {
   const ModelPiece& pc = pieces_[static_cast<size_t>(piece)];
-  if (pc.head) {
-    if (head_->own_weight) store_->report_ready(head_->lm_head.weight, head_->lm_head.weight);
-    store_->report_ready(head_->ln_f.weight, head_->ln_f.bias);
-  }
+  if (pc.head) report_head_ready();
   for (int l = pc.first_layer + pc.num_layers - 1; l >= pc.first_layer; --l) {
-    const Block& blk = blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(l)])];
+    const Block& blk = block(l);
     store_->report_ready(blk.first, blk.last);
   }
   if (pc.embedding) store_->report_ready(embedding_.table, embedding_.positions);
@@ -304,8 +306,7 @@ void GptModel::rerun_selective_recompute(const PieceActs& acts) {
   const Acts& a = static_cast<const Acts&>(acts);
   const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
   for (int i = 0; i < pc.num_layers; ++i) {
-    const Block& blk =
-        blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(pc.first_layer + i)])];
+    const Block& blk = block(pc.first_layer + i);
     SelfAttention::Saved again;
     again.qkv = a.h[static_cast<size_t>(i)].attn.qkv;
     blk.attn.recompute_core(*env_, again);

@@ -51,8 +51,8 @@ class GptModel final : public Model {
   GptModel(const GptShape& shape, const ModelOptions& options, Backend& backend);
   ~GptModel() override;
 
-  using Model::params;
   ParamStore& params() override { return *store_; }
+  const ParamStore& params() const override { return *store_; }
   const std::vector<ModelPiece>& pieces() const override { return pieces_; }
   DType activation_dtype() const override { return options_.bf16 ? DType::kBF16 : DType::kF32; }
   Shape boundary_shape(int micro_batch, int seq_len) const override;
@@ -84,6 +84,10 @@ class GptModel final : public Model {
   void block_forward(const Block& blk, const Tensor& x, Acts& a, int i, bool recomputing) const;
   void block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
                       Tensor& dresid) const;
+  // The block holding layer `layer` (one this rank holds).
+  const Block& block(int layer) const;
+  // Reports the final gradients of the head's parameters, of every parameter of `piece`.
+  void report_head_ready() const;
   void report_piece_ready(int piece) const;
 
   GptShape shape_;

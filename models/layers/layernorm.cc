@@ -2,24 +2,9 @@
 
 namespace strata {
 
-LayerNorm::LayerNorm(ParamLayout& layout, const std::string& name, int64_t C,
-                     bool sequence_parallel) {
-  weight = layout.add({name + ".weight",
-                       {C},
-                       ParamSplit::kReplicated,
-                       ParamInit::kOnes,
-                       0,
-                       -1,
-                       false,
-                       sequence_parallel});
-  bias = layout.add({name + ".bias",
-                     {C},
-                     ParamSplit::kReplicated,
-                     ParamInit::kZeros,
-                     0,
-                     -1,
-                     false,
-                     sequence_parallel});
+LayerNorm::LayerNorm(ParamLayout& layout, const std::string& name, int64_t C) {
+  weight = layout.add({name + ".weight", {C}, ParamSplit::kReplicated, ParamInit::kOnes});
+  bias = layout.add({name + ".bias", {C}, ParamSplit::kReplicated, ParamInit::kZeros});
 }
 
 void LayerNorm::forward(const LayerEnv& env, Saved& s, const Tensor& x) const {

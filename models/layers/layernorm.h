@@ -26,7 +26,7 @@ class LayerNorm {
 
   LayerNorm() = default;
   // Declares `name`.weight (ones) and `name`.bias (zeros) of size C.
-  LayerNorm(ParamLayout& layout, const std::string& name, int64_t C, bool sequence_parallel);
+  LayerNorm(ParamLayout& layout, const std::string& name, int64_t C);
 
   void forward(const LayerEnv& env, Saved& s, const Tensor& x) const;
   // dx += the gradient through the normalisation of x (the residual stream's gradient, which

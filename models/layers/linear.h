@@ -55,9 +55,6 @@ class ColumnParallelLinear {
 
   ParamRef weight, bias;
   int64_t out_local = 0;  // output features on this rank
-
- private:
-  friend class RowParallelLinear;
 };
 
 class RowParallelLinear {

@@ -74,7 +74,6 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   p.std = d.std;
   p.decay = d.decay;
   p.rows_initialised = d.rows_initialised;
-  p.sequence_partial_grad = d.sequence_partial_grad;
   STRATA_CHECK(index_.emplace(p.name, static_cast<int>(infos_.size())).second,
                "parameter " << p.name << " declared twice");
   numel_ += p.numel;
@@ -96,11 +95,6 @@ ParamStore::ParamStore(ParamLayout layout, Backend& backend, bool bf16, uint64_t
   if (bf16) params_lp_ = be_.empty({n}, MemCategory::kParameters, DType::kBF16);
   grads_ = be_.zeros({n}, MemCategory::kGradients);
   init(seed);
-}
-
-Tensor ParamStore::param(ParamRef r) const {
-  const ParamInfo& p = info(r);
-  return params_.view(p.offset, p.shape);
 }
 
 Tensor ParamStore::grad(ParamRef r) const {

@@ -59,9 +59,6 @@ struct ParamInfo {
   double std = 0;                 // for kNormal
   int64_t rows_initialised = -1;  // kNormal: rows past this stay 0 (padded vocabulary); -1 all
   bool decay = false;  // AdamW weight decay applies (matrices and embeddings, not biases/norms)
-  // With sequence parallelism each rank sees only its part of the sequence in this parameter's
-  // forward (the LayerNorms), so its gradient is a partial sum over the tensor group.
-  bool sequence_partial_grad = false;
   // Held by two pipeline stages (a tied embedding: the first stage's table and the last stage's
   // copy for the head): its gradient is final only once the two are summed over the embedding
   // group, after the pipeline has drained.
@@ -90,7 +87,6 @@ struct ParamDecl {
   double std = 0;
   int64_t rows_initialised = -1;
   bool decay = false;
-  bool sequence_partial_grad = false;
 };
 
 // The ordered parameter entries of one rank (the order is the flat buffers' order).
@@ -145,8 +141,7 @@ class ParamStore {
   void init(uint64_t seed);
   void zero_grads();
 
-  Tensor param(ParamRef r) const;  // a view of params() (fp32)
-  Tensor grad(ParamRef r) const;   // a view of grads()
+  Tensor grad(ParamRef r) const;  // a view of grads()
   // The weights the forward and backward compute with: the bf16 copy in bf16 mode, else param().
   Tensor cparam(ParamRef r) const;
 
