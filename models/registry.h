@@ -31,6 +31,12 @@ struct HfAdapter {
   // tensor when one is missing or has another shape.
   std::function<FullTensors(const ModelConfig& m, const FullTensors& hf, const std::string& path)>
       from_hf;
+  // The config.json transformers' from_pretrained reads for this model (an export writes it).
+  std::function<nlohmann::json(const ModelConfig& m)> hf_config;
+  // Refuses, with InputError(path, key, …), a Hugging Face config.json whose shape keys differ
+  // from the model config (a directory given to model.init_from).
+  std::function<void(const ModelConfig& m, const nlohmann::json& hf, const std::string& path)>
+      check_hf_config;
 };
 
 struct ArchSpec {

@@ -130,17 +130,47 @@ class Backend {
                                           const Tensor& pre);
 
   // ---- attention core (causal) ----
-  // qkv (B, S, 3, NH, HS) → out (B, S, NH, HS); `saved` (f32, attention_saved_shape) keeps what
-  // the backward needs: the CPU backend the (B, NH, S, S) probabilities, a fused (flash-style)
-  // backend the (B, NH, S) log-sum-exp of each score row.
+  // Grouped-query attention: qkv (B, S, NH + 2·KVH, HS) holds per token the NH query heads, then
+  // the KVH key heads, then the KVH value heads (KVH = NH: multi-head attention, the (B, S, 3, NH,
+  // HS) layout; KVH = 1: multi-query). Query head h attends with key/value head h / (NH / KVH),
+  // Hugging Face's repeat_kv order; NH must be a multiple of KVH. out (B, S, NH, HS); `saved`
+  // (f32, attention_saved_shape) keeps what the backward needs: the CPU backend the
+  // (B, NH, S, S) probabilities, a fused (flash-style) backend the (B, NH, S) log-sum-exp of each
+  // score row. Scores are scaled by 1/√HS.
   virtual Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const {
     return {B, num_heads, S, S};
   }
-  virtual void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv,
-                                 int num_heads) = 0;
-  // dqkv = the gradient; out is the forward's output.
+  virtual void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int num_heads,
+                                 int num_kv_heads) = 0;
+  // dqkv (the qkv layout) = the gradient, assigned; out is the forward's output. A key/value
+  // head's gradient sums over the NH / KVH query heads that share it.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& out, const Tensor& saved, int num_heads) = 0;
+                                  const Tensor& out, const Tensor& saved, int num_heads,
+                                  int num_kv_heads) = 0;
+
+  // ---- Llama-family ops ----
+  // RMSNorm over the last dimension: out (N, C) = x · rstd · w with rstd (N, f32) =
+  // 1/√(mean(x²) + eps). Backward: dinp (N, C) += (the residual stream's gradient, as
+  // layernorm_backward), dw (C) +=.
+  virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                               float eps);
+  virtual void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                                const Tensor& w, const Tensor& rstd);
+  // Rotary position embeddings, in place on the query and key heads of a qkv tensor in the
+  // attention layout above (B, S, NH + 2·KVH, HS); the value heads are left as they are.
+  // Position s of every sequence rotates each pair (x[i], x[i + HS/2]), i < HS/2 (Hugging Face's
+  // rotate_half convention, not Meta's interleaved pairs) by the angle s·inv_freq[i]:
+  //   x[i] ← x[i]·cos − x[i+HS/2]·sin,   x[i+HS/2] ← x[i+HS/2]·cos + x[i]·sin.
+  // cos_sin (S_max ≥ S, HS) f32: row s is [cos(s·inv_freq[0..HS/2)) | sin(s·inv_freq[0..HS/2))]
+  // (the model builds it once, rope_scaling included). rope_backward applies the inverse rotation
+  // (the transpose) to the gradient dqkv, in place.
+  virtual void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads);
+  virtual void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int num_heads,
+                             int num_kv_heads);
+  // SwiGLU: gate_up (N, 2F) holds per row [gate (F) | up (F)]; out (N, F) = silu(gate) · up,
+  // silu(g) = g · sigmoid(g). Backward: dgate_up (N, 2F) assigned (one producer).
+  virtual void swiglu_forward(Tensor& out, const Tensor& gate_up);
+  virtual void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up);
 
   // ---- embedding (vocab-parallel shard [vocab_start, vocab_start + wte rows)) ----
   // tokens (B, S) i32; out (B, S, C); wpe (S_max, C) may be null (only the first stage adds it).

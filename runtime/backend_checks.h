@@ -33,6 +33,21 @@ inline void expect_row_weights(const Tensor* w, int64_t n, const char* what) {
   expect_numel(*w, n, what);
 }
 
+// The sizes of an attention's qkv (B, S, (NH + 2·KVH)·HS) (backend.h's layout), checked.
+struct AttentionDims {
+  int64_t B = 0, S = 0, HS = 0;
+};
+inline AttentionDims attention_dims(const Tensor& qkv, int NH, int KVH) {
+  STRATA_CHECK(qkv.dim() == 3, "attention qkv " << shape_string(qkv.shape()) << " is not (B, S, W)");
+  STRATA_CHECK(NH >= 1 && KVH >= 1 && NH % KVH == 0,
+               "attention heads " << NH << " are not a multiple of key/value heads " << KVH);
+  const int64_t width = qkv.size(2), heads = NH + 2 * int64_t{KVH};
+  STRATA_CHECK(width % heads == 0,
+               "attention qkv width " << width << " is not (" << NH << " + 2 × " << KVH
+                                      << ") heads × head size");
+  return {qkv.size(0), qkv.size(1), width / heads};
+}
+
 // Rows of a tensor viewed as (N, last dim).
 inline int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 

@@ -179,38 +179,37 @@ class CpuBackend final : public Backend {
     k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), static_cast<size_t>(inp.numel()));
   }
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads) override {
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads,
+                         int num_kv_heads) override {
     if (!all_f32(out, att, qkv)) {
       MixedPrecisionScope mp(*this);
-      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads);
+      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads, num_kv_heads);
     }
-    const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
-    STRATA_CHECK(C3 % (3 * num_heads) == 0, "qkv width " << C3 << " % (3 * " << num_heads << ")");
-    const int64_t HS = C3 / 3 / num_heads;
-    expect_numel(out, B * S * num_heads * HS, "attention out");
-    expect_numel(att, B * num_heads * S * S, "attention probabilities");
-    k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(B), as_int(S), num_heads,
-                         as_int(HS));
+    const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
+    expect_numel(out, a.B * a.S * num_heads * a.HS, "attention out");
+    expect_numel(att, a.B * num_heads * a.S * a.S, "attention probabilities");
+    k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(a.B), as_int(a.S), num_heads,
+                         num_kv_heads, as_int(a.HS));
   }
   // The probabilities saved by the forward make `out` unnecessary here.
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& att, int num_heads) override {
+                          const Tensor& att, int num_heads, int num_kv_heads) override {
     if (!all_f32(dqkv, dout, qkv, att)) {
       MixedPrecisionScope mp(*this);
       return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att),
-                                num_heads);
+                                num_heads, num_kv_heads);
     }
-    const int64_t B = qkv.size(0), S = qkv.size(1), C3 = qkv.size(-1);
-    const int64_t HS = C3 / 3 / num_heads;
+    const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
-    expect_numel(dout, B * S * num_heads * HS, "attention dout");
-    const int64_t need = static_cast<int64_t>(k::attention_scratch_elems(as_int(S)));
+    expect_numel(dout, a.B * a.S * num_heads * a.HS, "attention dout");
+    expect_numel(att, a.B * num_heads * a.S * a.S, "attention probabilities");
+    const int64_t need = static_cast<int64_t>(k::attention_scratch_elems(as_int(a.S)));
     if (scratch_.numel() < need) {
       scratch_ = Tensor();  // release before allocating the larger one
       scratch_ = empty({need}, MemCategory::kBuffers);
     }
     k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(),
-                          as_int(B), as_int(S), num_heads, as_int(HS));
+                          as_int(a.B), as_int(a.S), num_heads, num_kv_heads, as_int(a.HS));
   }
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,

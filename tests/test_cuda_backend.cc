@@ -105,8 +105,8 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
     // only the output and the gradient are compared.
     Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a);
     Tensor dQ = be.zeros({B, S, 3 * C}, a);
-    be.attention_forward(O, Att, Q, NH);
-    be.attention_backward(dQ, G, Q, O, Att, NH);
+    be.attention_forward(O, Att, Q, NH, NH);
+    be.attention_backward(dQ, G, Q, O, Att, NH, NH);
     o.push_back(get(be, O));
     o.push_back(get(be, dQ));
     // Embedding (a vocabulary shard starting at 10)
@@ -237,13 +237,13 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
       Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a);
       Tensor dQ = put(be, {B, S, 3 * C}, init, bf);
       try {
-        be.attention_forward(O, Att, Q, NH);
+        be.attention_forward(O, Att, Q, NH, NH);
       } catch (const std::runtime_error& e) {
         if (k == 0 || !is_cudnn_refusal(e)) throw;
         refused += shape + ": " + e.what() + "\n";
         break;
       }
-      be.attention_backward(dQ, G, Q, O, Att, NH);
+      be.attention_backward(dQ, G, Q, O, Att, NH, NH);
       out[k] = get(be, O);
       lse[k] = get(be, Att);
       dqkv[k] = get(be, dQ);
@@ -252,7 +252,7 @@ TEST_F(CudaBackend, CudnnAttentionMatchesStrataKernels) {
         Tensor Qs = put(*bes[0], {B, S, 3 * C}, qkv, bf), Gs = put(*bes[0], {B, S, C}, g, bf);
         Tensor Os = put(*bes[0], {B, S, C}, out[1], bf);
         Tensor Atts = put(*bes[0], bes[0]->attention_saved_shape(B, NH, S), lse[1]);
-        bes[0]->attention_backward(dQs, Gs, Qs, Os, Atts, NH);
+        bes[0]->attention_backward(dQs, Gs, Qs, Os, Atts, NH, NH);
         cross = get(*bes[0], dQs);
       }
     }
@@ -286,8 +286,8 @@ TEST_F(CudaBackend, AutoAttentionIsCudnnWhereItRunsElseStrata) {
       Tensor O = be.empty({B, S, C}, MemCategory::kActivations, bf);
       Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), MemCategory::kActivations);
       Tensor dQ = be.zeros({B, S, 3 * C}, MemCategory::kActivations, bf);
-      be.attention_forward(O, Att, Q, NH);
-      be.attention_backward(dQ, G, Q, O, Att, NH);
+      be.attention_forward(O, Att, Q, NH, NH);
+      be.attention_backward(dQ, G, Q, O, Att, NH, NH);
       out[0] = get(be, O);
       out[1] = get(be, dQ);
     };
@@ -355,9 +355,9 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
       const Tensor Q = put(*be, {B, S, 3 * C}, qkv, t), Go = put(*be, {B, S, C}, go, t);
       Tensor O = be->empty({B, S, C}, MemCategory::kActivations, t);
       Tensor saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
-      be->attention_forward(O, saved, Q, NH);
+      be->attention_forward(O, saved, Q, NH, NH);
       check("attention_backward dqkv",
-            run({B, S, 3 * C}, [&](Tensor& d) { be->attention_backward(d, Go, Q, O, saved, NH); }));
+            run({B, S, 3 * C}, [&](Tensor& d) { be->attention_backward(d, Go, Q, O, saved, NH, NH); }));
       const Tensor L = put(*be, {N, V}, logits, t), T = put_i32(*be, {B, S}, tok);
       Tensor mx = be->empty({N}, MemCategory::kActivations);
       Tensor se = be->empty({N}, MemCategory::kActivations);

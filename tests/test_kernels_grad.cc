@@ -426,14 +426,14 @@ void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t se
   const Vec r = random_vec(nout, seed + 1);     // (B, S, NH, HS)
   Vec out(nout), att(natt);                     // (B, S, NH, HS), (B, NH, S, S)
 
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
   Vec want_out(nout), want_att(natt);
   naive_attention(want_out, want_att, qkv, B, S, NH, HS);
   expect_close(out, want_out, 1e-12, "attention out");
   expect_close(att, want_att, 1e-12, "attention att");
 
   auto loss = [&] {
-    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
     return dot(r, out);
   };
   loss();  // att of the unperturbed input for the backward
@@ -442,7 +442,7 @@ void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t se
   Vec dqkv(nqkv, kNaN);
   Vec scratch(cpu::attention_scratch_elems(S), kNaN);
   cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
-                                  S, NH, HS);
+                                  S, NH, NH, HS);
   expect_close(dqkv, numeric_grad(qkv, loss), kFdTol, "attention dqkv");
 }
 
@@ -465,15 +465,15 @@ TEST(KernelsFloat, AttentionMatchesDouble) {
   // clamp of the float kernel's exp.
   const Vec qkv = random_vec(nqkv, 70, -4.0, 4.0), dout = random_vec(nout, 71);
   Vec out(nout), att(natt), dqkv(nqkv, 0.0), scratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
   cpu::attention_backward<double>(dqkv.data(), dout.data(), qkv.data(), att.data(), scratch.data(),
-                                  B, S, NH, HS);
+                                  B, S, NH, NH, HS);
   const auto fqkv = to_float(qkv), fdout = to_float(dout);
   std::vector<float> fout(nout), fatt(natt), fdqkv(nqkv, 0.f),
       fscratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, HS);
+  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, NH, HS);
   cpu::attention_backward<float>(fdqkv.data(), fdout.data(), fqkv.data(), fatt.data(),
-                                 fscratch.data(), B, S, NH, HS);
+                                 fscratch.data(), B, S, NH, NH, HS);
   expect_close(fout, out, kFloatAttentionTol, "float attention out");
   expect_close(fatt, att, kFloatAttentionTol, "float attention att");
   expect_close(fdqkv, dqkv, kFloatAttentionTol, "float attention dqkv");
@@ -487,7 +487,7 @@ TEST(KernelsAttention, ProbabilitiesAreCausalAndNormalised) {
   // Pre-filled with NaN: every entry, masked ones included, must be written.
   std::vector<float> att(static_cast<size_t>(B) * NH * S * S,
                          std::numeric_limits<float>::quiet_NaN());  // (B, NH, S, S)
-  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
   for (int bh = 0; bh < B * NH; ++bh) {
     for (int i = 0; i < S; ++i) {
       const float* row = att.data() + (static_cast<size_t>(bh) * S + i) * S;

@@ -26,8 +26,9 @@ constexpr int kAttentionBlock = 64;
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int HS) {
-  const int ld = 3 * NH * HS;  // row stride of q, k, v inside qkv
+void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int KVH, int HS) {
+  const int ld = (NH + 2 * KVH) * HS;  // row stride of q, k, v inside qkv
+  const int group = NH / KVH;          // query heads per key/value head
   const int ldo = NH * HS;     // row stride of one head inside out
   const T scale = T(1) / std::sqrt(T(HS));
   // One (b, h) pair per iteration; the GEMMs inside run single-threaded (OpenMP OpenBLAS inside
@@ -36,9 +37,10 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int H
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH;
     const int h = bh % NH;
-    const T* q = qkv + static_cast<size_t>(b) * S * ld + static_cast<size_t>(h) * HS;  // (S, HS)
-    const T* k = q + static_cast<size_t>(NH) * HS;                                     // (S, HS)
-    const T* v = q + 2 * static_cast<size_t>(NH) * HS;                                 // (S, HS)
+    const T* row0 = qkv + static_cast<size_t>(b) * S * ld;
+    const T* q = row0 + static_cast<size_t>(h) * HS;                                   // (S, HS)
+    const T* k = row0 + static_cast<size_t>(NH + h / group) * HS;                      // (S, HS)
+    const T* v = k + static_cast<size_t>(KVH) * HS;                                    // (S, HS)
     T* a = att + static_cast<size_t>(bh) * S * S;                                      // (S, S)
     T* o = out + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;       // (S, HS)
     for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
@@ -73,58 +75,66 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int H
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,
-                        int S, int NH, int HS) {
-  const int ld = 3 * NH * HS;
+                        int S, int NH, int KVH, int HS) {
+  const int ld = (NH + 2 * KVH) * HS;
   const int ldo = NH * HS;
+  const int group = NH / KVH;  // query heads per key/value head
   const T scale = T(1) / std::sqrt(T(HS));
+  // One (batch, key/value head) pair per iteration: the query heads of its group run one after
+  // the other, the first assigning dk and dv, the others adding to them (no two threads write
+  // the same rows).
 #pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH;
-    const int h = bh % NH;
-    const size_t head = static_cast<size_t>(b) * S * ld + static_cast<size_t>(h) * HS;
-    const T* q = qkv + head;                             // (S, HS), row stride ld
-    const T* k = q + static_cast<size_t>(NH) * HS;       // (S, HS)
-    const T* v = q + 2 * static_cast<size_t>(NH) * HS;   // (S, HS)
-    T* dq = dqkv + head;                                 // (S, HS)
-    T* dk = dq + static_cast<size_t>(NH) * HS;           // (S, HS)
-    T* dv = dq + 2 * static_cast<size_t>(NH) * HS;       // (S, HS)
-    const T* a = att + static_cast<size_t>(bh) * S * S;  // (S, S)
-    const T* dy = dout + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
+  for (int bkv = 0; bkv < B * KVH; ++bkv) {
+    const int b = bkv / KVH;
+    const int kvh = bkv % KVH;
+    const size_t row0 = static_cast<size_t>(b) * S * ld;
+    const T* k = qkv + row0 + static_cast<size_t>(NH + kvh) * HS;  // (S, HS), row stride ld
+    const T* v = k + static_cast<size_t>(KVH) * HS;                // (S, HS)
+    T* dk = dqkv + row0 + static_cast<size_t>(NH + kvh) * HS;      // (S, HS)
+    T* dv = dk + static_cast<size_t>(KVH) * HS;                    // (S, HS)
     T* d = scratch + static_cast<size_t>(omp_get_thread_num()) * S * S;  // (S, S): datt, then dpre
+    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const T beta = h == kvh * group ? T(0) : T(1);  // dk, dv: assign, then accumulate
+      const T* q = qkv + row0 + static_cast<size_t>(h) * HS;                               // (S, HS)
+      T* dq = dqkv + row0 + static_cast<size_t>(h) * HS;                                   // (S, HS)
+      const T* a = att + (static_cast<size_t>(b) * NH + h) * S * S;                        // (S, S)
+      const T* dy = dout + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
 
-    for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
-      const int i1 = std::min(S, i0 + kAttentionBlock);
-      const int rows = i1 - i0;
-      // datt[i0:i1, 0:i1] = dout[i0:i1] · v[0:i1]^T
-      gemm<T>(false, true, rows, i1, HS, T(1), dy + static_cast<size_t>(i0) * ldo, ldo, v, ld, T(0),
-              d + static_cast<size_t>(i0) * S, S);
-      // Softmax backward on the causal part: dpre = att ⊙ (datt − Σ_j att ⊙ datt). The rest of
-      // the row is zeroed because the dk GEMM below reads whole columns of dpre.
-      for (int i = i0; i < i1; ++i) {
-        const T* arow = a + static_cast<size_t>(i) * S;  // (S)
-        T* drow = d + static_cast<size_t>(i) * S;        // (S)
-        T dot = 0;
+      for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
+        const int i1 = std::min(S, i0 + kAttentionBlock);
+        const int rows = i1 - i0;
+        // datt[i0:i1, 0:i1] = dout[i0:i1] · v[0:i1]^T
+        gemm<T>(false, true, rows, i1, HS, T(1), dy + static_cast<size_t>(i0) * ldo, ldo, v, ld,
+                T(0), d + static_cast<size_t>(i0) * S, S);
+        // Softmax backward on the causal part: dpre = att ⊙ (datt − Σ_j att ⊙ datt). The rest of
+        // the row is zeroed because the dk GEMM below reads whole columns of dpre.
+        for (int i = i0; i < i1; ++i) {
+          const T* arow = a + static_cast<size_t>(i) * S;  // (S)
+          T* drow = d + static_cast<size_t>(i) * S;        // (S)
+          T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int j = 0; j <= i; ++j) dot += arow[j] * drow[j];
-        for (int j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
-        for (int j = i + 1; j < S; ++j) drow[j] = T(0);
+          for (int j = 0; j <= i; ++j) dot += arow[j] * drow[j];
+          for (int j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
+          for (int j = i + 1; j < S; ++j) drow[j] = T(0);
+        }
+        // dq[i0:i1] = dpre[i0:i1, 0:i1] · k[0:i1] / √HS
+        gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
+                dq + static_cast<size_t>(i0) * ld, ld);
       }
-      // dq[i0:i1] = dpre[i0:i1, 0:i1] · k[0:i1] / √HS
-      gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
-              dq + static_cast<size_t>(i0) * ld, ld);
-    }
-    // Key/value rows j only receive from query rows i ≥ j (att and dpre are 0 above the
-    // diagonal), so a block of key rows [j0, j1) needs query rows [j0, S) only.
-    for (int j0 = 0; j0 < S; j0 += kAttentionBlock) {
-      const int j1 = std::min(S, j0 + kAttentionBlock);
-      const int rows = j1 - j0;
-      const size_t corner = static_cast<size_t>(j0) * S + j0;  // element (j0, j0) of an (S, S)
-      // dv[j0:j1] = att[j0:S, j0:j1]^T · dout[j0:S]
-      gemm<T>(true, false, rows, HS, S - j0, T(1), a + corner, S,
-              dy + static_cast<size_t>(j0) * ldo, ldo, T(0), dv + static_cast<size_t>(j0) * ld, ld);
-      // dk[j0:j1] = dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
-      gemm<T>(true, false, rows, HS, S - j0, scale, d + corner, S, q + static_cast<size_t>(j0) * ld,
-              ld, T(0), dk + static_cast<size_t>(j0) * ld, ld);
+      // Key/value rows j only receive from query rows i ≥ j (att and dpre are 0 above the
+      // diagonal), so a block of key rows [j0, j1) needs query rows [j0, S) only.
+      for (int j0 = 0; j0 < S; j0 += kAttentionBlock) {
+        const int j1 = std::min(S, j0 + kAttentionBlock);
+        const int rows = j1 - j0;
+        const size_t corner = static_cast<size_t>(j0) * S + j0;  // element (j0, j0) of an (S, S)
+        // dv[j0:j1] (+)= att[j0:S, j0:j1]^T · dout[j0:S]
+        gemm<T>(true, false, rows, HS, S - j0, T(1), a + corner, S,
+                dy + static_cast<size_t>(j0) * ldo, ldo, beta, dv + static_cast<size_t>(j0) * ld,
+                ld);
+        // dk[j0:j1] (+)= dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
+        gemm<T>(true, false, rows, HS, S - j0, scale, d + corner, S,
+                q + static_cast<size_t>(j0) * ld, ld, beta, dk + static_cast<size_t>(j0) * ld, ld);
+      }
     }
   }
 }
@@ -136,8 +146,9 @@ size_t attention_scratch_elems(int S) {
 // Explicit instantiations: float for training, double for the finite-difference reference.
 
 #define STRATA_INSTANTIATE_CPU_ATTENTION(T)                                 \
-  template void attention_forward<T>(T*, T*, const T*, int, int, int, int); \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, T*, int, int, int, int);
+  template void attention_forward<T>(T*, T*, const T*, int, int, int, int, int); \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, T*, int, int, int, int, \
+                                      int);
 
 STRATA_INSTANTIATE_CPU_ATTENTION(float)
 STRATA_INSTANTIATE_CPU_ATTENTION(double)

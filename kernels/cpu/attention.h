@@ -15,18 +15,20 @@
 
 namespace strata::kernels::cpu {
 
-// Causal multi-head self-attention core.
-// qkv (B, S, 3, NH, HS): per position, all heads' queries, then keys, then values (this rank's
-// heads only under tensor parallelism). out (B, S, NH, HS). att (B, NH, S, S): softmax
-// probabilities saved for backward (entries above the diagonal are written as 0).
-// Scores are scaled by 1/√HS.
+// Causal grouped-query self-attention core.
+// qkv (B, S, NH + 2·KVH, HS): per position, the NH query heads, then the KVH key heads, then the
+// KVH value heads (this rank's heads only under tensor parallelism; KVH = NH is multi-head
+// attention's (B, S, 3, NH, HS)). Query head h uses key/value head h / (NH/KVH); NH must be a
+// multiple of KVH. out (B, S, NH, HS). att (B, NH, S, S): softmax probabilities saved for
+// backward (entries above the diagonal are written as 0). Scores are scaled by 1/√HS.
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int HS);
-// dqkv (B, S, 3, NH, HS) = gradients for q, k, v. scratch: (S, S) per OpenMP thread, i.e.
-// attention_scratch_elems(S) elements, owned by the caller.
+void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int KVH, int HS);
+// dqkv (B, S, NH + 2·KVH, HS) = gradients for q, k, v (a key/value head's summed over its query
+// heads). scratch: (S, S) per OpenMP thread, i.e. attention_scratch_elems(S) elements, owned by
+// the caller.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,
-                        int S, int NH, int HS);
+                        int S, int NH, int KVH, int HS);
 size_t attention_scratch_elems(int S);
 
 }  // namespace strata::kernels::cpu

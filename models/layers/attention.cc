@@ -25,7 +25,7 @@ void SelfAttention::recompute_core(const LayerEnv& env, Saved& s) const {
   const int64_t B = s.qkv.size(0), S = s.qkv.size(1);
   s.att = env.stat(env.be.attention_saved_shape(B, heads_local, S));
   s.out = env.act({B, S, qkv.out_local / 3});
-  env.be.attention_forward(s.out, s.att, s.qkv, heads_local);
+  env.be.attention_forward(s.out, s.att, s.qkv, heads_local, heads_local);
 }
 
 Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid,
@@ -34,7 +34,7 @@ Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Te
   Tensor dout = env.act({B, S, qkv.out_local / 3});
   proj.backward(env, pass, &dout, proj.gather_output_grad(env, dresid), s.out);
   Tensor dqkv = env.act({B, S, qkv.out_local});
-  env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local);
+  env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local, heads_local);
   dout = Tensor();
   return qkv.backward(env, pass, dqkv, x);
 }

@@ -464,12 +464,13 @@ class CudaBackend final : public Backend {
   Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override {
     return {B, num_heads, S};
   }
-  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH) override {
+  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH,
+                         int KVH) override {
     if (!same_dtype(out, qkv) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
-      return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH);
+      return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH, KVH);
     }
-    const AttentionShape a = attention_shape(qkv, NH);
+    const AttentionShape a = attention_shape(qkv, NH, KVH);
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
     if (use_cudnn(qkv, a)) {
@@ -482,13 +483,13 @@ class CudaBackend final : public Backend {
                                            a.NH, a.HS, stream_));
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& saved, int NH) override {
+                          const Tensor& saved, int NH, int KVH) override {
     if (!all_same_dtype(dqkv, dout, qkv, out) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
       return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out), mp.in(saved),
-                                NH);
+                                NH, KVH);
     }
-    const AttentionShape a = attention_shape(qkv, NH);
+    const AttentionShape a = attention_shape(qkv, NH, KVH);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
     expect_numel(dout, a.B * a.S * a.NH * a.HS, "attention dout");
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
@@ -793,7 +794,7 @@ class CudaBackend final : public Backend {
   }
 
   struct AttentionShape {
-    int B, S, NH, HS;
+    int B, S, NH, KVH, HS;
   };
   // Whether this attention runs on cuDNN: asked for (train.attention_backend "cudnn" or "auto")
   // and bf16. With "cudnn", a bf16 shape cuDNN refuses is an error: the config check ruled out
@@ -819,14 +820,12 @@ class CudaBackend final : public Backend {
                  MemCategory::kBuffers);
   }
 
-  // qkv (B, S, 3·NH·HS) with a head size the fused kernels handle.
-  static AttentionShape attention_shape(const Tensor& qkv, int NH) {
-    STRATA_CHECK(qkv.dim() == 3,
-                 "attention qkv " << shape_string(qkv.shape()) << " is not (B, S, 3C)");
-    STRATA_CHECK(NH > 0 && qkv.size(2) % (3 * NH) == 0,
-                 "attention qkv width " << qkv.size(2) << " is not 3 × " << NH << " heads");
-    const AttentionShape a{as_int(qkv.size(0)), as_int(qkv.size(1)), NH,
-                           as_int(qkv.size(2) / (3 * NH))};
+  // qkv (B, S, (NH + 2·KVH)·HS) with a head size the fused kernels handle.
+  static AttentionShape attention_shape(const Tensor& qkv, int NH, int KVH) {
+    const AttentionDims d = attention_dims(qkv, NH, KVH);
+    // TEMPORARY: grouped-query attention reaches the fused kernels in the next change.
+    STRATA_CHECK(KVH == NH, "grouped-query attention is not on the CUDA backend yet");
+    const AttentionShape a{as_int(d.B), as_int(d.S), NH, KVH, as_int(d.HS)};
     STRATA_CHECK(
         a.HS <= kc::kFlashMaxHeadSize,
         "head size " << a.HS << " exceeds the fused attention's maximum " << kc::kFlashMaxHeadSize);

@@ -363,7 +363,7 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
                 cudaSuccess)
           << what;
       std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.HS);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
       expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
@@ -434,9 +434,9 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
           << what;
       std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
       std::vector<float> cpu_scratch(kcpu::attention_scratch_elems(c.S));
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.HS);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
       kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
-                                      cpu_scratch.data(), c.B, c.S, c.NH, c.HS);
+                                      cpu_scratch.data(), c.B, c.S, c.NH, c.NH, c.HS);
       expect_close(what + " dqkv", Dqkv.host(), dqkv, is_bf16(type) ? kTolBf16 : kTolF32);
     }
 }
@@ -1041,13 +1041,13 @@ TEST_P(CudaBackendOps, Attention) {
   Tensor O = be->empty({B, S, C}, MemCategory::kActivations, act());
   Tensor Saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
   Tensor dQ = put(*be, {B, S, 3 * C}, dqkv, act());
-  be->attention_forward(O, Saved, Q, NH);
-  be->attention_backward(dQ, G, Q, O, Saved, NH);
+  be->attention_forward(O, Saved, Q, NH, NH);
+  be->attention_backward(dQ, G, Q, O, Saved, NH, NH);
   std::vector<float> out(static_cast<size_t>(B) * S * C), att(static_cast<size_t>(B) * NH * S * S);
   std::vector<float> scratch(kcpu::attention_scratch_elems(S));
-  kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, HS);
+  kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
   kcpu::attention_backward<float>(dqkv.data(), g.data(), qkv.data(), att.data(), scratch.data(), B,
-                                  S, NH, HS);
+                                  S, NH, NH, HS);
   expect_close("attention out", get(*be, O), out, tol(act(), act()));
   expect_close("attention dqkv", get(*be, dQ), dqkv, tol(act(), act()));
 }

@@ -81,9 +81,9 @@ struct CpuAttention {
   CpuAttention(const std::vector<float>& qkv, const std::vector<float>& dout, const Case& c)
       : out(c.tokens() * c.C()), dqkv(qkv.size(), 0.f) {
     std::vector<float> att(c.rows() * c.S), scratch(kcpu::attention_scratch_elems(c.S));
-    kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.HS);
+    kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
     kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
-                                    scratch.data(), c.B, c.S, c.NH, c.HS);
+                                    scratch.data(), c.B, c.S, c.NH, c.NH, c.HS);
   }
 };
 
