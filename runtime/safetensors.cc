@@ -1,22 +1,79 @@
 #include "runtime/safetensors.h"
 
 #include <cstring>
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/precision.h"
 #include "runtime/error.h"
 
 namespace strata {
 namespace {
 
-size_t dtype_bytes(const std::string& dt, const std::string& path, const std::string& name) {
-  if (dt == "F32" || dt == "I32") return 4;
-  if (dt == "BF16" || dt == "F16") return 2;
-  throw InputError(path, "tensor " + name, "dtype F32, I32 or BF16, got " + dt);
+// IEEE half → f32, exactly (every half is an f32: subnormal halves become normal floats).
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u = 0;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);  // infinity or NaN (payload kept)
+  } else if (exp != 0) {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    u = sign;  // ±0
+  } else {
+    // Subnormal: mant·2⁻²⁴. Shift the leading one up to the implicit bit.
+    uint32_t e = 127 - 15 + 1;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    u = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+std::string header_entry_error(int64_t data_size) {
+  return "dtype, shape and data_offsets within the " + std::to_string(data_size) + " data bytes";
 }
 
 }  // namespace
+
+int64_t st_dtype_bytes(const std::string& dt) {
+  if (dt == "F64" || dt == "I64" || dt == "U64") return 8;
+  if (dt == "F32" || dt == "I32" || dt == "U32") return 4;
+  if (dt == "BF16" || dt == "F16" || dt == "I16" || dt == "U16") return 2;
+  if (dt == "I8" || dt == "U8" || dt == "BOOL" || dt == "F8_E4M3" || dt == "F8_E5M2") return 1;
+  return 0;
+}
+
+bool st_is_float(const std::string& dt) {
+  return dt == "F32" || dt == "BF16" || dt == "F16" || dt == "F64";
+}
+
+void st_to_f32(const std::string& dt, const char* raw, int64_t n, float* out) {
+  const size_t count = static_cast<size_t>(n);
+  if (dt == "F32") {
+    std::memcpy(out, raw, count * sizeof(float));
+  } else if (dt == "BF16" || dt == "F16") {
+    const bool bf16 = dt == "BF16";
+    for (size_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, raw + 2 * i, 2);
+      out[i] = bf16 ? kernels::cpu::bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else if (dt == "F64") {
+    for (size_t i = 0; i < count; ++i) {
+      double d;
+      std::memcpy(&d, raw + 8 * i, 8);
+      out[i] = static_cast<float>(d);
+    }
+  } else {
+    throw InputError("<safetensors>", "", "a float tensor (F32, BF16, F16, F64), got " + dt);
+  }
+}
 
 int64_t StTensor::numel() const {
   int64_t n = 1;
@@ -24,10 +81,17 @@ int64_t StTensor::numel() const {
   return n;
 }
 
+int64_t StEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 std::vector<float> StTensor::as_f32() const {
-  if (dtype != "F32") throw InputError("<safetensors>", "", "an F32 tensor, got " + dtype);
+  if (!st_is_float(dtype))
+    throw InputError("<safetensors>", "", "a float tensor (F32, BF16, F16, F64), got " + dtype);
   std::vector<float> v(static_cast<size_t>(numel()));
-  std::memcpy(v.data(), data.data(), v.size() * sizeof(float));
+  st_to_f32(dtype, data.data(), numel(), v.data());
   return v;
 }
 
@@ -44,81 +108,194 @@ const StTensor& StFile::at(const std::string& name, const std::string& path) con
   return it->second;
 }
 
-StFile read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "a readable safetensors file");
-  in.seekg(0, std::ios::end);
-  const int64_t size = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
-  if (size < 8) throw InputError(path, "byte 0", "an 8-byte header length, file has " +
-                                                     std::to_string(size) + " bytes");
+StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+  if (!in_) throw InputError(path, "", "a readable safetensors file");
+  in_.seekg(0, std::ios::end);
+  const int64_t size = static_cast<int64_t>(in_.tellg());
+  in_.seekg(0);
+  if (size < 8)
+    throw InputError(path, "byte 0",
+                     "an 8-byte header length, file has " + std::to_string(size) + " bytes");
   uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
+  in_.read(reinterpret_cast<char*>(&n), 8);
   if (n > static_cast<uint64_t>(size - 8))
-    throw InputError(path, "byte 0", "a header length ≤ " + std::to_string(size - 8) +
-                                         ", got " + std::to_string(n));
+    throw InputError(
+        path, "byte 0",
+        "a header length ≤ " + std::to_string(size - 8) + ", got " + std::to_string(n));
   std::string header(n, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(n));
+  in_.read(header.data(), static_cast<std::streamsize>(n));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path, "byte " + std::to_string(8 + e.byte), "a JSON header");
   }
-  const int64_t data_start = 8 + static_cast<int64_t>(n);
-  const int64_t data_size = size - data_start;
-  StFile f;
+  if (!j.is_object()) throw InputError(path, "byte 8", "a JSON object as the header");
+  data_start_ = 8 + static_cast<int64_t>(n);
+  const int64_t data_size = size - data_start_;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
+      if (!it->is_object()) throw InputError(path, "__metadata__", "an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m)
-        f.metadata[m.key()] = m->is_string() ? m->get<std::string>() : m->dump();
+        metadata_[m.key()] = m->is_string() ? m->get<std::string>() : m->dump();
       continue;
     }
-    StTensor t;
+    const std::string where = "tensor " + it.key();
+    StEntry e;
     try {
-      t.dtype = it->at("dtype").get<std::string>();
-      t.shape = it->at("shape").get<std::vector<int64_t>>();
+      e.dtype = it->at("dtype").get<std::string>();
+      e.shape = it->at("shape").get<std::vector<int64_t>>();
       const auto off = it->at("data_offsets").get<std::vector<int64_t>>();
       if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || off[1] > data_size)
-        throw InputError(path, "tensor " + it.key(),
-                         "data_offsets within the " + std::to_string(data_size) +
-                             " data bytes");
-      const int64_t want = t.numel() * static_cast<int64_t>(dtype_bytes(t.dtype, path, it.key()));
-      if (off[1] - off[0] != want)
-        throw InputError(path, "tensor " + it.key(),
-                         std::to_string(want) + " bytes for its shape, offsets span " +
-                             std::to_string(off[1] - off[0]));
-      t.data.resize(static_cast<size_t>(want));
-      in.seekg(data_start + off[0]);
-      in.read(t.data.data(), want);
-      if (!in) throw InputError(path, "byte " + std::to_string(data_start + off[0]),
-                                std::to_string(want) + " readable bytes of " + it.key());
+        throw InputError(path, where, header_entry_error(data_size));
+      e.begin = off[0];
+      e.end = off[1];
     } catch (const nlohmann::json::exception&) {
-      throw InputError(path, "tensor " + it.key(), "dtype, shape and data_offsets");
+      throw InputError(path, where, header_entry_error(data_size));
     }
-    f.tensors.emplace(it.key(), std::move(t));
+    const int64_t bytes = st_dtype_bytes(e.dtype);
+    if (bytes == 0)
+      throw InputError(path, where,
+                       "a safetensors dtype (F64, F32, BF16, F16, I64, I32, I16, I8, U8, BOOL, …), "
+                       "got " +
+                           e.dtype);
+    int64_t numel = 1;
+    for (int64_t d : e.shape) {
+      if (d < 0 || (d > 0 && numel > data_size / d))
+        throw InputError(path, where, "a shape of sizes ≥ 0 that fits the file's data");
+      numel *= d;
+    }
+    const int64_t want = numel * bytes;
+    if (e.end - e.begin != want)
+      throw InputError(path, where,
+                       std::to_string(want) + " bytes for its shape, offsets span " +
+                           std::to_string(e.end - e.begin));
+    entries_.emplace(it.key(), std::move(e));
   }
+}
+
+const StEntry& StReader::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw InputError(path_, "tensor " + name, "present, but it is missing");
+  return it->second;
+}
+
+void StReader::read_bytes(const std::string& name, const StEntry& e, char* out) {
+  in_.clear();
+  in_.seekg(data_start_ + e.begin);
+  in_.read(out, e.end - e.begin);
+  if (!in_)
+    throw InputError(path_, "byte " + std::to_string(data_start_ + e.begin),
+                     std::to_string(e.end - e.begin) + " readable bytes of " + name);
+}
+
+StTensor StReader::read(const std::string& name) {
+  const StEntry& e = entry(name);
+  StTensor t;
+  t.dtype = e.dtype;
+  t.shape = e.shape;
+  t.data.resize(static_cast<size_t>(e.end - e.begin));
+  read_bytes(name, e, t.data.data());
+  return t;
+}
+
+std::vector<float> StReader::read_f32(const std::string& name) {
+  const StEntry& e = entry(name);
+  if (!st_is_float(e.dtype))
+    throw InputError(path_, "tensor " + name,
+                     "a float tensor (F32, BF16, F16, F64), got " + e.dtype);
+  std::vector<float> v(static_cast<size_t>(e.numel()));
+  if (e.dtype == "F32") {
+    read_bytes(name, e, reinterpret_cast<char*>(v.data()));  // straight into the floats
+  } else {
+    std::vector<char> raw(static_cast<size_t>(e.end - e.begin));
+    read_bytes(name, e, raw.data());
+    st_to_f32(e.dtype, raw.data(), e.numel(), v.data());
+  }
+  return v;
+}
+
+StFile read_safetensors(const std::string& path) {
+  StReader r(path);
+  StFile f;
+  f.metadata = r.metadata();
+  for (const auto& [name, e] : r.entries()) f.tensors.emplace(name, r.read(name));
   return f;
 }
 
-void write_safetensors(const std::string& path, const StFile& f) {
+namespace {
+
+// The header (padded with spaces so the data starts 8-byte aligned, as the safetensors library
+// writes it) of tensors (name, dtype, shape, bytes) in data order.
+struct HeaderItem {
+  const std::string* name;
+  const std::string* dtype;
+  const std::vector<int64_t>* shape;
+  int64_t bytes;
+};
+std::string make_header(const std::vector<HeaderItem>& items,
+                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json j;
-  if (!f.metadata.empty()) j["__metadata__"] = f.metadata;
+  if (!metadata.empty()) j["__metadata__"] = metadata;
   int64_t offset = 0;
-  for (const auto& [name, t] : f.tensors) {
-    const int64_t bytes = static_cast<int64_t>(t.data.size());
-    j[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+  for (const HeaderItem& t : items) {
+    j[*t.name] = {
+        {"dtype", *t.dtype}, {"shape", *t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
   }
   std::string header = j.dump();
-  header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw InputError(path, "", "a writable path");
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+void write_header(std::ofstream& out, const std::string& header) {
   const uint64_t n = header.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const StFile& f) {
+  std::vector<HeaderItem> items;
+  for (const auto& [name, t] : f.tensors)
+    items.push_back({&name, &t.dtype, &t.shape, static_cast<int64_t>(t.data.size())});
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw InputError(path, "", "a writable path");
+  write_header(out, make_header(items, f.metadata));
   for (const auto& [name, t] : f.tensors)
     out.write(t.data.data(), static_cast<std::streamsize>(t.data.size()));
+  if (!out) throw InputError(path, "", "a file that can be written completely");
+}
+
+void write_safetensors_f32(const std::string& path, const std::vector<StF32View>& tensors,
+                           const std::string& dtype,
+                           const std::map<std::string, std::string>& metadata) {
+  if (dtype != "F32" && dtype != "BF16")
+    throw InputError(path, "", "F32 or BF16 as the dtype to write, got " + dtype);
+  const int64_t width = st_dtype_bytes(dtype);
+  std::vector<HeaderItem> items;
+  for (const StF32View& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    items.push_back({&t.name, &dtype, &t.shape, n * width});
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw InputError(path, "", "a writable path");
+  write_header(out, make_header(items, metadata));
+  std::vector<uint16_t> half;  // one tensor's BF16 values at a time
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = items[i].bytes / width;
+    if (dtype == "F32") {
+      out.write(reinterpret_cast<const char*>(tensors[i].data),
+                static_cast<std::streamsize>(n * 4));
+      continue;
+    }
+    half.resize(static_cast<size_t>(n));
+    for (size_t k = 0; k < half.size(); ++k)
+      half[k] = kernels::cpu::f32_to_bf16(tensors[i].data[k]);
+    out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(n * 2));
+  }
   if (!out) throw InputError(path, "", "a file that can be written completely");
 }
 
