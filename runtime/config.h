@@ -15,6 +15,13 @@
 
 namespace strata {
 
+// Llama 3's frequency-dependent RoPE scaling (Hugging Face's rope_scaling, rope_type "llama3").
+struct RopeScaling {
+  std::string rope_type = "llama3";
+  double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
+  int original_max_position_embeddings = 8192;
+};
+
 struct ModelConfig {
   std::string preset;          // "" when none
   std::string arch = "gpt";
@@ -28,6 +35,10 @@ struct ModelConfig {
   double dropout = 0.0;
   double init_std = 0.02;
   std::optional<std::string> init_from;
+  int num_key_value_heads = 0;  // 0 means = num_heads
+  double rope_theta = 10000;
+  double rms_norm_eps = 1e-5;
+  std::optional<RopeScaling> rope_scaling;
 };
 
 struct ParallelConfig {

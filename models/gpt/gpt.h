@@ -20,6 +20,8 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "models/description.h"
@@ -111,6 +113,10 @@ std::unique_ptr<ModelDescription> describe_gpt(const ModelConfig& m);
 // against the config.
 FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours);
 FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path);
+// GPT2Config's config.json for the model, and its check against a directory's config.json
+// (InputError(path, key, both values) on a shape key, the activation or the LayerNorm eps).
+nlohmann::json gpt_hf_config(const ModelConfig& m);
+void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path);
 
 // The registry entry (models/registry.h).
 struct ArchSpec;

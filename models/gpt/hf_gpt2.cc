@@ -3,7 +3,12 @@
 // HF's Conv1D stores (in, out) where ours is (out, in); transformer.wte.weight is (V, C)
 // without the padded rows; lm_head.weight equals wte when the embeddings are tied, as
 // transformers saves it.
+//
+// config.json: GPT2Config with Strata's fixed choices spelled out (tanh GELU as "gelu_new",
+// LayerNorm eps 1e-5, dropouts 0); a directory given to model.init_from must agree on them and on
+// every key that fixes a tensor's shape.
 #include "models/gpt/gpt.h"
+#include "models/hf_checkpoint.h"
 #include "runtime/error.h"
 
 namespace strata {
@@ -85,6 +90,48 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
   o["ln_f.bias"] = get("transformer.ln_f.bias", {C});
   if (!d.tie) o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
   return o;
+}
+
+nlohmann::json gpt_hf_config(const ModelConfig& m) {
+  const GptShape d = gpt_shape(m);
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_layer", d.L},
+          {"n_embd", d.C},
+          {"n_head", d.NH},
+          {"n_inner", d.F},
+          {"n_positions", d.S},
+          {"vocab_size", d.V},
+          {"tie_word_embeddings", d.tie},
+          {"layer_norm_epsilon", 1e-5},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", m.dropout},
+          {"embd_pdrop", m.dropout},
+          {"attn_pdrop", m.dropout},
+          {"initializer_range", d.init_std},
+          {"torch_dtype", "float32"}};
+}
+
+void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path) {
+  const GptShape d = gpt_shape(m);
+  // Absent keys take GPT2Config's defaults, as from_pretrained would.
+  check_hf_key(hf, "model_type", "gpt2", "model.arch \"gpt\"", path, "gpt2");
+  check_hf_key(hf, "n_layer", d.L, "model.num_layers", path, 12);
+  check_hf_key(hf, "n_embd", d.C, "model.hidden_size", path, 768);
+  check_hf_key(hf, "n_head", d.NH, "model.num_heads", path, 12);
+  // n_inner null means 4·n_embd.
+  check_hf_key(hf, "n_inner", d.F, "model.ffn_hidden_size", path,
+               4 * hf_value(hf, "n_embd", 768).get<int64_t>());
+  check_hf_key(hf, "n_positions", d.S, "model.seq_len", path, 1024);
+  check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 50257);
+  check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, true);
+  check_hf_key(hf, "layer_norm_epsilon", 1e-5, "Strata's GPT LayerNorm", path, 1e-5);
+  const nlohmann::json act = hf_value(hf, "activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw InputError(path, "activation_function",
+                     "\"gelu_new\" or \"gelu_pytorch_tanh\" (Strata's GPT uses the tanh GELU), "
+                     "found " +
+                         act.dump());
 }
 
 }  // namespace strata

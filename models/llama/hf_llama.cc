@@ -1,0 +1,247 @@
+// Hugging Face LlamaForCausalLM ↔ our full tensors (registry.h's HfAdapter for "llama").
+//
+// Both sides store weights (out, in) as nn.Linear does; what differs is fusion and padding:
+//   ours                                  Hugging Face
+//   embed_tokens.weight (Vp, C)           model.embed_tokens.weight (V, C), no padded rows
+//   layers.{l}.self_attn.qkv_proj.weight  model.layers.{l}.self_attn.{q,k,v}_proj.weight, stacked
+//     ((NH + 2·KVH)·HS, C)                  as rows [q (NH·HS) ; k (KVH·HS) ; v (KVH·HS)]
+//   layers.{l}.mlp.gate_up_proj.weight    model.layers.{l}.mlp.{gate,up}_proj.weight, stacked as
+//     (2F, C)                               rows [gate (F) ; up (F)]
+//   layers.{l}.self_attn.o_proj, mlp.down_proj, input_layernorm, post_attention_layernorm, norm
+//                                         the same under model.
+//   lm_head.weight (Vp, C), untied only   lm_head.weight (V, C); a tied model saves none (as
+//                                         save_pretrained drops the shared tensor), or one equal
+//                                         to the embedding
+// The q_proj and k_proj rows are taken as they are, with no permutation: Strata's RoPE is Hugging
+// Face's (rotate_half: dimension i of a head pairs with i + HS/2). Meta's original
+// consolidated.pth checkpoints rotate interleaved pairs (2i, 2i+1); HF's conversion script
+// (convert_llama_weights_to_hf.py) permutes their q/k rows into the rotate_half order, so any HF
+// checkpoint is already in ours, and a Meta checkpoint must go through that script first.
+//
+// config.json is LlamaConfig's. A directory given to model.init_from must agree on every key
+// that fixes a tensor's shape and on the numerics Strata would otherwise silently change
+// (rms_norm_eps, rope_theta, rope_scaling, activation, no biases); max_position_embeddings is not
+// compared: RoPE has no position table, and training at a shorter model.seq_len is allowed.
+#include <algorithm>
+#include <cmath>
+
+#include "models/hf_checkpoint.h"
+#include "models/llama/llama.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+// The sizes the tensors follow (the config's validation has checked they divide).
+struct HfShape {
+  int64_t L, C, NH, KVH, HS, F, V;
+  bool tie;
+};
+
+HfShape hf_shape(const ModelConfig& m) {
+  HfShape d;
+  d.L = m.num_layers;
+  d.C = m.hidden_size;
+  d.NH = m.num_heads;
+  d.KVH = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.num_heads;
+  d.HS = d.C / d.NH;
+  d.F = m.ffn_hidden_size;
+  d.V = m.vocab_size;
+  d.tie = m.tie_embeddings;
+  return d;
+}
+
+// Rows [begin, begin + count) of a 2-D tensor.
+FullTensor rows(const FullTensor& t, int64_t begin, int64_t count) {
+  FullTensor o;
+  o.shape = {count, t.shape[1]};
+  const auto first = t.data.begin() + begin * t.shape[1];
+  o.data.assign(first, first + count * t.shape[1]);
+  return o;
+}
+
+// The 2-D tensors stacked along rows, in order.
+FullTensor stack_rows(std::initializer_list<const FullTensor*> parts) {
+  FullTensor o;
+  o.shape = {0, (*parts.begin())->shape[1]};
+  size_t n = 0;
+  for (const FullTensor* p : parts) n += p->data.size();
+  o.data.reserve(n);
+  for (const FullTensor* p : parts) {
+    o.shape[0] += p->shape[0];
+    o.data.insert(o.data.end(), p->data.begin(), p->data.end());
+  }
+  return o;
+}
+
+std::string layer(int64_t l) {
+  return "layers." + std::to_string(l) + ".";
+}
+
+}  // namespace
+
+FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
+  const HfShape d = hf_shape(m);
+  const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
+  const int64_t q = d.NH * d.HS, kv = d.KVH * d.HS;
+  FullTensors hf;
+  hf["model.embed_tokens.weight"] = rows(get("embed_tokens.weight"), 0, d.V);
+  for (int64_t l = 0; l < d.L; ++l) {
+    const std::string o = layer(l), h = "model." + o;
+    const FullTensor& qkv = get(o + "self_attn.qkv_proj.weight");
+    hf[h + "self_attn.q_proj.weight"] = rows(qkv, 0, q);
+    hf[h + "self_attn.k_proj.weight"] = rows(qkv, q, kv);
+    hf[h + "self_attn.v_proj.weight"] = rows(qkv, q + kv, kv);
+    const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
+    hf[h + "mlp.gate_proj.weight"] = rows(gate_up, 0, d.F);
+    hf[h + "mlp.up_proj.weight"] = rows(gate_up, d.F, d.F);
+    for (const char* n : {"self_attn.o_proj.weight", "mlp.down_proj.weight",
+                          "input_layernorm.weight", "post_attention_layernorm.weight"})
+      hf[h + n] = get(o + n);
+  }
+  hf["model.norm.weight"] = get("norm.weight");
+  if (!d.tie) hf["lm_head.weight"] = rows(get("lm_head.weight"), 0, d.V);
+  return hf;
+}
+
+FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
+  const HfShape d = hf_shape(m);
+  const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
+    auto it = hf.find(n);
+    if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
+    if (it->second.shape != shape)
+      throw InputError(path, n,
+                       "shape " + shape_string(shape) + " (from the config), found " +
+                           shape_string(it->second.shape));
+    return it->second;
+  };
+  const int64_t C = d.C, F = d.F, q = d.NH * d.HS, kv = d.KVH * d.HS;
+  FullTensors o;
+  const FullTensor& embed = get("model.embed_tokens.weight", {d.V, C});
+  o["embed_tokens.weight"] = embed;
+  for (int64_t l = 0; l < d.L; ++l) {
+    const std::string p = layer(l), h = "model." + p;
+    o[p + "self_attn.qkv_proj.weight"] = stack_rows({&get(h + "self_attn.q_proj.weight", {q, C}),
+                                                     &get(h + "self_attn.k_proj.weight", {kv, C}),
+                                                     &get(h + "self_attn.v_proj.weight", {kv, C})});
+    o[p + "self_attn.o_proj.weight"] = get(h + "self_attn.o_proj.weight", {C, q});
+    o[p + "mlp.gate_up_proj.weight"] = stack_rows(
+        {&get(h + "mlp.gate_proj.weight", {F, C}), &get(h + "mlp.up_proj.weight", {F, C})});
+    o[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight", {C, F});
+    o[p + "input_layernorm.weight"] = get(h + "input_layernorm.weight", {C});
+    o[p + "post_attention_layernorm.weight"] = get(h + "post_attention_layernorm.weight", {C});
+  }
+  o["norm.weight"] = get("model.norm.weight", {C});
+  if (!d.tie) {
+    o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
+  } else if (hf.count("lm_head.weight") && get("lm_head.weight", {d.V, C}).data != embed.data) {
+    throw InputError(path, "lm_head.weight",
+                     "none, or one equal to model.embed_tokens.weight (model.tie_embeddings is "
+                     "true); it differs: an untied model needs model.tie_embeddings false");
+  }
+  return o;
+}
+
+nlohmann::json llama_hf_config(const ModelConfig& m) {
+  const HfShape d = hf_shape(m);
+  nlohmann::json scaling = nullptr;
+  if (m.rope_scaling) {
+    const RopeScaling& r = *m.rope_scaling;
+    scaling = {{"rope_type", r.rope_type},
+               {"factor", r.factor},
+               {"low_freq_factor", r.low_freq_factor},
+               {"high_freq_factor", r.high_freq_factor},
+               {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", d.C},
+          {"intermediate_size", d.F},
+          {"num_hidden_layers", d.L},
+          {"num_attention_heads", d.NH},
+          {"num_key_value_heads", d.KVH},
+          {"head_dim", d.HS},
+          {"max_position_embeddings", m.seq_len},
+          {"vocab_size", d.V},
+          {"rms_norm_eps", m.rms_norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", scaling},
+          {"tie_word_embeddings", d.tie},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"attention_dropout", m.dropout},
+          {"hidden_act", "silu"},
+          {"initializer_range", m.init_std},
+          {"torch_dtype", "float32"}};
+}
+
+void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
+                           const std::string& path) {
+  const HfShape d = hf_shape(m);
+  // Absent (or null) keys take LlamaConfig's defaults, as from_pretrained would.
+  check_hf_key(hf, "model_type", "llama", "model.arch \"llama\"", path, "llama");
+  check_hf_key(hf, "num_hidden_layers", d.L, "model.num_layers", path, 32);
+  check_hf_key(hf, "hidden_size", d.C, "model.hidden_size", path, 4096);
+  check_hf_key(hf, "num_attention_heads", d.NH, "model.num_heads", path, 32);
+  const nlohmann::json heads = hf_value(hf, "num_attention_heads", 32);
+  check_hf_key(hf, "num_key_value_heads", d.KVH, "model.num_key_value_heads", path, heads);
+  check_hf_key(hf, "head_dim", d.HS, "hidden_size / num_heads", path,
+               hf_value(hf, "hidden_size", 4096).get<int64_t>() /
+                   std::max<int64_t>(1, heads.get<int64_t>()));
+  check_hf_key(hf, "intermediate_size", d.F, "model.ffn_hidden_size", path, 11008);
+  check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 32000);
+  check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, false);
+  check_hf_key(hf, "rms_norm_eps", m.rms_norm_eps, "model.rms_norm_eps", path, 1e-6);
+  check_hf_key(hf, "hidden_act", "silu", "Strata's SwiGLU", path, "silu");
+  check_hf_key(hf, "attention_bias", false, "Strata's Llama, without biases,", path, false);
+  check_hf_key(hf, "mlp_bias", false, "Strata's Llama, without biases,", path, false);
+
+  // RoPE: transformers before v5 writes rope_theta and rope_scaling; v5 writes rope_parameters
+  // ({"rope_type": "default" | "llama3", "rope_theta", and the scaling's keys}).
+  const nlohmann::json params = hf_value(hf, "rope_parameters", nullptr);
+  const bool v5 = params.is_object();
+  const std::string where = v5 ? "rope_parameters" : "rope_scaling";
+  const nlohmann::json scaling = v5 ? params : hf_value(hf, "rope_scaling", nullptr);
+  if (v5)
+    check_hf_key(params, "rope_theta", m.rope_theta, "model.rope_theta", path, 10000.0);
+  else
+    check_hf_key(hf, "rope_theta", m.rope_theta, "model.rope_theta", path, 10000.0);
+  if (!scaling.is_null() && !scaling.is_object())
+    throw InputError(path, where, "null or an object, found " + scaling.dump());
+  const auto text = [](const nlohmann::json& j) {
+    return j.is_string() ? j.get<std::string>() : j.dump();
+  };
+  std::string type = "default";
+  if (scaling.contains("rope_type"))
+    type = text(scaling["rope_type"]);
+  else if (scaling.contains("type"))  // the key's name before transformers 4.43
+    type = text(scaling["type"]);
+  if (type != "default" && type != "llama3")
+    throw InputError(
+        path, where + ".rope_type",
+        "\"llama3\" or none (the RoPE scalings Strata implements), found \"" + type + "\"");
+  if (!m.rope_scaling) {
+    if (type == "llama3")
+      throw InputError(path, where,
+                       "no RoPE scaling (model.rope_scaling of the model config is null), found "
+                       "rope_type \"llama3\"");
+    return;
+  }
+  if (type != "llama3")
+    throw InputError(path, where,
+                     "rope_type \"llama3\" (model.rope_scaling of the model config), found none");
+  const RopeScaling& r = *m.rope_scaling;
+  const auto check = [&](const char* key, const nlohmann::json& want) {
+    try {
+      check_hf_key(scaling, key, want, std::string("model.rope_scaling.") + key, path, nullptr);
+    } catch (const InputError& e) {
+      throw InputError(path, where + "." + key, e.expected());
+    }
+  };
+  check("factor", r.factor);
+  check("low_freq_factor", r.low_freq_factor);
+  check("high_freq_factor", r.high_freq_factor);
+  check("original_max_position_embeddings", r.original_max_position_embeddings);
+}
+
+}  // namespace strata
