@@ -6,10 +6,9 @@
 #include <sstream>
 
 #include "launch/train/model_state.h"
-#include "models/registry.h"
+#include "models/hf_checkpoint.h"
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
-#include "runtime/safetensors.h"
 
 namespace strata {
 namespace {
@@ -26,15 +25,6 @@ void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
   if (!diff.empty())
     throw InputError(path + "/run_state.json", "model",
                      "the model shape of the config; differing keys: " + diff);
-}
-
-FullTensors read_full_f32(const std::string& path) {
-  const StFile f = read_safetensors(path);
-  FullTensors t;
-  // Other dtypes (a fixture's token ids) are not parameters.
-  for (const auto& [name, st] : f.tensors)
-    if (st.dtype == "F32") t[name] = {st.shape, st.as_f32()};
-  return t;
 }
 
 }  // namespace
@@ -119,8 +109,7 @@ RunStart Checkpointing::restore() {
     if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
   } else if (cfg.model.init_from) {
     const std::string& path = *cfg.model.init_from;
-    const HfAdapter& hf = architecture(cfg.model.arch).hf;
-    fill_params(layout, hf.from_hf(cfg.model, read_full_f32(path), path), hp, path);
+    fill_params(layout, load_hf_model(cfg.model, path), hp, path);
     be_.upload(params.params(), hp.data());
     params.params_changed();
     if (lead_) std::printf("initialised from %s\n", path.c_str());
