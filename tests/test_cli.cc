@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -214,6 +215,42 @@ TEST_F(Cli, UnwritableMetricsPathExitsTwo) {
   Result r = run("train --config " + config() + " --set log.metrics=/nonexistent/dir/m.jsonl");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(error_line(r.out).find("log.metrics"), std::string::npos);
+}
+
+// strata export to a Hugging Face directory, sharded, and model.init_from reading it back; a bad
+// size and a missing shard are one error line each (exit 2) naming the flag, or the file and the
+// tensor.
+TEST_F(Cli, ExportsAShardedDirectoryThatInitFromReads) {
+  const std::string ckpt = dir_ + "/ckpt", hf = dir_ + "/hf";
+  Result r = run("train --config " + config({{"checkpoint", {{"dir", ckpt}, {"interval", 3}}}}));
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("export --checkpoint " + ckpt + " --out " + hf + " --max-shard-size 40KB");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("exported " + ckpt + "/iter_3 to " + hf), std::string::npos) << r.out;
+  std::ifstream in(hf + "/model.safetensors.index.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json index = nlohmann::json::parse(in);
+  std::set<std::string> shards;
+  for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file);
+  EXPECT_GE(shards.size(), 2u);
+  for (const std::string& s : shards) EXPECT_EQ(s.rfind("model-0000", 0), 0u) << s;
+
+  r = run("train --config " + config() + " --set model.init_from=" + hf +
+          " --set train.iterations=1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("initialised from " + hf), std::string::npos) << r.out;
+
+  r = run("export --checkpoint " + ckpt + " --out " + hf + " --max-shard-size 5XB");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find("--max-shard-size"), std::string::npos) << r.out;
+
+  const std::string shard = *shards.begin();
+  std::remove((hf + "/" + shard).c_str());
+  r = run("train --config " + config() + " --set model.init_from=" + hf +
+          " --set train.iterations=1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  const std::string line = error_line(r.out);
+  EXPECT_EQ(line.rfind("error: " + hf + "/" + shard + ": tensor transformer.", 0), 0u) << line;
 }
 
 }  // namespace
