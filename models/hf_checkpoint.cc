@@ -266,7 +266,8 @@ std::vector<std::vector<std::string>> hf_shard_plan(
 }
 
 void write_hf_directory(const std::string& dir, const nlohmann::json& config,
-                        const FullTensors& tensors, const HfWriteOptions& options) {
+                        const FullTensors& tensors, const HfWriteOptions& options,
+                        const std::vector<std::string>& order_hint) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
@@ -274,13 +275,19 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
   const int64_t width = st_dtype_bytes(options.dtype);
   if (options.dtype != "F32" && options.dtype != "BF16")
     throw InputError(dir, "", "F32 or BF16 as the dtype to write, got " + options.dtype);
-  const std::vector<std::string> order = hf_tensor_order(tensors);
+  std::vector<std::string> order;
+  std::set<std::string> placed;
+  for (const std::string& n : order_hint)
+    if (tensors.count(n) && placed.insert(n).second) order.push_back(n);
+  for (const std::string& n : hf_tensor_order(tensors))
+    if (!placed.count(n)) order.push_back(n);
   std::vector<std::pair<std::string, int64_t>> sizes;
-  int64_t total = 0;
+  int64_t total = 0, parameters = 0;
   for (const std::string& n : order) {
-    const int64_t bytes = static_cast<int64_t>(tensors.at(n).data.size()) * width;
-    sizes.emplace_back(n, bytes);
-    total += bytes;
+    const int64_t numel = static_cast<int64_t>(tensors.at(n).data.size());
+    sizes.emplace_back(n, numel * width);
+    total += numel * width;
+    parameters += numel;
   }
   const std::vector<std::vector<std::string>> plan = hf_shard_plan(sizes, options.max_shard_bytes);
   std::vector<std::string> files;
@@ -302,19 +309,24 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
   write_text(join(dir, kConfig), config.dump(2) + "\n");
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t k = 0; k < plan.size(); ++k) {
-    write_safetensors_f32(join(dir, files[k]), views(tensors, plan[k]), options.dtype,
+    std::vector<std::string> names = plan[k];
+    std::sort(names.begin(), names.end());
+    write_safetensors_f32(join(dir, files[k]), views(tensors, names), options.dtype,
                           {{"format", "pt"}});
     for (const std::string& n : plan[k]) weight_map[n] = files[k];
   }
   if (plan.size() > 1) {
-    const nlohmann::json index = {{"metadata", {{"total_size", total}}},
-                                  {"weight_map", weight_map}};
+    const nlohmann::json index = {
+        {"metadata", {{"total_parameters", parameters}, {"total_size", total}}},
+        {"weight_map", weight_map}};
     write_text(join(dir, kIndex), index.dump(2) + "\n");
   }
 }
 
 void write_hf_file(const std::string& path, const FullTensors& tensors, const std::string& dtype) {
-  write_safetensors_f32(path, views(tensors, hf_tensor_order(tensors)), dtype, {{"format", "pt"}});
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tensors) names.push_back(name);
+  write_safetensors_f32(path, views(tensors, names), dtype, {{"format", "pt"}});
 }
 
 }  // namespace strata

@@ -16,13 +16,14 @@
 // Every tensor a directory's weight map lists must be in its shard: a missing shard or tensor is
 // an InputError naming the file and the tensor.
 //
-// Writing follows save_pretrained: tensors in hf_tensor_order, assigned to shards in that order
-// and never split (huggingface_hub's split_torch_state_dict_into_shards: a shard is closed when the
-// next tensor would take it past the maximum; a tensor larger than the maximum gets a shard of
-// its own), one shard → model.safetensors without an index, otherwise the numbered shards and the
-// index (2-space indented JSON, keys sorted). Files of an earlier save in the directory that the
-// new one does not write (model.safetensors, the index, numbered shards) are removed, so a
-// reader never mixes two saves.
+// Writing follows save_pretrained: tensors in the HF class's state-dict order (the adapter's
+// hf_order, else hf_tensor_order), assigned to shards in that order and never split
+// (huggingface_hub's split_torch_state_dict_into_shards: a shard is closed when the next tensor
+// would take it past the maximum; a tensor larger than the maximum gets a shard of its own), one
+// shard → model.safetensors without an index, otherwise the numbered shards and the index
+// ({"metadata": {"total_parameters", "total_size"}, "weight_map"}: 2-space indented JSON, keys
+// sorted). Files of an earlier save in the directory that the new one does not write
+// (model.safetensors, the index, numbered shards) are removed, so a reader never mixes two saves.
 //
 // Thread-safety: plain functions.
 #pragma once
@@ -79,7 +80,7 @@ struct HfWriteOptions {
 // "1.5GiB"). Nothing for anything else or a size below one byte.
 std::optional<int64_t> parse_hf_size(const std::string& s);
 
-// The order tensors are written in: by name, numbers compared as numbers (layers.2 before
+// A default order for shards: by name, numbers compared as numbers (layers.2 before
 // layers.10), lm_head.* last (transformers' *ForCausalLM registers the head after the body).
 std::vector<std::string> hf_tensor_order(const FullTensors& tensors);
 
@@ -89,9 +90,13 @@ std::vector<std::vector<std::string>> hf_shard_plan(
     const std::vector<std::pair<std::string, int64_t>>& sizes, int64_t max_shard_bytes);
 
 // Writes `tensors` (HF names) with `config` as config.json into the directory `dir` (created
-// when missing). InputError naming the path when something cannot be written.
+// when missing). `order`: the order tensors are assigned to shards in (the adapter's hf_order;
+// names it lacks follow in hf_tensor_order, names without a tensor are skipped); within a file
+// tensors are in name order, as the safetensors library writes them. InputError naming the path
+// when something cannot be written.
 void write_hf_directory(const std::string& dir, const nlohmann::json& config,
-                        const FullTensors& tensors, const HfWriteOptions& options);
+                        const FullTensors& tensors, const HfWriteOptions& options,
+                        const std::vector<std::string>& order = {});
 // Writes `tensors` (HF names) as one safetensors file, metadata {"format": "pt"} as
 // save_pretrained writes it. dtype: "F32" or "BF16".
 void write_hf_file(const std::string& path, const FullTensors& tensors, const std::string& dtype);

@@ -37,6 +37,10 @@ struct HfAdapter {
   // from the model config (a directory given to model.init_from).
   std::function<void(const ModelConfig& m, const nlohmann::json& hf, const std::string& path)>
       check_hf_config;
+  // The HF class's state-dict order of its tensor names (the order save_pretrained assigns
+  // tensors to shards in, so an export shards exactly as transformers would). Optional: without
+  // it, hf_tensor_order's (models/hf_checkpoint.h).
+  std::function<std::vector<std::string>(const ModelConfig& m)> hf_order = {};
 };
 
 struct ArchSpec {

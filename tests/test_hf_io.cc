@@ -360,6 +360,7 @@ TEST(HfDirectory, ShardedAsSavePretrainedAndReadBackBitForBit) {
   int64_t total = 0;
   for (const auto& [n, x] : t) total += static_cast<int64_t>(x.data.size()) * 4;
   EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_EQ(index["metadata"]["total_parameters"], total / 4);
   ASSERT_EQ(index["weight_map"].size(), t.size());
   // Order: embed (160 > 100: alone, shard 1), layers 0..3 (a 64 + b 16 = 80 each: one shard per
   // layer, 2..4 for layers 0..2), norm (16: joins layer 3's open shard, 96 ≤ 100), head (160 >
@@ -386,6 +387,22 @@ TEST(HfDirectory, ShardedAsSavePretrainedAndReadBackBitForBit) {
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(dir + "/model-00001-of-00006.safetensors"));
   expect_same(t, read_hf_tensors(dir).tensors);
+  fs::remove_all(dir);
+}
+
+TEST(HfDirectory, ShardsFollowTheAdaptersOrder) {
+  // The adapter's state-dict order decides the shards; names it lacks follow in name order,
+  // names without a tensor are skipped. Each 64-byte tensor fills a 100-byte shard.
+  const std::string dir = scratch("order");
+  FullTensors t;
+  for (const char* n : {"a", "b", "z"}) t[n] = numbered({16}, 1);
+  HfWriteOptions o;
+  o.max_shard_bytes = 100;
+  write_hf_directory(dir, json::object(), t, o, {"z", "absent", "a"});
+  const json wm = read_json_file(dir + "/model.safetensors.index.json")["weight_map"];
+  EXPECT_EQ(wm, (json{{"z", "model-00001-of-00003.safetensors"},
+                      {"a", "model-00002-of-00003.safetensors"},
+                      {"b", "model-00003-of-00003.safetensors"}}));
   fs::remove_all(dir);
 }
 

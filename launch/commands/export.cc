@@ -61,8 +61,10 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                      "a path ending in .safetensors: architecture \"" + mc.arch +
                          "\" has no Hugging Face config.json writer");
   nlohmann::json config = adapter.hf_config(mc);
-  config["torch_dtype"] = options.dtype == "BF16" ? "bfloat16" : "float32";
-  write_hf_directory(out, config, hf, options);
+  // "dtype" since transformers 4.56, "torch_dtype" before.
+  config["dtype"] = config["torch_dtype"] = options.dtype == "BF16" ? "bfloat16" : "float32";
+  write_hf_directory(out, config, hf, options,
+                     adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{});
   return path;
 }
 

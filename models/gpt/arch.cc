@@ -12,6 +12,7 @@ ArchSpec gpt_arch() {
     return std::make_unique<GptModel>(gpt_shape(m), o, be);
   };
   a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, gpt_hf_config, gpt_check_hf_config};
+  a.hf.hf_order = gpt_hf_order;
   // GPT's keys are the generic ones that launch/config/config_parse.cc validates for every model.
   a.validate = [](const ModelConfig&, int, const std::string&) {};
   return a;

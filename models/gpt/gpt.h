@@ -117,6 +117,8 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
 // (InputError(path, key, both values) on a shape key, the activation or the LayerNorm eps).
 nlohmann::json gpt_hf_config(const ModelConfig& m);
 void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path);
+// GPT2LMHeadModel's state-dict order of the tensor names (how save_pretrained shards).
+std::vector<std::string> gpt_hf_order(const ModelConfig& m);
 
 // The registry entry (models/registry.h).
 struct ArchSpec;

@@ -109,7 +109,25 @@ nlohmann::json gpt_hf_config(const ModelConfig& m) {
           {"embd_pdrop", m.dropout},
           {"attn_pdrop", m.dropout},
           {"initializer_range", d.init_std},
+          // GPT-2's end of text is its last token (50256); a smaller vocabulary keeps it in range.
+          {"bos_token_id", d.V - 1},
+          {"eos_token_id", d.V - 1},
+          {"dtype", "float32"},
           {"torch_dtype", "float32"}};
+}
+
+std::vector<std::string> gpt_hf_order(const ModelConfig& m) {
+  const GptShape d = gpt_shape(m);
+  std::vector<std::string> names = {"transformer.wte.weight", "transformer.wpe.weight"};
+  for (int l = 0; l < d.L; ++l)
+    for (const char* n :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"})
+      names.push_back("transformer.h." + std::to_string(l) + "." + n);
+  for (const char* n : {"transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"})
+    names.push_back(n);
+  return names;
 }
 
 void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path) {

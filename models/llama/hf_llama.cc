@@ -172,7 +172,22 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
           {"attention_dropout", m.dropout},
           {"hidden_act", "silu"},
           {"initializer_range", m.init_std},
+          {"dtype", "float32"},  // transformers ≥ 4.56 reads "dtype", earlier "torch_dtype"
           {"torch_dtype", "float32"}};
+}
+
+std::vector<std::string> llama_hf_order(const ModelConfig& m) {
+  const HfShape d = hf_shape(m);
+  std::vector<std::string> names = {"model.embed_tokens.weight"};
+  for (int64_t l = 0; l < d.L; ++l)
+    for (const char* n :
+         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+          "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"})
+      names.push_back("model." + layer(l) + n);
+  names.push_back("model.norm.weight");
+  if (!d.tie) names.push_back("lm_head.weight");
+  return names;
 }
 
 void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "models/layers/params.h"
 #include "runtime/config.h"
@@ -21,5 +22,8 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 // (InputError(path, key, both values)).
 nlohmann::json llama_hf_config(const ModelConfig& m);
 void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path);
+// LlamaForCausalLM's state-dict order of the tensor names (how save_pretrained shards; the
+// registry entry's HfAdapter::hf_order).
+std::vector<std::string> llama_hf_order(const ModelConfig& m);
 
 }  // namespace strata
