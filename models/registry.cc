@@ -3,12 +3,13 @@
 #include <stdexcept>
 
 #include "models/gpt/gpt.h"
+#include "models/llama/llama.h"
 
 namespace strata {
 
 // One line per architecture folder (docs/architecture.md).
 const std::vector<ArchSpec>& architectures() {
-  static const std::vector<ArchSpec> all = {gpt_arch()};
+  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch()};
   return all;
 }
 

@@ -32,9 +32,9 @@ TEST(PlannerMemory, ParametersMatchModelLayout) {
       const Config cfg = load_config("", {std::string("model.preset=") + preset,
                                           std::string("model.tie_embeddings=") + (tie ? "true" : "false")});
       const std::unique_ptr<ModelDescription> spec = describe_model(cfg.model);
-      const GptShape shape = gpt_shape(cfg.model);
+      const DecoderShape shape = gpt_shape(cfg.model);
       int64_t real = 0;  // the whole model without vocabulary padding
-      const ParamLayout whole = GptModel::layout(shape, 1, 0, false, whole_model(shape.L));
+      const ParamLayout whole = DecoderModel::layout(shape, 1, 0, false, whole_model(shape.L));
       for (const ParamInfo& p : whole.infos())
         real += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
       EXPECT_EQ(spec->parameters(), real);
@@ -46,7 +46,7 @@ TEST(PlannerMemory, ParametersMatchModelLayout) {
             ModelPiece pc{first, layers[static_cast<size_t>(k)], k == 0, k == pieces - 1};
             first += pc.num_layers;
             int64_t n = 0;
-            const ParamLayout piece = GptModel::layout(shape, t, 0, false, {pc});
+            const ParamLayout piece = DecoderModel::layout(shape, t, 0, false, {pc});
             for (const ParamInfo& p : piece.infos()) n += p.numel;
             EXPECT_EQ(piece_parameters(*spec, t, k, pieces, pc.num_layers), n)
                 << preset << " tie " << tie << " t " << t << " piece " << k << "/" << pieces;

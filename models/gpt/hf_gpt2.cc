@@ -32,7 +32,7 @@ FullTensor first_rows(const FullTensor& t, int64_t rows) {
 }  // namespace
 
 FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   FullTensors hf;
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
   hf["transformer.wte.weight"] = first_rows(get("wte"), d.V);
@@ -55,7 +55,7 @@ FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
 }
 
 FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
     auto it = hf.find(n);
     if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
