@@ -378,18 +378,22 @@ TEST(KernelsGelu, FloatExtremesAndNaN) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-// Naive causal attention, one score at a time, straight from the definition.
-void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int HS) {
-  const int C3 = 3 * NH * HS;
+// Naive causal grouped-query attention, one score at a time, straight from the definition:
+// qkv (B, S, NH + 2·KVH, HS), query head h reads key and value head h / (NH / KVH).
+void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int KVH, int HS) {
+  const int W = (NH + 2 * KVH) * HS;  // row width of qkv
+  const int group = NH / KVH;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const int k_off = (NH + h / group) * HS;        // this query head's key head in a row
+      const int v_off = (NH + KVH + h / group) * HS;  // and its value head
       for (int i = 0; i < S; ++i) {
         std::vector<double> p(S, 0.0);
         double mx = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= i; ++j) {
           double s = 0;
           for (int d = 0; d < HS; ++d) {
-            s += qkv[(b * S + i) * C3 + h * HS + d] * qkv[(b * S + j) * C3 + NH * HS + h * HS + d];
+            s += qkv[(b * S + i) * W + h * HS + d] * qkv[(b * S + j) * W + k_off + d];
           }
           p[j] = s / std::sqrt(double(HS));
           mx = std::max(mx, p[j]);
@@ -403,8 +407,7 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
         for (int d = 0; d < HS; ++d) {
           double o = 0;
           for (int j = 0; j <= i; ++j) {
-            o += att[((b * NH + h) * S + i) * S + j] *
-                 qkv[(b * S + j) * C3 + 2 * NH * HS + h * HS + d];
+            o += att[((b * NH + h) * S + i) * S + j] * qkv[(b * S + j) * W + v_off + d];
           }
           out[(b * S + i) * NH * HS + h * HS + d] = o;
         }
@@ -413,27 +416,27 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
   }
 }
 
-void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t seed) {
+void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, uint64_t seed) {
   SCOPED_TRACE("attention B=" + std::to_string(B) + " S=" + std::to_string(S) +
-               " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS) +
-               " threads=" + std::to_string(threads));
+               " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH) +
+               " HS=" + std::to_string(HS) + " threads=" + std::to_string(threads));
   ScopedThreads scoped(threads);
-  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nqkv = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
   const size_t nout = static_cast<size_t>(B) * S * NH * HS;
   const size_t natt = static_cast<size_t>(B) * NH * S * S;
   // Scores of magnitude ~HS·1.5² make the softmax far from uniform, so its curvature is exercised.
-  Vec qkv = random_vec(nqkv, seed, -1.5, 1.5);  // (B, S, 3, NH, HS)
+  Vec qkv = random_vec(nqkv, seed, -1.5, 1.5);  // (B, S, NH + 2·KVH, HS)
   const Vec r = random_vec(nout, seed + 1);     // (B, S, NH, HS)
   Vec out(nout), att(natt);                     // (B, S, NH, HS), (B, NH, S, S)
 
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
   Vec want_out(nout), want_att(natt);
-  naive_attention(want_out, want_att, qkv, B, S, NH, HS);
+  naive_attention(want_out, want_att, qkv, B, S, NH, KVH, HS);
   expect_close(out, want_out, 1e-12, "attention out");
   expect_close(att, want_att, 1e-12, "attention att");
 
   auto loss = [&] {
-    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
     return dot(r, out);
   };
   loss();  // att of the unperturbed input for the backward
@@ -442,41 +445,102 @@ void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t se
   Vec dqkv(nqkv, kNaN);
   Vec scratch(cpu::attention_scratch_elems(S), kNaN);
   cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
-                                  S, NH, NH, HS);
+                                  S, NH, KVH, HS);
   expect_close(dqkv, numeric_grad(qkv, loss), kFdTol, "attention dqkv");
 }
 
 TEST(KernelsGrad, AttentionFiniteDifferences) {
-  check_attention_grad(2, 5, 2, 3, 1, 60);
+  check_attention_grad(2, 5, 2, 2, 3, 1, 60);
   // Two threads: each uses its own slice of scratch.
-  check_attention_grad(2, 5, 2, 3, 2, 61);
+  check_attention_grad(2, 5, 2, 2, 3, 2, 61);
   // S = 70 spans two of the kernel's 64-row causal blocks, one of them partial.
-  check_attention_grad(1, 70, 1, 2, 1, 62);
-  check_attention_grad(1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
+  check_attention_grad(1, 70, 1, 1, 2, 1, 62);
+  check_attention_grad(1, 1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
 }
 
-TEST(KernelsFloat, AttentionMatchesDouble) {
+// Grouped-query (KVH < NH) and multi-query (KVH = 1) attention: a key/value head's gradient sums
+// over the query heads of its group, which the finite differences see directly.
+TEST(KernelsGrad, GroupedQueryAttentionFiniteDifferences) {
+  check_attention_grad(2, 5, 4, 4, 3, 1, 64);  // KVH = NH: multi-head, as before
+  check_attention_grad(2, 5, 4, 2, 3, 1, 65);
+  check_attention_grad(2, 5, 4, 1, 3, 1, 66);
+  // Two threads, one (batch, key/value head) pair each at a time.
+  check_attention_grad(2, 5, 4, 2, 3, 2, 67);
+  check_attention_grad(2, 5, 4, 1, 3, 2, 68);
+  check_attention_grad(1, 70, 4, 2, 2, 1, 69);  // two causal blocks, one partial
+}
+
+// Grouped-query attention is multi-head attention on key/value heads repeated NH / KVH times
+// (Hugging Face's repeat_kv: query head h reads copy h of kv head h / group): same output and
+// probabilities, same dq, and each shared head's dk, dv the sum of its copies'.
+TEST(KernelsAttention, GroupedQueryEqualsRepeatedKeyValueHeads) {
+  ScopedThreads threads(2);
+  const int B = 2, S = 9, NH = 6, KVH = 2, HS = 4, group = NH / KVH;
+  const int Wg = (NH + 2 * KVH) * HS, Wm = 3 * NH * HS;  // row widths of the two qkv
+  const Vec gqa = random_vec(static_cast<size_t>(B) * S * Wg, 75, -1.5, 1.5);
+  Vec mha(static_cast<size_t>(B) * S * Wm);  // (B, S, 3, NH, HS)
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HS; ++d) {
+        mha[bs * Wm + h * HS + d] = gqa[bs * Wg + h * HS + d];
+        mha[bs * Wm + (NH + h) * HS + d] = gqa[bs * Wg + (NH + h / group) * HS + d];
+        mha[bs * Wm + (2 * NH + h) * HS + d] = gqa[bs * Wg + (NH + KVH + h / group) * HS + d];
+      }
+    }
+  }
+  const size_t nout = static_cast<size_t>(B) * S * NH * HS, natt = size_t(B) * NH * S * S;
+  const Vec dout = random_vec(nout, 76);
+  Vec out_g(nout), att_g(natt), out_m(nout), att_m(natt);
+  Vec dg(gqa.size(), kNaN), dm(mha.size(), kNaN), scratch(cpu::attention_scratch_elems(S));
+  cpu::attention_forward<double>(out_g.data(), att_g.data(), gqa.data(), B, S, NH, KVH, HS);
+  cpu::attention_forward<double>(out_m.data(), att_m.data(), mha.data(), B, S, NH, NH, HS);
+  cpu::attention_backward<double>(dg.data(), dout.data(), gqa.data(), att_g.data(), scratch.data(),
+                                  B, S, NH, KVH, HS);
+  cpu::attention_backward<double>(dm.data(), dout.data(), mha.data(), att_m.data(), scratch.data(),
+                                  B, S, NH, NH, HS);
+  expect_close(out_g, out_m, 1e-12, "gqa out");
+  expect_close(att_g, att_m, 1e-12, "gqa att");
+  Vec want(gqa.size(), 0.0);  // dm folded back into the grouped layout
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HS; ++d) {
+        want[bs * Wg + h * HS + d] = dm[bs * Wm + h * HS + d];
+        want[bs * Wg + (NH + h / group) * HS + d] += dm[bs * Wm + (NH + h) * HS + d];
+        want[bs * Wg + (NH + KVH + h / group) * HS + d] += dm[bs * Wm + (2 * NH + h) * HS + d];
+      }
+    }
+  }
+  expect_close(dg, want, 1e-12, "gqa dqkv");
+}
+
+void check_attention_float(int KVH, uint64_t seed) {
+  SCOPED_TRACE("KVH=" + std::to_string(KVH));
   ScopedThreads threads(2);
   const int B = 2, S = 100, NH = 3, HS = 20;
-  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nqkv = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
   const size_t nout = static_cast<size_t>(B) * S * NH * HS;
   const size_t natt = static_cast<size_t>(B) * NH * S * S;
   // |q·k|/√HS up to 16·20/4.5 ≈ 70: peaked rows whose smallest exp() arguments (< −87) reach the
   // clamp of the float kernel's exp.
-  const Vec qkv = random_vec(nqkv, 70, -4.0, 4.0), dout = random_vec(nout, 71);
+  const Vec qkv = random_vec(nqkv, seed, -4.0, 4.0), dout = random_vec(nout, seed + 1);
   Vec out(nout), att(natt), dqkv(nqkv, 0.0), scratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
   cpu::attention_backward<double>(dqkv.data(), dout.data(), qkv.data(), att.data(), scratch.data(),
-                                  B, S, NH, NH, HS);
+                                  B, S, NH, KVH, HS);
   const auto fqkv = to_float(qkv), fdout = to_float(dout);
   std::vector<float> fout(nout), fatt(natt), fdqkv(nqkv, 0.f),
       fscratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, KVH, HS);
   cpu::attention_backward<float>(fdqkv.data(), fdout.data(), fqkv.data(), fatt.data(),
-                                 fscratch.data(), B, S, NH, NH, HS);
+                                 fscratch.data(), B, S, NH, KVH, HS);
   expect_close(fout, out, kFloatAttentionTol, "float attention out");
   expect_close(fatt, att, kFloatAttentionTol, "float attention att");
   expect_close(fdqkv, dqkv, kFloatAttentionTol, "float attention dqkv");
+}
+
+TEST(KernelsFloat, AttentionMatchesDouble) {
+  check_attention_float(3, 70);  // multi-head
+  check_attention_float(1, 72);  // multi-query: dk, dv sum three query heads each
 }
 
 TEST(KernelsAttention, ProbabilitiesAreCausalAndNormalised) {
