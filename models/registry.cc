@@ -33,4 +33,9 @@ std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, 
   return architecture(m.arch).build(m, o, backend);
 }
 
+ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
+                         const std::vector<ModelPiece>& pieces) {
+  return architecture(m.arch).layout(m, tensor, tensor_rank, sp, pieces);
+}
+
 }  // namespace strata

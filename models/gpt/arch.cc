@@ -34,6 +34,9 @@ ArchSpec gpt_arch() {
   a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
     return std::make_unique<DecoderModel>(gpt_shape(m), o, be);
   };
+  a.layout = [](const ModelConfig& m, int t, int r, bool sp, const std::vector<ModelPiece>& pieces) {
+    return DecoderModel::layout(gpt_shape(m), t, r, sp, pieces);
+  };
   a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, nullptr, nullptr};
   // GPT-2 has multi-head attention and learned positions: the Llama keys would be ignored, so
   // they are refused instead.

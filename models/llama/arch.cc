@@ -46,6 +46,9 @@ ArchSpec llama_arch() {
   a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
     return std::make_unique<DecoderModel>(llama_shape(m), o, be);
   };
+  a.layout = [](const ModelConfig& m, int t, int r, bool sp, const std::vector<ModelPiece>& pieces) {
+    return DecoderModel::layout(llama_shape(m), t, r, sp, pieces);
+  };
   a.hf = HfAdapter{"LlamaForCausalLM", nullptr, nullptr, nullptr, nullptr};
   // Rotary embeddings rotate pairs (i, i + head_size/2): the head size must be even.
   a.validate = [](const ModelConfig& m, int, const std::string& file) {
