@@ -11,7 +11,7 @@ ArchSpec gpt_arch() {
   a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
     return std::make_unique<GptModel>(gpt_shape(m), o, be);
   };
-  a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf};
+  a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, {}, {}};
   // GPT's keys are the generic ones that launch/config/config_parse.cc validates for every model.
   a.validate = [](const ModelConfig&, int, const std::string&) {};
   return a;
