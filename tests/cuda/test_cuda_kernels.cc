@@ -340,10 +340,18 @@ TEST(CudaKernels, GemmLtEpilogues) {
 
 // ==== flash attention =========================================================================
 
+// Multi-head attention (KVH = NH: the kernels as they were before grouped-query attention), then
+// grouped-query attention with two query heads per key/value head and multi-query (one key/value
+// head for eight query heads), whose backward sums each key/value head's gradient over its
+// group — across query tiles and a change of head within one block's steps (S = 130, 257: three
+// and five tiles).
 std::vector<AttentionCase> attention_cases() {
   std::vector<AttentionCase> cases;
   for (int S : {1, 37, 130, 257})
-    for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, HS});
+    for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, 3, HS});
+  for (int S : {37, 130})
+    for (int HS : {32, 64, 128, 48}) cases.push_back({2, S, 4, 2, HS});
+  for (int HS : {64, 128, 80}) cases.push_back({1, 257, 8, 1, HS});
   return cases;
 }
 
@@ -353,17 +361,17 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
   for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
     for (const AttentionCase& c : attention_cases()) {
       const std::string what = std::string("flash forward ") + name(type) + " " + c.str();
-      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
-      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      const size_t tokens = c.tokens(), C = c.C();
+      const auto qkv = rounded(random(tokens * c.width(), ++key), is_bf16(type));
       DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
-      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                      kc::ElemType::kF32);
+      DeviceArray Lse(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
       ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
-                                            c.HS, nullptr),
+                                            c.KVH, c.HS, nullptr),
                 cudaSuccess)
           << what;
-      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
+      std::vector<float> out(tokens * C), att(c.rows() * c.S);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.KVH,
+                                     c.HS);
       expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
@@ -381,11 +389,10 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
       std::vector<float> tiled_out[2], tiled_lse[2];
       for (const int m : {0, 1}) {
         DeviceArray OutR(std::vector<float>(tokens * C, 0.f), type);
-        DeviceArray LseR(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                         kc::ElemType::kF32);
+        DeviceArray LseR(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
         ASSERT_EQ(
             kc::flash_attention_forward_bf16_warp_rows(OutR.get(), LseR.f32(), Qkv.get(), c.B, c.S,
-                                                       c.NH, c.HS, 16 * (m + 1), nullptr),
+                                                       c.NH, c.KVH, c.HS, 16 * (m + 1), nullptr),
             cudaSuccess)
             << what << ", " << 16 * (m + 1) << " rows per warp";
         tiled_out[m] = OutR.host();
@@ -400,8 +407,8 @@ TEST(CudaKernels, FlashAttentionWarpRowsRefusesWhatItCannotRun) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Rows per warp come in whole m-tiles of 16, one or two of them.
   for (const int rows : {0, 24, 48})
-    EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 64,
-                                                         rows, nullptr),
+    EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 1,
+                                                         64, rows, nullptr),
               cudaErrorInvalidValue)
         << rows << " rows per warp";
 }
@@ -412,31 +419,32 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
   for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
     for (const AttentionCase& c : attention_cases()) {
       const std::string what = std::string("flash backward ") + name(type) + " " + c.str();
-      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
-      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      const size_t tokens = c.tokens(), C = c.C();
+      const auto qkv = rounded(random(tokens * c.width(), ++key), is_bf16(type));
       const auto dout = rounded(random(tokens * C, ++key), is_bf16(type));
       // dqkv starts non-zero (of the gradient's size): the kernel must assign it (as the CPU's
       // does), so a kernel that read and added it would miss by the starting values.
-      auto dqkv = rounded(random(tokens * 3 * C, ++key, 0.5f), is_bf16(type));
+      auto dqkv = rounded(random(tokens * c.width(), ++key, 0.5f), is_bf16(type));
       DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
       DeviceArray Dout(dout, type), Dqkv(dqkv, type);
-      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                      kc::ElemType::kF32);
-      DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(c.B, c.S, c.NH, c.HS));
+      DeviceArray Lse(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
+      DeviceBuffer scratch(
+          kc::flash_attention_backward_scratch_bytes(c.B, c.S, c.NH, c.KVH, c.HS));
       ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
-                                            c.HS, nullptr),
+                                            c.KVH, c.HS, nullptr),
                 cudaSuccess)
           << what;
       ASSERT_EQ(
           kc::flash_attention_backward(Dqkv.get(), Dout.get(), Qkv.get(), Out.get(), Lse.f32(),
-                                       type, c.B, c.S, c.NH, c.HS, scratch.get(), nullptr),
+                                       type, c.B, c.S, c.NH, c.KVH, c.HS, scratch.get(), nullptr),
           cudaSuccess)
           << what;
-      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
+      std::vector<float> out(tokens * C), att(c.rows() * c.S);
       std::vector<float> cpu_scratch(kcpu::attention_scratch_elems(c.S));
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.KVH,
+                                     c.HS);
       kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
-                                      cpu_scratch.data(), c.B, c.S, c.NH, c.NH, c.HS);
+                                      cpu_scratch.data(), c.B, c.S, c.NH, c.KVH, c.HS);
       expect_close(what + " dqkv", Dqkv.host(), dqkv, is_bf16(type) ? kTolBf16 : kTolF32);
     }
 }
@@ -471,9 +479,26 @@ TEST(CudaKernels, TensorCoreFragmentLayoutMatchesCpu) {
 
 TEST(CudaKernels, FlashAttentionRefusesHeadSizesAbove128) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 1, 4, 1,
+  EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 1, 4, 1, 1,
                                         kc::kFlashMaxHeadSize + 1, nullptr),
             cudaErrorInvalidValue);
+}
+
+// Key/value head counts that do not divide the query heads (or are not positive) are refused
+// before anything runs, forward and backward, never rounded to a group size.
+TEST(CudaKernels, FlashAttentionRefusesKeyValueHeadsThatDoNotDivide) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const int kvh : {0, 3, 5})
+    for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16}) {
+      EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, type, 1, 4, 4, kvh, 64,
+                                            nullptr),
+                cudaErrorInvalidValue)
+          << "KVH " << kvh;
+      EXPECT_EQ(kc::flash_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, type, 1,
+                                             4, 4, kvh, 64, nullptr, nullptr),
+                cudaErrorInvalidValue)
+          << "KVH " << kvh;
+    }
 }
 
 // ==== multi-tensor optimizer kernels ============================================================
