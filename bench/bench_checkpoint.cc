@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "launch/train/model_state.h"
-#include "models/gpt/gpt.h"
+#include "models/registry.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   RankShard shard;
   int64_t elems = 0;
   const ParamLayout layout =
-      GptModel::layout(gpt_shape(mc), 1, 0, false, whole_model(mc.num_layers));
+      model_layout(mc, 1, 0, false, whole_model(mc.num_layers));
   for (const ParamInfo& p : layout.infos()) {
     shard.meta[p.name] = {p.full_shape, p.shape, "replicated", 0, 1};
     for (const char* kind : {"param", "m", "v"}) {

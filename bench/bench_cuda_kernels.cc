@@ -13,8 +13,8 @@
 //         micro-batch)
 //   Both: vocabulary 50257, padded to 50304 (a multiple of 128, as models/layers/embedding.cc
 //   pads it): the LM-head GEMMs and the logits' row width use 50304, the cross-entropy reads the
-//   50257 real columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B, padding
-//   rows included), one multi-tensor segment per parameter tensor.
+//   50257 real columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B,
+//   padding rows included), one multi-tensor segment per parameter tensor.
 //
 // Precisions, as the model runs them (models/gpt/gpt.cc):
 //   f32   every operand f32. cuBLASLt computes in true fp32 (no TF32, gemm_lt.h), so GEMMs and
@@ -92,6 +92,9 @@
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
 #include "kernels/cuda/precision.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
 
 namespace kc = strata::kernels::cuda;
 using kc::ElemType;
@@ -309,16 +312,22 @@ void print_row(const Row& r) {
 
 // ---- shapes --------------------------------------------------------------------------------
 
+// GPT models (LayerNorm, GELU MLP, multi-head attention: KVH = NH), and a Llama-family shape
+// (llama: RMSNorm, RoPE, SwiGLU MLP of width F, grouped-query attention with KVH key/value heads),
+// of which only the attention and the Llama-family row-wise kernels are timed.
 struct Model {
   std::string name;
-  int B, S, C, NH, F, L, V, Vp;
+  int B, S, C, NH, KVH, F, L, V, Vp;
+  bool llama = false;
   int HS() const { return C / NH; }
   int64_t N() const { return int64_t{B} * S; }
 };
 
 const Model kModels[] = {
-    {"124m", 16, 1024, 768, 12, 3072, 12, 50257, 50304},
-    {"1.3b", 4, 2048, 2048, 16, 8192, 24, 50257, 50304},
+    {"124m", 16, 1024, 768, 12, 12, 3072, 12, 50257, 50304},
+    {"1.3b", 4, 2048, 2048, 16, 16, 8192, 24, 50257, 50304},
+    // Llama-3-8B's layer: HS 128, 32 query and 8 key/value heads, F 14336.
+    {"llama3-8b", 2, 4096, 4096, 32, 8, 14336, 32, 128256, 128256, true},
 };
 
 // One parameter tensor of the model, for the optimizer's segment list.
@@ -379,6 +388,7 @@ class Bench {
   void linears(const Model& m, ElemType t);
   void attention(const Model& m, ElemType t);
   void rowwise(const Model& m, ElemType t);
+  void llama_rowwise(const Model& m, ElemType t);
   void cross_entropy(const Model& m, ElemType t);
   void optimizer(const Model& m);
 
@@ -562,8 +572,7 @@ void Bench::linears(const Model& m, ElemType t) {
       g.epilogue = kc::GemmEpilogue::kDGelu;
       g.aux = aux.get();
       g.ld_aux = l.in;
-      r = row(m, std::string("gemm bwd-in ") + l.name + " +dgelu", t,
-              gemm_shape(g.M, g.N, g.K));
+      r = row(m, std::string("gemm bwd-in ") + l.name + " +dgelu", t, gemm_shape(g.M, g.N, g.K));
       flops(r, fl, t);
       gemm(r, g);
     }
@@ -588,32 +597,33 @@ void Bench::linears(const Model& m, ElemType t) {
 }
 
 void Bench::attention(const Model& m, ElemType t) {
-  const int B = m.B, S = m.S, NH = m.NH, HS = m.HS();
-  const int64_t nqkv = m.N() * 3 * m.C, nout = m.N() * m.C;
-  DeviceBuffer qkv(bytes_of(nqkv, t));                              // (B, S, 3, NH, HS)
+  const int B = m.B, S = m.S, NH = m.NH, KVH = m.KVH, HS = m.HS();
+  const int64_t nqkv = m.N() * (NH + 2 * KVH) * HS, nout = m.N() * m.C;
+  DeviceBuffer qkv(bytes_of(nqkv, t));                              // (B, S, NH + 2·KVH, HS)
   DeviceBuffer out(bytes_of(nout, t));                              // (B, S, NH, HS)
   DeviceBuffer lse(bytes_of(int64_t{B} * NH * S, ElemType::kF32));  // (B, NH, S)
   DeviceBuffer dout(bytes_of(nout, t));                             // (B, S, NH, HS)
-  DeviceBuffer dqkv(bytes_of(nqkv, t));                             // (B, S, 3, NH, HS)
-  DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(B, S, NH, HS));
+  DeviceBuffer dqkv(bytes_of(nqkv, t));                             // (B, S, NH + 2·KVH, HS)
+  DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(B, S, NH, KVH, HS));
   fill(qkv.get(), t, nqkv, 10, 1.f, stream_);
   fill(dout.get(), t, nout, 11, 1.f, stream_);
   zero(dqkv, stream_);
   const double pairs = 0.5 * double(S) * (S + 1);  // causal (query, key) pairs per head
   const double fl = 4.0 * B * NH * HS * pairs;
-  const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " NH" +
-                            std::to_string(NH) + " HS" + std::to_string(HS);
+  const std::string shape =
+      "B" + std::to_string(B) + " S" + std::to_string(S) + " NH" + std::to_string(NH) +
+      (KVH != NH ? " KVH" + std::to_string(KVH) : std::string()) + " HS" + std::to_string(HS);
   Row r = row(m, "attention fwd (causal)", t, shape);
   flops(r, fl, t);
   measure(r, [&] {
-    return cuda_error(
-        kc::flash_attention_forward(out.get(), lse.f32(), qkv.get(), t, B, S, NH, HS, stream_));
+    return cuda_error(kc::flash_attention_forward(out.get(), lse.f32(), qkv.get(), t, B, S, NH, KVH,
+                                                  HS, stream_));
   });
   r = row(m, "attention bwd (causal)", t, shape);  // uses the forward's out and lse
   flops(r, 2 * fl, t);
   measure(r, [&] {
     return cuda_error(kc::flash_attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(),
-                                                   lse.f32(), t, B, S, NH, HS, scratch.get(),
+                                                   lse.f32(), t, B, S, NH, KVH, HS, scratch.get(),
                                                    stream_));
   });
   if (t != ElemType::kBF16) return;  // cuDNN's flash attention is fp16/bf16 only
@@ -625,8 +635,8 @@ void Bench::attention(const Model& m, ElemType t) {
     flops(v, fl, t);
     v.group = "variant";
     measure(v, [&] {
-      return cuda_error(kc::flash_attention_forward_bf16_warp_rows(out.get(), lse.f32(), qkv.get(),
-                                                                   B, S, NH, HS, rows, stream_));
+      return cuda_error(kc::flash_attention_forward_bf16_warp_rows(
+          out.get(), lse.f32(), qkv.get(), B, S, NH, KVH, HS, rows, stream_));
     });
   }
   // The same on cuDNN; its backward uses its own forward's out and lse, and overwrites dqkv.
@@ -635,21 +645,95 @@ void Bench::attention(const Model& m, ElemType t) {
   Row cb = row(m, "attention bwd cudnn", t, shape);
   flops(cb, 2 * fl, t);
   std::string why;
-  if (cudnn_->supports(t, B, S, NH, HS, &why) != CUDNN_STATUS_SUCCESS) {
+  if (cudnn_->supports(t, B, S, NH, KVH, HS, &why) != CUDNN_STATUS_SUCCESS) {
     unsupported(cf, why);
     unsupported(cb, why);
     return;
   }
-  DeviceBuffer cudnn_ws(std::max(cudnn_->forward_workspace_bytes(t, B, S, NH, HS),
-                                 cudnn_->backward_workspace_bytes(t, B, S, NH, HS)));
+  DeviceBuffer cudnn_ws(std::max(cudnn_->forward_workspace_bytes(t, B, S, NH, KVH, HS),
+                                 cudnn_->backward_workspace_bytes(t, B, S, NH, KVH, HS)));
   measure(cf, [&] {
-    return cudnn_error(
-        cudnn_->forward(out.get(), lse.f32(), qkv.get(), t, B, S, NH, HS, cudnn_ws.get(), stream_));
+    return cudnn_error(cudnn_->forward(out.get(), lse.f32(), qkv.get(), t, B, S, NH, KVH, HS,
+                                       cudnn_ws.get(), stream_));
   });
   measure(cb, [&] {
     return cudnn_error(cudnn_->backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.f32(), t,
-                                        B, S, NH, HS, cudnn_ws.get(), stream_));
+                                        B, S, NH, KVH, HS, cudnn_ws.get(), stream_));
   });
+}
+
+// RMSNorm, RoPE and SwiGLU of a Llama-family layer: memory-bound.
+void Bench::llama_rowwise(const Model& m, ElemType t) {
+  const int64_t N = m.N();
+  const int C = m.C, F = m.F, NH = m.NH, KVH = m.KVH, HS = m.HS();
+  const double e = double(kc::elem_size(t)), f4 = 4.0;
+  {
+    const int64_t n = N * C;
+    DeviceBuffer inp(bytes_of(n, t)), out(bytes_of(n, t)), dout(bytes_of(n, t)),
+        dinp(bytes_of(n, t));                                           // (N, C)
+    DeviceBuffer w(bytes_of(C, t)), rstd(bytes_of(N, ElemType::kF32));  // (C), (N)
+    DeviceBuffer dw(bytes_of(C, ElemType::kF32));                       // (C)
+    fill(inp.get(), t, n, 50, 1.f, stream_);
+    fill(dout.get(), t, n, 51, 1.f, stream_);
+    fill(w.get(), t, C, 52, 1.f, stream_);
+    zero(dinp, stream_);
+    zero(dw, stream_);
+    // forward: inp read, out written, rstd written, weight read.
+    Row r = row(m, "rmsnorm fwd", t, nc_shape(N, C));
+    bytes(r, 2 * n * e + N * f4 + C * e);
+    measure(r, [&] {
+      return cuda_error(kc::rmsnorm_forward(out.get(), rstd.f32(), inp.get(), t, w.get(), t, 1e-5f,
+                                            N, C, stream_));
+    });
+    // backward: dout, inp read; dinp read+written; rstd, weight read; dw read+written.
+    r = row(m, "rmsnorm bwd", t, nc_shape(N, C));
+    bytes(r, 4 * n * e + N * f4 + C * e + 2 * C * f4);
+    measure(r, [&] {
+      return cuda_error(kc::rmsnorm_backward(dinp.get(), dw.f32(), dout.get(), inp.get(), t,
+                                             w.get(), t, rstd.f32(), N, C, stream_));
+    });
+  }
+  {
+    // RoPE in place on the query and key heads of qkv; the table (S, HS) f32 read.
+    const int64_t rotated = N * (NH + KVH) * HS;
+    DeviceBuffer qkv(bytes_of(N * (NH + 2 * KVH) * HS, t));             // (B, S, NH + 2·KVH, HS)
+    DeviceBuffer cos_sin(bytes_of(int64_t{m.S} * HS, ElemType::kF32));  // (S, HS)
+    fill(qkv.get(), t, N * (NH + 2 * KVH) * HS, 53, 1.f, stream_);
+    fill(cos_sin.get(), ElemType::kF32, int64_t{m.S} * HS, 54, 1.f, stream_);
+    const std::string shape = "B" + std::to_string(m.B) + " S" + std::to_string(m.S) + " NH" +
+                              std::to_string(NH) + " KVH" + std::to_string(KVH) + " HS" +
+                              std::to_string(HS);
+    Row r = row(m, "rope fwd", t, shape);
+    bytes(r, 2 * rotated * e + double(m.S) * HS * f4);
+    measure(r, [&] {
+      return cuda_error(
+          kc::rope_forward(qkv.get(), t, cos_sin.f32(), m.B, m.S, NH, KVH, HS, stream_));
+    });
+    r = row(m, "rope bwd", t, shape);
+    bytes(r, 2 * rotated * e + double(m.S) * HS * f4);
+    measure(r, [&] {
+      return cuda_error(
+          kc::rope_backward(qkv.get(), t, cos_sin.f32(), m.B, m.S, NH, KVH, HS, stream_));
+    });
+  }
+  {
+    const int64_t n = N * F;  // the MLP's hidden activation (N, F); gate_up (N, 2F)
+    DeviceBuffer gate_up(bytes_of(2 * n, t)), dgate_up(bytes_of(2 * n, t));
+    DeviceBuffer out(bytes_of(n, t)), dout(bytes_of(n, t));
+    fill(gate_up.get(), t, 2 * n, 55, 3.f, stream_);
+    fill(dout.get(), t, n, 56, 1.f, stream_);
+    Row r = row(m, "swiglu fwd", t, nc_shape(N, F));  // gate_up read, out written
+    bytes(r, 3 * n * e);
+    measure(r, [&] {
+      return cuda_error(kc::swiglu_forward(out.get(), gate_up.get(), t, N, F, stream_));
+    });
+    r = row(m, "swiglu bwd", t, nc_shape(N, F));  // gate_up, dout read; dgate_up written
+    bytes(r, 5 * n * e);
+    measure(r, [&] {
+      return cuda_error(
+          kc::swiglu_backward(dgate_up.get(), dout.get(), gate_up.get(), t, N, F, stream_));
+    });
+  }
 }
 
 // LayerNorm, GELU, the residual add, the bias gradient and the embedding: memory-bound.
@@ -950,7 +1034,7 @@ void write_json(const std::string& path, const nlohmann::ordered_json& head,
 // ---- command line --------------------------------------------------------------------------
 
 struct Options {
-  std::vector<std::string> models = {"124m", "1.3b"};
+  std::vector<std::string> models = {"124m", "1.3b", "llama3-8b"};
   std::vector<std::string> types = {"bf16", "f32"};
   int reps = 20;
   std::string json;
@@ -1005,7 +1089,8 @@ Options parse(int argc, char** argv) {
     if (a == "--models") {
       o.models = split(v);
       for (const std::string& m : o.models)
-        if (m != "124m" && m != "1.3b") usage("unknown model '" + m + "' (124m, 1.3b)");
+        if (m != "124m" && m != "1.3b" && m != "llama3-8b")
+          usage("unknown model '" + m + "' (124m, 1.3b, llama3-8b)");
     } else if (a == "--types") {
       o.types = split(v);
       for (const std::string& t : o.types)
@@ -1068,12 +1153,17 @@ int main(int argc, char** argv) {
   bench.memcpy_reference();
   for (const Model& m : models) {
     for (ElemType t : types) {
+      if (m.llama) {
+        bench.attention(m, t);
+        bench.llama_rowwise(m, t);
+        continue;
+      }
       bench.linears(m, t);
       bench.attention(m, t);
       bench.rowwise(m, t);
       bench.cross_entropy(m, t);
     }
-    bench.optimizer(m);
+    if (!m.llama) bench.optimizer(m);
   }
   print_summary(bench.rows(), models, types);
 

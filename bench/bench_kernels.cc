@@ -1,5 +1,7 @@
 // bench_kernels.cc — throughput of the CPU kernels at the shapes of the small GPT the CPU backend
-// trains (B = 8, S = 256, C = 384, NH = 6, vocab 256), printed next to this machine's own
+// trains (B = 8, S = 256, C = 384, NH = 6, vocab 256), and of the Llama-family ops at the same
+// B, S and C with grouped-query attention (NH = 6 query heads sharing KVH = 2 key/value heads)
+// and a SwiGLU hidden width F = 1024 (≈ 8C/3, Llama's ratio), printed next to this machine's own
 // sgemm rate measured in the same run at the same thread count, so each figure reads as a
 // fraction of what the cores can do.
 //
@@ -10,9 +12,10 @@
 //   Attention reports GFLOP/s with the dense count of its GEMMs, 4·B·NH·S²·HS forward and twice
 //     that backward, although the causal kernel skips about half of it: the figure is what a
 //     dense kernel would need to match, the convention of FlashAttention's papers.
-//   Memory-bound ops (LayerNorm, GELU) report GB/s of the bytes they must move at least, each
-//     array once (a += output counts read and write), against no roofline: STREAM-like
-//     bandwidth was not measured here.
+//   Memory-bound ops (LayerNorm, RMSNorm, GELU, SwiGLU, RoPE) report GB/s of the bytes they must
+//     move at least, each array once (a += output counts read and write; RoPE reads and writes
+//     the query and key heads in place), against no roofline: STREAM-like bandwidth was not
+//     measured here.
 //   Attention's op names say "dense-eq" for that reason.
 // Time per op is the median of repetitions after one warm-up; it never fails on time. The sgemm
 // reference is measured first and again last: on a shared machine the two differ when other
@@ -21,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -32,6 +36,9 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/threads.h"
 
 namespace cpu = strata::kernels::cpu;
@@ -198,6 +205,86 @@ int main(int argc, char** argv) {
                       cpu::gelu_backward<float>(dinp.data(), inp.data(), dout.data(), n);
                     }),
                     4 * n * f, false});
+  }
+
+  // ---- Llama-family ops: grouped-query attention, RoPE, RMSNorm, SwiGLU ----
+  const int KVH = 2, F = 1024;
+  {
+    const size_t nqkv = size_t(N) * (NH + 2 * KVH) * HS;  // (B, S, NH + 2·KVH, HS)
+    const size_t natt = size_t(B) * NH * S * S;           // (B, NH, S, S)
+    const auto qkv = random_floats(nqkv, 50);
+    const auto dout = random_floats(size_t(N) * C, 51);  // (B, S, NH, HS)
+    std::vector<float> out(size_t(N) * C), att(natt), dqkv(nqkv);
+    std::vector<float> scratch(cpu::attention_scratch_elems(S));  // (threads, S, S)
+    const double flops = 4.0 * B * NH * double(S) * S * HS;
+    const std::string gqa = " KVH=" + std::to_string(KVH);
+    rows.push_back({"attention fwd (dense-eq)" + gqa, time_median([&] {
+                      cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH,
+                                                    KVH, HS);
+                    }),
+                    flops, true});
+    rows.push_back({"attention bwd (dense-eq)" + gqa, time_median([&] {
+                      cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(),
+                                                     att.data(), scratch.data(), B, S, NH, KVH, HS);
+                    }),
+                    2 * flops, true});
+
+    // RoPE on the same layout, in place: the query and key heads read and written once.
+    std::vector<float> cos_sin(size_t(S) * HS);  // (S, HS): [cos | sin] per position
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < HS / 2; ++i) {
+        const double theta = s * std::pow(10000.0, -2.0 * i / HS);
+        cos_sin[size_t(s) * HS + i] = float(std::cos(theta));
+        cos_sin[size_t(s) * HS + HS / 2 + i] = float(std::sin(theta));
+      }
+    }
+    std::vector<float> x = qkv;
+    const double bytes = 2.0 * N * (NH + KVH) * HS * sizeof(float);
+    rows.push_back({"rope fwd" + gqa, time_median([&] {
+                      cpu::rope_forward<float>(x.data(), cos_sin.data(), B, S, NH, KVH, HS);
+                    }),
+                    bytes, false});
+    rows.push_back({"rope bwd" + gqa, time_median([&] {
+                      cpu::rope_backward<float>(x.data(), cos_sin.data(), B, S, NH, KVH, HS);
+                    }),
+                    bytes, false});
+  }
+
+  {
+    const size_t n = size_t(N) * C;
+    const auto inp = random_floats(n, 60), dout = random_floats(n, 61);  // (N, C)
+    const auto w = random_floats(C, 62);                                 // (C)
+    std::vector<float> out(n), rstd(N), dinp(n), dw(C);
+    const double f = sizeof(float);
+    // forward: read inp, write out; backward: read inp and dout, read+write dinp.
+    rows.push_back({"rmsnorm fwd", time_median([&] {
+                      cpu::rmsnorm_forward<float>(out.data(), rstd.data(), inp.data(), w.data(), N,
+                                                  C, 1e-5f);
+                    }),
+                    2 * n * f, false});
+    rows.push_back({"rmsnorm bwd", time_median([&] {
+                      cpu::rmsnorm_backward<float>(dinp.data(), dw.data(), dout.data(), inp.data(),
+                                                   w.data(), rstd.data(), N, C);
+                    }),
+                    4 * n * f, false});
+  }
+
+  {
+    const size_t n = size_t(N) * F;                       // the MLP's hidden activation (N, F)
+    const auto gate_up = random_floats(2 * n, 70, 3.0f);  // (N, 2F)
+    const auto dout = random_floats(n, 71);               // (N, F)
+    std::vector<float> out(n), dgate_up(2 * n);
+    const double f = sizeof(float);
+    // forward: read gate_up, write out; backward: read gate_up and dout, write dgate_up.
+    rows.push_back({"swiglu fwd F=" + std::to_string(F), time_median([&] {
+                      cpu::swiglu_forward<float>(out.data(), gate_up.data(), N, F);
+                    }),
+                    3 * n * f, false});
+    rows.push_back({"swiglu bwd F=" + std::to_string(F), time_median([&] {
+                      cpu::swiglu_backward<float>(dgate_up.data(), dout.data(), gate_up.data(), N,
+                                                  F);
+                    }),
+                    5 * n * f, false});
   }
   const double sgemm_last = measure_sgemm("last");
   const double sgemm = 0.5 * (sgemm_first + sgemm_last);

@@ -167,6 +167,10 @@ HfTensors read_hf_tensors(const std::string& path) {
 
 FullTensors load_hf_model(const ModelConfig& m, const std::string& path) {
   const HfAdapter& hf = architecture(m.arch).hf;
+  if (!hf.from_hf)
+    throw InputError(path, "",
+                     "no checkpoint for model.arch \"" + m.arch +
+                         "\": it has no Hugging Face adapter yet (model.init_from)");
   if (is_hf_directory(path) && hf.check_hf_config)
     hf.check_hf_config(m, read_hf_config(path), join(path, kConfig));
   const HfTensors t = read_hf_tensors(path);

@@ -3,12 +3,13 @@
 #include <stdexcept>
 
 #include "models/gpt/gpt.h"
+#include "models/llama/llama.h"
 
 namespace strata {
 
 // One line per architecture folder (docs/architecture.md).
 const std::vector<ArchSpec>& architectures() {
-  static const std::vector<ArchSpec> all = {gpt_arch()};
+  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch()};
   return all;
 }
 
@@ -30,6 +31,11 @@ std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m) {
 
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend) {
   return architecture(m.arch).build(m, o, backend);
+}
+
+ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
+                         const std::vector<ModelPiece>& pieces) {
+  return architecture(m.arch).layout(m, tensor, tensor_rank, sp, pieces);
 }
 
 }  // namespace strata

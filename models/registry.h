@@ -49,6 +49,11 @@ struct ArchSpec {
   // Builds this rank's part of the model on `backend` (parameters allocated and initialised
   // from options.seed).
   std::function<std::unique_ptr<Model>(const ModelConfig&, const ModelOptions&, Backend&)> build;
+  // The parameter layout of `pieces` at tensor size t, rank r (declared, never allocated): what
+  // build() would hold on that rank.
+  std::function<ParamLayout(const ModelConfig&, int tensor, int tensor_rank, bool sp,
+                            const std::vector<ModelPiece>& pieces)>
+      layout;
   HfAdapter hf;
   // Refuses, with InputError(file, key, …), a config this architecture cannot build under a
   // tensor-parallel size t (sizes that do not divide, keys it does not support).
@@ -66,5 +71,7 @@ const ArchSpec& architecture(const std::string& name);
 // Shorthands over architecture(m.arch).
 std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
+ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
+                         const std::vector<ModelPiece>& pieces);
 
 }  // namespace strata

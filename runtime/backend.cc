@@ -93,23 +93,3 @@ MixedPrecisionScope::~MixedPrecisionScope() {
 }
 
 }  // namespace strata
-
-// TEMPORARY (until both backends implement them; then these become pure virtual).
-namespace strata {
-namespace {
-[[noreturn]] void not_yet(const char* op) {
-  throw std::logic_error(std::string(op) + " is not implemented by this backend yet");
-}
-}  // namespace
-void Backend::rmsnorm_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, float) {
-  not_yet("rmsnorm_forward");
-}
-void Backend::rmsnorm_backward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&) {
-  not_yet("rmsnorm_backward");
-}
-void Backend::rope_forward(Tensor&, const Tensor&, int, int) { not_yet("rope_forward"); }
-void Backend::rope_backward(Tensor&, const Tensor&, int, int) { not_yet("rope_backward"); }
-void Backend::swiglu_forward(Tensor&, const Tensor&) { not_yet("swiglu_forward"); }
-void Backend::swiglu_backward(Tensor&, const Tensor&, const Tensor&) { not_yet("swiglu_backward"); }
-}  // namespace strata

@@ -153,9 +153,9 @@ class Backend {
   // 1/√(mean(x²) + eps). Backward: dinp (N, C) += (the residual stream's gradient, as
   // layernorm_backward), dw (C) +=.
   virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
-                               float eps);
+                               float eps) = 0;
   virtual void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
-                                const Tensor& w, const Tensor& rstd);
+                                const Tensor& w, const Tensor& rstd) = 0;
   // Rotary position embeddings, in place on the query and key heads of a qkv tensor in the
   // attention layout above (B, S, NH + 2·KVH, HS); the value heads are left as they are.
   // Position s of every sequence rotates each pair (x[i], x[i + HS/2]), i < HS/2 (Hugging Face's
@@ -164,13 +164,14 @@ class Backend {
   // cos_sin (S_max ≥ S, HS) f32: row s is [cos(s·inv_freq[0..HS/2)) | sin(s·inv_freq[0..HS/2))]
   // (the model builds it once, rope_scaling included). rope_backward applies the inverse rotation
   // (the transpose) to the gradient dqkv, in place.
-  virtual void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads);
+  virtual void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads,
+                            int num_kv_heads) = 0;
   virtual void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int num_heads,
-                             int num_kv_heads);
+                             int num_kv_heads) = 0;
   // SwiGLU: gate_up (N, 2F) holds per row [gate (F) | up (F)]; out (N, F) = silu(gate) · up,
   // silu(g) = g · sigmoid(g). Backward: dgate_up (N, 2F) assigned (one producer).
-  virtual void swiglu_forward(Tensor& out, const Tensor& gate_up);
-  virtual void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up);
+  virtual void swiglu_forward(Tensor& out, const Tensor& gate_up) = 0;
+  virtual void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) = 0;
 
   // ---- embedding (vocab-parallel shard [vocab_start, vocab_start + wte rows)) ----
   // tokens (B, S) i32; out (B, S, C); wpe (S_max, C) may be null (only the first stage adds it).
@@ -208,7 +209,7 @@ class Backend {
   virtual void seq_deinterleave(Tensor& chunks, const Tensor& in, int t) = 0;
 
   // ---- elementwise and reductions ----
-  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;            // y += x
+  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;             // y += x
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
   virtual void scale_inplace(Tensor& y, float s) = 0;                   // y *= s
   virtual double sum(const Tensor& x) = 0;                              // Σ x, in double

@@ -48,6 +48,31 @@ inline AttentionDims attention_dims(const Tensor& qkv, int NH, int KVH) {
   return {qkv.size(0), qkv.size(1), width / heads};
 }
 
+// The sizes of a RoPE operand in the attention layout (attention_dims), checked against its
+// angle table: the head size even (the rotated pairs are (x[i], x[i + HS/2])), and cos_sin an f32
+// (S_max, HS) table with a row for every position.
+inline AttentionDims rope_dims(const Tensor& qkv, const Tensor& cos_sin, int NH, int KVH,
+                               const char* what) {
+  const AttentionDims a = attention_dims(qkv, NH, KVH);
+  STRATA_CHECK(a.HS % 2 == 0, what << " head size " << a.HS << " is odd: RoPE rotates pairs");
+  STRATA_CHECK(cos_sin.dtype() == DType::kF32,
+               "rope cos_sin is " << to_string(cos_sin.dtype()) << ", expected f32");
+  STRATA_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == a.HS,
+               "rope cos_sin has shape " << shape_string(cos_sin.shape()) << ", expected (S_max, "
+                                         << a.HS << ") for head size " << a.HS);
+  STRATA_CHECK(cos_sin.size(0) >= a.S, "rope cos_sin has " << cos_sin.size(0)
+                                                           << " positions, fewer than the sequence "
+                                                           << a.S << " of " << what);
+  return a;
+}
+
+// F of a SwiGLU input gate_up (N, 2F), checked: its last dimension must be even.
+inline int64_t swiglu_width(const Tensor& gate_up, const char* what) {
+  const int64_t width = gate_up.size(-1);
+  STRATA_CHECK(width % 2 == 0, what << " last dimension " << width << " is odd, expected 2 × F");
+  return width / 2;
+}
+
 // Rows of a tensor viewed as (N, last dim).
 inline int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 

@@ -16,6 +16,9 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cpu/precision.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/threads.h"
 #include "runtime/backend.h"
 #include "runtime/backend_checks.h"
@@ -210,6 +213,73 @@ class CpuBackend final : public Backend {
     }
     k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(),
                           as_int(a.B), as_int(a.S), num_heads, num_kv_heads, as_int(a.HS));
+  }
+
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                       float eps) override {
+    if (!all_f32(out, rstd, inp, w)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_forward(mp.out(out), mp.out(rstd), mp.in(inp), mp.in(w), eps);
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "rmsnorm out");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    expect_numel(w, C, "rmsnorm weight");
+    k::rmsnorm_forward(out.f32(), rstd.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), eps);
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                        const Tensor& w, const Tensor& rstd) override {
+    if (!all_f32(dinp, dw, dout, inp, w, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_backward(mp.out(dinp), mp.out(dw), mp.in(dout), mp.in(inp), mp.in(w),
+                              mp.in(rstd));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "rmsnorm dinp");
+    expect_numel(dout, N * C, "rmsnorm dout");
+    expect_numel(w, C, "rmsnorm weight");
+    expect_numel(dw, C, "rmsnorm dweight");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    k::rmsnorm_backward(dinp.f32(), dw.f32(), dout.f32(), inp.f32(), w.f32(), rstd.f32(), as_int(N),
+                        as_int(C));
+  }
+  void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads) override {
+    if (!all_f32(qkv)) {
+      MixedPrecisionScope mp(*this);
+      return rope_forward(mp.out(qkv), cos_sin, num_heads, num_kv_heads);
+    }
+    const AttentionDims a = rope_dims(qkv, cos_sin, num_heads, num_kv_heads, "rope qkv");
+    k::rope_forward(qkv.f32(), cos_sin.f32(), as_int(a.B), as_int(a.S), num_heads, num_kv_heads,
+                    as_int(a.HS));
+  }
+  void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int num_heads,
+                     int num_kv_heads) override {
+    if (!all_f32(dqkv)) {
+      MixedPrecisionScope mp(*this);
+      return rope_backward(mp.out(dqkv), cos_sin, num_heads, num_kv_heads);
+    }
+    const AttentionDims a = rope_dims(dqkv, cos_sin, num_heads, num_kv_heads, "rope dqkv");
+    k::rope_backward(dqkv.f32(), cos_sin.f32(), as_int(a.B), as_int(a.S), num_heads, num_kv_heads,
+                     as_int(a.HS));
+  }
+  void swiglu_forward(Tensor& out, const Tensor& gate_up) override {
+    if (!all_f32(out, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_forward(mp.out(out), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+    expect_numel(out, N * F, "swiglu out");
+    k::swiglu_forward(out.f32(), gate_up.f32(), as_int(N), as_int(F));
+  }
+  void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override {
+    if (!all_f32(dgate_up, dout, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_backward(mp.out(dgate_up), mp.in(dout), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+    expect_numel(dgate_up, gate_up.numel(), "swiglu dgate_up");
+    expect_numel(dout, N * F, "swiglu dout");
+    k::swiglu_backward(dgate_up.f32(), dout.f32(), gate_up.f32(), as_int(N), as_int(F));
   }
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,

@@ -15,12 +15,30 @@
 
 namespace strata {
 
-// Llama 3's frequency-dependent RoPE scaling (Hugging Face's rope_scaling, rope_type "llama3").
+// Llama 3.1's rotary frequency scaling (Hugging Face's rope_scaling with rope_type "llama3"):
+// wavelengths longer than original_max_position_embeddings / low_freq_factor are divided by
+// `factor`, shorter than original_max_position_embeddings / high_freq_factor kept, and those
+// between interpolated smoothly.
 struct RopeScaling {
   std::string rope_type = "llama3";
-  double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
+  double factor = 8;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
   int original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling& o) const {
+    return rope_type == o.rope_type && factor == o.factor &&
+           low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
+           original_max_position_embeddings == o.original_max_position_embeddings;
+  }
 };
+// Hugging Face's rope_scaling object.
+inline void to_json(nlohmann::json& j, const RopeScaling& r) {
+  j = {{"rope_type", r.rope_type},
+       {"factor", r.factor},
+       {"low_freq_factor", r.low_freq_factor},
+       {"high_freq_factor", r.high_freq_factor},
+       {"original_max_position_embeddings", r.original_max_position_embeddings}};
+}
 
 struct ModelConfig {
   std::string preset;          // "" when none
@@ -35,10 +53,15 @@ struct ModelConfig {
   double dropout = 0.0;
   double init_std = 0.02;
   std::optional<std::string> init_from;
-  int num_key_value_heads = 0;  // 0 means = num_heads
+  // Llama family (Hugging Face's LlamaConfig names). num_key_value_heads: null means num_heads
+  // (multi-head attention); 1 is multi-query attention.
+  std::optional<int> num_key_value_heads;
   double rope_theta = 10000;
-  double rms_norm_eps = 1e-5;
   std::optional<RopeScaling> rope_scaling;
+  double rms_norm_eps = 1e-5;
+
+  // Key/value heads: num_key_value_heads, or num_heads when null.
+  int kv_heads() const { return num_key_value_heads.value_or(num_heads); }
 };
 
 struct ParallelConfig {

@@ -21,7 +21,7 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "models/gpt/gpt.h"
+#include "models/registry.h"
 #include "mpi_test_util.h"
 #include "runtime/comm.h"
 
@@ -41,6 +41,8 @@ std::vector<std::string> base_sets() {
 
 Config make_config(std::vector<std::string> extra) {
   std::vector<std::string> s = base_sets();
+  const std::vector<std::string> arch = mpitest::arch_sets(8);  // head size 8, 4 kv heads
+  s.insert(s.end(), arch.begin(), arch.end());
   s.insert(s.end(), extra.begin(), extra.end());
   return load_config("", s);
 }
@@ -89,7 +91,7 @@ TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
   const TrainResult& ref = reference();
   const Config ref_cfg = make_config({});
   const std::vector<ParamInfo> full =
-      GptModel::layout(gpt_shape(ref_cfg.model), 1, 0, false, whole_model(ref_cfg.model.num_layers))
+      model_layout(ref_cfg.model, 1, 0, false, whole_model(ref_cfg.model.num_layers))
           .infos();
   for (const Layout& l : layouts(world().size)) {
     const TrainResult r = run_layout(l);
@@ -104,7 +106,7 @@ TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
     const int tp_rank = world().rank % l.t;
     bad = 0;
-    const ParamLayout mine = GptModel::layout(gpt_shape(cfg.model), l.t, tp_rank, l.sp,
+    const ParamLayout mine = model_layout(cfg.model, l.t, tp_rank, l.sp,
                                               whole_model(cfg.model.num_layers));
     for (const ParamInfo& p : mine.infos()) {
       const ParamInfo* f = nullptr;
@@ -185,7 +187,7 @@ TEST(Parallel, MemoryShrinksWithTheLayout) {
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
     int64_t sharded = 0, whole = 0;  // elements of the single-process model
     const ParamLayout rank0 =
-        GptModel::layout(gpt_shape(cfg.model), l.t, 0, false, whole_model(cfg.model.num_layers));
+        model_layout(cfg.model, l.t, 0, false, whole_model(cfg.model.num_layers));
     for (const ParamInfo& p : rank0.infos()) {
       if (p.split == ParamSplit::kReplicated) whole += p.numel;
       else sharded += p.numel * l.t;

@@ -35,6 +35,8 @@ std::vector<std::string> base_sets() {
 
 Config make_config(std::vector<std::string> extra) {
   std::vector<std::string> s = base_sets();
+  const std::vector<std::string> arch = mpitest::arch_sets(8);  // head size 4, 4 kv heads
+  s.insert(s.end(), arch.begin(), arch.end());
   s.insert(s.end(), extra.begin(), extra.end());
   return load_config("", s);
 }

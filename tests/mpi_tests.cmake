@@ -114,3 +114,20 @@ strata_mpi_test(mpi_test_memory mpi_memory 4)
 # One layer split for --dry-run, the planner's prediction and training (the model-interface issue).
 strata_mpi_executable(mpi_test_layout)
 strata_mpi_test(mpi_test_layout mpi_layout 4)
+
+# The layout backbone on the Llama family (tests/mpi_test_util.h arch_sets: grouped-query
+# attention, rotary embeddings, RMSNorm, SwiGLU, untied head): every tensor/data layout with
+# sequence parallelism and ZeRO-1, every schedule (interleaved, zb-h1, 2bw against the
+# single-process 2bw) against the single-process run.
+# Checkpoints reshard the fused q/k/v and gate/up blocks between layouts (mpi_checkpoint_llama).
+foreach(target_prefix_nps "mpi_test_parallel;mpi_parallel_llama;2;4"
+                          "mpi_test_pipeline;mpi_pipeline_llama;2;4"
+                          "mpi_test_checkpoint;mpi_checkpoint_llama;4")
+  list(POP_FRONT target_prefix_nps target prefix)
+  foreach(np ${target_prefix_nps})
+    add_test(NAME ${prefix}_np${np} COMMAND ${STRATA_MPI_RUN} -np ${np} $<TARGET_FILE:${target}>)
+    set_tests_properties(${prefix}_np${np} PROPERTIES
+      ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=llama" TIMEOUT 900 PROCESSORS ${np}
+      LABELS mpi)
+  endforeach()
+endforeach()

@@ -94,11 +94,14 @@ class TempDir {
 
 // Keys added after DESIGN.md's example, with their defaults (docs/config.md): a config written
 // against the design alone resolves to them.
-const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"}})";
+// The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
+const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
+  "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
+            "rms_norm_eps": 1e-5}})";
 
 json design_defaults_with_additions() {
   json j = json::parse(kDesignDefaults);
-  j.merge_patch(json::parse(kAddedDefaults));
+  j.update(json::parse(kAddedDefaults), /*merge_objects=*/true);  // keeps nulls, unlike merge_patch
   return j;
 }
 

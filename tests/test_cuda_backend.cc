@@ -30,7 +30,9 @@ namespace {
 
 using namespace backend_test;
 
-bool have_device() { return cuda_device_count() > 0; }
+bool have_device() {
+  return cuda_device_count() > 0;
+}
 
 // Runs `op` on the CPU and on the GPU backend with the same inputs, compares named outputs.
 struct Pair {
@@ -57,7 +59,8 @@ TEST_F(CudaBackend, MatmulForwardAndBackward) {
     Tensor Y = be.empty({N, OC}, MemCategory::kActivations);
     be.matmul_forward(Y, X, W, &B);
     Tensor G = put(be, {N, OC}, g), dX = be.zeros({N, C}, MemCategory::kActivations);
-    Tensor dW = be.zeros({OC, C}, MemCategory::kActivations), dB = be.zeros({OC}, MemCategory::kActivations);
+    Tensor dW = be.zeros({OC, C}, MemCategory::kActivations),
+           dB = be.zeros({OC}, MemCategory::kActivations);
     be.matmul_backward(&dX, dW, &dB, G, X, W);
     out[k] = {get(be, Y), get(be, dX), get(be, dW), get(be, dB)};
   }
@@ -148,6 +151,59 @@ TEST_F(CudaBackend, LayerNormGeluAttentionEmbeddingCrossEntropyAdamW) {
   }
   for (size_t i = 0; i < out[0].size(); ++i)
     expect_close("result " + std::to_string(i), out[1][i], out[0][i], 1e-4);
+}
+
+// The Llama-family ops and grouped-query attention on the GPU against the CPU backend, f32.
+TEST_F(CudaBackend, LlamaOpsAndGroupedQueryAttentionMatchTheCpuBackend) {
+  Pair p;
+  const int B = 2, S = 19, NH = 4, KVH = 2, HS = 8, C = 45, F = 29;
+  const int W = (NH + 2 * KVH) * HS, N = B * S;
+  const auto x = random(N * C, 50, 2.f), w = random(C, 51), g = random(N * C, 52);
+  const auto qkv = random(N * W, 53), go = random(N * NH * HS, 54);
+  const auto gu = random(N * 2 * F, 55, 4.f), gf = random(N * F, 56);
+  std::vector<float> table((S + 2) * HS);  // (S_max, HS): [cos | sin] of angles s·0.1·(i + 1)
+  for (int s = 0; s < S + 2; ++s)
+    for (int i = 0; i < HS / 2; ++i) {
+      table[s * HS + i] = std::cos(0.1f * s * (i + 1));
+      table[s * HS + HS / 2 + i] = std::sin(0.1f * s * (i + 1));
+    }
+  std::vector<std::vector<float>> out[2];
+  Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+  for (int k = 0; k < 2; ++k) {
+    Backend& be = *bes[k];
+    const MemCategory a = MemCategory::kActivations;
+    std::vector<std::vector<float>>& o = out[k];
+    // RMSNorm
+    Tensor X = put(be, {N, C}, x), Wt = put(be, {C}, w), G = put(be, {N, C}, g);
+    Tensor Y = be.empty({N, C}, a), R = be.empty({N}, a);
+    Tensor dX = be.zeros({N, C}, a), dW = be.zeros({C}, a);
+    be.rmsnorm_forward(Y, R, X, Wt, 1e-5f);
+    be.rmsnorm_backward(dX, dW, G, X, Wt, R);
+    o.insert(o.end(), {get(be, Y), get(be, R), get(be, dX), get(be, dW)});
+    // RoPE, then grouped-query attention on the rotated qkv, then RoPE's backward on its dqkv
+    Tensor T = put(be, {S + 2, HS}, table), Q = put(be, {B, S, W}, qkv);
+    be.rope_forward(Q, T, NH, KVH);
+    o.push_back(get(be, Q));
+    Tensor O = be.empty({B, S, NH * HS}, a), Go = put(be, {B, S, NH * HS}, go);
+    Tensor Att = be.empty(be.attention_saved_shape(B, NH, S), a), dQ = be.zeros({B, S, W}, a);
+    be.attention_forward(O, Att, Q, NH, KVH);
+    be.attention_backward(dQ, Go, Q, O, Att, NH, KVH);
+    o.push_back(get(be, O));
+    o.push_back(get(be, dQ));
+    be.rope_backward(dQ, T, NH, KVH);
+    o.push_back(get(be, dQ));
+    // SwiGLU
+    Tensor GU = put(be, {N, 2 * F}, gu), Gf = put(be, {N, F}, gf);
+    Tensor Sy = be.empty({N, F}, a), dGU = be.empty({N, 2 * F}, a);
+    be.swiglu_forward(Sy, GU);
+    be.swiglu_backward(dGU, Gf, GU);
+    o.push_back(get(be, Sy));
+    o.push_back(get(be, dGU));
+  }
+  const char* names[] = {"rmsnorm out", "rmsnorm rstd",   "rmsnorm dinp", "rmsnorm dweight",
+                         "rope qkv",    "gqa out",        "gqa dqkv",     "rope dqkv",
+                         "swiglu out",  "swiglu dgate_up"};
+  for (size_t i = 0; i < out[0].size(); ++i) expect_close(names[i], out[1][i], out[0][i], 1e-4);
 }
 
 // The losses of a 20-iteration training run of the tiny model on `device` in `precision`.
@@ -356,8 +412,24 @@ TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
       Tensor O = be->empty({B, S, C}, MemCategory::kActivations, t);
       Tensor saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
       be->attention_forward(O, saved, Q, NH, NH);
-      check("attention_backward dqkv",
-            run({B, S, 3 * C}, [&](Tensor& d) { be->attention_backward(d, Go, Q, O, saved, NH, NH); }));
+      check("attention_backward dqkv", run({B, S, 3 * C}, [&](Tensor& d) {
+              be->attention_backward(d, Go, Q, O, saved, NH, NH);
+            }));
+      // Grouped-query attention (2 query heads per key/value head) and SwiGLU.
+      {
+        const int gNH = 4, gKVH = 2, gW = (gNH + 2 * gKVH) * HS;
+        const Tensor Qg = put(*be, {B, S, gW}, random(N * gW, 37), t);
+        const Tensor Gg = put(*be, {B, S, gNH * HS}, random(N * gNH * HS, 38), t);
+        Tensor Og = be->empty({B, S, gNH * HS}, MemCategory::kActivations, t);
+        Tensor sg = be->empty(be->attention_saved_shape(B, gNH, S), MemCategory::kActivations);
+        be->attention_forward(Og, sg, Qg, gNH, gKVH);
+        check("attention_backward dqkv (grouped-query)", run({B, S, gW}, [&](Tensor& d) {
+                be->attention_backward(d, Gg, Qg, Og, sg, gNH, gKVH);
+              }));
+        const Tensor GU = put(*be, {N, 2 * F}, random(N * 2 * F, 39, 3), t);
+        check("swiglu_backward dgate_up",
+              run({N, 2 * F}, [&](Tensor& d) { be->swiglu_backward(d, G, GU); }));
+      }
       const Tensor L = put(*be, {N, V}, logits, t), T = put_i32(*be, {B, S}, tok);
       Tensor mx = be->empty({N}, MemCategory::kActivations);
       Tensor se = be->empty({N}, MemCategory::kActivations);
@@ -441,8 +513,7 @@ TEST_F(CudaBackend, TrainingPeakMemoryWithinTenPercentOfThePrediction) {
     const TrainResult r = run_training(cfg, ctx);
     const nlohmann::json plan = planner_prediction(cfg, 1);
     const double predicted =
-        plan.at("predicted").at("memory_bytes_per_stage").at(0).at("total").get<double>() -
-        reserve;
+        plan.at("predicted").at("memory_bytes_per_stage").at(0).at("total").get<double>() - reserve;
     const double measured = static_cast<double>(r.memory.total_peak);
     std::printf("  %-15s predicted %.1f MiB, measured %.1f MiB (%+.1f%%)\n", variant,
                 predicted / (1 << 20), measured / (1 << 20), 100 * (predicted / measured - 1));

@@ -85,8 +85,7 @@ FullTensor numbered(std::vector<int64_t> shape, int id) {
 // Our full tensors (models/llama parameter names), the vocabulary padded to 128 with zero rows.
 FullTensors llama_ours(const ModelConfig& m) {
   const int64_t C = m.hidden_size, HS = C / m.num_heads, F = m.ffn_hidden_size;
-  const int64_t Vp = pad_vocab(m.vocab_size, 128),
-                QKV = (m.num_heads + 2 * m.num_key_value_heads) * HS;
+  const int64_t Vp = pad_vocab(m.vocab_size, 128), QKV = (m.num_heads + 2 * m.kv_heads()) * HS;
   FullTensors t;
   int id = 1;
   const auto padded = [&](const std::string& name) {

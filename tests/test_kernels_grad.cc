@@ -4,7 +4,8 @@
 //     objective L = Σ r ⊙ out with r a fixed random tensor (so dout = r);
 //   * the FLOAT instantiation against the DOUBLE one on larger shapes;
 //   * properties and closed forms: softmax rows, CE padding, vocab sharding (embedding and CE),
-//     AdamW, GEMM transposes against a naive triple loop.
+//     AdamW, GEMM transposes against a naive triple loop, grouped-query attention as multi-head
+//     attention on repeated key/value heads, RoPE's inverse and its relative-position property.
 //
 // Tolerances used throughout:
 //   kFdTol = 1e-6, relative to the largest |gradient| of the tensor checked. With h = 1e-5 the
@@ -39,6 +40,9 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/threads.h"
 
 namespace cpu = strata::kernels::cpu;
@@ -315,6 +319,63 @@ TEST(KernelsFloat, LayerNormMatchesDouble) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+TEST(KernelsGrad, RmsNormFiniteDifferences) {
+  const int N = 3, C = 7;
+  const double eps = 1e-5;
+  Vec inp = random_vec(N * C, 170, -2.0, 2.0);  // (N, C)
+  Vec w = random_vec(C, 171, 0.5, 1.5);         // (C)
+  const Vec r = random_vec(N * C, 172);         // (N, C)
+  Vec out(N * C), rstd(N);                      // (N, C), (N)
+
+  // Forward against the definition: x / √(mean(x²) + eps) · w.
+  cpu::rmsnorm_forward<double>(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+  Vec want(N * C);
+  for (int n = 0; n < N; ++n) {
+    double s2 = 0;
+    for (int c = 0; c < C; ++c) s2 += inp[n * C + c] * inp[n * C + c];
+    const double rms = std::sqrt(s2 / C + eps);
+    EXPECT_NEAR(rstd[n], 1 / rms, 1e-12);
+    for (int c = 0; c < C; ++c) want[n * C + c] = inp[n * C + c] / rms * w[c];
+  }
+  expect_close(out, want, 1e-12, "rmsnorm_forward");
+
+  auto loss = [&] {
+    cpu::rmsnorm_forward<double>(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+    return dot(r, out);
+  };
+  loss();  // rstd of the unperturbed input for the backward
+  // Both gradients start from random values: the backward must accumulate into them.
+  const Vec dinp0 = random_vec(N * C, 173), dw0 = random_vec(C, 174);
+  Vec dinp = dinp0, dw = dw0;
+  cpu::rmsnorm_backward<double>(dinp.data(), dw.data(), r.data(), inp.data(), w.data(), rstd.data(),
+                                N, C);
+  expect_close(minus(dinp, dinp0), numeric_grad(inp, loss), kFdTol, "rmsnorm dinp");
+  expect_close(minus(dw, dw0), numeric_grad(w, loss), kFdTol, "rmsnorm dweight");
+}
+
+TEST(KernelsFloat, RmsNormMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 33, C = 385;
+  const Vec inp = random_vec(N * C, 180, -3.0, 3.0), w = random_vec(C, 181, 0.5, 1.5),
+            dout = random_vec(N * C, 182);
+  Vec out(N * C), rstd(N), dinp(N * C, 0.0), dw(C, 0.0);
+  cpu::rmsnorm_forward<double>(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6);
+  cpu::rmsnorm_backward<double>(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
+                                rstd.data(), N, C);
+  const auto finp = to_float(inp), fw = to_float(w), fdout = to_float(dout);
+  std::vector<float> fout(N * C), frstd(N), fdinp(N * C, 0.f), fdw(C, 0.f);
+  cpu::rmsnorm_forward<float>(fout.data(), frstd.data(), finp.data(), fw.data(), N, C, 1e-6f);
+  cpu::rmsnorm_backward<float>(fdinp.data(), fdw.data(), fdout.data(), finp.data(), fw.data(),
+                               frstd.data(), N, C);
+  expect_close(fout, out, kFloatTol, "float rmsnorm out");
+  expect_close(frstd, rstd, kFloatTol, "float rmsnorm rstd");
+  expect_close(fdinp, dinp, kFloatTol, "float rmsnorm dinp");
+  expect_close(fdw, dw, kFloatTol, "float rmsnorm dweight");
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU
 
 TEST(KernelsGrad, GeluFiniteDifferences) {
@@ -376,20 +437,104 @@ TEST(KernelsGelu, FloatExtremesAndNaN) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+// out (N, F) = silu(gate) · up from the definition, silu(g) = g / (1 + e^(−g)).
+Vec naive_swiglu(const Vec& gate_up, int N, int F) {
+  Vec out(static_cast<size_t>(N) * F);
+  for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < F; ++i) {
+      const double g = gate_up[n * 2 * F + i], u = gate_up[n * 2 * F + F + i];
+      out[n * F + i] = g / (1 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+
+TEST(KernelsGrad, SwiGluFiniteDifferences) {
+  const int N = 3, F = 5;
+  Vec gate_up = random_vec(N * 2 * F, 190, -6.0, 6.0);  // (N, 2F): [gate | up] per row
+  const Vec r = random_vec(N * F, 191);                 // (N, F)
+  Vec out(N * F);                                       // (N, F)
+  cpu::swiglu_forward<double>(out.data(), gate_up.data(), N, F);
+  expect_close(out, naive_swiglu(gate_up, N, F), 1e-14, "swiglu_forward");
+
+  auto loss = [&] {
+    cpu::swiglu_forward<double>(out.data(), gate_up.data(), N, F);
+    return dot(r, out);
+  };
+  Vec dgate_up(N * 2 * F, kNaN);  // assigned, never read
+  cpu::swiglu_backward<double>(dgate_up.data(), r.data(), gate_up.data(), N, F);
+  expect_close(dgate_up, numeric_grad(gate_up, loss), kFdTol, "swiglu dgate_up");
+}
+
+TEST(KernelsFloat, SwiGluMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 33, F = 301;
+  const Vec gate_up = random_vec(N * 2 * F, 200, -8.0, 8.0), dout = random_vec(N * F, 201);
+  Vec out(N * F), dgate_up(N * 2 * F, 0.0);
+  cpu::swiglu_forward<double>(out.data(), gate_up.data(), N, F);
+  cpu::swiglu_backward<double>(dgate_up.data(), dout.data(), gate_up.data(), N, F);
+  const auto fgate_up = to_float(gate_up), fdout = to_float(dout);
+  std::vector<float> fout(N * F), fdgate_up(N * 2 * F, 0.f);
+  cpu::swiglu_forward<float>(fout.data(), fgate_up.data(), N, F);
+  cpu::swiglu_backward<float>(fdgate_up.data(), fdout.data(), fgate_up.data(), N, F);
+  expect_close(fout, out, kFloatTol, "float swiglu out");
+  expect_close(fdgate_up, dgate_up, kFloatTol, "float swiglu dgate_up");
+}
+
+TEST(KernelsSwiGlu, FloatExtremesAndNaN) {
+  // Far tails of the gate, where e^(−g) alone would overflow float: silu(g) = g and silu'(g) = 1
+  // for large g; both 0 (to float precision) for very negative g; never inf or NaN from a finite
+  // gate, and a NaN gate stays NaN. up = dout = 1, so out = silu(g), dgate = silu'(g) and
+  // dup = silu(g).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> gate = {20.f, 100.f, 1e4f, 3e38f, -20.f, -100.f, -1e4f, -3e38f, nan};
+  const int F = static_cast<int>(gate.size());
+  std::vector<float> gate_up(gate);  // (1, 2F)
+  gate_up.resize(2 * F, 1.f);
+  const std::vector<float> ones(F, 1.f);
+  std::vector<float> y(F), d(2 * F, nan);
+  cpu::swiglu_forward<float>(y.data(), gate_up.data(), 1, F);
+  cpu::swiglu_backward<float>(d.data(), ones.data(), gate_up.data(), 1, F);
+  for (int i = 0; i + 1 < F; ++i) {
+    const float g = gate[i];
+    if (g > 0) {
+      EXPECT_EQ(y[i], g) << "g = " << g;
+      EXPECT_EQ(d[i], 1.f) << "g = " << g;
+      EXPECT_EQ(d[F + i], g) << "g = " << g;
+    } else {
+      // silu(−20) = −20·e^(−20)/(1 + e^(−20)) ≈ −4.1e-8: the one gate here whose output is small
+      // but not 0 in float.
+      EXPECT_LE(std::fabs(y[i]), 5e-8f) << "g = " << g;
+      EXPECT_LE(std::fabs(d[i]), 5e-8f) << "g = " << g;
+      EXPECT_LE(std::fabs(d[F + i]), 5e-8f) << "g = " << g;
+    }
+  }
+  EXPECT_TRUE(std::isnan(y[F - 1]));
+  EXPECT_TRUE(std::isnan(d[F - 1]));
+  EXPECT_TRUE(std::isnan(d[2 * F - 1]));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Attention
 
-// Naive causal attention, one score at a time, straight from the definition.
-void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int HS) {
-  const int C3 = 3 * NH * HS;
+// Naive causal grouped-query attention, one score at a time, straight from the definition:
+// qkv (B, S, NH + 2·KVH, HS), query head h reads key and value head h / (NH / KVH).
+void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int KVH, int HS) {
+  const int W = (NH + 2 * KVH) * HS;  // row width of qkv
+  const int group = NH / KVH;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const int k_off = (NH + h / group) * HS;        // this query head's key head in a row
+      const int v_off = (NH + KVH + h / group) * HS;  // and its value head
       for (int i = 0; i < S; ++i) {
         std::vector<double> p(S, 0.0);
         double mx = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= i; ++j) {
           double s = 0;
           for (int d = 0; d < HS; ++d) {
-            s += qkv[(b * S + i) * C3 + h * HS + d] * qkv[(b * S + j) * C3 + NH * HS + h * HS + d];
+            s += qkv[(b * S + i) * W + h * HS + d] * qkv[(b * S + j) * W + k_off + d];
           }
           p[j] = s / std::sqrt(double(HS));
           mx = std::max(mx, p[j]);
@@ -403,8 +548,7 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
         for (int d = 0; d < HS; ++d) {
           double o = 0;
           for (int j = 0; j <= i; ++j) {
-            o += att[((b * NH + h) * S + i) * S + j] *
-                 qkv[(b * S + j) * C3 + 2 * NH * HS + h * HS + d];
+            o += att[((b * NH + h) * S + i) * S + j] * qkv[(b * S + j) * W + v_off + d];
           }
           out[(b * S + i) * NH * HS + h * HS + d] = o;
         }
@@ -413,27 +557,27 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
   }
 }
 
-void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t seed) {
+void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, uint64_t seed) {
   SCOPED_TRACE("attention B=" + std::to_string(B) + " S=" + std::to_string(S) +
-               " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS) +
-               " threads=" + std::to_string(threads));
+               " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH) +
+               " HS=" + std::to_string(HS) + " threads=" + std::to_string(threads));
   ScopedThreads scoped(threads);
-  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nqkv = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
   const size_t nout = static_cast<size_t>(B) * S * NH * HS;
   const size_t natt = static_cast<size_t>(B) * NH * S * S;
   // Scores of magnitude ~HS·1.5² make the softmax far from uniform, so its curvature is exercised.
-  Vec qkv = random_vec(nqkv, seed, -1.5, 1.5);  // (B, S, 3, NH, HS)
+  Vec qkv = random_vec(nqkv, seed, -1.5, 1.5);  // (B, S, NH + 2·KVH, HS)
   const Vec r = random_vec(nout, seed + 1);     // (B, S, NH, HS)
   Vec out(nout), att(natt);                     // (B, S, NH, HS), (B, NH, S, S)
 
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
   Vec want_out(nout), want_att(natt);
-  naive_attention(want_out, want_att, qkv, B, S, NH, HS);
+  naive_attention(want_out, want_att, qkv, B, S, NH, KVH, HS);
   expect_close(out, want_out, 1e-12, "attention out");
   expect_close(att, want_att, 1e-12, "attention att");
 
   auto loss = [&] {
-    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
     return dot(r, out);
   };
   loss();  // att of the unperturbed input for the backward
@@ -442,41 +586,102 @@ void check_attention_grad(int B, int S, int NH, int HS, int threads, uint64_t se
   Vec dqkv(nqkv, kNaN);
   Vec scratch(cpu::attention_scratch_elems(S), kNaN);
   cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
-                                  S, NH, NH, HS);
+                                  S, NH, KVH, HS);
   expect_close(dqkv, numeric_grad(qkv, loss), kFdTol, "attention dqkv");
 }
 
 TEST(KernelsGrad, AttentionFiniteDifferences) {
-  check_attention_grad(2, 5, 2, 3, 1, 60);
+  check_attention_grad(2, 5, 2, 2, 3, 1, 60);
   // Two threads: each uses its own slice of scratch.
-  check_attention_grad(2, 5, 2, 3, 2, 61);
+  check_attention_grad(2, 5, 2, 2, 3, 2, 61);
   // S = 70 spans two of the kernel's 64-row causal blocks, one of them partial.
-  check_attention_grad(1, 70, 1, 2, 1, 62);
-  check_attention_grad(1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
+  check_attention_grad(1, 70, 1, 1, 2, 1, 62);
+  check_attention_grad(1, 1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
 }
 
-TEST(KernelsFloat, AttentionMatchesDouble) {
+// Grouped-query (KVH < NH) and multi-query (KVH = 1) attention: a key/value head's gradient sums
+// over the query heads of its group, which the finite differences see directly.
+TEST(KernelsGrad, GroupedQueryAttentionFiniteDifferences) {
+  check_attention_grad(2, 5, 4, 4, 3, 1, 64);  // KVH = NH: multi-head, as before
+  check_attention_grad(2, 5, 4, 2, 3, 1, 65);
+  check_attention_grad(2, 5, 4, 1, 3, 1, 66);
+  // Two threads, one (batch, key/value head) pair each at a time.
+  check_attention_grad(2, 5, 4, 2, 3, 2, 67);
+  check_attention_grad(2, 5, 4, 1, 3, 2, 68);
+  check_attention_grad(1, 70, 4, 2, 2, 1, 69);  // two causal blocks, one partial
+}
+
+// Grouped-query attention is multi-head attention on key/value heads repeated NH / KVH times
+// (Hugging Face's repeat_kv: query head h reads copy h of kv head h / group): same output and
+// probabilities, same dq, and each shared head's dk, dv the sum of its copies'.
+TEST(KernelsAttention, GroupedQueryEqualsRepeatedKeyValueHeads) {
+  ScopedThreads threads(2);
+  const int B = 2, S = 9, NH = 6, KVH = 2, HS = 4, group = NH / KVH;
+  const int Wg = (NH + 2 * KVH) * HS, Wm = 3 * NH * HS;  // row widths of the two qkv
+  const Vec gqa = random_vec(static_cast<size_t>(B) * S * Wg, 75, -1.5, 1.5);
+  Vec mha(static_cast<size_t>(B) * S * Wm);  // (B, S, 3, NH, HS)
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HS; ++d) {
+        mha[bs * Wm + h * HS + d] = gqa[bs * Wg + h * HS + d];
+        mha[bs * Wm + (NH + h) * HS + d] = gqa[bs * Wg + (NH + h / group) * HS + d];
+        mha[bs * Wm + (2 * NH + h) * HS + d] = gqa[bs * Wg + (NH + KVH + h / group) * HS + d];
+      }
+    }
+  }
+  const size_t nout = static_cast<size_t>(B) * S * NH * HS, natt = size_t(B) * NH * S * S;
+  const Vec dout = random_vec(nout, 76);
+  Vec out_g(nout), att_g(natt), out_m(nout), att_m(natt);
+  Vec dg(gqa.size(), kNaN), dm(mha.size(), kNaN), scratch(cpu::attention_scratch_elems(S));
+  cpu::attention_forward<double>(out_g.data(), att_g.data(), gqa.data(), B, S, NH, KVH, HS);
+  cpu::attention_forward<double>(out_m.data(), att_m.data(), mha.data(), B, S, NH, NH, HS);
+  cpu::attention_backward<double>(dg.data(), dout.data(), gqa.data(), att_g.data(), scratch.data(),
+                                  B, S, NH, KVH, HS);
+  cpu::attention_backward<double>(dm.data(), dout.data(), mha.data(), att_m.data(), scratch.data(),
+                                  B, S, NH, NH, HS);
+  expect_close(out_g, out_m, 1e-12, "gqa out");
+  expect_close(att_g, att_m, 1e-12, "gqa att");
+  Vec want(gqa.size(), 0.0);  // dm folded back into the grouped layout
+  for (int bs = 0; bs < B * S; ++bs) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HS; ++d) {
+        want[bs * Wg + h * HS + d] = dm[bs * Wm + h * HS + d];
+        want[bs * Wg + (NH + h / group) * HS + d] += dm[bs * Wm + (NH + h) * HS + d];
+        want[bs * Wg + (NH + KVH + h / group) * HS + d] += dm[bs * Wm + (2 * NH + h) * HS + d];
+      }
+    }
+  }
+  expect_close(dg, want, 1e-12, "gqa dqkv");
+}
+
+void check_attention_float(int KVH, uint64_t seed) {
+  SCOPED_TRACE("KVH=" + std::to_string(KVH));
   ScopedThreads threads(2);
   const int B = 2, S = 100, NH = 3, HS = 20;
-  const size_t nqkv = static_cast<size_t>(B) * S * 3 * NH * HS;
+  const size_t nqkv = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
   const size_t nout = static_cast<size_t>(B) * S * NH * HS;
   const size_t natt = static_cast<size_t>(B) * NH * S * S;
   // |q·k|/√HS up to 16·20/4.5 ≈ 70: peaked rows whose smallest exp() arguments (< −87) reach the
   // clamp of the float kernel's exp.
-  const Vec qkv = random_vec(nqkv, 70, -4.0, 4.0), dout = random_vec(nout, 71);
+  const Vec qkv = random_vec(nqkv, seed, -4.0, 4.0), dout = random_vec(nout, seed + 1);
   Vec out(nout), att(natt), dqkv(nqkv, 0.0), scratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
   cpu::attention_backward<double>(dqkv.data(), dout.data(), qkv.data(), att.data(), scratch.data(),
-                                  B, S, NH, NH, HS);
+                                  B, S, NH, KVH, HS);
   const auto fqkv = to_float(qkv), fdout = to_float(dout);
   std::vector<float> fout(nout), fatt(natt), fdqkv(nqkv, 0.f),
       fscratch(cpu::attention_scratch_elems(S));
-  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, NH, HS);
+  cpu::attention_forward<float>(fout.data(), fatt.data(), fqkv.data(), B, S, NH, KVH, HS);
   cpu::attention_backward<float>(fdqkv.data(), fdout.data(), fqkv.data(), fatt.data(),
-                                 fscratch.data(), B, S, NH, NH, HS);
+                                 fscratch.data(), B, S, NH, KVH, HS);
   expect_close(fout, out, kFloatAttentionTol, "float attention out");
   expect_close(fatt, att, kFloatAttentionTol, "float attention att");
   expect_close(fdqkv, dqkv, kFloatAttentionTol, "float attention dqkv");
+}
+
+TEST(KernelsFloat, AttentionMatchesDouble) {
+  check_attention_float(3, 70);  // multi-head
+  check_attention_float(1, 72);  // multi-query: dk, dv sum three query heads each
 }
 
 TEST(KernelsAttention, ProbabilitiesAreCausalAndNormalised) {
@@ -502,6 +707,129 @@ TEST(KernelsAttention, ProbabilitiesAreCausalAndNormalised) {
         ASSERT_EQ(row[j], 0.f) << "bh " << bh << " (" << i << "," << j << ")";
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+// The model's angle table (S, HS): row s = [cos(s·f_i) | sin(s·f_i)], f_i = base^(−2i/HS).
+Vec rope_table(int S, int HS, double base = 10000.0) {
+  const int half = HS / 2;
+  Vec cs(static_cast<size_t>(S) * HS);
+  for (int s = 0; s < S; ++s) {
+    for (int i = 0; i < half; ++i) {
+      const double theta = s * std::pow(base, -2.0 * i / HS);
+      cs[s * HS + i] = std::cos(theta);
+      cs[s * HS + half + i] = std::sin(theta);
+    }
+  }
+  return cs;
+}
+
+// Hugging Face's apply_rotary_pos_emb from its definition, x·cos + rotate_half(x)·sin with
+// rotate_half(x) = [−x2 | x1], angles computed here (not read from a table) so that the table's
+// layout is checked too. Value heads are copied.
+Vec naive_rope(const Vec& qkv, int B, int S, int NH, int KVH, int HS, double base = 10000.0) {
+  const int half = HS / 2, W = (NH + 2 * KVH) * HS;
+  Vec out = qkv;
+  for (int bs = 0; bs < B * S; ++bs) {
+    const int s = bs % S;
+    for (int h = 0; h < NH + KVH; ++h) {
+      const double* x = &qkv[bs * W + h * HS];
+      double* y = &out[bs * W + h * HS];
+      for (int d = 0; d < HS; ++d) {
+        const int i = d % half;  // the frequency of both halves' element d (HF repeats it)
+        const double theta = s * std::pow(base, -2.0 * i / HS);
+        const double rotated = d < half ? -x[d + half] : x[d - half];  // rotate_half(x)[d]
+        y[d] = x[d] * std::cos(theta) + rotated * std::sin(theta);
+      }
+    }
+  }
+  return out;
+}
+
+void check_rope(int B, int S, int NH, int KVH, int HS, uint64_t seed) {
+  SCOPED_TRACE("rope B=" + std::to_string(B) + " S=" + std::to_string(S) + " NH=" +
+               std::to_string(NH) + " KVH=" + std::to_string(KVH) + " HS=" + std::to_string(HS));
+  const int W = (NH + 2 * KVH) * HS;
+  const size_t n = static_cast<size_t>(B) * S * W;
+  const Vec cs = rope_table(S, HS);
+  Vec x = random_vec(n, seed);            // (B, S, NH + 2·KVH, HS)
+  const Vec r = random_vec(n, seed + 1);  // (B, S, NH + 2·KVH, HS)
+  Vec y = x;
+  cpu::rope_forward<double>(y.data(), cs.data(), B, S, NH, KVH, HS);
+  expect_close(y, naive_rope(x, B, S, NH, KVH, HS), 1e-14, "rope_forward");
+  // Value heads and position 0 (cos = 1, sin = 0) are left bit for bit as they were.
+  for (int bs = 0; bs < B * S; ++bs) {
+    const int first = bs % S == 0 ? 0 : (NH + KVH) * HS;
+    for (int j = first; j < W; ++j) ASSERT_EQ(y[bs * W + j], x[bs * W + j]) << bs << ", " << j;
+  }
+
+  // The rotation is linear, so L = Σ r ⊙ rope(x) has gradient rope_backward(r).
+  Vec buf(n);
+  auto loss = [&] {
+    buf = x;
+    cpu::rope_forward<double>(buf.data(), cs.data(), B, S, NH, KVH, HS);
+    return dot(r, buf);
+  };
+  Vec dx = r;
+  cpu::rope_backward<double>(dx.data(), cs.data(), B, S, NH, KVH, HS);
+  expect_close(dx, numeric_grad(x, loss), kFdTol, "rope dqkv");
+
+  // Orthogonal: the transpose undoes the forward.
+  cpu::rope_backward<double>(y.data(), cs.data(), B, S, NH, KVH, HS);
+  expect_close(y, x, 1e-14, "rope_backward(rope_forward(x))");
+}
+
+TEST(KernelsGrad, RopeFiniteDifferences) {
+  check_rope(2, 5, 4, 4, 6, 210);  // multi-head
+  check_rope(2, 5, 4, 2, 6, 211);  // grouped-query
+  check_rope(2, 5, 4, 1, 6, 212);  // multi-query
+  check_rope(1, 3, 1, 1, 2, 213);  // one pair per head
+}
+
+// What RoPE is for: the score of a query at position m with a key at position n depends on
+// n − m only. The same q and k vectors are placed at every position, rotated, and each score
+// compared with the score at the same offset from position 0.
+TEST(KernelsRope, ScoresDependOnRelativePositionOnly) {
+  const int S = 12, NH = 2, KVH = 1, HS = 8, W = (NH + 2 * KVH) * HS;
+  const Vec cs = rope_table(S, HS);
+  const Vec head = random_vec(W, 220);  // one row: (NH + 2·KVH, HS)
+  Vec qkv(static_cast<size_t>(S) * W);  // (1, S, NH + 2·KVH, HS)
+  for (int s = 0; s < S; ++s) std::copy(head.begin(), head.end(), qkv.begin() + s * W);
+  cpu::rope_forward<double>(qkv.data(), cs.data(), 1, S, NH, KVH, HS);
+  auto score = [&](int h, int m, int n) {  // query head h at m with the key head at n
+    double s = 0;
+    for (int d = 0; d < HS; ++d) s += qkv[m * W + h * HS + d] * qkv[n * W + NH * HS + d];
+    return s;
+  };
+  for (int h = 0; h < NH; ++h) {
+    for (int m = 0; m < S; ++m) {
+      for (int n = 0; n < S; ++n) {
+        const int lo = std::min(m, n);  // the same pair shifted back towards position 0
+        EXPECT_NEAR(score(h, m, n), score(h, m - lo, n - lo), 1e-12)
+            << "head " << h << " (" << m << ", " << n << ")";
+      }
+    }
+  }
+}
+
+TEST(KernelsFloat, RopeMatchesDouble) {
+  ScopedThreads threads(2);
+  const int B = 2, S = 300, NH = 6, KVH = 2, HS = 64;
+  const size_t n = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
+  const Vec cs = rope_table(S, HS), x = random_vec(n, 230), dy = random_vec(n, 231);
+  Vec y = x, dx = dy;
+  cpu::rope_forward<double>(y.data(), cs.data(), B, S, NH, KVH, HS);
+  cpu::rope_backward<double>(dx.data(), cs.data(), B, S, NH, KVH, HS);
+  // The table rounded to float, as the model stores it; that rounding (≤ 6e-8 of each entry) is
+  // part of what the tolerance covers.
+  const auto fcs = to_float(cs);
+  auto fy = to_float(x), fdx = to_float(dy);
+  cpu::rope_forward<float>(fy.data(), fcs.data(), B, S, NH, KVH, HS);
+  cpu::rope_backward<float>(fdx.data(), fcs.data(), B, S, NH, KVH, HS);
+  expect_close(fy, y, kFloatTol, "float rope out");
+  expect_close(fdx, dx, kFloatTol, "float rope dqkv");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -171,3 +171,57 @@ TEST(LossMask, GradientOfTheMaskedLossSum) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A fused weight of unequal row blocks (Llama's q/k/v: NH·HS query rows, KVH·HS key and value
+// rows) split over t ranks: rank r holds its share of every block, in block order; global_index
+// finds each element's full row, every element is held exactly once, and the checkpoint spelling
+// round-trips (and reads the older "qkv_rows" as three equal blocks).
+TEST(ParamSplit, BlockRowsOfUnequalSizes) {
+  const int64_t cols = 3;
+  const std::vector<int64_t> blocks = {8, 4, 4};  // q: 4 heads × 2, k and v: 2 heads × 2
+  for (int t : {1, 2, 4}) {
+    std::vector<int> seen(static_cast<size_t>(16 * cols), 0);
+    for (int r = 0; r < t; ++r) {
+      ParamLayout layout(t, r);
+      const ParamRef w = layout.add({"qkv.weight", {16, cols}, ParamSplit::kBlockRows,
+                                     ParamInit::kZeros, 0, -1, true, blocks});
+      const ParamInfo& p = layout.info(w);
+      ASSERT_EQ(p.shape[0], 16 / t);
+      for (int64_t i = 0; i < p.numel; ++i) {
+        const int64_t g = global_index(p, i, r, t);
+        ASSERT_GE(g, 0);
+        ASSERT_LT(g, 16 * cols);
+        ++seen[static_cast<size_t>(g)];
+        // Local row i / cols: which block, and the row inside this rank's share of it.
+        int64_t row = i / cols, start = 0;
+        size_t b = 0;
+        while (row >= blocks[b] / t) {
+          row -= blocks[b] / t;
+          start += blocks[b];
+          ++b;
+        }
+        EXPECT_EQ(g / cols, start + r * (blocks[b] / t) + row) << "t " << t << " rank " << r;
+        EXPECT_EQ(g % cols, i % cols);
+      }
+    }
+    for (int n : seen) EXPECT_EQ(n, 1) << "t " << t;
+  }
+  ParamSplit split;
+  std::vector<int64_t> parsed;
+  const std::string spelled = split_spelling(ParamSplit::kBlockRows, blocks);
+  EXPECT_EQ(spelled, "block_rows:8,4,4");
+  ASSERT_TRUE(parse_param_split(spelled, 16, &split, &parsed));
+  EXPECT_EQ(split, ParamSplit::kBlockRows);
+  EXPECT_EQ(parsed, blocks);
+  ASSERT_TRUE(parse_param_split("qkv_rows", 12, &split, &parsed));
+  EXPECT_EQ(parsed, (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_FALSE(parse_param_split("block_rows:8,4", 16, &split, &parsed));  // sums to 12
+  EXPECT_FALSE(parse_param_split("block_rows:8,x,4", 16, &split, &parsed));
+  EXPECT_FALSE(parse_param_split("diagonal", 16, &split, &parsed));
+}
+
+}  // namespace
+}  // namespace strata

@@ -53,7 +53,7 @@ TEST(Precision, CastRoundsToNearestEven) {
   EXPECT_EQ(f.f32()[0], 1.0f + std::ldexp(1.0f, -7));
 }
 
-GptShape tiny_dims() {
+DecoderShape tiny_dims() {
   const Config cfg = load_config("", {"model.preset=tiny"});
   return gpt_shape(cfg.model);
 }
@@ -68,7 +68,7 @@ ModelOptions precision(bool bf16) {
 struct Batch {
   Tensor tokens, targets;
 };
-Batch random_batch(Backend& be, const GptShape& d, int B) {
+Batch random_batch(Backend& be, const DecoderShape& d, int B) {
   Batch b;
   b.tokens = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
   b.targets = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
@@ -84,9 +84,9 @@ Batch random_batch(Backend& be, const GptShape& d, int B) {
 // master copy as optimizer state.
 TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
   auto be = make_backend("cpu", 1);
-  const GptShape d = tiny_dims();
+  const DecoderShape d = tiny_dims();
   const MemStats before = be->allocator().stats();
-  GptModel model(d, precision(true), *be);
+  DecoderModel model(d, precision(true), *be);
   const MemStats after = be->allocator().stats();
   const int64_t n = model.params().numel();
   // Forward only: Σ of the token losses.
@@ -115,8 +115,8 @@ TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
 
 TEST(Precision, Bf16ForwardAndBackwardCloseToFp32) {
   auto be = make_backend("cpu", 1);
-  GptModel m32(tiny_dims(), precision(false), *be);
-  GptModel m16(tiny_dims(), precision(true), *be);
+  DecoderModel m32(tiny_dims(), precision(false), *be);
+  DecoderModel m16(tiny_dims(), precision(true), *be);
   const Batch b = random_batch(*be, tiny_dims(), 2);
   const float scale = 1.0f / static_cast<float>(2 * tiny_dims().S);
   LossSum s32, s16;

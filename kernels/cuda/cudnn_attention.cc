@@ -5,9 +5,10 @@
 // The graphs are the decomposition that cuDNN's fused flash-attention engines recognise — the
 // one the cuDNN frontend's composite SDPA nodes expand into (learned from NVIDIA/cudnn-frontend,
 // include/cudnn_frontend/node/scaled_dot_product_flash_attention.h, softmax.h and
-// sdpa_support_surface.h). Shapes: b = B, h = NH, s = S, d = HS; a score matrix is (b, h, s, s)
-// and a row statistic (b, h, s, 1). Tensors marked virtual are never stored; they are f32
-// unless a bf16 type is named.
+// sdpa_support_surface.h). Shapes: b = B, h = NH, hk = KVH, s = S, d = HS; a score matrix is
+// (b, h, s, s) and a row statistic (b, h, s, 1). K and V are (b, hk, s, d): the matmuls
+// broadcast each key/value head over its h / hk query heads (grouped-query attention). Tensors
+// marked virtual are never stored; they are f32 unless a bf16 type is named.
 //
 // Forward:
 //   S0  = matmul(Q, Kᵀ)                 Q (b,h,s,d) and Kᵀ (b,h,d,s): strided views of qkv
@@ -29,7 +30,10 @@
 //   dQa  = matmul(dS, K)                 K: a reshape of Kᵀ; dQa is an f32 accumulator in the
 //                                        workspace, zeroed before every run
 //   dQ   = identity(dQa)                 the bf16 store
-// dQ, dK and dV are written through the strides of the (B, S, 3, NH, HS) dqkv buffer.
+// With hk < h (grouped-query attention) dV and dK are first formed per query head, as virtual
+// bf16 (b, h, s, d) tensors, and summed over each group by a reduction into the (b, hk, s, d)
+// outputs, as the frontend's SDPA backward does (its dV_fullhead / dK_fullhead).
+// dQ, dK and dV are written through the strides of the (B, S, NH + 2·KVH, HS) dqkv buffer.
 //
 // Style: the frontend has spelled these graphs two ways over cuDNN 9's life, and an engine is
 // only found for a spelling cuDNN's pattern matcher knows, so both are tried, in this order:
@@ -200,7 +204,8 @@ class GraphBuilder {
     add_op(op, "pointwise operation");
   }
 
-  // y (…, 1) = reduce_op over the last axis of x, in f32.
+  // y = reduce_op of x, in f32, over what y's dims leave out: the last axis for a row statistic
+  // (…, 1), the groups of query heads for a grouped-query dK or dV ((b, h, s, d) -> (b, hk, s, d)).
   void reduction(cudnnReduceTensorOp_t reduce_op, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
@@ -313,17 +318,20 @@ class GraphBuilder {
 
 // Dimensions and strides (elements) of the graph's tensors for one shape.
 struct Layout {
-  int64_t B, S, NH, HS;
+  int64_t B, S, NH, KVH, HS;
 
-  // (b, h, s, d) views of Q, K or V inside qkv (B, S, 3, NH, HS); also dQ, dK, dV in dqkv.
+  int64_t token() const { return (NH + 2 * KVH) * HS; }  // token stride in qkv and dqkv
+  // (b, h, s, d) views of Q (and dQ) inside qkv (B, S, NH + 2·KVH, HS).
   Dims qkv_dims() const { return {B, NH, S, HS}; }
-  Dims qkv_strides() const { return {S * 3 * NH * HS, HS, 3 * NH * HS, 1}; }
-  // (b, h, d, s): Kᵀ or Vᵀ, the same memory with the last two axes swapped.
-  Dims qkv_t_dims() const { return {B, NH, HS, S}; }
-  Dims qkv_t_strides() const { return {S * 3 * NH * HS, HS, 1, 3 * NH * HS}; }
+  Dims qkv_strides() const { return {S * token(), HS, token(), 1}; }
+  // (b, hk, s, d) views of K or V (and dK, dV).
+  Dims kv_dims() const { return {B, KVH, S, HS}; }
+  // (b, hk, d, s): Kᵀ or Vᵀ, the same memory with the last two axes swapped.
+  Dims kv_t_dims() const { return {B, KVH, HS, S}; }
+  Dims kv_t_strides() const { return {S * token(), HS, 1, token()}; }
   // O and dO (B, S, NH, HS) seen as (b, h, s, d).
   Dims out_strides() const { return {S * NH * HS, HS, NH * HS, 1}; }
-  // The dQ accumulator, packed (b, h, s, d).
+  // The dQ accumulator, packed (b, h, s, d); also dK, dV per query head.
   Dims packed_strides() const { return {NH * S * HS, S * HS, HS, 1}; }
   // lse and the other row statistics, packed (b, h, s, 1) — lse (B, NH, S) exactly.
   Dims row_dims() const { return {B, NH, S, 1}; }
@@ -374,8 +382,8 @@ void build_forward(GraphBuilder& g, const Layout& l, Style style) {
   const Dims sd = l.score_dims(), ss = l.score_strides();
   const Dims rd = l.row_dims(), rs = l.row_strides();
   cudnnBackendDescriptor_t q = g.tensor(uid::kQ, bf16, l.qkv_dims(), l.qkv_strides());
-  cudnnBackendDescriptor_t kt = g.tensor(uid::kK, bf16, l.qkv_t_dims(), l.qkv_t_strides());
-  cudnnBackendDescriptor_t v = g.tensor(uid::kV, bf16, l.qkv_dims(), l.qkv_strides());
+  cudnnBackendDescriptor_t kt = g.tensor(uid::kK, bf16, l.kv_t_dims(), l.kv_t_strides());
+  cudnnBackendDescriptor_t v = g.tensor(uid::kV, bf16, l.kv_dims(), l.qkv_strides());
   cudnnBackendDescriptor_t o = g.tensor(uid::kO, bf16, l.qkv_dims(), l.out_strides());
   cudnnBackendDescriptor_t stats = g.tensor(uid::kStats, f32, rd, rs);
   cudnnBackendDescriptor_t scale = g.scalar(uid::kScale);
@@ -402,14 +410,22 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   const Dims sd = l.score_dims(), ss = l.score_strides(), sts = l.score_t_strides();
   const Dims rd = l.row_dims(), rs = l.row_strides();
   cudnnBackendDescriptor_t q = g.tensor(uid::kQ, bf16, l.qkv_dims(), l.qkv_strides());
-  cudnnBackendDescriptor_t kt = g.tensor(uid::kK, bf16, l.qkv_t_dims(), l.qkv_t_strides());
-  cudnnBackendDescriptor_t vt = g.tensor(uid::kV, bf16, l.qkv_t_dims(), l.qkv_t_strides());
+  cudnnBackendDescriptor_t kt = g.tensor(uid::kK, bf16, l.kv_t_dims(), l.kv_t_strides());
+  cudnnBackendDescriptor_t vt = g.tensor(uid::kV, bf16, l.kv_t_dims(), l.kv_t_strides());
   cudnnBackendDescriptor_t o = g.tensor(uid::kO, bf16, l.qkv_dims(), l.out_strides());
   cudnnBackendDescriptor_t d_o = g.tensor(uid::kDO, bf16, l.qkv_dims(), l.out_strides());
   cudnnBackendDescriptor_t stats = g.tensor(uid::kStats, f32, rd, rs);
   cudnnBackendDescriptor_t dq = g.tensor(uid::kDQ, bf16, l.qkv_dims(), l.qkv_strides());
-  cudnnBackendDescriptor_t dk = g.tensor(uid::kDK, bf16, l.qkv_dims(), l.qkv_strides());
-  cudnnBackendDescriptor_t dv = g.tensor(uid::kDV, bf16, l.qkv_dims(), l.qkv_strides());
+  cudnnBackendDescriptor_t dk = g.tensor(uid::kDK, bf16, l.kv_dims(), l.qkv_strides());
+  cudnnBackendDescriptor_t dv = g.tensor(uid::kDV, bf16, l.kv_dims(), l.qkv_strides());
+  // With grouped-query attention, dK and dV per query head, summed over each group into dk, dv.
+  const bool grouped = l.KVH != l.NH;
+  auto per_query_head = [&](cudnnBackendDescriptor_t out) {
+    return grouped ? g.virt(bf16, l.qkv_dims(), l.packed_strides()) : out;
+  };
+  auto group_sum = [&](cudnnBackendDescriptor_t full, cudnnBackendDescriptor_t out) {
+    if (grouped) g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
   cudnnBackendDescriptor_t scale = g.scalar(uid::kScale);
   cudnnBackendDescriptor_t mask_value = g.scalar(uid::kMaskValue);
   cudnnBackendDescriptor_t one = g.scalar(uid::kOne);
@@ -437,7 +453,9 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   // dV = Pᵀ · dO.
   cudnnBackendDescriptor_t pt = g.virt(bf16, sd, sts);
   g.reshape(p, pt);
-  g.matmul(pt, d_o, dv);
+  cudnnBackendDescriptor_t dv_full = per_query_head(dv);
+  g.matmul(pt, d_o, dv_full);
+  group_sum(dv_full, dv);
 
   // dS = (dO · Vᵀ − Dsum) ∘ P · scale.
   cudnnBackendDescriptor_t dp = g.virt(f32, sd, ss);
@@ -450,10 +468,12 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   // dK = dSᵀ · Q.
   cudnnBackendDescriptor_t dst = g.virt(bf16, sd, sts);
   g.reshape(ds, dst);
-  g.matmul(dst, q, dk);
+  cudnnBackendDescriptor_t dk_full = per_query_head(dk);
+  g.matmul(dst, q, dk_full);
+  group_sum(dk_full, dk);
 
   // dQ = dS · K, accumulated in f32, then stored as bf16.
-  cudnnBackendDescriptor_t k = g.virt(f32, l.qkv_dims(), l.qkv_strides());
+  cudnnBackendDescriptor_t k = g.virt(f32, l.kv_dims(), l.qkv_strides());
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, f32, dq_accum, nullptr, nullptr, dq);
@@ -631,8 +651,8 @@ std::string CudnnAttention::precheck(bool backward, ElemType type, int S, int HS
 }
 
 CudnnAttention::Plan* CudnnAttention::plan(bool backward, ElemType type, int B, int S, int NH,
-                                           int HS) {
-  const Key key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, HS};
+                                           int KVH, int HS) {
+  const Key key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, KVH, HS};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   std::string why = precheck(backward, type, S, HS);
@@ -640,7 +660,7 @@ CudnnAttention::Plan* CudnnAttention::plan(bool backward, ElemType type, int B, 
   if (why.empty() && status_ != CUDNN_STATUS_SUCCESS)
     why = "cudnnCreate failed: " + std::string(cudnnGetErrorString(status_));
   if (why.empty()) {
-    const Layout l{B, S, NH, HS};
+    const Layout l{B, S, NH, KVH, HS};
     std::string first_try, second_try;
     p = Plan::build(backward, Style::kCurrent, handle_, version_, l, &first_try);
     if (!p) p = Plan::build(backward, Style::kCudnn90, handle_, version_, l, &second_try);
@@ -652,8 +672,8 @@ CudnnAttention::Plan* CudnnAttention::plan(bool backward, ElemType type, int B, 
 
 namespace {
 
-bool valid_shape(int B, int S, int NH, int HS) {
-  return B > 0 && S > 0 && NH > 0 && HS > 0;
+bool valid_shape(int B, int S, int NH, int KVH, int HS) {
+  return B > 0 && S > 0 && NH > 0 && KVH > 0 && NH % KVH == 0 && HS > 0;
 }
 
 // Binds `uids` to `pointers` and the workspace, and runs `plan` on the handle's stream.
@@ -679,21 +699,22 @@ cudnnStatus_t execute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan,
 
 }  // namespace
 
-cudnnStatus_t CudnnAttention::supports(ElemType type, int B, int S, int NH, int HS,
+cudnnStatus_t CudnnAttention::supports(ElemType type, int B, int S, int NH, int KVH, int HS,
                                        std::string* why) {
   std::string reason;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-  if (!valid_shape(B, S, NH, HS)) {
+  if (!valid_shape(B, S, NH, KVH, HS)) {
     st = CUDNN_STATUS_BAD_PARAM;
-    reason = "B, S, NH and HS must be positive (B " + std::to_string(B) + ", S " +
-             std::to_string(S) + ", NH " + std::to_string(NH) + ", HS " + std::to_string(HS) + ")";
+    reason = "B, S, NH, KVH and HS must be positive and KVH must divide NH (B " +
+             std::to_string(B) + ", S " + std::to_string(S) + ", NH " + std::to_string(NH) +
+             ", KVH " + std::to_string(KVH) + ", HS " + std::to_string(HS) + ")";
   }
   // plan() refuses by argument (precheck) before it needs the handle or a device.
   for (bool backward : {false, true}) {
     if (st != CUDNN_STATUS_SUCCESS) break;
-    if (!plan(backward, type, B, S, NH, HS)) {
+    if (!plan(backward, type, B, S, NH, KVH, HS)) {
       st = refused(backward, type, S, HS);
-      reason = refusals_[Key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, HS}];
+      reason = refusals_[Key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, KVH, HS}];
     }
   }
   if (why) *why = reason;
@@ -706,22 +727,25 @@ cudnnStatus_t CudnnAttention::refused(bool backward, ElemType type, int S, int H
   return handle_failed ? status_ : CUDNN_STATUS_NOT_SUPPORTED;
 }
 
-size_t CudnnAttention::forward_workspace_bytes(ElemType type, int B, int S, int NH, int HS) {
-  if (!valid_shape(B, S, NH, HS)) return 0;
-  const Plan* p = plan(false, type, B, S, NH, HS);
+size_t CudnnAttention::forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH,
+                                               int HS) {
+  if (!valid_shape(B, S, NH, KVH, HS)) return 0;
+  const Plan* p = plan(false, type, B, S, NH, KVH, HS);
   return p ? p->workspace_bytes : 0;
 }
 
-size_t CudnnAttention::backward_workspace_bytes(ElemType type, int B, int S, int NH, int HS) {
-  if (!valid_shape(B, S, NH, HS)) return 0;
-  const Plan* p = plan(true, type, B, S, NH, HS);
+size_t CudnnAttention::backward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH,
+                                                int HS) {
+  if (!valid_shape(B, S, NH, KVH, HS)) return 0;
+  const Plan* p = plan(true, type, B, S, NH, KVH, HS);
   return p ? p->workspace_bytes : 0;
 }
 
 cudnnStatus_t CudnnAttention::forward(void* out, float* lse, const void* qkv, ElemType type, int B,
-                                      int S, int NH, int HS, void* workspace, cudaStream_t stream) {
-  if (!valid_shape(B, S, NH, HS)) return CUDNN_STATUS_BAD_PARAM;
-  Plan* p = plan(false, type, B, S, NH, HS);
+                                      int S, int NH, int KVH, int HS, void* workspace,
+                                      cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, KVH, HS)) return CUDNN_STATUS_BAD_PARAM;
+  Plan* p = plan(false, type, B, S, NH, KVH, HS);
   if (!p) return refused(false, type, S, HS);
   if (!out || !lse || !qkv || (p->workspace_bytes > 0 && !workspace))
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
@@ -729,22 +753,23 @@ cudnnStatus_t CudnnAttention::forward(void* out, float* lse, const void* qkv, El
     return CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER;
   const cudnnStatus_t st = cudnnSetStream(handle_, stream);
   if (st != CUDNN_STATUS_SUCCESS) return st;
-  // Q, K and V start NH·HS elements apart within each token's row of qkv.
-  const size_t part = static_cast<size_t>(NH) * HS * elem_size(type);
+  // K starts NH·HS elements into each token's row of qkv, V (NH + KVH)·HS.
+  const size_t k_at = static_cast<size_t>(NH) * HS * elem_size(type);
+  const size_t v_at = static_cast<size_t>(NH + KVH) * HS * elem_size(type);
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   const std::vector<int64_t> uids = {uid::kQ,     uid::kK,     uid::kV,        uid::kO,
                                      uid::kStats, uid::kScale, uid::kMaskValue};
-  const std::vector<void*> pointers = {base, base + part, base + 2 * part, out,
+  const std::vector<void*> pointers = {base, base + k_at, base + v_at,   out,
                                        lse,  &p->scale,   &p->mask_value};
   return execute(handle_, p->exec, uids, pointers, workspace);
 }
 
 cudnnStatus_t CudnnAttention::backward(void* dqkv, const void* dout, const void* qkv,
                                        const void* out, const float* lse, ElemType type, int B,
-                                       int S, int NH, int HS, void* workspace,
+                                       int S, int NH, int KVH, int HS, void* workspace,
                                        cudaStream_t stream) {
-  if (!valid_shape(B, S, NH, HS)) return CUDNN_STATUS_BAD_PARAM;
-  Plan* p = plan(true, type, B, S, NH, HS);
+  if (!valid_shape(B, S, NH, KVH, HS)) return CUDNN_STATUS_BAD_PARAM;
+  Plan* p = plan(true, type, B, S, NH, KVH, HS);
   if (!p) return refused(true, type, S, HS);
   if (!dqkv || !dout || !qkv || !out || !lse || !workspace)
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
@@ -757,21 +782,22 @@ cudnnStatus_t CudnnAttention::backward(void* dqkv, const void* dout, const void*
   // The engine adds dQ contributions of every key block into the accumulator.
   if (cudaMemsetAsync(ws + p->dq_accum_offset, 0, p->dq_accum_bytes, stream) != cudaSuccess)
     return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
-  const size_t part = static_cast<size_t>(NH) * HS * elem_size(type);
+  const size_t k_at = static_cast<size_t>(NH) * HS * elem_size(type);
+  const size_t v_at = static_cast<size_t>(NH + KVH) * HS * elem_size(type);
   char* in = static_cast<char*>(const_cast<void*>(qkv));
   char* grad = static_cast<char*>(dqkv);
   std::vector<int64_t> uids = {uid::kQ,         uid::kK,   uid::kV,      uid::kO,  uid::kDO,
                                uid::kStats,     uid::kDQ,  uid::kDK,     uid::kDV, uid::kScale,
                                uid::kMaskValue, uid::kOne, uid::kDqAccum};
   std::vector<void*> pointers = {in,
-                                 in + part,
-                                 in + 2 * part,
+                                 in + k_at,
+                                 in + v_at,
                                  const_cast<void*>(out),
                                  const_cast<void*>(dout),
                                  const_cast<float*>(lse),
                                  grad,
-                                 grad + part,
-                                 grad + 2 * part,
+                                 grad + k_at,
+                                 grad + v_at,
                                  &p->scale,
                                  &p->mask_value,
                                  &p->one,

@@ -4,13 +4,15 @@
 //
 // Layouts are those of flash_attention.h, so the two are interchangeable op by op (a forward of
 // one and a backward of the other give the same gradient):
-//   qkv  (B, S, 3, NH, HS)  per token: every head's query, then every key, then every value
+//   qkv  (B, S, NH + 2·KVH, HS)  per token: the NH query heads, then the KVH key heads, then the
+//                                KVH value heads (grouped-query attention; KVH = NH multi-head)
 //   out  (B, S, NH, HS)
 //   lse  (B, NH, S) f32     log Σ_{j ≤ i} exp(scale · q_i·k_j), scale = 1/√HS (cuDNN's "stats")
 // cuDNN reads Q, K and V in place through strides (no repacking) and writes dq, dk and dv into
-// a (B, S, 3, NH, HS) buffer the same way.
+// a (B, S, NH + 2·KVH, HS) buffer the same way; K and V (and dK, dV) have KVH heads, which
+// cuDNN's SDPA broadcasts over the groups of NH / KVH query heads (dK and dV are the group sums).
 //
-// CudnnAttention builds one operation graph per (direction, B, S, NH, HS) with the cuDNN
+// CudnnAttention builds one operation graph per (direction, B, S, NH, KVH, HS) with the cuDNN
 // backend API (cudnn_attention.cc lists its operations), asks cuDNN's heuristics (mode A) for
 // engine configurations, finalizes the first one that cuDNN accepts as an execution plan, and
 // caches it; later calls only bind pointers and execute. A shape cuDNN has no engine for
@@ -61,25 +63,26 @@ class CudnnAttention {
   // CUDNN_STATUS_SUCCESS, or why not, with a one-line reason in *why when why is not null
   // (say "cuDNN 8.9.7 is older than 9.0", "head size 36 is not a multiple of 8", "no engine
   // for the backward graph ...").
-  cudnnStatus_t supports(ElemType type, int B, int S, int NH, int HS, std::string* why = nullptr);
+  cudnnStatus_t supports(ElemType type, int B, int S, int NH, int KVH, int HS,
+                         std::string* why = nullptr);
 
   // Device workspace bytes each direction needs for this shape (0 when unsupported).
-  size_t forward_workspace_bytes(ElemType type, int B, int S, int NH, int HS);
-  size_t backward_workspace_bytes(ElemType type, int B, int S, int NH, int HS);
+  size_t forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS);
+  size_t backward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS);
 
   // out = softmax(scale · q·kᵀ, causal) · v, and lse, on `stream`.
   cudnnStatus_t forward(void* out, float* lse, const void* qkv, ElemType type, int B, int S, int NH,
-                        int HS, void* workspace, cudaStream_t stream);
+                        int KVH, int HS, void* workspace, cudaStream_t stream);
 
   // dqkv = the gradient of the forward (overwritten), given its inputs, output and lse.
   cudnnStatus_t backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                         const float* lse, ElemType type, int B, int S, int NH, int HS,
+                         const float* lse, ElemType type, int B, int S, int NH, int KVH, int HS,
                          void* workspace, cudaStream_t stream);
 
  private:
   struct Plan;  // a finalized execution plan and its tensor uids (cudnn_attention.cc)
-  using Key = std::tuple<int, int, int, int, int, int>;  // direction, type, B, S, NH, HS
-  Plan* plan(bool backward, ElemType type, int B, int S, int NH, int HS);
+  using Key = std::tuple<int, int, int, int, int, int, int>;  // direction, type, B, S, NH, KVH, HS
+  Plan* plan(bool backward, ElemType type, int B, int S, int NH, int KVH, int HS);
   // Why this shape cannot run before any graph is built ("" when it may).
   std::string precheck(bool backward, ElemType type, int S, int HS) const;
   // The status of a call whose plan is null: the handle's failure, or NOT_SUPPORTED.

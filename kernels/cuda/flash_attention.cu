@@ -10,6 +10,12 @@
 // row's max and sum are 4 xor-shuffles. Tiles are staged in shared memory, with rows padded by one
 // float where threads of a warp read down a column, so those reads fall in distinct banks.
 //
+// Grouped-query attention: query head h reads key/value head h / (NH / KVH) in the forward; in
+// the backward a block owns one key/value head's key tile and walks the query tiles of each of
+// the NH / KVH query heads that share it in turn, so dk and dv sum over the group in registers
+// and are stored once (no atomics between blocks); with KVH = NH the group is one head and the
+// kernels do exactly what multi-head attention does.
+//
 // Forward (grid: B·NH × query tiles, the last — longest — query tiles first): the block keeps
 // its 64 query rows and walks the key tiles 0..its own (causal), with the online softmax: a
 // running row max m and sum l, rescaling the output accumulators by e^(m_old − m_new) whenever
@@ -17,12 +23,13 @@
 // each exponential is one exp2f. At the end out = acc / l and lse = (m + log2 l) · ln 2.
 //
 // Backward (FlashAttention-2 order): a pre-pass computes D_i = Σ_d dout_i,d · out_i,d; the main
-// kernel (grid: B·NH × key tiles, the first — longest — key tiles first) keeps one key/value
-// tile and accumulates dk, dv in registers while walking the query tiles from its own to the
-// last: P = exp(scale·q·kᵀ − lse), dP = dout·vᵀ, dS = P ∘ (dP − D), dv += Pᵀ·dout,
-// dk += scale·dSᵀ·q, and dq += scale·dS·k goes to an f32 scratch with atomicAdd (several key
-// tiles add to each query row). A last pass stores that scratch into the q part of dqkv; dk, dv
-// are stored by their one owning block, so dqkv is assigned (never read), as the Backend asks.
+// kernel (grid: B·KVH × key tiles, the first — longest — key tiles first) keeps one key/value
+// tile and accumulates dk, dv in registers while walking, for each query head of its group, the
+// query tiles from its own to the last: P = exp(scale·q·kᵀ − lse), dP = dout·vᵀ, dS = P ∘ (dP − D),
+// dv += Pᵀ·dout, dk += scale·dSᵀ·q, and dq += scale·dS·k goes to an f32 scratch with atomicAdd
+// (several key tiles add to each query row). A last pass stores that scratch into the q part of
+// dqkv; dk, dv are stored by their one owning block, so dqkv is assigned (never read), as the
+// Backend asks.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -85,7 +92,7 @@ __device__ __forceinline__ float group16_max(float v) {
 
 template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(float* out, float* lse, const float* qkv, int S, int NH, int HS,
+    flash_forward_kernel(float* out, float* lse, const float* qkv, int S, int NH, int KVH, int HS,
                          float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;  // head dims per thread
@@ -96,13 +103,14 @@ __global__ void __launch_bounds__(kThreads)
   float* p_s = v_s + kTile * St::kDense;   // (kTile, kScores)  probabilities of the tile
 
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kTile;
-  const int64_t ld = 3LL * NH * HS;  // token stride in qkv
-  const float* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
-  const float* k_g = q_g + static_cast<int64_t>(NH) * HS;  // (S, HS)
-  const float* v_g = q_g + 2LL * NH * HS;                  // (S, HS)
+  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
+  const float* tok = qkv + static_cast<int64_t>(b) * S * ld;
+  const float* q_g = tok + static_cast<int64_t>(h) * HS;              // (S, HS)
+  const float* k_g = tok + static_cast<int64_t>(NH + hk) * HS;        // (S, HS)
+  const float* v_g = tok + static_cast<int64_t>(NH + KVH + hk) * HS;  // (S, HS)
 
   load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
 
@@ -216,8 +224,8 @@ __global__ void flash_backward_dsum_kernel(float* dsum, const T* dout, const T* 
 template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
-                          const float* lse, const float* dsum, int S, int NH, int HS, float scale,
-                          float scale_log2) {
+                          const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
+                          float scale, float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;
   float* smem = dynamic_shared_floats();
@@ -231,20 +239,15 @@ __global__ void __launch_bounds__(kThreads)
   float* d_s = lse_s + kTile;                 // (kTile) D of the query rows
 
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.x / KVH, hk = blockIdx.x % KVH, group = NH / KVH;
   const int kt = blockIdx.y;
   const int k0 = kt * kTile;
   const int tiles = gridDim.y;
-  const int64_t ld = 3LL * NH * HS;                   // token stride in qkv and dqkv
-  const int64_t ldo = static_cast<int64_t>(NH) * HS;  // token stride in dout and dq_acc
-  const int64_t head = static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
-  const float* q_g = qkv + head;     // (S, HS), stride ld
-  const float* k_g = q_g + ldo;      // (S, HS)
-  const float* v_g = q_g + 2 * ldo;  // (S, HS)
-  const float* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
-  float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
-  const float* lse_g = lse + static_cast<int64_t>(bh) * S;  // (S)
-  const float* d_g = dsum + static_cast<int64_t>(bh) * S;   // (S)
+  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv and dqkv
+  const int64_t ldo = static_cast<int64_t>(NH) * HS;           // token stride in dout and dq_acc
+  const int64_t tok = static_cast<int64_t>(b) * S * ld;
+  const float* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
+  const float* v_g = k_g + static_cast<int64_t>(KVH) * HS;            // (S, HS), stride ld
 
   load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
   load_tile<HS_MAX>(v_s, St::kPadded, v_g, ld, k0, S, HS);
@@ -255,100 +258,107 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < DC; ++c) dk[r][c] = dv[r][c] = 0.f;
 
-  for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
-    __syncthreads();  // the previous query tile is no longer read
-    load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
-    load_tile<HS_MAX>(g_s, St::kPadded, g_g, ldo, q0, S, HS);
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      const bool in = q0 + r < S;
-      lse_s[r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
-      d_s[r] = in ? d_g[q0 + r] : 0.f;
-    }
-    __syncthreads();
+  for (int h = hk * group; h < (hk + 1) * group; ++h)  // the query heads sharing this key head
+    for (int qt = kt; qt < tiles; ++qt) {
+      const float* q_g = qkv + tok + static_cast<int64_t>(h) * HS;  // (S, HS), stride ld
+      const float* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+      float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+      const int64_t bh = static_cast<int64_t>(b) * NH + h;
+      const float* lse_g = lse + bh * S;  // (S)
+      const float* d_g = dsum + bh * S;   // (S)
+      const int q0 = qt * kTile;
+      __syncthreads();  // the previous query tile is no longer read
+      load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
+      load_tile<HS_MAX>(g_s, St::kPadded, g_g, ldo, q0, S, HS);
+      for (int r = threadIdx.x; r < kTile; r += kThreads) {
+        const bool in = q0 + r < S;
+        lse_s[r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
+        d_s[r] = in ? d_g[q0 + r] : 0.f;
+      }
+      __syncthreads();
 
-    // Scores and dP for queries ty + 16r, keys tx + 16c.
-    float s[kRows][4] = {}, dp[kRows][4] = {};
-    for (int d = 0; d < HS; ++d) {
-      float qa[kRows], ga[kRows], kb[4], vb[4];
+      // Scores and dP for queries ty + 16r, keys tx + 16c.
+      float s[kRows][4] = {}, dp[kRows][4] = {};
+      for (int d = 0; d < HS; ++d) {
+        float qa[kRows], ga[kRows], kb[4], vb[4];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        qa[r] = q_s[(ty + 16 * r) * St::kPadded + d];
-        ga[r] = g_s[(ty + 16 * r) * St::kPadded + d];
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        kb[c] = k_s[(tx + 16 * c) * St::kPadded + d];
-        vb[c] = v_s[(tx + 16 * c) * St::kPadded + d];
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < kRows; ++r) {
+          qa[r] = q_s[(ty + 16 * r) * St::kPadded + d];
+          ga[r] = g_s[(ty + 16 * r) * St::kPadded + d];
+        }
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          s[r][c] = fmaf(qa[r], kb[c], s[r][c]);
-          dp[r][c] = fmaf(ga[r], vb[c], dp[r][c]);
+          kb[c] = k_s[(tx + 16 * c) * St::kPadded + d];
+          vb[c] = v_s[(tx + 16 * c) * St::kPadded + d];
         }
-    }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int qi = ty + 16 * r, i = q0 + qi;
+        for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int kj = tx + 16 * c, j = k0 + kj;
-        const float p = (j <= i && i < S) ? exp2f(s[r][c] * scale_log2 - lse_s[qi]) : 0.f;
-        p_s[qi * St::kScores + kj] = p;
-        ds_s[qi * St::kScores + kj] = p * (dp[r][c] - d_s[qi]);
-      }
-    }
-    __syncthreads();
-
-    // dv += Pᵀ·dout and dk += dSᵀ·q for keys ty + 16r, dims tx + 16c (scale applied at the end).
-    for (int qi = 0; qi < kTile; ++qi) {
-      float ga[DC], qa[DC];
-#pragma unroll
-      for (int c = 0; c < DC; ++c) {
-        ga[c] = g_s[qi * St::kPadded + tx + 16 * c];
-        qa[c] = q_s[qi * St::kPadded + tx + 16 * c];
+          for (int c = 0; c < 4; ++c) {
+            s[r][c] = fmaf(qa[r], kb[c], s[r][c]);
+            dp[r][c] = fmaf(ga[r], vb[c], dp[r][c]);
+          }
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const float p = p_s[qi * St::kScores + ty + 16 * r];
-        const float ds = ds_s[qi * St::kScores + ty + 16 * r];
+        const int qi = ty + 16 * r, i = q0 + qi;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int kj = tx + 16 * c, j = k0 + kj;
+          const float p = (j <= i && i < S) ? exp2f(s[r][c] * scale_log2 - lse_s[qi]) : 0.f;
+          p_s[qi * St::kScores + kj] = p;
+          ds_s[qi * St::kScores + kj] = p * (dp[r][c] - d_s[qi]);
+        }
+      }
+      __syncthreads();
+
+      // dv += Pᵀ·dout and dk += dSᵀ·q for keys ty + 16r, dims tx + 16c (scale applied at the end).
+      for (int qi = 0; qi < kTile; ++qi) {
+        float ga[DC], qa[DC];
 #pragma unroll
         for (int c = 0; c < DC; ++c) {
-          dv[r][c] = fmaf(p, ga[c], dv[r][c]);
-          dk[r][c] = fmaf(ds, qa[c], dk[r][c]);
+          ga[c] = g_s[qi * St::kPadded + tx + 16 * c];
+          qa[c] = q_s[qi * St::kPadded + tx + 16 * c];
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float p = p_s[qi * St::kScores + ty + 16 * r];
+          const float ds = ds_s[qi * St::kScores + ty + 16 * r];
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            dv[r][c] = fmaf(p, ga[c], dv[r][c]);
+            dk[r][c] = fmaf(ds, qa[c], dk[r][c]);
+          }
+        }
+      }
+
+      // dq += scale·dS·k for queries ty + 16r, dims tx + 16c: partial over this key tile.
+      float dq[kRows][DC] = {};
+      for (int kj = 0; kj < kTile; ++kj) {
+        float kb[DC];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) kb[c] = k_s[kj * St::kPadded + tx + 16 * c];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float ds = ds_s[(ty + 16 * r) * St::kScores + kj];
+#pragma unroll
+          for (int c = 0; c < DC; ++c) dq[r][c] = fmaf(ds, kb[c], dq[r][c]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int i = q0 + ty + 16 * r;
+        if (i >= S) continue;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          const int d = tx + 16 * c;
+          if (d < HS) atomicAdd(&dq_g[i * ldo + d], scale * dq[r][c]);
         }
       }
     }
 
-    // dq += scale·dS·k for queries ty + 16r, dims tx + 16c: partial over this key tile.
-    float dq[kRows][DC] = {};
-    for (int kj = 0; kj < kTile; ++kj) {
-      float kb[DC];
-#pragma unroll
-      for (int c = 0; c < DC; ++c) kb[c] = k_s[kj * St::kPadded + tx + 16 * c];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float ds = ds_s[(ty + 16 * r) * St::kScores + kj];
-#pragma unroll
-        for (int c = 0; c < DC; ++c) dq[r][c] = fmaf(ds, kb[c], dq[r][c]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = q0 + ty + 16 * r;
-      if (i >= S) continue;
-#pragma unroll
-      for (int c = 0; c < DC; ++c) {
-        const int d = tx + 16 * c;
-        if (d < HS) atomicAdd(&dq_g[i * ldo + d], scale * dq[r][c]);
-      }
-    }
-  }
-
-  float* dk_g = dqkv + head + ldo;  // (S, HS), stride ld
-  float* dv_g = dk_g + ldo;         // (S, HS), stride ld
+  float* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
+  float* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;            // (S, HS), stride ld
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int j = k0 + ty + 16 * r;
@@ -364,21 +374,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The q part of dqkv (B, S, 3, NH, HS) = dq_acc (B, S, NH, HS).
+// The q part of dqkv (B, S, NH + 2·KVH, HS) = dq_acc (B, S, NH, HS): rows of `row` = NH·HS
+// elements, `ld` apart in dqkv.
 template <class T>
-__global__ void flash_backward_dq_kernel(T* dqkv, const float* dq_acc, int64_t tokens,
-                                         int64_t row) {
+__global__ void flash_backward_dq_kernel(T* dqkv, const float* dq_acc, int64_t tokens, int64_t row,
+                                         int64_t ld) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        idx < tokens * row; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t at = (idx / row) * 3 * row + idx % row;
+    const int64_t at = (idx / row) * ld + idx % row;
     dqkv[at] = from_float<T>(dq_acc[idx]);
   }
 }
 
-// Query/key tiles go on gridDim.y, which holds at most 65535.
-bool valid_shape(int B, int S, int NH, int HS) {
-  return B >= 0 && S >= 0 && NH >= 0 && HS >= 1 && HS <= kFlashMaxHeadSize &&
-         (S + kTile - 1) / kTile <= 65535;
+// Query/key tiles go on gridDim.y, which holds at most 65535. KVH divides NH (both may be 0 only
+// together with nothing to do: NH = 0 is an empty call).
+bool valid_shape(int B, int S, int NH, int KVH, int HS) {
+  return B >= 0 && S >= 0 && NH >= 0 && KVH >= 1 && NH % KVH == 0 && HS >= 1 &&
+         HS <= kFlashMaxHeadSize && (S + kTile - 1) / kTile <= 65535;
 }
 
 float log2_scale(int HS) {
@@ -387,52 +399,52 @@ float log2_scale(int HS) {
 
 // The f32 backward's main kernel: dk, dv into dqkv, dq into dq_acc.
 cudaError_t f32_backward(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
-                         const float* lse, const float* dsum, int B, int S, int NH, int HS,
+                         const float* lse, const float* dsum, int B, int S, int NH, int KVH, int HS,
                          cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     return launch_opted_in(flash_backward_kernel<HS_MAX>, grid, kThreads,
                            backward_smem_bytes<HS_MAX>(), stream, dqkv, dq_acc, dout, qkv, lse,
-                           dsum, S, NH, HS, scale, log2_scale(HS));
+                           dsum, S, NH, KVH, HS, scale, log2_scale(HS));
   });
 }
 
 }  // namespace
 
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
-                                    int S, int NH, int HS, cudaStream_t stream) {
-  if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
+                                    int S, int NH, int KVH, int HS, cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, KVH, HS)) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, HS, 0, stream);
+  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, 0, stream);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     return launch_opted_in(flash_forward_kernel<HS_MAX>, grid, kThreads,
                            forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
-                           static_cast<const float*>(qkv), S, NH, HS, log2_scale(HS));
+                           static_cast<const float*>(qkv), S, NH, KVH, HS, log2_scale(HS));
   });
 }
 
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
-                                                   int S, int NH, int HS, int warp_rows,
+                                                   int S, int NH, int KVH, int HS, int warp_rows,
                                                    cudaStream_t stream) {
-  if (!valid_shape(B, S, NH, HS) || (warp_rows != 16 && warp_rows != 32))
+  if (!valid_shape(B, S, NH, KVH, HS) || (warp_rows != 16 && warp_rows != 32))
     return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  return flash_tc_forward(out, lse, qkv, B, S, NH, HS, warp_rows, stream);
+  return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, warp_rows, stream);
 }
 
-size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS) {
+size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int /*KVH*/, int HS) {
   const size_t rows = static_cast<size_t>(B) * S * NH;
   return sizeof(float) * (rows * static_cast<size_t>(HS) + rows);
 }
 
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                                     const float* lse, ElemType type, int B, int S, int NH, int HS,
-                                     void* scratch, cudaStream_t stream) {
-  if (!valid_shape(B, S, NH, HS)) return cudaErrorInvalidValue;
+                                     const float* lse, ElemType type, int B, int S, int NH, int KVH,
+                                     int HS, void* scratch, cudaStream_t stream) {
+  if (!valid_shape(B, S, NH, KVH, HS)) return cudaErrorInvalidValue;
   const int64_t rows = static_cast<int64_t>(B) * S * NH;
   if (rows == 0) return cudaSuccess;
   float* dq_acc = static_cast<float*>(scratch);  // (B, S, NH, HS)
@@ -446,14 +458,15 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
            static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
     cudaError_t e =
         type == ElemType::kBF16
-            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, HS, stream)
+            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, KVH, HS, stream)
             : f32_backward(static_cast<float*>(dqkv), dq_acc, static_cast<const float*>(dout),
-                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, HS, stream);
+                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, KVH, HS, stream);
     if (e != cudaSuccess) return e;
     const int64_t row = static_cast<int64_t>(NH) * HS;
+    const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;
     const int64_t tokens = static_cast<int64_t>(B) * S;
     launch(flash_backward_dq_kernel<T>, grid_for(tokens * row, kThreads), kThreads, 0, stream,
-           static_cast<T*>(dqkv), dq_acc, tokens, row);
+           static_cast<T*>(dqkv), dq_acc, tokens, row, ld);
     return cudaGetLastError();
   });
 }

@@ -1,8 +1,10 @@
-// flash_attention.h — fused causal multi-head attention (flash-style): the S×S score and
+// flash_attention.h — fused causal grouped-query attention (flash-style): the S×S score and
 // probability matrices are never stored, only the log-sum-exp of each score row.
 //
-// Layouts (this rank's heads; row-major):
-//   qkv  (B, S, 3, NH, HS)  per token: every head's query, then every key, then every value
+// Layouts (this rank's heads; row-major), runtime/backend.h's:
+//   qkv  (B, S, NH + 2·KVH, HS)  per token: the NH query heads, then the KVH key heads, then the
+//                                KVH value heads; query head h attends with key/value head
+//                                h / (NH / KVH) (KVH = NH: multi-head, (B, S, 3, NH, HS))
 //   out  (B, S, NH, HS)
 //   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over j ≤ i, scale = 1/√HS
 // qkv, out, dout and dqkv share one element type (f32 or bf16); every product is summed in f32
@@ -11,7 +13,8 @@
 // FlashAttention-2, the probabilities and score gradients are also rounded to bf16 where they
 // become an operand of the next product.
 //
-// Limits: 1 ≤ HS ≤ kFlashMaxHeadSize (head sizes 32, 64 and 128 run on kernels sized for them,
+// Limits: KVH ≥ 1 dividing NH (a head count that does not divide is refused, never rounded);
+// 1 ≤ HS ≤ kFlashMaxHeadSize (head sizes 32, 64 and 128 run on kernels sized for them,
 // any other size on the next larger one); any S ≥ 1. Other shapes return cudaErrorInvalidValue
 // before launching anything. The kernels need up to ~163 KiB of shared memory per block (HS in
 // (64, 128], f32 backward) and the bf16 ones tensor cores, which sm_80 and sm_90 provide.
@@ -31,25 +34,26 @@ constexpr int kFlashMaxHeadSize = 128;
 
 // out = softmax(scale · q·kᵀ, causal) · v, and the per-row log-sum-exp for the backward.
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
-                                    int S, int NH, int HS, cudaStream_t stream);
+                                    int S, int NH, int KVH, int HS, cudaStream_t stream);
 
 // The bf16 forward with `warp_rows` query rows per warp, 16 or 32 (the default is 32 for head
 // sizes above 64, else 16: measured): the same results, for bench_cuda_kernels to measure the
 // choice side by side. Other values return cudaErrorInvalidValue.
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
-                                                   int S, int NH, int HS, int warp_rows,
+                                                   int S, int NH, int KVH, int HS, int warp_rows,
                                                    cudaStream_t stream);
 
 // Bytes of device scratch the backward needs: an f32 (B, S, NH, HS) accumulator for dq and the
-// (B, NH, S) row sums D = rowsum(dout ∘ out).
-size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int HS);
+// (B, NH, S) row sums D = rowsum(dout ∘ out). Both are per query head, so KVH does not change
+// the size; it is taken so that every call names the same shape.
+size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int KVH, int HS);
 
-// dqkv (B, S, 3, NH, HS) = the gradient of the forward (assigned: never read), given its inputs,
-// its output `out` and `lse`. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes,
-// 4-byte aligned.
+// dqkv (B, S, NH + 2·KVH, HS) = the gradient of the forward (assigned: never read), given its
+// inputs, its output `out` and `lse`; a key/value head's gradient is the sum over its NH / KVH
+// query heads. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes, 4-byte aligned.
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                                     const float* lse, ElemType type, int B, int S, int NH, int HS,
-                                     void* scratch, cudaStream_t stream);
+                                     const float* lse, ElemType type, int B, int S, int NH, int KVH,
+                                     int HS, void* scratch, cudaStream_t stream);
 
 // Diagnostics: d (16 × 16, f32, row-major) = a · bᵀ (kABt), a · b (kAB) or aᵀ · b (kAtB), with a
 // and b 16 × 16 bf16 row-major (16-byte aligned), as two tensor-core products through the very

@@ -20,7 +20,13 @@
 // through shared memory) and V read transposed. The copies overlap the products: the value tile
 // is staged while the scores are computed, the next key tile while P·V is.
 //
-// Backward (grid: B·NH × key tiles, the first — longest — first). A warp keeps dK and dV of its
+// Grouped-query attention: a forward block reads the key/value head h / (NH / KVH) of its query
+// head h. A backward block owns a key tile of one key/value head and walks the query tiles of
+// each query head of its group in turn — one sequence of steps, so the next step's tiles are
+// staged during this one across a change of head too — summing dK and dV over the group in
+// registers, stored once. With KVH = NH the group is one head: the multi-head kernels exactly.
+//
+// Backward (grid: B·KVH × key tiles, the first — longest — first). A warp keeps dK and dV of its
 // 16 keys in registers and walks the query tiles from its own to the last, the next one staged
 // (double-buffered) while this one is computed on: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (keys as rows, so
 // Pᵀ and dSᵀ come out as the A fragments of the next products), Pᵀ = exp2(Sᵀ·scale·log2 e − lse),
@@ -52,8 +58,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 template <int HS_MAX>
 struct Shape {
-  static constexpr int kLd = HS_MAX + 8;         // row stride of a tile (kTile × HS_MAX)
-  static constexpr int kHeadFrags = HS_MAX / 8;  // accumulator tiles across the head dims
+  static constexpr int kLd = HS_MAX + 8;          // row stride of a tile (kTile × HS_MAX)
+  static constexpr int kHeadFrags = HS_MAX / 8;   // accumulator tiles across the head dims
   static constexpr int kHeadSteps = HS_MAX / 16;  // k-steps across the head dims
   static constexpr int kRowTile = kTile * kLd;    // elements of a tile
   // Forward: query rows per warp, as 16-row m-tiles. Two share each key and value fragment a
@@ -88,7 +94,7 @@ __device__ __forceinline__ bf16* dynamic_shared_bf16() {
 
 template <int HS_MAX, int kM>
 __global__ void __launch_bounds__(kThreads)
-    flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int S, int NH, int HS,
+    flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int S, int NH, int KVH, int HS,
                             float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
   constexpr int kQ = Sh::query_tile(kM);
@@ -97,15 +103,16 @@ __global__ void __launch_bounds__(kThreads)
   bf16* v_s = k_s + Sh::kRowTile;     // (kTile, HS_MAX) current value tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kQ;
   const int w0 = q0 + 16 * kM * warp;  // this warp's first row
   // Key tiles up to the one holding the block's last row (or the sequence's last key).
   const int key_tiles = min(q0 + kQ - 1, S - 1) / kTile + 1;
-  const int64_t ld = 3LL * NH * HS;  // token stride in qkv
-  const bf16* q_g = qkv + static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
-  const bf16* k_g = q_g + static_cast<int64_t>(NH) * HS;
-  const bf16* v_g = q_g + 2LL * NH * HS;
+  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
+  const bf16* tok = qkv + static_cast<int64_t>(b) * S * ld;
+  const bf16* q_g = tok + static_cast<int64_t>(h) * HS;
+  const bf16* k_g = tok + static_cast<int64_t>(NH + hk) * HS;
+  const bf16* v_g = tok + static_cast<int64_t>(NH + KVH + hk) * HS;
 
   // Copy groups: the queries with the first key tile, then per key tile its value tile and the
   // next key tile (empty after the last), so that "all but the latest group" is always the key
@@ -253,7 +260,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
     flash_tc_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv,
-                             const float* lse, const float* dsum, int S, int NH, int HS,
+                             const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
                              float scale, float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
   bf16* k_s = dynamic_shared_bf16();     // (kTile, HS_MAX)  this block's keys
@@ -265,48 +272,53 @@ __global__ void __launch_bounds__(kThreads)
   float* d_s2 = lse_s2 + 2 * kTile;                                  // (2, kTile) D
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.x / KVH, hk = blockIdx.x % KVH, group = NH / KVH;
   const int k0 = blockIdx.y * kTile;
   const int first = blockIdx.y, tiles = gridDim.y;
-  const int64_t ld = 3LL * NH * HS;                   // token stride in qkv and dqkv
-  const int64_t ldo = static_cast<int64_t>(NH) * HS;  // token stride in dout and dq_acc
-  const int64_t head = static_cast<int64_t>(b) * S * ld + static_cast<int64_t>(h) * HS;
-  const bf16* q_g = qkv + head;
-  const bf16* k_g = q_g + ldo;
-  const bf16* v_g = q_g + 2 * ldo;
-  const bf16* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
-  float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
-  const float* lse_g = lse + static_cast<int64_t>(bh) * S;
-  const float* d_g = dsum + static_cast<int64_t>(bh) * S;
+  // Steps: query tiles first..tiles-1 of query head hk·group, then of the next head, and so on.
+  const int per_head = tiles - first, steps = group * per_head;
+  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv and dqkv
+  const int64_t ldo = static_cast<int64_t>(NH) * HS;           // token stride in dout and dq_acc
+  const int64_t tok = static_cast<int64_t>(b) * S * ld;
+  const bf16* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;
+  const bf16* v_g = k_g + static_cast<int64_t>(KVH) * HS;
+  // Step `step`'s query head and query tile.
+  auto head_of = [&](int step) { return hk * group + step / per_head; };
+  auto tile_of = [&](int step) { return first + step % per_head; };
 
-  // Query tile qt's queries, output gradients, lse and D into buffer `buf`: the tiles by
-  // cp.async (landing with the group the caller commits next), lse and D by plain stores.
-  auto stage_queries = [&](int qt, int buf) {
-    const int q0 = qt * kTile;
+  // Step `step`'s queries, output gradients, lse and D into buffer `buf`: the tiles by cp.async
+  // (landing with the group the caller commits next), lse and D by plain stores.
+  auto stage_queries = [&](int step, int buf) {
+    const int h = head_of(step), q0 = tile_of(step) * kTile;
+    const int64_t bh = static_cast<int64_t>(b) * NH + h;
+    const bf16* q_g = qkv + tok + static_cast<int64_t>(h) * HS;
+    const bf16* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
     stage_tile<kTile, HS_MAX>(q_s2 + buf * Sh::kRowTile, Sh::kLd, q_g, ld, q0, S, HS, vec);
     stage_tile<kTile, HS_MAX>(g_s2 + buf * Sh::kRowTile, Sh::kLd, g_g, ldo, q0, S, HS, vec);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const bool in = q0 + r < S;
-      lse_s2[buf * kTile + r] = in ? lse_g[q0 + r] * kLog2e : 0.f;
-      d_s2[buf * kTile + r] = in ? d_g[q0 + r] : 0.f;
+      lse_s2[buf * kTile + r] = in ? lse[bh * S + q0 + r] * kLog2e : 0.f;
+      d_s2[buf * kTile + r] = in ? dsum[bh * S + q0 + r] : 0.f;
     }
   };
   // The keys and values travel with the first query tile.
   stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0, S, HS, vec);
   stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
-  stage_queries(first, 0);
+  stage_queries(0, 0);
   cp_async_commit();
 
   // This lane's keys: [0] = g, [1] = g + 8 of the warp's 16.
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[Sh::kHeadFrags][4] = {}, dv[Sh::kHeadFrags][4] = {};
 
-  for (int qt = first; qt < tiles; ++qt) {
-    const int q0 = qt * kTile, buf = (qt - first) & 1;
-    // The next query tile goes to the other buffer while this one is computed on. That buffer
-    // was last read before the previous step's dS barrier, which every warp has passed: no
+  for (int step = 0; step < steps; ++step) {
+    const int qt = tile_of(step), q0 = qt * kTile, buf = step & 1;
+    float* dq_g =
+        dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(head_of(step)) * HS;
+    // The next step's query tile goes to the other buffer while this one is computed on. That
+    // buffer was last read before the previous step's dS barrier, which every warp has passed: no
     // barrier is needed before the copies (and dS is rewritten only after the barrier below).
-    if (qt + 1 < tiles) stage_queries(qt + 1, buf ^ 1);
+    if (step + 1 < steps) stage_queries(step + 1, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of this tile have landed,
     __syncthreads();     // and every thread's
@@ -394,8 +406,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  bf16* dk_g = dqkv + head + ldo;  // (S, HS), stride ld
-  bf16* dv_g = dk_g + ldo;
+  bf16* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
+  bf16* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;
 #pragma unroll
   for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
 #pragma unroll
@@ -444,8 +456,8 @@ bool vector_loads(const void* base, int HS) {
 
 }  // namespace
 
-cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int HS,
-                             int warp_rows, cudaStream_t stream) {
+cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int KVH,
+                             int HS, int warp_rows, cudaStream_t stream) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
@@ -456,7 +468,7 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
                       static_cast<unsigned>((S + Sh::query_tile(kM) - 1) / Sh::query_tile(kM)));
       return launch_opted_in(flash_tc_forward_kernel<HS_MAX, kM>, grid, kThreads,
                              Sh::forward_smem(kM), stream, static_cast<bf16*>(out), lse,
-                             static_cast<const bf16*>(qkv), S, NH, HS, scale_log2,
+                             static_cast<const bf16*>(qkv), S, NH, KVH, HS, scale_log2,
                              vector_loads(qkv, HS));
     };
     switch (warp_rows == 0 ? 16 * Sh::kDefaultMTiles : warp_rows) {
@@ -471,9 +483,9 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
 }
 
 cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
-                              const float* lse, const float* dsum, int B, int S, int NH, int HS,
-                              cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
+                              const float* lse, const float* dsum, int B, int S, int NH, int KVH,
+                              int HS, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   const bool vec = vector_loads(qkv, HS) && vector_loads(dout, HS);
   return with_head_size(HS, [&](auto hs_max) {
@@ -481,7 +493,7 @@ cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const
     return launch_opted_in(flash_tc_backward_kernel<HS_MAX>, grid, kThreads,
                            Shape<HS_MAX>::backward_smem, stream, static_cast<bf16*>(dqkv), dq_acc,
                            static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, dsum,
-                           S, NH, HS, scale, scale * kLog2e, vec);
+                           S, NH, KVH, HS, scale, scale * kLog2e, vec);
   });
 }
 

@@ -24,16 +24,17 @@ cudaError_t with_head_size(int HS, F&& f) {
   return f(std::integral_constant<int, 128>{});
 }
 
-// out (B, S, NH, HS) bf16 and lse (B, NH, S) f32 from qkv (B, S, 3, NH, HS) bf16, with
+// out (B, S, NH, HS) bf16 and lse (B, NH, S) f32 from qkv (B, S, NH + 2·KVH, HS) bf16, with
 // `warp_rows` query rows per warp: 0 for the default (32 above head size 64, else 16), 16 or
 // 32; any other value returns cudaErrorInvalidValue.
-cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int HS,
-                             int warp_rows, cudaStream_t stream);
+cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int KVH,
+                             int HS, int warp_rows, cudaStream_t stream);
 
-// dk, dv parts of dqkv += their gradients; dq_acc (B, S, NH, HS) f32 += the unrounded dq, which
-// flash_attention.cu then adds into dqkv. dsum (B, NH, S) = rowsum(dout ∘ out).
+// The dk, dv parts of dqkv = their gradients (each key/value head summed over its NH / KVH
+// query heads, assigned); dq_acc (B, S, NH, HS) f32 += the unrounded dq, which
+// flash_attention.cu then stores into dqkv. dsum (B, NH, S) = rowsum(dout ∘ out).
 cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
-                              const float* lse, const float* dsum, int B, int S, int NH, int HS,
-                              cudaStream_t stream);
+                              const float* lse, const float* dsum, int B, int S, int NH, int KVH,
+                              int HS, cudaStream_t stream);
 
 }  // namespace strata::kernels::cuda

@@ -47,6 +47,10 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     mc = config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
                           path + "/run_state.json", {"data.synthetic.vocab_size=1"})
              .model;
+    if (!architecture(mc.arch).hf.to_hf)
+      throw InputError(
+          path, "model.arch",
+          "an architecture with a Hugging Face adapter: \"" + mc.arch + "\" has none yet");
     const FullTensors ours = assemble_full(c.shards, "param", {}, path);
     c.shards.clear();
     hf = architecture(mc.arch).hf.to_hf(mc, ours);

@@ -417,6 +417,11 @@ class Fields {
     };
     return k;
   }
+  // A key of its own kind: `read` returns the checked value (r, path).
+  template <class T, class Read>
+  Key custom(const char* name, T S::*f, Read read, const char* meaning) const {
+    return leaf(name, meaning, f, read);
+  }
   // An array of positive integers, or null.
   Key positive_array(const char* name, std::optional<std::vector<int>> S::*f,
                      const char* meaning) const {
@@ -446,6 +451,44 @@ template <class Get>
 auto fields(Get get) {
   using S = std::remove_reference_t<decltype(get(std::declval<Config&>()))>;
   return Fields<S, Get>(get);
+}
+
+// model.rope_scaling: null or Hugging Face's llama3 object, every field given.
+std::optional<RopeScaling> read_rope_scaling(const Reader& r, const std::string& p) {
+  const json& v = r.at(p);
+  if (v.is_null()) return std::nullopt;
+  const std::string expected =
+      "expected null or {\"rope_type\": \"llama3\", \"factor\": > 0, \"low_freq_factor\": > 0, "
+      "\"high_freq_factor\": > low_freq_factor, \"original_max_position_embeddings\": > 0}";
+  if (!v.is_object()) r.fail(p, expected + ", got " + show(v));
+  RopeScaling s;
+  for (const auto& [key, value] : v.items()) {
+    const std::string at = p + "." + key;
+    if (key == "rope_type" || key == "type") {
+      if (!value.is_string() || value.get<std::string>() != "llama3")
+        r.fail(p, expected + ", got " + key + " " + show(value));
+      s.rope_type = "llama3";
+    } else if (key == "original_max_position_embeddings") {
+      const std::optional<int64_t> n = as_int64(value);
+      if (!n || *n < 1 || *n > INT_MAX) r.fail(p, expected + ", got " + key + " " + show(value));
+      s.original_max_position_embeddings = static_cast<int>(*n);
+    } else if (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor") {
+      if (!value.is_number() || !(value.get<double>() > 0))
+        r.fail(p, expected + ", got " + key + " " + show(value));
+      (key == "factor" ? s.factor : key == "low_freq_factor" ? s.low_freq_factor
+                                                              : s.high_freq_factor) =
+          value.get<double>();
+    } else {
+      r.fail(p, expected + "; unknown key \"" + key + "\"");
+    }
+  }
+  for (const char* need : {"factor", "low_freq_factor", "high_freq_factor",
+                           "original_max_position_embeddings"})
+    if (!v.contains(need)) r.fail(p, expected + "; \"" + need + "\" is missing");
+  if (!(s.high_freq_factor > s.low_freq_factor))
+    r.fail(p, expected + ", got high_freq_factor " + std::to_string(s.high_freq_factor) +
+                  " <= low_freq_factor " + std::to_string(s.low_freq_factor));
+  return s;
 }
 
 // The keys of one section ("" the top level, "data.synthetic" a nested one), in DESIGN.md's
@@ -507,7 +550,19 @@ const std::vector<Section>& schema() {
           model.number("init_std", &M::init_std, above(0),
                        "N(0, init_std) weights; residual output projections ÷ √(2L)"),
           model.path("init_from", &M::init_from,
-                     "a Hugging Face safetensors file of the architecture's class to start from")}},
+                     "a Hugging Face directory (config.json + safetensors, sharded or not) or "
+                     "safetensors file of the architecture's class to start from"),
+          model.optional_integer("num_key_value_heads", &M::num_key_value_heads, 1,
+                                 "llama: key/value heads (grouped-query attention); null: "
+                                 "num_heads, 1: multi-query"),
+          model.number("rope_theta", &M::rope_theta, above(0),
+                       "llama: the rotary embeddings' base"),
+          model.custom("rope_scaling", &M::rope_scaling, read_rope_scaling,
+                       "llama: null, or Llama 3.1's {\"rope_type\": \"llama3\", \"factor\", "
+                       "\"low_freq_factor\", \"high_freq_factor\", "
+                       "\"original_max_position_embeddings\"}"),
+          model.number("rms_norm_eps", &M::rms_norm_eps, above(0),
+                       "llama: the RMSNorm epsilon")}},
         {"parallel",
          {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
           parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
@@ -852,6 +907,12 @@ void check_consistency(const Config& c, const Reader& r) {
                       to_string(m.num_heads));
   }
 
+  if (m.num_heads % m.kv_heads() != 0) {
+    r.fail_latest({"model.num_key_value_heads", "model.num_heads"},
+                  "num_heads " + to_string(m.num_heads) +
+                      " is not a multiple of num_key_value_heads " + to_string(m.kv_heads()));
+  }
+
   if (p.virtual_stages > 1 && p.schedule != "interleaved") {
     r.fail_latest({"parallel.virtual_stages", "parallel.schedule"},
                   "virtual_stages " + to_string(p.virtual_stages) +
@@ -1049,6 +1110,12 @@ void validate_for_world(const Config& c, int world_size) {
   const std::string by_tensor = " is not divisible by tensor " + to_string(p.tensor);
   if (m.num_heads % p.tensor != 0) {
     throw InputError(file, "model.num_heads", "num_heads " + to_string(m.num_heads) + by_tensor);
+  }
+  // Each rank holds whole key/value heads: never replicated or rounded (Megatron refuses too).
+  if (m.kv_heads() % p.tensor != 0) {
+    throw InputError(file, "model.num_key_value_heads",
+                     "num_key_value_heads " + to_string(m.kv_heads()) + by_tensor +
+                         " (each tensor rank holds whole key/value heads)");
   }
   if (m.hidden_size % p.tensor != 0) {
     throw InputError(file, "model.hidden_size",

@@ -7,11 +7,13 @@
 namespace strata {
 namespace {
 
-ParamSplit split_from(const std::string& s, const std::string& path, const std::string& name) {
-  ParamSplit out;
-  if (!parse_param_split(s, &out))
-    throw InputError(path, "meta:" + name, "split replicated, rows, cols or qkv_rows, got " + s);
-  return out;
+// Reads the split of `p` (its full shape set) from the metadata's spelling.
+void split_from(const std::string& s, const std::string& path, ParamInfo& p) {
+  const int64_t rows = p.full_shape.empty() ? 0 : p.full_shape[0];
+  if (!parse_param_split(s, rows, &p.split, &p.row_blocks))
+    throw InputError(path, "meta:" + p.name,
+                     "split replicated, rows, cols, qkv_rows or block_rows:R0,R1,… summing to " +
+                         std::to_string(rows) + " rows, got " + s);
 }
 
 // The parameter whose flat range holds `offset` (segments never cross parameters).
@@ -31,7 +33,7 @@ ShardMeta meta_of(const ParamInfo& p, const ParamLayout& l) {
   ShardMeta m;
   m.full_shape = p.full_shape;
   m.shard_shape = p.shape;
-  m.split = to_string(p.split);
+  m.split = split_spelling(p.split, p.row_blocks);
   m.tp_rank = p.split == ParamSplit::kReplicated ? 0 : l.tp_rank();
   m.tp = p.split == ParamSplit::kReplicated ? 1 : l.tp();
   return m;
@@ -87,7 +89,7 @@ FullTensors assemble_full(const std::vector<RankShard>& shards, const std::strin
       p.name = piece.name;
       p.shape = m.shard_shape;
       p.full_shape = m.full_shape;
-      p.split = split_from(m.split, path, piece.name);
+      split_from(m.split, path, p);
       p.numel = shape_numel(m.shard_shape);
       FullTensor& f = full[piece.name];
       if (f.data.empty()) {

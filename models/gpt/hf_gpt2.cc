@@ -37,7 +37,7 @@ FullTensor first_rows(const FullTensor& t, int64_t rows) {
 }  // namespace
 
 FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   FullTensors hf;
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
   hf["transformer.wte.weight"] = first_rows(get("wte"), d.V);
@@ -60,7 +60,7 @@ FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
 }
 
 FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
     auto it = hf.find(n);
     if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
@@ -93,7 +93,7 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
 }
 
 nlohmann::json gpt_hf_config(const ModelConfig& m) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"n_layer", d.L},
@@ -117,7 +117,7 @@ nlohmann::json gpt_hf_config(const ModelConfig& m) {
 }
 
 std::vector<std::string> gpt_hf_order(const ModelConfig& m) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   std::vector<std::string> names = {"transformer.wte.weight", "transformer.wpe.weight"};
   for (int l = 0; l < d.L; ++l)
     for (const char* n :
@@ -131,7 +131,7 @@ std::vector<std::string> gpt_hf_order(const ModelConfig& m) {
 }
 
 void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path) {
-  const GptShape d = gpt_shape(m);
+  const DecoderShape d = gpt_shape(m);
   // Absent keys take GPT2Config's defaults, as from_pretrained would.
   check_hf_key(hf, "model_type", "gpt2", "model.arch \"gpt\"", path, "gpt2");
   check_hf_key(hf, "n_layer", d.L, "model.num_layers", path, 12);

@@ -21,7 +21,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabS
                                                const std::string& positions_name)
     : vocab(v) {
   table =
-      layout.add({table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true});
+      layout.add({table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true, {}});
   if (n_positions > 0) {
     positions = layout.add({positions_name,
                             {n_positions, C},
@@ -29,7 +29,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabS
                             ParamInit::kNormal,
                             std,
                             -1,
-                            true});
+                            true,
+                            {}});
   }
 }
 

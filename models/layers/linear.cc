@@ -21,10 +21,13 @@ void linear_backward(const LayerEnv& env, BackwardPass& pass, Tensor* dinp, Para
 }
 
 ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::string& name, int64_t in,
-                                           int64_t out, LinearInit init, bool with_bias, bool qkv) {
-  const ParamSplit split = qkv ? ParamSplit::kQkvRows : ParamSplit::kRows;
-  weight = layout.add({name + ".weight", {out, in}, split, ParamInit::kNormal, init.std, -1, true});
-  if (with_bias) bias = layout.add({name + ".bias", {out}, split, ParamInit::kZeros, 0, -1, false});
+                                           int64_t out, LinearInit init, bool with_bias,
+                                           std::vector<int64_t> row_blocks) {
+  const ParamSplit split = row_blocks.empty() ? ParamSplit::kRows : ParamSplit::kBlockRows;
+  weight = layout.add(
+      {name + ".weight", {out, in}, split, ParamInit::kNormal, init.std, -1, true, row_blocks});
+  if (with_bias)
+    bias = layout.add({name + ".bias", {out}, split, ParamInit::kZeros, 0, -1, false, row_blocks});
   out_local = out / layout.tp();
 }
 
@@ -64,10 +67,10 @@ Tensor ColumnParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, T
 RowParallelLinear::RowParallelLinear(ParamLayout& layout, const std::string& name, int64_t in,
                                      int64_t out, LinearInit init, bool with_bias) {
   weight = layout.add(
-      {name + ".weight", {out, in}, ParamSplit::kCols, ParamInit::kNormal, init.std, -1, true});
+      {name + ".weight", {out, in}, ParamSplit::kCols, ParamInit::kNormal, init.std, -1, true, {}});
   if (with_bias) {
     bias = layout.add(
-        {name + ".bias", {out}, ParamSplit::kReplicated, ParamInit::kZeros, 0, -1, false});
+        {name + ".bias", {out}, ParamSplit::kReplicated, ParamInit::kZeros, 0, -1, false, {}});
   }
 }
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "models/layers/parallel.h"
 #include "models/layers/params.h"
@@ -35,10 +36,11 @@ struct LinearInit {
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
-  // Declares `name`.weight (out, in) and, with `bias`, `name`.bias (out). qkv: the output rows
-  // are three blocks (query, key, value), each split over the group (ParamSplit::kQkvRows).
+  // Declares `name`.weight (out, in) and, with `bias`, `name`.bias (out). row_blocks: the output
+  // rows are blocks of these sizes (query, key, value; gate, up), each split over the group
+  // (ParamSplit::kBlockRows), so a rank's output is its share of every block, in block order.
   ColumnParallelLinear(ParamLayout& layout, const std::string& name, int64_t in, int64_t out,
-                       LinearInit init, bool bias, bool qkv = false);
+                       LinearInit init, bool bias, std::vector<int64_t> row_blocks = {});
   // A layer whose weight is another layer's parameter (an LM head tied to the embedding), no
   // bias.
   static ColumnParallelLinear tied_to(ParamRef weight, int64_t out_local);

@@ -7,7 +7,7 @@
 
 namespace strata {
 
-const char* to_string(ParamSplit s) {
+std::string split_spelling(ParamSplit s, const std::vector<int64_t>& row_blocks) {
   switch (s) {
     case ParamSplit::kReplicated:
       return "replicated";
@@ -15,21 +15,43 @@ const char* to_string(ParamSplit s) {
       return "rows";
     case ParamSplit::kCols:
       return "cols";
-    case ParamSplit::kQkvRows:
-      return "qkv_rows";
+    case ParamSplit::kBlockRows: {
+      std::string out = "block_rows:";
+      for (size_t i = 0; i < row_blocks.size(); ++i)
+        out += (i ? "," : "") + std::to_string(row_blocks[i]);
+      return out;
+    }
   }
   return "replicated";
 }
 
-bool parse_param_split(const std::string& s, ParamSplit* out) {
-  for (ParamSplit k :
-       {ParamSplit::kReplicated, ParamSplit::kRows, ParamSplit::kCols, ParamSplit::kQkvRows}) {
-    if (s == to_string(k)) {
-      *out = k;
-      return true;
-    }
+bool parse_param_split(const std::string& s, int64_t full_rows, ParamSplit* out,
+                       std::vector<int64_t>* row_blocks) {
+  row_blocks->clear();
+  if (s == "replicated" || s == "rows" || s == "cols") {
+    *out = s == "rows" ? ParamSplit::kRows : s == "cols" ? ParamSplit::kCols : ParamSplit::kReplicated;
+    return true;
   }
-  return false;
+  if (s == "qkv_rows") {
+    if (full_rows % 3 != 0) return false;
+    *out = ParamSplit::kBlockRows;
+    row_blocks->assign(3, full_rows / 3);
+    return true;
+  }
+  const std::string prefix = "block_rows:";
+  if (s.rfind(prefix, 0) != 0) return false;
+  int64_t sum = 0;
+  for (size_t at = prefix.size(); at <= s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string n = s.substr(at, comma - at);
+    if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    row_blocks->push_back(std::stoll(n));
+    sum += row_blocks->back();
+    at = comma + 1;
+  }
+  *out = ParamSplit::kBlockRows;
+  return sum == full_rows;
 }
 
 int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
@@ -42,11 +64,17 @@ int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
       const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
       return (local / cols) * full_cols + tp_rank * cols + local % cols;
     }
-    case ParamSplit::kQkvRows: {
-      // Local rows: [q_r; k_r; v_r], each block a third of the shard.
-      const int64_t block = p.numel / 3;  // elements of one of q_r, k_r, v_r
-      const int64_t which = local / block;
-      return which * block * tp + tp_rank * block + local % block;
+    case ParamSplit::kBlockRows: {
+      // Local rows: block 0's rows of this rank, then block 1's, …
+      const int64_t row = p.shape[0] > 0 ? p.numel / p.shape[0] : 0;  // elements per row
+      int64_t r = local / row, full_start = 0;
+      for (const int64_t block : p.row_blocks) {
+        const int64_t local_rows = block / tp;
+        if (r < local_rows) return (full_start + tp_rank * local_rows + r) * row + local % row;
+        r -= local_rows;
+        full_start += block;
+      }
+      return -1;  // outside the shard
     }
   }
   return local;
@@ -58,10 +86,20 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   p.full_shape = d.full_shape;
   p.split = d.split;
   p.shape = d.full_shape;
-  if (d.split == ParamSplit::kRows || d.split == ParamSplit::kQkvRows) {
+  if (d.split == ParamSplit::kRows || d.split == ParamSplit::kBlockRows) {
     STRATA_CHECK(p.shape[0] % tp_ == 0,
                  d.name << ": " << p.shape[0] << " rows over tensor " << tp_);
     p.shape[0] /= tp_;
+  }
+  if (d.split == ParamSplit::kBlockRows) {
+    int64_t sum = 0;
+    for (const int64_t block : d.row_blocks) {
+      STRATA_CHECK(block % tp_ == 0, d.name << ": a block of " << block << " rows over tensor " << tp_);
+      sum += block;
+    }
+    STRATA_CHECK(sum == d.full_shape[0], d.name << ": blocks of " << sum << " rows, shape has "
+                                                << d.full_shape[0]);
+    p.row_blocks = d.row_blocks;
   }
   if (d.split == ParamSplit::kCols) {
     STRATA_CHECK(p.shape[1] % tp_ == 0,

@@ -40,12 +40,15 @@ enum class ParamSplit {
   kReplicated,  // every rank holds all of it
   kRows,        // rank r holds rows [r·R/t, (r+1)·R/t) (column-parallel weights and biases, wte)
   kCols,        // rank r holds columns [r·K/t, (r+1)·K/t) (row-parallel weights)
-  kQkvRows,     // three row blocks (q, k, v) of equal size, each split as kRows
+  kBlockRows,   // row blocks (a fused q/k/v or gate/up weight), each split as kRows: rank r
+                // holds [block 0's rows of rank r; block 1's rows of rank r; …]
 };
-// "replicated", "rows", "cols", "qkv_rows" (the checkpoint metadata's spelling) and back; parse
-// returns false on an unknown name.
-const char* to_string(ParamSplit s);
-bool parse_param_split(const std::string& s, ParamSplit* out);
+// The checkpoint metadata's spelling: "replicated", "rows", "cols", "block_rows:R0,R1,…" (the
+// blocks' full row counts); parse_param_split reads these, and "qkv_rows" (three equal blocks of
+// full_rows / 3, the spelling before blocks of any size). It returns false on anything else.
+std::string split_spelling(ParamSplit s, const std::vector<int64_t>& row_blocks);
+bool parse_param_split(const std::string& s, int64_t full_rows, ParamSplit* out,
+                       std::vector<int64_t>* row_blocks);
 
 // One parameter: its shape, where it sits in the flat buffers, how it starts.
 struct ParamInfo {
@@ -53,7 +56,8 @@ struct ParamInfo {
   Shape shape;       // this rank's shard
   Shape full_shape;  // the whole parameter
   ParamSplit split = ParamSplit::kReplicated;
-  int64_t offset = 0;  // elements into the flat buffer
+  std::vector<int64_t> row_blocks;  // kBlockRows: each block's full row count
+  int64_t offset = 0;               // elements into the flat buffer
   int64_t numel = 0;
   ParamInit init = ParamInit::kZeros;
   double std = 0;                 // for kNormal
@@ -87,6 +91,7 @@ struct ParamDecl {
   double std = 0;
   int64_t rows_initialised = -1;
   bool decay = false;
+  std::vector<int64_t> row_blocks = {};  // kBlockRows: each block's full row count
 };
 
 // The ordered parameter entries of one rank (the order is the flat buffers' order).

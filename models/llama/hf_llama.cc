@@ -43,7 +43,7 @@ HfShape hf_shape(const ModelConfig& m) {
   d.L = m.num_layers;
   d.C = m.hidden_size;
   d.NH = m.num_heads;
-  d.KVH = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.num_heads;
+  d.KVH = m.kv_heads();
   d.HS = d.C / d.NH;
   d.F = m.ffn_hidden_size;
   d.V = m.vocab_size;
@@ -145,14 +145,7 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 nlohmann::json llama_hf_config(const ModelConfig& m) {
   const HfShape d = hf_shape(m);
   nlohmann::json scaling = nullptr;
-  if (m.rope_scaling) {
-    const RopeScaling& r = *m.rope_scaling;
-    scaling = {{"rope_type", r.rope_type},
-               {"factor", r.factor},
-               {"low_freq_factor", r.low_freq_factor},
-               {"high_freq_factor", r.high_freq_factor},
-               {"original_max_position_embeddings", r.original_max_position_embeddings}};
-  }
+  if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/config.h's to_json
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"hidden_size", d.C},

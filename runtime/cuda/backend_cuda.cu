@@ -13,9 +13,11 @@
 //   train.attention_backend "cudnn", bf16 attention runs on cuDNN's fused flash attention
 //   (kernels/cuda/cudnn_attention.h; same layouts and the same log-sum-exp, so `saved` is the
 //   same); a shape cuDNN refuses is an error naming why, never a silent switch of kernels.
+//   Grouped-query attention (KVH < NH key/value heads) runs on both, in the qkv layout of
+//   runtime/backend.h.
 // - Everything else: the kernels of kernels/cuda, one header per op family (layernorm.h,
-//   gelu.h, elementwise.h, gemm_bias.h, embedding.h, cross_entropy.h, precision.h,
-//   seq_permute.h) and optim.h.
+//   rmsnorm.h, rope.h, gelu.h, swiglu.h, elementwise.h, gemm_bias.h, embedding.h,
+//   cross_entropy.h, precision.h, seq_permute.h) and optim.h.
 // Native bf16: every kernel reads and writes f32 or bf16 itself (computing in f32) for the type
 // layout the models use — activations and their gradients of one type, weights of one type,
 // statistics and parameter gradients f32. Any other mix (say an f32 output of a bf16 input, or
@@ -56,7 +58,10 @@
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
 #include "kernels/cuda/precision.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 #include "kernels/cuda/seq_permute.h"
+#include "kernels/cuda/swiglu.h"
 #include "runtime/backend.h"
 #include "runtime/backend_checks.h"
 #include "runtime/check.h"
@@ -464,8 +469,7 @@ class CudaBackend final : public Backend {
   Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override {
     return {B, num_heads, S};
   }
-  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH,
-                         int KVH) override {
+  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH, int KVH) override {
     if (!same_dtype(out, qkv) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
       return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH, KVH);
@@ -474,20 +478,20 @@ class CudaBackend final : public Backend {
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
     if (use_cudnn(qkv, a)) {
-      Tensor ws = workspace(cudnn_->forward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.HS));
+      Tensor ws = workspace(cudnn_->forward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS));
       CUDNN_CHECK(cudnn_->forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S, a.NH,
-                                  a.HS, ws.data(), stream_));
+                                  a.KVH, a.HS, ws.data(), stream_));
       return;
     }
     CUDA_CHECK(kc::flash_attention_forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S,
-                                           a.NH, a.HS, stream_));
+                                           a.NH, a.KVH, a.HS, stream_));
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& saved, int NH, int KVH) override {
     if (!all_same_dtype(dqkv, dout, qkv, out) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
-      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out), mp.in(saved),
-                                NH, KVH);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out), mp.in(saved), NH,
+                                KVH);
     }
     const AttentionShape a = attention_shape(qkv, NH, KVH);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
@@ -495,16 +499,74 @@ class CudaBackend final : public Backend {
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
     if (use_cudnn(qkv, a)) {
-      Tensor ws = workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.HS));
+      Tensor ws = workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS));
       CUDNN_CHECK(cudnn_->backward(dqkv.data(), dout.data(), qkv.data(), out.data(), saved.f32(),
-                                   et(qkv), a.B, a.S, a.NH, a.HS, ws.data(), stream_));
+                                   et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, ws.data(), stream_));
       return;
     }
-    const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.HS);
+    const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.KVH, a.HS);
     Tensor scratch = empty({static_cast<int64_t>(bytes / sizeof(float))}, MemCategory::kBuffers);
     CUDA_CHECK(kc::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                            saved.f32(), et(qkv), a.B, a.S, a.NH, a.HS,
+                                            saved.f32(), et(qkv), a.B, a.S, a.NH, a.KVH, a.HS,
                                             scratch.data(), stream_));
+  }
+
+  // ---- Llama-family ops ----
+
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                       float eps) override {
+    if (!same_dtype(out, inp) || !is_f32(rstd)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_forward(mp.out(out), mp.out(rstd), mp.in(inp), mp.in(w), eps);
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "rmsnorm out");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    expect_numel(w, C, "rmsnorm weight");
+    CUDA_CHECK(kc::rmsnorm_forward(out.data(), rstd.f32(), inp.data(), et(inp), w.data(), et(w),
+                                   eps, N, as_int(C), stream_));
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                        const Tensor& w, const Tensor& rstd) override {
+    if (!all_same_dtype(dinp, dout, inp) || !all_f32(dw, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_backward(mp.out(dinp), mp.out(dw), mp.in(dout), mp.in(inp), mp.in(w),
+                              mp.in(rstd));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "rmsnorm dinp");
+    expect_numel(dout, N * C, "rmsnorm dout");
+    expect_numel(w, C, "rmsnorm weight");
+    expect_numel(dw, C, "rmsnorm dweight");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    CUDA_CHECK(kc::rmsnorm_backward(dinp.data(), dw.f32(), dout.data(), inp.data(), et(inp),
+                                    w.data(), et(w), rstd.f32(), N, as_int(C), stream_));
+  }
+  void rope_forward(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH) override {
+    rope(qkv, cos_sin, NH, KVH, false);
+  }
+  void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int NH, int KVH) override {
+    rope(dqkv, cos_sin, NH, KVH, true);
+  }
+  void swiglu_forward(Tensor& out, const Tensor& gate_up) override {
+    if (!same_dtype(out, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_forward(mp.out(out), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up);
+    expect_numel(out, N * F, "swiglu out");
+    CUDA_CHECK(kc::swiglu_forward(out.data(), gate_up.data(), et(gate_up), N, as_int(F), stream_));
+  }
+  void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override {
+    if (!all_same_dtype(dgate_up, dout, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_backward(mp.out(dgate_up), mp.in(dout), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up);
+    expect_numel(dgate_up, N * 2 * F, "swiglu dgate_up");
+    expect_numel(dout, N * F, "swiglu dout");
+    CUDA_CHECK(kc::swiglu_backward(dgate_up.data(), dout.data(), gate_up.data(), et(gate_up), N,
+                                   as_int(F), stream_));
   }
 
   // ---- embedding ----
@@ -804,13 +866,14 @@ class CudaBackend final : public Backend {
   bool use_cudnn(const Tensor& qkv, const AttentionShape& a) {
     if (!cudnn_ || qkv.dtype() != DType::kBF16) return false;
     std::string why;
-    if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.HS, &why) != CUDNN_STATUS_SUCCESS) {
+    if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, &why) != CUDNN_STATUS_SUCCESS) {
       if (cudnn_use_ == CudnnAttentionUse::kWhereItRuns) return false;
       throw std::runtime_error(
           "train.attention_backend \"cudnn\": cuDNN " + std::to_string(cudnnGetVersion()) +
           " cannot run causal attention " + "B=" + std::to_string(a.B) +
           " S=" + std::to_string(a.S) + " heads=" + std::to_string(a.NH) +
-          " head size=" + std::to_string(a.HS) + " in bf16 (" + why + "); use \"strata\"");
+          " kv heads=" + std::to_string(a.KVH) + " head size=" + std::to_string(a.HS) +
+          " in bf16 (" + why + "); use \"strata\"");
     }
     return true;
   }
@@ -823,13 +886,34 @@ class CudaBackend final : public Backend {
   // qkv (B, S, (NH + 2·KVH)·HS) with a head size the fused kernels handle.
   static AttentionShape attention_shape(const Tensor& qkv, int NH, int KVH) {
     const AttentionDims d = attention_dims(qkv, NH, KVH);
-    // TEMPORARY: grouped-query attention reaches the fused kernels in the next change.
-    STRATA_CHECK(KVH == NH, "grouped-query attention is not on the CUDA backend yet");
     const AttentionShape a{as_int(d.B), as_int(d.S), NH, KVH, as_int(d.HS)};
     STRATA_CHECK(
         a.HS <= kc::kFlashMaxHeadSize,
         "head size " << a.HS << " exceeds the fused attention's maximum " << kc::kFlashMaxHeadSize);
     return a;
+  }
+
+  // RoPE in place on qkv (B, S, (NH + 2·KVH)·HS), or its inverse on the gradient; the table is
+  // f32 (a bf16 one is widened for the call).
+  void rope(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH, bool backward) {
+    if (!is_f32(cos_sin)) {
+      MixedPrecisionScope mp(*this);
+      return rope(qkv, mp.in(cos_sin), NH, KVH, backward);
+    }
+    const AttentionDims d = attention_dims(qkv, NH, KVH);
+    STRATA_CHECK(d.HS % 2 == 0, "rope head size " << d.HS << " is not even");
+    STRATA_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == d.HS && cos_sin.size(0) >= d.S,
+                 "rope cos_sin " << shape_string(cos_sin.shape()) << " for S = " << d.S
+                                 << ", head size " << d.HS);
+    const auto run = backward ? kc::rope_backward : kc::rope_forward;
+    CUDA_CHECK(run(qkv.data(), et(qkv), cos_sin.f32(), as_int(d.B), as_int(d.S), NH, KVH,
+                   as_int(d.HS), stream_));
+  }
+  // F of a SwiGLU input gate_up (N, 2F).
+  static int64_t swiglu_width(const Tensor& gate_up) {
+    const int64_t w = gate_up.size(-1);
+    STRATA_CHECK(w % 2 == 0, "swiglu gate_up width " << w << " is not 2 × F");
+    return w / 2;
   }
 
   static int ce_ld(const Tensor& logits, int valid) {
@@ -857,9 +941,9 @@ class CudaBackend final : public Backend {
   CudaAllocator alloc_;
   std::shared_ptr<StreamStaging> staging_;
   cudaStream_t stream_ = nullptr;
-  double* dsum_ = nullptr;                     // sum / sum_squares result
-  Tensor workspace_;                           // cuBLASLt workspace (kBuffers)
-  std::unique_ptr<kc::GemmLt> gemm_;           // uses workspace_ and stream_
+  double* dsum_ = nullptr;            // sum / sum_squares result
+  Tensor workspace_;                  // cuBLASLt workspace (kBuffers)
+  std::unique_ptr<kc::GemmLt> gemm_;  // uses workspace_ and stream_
   CudnnAttentionUse cudnn_use_;
   std::unique_ptr<kc::CudnnAttention> cudnn_;  // train.attention_backend "cudnn"/"auto", else null
 };

@@ -40,10 +40,16 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cpu/precision.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
 #include "runtime/backend.h"
 #include "runtime/comm.h"
 #include "runtime/rng.h"
@@ -340,10 +346,18 @@ TEST(CudaKernels, GemmLtEpilogues) {
 
 // ==== flash attention =========================================================================
 
+// Multi-head attention (KVH = NH: the kernels as they were before grouped-query attention), then
+// grouped-query attention with two query heads per key/value head and multi-query (one key/value
+// head for eight query heads), whose backward sums each key/value head's gradient over its
+// group — across query tiles and a change of head within one block's steps (S = 130, 257: three
+// and five tiles).
 std::vector<AttentionCase> attention_cases() {
   std::vector<AttentionCase> cases;
   for (int S : {1, 37, 130, 257})
-    for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, HS});
+    for (int HS : {32, 64, 128, 7, 48, 80}) cases.push_back({2, S, 3, 3, HS});
+  for (int S : {37, 130})
+    for (int HS : {32, 64, 128, 48}) cases.push_back({2, S, 4, 2, HS});
+  for (int HS : {64, 128, 80}) cases.push_back({1, 257, 8, 1, HS});
   return cases;
 }
 
@@ -353,17 +367,17 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
   for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
     for (const AttentionCase& c : attention_cases()) {
       const std::string what = std::string("flash forward ") + name(type) + " " + c.str();
-      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
-      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      const size_t tokens = c.tokens(), C = c.C();
+      const auto qkv = rounded(random(tokens * c.width(), ++key), is_bf16(type));
       DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
-      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                      kc::ElemType::kF32);
+      DeviceArray Lse(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
       ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
-                                            c.HS, nullptr),
+                                            c.KVH, c.HS, nullptr),
                 cudaSuccess)
           << what;
-      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
+      std::vector<float> out(tokens * C), att(c.rows() * c.S);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.KVH,
+                                     c.HS);
       expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
       // The log-sum-exp is f32 whatever the type, from the same (rounded) inputs.
       expect_close(what + " lse", Lse.host(), reference_lse(qkv, c), kTolF32);
@@ -381,11 +395,10 @@ TEST(CudaKernels, FlashAttentionForwardMatchesCpu) {
       std::vector<float> tiled_out[2], tiled_lse[2];
       for (const int m : {0, 1}) {
         DeviceArray OutR(std::vector<float>(tokens * C, 0.f), type);
-        DeviceArray LseR(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                         kc::ElemType::kF32);
+        DeviceArray LseR(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
         ASSERT_EQ(
             kc::flash_attention_forward_bf16_warp_rows(OutR.get(), LseR.f32(), Qkv.get(), c.B, c.S,
-                                                       c.NH, c.HS, 16 * (m + 1), nullptr),
+                                                       c.NH, c.KVH, c.HS, 16 * (m + 1), nullptr),
             cudaSuccess)
             << what << ", " << 16 * (m + 1) << " rows per warp";
         tiled_out[m] = OutR.host();
@@ -400,7 +413,7 @@ TEST(CudaKernels, FlashAttentionWarpRowsRefusesWhatItCannotRun) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Rows per warp come in whole m-tiles of 16, one or two of them.
   for (const int rows : {0, 24, 48})
-    EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 64,
+    EXPECT_EQ(kc::flash_attention_forward_bf16_warp_rows(nullptr, nullptr, nullptr, 1, 4, 1, 1, 64,
                                                          rows, nullptr),
               cudaErrorInvalidValue)
         << rows << " rows per warp";
@@ -412,31 +425,31 @@ TEST(CudaKernels, FlashAttentionBackwardMatchesCpu) {
   for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
     for (const AttentionCase& c : attention_cases()) {
       const std::string what = std::string("flash backward ") + name(type) + " " + c.str();
-      const size_t tokens = static_cast<size_t>(c.B) * c.S, C = static_cast<size_t>(c.NH) * c.HS;
-      const auto qkv = rounded(random(tokens * 3 * C, ++key), is_bf16(type));
+      const size_t tokens = c.tokens(), C = c.C();
+      const auto qkv = rounded(random(tokens * c.width(), ++key), is_bf16(type));
       const auto dout = rounded(random(tokens * C, ++key), is_bf16(type));
       // dqkv starts non-zero (of the gradient's size): the kernel must assign it (as the CPU's
       // does), so a kernel that read and added it would miss by the starting values.
-      auto dqkv = rounded(random(tokens * 3 * C, ++key, 0.5f), is_bf16(type));
+      auto dqkv = rounded(random(tokens * c.width(), ++key, 0.5f), is_bf16(type));
       DeviceArray Qkv(qkv, type), Out(std::vector<float>(tokens * C, 0.f), type);
       DeviceArray Dout(dout, type), Dqkv(dqkv, type);
-      DeviceArray Lse(std::vector<float>(static_cast<size_t>(c.B) * c.NH * c.S, 0.f),
-                      kc::ElemType::kF32);
-      DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(c.B, c.S, c.NH, c.HS));
+      DeviceArray Lse(std::vector<float>(c.rows(), 0.f), kc::ElemType::kF32);
+      DeviceBuffer scratch(kc::flash_attention_backward_scratch_bytes(c.B, c.S, c.NH, c.KVH, c.HS));
       ASSERT_EQ(kc::flash_attention_forward(Out.get(), Lse.f32(), Qkv.get(), type, c.B, c.S, c.NH,
-                                            c.HS, nullptr),
+                                            c.KVH, c.HS, nullptr),
                 cudaSuccess)
           << what;
       ASSERT_EQ(
           kc::flash_attention_backward(Dqkv.get(), Dout.get(), Qkv.get(), Out.get(), Lse.f32(),
-                                       type, c.B, c.S, c.NH, c.HS, scratch.get(), nullptr),
+                                       type, c.B, c.S, c.NH, c.KVH, c.HS, scratch.get(), nullptr),
           cudaSuccess)
           << what;
-      std::vector<float> out(tokens * C), att(static_cast<size_t>(c.B) * c.NH * c.S * c.S);
+      std::vector<float> out(tokens * C), att(c.rows() * c.S);
       std::vector<float> cpu_scratch(kcpu::attention_scratch_elems(c.S));
-      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
+      kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.KVH,
+                                     c.HS);
       kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
-                                      cpu_scratch.data(), c.B, c.S, c.NH, c.NH, c.HS);
+                                      cpu_scratch.data(), c.B, c.S, c.NH, c.KVH, c.HS);
       expect_close(what + " dqkv", Dqkv.host(), dqkv, is_bf16(type) ? kTolBf16 : kTolF32);
     }
 }
@@ -471,9 +484,26 @@ TEST(CudaKernels, TensorCoreFragmentLayoutMatchesCpu) {
 
 TEST(CudaKernels, FlashAttentionRefusesHeadSizesAbove128) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 1, 4, 1,
+  EXPECT_EQ(kc::flash_attention_forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 1, 4, 1, 1,
                                         kc::kFlashMaxHeadSize + 1, nullptr),
             cudaErrorInvalidValue);
+}
+
+// Key/value head counts that do not divide the query heads (or are not positive) are refused
+// before anything runs, forward and backward, never rounded to a group size.
+TEST(CudaKernels, FlashAttentionRefusesKeyValueHeadsThatDoNotDivide) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const int kvh : {0, 3, 5})
+    for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16}) {
+      EXPECT_EQ(
+          kc::flash_attention_forward(nullptr, nullptr, nullptr, type, 1, 4, 4, kvh, 64, nullptr),
+          cudaErrorInvalidValue)
+          << "KVH " << kvh;
+      EXPECT_EQ(kc::flash_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, type, 1,
+                                             4, 4, kvh, 64, nullptr, nullptr),
+                cudaErrorInvalidValue)
+          << "KVH " << kvh;
+    }
 }
 
 // ==== multi-tensor optimizer kernels ============================================================
@@ -629,6 +659,143 @@ TEST(CudaKernels, LayerNormBackwardMatchesCpuForMixedTypesAndUnalignedRows) {
   EXPECT_EQ(kc::layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, ET::kBF16, nullptr,
                                    ET::kF32, nullptr, nullptr, 0, 768, nullptr),
             cudaSuccess);
+}
+
+// ==== Llama-family kernels: RMSNorm, RoPE, SwiGLU ===============================================
+
+// RMSNorm forward and backward against kernels/cpu/rmsnorm.h, with the LayerNorm test's shapes
+// and type mixes: rows that move as 16-byte vectors (768, 2048) and rows that do not (45, 130,
+// 1031: a partial last group), many rows per warp of the weight-gradient kernel (8203), and a
+// weight of the other type. dinp and dweight start non-zero: both accumulate.
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  using ET = kc::ElemType;
+  struct Case {
+    int N, C;
+    ET act, w;
+  };
+  const Case cases[] = {{37, 45, ET::kF32, ET::kF32},     {5, 1031, ET::kBF16, ET::kBF16},
+                        {300, 768, ET::kBF16, ET::kF32},  {9, 2048, ET::kF32, ET::kF32},
+                        {8203, 24, ET::kBF16, ET::kBF16}, {37, 130, ET::kF32, ET::kBF16},
+                        {1, 7, ET::kBF16, ET::kF32}};
+  const float eps = 1e-5f;
+  uint64_t key = 3100;
+  for (const Case& c : cases) {
+    const std::string what = std::string("rmsnorm N ") + std::to_string(c.N) + " C " +
+                             std::to_string(c.C) + " " + name(c.act) + "/" + name(c.w);
+    const size_t n = static_cast<size_t>(c.N) * c.C;
+    const bool ab = is_bf16(c.act), wb = is_bf16(c.w);
+    const auto x = rounded(random(n, ++key, 2.f), ab), w = rounded(random(c.C, ++key), wb);
+    const auto dy = rounded(random(n, ++key), ab), dx0 = rounded(random(n, ++key), ab);
+    const auto dw0 = random(c.C, ++key);
+    DeviceArray X(x, c.act), W(w, c.w), Y(std::vector<float>(n, 0.f), c.act);
+    DeviceArray Rstd(std::vector<float>(c.N, 0.f), ET::kF32);
+    DeviceArray dY(dy, c.act), dX(dx0, c.act), dW(dw0, ET::kF32);
+    ASSERT_EQ(kc::rmsnorm_forward(Y.get(), Rstd.f32(), X.get(), c.act, W.get(), c.w, eps, c.N, c.C,
+                                  nullptr),
+              cudaSuccess)
+        << what;
+    ASSERT_EQ(kc::rmsnorm_backward(dX.get(), dW.f32(), dY.get(), X.get(), c.act, W.get(), c.w,
+                                   Rstd.f32(), c.N, c.C, nullptr),
+              cudaSuccess)
+        << what;
+    std::vector<float> y(n), rstd(c.N), dx = dx0, dw = dw0;
+    kcpu::rmsnorm_forward<float>(y.data(), rstd.data(), x.data(), w.data(), c.N, c.C, eps);
+    kcpu::rmsnorm_backward<float>(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                                  c.N, c.C);
+    // out and dinp are rounded to act; rstd and dweight are f32 sums of act-type inputs.
+    const double stat_tol = ab ? kTolF32FromBf16 : kTolF32;
+    const double act_tol = ab ? kTolBf16 : wb ? kTolF32FromBf16 : kTolF32;
+    expect_close(what + " out", Y.host(), y, act_tol);
+    expect_close(what + " rstd", Rstd.host(), rstd, stat_tol);
+    expect_close(what + " dinp", dX.host(), dx, act_tol);
+    expect_close(what + " dweight", dW.host(), dw, stat_tol);
+  }
+  EXPECT_EQ(kc::rmsnorm_forward(nullptr, nullptr, nullptr, ET::kBF16, nullptr, ET::kF32, eps, 0,
+                                768, nullptr),
+            cudaSuccess);
+}
+
+// The (S_max, HS) table of backend.h: row s = [cos(s·θ_i) | sin(s·θ_i)], θ_i = 10000^(−2i/HS).
+std::vector<float> rope_table(int S_max, int HS) {
+  std::vector<float> t(static_cast<size_t>(S_max) * HS);
+  for (int s = 0; s < S_max; ++s)
+    for (int i = 0; i < HS / 2; ++i) {
+      const double a = s * std::pow(10000.0, -2.0 * i / HS);
+      t[static_cast<size_t>(s) * HS + i] = static_cast<float>(std::cos(a));
+      t[static_cast<size_t>(s) * HS + HS / 2 + i] = static_cast<float>(std::sin(a));
+    }
+  return t;
+}
+
+// RoPE forward and backward in place against kernels/cpu/rope.h, multi-head, grouped-query and
+// multi-query layouts, a table longer than the sequence (S_max > S), head sizes that are and are
+// not multiples of 8. The value heads must come back untouched (the comparison covers them).
+TEST(CudaKernels, RopeMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const AttentionCase cases[] = {
+      {2, 37, 3, 3, 64}, {2, 130, 4, 2, 128}, {1, 19, 8, 1, 6}, {3, 1, 2, 1, 32}};
+  uint64_t key = 3200;
+  for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
+    for (const AttentionCase& c : cases) {
+      const std::string what = std::string("rope ") + name(type) + " " + c.str();
+      const auto table = rope_table(c.S + 5, c.HS);
+      const auto qkv0 = rounded(random(c.tokens() * c.width(), ++key), is_bf16(type));
+      DeviceArray Qkv(qkv0, type), Table(table, kc::ElemType::kF32);
+      ASSERT_EQ(
+          kc::rope_forward(Qkv.get(), type, Table.f32(), c.B, c.S, c.NH, c.KVH, c.HS, nullptr),
+          cudaSuccess)
+          << what;
+      auto qkv = qkv0;
+      kcpu::rope_forward<float>(qkv.data(), table.data(), c.B, c.S, c.NH, c.KVH, c.HS);
+      // One rounding of each stored element (bf16), or the sum order of two products (f32).
+      const double t = is_bf16(type) ? kTolBf16 : kTolF32;
+      expect_close(what + " forward", Qkv.host(), qkv, t);
+      // The backward on a fresh gradient, in place.
+      const auto d0 = rounded(random(qkv0.size(), ++key), is_bf16(type));
+      DeviceArray D(d0, type);
+      ASSERT_EQ(kc::rope_backward(D.get(), type, Table.f32(), c.B, c.S, c.NH, c.KVH, c.HS, nullptr),
+                cudaSuccess)
+          << what;
+      auto d = d0;
+      kcpu::rope_backward<float>(d.data(), table.data(), c.B, c.S, c.NH, c.KVH, c.HS);
+      expect_close(what + " backward", D.host(), d, t);
+    }
+  // An odd head size has no pairs: refused before anything runs.
+  EXPECT_EQ(kc::rope_forward(nullptr, kc::ElemType::kF32, nullptr, 1, 4, 2, 1, 7, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// SwiGLU forward and backward against kernels/cpu/swiglu.h: widths that move as 16-byte vectors
+// (F = 64, 96) and widths that go element by element (45, 7), gates far into both tails (scale
+// 12: σ saturates). dgate_up starts as NaN: it is assigned, never read.
+TEST(CudaKernels, SwigluMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int shapes[][2] = {{37, 64}, {5, 45}, {300, 96}, {1, 7}};
+  uint64_t key = 3300;
+  for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
+    for (const auto& nf : shapes) {
+      const int N = nf[0], F = nf[1];
+      const std::string what = std::string("swiglu ") + name(type) + " N " + std::to_string(N) +
+                               " F " + std::to_string(F);
+      const size_t n = static_cast<size_t>(N) * F;
+      const auto gu = rounded(random(2 * n, ++key, 12.f), is_bf16(type));
+      const auto dy = rounded(random(n, ++key), is_bf16(type));
+      DeviceArray GU(gu, type), Y(std::vector<float>(n, 0.f), type), dY(dy, type);
+      DeviceArray dGU(std::vector<float>(2 * n, NAN), type);
+      ASSERT_EQ(kc::swiglu_forward(Y.get(), GU.get(), type, N, F, nullptr), cudaSuccess) << what;
+      ASSERT_EQ(kc::swiglu_backward(dGU.get(), dY.get(), GU.get(), type, N, F, nullptr),
+                cudaSuccess)
+          << what;
+      std::vector<float> y(n), dgu(2 * n);
+      kcpu::swiglu_forward<float>(y.data(), gu.data(), N, F);
+      kcpu::swiglu_backward<float>(dgu.data(), dy.data(), gu.data(), N, F);
+      // Elementwise: exp and the division may differ from the host's by an ulp or two (f32), or
+      // the result is rounded once (bf16).
+      const double t = is_bf16(type) ? kTolBf16 : kTolF32;
+      expect_close(what + " out", Y.host(), y, t);
+      expect_close(what + " dgate_up", dGU.host(), dgu, t);
+    }
 }
 
 // ==== the backend's ops in f32 and bf16 ========================================================
@@ -1050,6 +1217,111 @@ TEST_P(CudaBackendOps, Attention) {
                                   S, NH, NH, HS);
   expect_close("attention out", get(*be, O), out, tol(act(), act()));
   expect_close("attention dqkv", get(*be, dQ), dqkv, tol(act(), act()));
+}
+
+// RMSNorm through the backend: bf16 activations and weights, f32 rstd and dweight (the layout
+// train.precision = bf16 uses), and f32.
+TEST_P(CudaBackendOps, RmsNorm) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int shapes[][2] = {{37, 45}, {300, 768}, {1, 7}};
+  const float eps = 1e-6f;
+  uint64_t key = 3400;
+  for (const auto& nc : shapes) {
+    const int N = nc[0], C = nc[1];
+    const std::string shape = " N " + std::to_string(N) + " C " + std::to_string(C);
+    const size_t n = static_cast<size_t>(N) * C;
+    const auto x = host(n, ++key, 2.f), w = host(C, ++key), g = host(n, ++key);
+    auto dx = host(n, ++key);
+    auto dw = random(C, ++key);
+    Tensor X = put(*be, {N, C}, x, act()), W = put(*be, {C}, w, act());
+    Tensor Y = be->empty({N, C}, MemCategory::kActivations, act());
+    Tensor Rstd = be->empty({N}, MemCategory::kActivations);
+    Tensor G = put(*be, {N, C}, g, act()), dX = put(*be, {N, C}, dx, act());
+    Tensor dW = put(*be, {C}, dw, DType::kF32);
+    be->rmsnorm_forward(Y, Rstd, X, W, eps);
+    be->rmsnorm_backward(dX, dW, G, X, W, Rstd);
+    std::vector<float> y(n), rstd(N);
+    kcpu::rmsnorm_forward<float>(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    kcpu::rmsnorm_backward<float>(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(),
+                                  N, C);
+    expect_close("rmsnorm out" + shape, get(*be, Y), y, tol(act(), act()));
+    expect_close("rmsnorm rstd" + shape, get(*be, Rstd), rstd, tol(DType::kF32, act()));
+    expect_close("rmsnorm dinp" + shape, get(*be, dX), dx, tol(act(), act()));
+    expect_close("rmsnorm dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
+  }
+}
+
+// RoPE through the backend on a grouped-query qkv, with an f32 table (as the model keeps it) and
+// a bf16 one (widened by the backend).
+TEST_P(CudaBackendOps, Rope) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int B = 2, S = 37, NH = 4, KVH = 2, HS = 16, W = (NH + 2 * KVH) * HS;
+  for (const DType table_type : {DType::kF32, DType::kBF16}) {
+    const std::string what = std::string(" table ") + to_string(table_type);
+    const auto table = rounded(rope_table(S + 3, HS), table_type == DType::kBF16);
+    const auto qkv0 = host(static_cast<size_t>(B) * S * W, 3500);
+    const auto d0 = host(qkv0.size(), 3501);
+    Tensor T = put(*be, {S + 3, HS}, table, table_type);
+    Tensor Q = put(*be, {B, S, W}, qkv0, act()), D = put(*be, {B, S, W}, d0, act());
+    be->rope_forward(Q, T, NH, KVH);
+    be->rope_backward(D, T, NH, KVH);
+    auto qkv = qkv0, d = d0;
+    kcpu::rope_forward<float>(qkv.data(), table.data(), B, S, NH, KVH, HS);
+    kcpu::rope_backward<float>(d.data(), table.data(), B, S, NH, KVH, HS);
+    expect_close("rope forward" + what, get(*be, Q), qkv, tol(act(), act()));
+    expect_close("rope backward" + what, get(*be, D), d, tol(act(), act()));
+  }
+}
+
+TEST_P(CudaBackendOps, Swiglu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int N = 37, F = 48;
+  const size_t n = static_cast<size_t>(N) * F;
+  const auto gu = host(2 * n, 3600, 4.f), g = host(n, 3601);
+  Tensor GU = put(*be, {N, 2 * F}, gu, act()), G = put(*be, {N, F}, g, act());
+  Tensor Y = be->empty({N, F}, MemCategory::kActivations, act());
+  Tensor dGU = put(*be, {N, 2 * F}, std::vector<float>(2 * n, NAN), act());  // assigned
+  be->swiglu_forward(Y, GU);
+  be->swiglu_backward(dGU, G, GU);
+  std::vector<float> y(n), dgu(2 * n);
+  kcpu::swiglu_forward<float>(y.data(), gu.data(), N, F);
+  kcpu::swiglu_backward<float>(dgu.data(), g.data(), gu.data(), N, F);
+  expect_close("swiglu out", get(*be, Y), y, tol(act(), act()));
+  expect_close("swiglu dgate_up", get(*be, dGU), dgu, tol(act(), act()));
+}
+
+// Grouped-query and multi-query attention through the backend (the fused kernels), against the
+// CPU kernels of the same layout.
+TEST_P(CudaBackendOps, GroupedQueryAttention) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const int heads[][2] = {{4, 2}, {8, 1}};
+  uint64_t key = 3700;
+  for (const auto& hk : heads) {
+    const int B = 2, S = 37, NH = hk[0], KVH = hk[1], HS = 16, C = NH * HS;
+    const int W = (NH + 2 * KVH) * HS;
+    const std::string what = " NH " + std::to_string(NH) + " KVH " + std::to_string(KVH);
+    const auto qkv = host(static_cast<size_t>(B) * S * W, ++key);
+    const auto g = host(static_cast<size_t>(B) * S * C, ++key);
+    auto dqkv = host(qkv.size(), ++key, 0.5f);
+    Tensor Q = put(*be, {B, S, W}, qkv, act()), G = put(*be, {B, S, C}, g, act());
+    Tensor O = be->empty({B, S, C}, MemCategory::kActivations, act());
+    Tensor Saved = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kActivations);
+    Tensor dQ = put(*be, {B, S, W}, dqkv, act());
+    be->attention_forward(O, Saved, Q, NH, KVH);
+    be->attention_backward(dQ, G, Q, O, Saved, NH, KVH);
+    std::vector<float> out(static_cast<size_t>(B) * S * C);
+    std::vector<float> att(static_cast<size_t>(B) * NH * S * S);
+    std::vector<float> scratch(kcpu::attention_scratch_elems(S));
+    kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
+    kcpu::attention_backward<float>(dqkv.data(), g.data(), qkv.data(), att.data(), scratch.data(),
+                                    B, S, NH, KVH, HS);
+    expect_close("attention out" + what, get(*be, O), out, tol(act(), act()));
+    expect_close("attention dqkv" + what, get(*be, dQ), dqkv, tol(act(), act()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaBackendOps, ::testing::Values(DType::kF32, DType::kBF16),

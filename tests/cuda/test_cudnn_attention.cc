@@ -6,9 +6,10 @@
 // reasons.
 //
 // Shapes: B = 2, NH = 3 and S = 1, 37, 128, 200 (one row, not a multiple of any tile, one
-// tile, a partial last tile) by HS = 32, 64, 128, each its own test. Without a CUDA device the
-// device tests skip with "no CUDA device"; a shape cuDNN refuses (old cuDNN, old GPU, no
-// engine) skips with cuDNN's reason, printed.
+// tile, a partial last tile) by HS = 32, 64, 128, each its own test; and grouped-query attention
+// (NH = 4 with KVH = 2, NH = 8 with KVH = 1), whose dK and dV cuDNN sums over each group. Without a
+// CUDA device the device tests skip with "no CUDA device"; a shape cuDNN refuses (old cuDNN, old
+// GPU, no engine) skips with cuDNN's reason, printed.
 //
 // Tolerances, each relative to the largest magnitude of the expected result (expect_close):
 // - out and dqkv (bf16): 2e-2. Both are rounded once to bf16 at the store (≤ 2^-9 ≈ 0.2% of
@@ -71,7 +72,10 @@ using Case = AttentionCase;
 std::vector<Case> cases() {
   std::vector<Case> c;
   for (int S : {1, 37, 128, 200, 256})
-    for (int HS : {32, 64, 128}) c.push_back({2, S, 3, HS});
+    for (int HS : {32, 64, 128}) c.push_back({2, S, 3, 3, HS});
+  for (int S : {128, 256})
+    for (int HS : {64, 128}) c.push_back({2, S, 4, 2, HS});
+  c.push_back({1, 256, 8, 1, 128});
   return c;
 }
 
@@ -81,9 +85,9 @@ struct CpuAttention {
   CpuAttention(const std::vector<float>& qkv, const std::vector<float>& dout, const Case& c)
       : out(c.tokens() * c.C()), dqkv(qkv.size(), 0.f) {
     std::vector<float> att(c.rows() * c.S), scratch(kcpu::attention_scratch_elems(c.S));
-    kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.NH, c.HS);
+    kcpu::attention_forward<float>(out.data(), att.data(), qkv.data(), c.B, c.S, c.NH, c.KVH, c.HS);
     kcpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(),
-                                    scratch.data(), c.B, c.S, c.NH, c.NH, c.HS);
+                                    scratch.data(), c.B, c.S, c.NH, c.KVH, c.HS);
   }
 };
 
@@ -99,7 +103,7 @@ struct Problem {
 
   Problem(const Case& shape, uint64_t key)
       : c(shape),
-        qkv(rounded(random(shape.tokens() * 3 * shape.C(), key))),
+        qkv(rounded(random(shape.tokens() * shape.width(), key))),
         dout(rounded(random(shape.tokens() * shape.C(), key + 1))),
         d_qkv(qkv.size() * 2),
         d_dout(dout.size() * 2),
@@ -109,16 +113,17 @@ struct Problem {
         flash_out(dout.size() * 2),
         flash_lse(shape.rows() * 4),
         flash_dqkv(qkv.size() * 2),
-        flash_scratch(
-            kc::flash_attention_backward_scratch_bytes(shape.B, shape.S, shape.NH, shape.HS)) {
+        flash_scratch(kc::flash_attention_backward_scratch_bytes(shape.B, shape.S, shape.NH,
+                                                                 shape.KVH, shape.HS)) {
     upload_bf16(d_qkv, qkv);
     upload_bf16(d_dout, dout);
   }
 
   void flash_forward() {
-    ASSERT_EQ(kc::flash_attention_forward(flash_out.get(), flash_lse.f32(), d_qkv.get(),
-                                          kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS, nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        kc::flash_attention_forward(flash_out.get(), flash_lse.f32(), d_qkv.get(),
+                                    kc::ElemType::kBF16, c.B, c.S, c.NH, c.KVH, c.HS, nullptr),
+        cudaSuccess);
   }
   // The flash backward assigns dqkv: it starts as NaN bytes, which any read would show.
   // out/lse: either kernel's forward.
@@ -126,7 +131,7 @@ struct Problem {
     ASSERT_EQ(cudaMemset(flash_dqkv.get(), 0xff, flash_dqkv.bytes()), cudaSuccess);
     ASSERT_EQ(kc::flash_attention_backward(flash_dqkv.get(), d_dout.get(), d_qkv.get(),
                                            fwd_out.get(), fwd_lse.f32(), kc::ElemType::kBF16, c.B,
-                                           c.S, c.NH, c.HS, flash_scratch.get(), nullptr),
+                                           c.S, c.NH, c.KVH, c.HS, flash_scratch.get(), nullptr),
               cudaSuccess);
   }
 };
@@ -139,11 +144,11 @@ class CudnnRunner {
     if (att_.status() != CUDNN_STATUS_SUCCESS)
       return std::string("cudnnCreate failed: ") + cudnnGetErrorString(att_.status());
     std::string why;
-    const cudnnStatus_t st = att_.supports(kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS, &why);
+    const cudnnStatus_t st = att_.supports(kc::ElemType::kBF16, c.B, c.S, c.NH, c.KVH, c.HS, &why);
     if (st != CUDNN_STATUS_SUCCESS) return "cuDNN refuses " + c.str() + ": " + why;
     const size_t bytes =
-        std::max(att_.forward_workspace_bytes(kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS),
-                 att_.backward_workspace_bytes(kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS));
+        std::max(att_.forward_workspace_bytes(kc::ElemType::kBF16, c.B, c.S, c.NH, c.KVH, c.HS),
+                 att_.backward_workspace_bytes(kc::ElemType::kBF16, c.B, c.S, c.NH, c.KVH, c.HS));
     workspace_ = std::make_unique<DeviceBuffer>(bytes);
     return "";
   }
@@ -152,7 +157,7 @@ class CudnnRunner {
   void forward(Problem& p) {
     const Case& c = p.c;
     ASSERT_EQ(att_.forward(p.out.get(), p.lse.f32(), p.d_qkv.get(), kc::ElemType::kBF16, c.B, c.S,
-                           c.NH, c.HS, workspace_->get(), nullptr),
+                           c.NH, c.KVH, c.HS, workspace_->get(), nullptr),
               CUDNN_STATUS_SUCCESS)
         << "cuDNN forward " << c.str();
   }
@@ -162,7 +167,7 @@ class CudnnRunner {
     upload_bf16(p.dqkv, random(p.qkv.size(), 999, 10.f));
     ASSERT_EQ(
         att_.backward(p.dqkv.get(), p.d_dout.get(), p.d_qkv.get(), fwd_out.get(), fwd_lse.f32(),
-                      kc::ElemType::kBF16, c.B, c.S, c.NH, c.HS, workspace_->get(), nullptr),
+                      kc::ElemType::kBF16, c.B, c.S, c.NH, c.KVH, c.HS, workspace_->get(), nullptr),
         CUDNN_STATUS_SUCCESS)
         << "cuDNN backward " << c.str();
   }
@@ -233,7 +238,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionShape, ::testing::ValuesIn(cases(
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            const Case& c = param_info.param;
                            return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_NH" +
-                                  std::to_string(c.NH) + "_HS" + std::to_string(c.HS);
+                                  std::to_string(c.NH) + "_KVH" + std::to_string(c.KVH) + "_HS" +
+                                  std::to_string(c.HS);
                          });
 
 // Refused before any graph is built, so no device is needed (construction without one leaves
@@ -241,28 +247,31 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionShape, ::testing::ValuesIn(cases(
 TEST(CudnnAttention, RefusesF32AndOddHeadSizesWithReasons) {
   kc::CudnnAttention att;
   std::string why;
-  EXPECT_EQ(att.supports(kc::ElemType::kF32, 2, 64, 3, 64, &why), CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(att.supports(kc::ElemType::kF32, 2, 64, 3, 3, 64, &why), CUDNN_STATUS_NOT_SUPPORTED);
   EXPECT_NE(why.find("f32"), std::string::npos) << why;
   std::cout << "[   NOTE   ] f32: " << why << "\n";
   // 36 is not a multiple of 8 (72 is, and within 128, so cuDNN may run it), 136 is above 128.
-  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 2, 64, 3, 36, &why), CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 2, 64, 3, 3, 36, &why), CUDNN_STATUS_NOT_SUPPORTED);
   EXPECT_NE(why.find("36 is not a multiple of 8"), std::string::npos) << why;
   std::cout << "[   NOTE   ] HS 36: " << why << "\n";
-  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 2, 64, 3, 136, &why), CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 2, 64, 3, 3, 136, &why), CUDNN_STATUS_NOT_SUPPORTED);
   EXPECT_NE(why.find("136 is above 128"), std::string::npos) << why;
   std::cout << "[   NOTE   ] HS 136: " << why << "\n";
-  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 0, 64, 3, 64, &why), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 0, 64, 3, 3, 64, &why), CUDNN_STATUS_BAD_PARAM);
+  // Key/value heads that do not divide the query heads are refused by argument, naming both.
+  EXPECT_EQ(att.supports(kc::ElemType::kBF16, 2, 64, 4, 3, 64, &why), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_NE(why.find("KVH 3"), std::string::npos) << why;
   // A refused shape needs no workspace and runs nothing.
-  EXPECT_EQ(att.forward_workspace_bytes(kc::ElemType::kF32, 2, 64, 3, 64), 0u);
-  EXPECT_EQ(att.backward_workspace_bytes(kc::ElemType::kBF16, 2, 64, 3, 36), 0u);
+  EXPECT_EQ(att.forward_workspace_bytes(kc::ElemType::kF32, 2, 64, 3, 3, 64), 0u);
+  EXPECT_EQ(att.backward_workspace_bytes(kc::ElemType::kBF16, 2, 64, 3, 3, 36), 0u);
   EXPECT_EQ(
-      att.forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 2, 64, 3, 64, nullptr, nullptr),
+      att.forward(nullptr, nullptr, nullptr, kc::ElemType::kF32, 2, 64, 3, 3, 64, nullptr, nullptr),
       CUDNN_STATUS_NOT_SUPPORTED);
 }
 
 TEST(CudnnAttention, ReportsVersionAndRejectsMisalignedPointers) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const Case c{2, 128, 3, 64};
+  const Case c{2, 128, 3, 3, 64};
   CudnnRunner cudnn;
   const std::string why = cudnn.prepare(c);
   std::cout << "[   NOTE   ] cuDNN " << cudnnGetVersion() << ": " << c.str() << " "
@@ -271,7 +280,7 @@ TEST(CudnnAttention, ReportsVersionAndRejectsMisalignedPointers) {
   Problem p(c, 400);
   char* out = static_cast<char*>(p.out.get());
   EXPECT_EQ(cudnn.att().forward(out + 2, p.lse.f32(), p.d_qkv.get(), kc::ElemType::kBF16, c.B, c.S,
-                                c.NH, c.HS, cudnn.workspace(), nullptr),
+                                c.NH, c.KVH, c.HS, cudnn.workspace(), nullptr),
             CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER);
 }
 

@@ -1,4 +1,4 @@
-#include "models/gpt/gpt.h"
+#include "models/decoder/decoder.h"
 
 #include <cmath>
 #include <string>
@@ -7,69 +7,56 @@
 
 namespace strata {
 
-GptShape gpt_shape(const ModelConfig& m) {
-  GptShape s;
-  s.L = m.num_layers;
-  s.C = m.hidden_size;
-  s.NH = m.num_heads;
-  s.F = m.ffn_hidden_size;
-  s.S = m.seq_len;
-  s.V = m.vocab_size;
-  s.tie = m.tie_embeddings;
-  s.init_std = m.init_std;
-  return s;
-}
-
 // One transformer block: its layers and the range of its parameters.
-struct GptModel::Block {
-  LayerNorm ln1, ln2;
+struct DecoderModel::Block {
+  Norm ln1, ln2;
   SelfAttention attn;
-  GeluMLP mlp;
-  ParamRef first, last;  // ln_1.weight … mlp.c_proj.bias
+  MLP mlp;
+  ParamRef first, last;  // norm_1.weight … the MLP projection's last parameter
 
   // What the block's forward keeps. Shapes: B micro-batch, S sequence, Sl = S/t with sequence
   // parallelism (else S), C hidden, t tensor-parallel size.
   struct Saved {
-    LayerNorm::Saved ln1;       // (B, Sl, C) ln_1(x)
-    SelfAttention::Saved attn;  // q/k/v (B, S, 3C/t), the core's state and output (B, S, C/t)
+    Norm::Saved ln1;            // (B, Sl, C) norm_1(x)
+    SelfAttention::Saved attn;  // q/k/v (B, S, (NH + 2·KVH)·HS/t), the core's state and output
     Tensor res1;                // (B, Sl, C) x + attn(x)
-    LayerNorm::Saved ln2;       // (B, Sl, C)
-    GeluMLP::Saved mlp;         // (B, S, F/t) before and after GELU
+    Norm::Saved ln2;            // (B, Sl, C)
+    MLP::Saved mlp;             // (B, S, F/t or 2F/t) before and (B, S, F/t) after the activation
     Tensor out;                 // (B, Sl, C) block output = next block's input
   };
 };
 
 // ln_f, the LM head and the loss.
-struct GptModel::Head {
-  LayerNorm ln_f;
+struct DecoderModel::Head {
+  Norm ln_f;
   ColumnParallelLinear lm_head;  // weight: lm_head.weight, or wte (tied)
   VocabParallelCrossEntropy loss;
   bool own_weight = false;  // an untied lm_head.weight
 };
 
-struct GptModel::Acts final : PieceActs {
+struct DecoderModel::Acts final : PieceActs {
   int piece = 0;
   std::vector<DeferredWeightGrad> deferred;  // zero-bubble W pass, in backward order
   ModelBatch batch;
   Tensor input;                 // (B, Sl, C) the piece's input: embedding output or received
   std::vector<Block::Saved> h;  // [layer − first layer of the piece]
-  LayerNorm::Saved lnf;         // (B, Sl, C)
+  Norm::Saved lnf;              // (B, Sl, C)
   Tensor logits;                // (B·S, Vp/t)
   VocabParallelCrossEntropy::Saved ce;
 };
 
-ParamLayout GptModel::layout(const GptShape& shape, int tensor, int tensor_rank, bool sp,
+ParamLayout DecoderModel::layout(const DecoderShape& shape, int tensor, int tensor_rank, bool sp,
                              const std::vector<ModelPiece>& pieces) {
   ModelOptions o;
   o.tensor = tensor;
   o.tensor_rank = tensor_rank;
   o.sequence_parallel = sp;
   o.pieces = pieces;
-  GptModel declared_only(shape, o);
+  DecoderModel declared_only(shape, o);
   return std::move(declared_only.declared_);
 }
 
-GptModel::GptModel(const GptShape& shape, const ModelOptions& options)
+DecoderModel::DecoderModel(const DecoderShape& shape, const ModelOptions& options)
     : shape_(shape),
       options_(options),
       pieces_(options.pieces.empty() ? whole_model(shape.L) : options.pieces),
@@ -77,64 +64,72 @@ GptModel::GptModel(const GptShape& shape, const ModelOptions& options)
   declare(declared_);
 }
 
-GptModel::GptModel(const GptShape& shape, const ModelOptions& options, Backend& backend)
-    : GptModel(shape, options) {
-  const GptShape& d = shape_;
+DecoderModel::DecoderModel(const DecoderShape& shape, const ModelOptions& options, Backend& backend)
+    : DecoderModel(shape, options) {
+  const DecoderShape& d = shape_;
   STRATA_CHECK(d.C % d.NH == 0, "hidden " << d.C << " % heads " << d.NH);
-  STRATA_CHECK(
-      d.NH % options_.tensor == 0 && d.C % options_.tensor == 0 && d.F % options_.tensor == 0,
-      "heads, hidden and ffn must divide by tensor " << options_.tensor);
+  STRATA_CHECK(d.KVH >= 1 && d.NH % d.KVH == 0, "heads " << d.NH << " % key/value heads " << d.KVH);
+  STRATA_CHECK(d.NH % options_.tensor == 0 && d.KVH % options_.tensor == 0 &&
+                   d.C % options_.tensor == 0 && d.F % options_.tensor == 0,
+               "heads, key/value heads, hidden and ffn must divide by tensor " << options_.tensor);
   tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                          options_.tensor_rank, options_.sequence_parallel,
                                          activation_dtype());
   store_ =
       std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
   env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype()});
+  if (!d.learned_positions)
+    rope_ = RotaryEmbedding(backend, d.S, d.head_size(), d.rope_theta, d.rope_scaling);
 }
 
-GptModel::~GptModel() = default;
+DecoderModel::~DecoderModel() = default;
 
-void GptModel::declare(ParamLayout& layout) {
-  const GptShape& d = shape_;
+void DecoderModel::declare(ParamLayout& layout) {
+  const DecoderShape& d = shape_;
+  const DecoderNames& n = d.names;
   const VocabShard vocab = vocab_shard(d.V, options_.tensor, options_.tensor_rank);
   const LinearInit w{d.init_std};
-  const LinearInit proj{d.init_std / std::sqrt(2.0 * d.L)};  // GPT-2's residual scaling
+  // GPT-2's residual scaling of the two output projections.
+  const LinearInit proj{d.scaled_proj_init ? d.init_std / std::sqrt(2.0 * d.L) : d.init_std};
   const bool holds_embedding = pieces_.front().embedding;
   const bool holds_head = pieces_.back().head;
+  // The attention layers keep a pointer to the table, which the backend constructor fills.
+  const RotaryEmbedding* rope = d.learned_positions ? nullptr : &rope_;
   block_of_layer_.assign(static_cast<size_t>(d.L), -1);
   for (const ModelPiece& piece : pieces_) {
     if (piece.embedding) {
-      embedding_ = VocabParallelEmbedding(layout, vocab, d.C, d.init_std, "wte", d.S, "wpe");
+      embedding_ = VocabParallelEmbedding(layout, vocab, d.C, d.init_std, n.embedding,
+                                          d.learned_positions ? d.S : 0, n.positions);
       // Split over two stages, the tied table's gradient is final only once summed with the
       // head's copy.
       if (d.tie && !holds_head)
         layout.infos()[static_cast<size_t>(embedding_.table.index)].tied = true;
     }
     for (int l = piece.first_layer; l < piece.first_layer + piece.num_layers; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
+      const std::string h = n.layer + std::to_string(l) + ".";
       Block b;
-      b.ln1 = LayerNorm(layout, h + "ln_1", d.C);
-      b.attn = SelfAttention(layout, h + "attn.c_attn", h + "attn.c_proj", d.C, d.NH, w, proj,
-                             /*bias=*/true);
-      b.ln2 = LayerNorm(layout, h + "ln_2", d.C);
-      b.mlp = GeluMLP(layout, h + "mlp.c_fc", h + "mlp.c_proj", d.C, d.F, w, proj, /*bias=*/true);
-      b.first = b.ln1.weight;
-      b.last = b.mlp.proj.bias;
+      b.ln1 = Norm(layout, d.norm, h + n.norm_1, d.C, d.norm_eps);
+      b.attn = SelfAttention(layout, h + n.qkv, h + n.attn_proj, d.C, d.NH, d.KVH, w, proj, d.bias,
+                             rope);
+      b.ln2 = Norm(layout, d.norm, h + n.norm_2, d.C, d.norm_eps);
+      b.mlp = MLP(layout, d.mlp, h + n.mlp_fc, h + n.mlp_proj, d.C, d.F, w, proj, d.bias);
+      b.first = b.ln1.first();
+      b.last = b.mlp.proj.bias.valid() ? b.mlp.proj.bias : b.mlp.proj.weight;
       block_of_layer_[static_cast<size_t>(l)] = static_cast<int>(blocks_.size());
       blocks_.push_back(std::move(b));
     }
     if (piece.head) {
       head_ = std::make_unique<Head>();
-      head_->ln_f = LayerNorm(layout, "ln_f", d.C);
+      head_->ln_f = Norm(layout, d.norm, n.final_norm, d.C, d.norm_eps);
       if (!d.tie) {
-        head_->lm_head = ColumnParallelLinear(layout, "lm_head", d.C, vocab.Vp, w, /*bias=*/false);
-        // Padded vocabulary rows stay zero, as in wte.
+        head_->lm_head = ColumnParallelLinear(layout, n.lm_head, d.C, vocab.Vp, w, /*bias=*/false);
+        // Padded vocabulary rows stay zero, as in the embedding.
         layout.infos()[static_cast<size_t>(head_->lm_head.weight.index)].rows_initialised = d.V;
         head_->own_weight = true;
       } else if (!holds_embedding) {
         // The last stage's own copy of the tied embedding: same name, so the same initial
         // values; its gradient is summed with the first stage's every step, so it stays equal.
-        const VocabParallelEmbedding copy(layout, vocab, d.C, d.init_std, "wte", 0, "");
+        const VocabParallelEmbedding copy(layout, vocab, d.C, d.init_std, n.embedding, 0, "");
         ParamInfo& info = layout.infos()[static_cast<size_t>(copy.table.index)];
         info.tied = true;
         info.tied_copy = true;
@@ -147,21 +142,21 @@ void GptModel::declare(ParamLayout& layout) {
   }
 }
 
-Shape GptModel::boundary_shape(int micro_batch, int seq_len) const {
+Shape DecoderModel::boundary_shape(int micro_batch, int seq_len) const {
   const bool sp = options_.sequence_parallel && options_.tensor > 1;
   return {micro_batch, sp ? seq_len / options_.tensor : seq_len, shape_.C};
 }
 
-const Tensor& GptModel::piece_output(const PieceActs& acts) const {
+const Tensor& DecoderModel::piece_output(const PieceActs& acts) const {
   const Acts& a = static_cast<const Acts&>(acts);
   return a.h.empty() ? a.input : a.h.back().out;
 }
 
-const Tensor& GptModel::logits(const PieceActs& acts) {
+const Tensor& DecoderModel::logits(const PieceActs& acts) {
   return static_cast<const Acts&>(acts).logits;
 }
 
-PieceActsPtr GptModel::forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
+PieceActsPtr DecoderModel::forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
                                      LossSum* loss) {
   const LayerEnv& env = *env_;
   const ModelPiece& pc = pieces_.at(static_cast<size_t>(piece));
@@ -187,7 +182,7 @@ PieceActsPtr GptModel::forward_piece(int piece, const Tensor& input, const Model
   return a;
 }
 
-void GptModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int i,
+void DecoderModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int i,
                              bool recomputing) const {
   const LayerEnv& env = *env_;
   Block::Saved& h = a.h[static_cast<size_t>(i)];
@@ -207,7 +202,7 @@ void GptModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int i,
   }
 }
 
-Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
+Tensor DecoderModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
                                 bool last_microbatch, bool defer_weight_grads) {
   const LayerEnv& env = *env_;
   Acts& a = static_cast<Acts&>(acts);
@@ -244,7 +239,7 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
   Tensor dinput;
   if (pc.embedding) {
     embedding_.backward(env, dresid, a.batch.tokens);
-    store_->report_ready(embedding_.table, embedding_.positions);
+    report_embedding_ready();
   } else {
     dinput = dresid;
   }
@@ -252,7 +247,7 @@ Tensor GptModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_
   return dinput;
 }
 
-void GptModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
+void DecoderModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
                               Tensor& dresid) const {
   const LayerEnv& env = *env_;
   Block::Saved& h = a.h[static_cast<size_t>(i)];
@@ -272,7 +267,7 @@ void GptModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i,
   store_->report_ready(blk.first, blk.last);
 }
 
-void GptModel::backward_weight_piece(PieceActs& acts, bool last_microbatch) {
+void DecoderModel::backward_weight_piece(PieceActs& acts, bool last_microbatch) {
   Acts& a = static_cast<Acts&>(acts);
   run_deferred_weight_grads(*env_, a.deferred);
   // Every gradient of the piece is final now: report them all at once.
@@ -283,26 +278,31 @@ void GptModel::backward_weight_piece(PieceActs& acts, bool last_microbatch) {
   }
 }
 
-const GptModel::Block& GptModel::block(int layer) const {
+const DecoderModel::Block& DecoderModel::block(int layer) const {
   return blocks_[static_cast<size_t>(block_of_layer_[static_cast<size_t>(layer)])];
 }
 
-void GptModel::report_head_ready() const {
-  if (head_->own_weight) store_->report_ready(head_->lm_head.weight, head_->lm_head.weight);
-  store_->report_ready(head_->ln_f.weight, head_->ln_f.bias);
+void DecoderModel::report_embedding_ready() const {
+  store_->report_ready(embedding_.table,
+                       embedding_.positions.valid() ? embedding_.positions : embedding_.table);
 }
 
-void GptModel::report_piece_ready(int piece) const {
+void DecoderModel::report_head_ready() const {
+  if (head_->own_weight) store_->report_ready(head_->lm_head.weight, head_->lm_head.weight);
+  store_->report_ready(head_->ln_f.first(), head_->ln_f.last());
+}
+
+void DecoderModel::report_piece_ready(int piece) const {
   const ModelPiece& pc = pieces_[static_cast<size_t>(piece)];
   if (pc.head) report_head_ready();
   for (int l = pc.first_layer + pc.num_layers - 1; l >= pc.first_layer; --l) {
     const Block& blk = block(l);
     store_->report_ready(blk.first, blk.last);
   }
-  if (pc.embedding) store_->report_ready(embedding_.table, embedding_.positions);
+  if (pc.embedding) report_embedding_ready();
 }
 
-void GptModel::rerun_selective_recompute(const PieceActs& acts) {
+void DecoderModel::rerun_selective_recompute(const PieceActs& acts) {
   const Acts& a = static_cast<const Acts&>(acts);
   const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
   for (int i = 0; i < pc.num_layers; ++i) {

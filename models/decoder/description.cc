@@ -1,19 +1,20 @@
-// The GPT's self-description (models/description.h): parameter counts from the layout GptModel
-// declares, FLOPs, and the work and activations of each part as models/gpt/gpt.cc computes and
-// keeps them.
+// The decoder's self-description (models/description.h): parameter counts from the layout
+// DecoderModel declares, FLOPs, and the work and activations of each part as
+// models/decoder/decoder.cc computes and keeps them (GPT-2 and Llama alike; docs/planner.md
+// gives the formulas).
 #include <map>
 #include <mutex>
 
-#include "models/gpt/gpt.h"
+#include "models/decoder/decoder.h"
 
 namespace strata {
 namespace {
 
-class GptDescription final : public ModelDescription {
+class DecoderDescription final : public ModelDescription {
  public:
-  explicit GptDescription(const ModelConfig& m) : d_(gpt_shape(m)) {}
+  explicit DecoderDescription(const DecoderShape& d) : d_(d) {}
 
-  std::string arch() const override { return "gpt"; }
+  std::string arch() const override { return d_.arch; }
   int num_layers() const override { return d_.L; }
   int seq_len() const override { return d_.S; }
   int hidden_size() const override { return d_.C; }
@@ -21,26 +22,37 @@ class GptDescription final : public ModelDescription {
   int vocab_size() const override { return d_.V; }
   int64_t padded_vocab(int tensor) const override { return pad_vocab(d_.V, 128 * tensor); }
   std::string summary() const override {
+    const std::string kv =
+        d_.KVH != d_.NH ? " (" + std::to_string(d_.KVH) + " key/value)" : std::string();
     return std::to_string(d_.L) + " layers, hidden " + std::to_string(d_.C) + ", " +
-           std::to_string(d_.NH) + " heads, ffn " + std::to_string(d_.F) + ", seq " +
+           std::to_string(d_.NH) + " heads" + kv + ", ffn " + std::to_string(d_.F) + ", seq " +
            std::to_string(d_.S) + ", vocab " + std::to_string(d_.V);
   }
   std::string tensor_split_reason(int t, bool sequence_parallel) const override {
     const std::string by = "tensor " + std::to_string(t) + " does not divide ";
     if (t < 1 || d_.NH % t != 0) return by + std::to_string(d_.NH) + " heads";
+    if (d_.KVH % t != 0) return by + std::to_string(d_.KVH) + " key/value heads";
     if (d_.F % t != 0) return by + "ffn " + std::to_string(d_.F);
     if (sequence_parallel && d_.S % t != 0) return by + "sequence " + std::to_string(d_.S);
     return "";
   }
   nlohmann::json shape_json() const override {
-    return {{"num_layers", d_.L},      {"hidden_size", d_.C}, {"num_heads", d_.NH},
-            {"ffn_hidden_size", d_.F}, {"seq_len", d_.S},     {"vocab_size", d_.V},
-            {"tie_embeddings", d_.tie}};
+    nlohmann::json j = {{"num_layers", d_.L},      {"hidden_size", d_.C}, {"num_heads", d_.NH},
+                        {"ffn_hidden_size", d_.F}, {"seq_len", d_.S},     {"vocab_size", d_.V},
+                        {"tie_embeddings", d_.tie}};
+    // The Llama family's keys (GPT-2's record stays as it was: older checkpoints compare equal).
+    if (!d_.learned_positions) {
+      j["num_key_value_heads"] = d_.KVH;
+      j["rope_theta"] = d_.rope_theta;
+      j["rope_scaling"] = d_.rope_scaling ? nlohmann::json(*d_.rope_scaling) : nlohmann::json();
+      j["rms_norm_eps"] = d_.norm_eps;
+    }
+    return j;
   }
 
   int64_t parameters() const override {
     int64_t n = 0;
-    const ParamLayout whole = GptModel::layout(d_, 1, 0, false, whole_model(d_.L));
+    const ParamLayout whole = DecoderModel::layout(d_, 1, 0, false, whole_model(d_.L));
     for (const ParamInfo& p : whole.infos())
       n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
     return n;
@@ -51,11 +63,14 @@ class GptDescription final : public ModelDescription {
   int64_t tied_copy_parameters(int t) const override { return counts(t).tied_copy; }
 
   FlopCount flops_per_iteration(double sequences, Recompute recompute) const override {
-    // Per token, forward: 2 FLOPs per multiply-add of every weight matrix, plus the attention
-    // scores QKᵀ and the weighted sum AV over the full S positions (2·2·S·C per layer).
+    // Per token, forward: 2 FLOPs per multiply-add of every weight matrix (q/k/v with KVH
+    // key/value heads, the output projection, two MLP matrices or three with SwiGLU), plus the
+    // attention scores QKᵀ and the weighted sum AV over the full S positions (2·2·S·C per
+    // layer, every query head).
     const double s = d_.S, C = d_.C, F = d_.F, V = d_.V;
     const double attention = 4.0 * s * C;
-    const double per_token_layer = 2.0 * (3 * C * C + C * C + 2 * C * F) + attention;
+    const double per_token_layer =
+        2.0 * (C * qkv_width() + C * C + mlp_matrices() * C * F) + attention;
     const double per_token_fwd = d_.L * per_token_layer + 2.0 * C * V;
     const double tokens = sequences * s;
     FlopCount f;
@@ -70,15 +85,21 @@ class GptDescription final : public ModelDescription {
 
   PartWork layer_work(int b, const RankShape& r) const override {
     const double bs = double{1.0} * b * d_.S, h = d_.C, f = d_.F, t = r.tensor;
-    const double sl = seq_local(r);
+    const double sl = seq_local(r), qkv = qkv_width();
     PartWork w;
-    // c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj on this rank's slice.
-    w.gemms = {{bs, 3 * h / t, h}, {bs, h, h / t}, {bs, f / t, h}, {bs, h, f / t}};
+    // q/k/v, the attention's output projection, the MLP's expansion ([gate; up] with SwiGLU)
+    // and projection, on this rank's slice.
+    w.gemms = {{bs, qkv / t, h}, {bs, h, h / t}, {bs, (mlp_matrices() - 1) * f / t, h},
+               {bs, h, f / t}};
     // Causal attention computes half of the s² score matrix Megatron counts.
     w.attention_flops = 0.5 * 4 * b * double{1.0} * d_.S * d_.S * h / t;
-    // LayerNorms (read + write), two residual adds (2 reads, 1 write, a byte mask), bias-GELU
-    // (read + write), the q/k/v and attention-output layout copies (read + write).
-    w.elementwise_fwd = 11 * b * sl * h + 2 * bs * f / t + 8 * bs * h / t;
+    // Norms (read + write), two residual adds (2 reads, 1 write, a byte mask), bias-GELU (read
+    // + write) or SwiGLU (2 reads, 1 write), the q/k/v and attention-output layout copies (read
+    // + write), and the rotation of q and k (read + write).
+    const double activation = d_.mlp == MlpActivation::kSwiGlu ? 3 : 2;
+    const double rope = d_.learned_positions ? 0 : 2 * bs * (qkv - h / d_.NH * d_.KVH) / t;
+    w.elementwise_fwd =
+        11 * b * sl * h + activation * bs * f / t + 2 * bs * (qkv + h) / t + rope;
     w.elementwise_bwd = 2 * w.elementwise_fwd;
     // One reduction after the attention and one after the MLP (all-gather/reduce-scatter pairs
     // with sequence parallelism); the backward's two input-gradient reductions mirror them.
@@ -92,9 +113,10 @@ class GptDescription final : public ModelDescription {
   PartWork embedding_work(int b, const RankShape& r) const override {
     const double bs = double{1.0} * b * d_.S, h = d_.C;
     PartWork w;
-    // Gather + position add; the backward scatter-adds into the table.
-    w.elementwise_fwd = 3 * bs * h;
-    w.elementwise_bwd = 3 * bs * h;
+    // Gather (+ position add); the backward scatter-adds into the table.
+    const double passes = d_.learned_positions ? 3 : 2;
+    w.elementwise_fwd = passes * bs * h;
+    w.elementwise_bwd = passes * bs * h;
     if (r.tensor > 1) w.tp_collectives_fwd = {bs * h};  // the vocab-parallel lookup's sum
     return w;
   }
@@ -113,25 +135,25 @@ class GptDescription final : public ModelDescription {
     return w;
   }
 
-  // Counted tensor by tensor as GptModel keeps them (Block::Saved in models/gpt/gpt.cc).
+  // Counted tensor by tensor as DecoderModel keeps them (Block::Saved in models/gpt/gpt.cc).
   ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
                                     bool flash_attention) const override {
     const double s = d_.S, h = d_.C, f = d_.F, t = r.tensor, a = d_.NH;
     const double sl = seq_local(r);
     const double bsh_l = b * sl * h;
-    const double layernorm = bsh_l + 2 * b * sl;  // output, mean and rstd
-    const double qkv = 3 * b * s * h / t;
+    const double layernorm = bsh_l + Norm::stats_per_token(d_.norm) * b * sl;  // out, statistics
+    const double qkv = b * s * qkv_width() / t;
     // The core's saved state: the log-sum-exp per row (fused kernels) or the probabilities.
     const double probs = flash_attention ? b * a / t * s : b * a / t * s * s;
     const double core = probs + b * s * h / t;  // plus the core's output
-    const double mlp = 2 * b * s * f / t;       // before and after GELU
+    const double mlp = b * s * mlp_matrices() * f / t;  // before ([gate | up]) and after
     // ln_1, attention, res1, ln_2, MLP, block output.
     const double full_block = 2 * layernorm + qkv + core + bsh_l + mlp + bsh_l;
     // Backward of one layer: d(gelu) and d(fc) together, the residual gradient, and with
     // sequence parallelism the gathered full-sequence copy of a LayerNorm output. (A GPU that
     // runs c_proj's input gradient and GELU's as one GEMM never holds d(gelu): one (b, s, f/t)
     // buffer less than this, which the prediction keeps as margin for when cuBLASLt declines.)
-    const double grads = 2 * b * s * f / t + bsh_l + (sp(r) ? b * s * h : 0);
+    const double grads = b * s * mlp_matrices() * f / t + bsh_l + (sp(r) ? b * s * h : 0);
     switch (recompute) {
       case Recompute::kNone:
         return {full_block, grads, 0};
@@ -148,7 +170,7 @@ class GptDescription final : public ModelDescription {
     const double logits = b * s * static_cast<double>(padded_vocab(r.tensor)) / r.tensor;
     ActivationElems e;
     // ln_f output and statistics, the logits (b·s, V/t) and their row statistics.
-    e.saved = b * sl * h + 2 * b * sl + logits + 2 * b * s;
+    e.saved = b * sl * h + Norm::stats_per_token(d_.norm) * b * sl + logits + 2 * b * s;
     // The head's backward: d(logits) beside the logits, d(ln_f) over the full sequence and the
     // residual gradient; a layer's backward comes after the logits are freed.
     e.transient = logits + b * s * h + b * sl * h;
@@ -178,6 +200,10 @@ class GptDescription final : public ModelDescription {
     int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
   };
   static bool sp(const RankShape& r) { return r.sequence_parallel && r.tensor > 1; }
+  // Rows of the fused q/k/v weight: NH query and 2·KVH key/value heads.
+  double qkv_width() const { return double{1.0} * (d_.NH + 2 * d_.KVH) * d_.head_size(); }
+  // Weight matrices of the MLP (GELU: fc, proj; SwiGLU: gate, up, proj).
+  double mlp_matrices() const { return d_.mlp == MlpActivation::kSwiGlu ? 3 : 2; }
   double seq_local(const RankShape& r) const {
     return sp(r) ? static_cast<double>(d_.S) / r.tensor : d_.S;
   }
@@ -188,24 +214,24 @@ class GptDescription final : public ModelDescription {
     auto it = cache_.find(t);
     if (it != cache_.end()) return it->second;
     Counts c;
-    c.layer = GptModel::layout(d_, t, 0, false, {{0, 1, false, false}}).numel();
-    c.embedding = GptModel::layout(d_, t, 0, false, {{0, 0, true, false}}).numel();
+    c.layer = DecoderModel::layout(d_, t, 0, false, {{0, 1, false, false}}).numel();
+    c.embedding = DecoderModel::layout(d_, t, 0, false, {{0, 0, true, false}}).numel();
     // A head-only piece of a tied model holds the copy of wte; the head proper is the rest.
-    const int64_t head_piece = GptModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}).numel();
+    const int64_t head_piece = DecoderModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}).numel();
     c.tied_copy = d_.tie ? padded_vocab(t) / t * d_.C : 0;
     c.head = head_piece - c.tied_copy;
     return cache_[t] = c;
   }
 
-  GptShape d_;
+  DecoderShape d_;
   mutable std::mutex mu_;
   mutable std::map<int, Counts> cache_;
 };
 
 }  // namespace
 
-std::unique_ptr<ModelDescription> describe_gpt(const ModelConfig& m) {
-  return std::make_unique<GptDescription>(m);
+std::unique_ptr<ModelDescription> describe_decoder(const DecoderShape& shape) {
+  return std::make_unique<DecoderDescription>(shape);
 }
 
 }  // namespace strata

@@ -1,0 +1,54 @@
+// norm.h — the normalisation over the hidden dimension that opens each sub-layer and ends the
+// decoder: LayerNorm (GPT-2: weight and bias, eps 1e-5) or RMSNorm (Llama: weight only,
+// model.rms_norm_eps), its parameters replicated over the tensor group.
+//
+// With sequence parallelism each rank normalises its own sequence chunk, so its parameter
+// gradients are partial sums over the group: they are summed once they are final (the last
+// micro-batch's backward; norm gradients are never deferred to a zero-bubble W pass).
+//
+// Thread-safety: as the model.
+#pragma once
+
+#include <string>
+
+#include "models/layers/parallel.h"
+#include "models/layers/params.h"
+
+namespace strata {
+
+enum class NormKind { kLayerNorm, kRMSNorm };
+
+class Norm {
+ public:
+  // What the forward keeps for the backward.
+  struct Saved {
+    Tensor out;   // (B, S_local, C)
+    Tensor mean;  // (B, S_local) f32, LayerNorm only
+    Tensor rstd;  // (B, S_local) f32
+  };
+
+  Norm() = default;
+  // Declares `name`.weight (ones) and, for LayerNorm, `name`.bias (zeros), both of size C. eps:
+  // RMSNorm's (LayerNorm's is fixed at 1e-5 by its kernels).
+  Norm(ParamLayout& layout, NormKind kind, const std::string& name, int64_t C, double eps);
+
+  void forward(const LayerEnv& env, Saved& s, const Tensor& x) const;
+  // dx += the gradient through the normalisation of x (the residual stream's gradient, which
+  // sums over its branches); parameter gradients accumulate, summed over the tensor group with
+  // sequence parallelism on the last micro-batch.
+  void backward(const LayerEnv& env, const BackwardPass& pass, Tensor& dx, const Tensor& dout,
+                const Tensor& x, const Saved& s) const;
+
+  // The first and last of its parameters (weight; bias for LayerNorm), for gradient reports.
+  ParamRef first() const { return weight; }
+  ParamRef last() const { return bias.valid() ? bias : weight; }
+  // Elements of the activations the forward keeps per token, in the activation type (out) and
+  // f32 (statistics), for the self-description.
+  static int stats_per_token(NormKind kind) { return kind == NormKind::kLayerNorm ? 2 : 1; }
+
+  NormKind kind = NormKind::kLayerNorm;
+  float eps = 1e-5f;
+  ParamRef weight, bias;  // bias: LayerNorm only
+};
+
+}  // namespace strata
