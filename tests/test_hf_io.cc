@@ -93,7 +93,7 @@ FullTensors llama_ours(const ModelConfig& m) {
     std::fill(e.data.begin() + m.vocab_size * C, e.data.end(), 0.0f);
     t[name] = e;
   };
-  padded("embed_tokens.weight");
+  padded("embed_tokens");
   for (int l = 0; l < m.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     t[p + "input_layernorm.weight"] = numbered({C}, id++);
@@ -163,7 +163,7 @@ TEST(HfLlama, RoundTripGivesBackOurTensors) {
     ASSERT_EQ(back.size(), ours.size()) << "tie " << tie;
     for (const auto& [name, t] : ours) {
       const FullTensor& b = back.at(name);
-      if (name == "embed_tokens.weight" || name == "lm_head.weight") {
+      if (name == "embed_tokens" || name == "lm_head.weight") {
         // Unpadded: the first V rows (fill_params zeroes the padding).
         ASSERT_EQ(b.shape, (std::vector<int64_t>{37, 16})) << name;
         EXPECT_TRUE(std::equal(b.data.begin(), b.data.end(), t.data.begin())) << name;
@@ -596,6 +596,41 @@ TEST(HfGpt, Bf16ExportReadsBackRounded) {
   fs::remove_all(ckpt);
   fs::remove(out);
   fs::remove(f32);
+}
+
+// The registered llama architecture: a checkpoint exported to a sharded directory (with a llama3
+// RoPE scaling and theta that config.json must carry) and read back by model.init_from.
+TEST(HfLlama, ExportDirectoryThenInitFromGivesBackTheParameters) {
+  const std::string ckpt = scratch("llama_ckpt"), out = scratch("llama_hf");
+  const std::vector<std::string> llama = {
+      "model.preset=llama-tiny", "model.rope_theta=500000",
+      R"(model.rope_scaling={"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, )"
+      R"("high_freq_factor": 4, "original_max_position_embeddings": 32})"};
+  std::vector<std::string> first = llama;
+  first.insert(first.end(), {"checkpoint.dir=" + ckpt, "checkpoint.interval=2"});
+  const TrainResult full = train(first);
+  HfWriteOptions o;
+  o.max_shard_bytes = 50000;
+  export_checkpoint(ckpt, out, o);
+  const json config = read_json_file(out + "/config.json");
+  EXPECT_EQ(config["model_type"], "llama");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["rope_theta"], 500000.0);
+  EXPECT_EQ(config["rope_scaling"]["original_max_position_embeddings"], 32);
+  const json wm = read_json_file(out + "/model.safetensors.index.json")["weight_map"];
+  EXPECT_EQ(wm.size(), 1u + 2u * 9u + 2u);
+  std::vector<std::string> again = llama;
+  again.insert(again.end(), {"model.init_from=" + out, "train.iterations=0"});
+  EXPECT_EQ(train(again).final_params, full.final_params);
+
+  // The same directory for a config with another theta: config.json names it.
+  std::vector<std::string> other = again;
+  other[1] = "model.rope_theta=10000";
+  const std::string msg = input_error([&] { train(other); });
+  EXPECT_TRUE(contains(msg, out + "/config.json: rope_theta: 10000")) << msg;
+  EXPECT_TRUE(contains(msg, "found 500000")) << msg;
+  fs::remove_all(ckpt);
+  fs::remove_all(out);
 }
 
 }  // namespace

@@ -49,7 +49,9 @@ ArchSpec llama_arch() {
   a.layout = [](const ModelConfig& m, int t, int r, bool sp, const std::vector<ModelPiece>& pieces) {
     return DecoderModel::layout(llama_shape(m), t, r, sp, pieces);
   };
-  a.hf = HfAdapter{"LlamaForCausalLM", nullptr, nullptr, nullptr, nullptr};
+  a.hf = HfAdapter{"LlamaForCausalLM", llama_to_hf, llama_from_hf, llama_hf_config,
+                   llama_check_hf_config};
+  a.hf.hf_order = llama_hf_order;
   // Rotary embeddings rotate pairs (i, i + head_size/2): the head size must be even.
   a.validate = [](const ModelConfig& m, int, const std::string& file) {
     const int head_size = m.hidden_size / m.num_heads;

@@ -2,7 +2,7 @@
 //
 // Both sides store weights (out, in) as nn.Linear does; what differs is fusion and padding:
 //   ours                                  Hugging Face
-//   embed_tokens.weight (Vp, C)           model.embed_tokens.weight (V, C), no padded rows
+//   embed_tokens (Vp, C)                  model.embed_tokens.weight (V, C), no padded rows
 //   layers.{l}.self_attn.qkv_proj.weight  model.layers.{l}.self_attn.{q,k,v}_proj.weight, stacked
 //     ((NH + 2·KVH)·HS, C)                  as rows [q (NH·HS) ; k (KVH·HS) ; v (KVH·HS)]
 //   layers.{l}.mlp.gate_up_proj.weight    model.layers.{l}.mlp.{gate,up}_proj.weight, stacked as
@@ -85,7 +85,7 @@ FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
   const int64_t q = d.NH * d.HS, kv = d.KVH * d.HS;
   FullTensors hf;
-  hf["model.embed_tokens.weight"] = rows(get("embed_tokens.weight"), 0, d.V);
+  hf["model.embed_tokens.weight"] = rows(get("embed_tokens"), 0, d.V);
   for (int64_t l = 0; l < d.L; ++l) {
     const std::string o = layer(l), h = "model." + o;
     const FullTensor& qkv = get(o + "self_attn.qkv_proj.weight");
@@ -118,7 +118,7 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
   const int64_t C = d.C, F = d.F, q = d.NH * d.HS, kv = d.KVH * d.HS;
   FullTensors o;
   const FullTensor& embed = get("model.embed_tokens.weight", {d.V, C});
-  o["embed_tokens.weight"] = embed;
+  o["embed_tokens"] = embed;
   for (int64_t l = 0; l < d.L; ++l) {
     const std::string p = layer(l), h = "model." + p;
     o[p + "self_attn.qkv_proj.weight"] = stack_rows({&get(h + "self_attn.q_proj.weight", {q, C}),
