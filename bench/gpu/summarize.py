@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Side-by-side throughput table: Strata metrics JSONL files and torch_gpt.py JSON lines.
+"""Side-by-side throughput table: Strata metrics JSONL files and torch_{gpt,llama}.py JSON lines.
 
   python3 bench/gpu/summarize.py --strata gpt2-124m=OUT/strata_gpt2-124m.jsonl \\
-      --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl --strata-cudnn OUT/strata_cudnn.jsonl \\
+      --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl \\
+      --strata llama-3.2-1b=OUT/strata_llama-3.2-1b.jsonl --strata-cudnn OUT/strata_cudnn.jsonl \\
       --torch OUT/torch.jsonl [--skip 5] [--peak-tflops 989]
 
 Strata files hold one object per iteration (DESIGN.md: iter, step_ms, tokens_per_s, tflops_per_gpu,
@@ -14,15 +15,28 @@ for recompute none/selective, where Strata's hardware and model FLOPs are the sa
 file, each line tagged with its "label" (scripts/gpu_check writes them so, to stay within the
 device tool's 8 files); they become rows of impl "strata-cudnn", and a line with an "error" key
 (the run's exit status and last output line) goes into the row's note.
-torch_gpt.py lines are already medians over their timed iterations; they are matched to Strata
-runs by "label". Missing or unreadable inputs become a row saying so, never a crash: this runs at
-the end of scripts/gpu_check, whatever failed before it.
+torch_gpt.py and torch_llama.py lines (one format) are already medians over their timed
+iterations; they are matched to Strata runs by "label". Missing or unreadable inputs become a row
+saying so, never a crash: this runs at the end of scripts/gpu_check, whatever failed before it.
+
+After the table: the Strata / torch.compile (and torch eager) tokens/s ratio of each --ratio-label
+(default gpt2-124m and llama-3.2-1b, those the table has), cuDNN's attention against Strata's
+for every model, and each model's targets (TARGETS: issue 7's for GPT, the Llama issue's for
+llama-3.2-1b) met or not, for each Strata row of the model.
 """
 import argparse
 import json
 import os
 import statistics
 import sys
+
+# The throughput targets of the issues, by label: "ratio", Strata's tokens/s at least this many
+# times torch.compile's (same model, same session); "mfu", at least this model-FLOP MFU.
+TARGETS = {
+    "gpt2-124m": {"ratio": 1.0},
+    "gpt-1.3b": {"mfu": 0.45},
+    "llama-3.2-1b": {"ratio": 1.1, "mfu": 0.50},
+}
 
 
 def fmt_si(x):
@@ -180,8 +194,9 @@ def main():
     ap.add_argument("--skip", type=int, default=5, help="warm-up iterations left out (Strata)")
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="peak dense TFLOP/s for a computed MFU (989: H100/H200 SXM bf16)")
-    ap.add_argument("--ratio-label", default="gpt2-124m",
-                    help="label whose Strata / torch.compile ratio is printed (default gpt2-124m)")
+    ap.add_argument("--ratio-label", action="append", default=None, metavar="LABEL",
+                    help="label whose Strata / torch.compile ratio is printed (repeatable; "
+                         "default gpt2-124m and llama-3.2-1b, those the table has)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = ap.parse_args()
 
@@ -244,15 +259,47 @@ def main():
 
     # The issue's comparison: Strata vs torch.compile, same model and batch; with cuDNN's
     # attention too, and cuDNN's against Strata's attention for every model (what "auto" picks).
-    lab = args.ratio_label
-    print()
-    for impl in ("torch.compile", "torch-eager"):
-        ratio(f"Strata / {impl}", lab, "strata", impl)
-    if args.strata_cudnn:
+    labels = args.ratio_label or [lab for lab in ("gpt2-124m", "llama-3.2-1b")
+                                  if any(r["label"] == lab for r in rows)]
+    for lab in labels:
+        print()
         for impl in ("torch.compile", "torch-eager"):
-            ratio(f"Strata-cudnn / {impl}", lab, "strata-cudnn", impl)
+            ratio(f"Strata / {impl}", lab, "strata", impl)
+        if args.strata_cudnn:
+            for impl in ("torch.compile", "torch-eager"):
+                ratio(f"Strata-cudnn / {impl}", lab, "strata-cudnn", impl)
+    if args.strata_cudnn:
+        print()
         for label in dict.fromkeys(r["label"] for r in rows if r["impl"] == "strata"):
             ratio("Strata-cudnn / Strata", label, "strata-cudnn", "strata")
+
+    # Targets: each Strata row (either attention backend) of a model that has targets.
+    lines = []
+    for label, target in TARGETS.items():
+        for impl in ("strata", "strata-cudnn"):
+            if not any(r["label"] == label and r["impl"] == impl for r in rows):
+                continue
+            a, parts = row_of(label, impl), []
+            if "ratio" in target:
+                b = row_of(label, "torch.compile")
+                if a and b:
+                    x = a["tokens_per_s"] / b["tokens_per_s"]
+                    parts.append(f"{x:.3f}x torch.compile (>= {target['ratio']:g}x: "
+                                 f"{'met' if x >= target['ratio'] else 'NOT met'})")
+                else:
+                    parts.append(f"ratio to torch.compile n/a (>= {target['ratio']:g}x: "
+                                 "a run missing)")
+            if "mfu" in target:
+                m = a.get("mfu") if a else None
+                if m is not None:
+                    parts.append(f"MFU {100 * m:.1f}% (>= {100 * target['mfu']:g}%: "
+                                 f"{'met' if m >= target['mfu'] else 'NOT met'})")
+                else:
+                    parts.append(f"MFU n/a (>= {100 * target['mfu']:g}%: no run)")
+            lines.append(f"target {label} {impl}: " + "; ".join(parts))
+    if lines:
+        print()
+        print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
