@@ -40,10 +40,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
     }
     return make_cpu_backend(threads);
   }
+#ifdef STRATA_HAVE_CUDA
   const CudnnAttentionUse cudnn = attention_backend == "cudnn"  ? CudnnAttentionUse::kAlways
                                   : attention_backend == "auto" ? CudnnAttentionUse::kWhereItRuns
                                                                 : CudnnAttentionUse::kNever;
-#ifdef STRATA_HAVE_CUDA
   if (cuda_device_count() > 0) return make_cuda_backend(local_device_index(), cudnn);
   throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
 #else

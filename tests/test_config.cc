@@ -590,6 +590,45 @@ TEST(ConfigWorld, TensorDividesModelSizes) {
   EXPECT_TRUE(contains(e.expected(), "seq_len 1023")) << e.what();
 }
 
+// Tensor parallelism gives each rank whole key/value heads: a count t does not divide is refused
+// with both numbers (Megatron refuses it too), never replicated or rounded.
+TEST(ConfigWorld, TensorDividesKeyValueHeads) {
+  const Config c = world_config(
+      R"({"model": {"preset": "llama-tiny", "num_heads": 8, "num_key_value_heads": 2},
+          "parallel": {"tensor": 4}})");
+  const InputError e = expect_error([&] { validate_for_world(c, 4); });
+  EXPECT_EQ(e.where(), "model.num_key_value_heads");
+  EXPECT_TRUE(contains(e.expected(), "num_key_value_heads 2")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "tensor 4")) << e.what();
+  EXPECT_NO_THROW(validate_for_world(world_config(R"({"model": {"preset": "llama-tiny"},
+                                                      "parallel": {"tensor": 2}})"),
+                                     2));
+  // GPT has multi-head attention: a key/value head count of its own is refused, not ignored.
+  const Config gpt = world_config(R"({"model": {"num_key_value_heads": 4}})");
+  const InputError g = expect_error([&] { validate_for_world(gpt, 1); });
+  EXPECT_EQ(g.where(), "model.num_key_value_heads");
+}
+
+// The Llama keys' own checks: heads a multiple of key/value heads, rope_scaling's fields.
+TEST(ConfigErrors, LlamaKeys) {
+  InputError e = config_error(
+      json::parse(R"({"model": {"preset": "llama-tiny", "num_heads": 4, "num_key_value_heads": 3}})"));
+  EXPECT_TRUE(contains(e.expected(), "num_heads 4 is not a multiple of num_key_value_heads 3"))
+      << e.what();
+  e = config_error(json::parse(R"({"model": {"rope_scaling": {"rope_type": "yarn"}}})"));
+  EXPECT_EQ(e.where(), "model.rope_scaling");
+  EXPECT_TRUE(contains(e.expected(), "llama3")) << e.what();
+  e = config_error(json::parse(
+      R"({"model": {"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                                      "high_freq_factor": 4}}})"));
+  EXPECT_TRUE(contains(e.expected(), "original_max_position_embeddings\" is missing")) << e.what();
+  e = config_error(json::parse(R"({"model": {"rope_theta": 0}})"));
+  EXPECT_EQ(e.where(), "model.rope_theta");
+  const Config ok = load_config("", {"model.preset=llama-3.1-8b"});
+  ASSERT_TRUE(ok.model.rope_scaling.has_value());
+  EXPECT_EQ(ok.resolved["model"]["rope_scaling"]["factor"], 8.0);
+}
+
 TEST(ConfigWorld, GlobalBatchDividesByMicroTimesData) {
   const Config c = world_config(R"({"train": {"micro_batch_size": 4, "global_batch_size": 32}})");
   const InputError e = expect_error([&] { validate_for_world(c, 3); });
@@ -689,9 +728,13 @@ TEST(ConfigFiles, PresetErrorsNameThePresetFile) {
 TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
   struct Sizes {
     int layers, hidden, heads, seq, vocab, ffn;
+    int kv_heads = 0;  // 0: multi-head (GPT)
+    bool tie = true;
+    double rope_theta = 10000, rope_factor = 0;  // factor 0: no rope_scaling
   };
   // GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020, with Megatron's 16 heads for 1.3B
-  // and 5120 for 13B), and the test model.
+  // and 5120 for 13B), the test models, and Meta's published Llama 3.1/3.2 config.json files
+  // (trained at seq 8192; their 131072 positions come from rope_scaling).
   const std::map<std::string, Sizes> expected = {
       {"gpt2-124m", {12, 768, 12, 1024, 50257, 3072}},
       {"gpt2-350m", {24, 1024, 16, 1024, 50257, 4096}},
@@ -703,6 +746,12 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
       {"gpt3-13b", {40, 5120, 40, 2048, 50257, 20480}},
       {"gpt3-175b", {96, 12288, 96, 2048, 50257, 49152}},
       {"tiny", {2, 64, 4, 64, 64, 256}},
+      {"llama-tiny", {2, 64, 4, 64, 64, 128, 2, false}},
+      {"llama-3.2-1b", {16, 2048, 32, 8192, 128256, 8192, 8, true, 500000, 32}},
+      {"llama-3.2-3b", {28, 3072, 24, 8192, 128256, 8192, 8, true, 500000, 32}},
+      {"llama-3.1-8b", {32, 4096, 32, 8192, 128256, 14336, 8, false, 500000, 8}},
+      {"llama-3.1-70b", {80, 8192, 64, 8192, 128256, 28672, 8, false, 500000, 8}},
+      {"llama-3.1-405b", {126, 16384, 128, 8192, 128256, 53248, 8, false, 500000, 8}},
   };
   std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(configs_dir() + "/models")) {
@@ -713,17 +762,26 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
     SCOPED_TRACE(name);
     const Config c = load_config("", {"model.preset=" + name});
     EXPECT_EQ(c.model.preset, name);
-    EXPECT_TRUE(c.model.tie_embeddings);
-    EXPECT_EQ(c.model.ffn_hidden_size, 4 * c.model.hidden_size);
     const auto it = expected.find(name);
     ASSERT_NE(it, expected.end()) << "undocumented preset";
     const Sizes& s = it->second;
+    EXPECT_EQ(c.model.arch, s.kv_heads ? "llama" : "gpt");
+    EXPECT_EQ(c.model.tie_embeddings, s.tie);
     EXPECT_EQ(c.model.num_layers, s.layers);
     EXPECT_EQ(c.model.hidden_size, s.hidden);
     EXPECT_EQ(c.model.num_heads, s.heads);
+    EXPECT_EQ(c.model.kv_heads(), s.kv_heads ? s.kv_heads : s.heads);
     EXPECT_EQ(c.model.seq_len, s.seq);
     EXPECT_EQ(c.model.vocab_size, s.vocab);
     EXPECT_EQ(c.model.ffn_hidden_size, s.ffn);
+    EXPECT_EQ(c.model.rope_theta, s.rope_theta);
+    EXPECT_EQ(c.model.rope_scaling.has_value(), s.rope_factor > 0);
+    if (c.model.rope_scaling) {
+      EXPECT_EQ(c.model.rope_scaling->factor, s.rope_factor);
+      EXPECT_EQ(c.model.rope_scaling->low_freq_factor, 1);
+      EXPECT_EQ(c.model.rope_scaling->high_freq_factor, 4);
+      EXPECT_EQ(c.model.rope_scaling->original_max_position_embeddings, 8192);
+    }
   }
 }
 

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "models/layers/params.h"
+#include "models/layers/rope.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/rng.h"
@@ -221,6 +223,32 @@ TEST(ParamSplit, BlockRowsOfUnequalSizes) {
   EXPECT_FALSE(parse_param_split("block_rows:8,4", 16, &split, &parsed));  // sums to 12
   EXPECT_FALSE(parse_param_split("block_rows:8,x,4", 16, &split, &parsed));
   EXPECT_FALSE(parse_param_split("diagonal", 16, &split, &parsed));
+}
+
+}  // namespace
+}  // namespace strata
+
+
+namespace strata {
+namespace {
+
+// Rotary frequencies against Hugging Face's (transformers 5.24, modeling_rope_utils: "llama3" for
+// Llama 3.1 8B's rope_scaling, head size 128, theta 5e5), which it computes in float32: 1e-6
+// relative. Indices 29–34 lie in the smoothed band (wavelengths between 8192/4 and 8192), 35 on
+// are slowed by the factor 8, up to 28 kept; without scaling, theta^(−2i/HS) itself.
+TEST(RotaryEmbedding, FrequenciesMatchHuggingFacesLlama3Scaling) {
+  RopeScaling s;  // Llama 3.1's: factor 8, low 1, high 4, original 8192
+  const std::vector<double> inv = rope_inverse_frequencies(128, 500000.0, s);
+  ASSERT_EQ(inv.size(), 64u);
+  const std::vector<std::pair<int, double>> hf = {
+      {0, 1.000000000e+00},  {10, 1.286873817e-01}, {20, 1.656044088e-02}, {28, 3.211446106e-03},
+      {29, 2.166570630e-03}, {30, 1.371893683e-03}, {33, 3.126936499e-04}, {34, 1.785077911e-04},
+      {35, 9.556212171e-05}, {40, 3.428102355e-05}, {50, 4.411534519e-06}, {63, 3.068925878e-07}};
+  for (const auto& [i, want] : hf)
+    EXPECT_NEAR(inv[static_cast<size_t>(i)], want, 1e-6 * want) << "index " << i;
+  const std::vector<double> plain = rope_inverse_frequencies(128, 500000.0, std::nullopt);
+  for (int i = 0; i < 64; ++i)
+    EXPECT_DOUBLE_EQ(plain[static_cast<size_t>(i)], 1.0 / std::pow(500000.0, 2.0 * i / 128));
 }
 
 }  // namespace
