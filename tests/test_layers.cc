@@ -10,6 +10,8 @@
 //   * an all-ones mask against no mask: the same arithmetic (w · x = x for w = 1), bit for bit;
 //   * central finite differences of the masked loss sum for the weight the backward says
 //     matters most.
+// Also: fused weights split by row blocks of unequal sizes (GQA's q/k/v), and the rotary
+// frequencies against Hugging Face's.
 #include <gtest/gtest.h>
 
 #include <cmath>
