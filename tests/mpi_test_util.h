@@ -146,9 +146,10 @@ struct Tally {
 // |got − want| within rel of |want| (1e-6 floor), for the equivalence tests' losses and norms.
 // The model family the layout tests run on: STRATA_TEST_ARCH=llama (ctest's *_llama_* entries)
 // swaps the tiny GPT for a tiny Llama — RMSNorm, rotary embeddings, SwiGLU, untied head and
-// grouped-query attention with `heads` query heads over heads/2 key/value heads, so t = 2 and
-// t = 4 hold several or one key/value head per rank; unset or "gpt" keeps the GPT. The sets go
-// after a test's own (they override its preset and head count).
+// grouped-query attention with `heads` query heads over heads/2 key/value heads (or
+// STRATA_TEST_KV_HEADS of them), so t = 2 and t = 4 hold several or one key/value head per rank;
+// unset or "gpt" keeps the GPT. The sets go after a test's own (they override its preset and
+// head count).
 inline std::vector<std::string> arch_sets(int heads) {
   const char* arch = std::getenv("STRATA_TEST_ARCH");
   if (arch == nullptr || std::string(arch) == "gpt") return {};
@@ -156,8 +157,9 @@ inline std::vector<std::string> arch_sets(int heads) {
     ADD_FAILURE() << "STRATA_TEST_ARCH: gpt or llama, got " << arch;
     return {};
   }
+  const char* kv = std::getenv("STRATA_TEST_KV_HEADS");
   return {"model.preset=llama-tiny", "model.num_heads=" + std::to_string(heads),
-          "model.num_key_value_heads=" + std::to_string(heads / 2)};
+          "model.num_key_value_heads=" + (kv ? std::string(kv) : std::to_string(heads / 2))};
 }
 
 inline bool close_rel(double got, double want, double rel) {

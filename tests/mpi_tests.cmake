@@ -131,3 +131,9 @@ foreach(target_prefix_nps "mpi_test_parallel;mpi_parallel_llama;2;4"
       LABELS mpi)
   endforeach()
 endforeach()
+# Two key/value heads for eight query heads at tensor 2: one key/value head per rank, shared by
+# four query heads (the layouts of 2 ranks: t2 with and without sp, d2 with and without ZeRO-1).
+add_test(NAME mpi_parallel_llama_kv2_np2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_parallel>)
+set_tests_properties(mpi_parallel_llama_kv2_np2 PROPERTIES
+  ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=llama;STRATA_TEST_KV_HEADS=2" TIMEOUT 900
+  PROCESSORS 2 LABELS mpi)
