@@ -113,11 +113,26 @@ struct SyntheticDataConfig {
   uint64_t seed = 7;
 };
 
+// One dataset of a blend and its share of the samples.
+struct BlendEntry {
+  std::string path;  // an indexed prefix or token shards (a path or glob), as data.path
+  double weight = 1;
+  bool operator==(const BlendEntry& o) const { return path == o.path && weight == o.weight; }
+};
+inline void to_json(nlohmann::json& j, const BlendEntry& b) {
+  j = {{"path", b.path}, {"weight", b.weight}};
+}
+
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | text | tokens
+  std::string source = "synthetic";  // synthetic | text | tokens | indexed
   std::optional<std::string> path;
   double val_fraction = 0.1;
   SyntheticDataConfig synthetic;
+  // Several datasets of data.source's kind mixed by weight (instead of data.path).
+  std::optional<std::vector<BlendEntry>> blend;
+  // A tokenizer.json or tiktoken file: text sources are tokenized with it; its vocabulary is
+  // the data's.
+  std::optional<std::string> tokenizer;
 };
 
 struct CheckpointConfig {

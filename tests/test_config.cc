@@ -96,6 +96,7 @@ class TempDir {
 // against the design alone resolves to them.
 // The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
 const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
+  "data": {"blend": null, "tokenizer": null},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
             "rms_norm_eps": 1e-5}})";
 
@@ -627,6 +628,34 @@ TEST(ConfigErrors, LlamaKeys) {
   const Config ok = load_config("", {"model.preset=llama-3.1-8b"});
   ASSERT_TRUE(ok.model.rope_scaling.has_value());
   EXPECT_EQ(ok.resolved["model"]["rope_scaling"]["factor"], 8.0);
+}
+
+// data.blend: weights ≥ 0 summing above 0, only for tokenized sources, never beside data.path;
+// data.tokenizer only for text.
+TEST(ConfigErrors, DataBlendAndTokenizer) {
+  InputError e = config_error(json::parse(
+      R"({"data": {"source": "indexed", "blend": [{"path": "a", "weight": 1}, {"path": "b", "weight": -1}]}})"));
+  EXPECT_EQ(e.where(), "data.blend");
+  EXPECT_TRUE(contains(e.expected(), "entry 1 has weight -1")) << e.what();
+  e = config_error(json::parse(
+      R"({"data": {"source": "indexed", "blend": [{"path": "a", "weight": 0}, {"path": "b", "weight": 0}]}})"));
+  EXPECT_TRUE(contains(e.expected(), "sum to 0")) << e.what();
+  e = config_error(json::parse(R"({"data": {"source": "indexed", "blend": []}})"));
+  EXPECT_EQ(e.where(), "data.blend");
+  e = config_error(json::parse(
+      R"({"data": {"source": "text", "blend": [{"path": "a", "weight": 1}]}})"));
+  EXPECT_TRUE(contains(e.expected(), "\"tokens\" or \"indexed\"")) << e.what();
+  e = config_error(json::parse(
+      R"({"data": {"source": "indexed", "path": "x", "blend": [{"path": "a", "weight": 1}]}})"));
+  EXPECT_TRUE(contains(e.expected(), "either data.path or data.blend")) << e.what();
+  e = config_error(json::parse(R"({"data": {"source": "indexed", "path": "x", "tokenizer": "t.json"}})"));
+  EXPECT_TRUE(contains(e.expected(), "tokenizes data.source \"text\"")) << e.what();
+  const Config ok = load_config(
+      "", {R"(data.blend=[{"path": "a", "weight": 0.7}, {"path": "b", "weight": 0.3}])",
+           "data.source=indexed"});
+  ASSERT_TRUE(ok.data.blend.has_value());
+  EXPECT_EQ(ok.data.blend->size(), 2u);
+  EXPECT_EQ(ok.resolved["data"]["blend"][1]["weight"], 0.3);
 }
 
 TEST(ConfigWorld, GlobalBatchDividesByMicroTimesData) {

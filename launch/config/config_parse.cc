@@ -453,6 +453,35 @@ auto fields(Get get) {
   return Fields<S, Get>(get);
 }
 
+// data.blend: null or a non-empty list of {"path": string, "weight": number ≥ 0}, the weights
+// summing to more than 0.
+std::optional<std::vector<BlendEntry>> read_blend(const Reader& r, const std::string& p) {
+  const json& v = r.at(p);
+  if (v.is_null()) return std::nullopt;
+  const std::string expected =
+      "expected null or a non-empty list of {\"path\": a dataset, \"weight\": a number >= 0}";
+  if (!v.is_array() || v.empty()) r.fail(p, expected + ", got " + show(v));
+  std::vector<BlendEntry> out;
+  double sum = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_object()) r.fail(p, expected + ", entry " + std::to_string(i) + " is " + show(e));
+    for (const auto& [key, value] : e.items())
+      if (key != "path" && key != "weight")
+        r.fail(p, expected + "; entry " + std::to_string(i) + " has unknown key \"" + key + "\"");
+    if (!e.contains("path") || !e["path"].is_string() || e["path"].get<std::string>().empty())
+      r.fail(p, expected + "; entry " + std::to_string(i) + " needs a \"path\" string");
+    if (!e.contains("weight") || !e["weight"].is_number() || !(e["weight"].get<double>() >= 0))
+      r.fail(p, expected + "; entry " + std::to_string(i) + " has weight " +
+                    (e.contains("weight") ? show(e["weight"]) : std::string("(none)")));
+    out.push_back({e["path"].get<std::string>(), e["weight"].get<double>()});
+    sum += out.back().weight;
+  }
+  if (!(sum > 0)) r.fail(p, expected + "; the weights sum to 0");
+  return out;
+}
+
 // model.rope_scaling: null or Hugging Face's llama3 object, every field given.
 std::optional<RopeScaling> read_rope_scaling(const Reader& r, const std::string& p) {
   const json& v = r.at(p);
@@ -624,12 +653,20 @@ const std::vector<Section>& schema() {
           optimizer.number("grad_clip", &O::grad_clip, at_least(0),
                            "global-norm clipping; 0: off")}},
         {"data",
-         {data.one_of("source", &D::source, {"synthetic", "text", "tokens"},
-                      "synthetic, text (UTF-8 bytes) or tokens (llm.c .bin)"),
-          data.path("path", &D::path, "the file for text / tokens"),
+         {data.one_of("source", &D::source, {"synthetic", "text", "tokens", "indexed"},
+                      "synthetic, text (UTF-8), tokens (llm.c shards) or indexed (Megatron "
+                      ".idx/.bin)"),
+          data.path("path", &D::path,
+                    "the text file, the token shards (a path or glob) or the indexed prefix"),
           data.number("val_fraction", &D::val_fraction, open_interval(0, 1),
-                      "last fraction of the file held out for validation"),
-          section("synthetic")}},
+                      "held out for validation: the last fraction of a text file, of a "
+                      "dataset's documents"),
+          section("synthetic"),
+          data.custom("blend", &D::blend, read_blend,
+                      "null, or [{\"path\", \"weight\"}, …]: datasets of data.source's kind "
+                      "mixed by weight, instead of data.path"),
+          data.path("tokenizer", &D::tokenizer,
+                    "a tokenizer.json or tiktoken file: a text source is tokenized with it")}},
         {"data.synthetic",
          {synthetic.integer("vocab_size", &SyntheticDataConfig::vocab_size, 1,
                             "the Markov chain's vocabulary"),
@@ -978,7 +1015,22 @@ void check_consistency(const Config& c, const Reader& r) {
   }
 
   const DataConfig& d = c.data;
-  if (d.source != "synthetic" && !d.path) {
+  if (d.blend && d.source != "tokens" && d.source != "indexed") {
+    r.fail_latest({"data.blend", "data.source"},
+                  "data.blend mixes datasets of data.source \"tokens\" or \"indexed\", got \"" +
+                      d.source + "\"");
+  }
+  if (d.blend && d.path) {
+    r.fail_latest({"data.blend", "data.path"},
+                  "either data.path or data.blend, got both (data.path " + *d.path + ")");
+  }
+  if (d.tokenizer && d.source != "text") {
+    r.fail_latest({"data.tokenizer", "data.source"},
+                  "data.tokenizer tokenizes data.source \"text\" (tokens and indexed datasets "
+                  "are tokenized already: strata data prepare), got \"" +
+                      d.source + "\"");
+  }
+  if (d.source != "synthetic" && !d.path && !d.blend) {
     // Named at data.path, in the source that chose the file-backed data.source.
     r.fail_in(r.latest_file({"data.source", "data.path"}), "data.path",
               "data.source \"" + d.source + "\" reads a file: expected a string, got null");
