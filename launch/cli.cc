@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/commands/data.h"
 #include "launch/commands/export.h"
 #include "launch/commands/plan.h"
 #include "launch/commands/profile.h"
@@ -37,7 +38,8 @@ const char* kUsage =
     "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
     "  profile   time each layer on this machine for the planner (strata profile --help)\n"
-    "  export    write a checkpoint as a Hugging Face safetensors file (strata export --help)\n"
+    "  export    write a checkpoint as a Hugging Face model (strata export --help)\n"
+    "  data      tokenize text into a dataset: data prepare (strata data --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -139,7 +141,8 @@ int dispatch(int argc, char** argv) {
   if (cmd == "plan") return cmd_plan(args);
   if (cmd == "profile") return cmd_profile(args);
   if (cmd == "export") return cmd_export(args);
-  usage_error(cmd, "a command: train, plan, schedule, profile or export (see strata --help)");
+  if (cmd == "data") return cmd_data(args);
+  usage_error(cmd, "a command: train, plan, schedule, profile, export or data (see strata --help)");
 }
 
 }  // namespace

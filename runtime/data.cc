@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "runtime/data_internal.h"
+#include "runtime/data/corpus_source.h"
+#include "runtime/data/tokenizer.h"
 #include "runtime/error.h"
 
 namespace strata {
@@ -453,88 +455,28 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t se
 
   TokenFile f;
   f.path = path;
+  if (data.tokenizer) {
+    // Byte-level BPE over the whole file (one document), then windows of its ids as for bytes.
+    const std::unique_ptr<Tokenizer> tok = Tokenizer::load(*data.tokenizer);
+    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    std::vector<int32_t> ids = tok->encode(text);
+    bytes = std::vector<uint8_t>();
+    split_sizes(&f, ids.size(), data.val_fraction);
+    f.check_splits(seq_len);
+    std::string description = "text " + path + " (" + std::to_string(size) + " bytes) as " +
+                              std::to_string(ids.size()) + " tokens of " + *data.tokenizer +
+                              " (vocab " + std::to_string(tok->vocab_size()) + "; train " +
+                              std::to_string(f.n_train) + ", val " + std::to_string(f.n_val) + ")";
+    return std::make_unique<WindowSource<int32_t>>(std::move(f), std::move(ids),
+                                                   tok->vocab_size(), std::move(description),
+                                                   seed);
+  }
   split_sizes(&f, size, data.val_fraction);
   f.check_splits(seq_len);
   std::string description = "text " + path + " (" + std::to_string(size) + " bytes, train " +
                             std::to_string(f.n_train) + ", val " + std::to_string(f.n_val) + ")";
   return std::make_unique<WindowSource<uint8_t>>(std::move(f), std::move(bytes), 256,
                                                  std::move(description), seed);
-}
-
-int32_t le_int32(const uint8_t* p) {
-  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-                              static_cast<uint32_t>(p[2]) << 16 |
-                              static_cast<uint32_t>(p[3]) << 24);
-}
-
-std::unique_ptr<DataSource> make_tokens_source(const DataConfig& data, uint64_t seed, int seq_len,
-                                               const std::string& config_file) {
-  constexpr int32_t kMagic = 20240520;
-  constexpr int32_t kVersion = 1;
-  constexpr uint64_t kHeaderBytes = 256 * 4;
-  const std::string& path = *data.path;
-  uint64_t size = 0;
-  std::ifstream in = open_data_file(path, config_file, &size);
-  if (size < kHeaderBytes) {
-    throw InputError(path, byte_at(size),
-                     "a header of 256 int32 (1024 bytes, llm.c token file), the file ends after " +
-                         std::to_string(size) + " bytes");
-  }
-  uint8_t header[kHeaderBytes];
-  read_exact(in, header, kHeaderBytes, path, 0);
-  const int32_t magic = le_int32(header);
-  if (magic != kMagic) {
-    throw InputError(
-        path, byte_at(0),
-        "magic " + std::to_string(kMagic) + " (llm.c token file), found " + std::to_string(magic));
-  }
-  const int32_t version = le_int32(header + 4);
-  if (version != kVersion) {
-    throw InputError(path, byte_at(4),
-                     "version " + std::to_string(kVersion) + " (uint16 tokens), found " +
-                         std::to_string(version));
-  }
-  const int32_t count = le_int32(header + 8);
-  if (count < 0) {
-    throw InputError(path, byte_at(8),
-                     "a non-negative token count, found " + std::to_string(count));
-  }
-  const uint64_t expected = kHeaderBytes + 2 * static_cast<uint64_t>(count);
-  if (size < expected) {
-    throw InputError(path, byte_at(size),
-                     std::to_string(expected) + " bytes (header + " + std::to_string(count) +
-                         " uint16 tokens), the data ends here, " + std::to_string(expected - size) +
-                         " bytes short");
-  }
-  if (size > expected) {
-    throw InputError(path, byte_at(expected),
-                     "end of file after the " + std::to_string(count) +
-                         " tokens the header announces, found " + std::to_string(size - expected) +
-                         " more bytes");
-  }
-
-  TokenFile f;
-  f.path = path;
-  f.header_bytes = kHeaderBytes;
-  f.token_bytes = 2;
-  split_sizes(&f, static_cast<uint64_t>(count), data.val_fraction);
-  f.check_splits(seq_len);
-
-  std::vector<uint16_t> tokens(static_cast<size_t>(count));
-  read_exact(in, tokens.data(), 2 * static_cast<uint64_t>(count), path, kHeaderBytes);
-  const uint16_t probe = 1;
-  uint8_t first_byte;
-  std::memcpy(&first_byte, &probe, 1);
-  if (first_byte == 0) {  // big-endian host: the file is little-endian
-    for (uint16_t& t : tokens) t = static_cast<uint16_t>((t >> 8) | (t << 8));
-  }
-  const int vocab = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end()) + 1;
-
-  std::string description = "tokens " + path + " (" + std::to_string(count) + " tokens, vocab " +
-                            std::to_string(vocab) + ", train " + std::to_string(f.n_train) +
-                            ", val " + std::to_string(f.n_val) + ")";
-  return std::make_unique<WindowSource<uint16_t>>(std::move(f), std::move(tokens), vocab,
-                                                  std::move(description), seed);
 }
 
 void check_synthetic(const SyntheticDataConfig& s, const std::string& config_file) {
@@ -568,8 +510,10 @@ void check_synthetic(const SyntheticDataConfig& s, const std::string& config_fil
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed, int seq_len,
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed,
+                                             const SamplingShape& shape,
                                              const std::string& config_file) {
+  const int seq_len = shape.seq_len;
   if (seq_len < 1) {
     throw InputError(config_file, "model.seq_len", "at least 1, found " + std::to_string(seq_len));
   }
@@ -577,11 +521,12 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t se
     check_synthetic(data.synthetic, config_file);
     return std::make_unique<SyntheticSource>(data.synthetic, seed, config_file);
   }
-  if (data.source != "text" && data.source != "tokens") {
+  if (data.source != "text" && data.source != "tokens" && data.source != "indexed") {
     throw InputError(config_file, "data.source",
-                     "one of \"synthetic\", \"text\", \"tokens\", found \"" + data.source + "\"");
+                     "one of \"synthetic\", \"text\", \"tokens\", \"indexed\", found \"" +
+                         data.source + "\"");
   }
-  if (!data.path || data.path->empty()) {
+  if ((!data.path || data.path->empty()) && !data.blend) {
     throw InputError(config_file, "data.path",
                      "a file path (required when data.source is \"" + data.source + "\")");
   }
@@ -590,7 +535,14 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t se
                      "a number in (0, 1), found " + fmt("%g", data.val_fraction));
   }
   if (data.source == "text") return make_text_source(data, seed, seq_len, config_file);
-  return make_tokens_source(data, seed, seq_len, config_file);
+  return make_corpus_source(data, seed, shape, config_file);
+}
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed, int seq_len,
+                                             const std::string& config_file) {
+  SamplingShape shape;
+  shape.seq_len = seq_len;
+  return make_data_source(data, seed, shape, config_file);
 }
 
 }  // namespace strata

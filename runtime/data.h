@@ -12,10 +12,13 @@
 //               distribution, so its exact entropy rate (nats/token) is the best achievable mean
 //               loss at positions with a full context; loss_floor() adds the positions whose
 //               context is shorter than the order.
-//   text      — any UTF-8 file as byte tokens (vocabulary 256).
-//   tokens    — llm.c-style .bin: a header of 256 int32 (magic 20240520, version 1, token
-//               count), then the uint16 tokens.
-// For text and tokens the last val_fraction of the file is the validation split.
+//   text      — any UTF-8 file as byte tokens (vocabulary 256), or tokenized with data.tokenizer
+//               (byte-level BPE; the tokenizer's vocabulary).
+//   tokens, indexed — tokenized datasets (llm.c token shards, Megatron's indexed .idx/.bin),
+//               memory-mapped, one or a data.blend of several, sampled as Megatron's GPT dataset
+//               (runtime/data/corpus_source.h, runtime/data/gpt_dataset.h).
+// For text the last val_fraction of the file is the validation split; for datasets the last
+// val_fraction of the documents.
 //
 // Errors in data files (missing, truncated, wrong magic/version, invalid UTF-8, too short for
 // one sequence) throw InputError naming the file and the byte offset.
@@ -64,8 +67,22 @@ class DataSource {
   }
 };
 
+// What sampling needs to know of the run besides the data keys.
+struct SamplingShape {
+  int seq_len = 0;
+  // Sequences per iteration: tokenized datasets number the samples of a split's stream by
+  // iteration · global_batch + index in the batch (runtime/data/corpus_source.h).
+  int64_t global_batch = 1;
+  // Token ids must be below it, checked as tokens are read (0: unchecked).
+  int64_t model_vocab = 0;
+};
+
 // Builds the source of `data`, seeded by `seed` (train.seed) for sampling. `config_file` names
 // the config in errors about data keys. Throws InputError.
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed,
+                                             const SamplingShape& shape,
+                                             const std::string& config_file);
+// The same for a run of one sequence per iteration and no vocabulary check (tests, tools).
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed, int seq_len,
                                              const std::string& config_file);
 

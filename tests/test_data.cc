@@ -549,35 +549,35 @@ TEST_F(DataFiles, PathAndFractionChecks) {
 }
 
 TEST_F(DataFiles, TokensFile) {
-  // 1000 tokens t_i = (7 i) mod 5003: vocabulary = max + 1, and a window is recognisable by
-  // consecutive differences of 7 (mod 5003).
+  // 1000 tokens t_i = (7 i) mod 5003: a sample is recognisable by consecutive differences of 7
+  // (mod 5003), which break only where it crosses from one document (a chunk of the shard) into
+  // the next. 1000 tokens at seq 32 are re-cut into chunks of 8 · 33 = 264 tokens: 4 documents,
+  // the last (208 tokens, from token 792) the validation split.
   std::vector<uint16_t> tokens(1000);
   for (int i = 0; i < 1000; ++i) tokens[i] = static_cast<uint16_t>((7 * i) % 5003);
-  const int max_token = *std::max_element(tokens.begin(), tokens.end());
   const std::string path = write_bin("ok.bin", tokens);
   const int L = 32, n = 16;
   const auto src = make_data_source(file_config("tokens", path), 3, L, kConfig);
-  EXPECT_EQ(src->vocab_size(), max_token + 1);
-  EXPECT_EQ(src->describe(), "tokens " + path + " (1000 tokens, vocab " +
-                                 std::to_string(max_token + 1) + ", train 900, val 100)");
+  EXPECT_EQ(src->vocab_size(), 0);  // the model's: ids are checked against it as they are read
+  EXPECT_TRUE(contains(src->describe(), "4 documents, 1000 tokens")) << src->describe();
   for (Split split : {Split::kTrain, Split::kVal}) {
     const Batch b = draw(*src, split, 2, 0, n, L);
     for (int r = 0; r < n; ++r) {
-      // Find the window's start in the file and check the whole window against it.
       const int32_t* x = &b.inputs[r * L];
       const int32_t* y = &b.targets[r * L];
-      const auto at = std::find(tokens.begin(), tokens.end(), static_cast<uint16_t>(x[0]));
-      ASSERT_NE(at, tokens.end());
-      const int start = static_cast<int>(at - tokens.begin());
-      if (split == Split::kTrain) {
-        EXPECT_LE(start + L + 1, 900);
-      } else {
-        EXPECT_GE(start, 900);
-      }
+      int jumps = 0;
       for (int i = 0; i < L; ++i) {
-        ASSERT_EQ(x[i], tokens[start + i]);
-        ASSERT_EQ(y[i], tokens[start + i + 1]);
+        const auto at = std::find(tokens.begin(), tokens.end(), static_cast<uint16_t>(x[i]));
+        ASSERT_NE(at, tokens.end());
+        const int pos = static_cast<int>(at - tokens.begin());
+        if (split == Split::kTrain) {
+          EXPECT_LT(pos, 792);
+        } else {
+          EXPECT_GE(pos, 792);
+        }
+        jumps += (y[i] - x[i] + 5003) % 5003 != 7;
       }
+      EXPECT_LE(jumps, 1) << "sample " << r;  // at most one chunk boundary in 33 tokens
     }
   }
 }
@@ -630,14 +630,20 @@ TEST_F(DataFiles, BrokenTokensFiles) {
   EXPECT_EQ(e.where(), "byte 1824");
   EXPECT_TRUE(contains(e.what(), "200")) << e.what();
 
-  // 100 tokens, val_fraction 0.1: train 90, val 10 tokens; seq_len 32 needs 33 in each, so the
-  // validation split (token 90 = byte 1024 + 180) is refused.
+  // 100 tokens at seq 32: one document (a chunk is at least 8 samples), nothing to split into
+  // train and validation.
   p = write_bin("short.bin", std::vector<uint16_t>(100, 1));
   e = expect_input_error([&] { make_data_source(file_config("tokens", p), 1, 32, kConfig); });
   EXPECT_EQ(e.file(), p);
-  EXPECT_EQ(e.where(), "byte 1204");
-  EXPECT_TRUE(contains(e.what(), "33")) << e.what();
-  EXPECT_TRUE(contains(e.what(), "found 10")) << e.what();
+  EXPECT_EQ(e.where(), "documents");
+  EXPECT_TRUE(contains(e.what(), "at least 2 documents")) << e.what();
+  // 1868 tokens: seven chunks of 264 and a last of 20, the validation split (one document),
+  // shorter than one sample of 33: refused with its token count.
+  p = write_bin("val_short.bin", std::vector<uint16_t>(1868, 1));
+  e = expect_input_error([&] { make_data_source(file_config("tokens", p, 0.01), 1, 32, kConfig); });
+  EXPECT_EQ(e.file(), p);
+  EXPECT_TRUE(contains(e.what(), "33 tokens in the validation split")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "found 20")) << e.what();
 }
 
 TEST(DataShared, TinyShakespeare) {

@@ -75,8 +75,12 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Backend& be = *backend;
   check_fits_in_memory(run, be.device_memory_bytes());
   ProcessGroups groups = run.groups(be);
+  SamplingShape sampling;
+  sampling.seq_len = run.seq_len;
+  sampling.global_batch = run.global;
+  sampling.model_vocab = cfg.model.vocab_size;
   std::unique_ptr<DataSource> data =
-      make_data_source(cfg.data, cfg.train.seed, run.seq_len, cfg.source_file);
+      make_data_source(cfg.data, cfg.train.seed, sampling, cfg.source_file);
   if (data->vocab_size() > cfg.model.vocab_size) {
     throw InputError(cfg.source_file, "model.vocab_size",
                      "at least the data's vocabulary " + std::to_string(data->vocab_size()) +

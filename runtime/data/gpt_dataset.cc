@@ -116,7 +116,7 @@ void GptDataset::read_sample(uint64_t s, int32_t* tokens) const {
       if (vocab_limit_ > 0) {
         for (int64_t i = 0; i < take; ++i) {
           if (out[i] < 0 || out[i] >= vocab_limit_) {
-            throw InputError(corpus_->path(), corpus_->locate(d, offset + i),
+            throw InputError(corpus_->locate(d, offset + i), "",
                              "token ids below the model's vocabulary " +
                                  std::to_string(vocab_limit_) + " (model.vocab_size), found " +
                                  std::to_string(out[i]));

@@ -1,0 +1,252 @@
+#include "launch/commands/data.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "runtime/data/indexed.h"
+#include "runtime/data/token_shards.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+const char kUsage[] =
+    "usage: strata data prepare --tokenizer FILE --input FILE... --output PREFIX\n"
+    "                           [--format megatron|llmc] [--json-key KEY]\n"
+    "                           [--documents file|paragraphs] [--threads N] [--no-eod]\n"
+    "                           [--shard-tokens N]\n"
+    "  Tokenizes text or JSON Lines into a dataset for data.source \"indexed\" or \"tokens\".\n"
+    "  --tokenizer FILE   a Hugging Face tokenizer.json or a tiktoken ranks file\n"
+    "  --input FILE...    .jsonl/.json: one document per line (its KEY field, default \"text\");\n"
+    "                     any other file: UTF-8 text, one document per file (or per paragraph)\n"
+    "  --output PREFIX    megatron: PREFIX.idx + PREFIX.bin; llmc: PREFIX_000000.bin, ...\n"
+    "  --format F         megatron (default, Megatron-LM's indexed dataset) or llmc (shards)\n"
+    "  --documents D      text inputs: file (default) or paragraphs (split at blank lines)\n"
+    "  --threads N        tokenizer threads (default: the cores)\n"
+    "  --no-eod           no end-of-document token after each document\n"
+    "  --shard-tokens N   llmc: tokens per shard (default 100000000)\n";
+
+struct Options {
+  std::string tokenizer, output, format = "megatron", json_key = "text", documents = "file";
+  std::vector<std::string> inputs;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool eod = true;
+  int64_t shard_tokens = 100000000;
+};
+
+[[noreturn]] void bad(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected + " (see strata data prepare --help)");
+}
+
+int64_t positive(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size() && n > 0) return n;
+  } catch (const std::exception&) {
+  }
+  bad(flag, "a positive integer, got \"" + v + "\"");
+}
+
+Options parse(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) bad(a, "a value after " + a);
+      return args[++i];
+    };
+    if (a == "--tokenizer") {
+      o.tokenizer = value();
+    } else if (a == "--output") {
+      o.output = value();
+    } else if (a == "--format") {
+      o.format = value();
+      if (o.format != "megatron" && o.format != "llmc") bad(a, "megatron or llmc, got " + o.format);
+    } else if (a == "--json-key") {
+      o.json_key = value();
+    } else if (a == "--documents") {
+      o.documents = value();
+      if (o.documents != "file" && o.documents != "paragraphs")
+        bad(a, "file or paragraphs, got " + o.documents);
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(positive(a, value()));
+    } else if (a == "--shard-tokens") {
+      o.shard_tokens = positive(a, value());
+    } else if (a == "--no-eod") {
+      o.eod = false;
+    } else if (a == "--input") {
+      o.inputs.push_back(value());
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) o.inputs.push_back(args[++i]);
+    } else {
+      bad(a, "an option of strata data prepare");
+    }
+  }
+  if (o.tokenizer.empty()) bad("--tokenizer", "a tokenizer file");
+  if (o.inputs.empty()) bad("--input", "one or more input files");
+  if (o.output.empty()) bad("--output", "an output prefix");
+  return o;
+}
+
+bool is_json_lines(const std::string& path) {
+  auto ends = [&](const char* s) {
+    const std::string x(s);
+    return path.size() >= x.size() && path.compare(path.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends(".jsonl") || ends(".json");
+}
+
+// Where the tokens go: one indexed dataset, or llm.c shards.
+class Sink {
+ public:
+  Sink(const Options& o, int token_bytes) : o_(o), token_bytes_(token_bytes) {
+    if (o.format == "megatron") indexed_ = std::make_unique<IndexedDatasetWriter>(o.output, token_bytes);
+  }
+  void add(const std::vector<int32_t>& doc) {
+    if (indexed_) {
+      indexed_->add_document(doc.data(), static_cast<int64_t>(doc.size()));
+      return;
+    }
+    for (int32_t t : doc) {
+      shard_.push_back(t);
+      if (static_cast<int64_t>(shard_.size()) == o_.shard_tokens) flush();
+    }
+  }
+  // Finishes the outputs; returns what was written.
+  std::string finish() {
+    if (indexed_) {
+      indexed_->finish();
+      return o_.output + ".idx + .bin";
+    }
+    if (!shard_.empty() || shards_ == 0) flush();
+    return std::to_string(shards_) + " shard(s) " + o_.output + "_*.bin";
+  }
+
+ private:
+  void flush() {
+    char name[32];
+    std::snprintf(name, sizeof name, "_%06d.bin", shards_++);
+    write_token_shard(o_.output + name, shard_.data(), static_cast<int64_t>(shard_.size()),
+                      token_bytes_);
+    shard_.clear();
+  }
+
+  const Options& o_;
+  int token_bytes_;
+  std::unique_ptr<IndexedDatasetWriter> indexed_;
+  std::vector<int32_t> shard_;
+  int shards_ = 0;
+};
+
+int prepare(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  const Options o = parse(args);
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(o.tokenizer);
+  std::optional<int32_t> eod;
+  if (o.eod) {
+    eod = tok->eod_id();
+    if (!eod)
+      throw InputError(o.tokenizer, "added_tokens",
+                       "an end-of-document token (<|endoftext|>, <|end_of_text|> or </s>), or "
+                       "--no-eod");
+  }
+  const int token_bytes = optimal_token_bytes(tok->vocab_size());
+  Sink sink(o, token_bytes);
+
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto last_report = t0;
+  int64_t documents = 0, tokens = 0, bytes = 0;
+  std::vector<std::string> batch;
+  size_t batch_bytes = 0;
+  auto flush = [&] {
+    for (std::vector<int32_t>& ids : tok->encode_batch(batch, o.threads)) {
+      if (eod) ids.push_back(*eod);
+      tokens += static_cast<int64_t>(ids.size());
+      sink.add(ids);
+      ++documents;
+    }
+    batch.clear();
+    batch_bytes = 0;
+    const auto now = Clock::now();
+    if (now - last_report > std::chrono::seconds(2)) {
+      const double s = std::chrono::duration<double>(now - t0).count();
+      std::fprintf(stderr, "  %lld documents, %lld tokens, %.1f MB read, %.1f MB/s\n",
+                   static_cast<long long>(documents), static_cast<long long>(tokens),
+                   static_cast<double>(bytes) / 1e6, static_cast<double>(bytes) / 1e6 / s);
+      last_report = now;
+    }
+  };
+  auto add = [&](std::string doc) {
+    bytes += static_cast<int64_t>(doc.size());
+    batch_bytes += doc.size();
+    batch.push_back(std::move(doc));
+    if (batch_bytes > (size_t{8} << 20)) flush();
+  };
+  for (const std::string& path : o.inputs) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError(path, "", "a readable input file");
+    if (is_json_lines(path)) {
+      std::string line;
+      for (int64_t n = 1; std::getline(in, line); ++n) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains(o.json_key) ||
+            !j[o.json_key].is_string())
+          throw InputError(path, "line " + std::to_string(n),
+                           "a JSON object with a string \"" + o.json_key + "\"");
+        add(j[o.json_key].get<std::string>());
+      }
+      continue;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    if (o.documents == "file") {
+      add(std::move(text));
+      continue;
+    }
+    // Paragraphs: runs of lines between blank lines, each keeping its final newline.
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find("\n\n", start);
+      end = end == std::string::npos ? text.size() : end + 1;
+      if (text.find_first_not_of("\n", start) < end) add(text.substr(start, end - start));
+      start = text.find_first_not_of('\n', end);
+      if (start == std::string::npos) break;
+    }
+  }
+  flush();
+  if (documents == 0) throw InputError(o.inputs.front(), "", "at least one document in the inputs");
+  const std::string written = sink.finish();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("prepared %lld documents, %lld tokens (%s) from %.1f MB in %.2f s (%.1f MB/s, %d "
+              "threads) -> %s\n",
+              static_cast<long long>(documents), static_cast<long long>(tokens),
+              token_bytes == 2 ? "uint16" : "int32", static_cast<double>(bytes) / 1e6, s,
+              static_cast<double>(bytes) / 1e6 / s, o.threads, written.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int cmd_data(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "prepare") return prepare({args.begin() + 1, args.end()});
+  throw InputError("<command line>", args[0], "a data subcommand: prepare (strata data --help)");
+}
+
+}  // namespace strata

@@ -1,0 +1,208 @@
+// Tokenized datasets end to end (data.source "indexed" / "tokens", data.blend, strata data
+// prepare): datasets written with Strata's writers into a temporary directory, read through the
+// config like a user's.
+//
+//   * every layout sees the same global batches: the sequences of a global batch are the same
+//     whether one rank draws them all or ranks draw slices of it;
+//   * resume: a run stopped at a checkpoint mid-epoch and resumed sees the samples of the
+//     uninterrupted run — its losses are bit-identical — with a blend of two datasets;
+//   * bad data: a blend path that does not exist, a token at or beyond the model's vocabulary;
+//   * strata data prepare: JSON Lines and paragraphs of text through the golden GPT-2-style
+//     tokenizer into an indexed dataset and into llm.c shards, tokens equal to the tokenizer's
+//     ids of each document plus the end-of-document token.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "launch/commands/data.h"
+#include "launch/config/config_parse.h"
+#include "launch/train/trainer.h"
+#include "runtime/data.h"
+#include "runtime/data/indexed.h"
+#include "runtime/data/token_shards.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTokenizer =
+    std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+
+class Datasets : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("strata_datasets_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // An indexed dataset of `docs` documents of random length in [20, 200) and tokens in
+  // [0, vocab), from `seed`.
+  std::string indexed(const std::string& name, int docs, int vocab, uint32_t seed) {
+    const std::string prefix = (dir_ / name).string();
+    IndexedDatasetWriter w(prefix, 2);
+    std::mt19937 rng(seed);
+    for (int d = 0; d < docs; ++d) {
+      std::vector<int32_t> t(20 + rng() % 180);
+      for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+      w.add_document(t.data(), static_cast<int64_t>(t.size()));
+    }
+    w.finish();
+    return prefix;
+  }
+
+  std::vector<std::string> train_sets(const std::string& blend) {
+    return {"model.preset=tiny",      "model.num_layers=2",       "model.seq_len=32",
+            "train.iterations=8",     "train.micro_batch_size=2", "train.global_batch_size=4",
+            "train.eval_interval=4",  "train.eval_iters=2",       "train.threads=1",
+            "log.interval=1000",      "data.source=indexed",      "data.blend=" + blend};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Datasets, EveryLayoutDrawsTheSameGlobalBatches) {
+  DataConfig d;
+  d.source = "indexed";
+  d.blend = std::vector<BlendEntry>{{indexed("a", 60, 64, 1), 2}, {indexed("b", 40, 64, 2), 1}};
+  SamplingShape shape;
+  shape.seq_len = 16;
+  shape.global_batch = 8;
+  shape.model_vocab = 64;
+  const auto src = make_data_source(d, 7, shape, "cfg.json");
+  for (Split split : {Split::kTrain, Split::kVal}) {
+    for (uint64_t iter : {0, 1, 5, 40}) {  // 40 batches of 8: past the first epoch of b
+      std::vector<int32_t> in(8 * 16), tg(8 * 16), pin(8 * 16), ptg(8 * 16);
+      src->sample(split, iter, 0, 8, 16, in.data(), tg.data());
+      // Data-parallel ranks and micro-batches draw slices; the batch is the same.
+      for (int first : {0, 2, 4, 6})
+        src->sample(split, iter, first, 2, 16, pin.data() + first * 16, ptg.data() + first * 16);
+      EXPECT_EQ(in, pin) << "iteration " << iter;
+      EXPECT_EQ(tg, ptg) << "iteration " << iter;
+      for (int r = 0; r < 8; ++r)  // targets are the inputs shifted by one
+        for (int i = 0; i + 1 < 16; ++i) EXPECT_EQ(tg[r * 16 + i], in[r * 16 + i + 1]);
+    }
+  }
+}
+
+TEST_F(Datasets, ResumeMidEpochWithABlendIsBitIdentical) {
+  const std::string blend = "[{\"path\": \"" + indexed("a", 40, 64, 3) +
+                            "\", \"weight\": 0.7}, {\"path\": \"" + indexed("b", 30, 64, 4) +
+                            "\", \"weight\": 0.3}]";
+  RunContext ctx;
+  ctx.verbose = false;
+  ctx.single_process = true;
+  const TrainResult whole = run_training(load_config("", train_sets(blend)), ctx);
+  std::vector<std::string> first = train_sets(blend);
+  first.push_back("checkpoint.dir=" + (dir_ / "ckpt").string());
+  first.push_back("checkpoint.interval=3");
+  first.push_back("train.iterations=3");
+  run_training(load_config("", first), ctx);
+  std::vector<std::string> rest = first;
+  rest.back() = "train.iterations=8";
+  const TrainResult resumed = run_training(load_config("", rest), ctx);
+  ASSERT_EQ(resumed.start_iteration, 3);
+  ASSERT_EQ(resumed.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << i;
+  // Evaluations at iterations 4 and 8 in both runs.
+  ASSERT_EQ(resumed.val_losses.size(), 2u);
+  EXPECT_EQ(resumed.val_losses, whole.val_losses);
+}
+
+TEST_F(Datasets, BadBlendPathsAndTokensAreNamed) {
+  const std::string a = indexed("a", 20, 64, 5);
+  try {
+    RunContext ctx;
+    ctx.verbose = false;
+    ctx.single_process = true;
+    run_training(load_config("", train_sets("[{\"path\": \"" + a + "\", \"weight\": 1}, "
+                                            "{\"path\": \"" + (dir_ / "missing").string() +
+                                            "\", \"weight\": 1}]")),
+                 ctx);
+    FAIL() << "a missing blend path trained";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.where(), "data.blend[1].path") << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.idx"), std::string::npos) << e.what();
+  }
+  // Tokens up to 999 for a model of 64: the first one read is named by file and byte.
+  const std::string big = indexed("big", 20, 1000, 6);
+  try {
+    RunContext ctx;
+    ctx.verbose = false;
+    ctx.single_process = true;
+    std::vector<std::string> sets = train_sets("null");
+    sets.push_back("data.path=" + big);
+    run_training(load_config("", sets), ctx);
+    FAIL() << "tokens beyond the vocabulary trained";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.bin: byte"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocabulary 64"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
+  const std::vector<std::string> docs = {"First document, with words.",
+                                         "Second: \"quoted\" text\nover two lines.",
+                                         "Third — with a dash and digits 12345."};
+  {
+    std::ofstream j(dir_ / "in.jsonl");
+    for (const std::string& d : docs) j << nlohmann::json{{"text", d}}.dump() << "\n";
+    std::ofstream t(dir_ / "in.txt");
+    for (size_t i = 0; i < docs.size(); ++i) t << docs[i] << (i + 1 < docs.size() ? "\n\n" : "\n");
+  }
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(kTokenizer);
+  ASSERT_TRUE(tok->eod_id().has_value());
+  const std::string out = (dir_ / "out").string();
+  ASSERT_EQ(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "in.jsonl").string(),
+                      "--output", out, "--threads", "2"}),
+            0);
+  const std::unique_ptr<TokenCorpus> c = open_indexed_dataset(out);
+  ASSERT_EQ(c->num_documents(), 3);
+  for (int d = 0; d < 3; ++d) {
+    std::vector<int32_t> want = tok->encode(docs[static_cast<size_t>(d)]);
+    want.push_back(*tok->eod_id());
+    std::vector<int32_t> got(static_cast<size_t>(c->document_length(d)));
+    c->read(d, 0, static_cast<int64_t>(got.size()), got.data());
+    EXPECT_EQ(got, want) << "document " << d;
+  }
+  // Paragraphs of a text file, as llm.c shards: the same documents, one stream.
+  ASSERT_EQ(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "in.txt").string(),
+                      "--output", out + "_llmc", "--format", "llmc", "--documents",
+                      "paragraphs"}),
+            0);
+  const std::unique_ptr<TokenCorpus> s = open_token_shards(out + "_llmc_000000.bin");
+  std::vector<int32_t> want;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    std::vector<int32_t> ids = tok->encode(docs[d] + "\n");
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(*tok->eod_id());
+  }
+  std::vector<int32_t> got(static_cast<size_t>(s->num_tokens()));
+  s->read(0, 0, static_cast<int64_t>(got.size()), got.data());
+  EXPECT_EQ(got, want);
+  // A JSON line without the field is named by file and line.
+  {
+    std::ofstream j(dir_ / "bad.jsonl");
+    j << "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n";
+  }
+  try {
+    cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "bad.jsonl").string(),
+              "--output", out + "_bad"});
+    FAIL() << "a line without text was prepared";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.where(), "line 2");
+  }
+  EXPECT_FALSE(fs::exists(out + "_bad.idx"));  // nothing half-written
+}
+
+}  // namespace
+}  // namespace strata
