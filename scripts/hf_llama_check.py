@@ -43,7 +43,7 @@ N_TOKENS, VAL_FRACTION = 400, 0.1
 SHARD = "40KB"
 
 
-# ---- runtime/data.cc's sampling of a `tokens` source, in Python ----
+# ---- the sampling of a `tokens` source (runtime/data/corpus_source.cc, gpt_dataset.cc), in Python ----
 
 def mix64(x):
     z = (x + 0x9E3779B97F4A7C15) & MASK64
@@ -52,26 +52,47 @@ def mix64(x):
     return z ^ (z >> 31)
 
 
-def sequence_key(seed, split, it, g):
-    h = mix64(seed)
-    h = mix64(h ^ split)
-    h = mix64(h ^ it)
-    return mix64(h ^ g)
+def keyed_permutation(x, n, key):
+    """gpt_dataset.cc's keyed bijection of [0, n): a 4-round Feistel network, cycle walking."""
+    if n <= 1:
+        return x
+    bits = 1
+    while (1 << bits) < n:
+        bits += 1
+    half = (bits + 1) // 2
+    mask = (1 << half) - 1
+    while True:
+        l, r = x >> half, x & mask
+        for rnd in range(4):
+            f = mix64(key ^ ((rnd * 0x9E3779B97F4A7C15) & MASK64) ^ r) & mask
+            l, r = r, l ^ f
+        x = (l << half) | r
+        if x < n:
+            return x
 
 
-def stream_word(key, i):
-    return mix64((key + i * 0x9E3779B97F4A7C15) & MASK64)
+def shuffle_key(seed, split, epoch, which):
+    return mix64(mix64(seed ^ 0x5EED0FDA7A5E7) ^ ((split << 62) & MASK64) ^ (epoch << 1) ^ which)
 
 
 def strata_batch(tokens, it):
-    """Training batch `it` (0-based) of one process: sequence g starts at word 0 of its key
-    modulo the number of windows of seq_len + 1 tokens in the train split."""
-    n_train = math.floor(len(tokens) * (1.0 - VAL_FRACTION))
-    starts = n_train - S
+    """Training batch `it` (0-based) of one process: the shard is cut into documents (chunks of
+    clamp(n/20, 8·(S+1), 2^20) tokens when it has fewer than 20 of 2^20), the last
+    ⌈val_fraction · documents⌉ are validation; sample s = it·B + g of epoch 0 is sample
+    keyed_permutation(s) of the train documents concatenated in keyed_permutation order."""
+    n = len(tokens)
+    chunk = min(max(n // 20, 8 * (S + 1)), 1 << 20)
+    docs = [tokens[i:i + chunk] for i in range(0, n, chunk)]
+    train = docs[:len(docs) - max(1, math.ceil(len(docs) * VAL_FRACTION))]
+    order = [keyed_permutation(k, len(train), shuffle_key(SEED, 0, 0, 0)) for k in range(len(train))]
+    stream = [t for k in order for t in train[k]]
+    samples = (len(stream) - 1) // S
     rows = []
     for g in range(B):
-        w = stream_word(sequence_key(SEED, 0, it, g), 0) % starts
-        rows.append(tokens[w:w + S + 1])
+        s = it * B + g
+        assert s < samples, "the check reads epoch 0 only"
+        j = keyed_permutation(s, samples, shuffle_key(SEED, 0, 0, 1))
+        rows.append(stream[j * S:j * S + S + 1])
     t = torch.tensor(rows, dtype=torch.long)
     return t[:, :S], t[:, 1:]
 
