@@ -8,7 +8,8 @@ bench_tokenizer cuts it, encoded by
               from the tiktoken ranks file and pattern
   tokenizers  Tokenizer.encode_batch_fast (or encode_batch) with add_special_tokens=False, in a
               child process with RAYON_NUM_THREADS=N (rayon's pool size is fixed at first use)
-at each thread count; best of --runs runs, each with a freshly loaded tokenizer. Checks that the
+at each thread count, and the references on the whole text as one string (one thread, their best
+case); best of --runs runs, each with a freshly loaded tokenizer. Checks that the
 three give the same number of ids, and prints MB/s (10^6 bytes of text per second) side by side.
 
 Defaults: the gpt2_style fixture of tests/golden/tokenizer on ../shared/data/tinyshakespeare.txt.
@@ -120,11 +121,29 @@ def main():
         rows.setdefault("tokenizers", {})[t] = run_tokenizers(json_path, args.file, args.repeat, t,
                                                               args.runs)
 
-    counts = {ids for r in rows.values() for (_, ids) in r.values()}
+    # The references' best case beside their batch APIs: the whole text as one string, one thread
+    # (no per-document Python overhead).
+    from tokenizers import Tokenizer
+    whole = "".join(docs)
+    for name, enc_one in (("tiktoken (one str)", lambda: tiktoken_encoding(args.name, ranks_path)),
+                          ("tokenizers (one str)", lambda: Tokenizer.from_file(json_path))):
+        best = 1e30
+        for _ in range(args.runs):
+            e = enc_one()
+            t0 = time.perf_counter()
+            if name.startswith("tiktoken"):
+                e.encode(whole, allowed_special="all")
+            else:
+                e.encode(whole, add_special_tokens=False)
+            best = min(best, time.perf_counter() - t0)
+        rows[name] = {threads[0]: (best, None)}
+
+    counts = {ids for r in rows.values() for (_, ids) in r.values() if ids is not None}
     print(f"{'MB/s':20s}" + "".join(f"{str(t) + ' thread' + ('s' if t > 1 else ''):>12s}"
                                      for t in threads))
     for name, r in rows.items():
-        print(f"{name:20s}" + "".join(f"{nbytes / r[t][0] / 1e6:12.1f}" for t in threads))
+        print(f"{name:20s}" + "".join(f"{nbytes / r[t][0] / 1e6:12.1f}" if t in r else f"{'':>12s}"
+                                      for t in threads))
     print("ids per run:", ", ".join(str(c) for c in sorted(counts)),
           "(all equal)" if len(counts) == 1 else "(DIFFER)")
 
