@@ -196,6 +196,27 @@ INSTANTIATE_TEST_SUITE_P(BothReferences, TokenizerGolden,
                                          Case{"llama3_style", "tiktoken"}),
                          case_name);
 
+// tokenizer.json options tiktoken has no counterpart for (add_prefix_space, ignore_merges, the
+// Split behaviours, a String pattern): the base fixture with keys changed as golden.json says,
+// against the ids tokenizers gives on the stress text.
+TEST(Tokenizer, HuggingFaceVariantsMatchTokenizers) {
+  const auto m = golden_manifest();
+  const std::string stress = read_file(kDir + "stress.txt");
+  ASSERT_GE(m["variants"].size(), 8u);
+  for (const auto& [name, v] : m["variants"].items()) {
+    auto j =
+        nlohmann::json::parse(read_file(kDir + v["base"].get<std::string>() + ".tokenizer.json"));
+    for (const auto& change : v["patch"])
+      j[nlohmann::json::json_pointer(change[0].get<std::string>())] = change[1];
+    const auto tok = Tokenizer::load(write_temp(name + ".json", j.dump()));
+    const std::vector<int32_t> want = read_ids(kDir + "variant." + name + ".stress.ids", 4);
+    const std::vector<int32_t> got = tok->encode(stress);
+    const int64_t d = first_difference(got, want);
+    EXPECT_EQ(d, -1) << name << ": first difference at id " << d << " of " << want.size();
+    std::printf("[ golden   ] variant %s: %zu ids compared\n", name.c_str(), want.size());
+  }
+}
+
 // Both file kinds of one tokenizer load to the same tokenizer.
 TEST(Tokenizer, JsonAndTiktokenAgreeOnMisc) {
   for (const std::string name : {"gpt2_style", "llama3_style"}) {

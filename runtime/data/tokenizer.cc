@@ -267,40 +267,6 @@ constexpr const char* kGpt2Pattern =
 constexpr const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// The references' \s (Rust regex, fancy-regex, Oniguruma) includes U+0085; PCRE2's (Unicode
-// space separators and \t\n\v\f\r) does not. \s and \S are rewritten to include it.
-std::string widen_whitespace(const std::string& p) {
-  std::string out;
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      const char d = p[i + 1];
-      if (d == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      } else if (d == 'S' && !in_class) {
-        out += "[^\\s\\x{85}]";
-      } else {
-        out += c;
-        out += d;
-      }
-      ++i;
-      continue;
-    }
-    if (c == '[' && !in_class) {
-      in_class = true;
-      out += c;
-      // A ']' right after '[' or '[^' is a literal.
-      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
-      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
-      continue;
-    }
-    if (c == ']' && in_class) in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 std::string escape_regex(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -319,7 +285,7 @@ class Regex {
  public:
   // Throws InputError(file, where, ...) when the pattern does not compile.
   Regex(const std::string& pattern, const std::string& file, const std::string& where) {
-    const std::string p = widen_whitespace(pattern);
+    const std::string& p = pattern;
     int err = 0;
     PCRE2_SIZE off = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), PCRE2_UTF | PCRE2_UCP,

@@ -29,9 +29,9 @@
 //     differs from leftmost-longest only if one special token is a prefix of another.
 //   - decode() concatenates the bytes of each token, special tokens included (their text); the
 //     result may be invalid UTF-8 where a multi-byte character is split across a cut.
-//   - Regexes run on PCRE2 with UTF and Unicode properties (JIT when available); \s is
-//     widened to include U+0085 (NEL), which the references' regex engines count as
-//     whitespace and PCRE2 does not.
+//   - Regexes run on PCRE2 with UTF and Unicode properties (PCRE2_UCP; JIT when available).
+//     Its \s, \p{L}, \p{N} and (?i) agree with the references' engines (Oniguruma,
+//     fancy-regex) on the stress text, U+0085 and U+00A0 included.
 //
 // Thread-safety: a loaded Tokenizer is immutable; every const method may be called from any
 // number of threads at once. Each thread keeps its own cache of pre-token -> ids for the

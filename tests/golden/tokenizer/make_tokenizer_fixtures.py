@@ -194,6 +194,34 @@ def main():
             info["ids"][inp] = {"count": len(a), "dtype": "uint16" if fmt == "H" else "uint32"}
             print(f"{name:13s} {inp:15s} {len(a):8d} ids, tokenizers == tiktoken")
         manifest["tokenizers"][name] = info
+    # Variants: a base tokenizer.json with some keys changed (JSON pointer -> value), ids from
+    # tokenizers alone (tiktoken has no such options) on the stress text.
+    variants = {
+        "gpt2_prefix_space": ("gpt2_style", [["/pre_tokenizer/add_prefix_space", True]]),
+        "llama3_ignore_merges": ("llama3_style", [["/model/ignore_merges", True]]),
+        "llama3_prefix_space": ("llama3_style",
+                                [["/pre_tokenizer/pretokenizers/1/add_prefix_space", True]]),
+    }
+    for behavior in ("Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        variants["llama3_" + behavior] = ("llama3_style",
+                                          [["/pre_tokenizer/pretokenizers/0/behavior", behavior]])
+    variants["gpt2_split_string"] = ("gpt2_style", [["/pre_tokenizer", {
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "e"}, "behavior": "MergedWithNext", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}]])
+    manifest["variants"] = {}
+    for vname, (base, patch) in variants.items():
+        j = json.load(open(os.path.join(HERE, base + ".tokenizer.json"), encoding="utf-8"))
+        for pointer, value in patch:
+            *parents, last = pointer.strip("/").split("/")
+            node = j
+            for k in parents:
+                node = node[int(k)] if isinstance(node, list) else node[k]
+            node[int(last) if isinstance(node, list) else last] = value
+        ids = Tokenizer.from_str(json.dumps(j)).encode(STRESS_TEXT, add_special_tokens=False).ids
+        write_ids(os.path.join(HERE, f"variant.{vname}.stress.ids"), ids, "I")
+        manifest["variants"][vname] = {"base": base, "patch": patch, "count": len(ids)}
+        print(f"{vname:25s} stress {len(ids):8d} ids (tokenizers)")
     with open(os.path.join(HERE, "golden.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
