@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/util.h"
@@ -139,6 +140,47 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
   }
 }
 
+template <class T>
+void attention_decode(T* out, const T* q, const T* k, const T* v, int B, int Tn, int S_max, int NH,
+                      int KVH, int HS, int pos0) {
+  const int group = NH / KVH;
+  const T scale = T(1) / std::sqrt(T(HS));
+  const size_t kv_row = static_cast<size_t>(KVH) * HS;  // one position of the cache
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      std::vector<T> p(static_cast<size_t>(pos0 + Tn));
+      const T* kb = k + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
+      const T* vb = v + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
+      for (int t = 0; t < Tn; ++t) {
+        const T* qt = q + ((static_cast<size_t>(b) * Tn + t) * NH + h) * HS;
+        T* o = out + ((static_cast<size_t>(b) * Tn + t) * NH + h) * HS;
+        const int n = pos0 + t + 1;  // keys 0 … pos0 + t
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int j = 0; j < n; ++j) {
+          const T* kj = kb + static_cast<size_t>(j) * kv_row;
+          T dot = 0;
+          for (int i = 0; i < HS; ++i) dot += qt[i] * kj[i];
+          p[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        T sum = 0;
+        for (int j = 0; j < n; ++j) {
+          p[static_cast<size_t>(j)] = exp_t(p[static_cast<size_t>(j)] - mx);
+          sum += p[static_cast<size_t>(j)];
+        }
+        const T inv = T(1) / sum;
+        for (int i = 0; i < HS; ++i) o[i] = T(0);
+        for (int j = 0; j < n; ++j) {
+          const T w = p[static_cast<size_t>(j)] * inv;
+          const T* vj = vb + static_cast<size_t>(j) * kv_row;
+          for (int i = 0; i < HS; ++i) o[i] += w * vj[i];
+        }
+      }
+    }
+  }
+}
+
 size_t attention_scratch_elems(int S) {
   return static_cast<size_t>(S) * S * static_cast<size_t>(omp_get_max_threads());
 }
@@ -148,7 +190,9 @@ size_t attention_scratch_elems(int S) {
 #define STRATA_INSTANTIATE_CPU_ATTENTION(T)                                 \
   template void attention_forward<T>(T*, T*, const T*, int, int, int, int, int); \
   template void attention_backward<T>(T*, const T*, const T*, const T*, T*, int, int, int, int, \
-                                      int);
+                                      int);                                                      \
+  template void attention_decode<T>(T*, const T*, const T*, const T*, int, int, int, int, int,  \
+                                    int, int);
 
 STRATA_INSTANTIATE_CPU_ATTENTION(float)
 STRATA_INSTANTIATE_CPU_ATTENTION(double)

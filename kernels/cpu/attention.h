@@ -31,4 +31,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
                         int S, int NH, int KVH, int HS);
 size_t attention_scratch_elems(int S);
 
+// Generation: out (B, T, NH, HS) = causal attention of the queries q (B, T, NH, HS) of positions
+// pos0 … pos0 + T − 1 over the key/value cache k, v (B, S_max, KVH, HS) (positions 0 … pos0 + T − 1
+// filled): query t attends to positions 0 … pos0 + t; query head h uses key/value head
+// h / (NH/KVH); scores scaled by 1/√HS; the softmax as attention_forward's.
+template <class T>
+void attention_decode(T* out, const T* q, const T* k, const T* v, int B, int Tn, int S_max, int NH,
+                      int KVH, int HS, int pos0);
+
 }  // namespace strata::kernels::cpu
