@@ -93,17 +93,3 @@ MixedPrecisionScope::~MixedPrecisionScope() {
 }
 
 }  // namespace strata
-
-namespace strata {
-
-// TEMPORARY, until the CUDA backend has them: generation runs on the backends that override
-// these (the CPU's).
-void Backend::kv_cache_append(Tensor&, Tensor&, Tensor&, const Tensor&, int, int, int64_t) {
-  throw std::runtime_error("kv_cache_append: generation is not implemented on " + name());
-}
-void Backend::attention_decode(Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int,
-                               int64_t) {
-  throw std::runtime_error("attention_decode: generation is not implemented on " + name());
-}
-
-}  // namespace strata

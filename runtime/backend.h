@@ -178,14 +178,14 @@ class Backend {
   // at positions pos0 … pos0 + T − 1, copies the queries to q (B, T, NH, HS) and the key and
   // value heads into k_cache, v_cache (B, S_max, KVH, HS) at those positions (pos0 + T ≤ S_max).
   virtual void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv,
-                               int num_heads, int num_kv_heads, int64_t pos0);
+                               int num_heads, int num_kv_heads, int64_t pos0) = 0;
   // attention_decode: out (B, T, NH, HS) = causal attention of those queries over the cache:
   // query t (position pos0 + t) attends to cached positions 0 … pos0 + t with query head h on
   // key/value head h / (NH/KVH), scores scaled by 1/√HS; the same arithmetic as
   // attention_forward's rows (the CPU reference: kernels/cpu/attention.h).
   virtual void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache, int num_heads, int num_kv_heads,
-                                int64_t pos0);
+                                int64_t pos0) = 0;
 
   // ---- embedding (vocab-parallel shard [vocab_start, vocab_start + wte rows)) ----
   // tokens (B, S) i32; out (B, S, C); wpe (S_max, C) may be null (only the first stage adds it).

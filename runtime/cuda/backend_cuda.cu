@@ -17,7 +17,8 @@
 //   runtime/backend.h.
 // - Everything else: the kernels of kernels/cuda, one header per op family (layernorm.h,
 //   rmsnorm.h, rope.h, gelu.h, swiglu.h, elementwise.h, gemm_bias.h, embedding.h,
-//   cross_entropy.h, precision.h, seq_permute.h) and optim.h.
+//   cross_entropy.h, precision.h, seq_permute.h, attention_decode.h for generation with a
+//   key/value cache) and optim.h.
 // Native bf16: every kernel reads and writes f32 or bf16 itself (computing in f32) for the type
 // layout the models use — activations and their gradients of one type, weights of one type,
 // statistics and parameter gradients f32. Any other mix (say an f32 output of a bf16 input, or
@@ -47,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_decode.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/elementwise.h"
@@ -547,6 +549,49 @@ class CudaBackend final : public Backend {
   }
   void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int NH, int KVH) override {
     rope(dqkv, cos_sin, NH, KVH, true);
+  }
+
+  // ---- generation with a key/value cache ----
+
+  void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int NH,
+                       int KVH, int64_t pos0) override {
+    if (!all_same_dtype(qkv, q, k_cache, v_cache)) {
+      MixedPrecisionScope mp(*this);
+      return kv_cache_append(mp.out(q), mp.out(k_cache), mp.out(v_cache), mp.in(qkv), NH, KVH,
+                             pos0);
+    }
+    const AttentionDims a = attention_dims(qkv, NH, KVH);
+    const int64_t S_max = k_cache.size(1);
+    expect_numel(q, a.B * a.S * NH * a.HS, "kv_cache_append q");
+    expect_shape(k_cache, {a.B, S_max, KVH, a.HS}, "key cache");
+    expect_shape(v_cache, {a.B, S_max, KVH, a.HS}, "value cache");
+    STRATA_CHECK(pos0 >= 0 && pos0 + a.S <= S_max,
+                 "positions " << pos0 << " + " << a.S << " beyond the cache's " << S_max);
+    CUDA_CHECK(kc::kv_cache_append(q.data(), k_cache.data(), v_cache.data(), qkv.data(), et(qkv),
+                                   as_int(a.B), as_int(a.S), as_int(S_max), NH, KVH, as_int(a.HS),
+                                   as_int(pos0), stream_));
+  }
+  void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int NH, int KVH, int64_t pos0) override {
+    if (!all_same_dtype(q, out, k_cache, v_cache)) {
+      MixedPrecisionScope mp(*this);
+      return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH, pos0);
+    }
+    STRATA_CHECK(q.dim() == 4 && q.size(2) == NH,
+                 "decode queries " << shape_string(q.shape()) << " are not (B, T, NH, HS)");
+    const int64_t B = q.size(0), T = q.size(1), HS = q.size(3), S_max = k_cache.size(1);
+    expect_shape(k_cache, {B, S_max, KVH, HS}, "key cache");
+    expect_shape(v_cache, {B, S_max, KVH, HS}, "value cache");
+    expect_numel(out, q.numel(), "decode out");
+    STRATA_CHECK(KVH >= 1 && NH % KVH == 0 && pos0 >= 0 && pos0 + T <= S_max,
+                 "decode heads " << NH << "/" << KVH << ", positions " << pos0 << " + " << T
+                                 << " of " << S_max);
+    STRATA_CHECK(HS <= kc::kDecodeMaxHeadSize, "head size " << HS << " exceeds the decode "
+                                                            << "attention's maximum "
+                                                            << kc::kDecodeMaxHeadSize);
+    CUDA_CHECK(kc::attention_decode(out.data(), q.data(), k_cache.data(), v_cache.data(), et(q),
+                                    as_int(B), as_int(T), as_int(S_max), NH, KVH, as_int(HS),
+                                    as_int(pos0), stream_));
   }
   void swiglu_forward(Tensor& out, const Tensor& gate_up) override {
     if (!same_dtype(out, gate_up)) {

@@ -43,6 +43,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cuda/attention_decode.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/layernorm.h"
@@ -798,6 +799,105 @@ TEST(CudaKernels, SwigluMatchesCpu) {
     }
 }
 
+// ==== generation with a key/value cache ==========================================================
+
+// Decode shapes: T new tokens at positions pos0 … pos0 + T − 1 of a cache of S_max.
+struct DecodeCase {
+  int B, T, S_max, NH, KVH, HS, pos0;
+  int width() const { return (NH + 2 * KVH) * HS; }
+  size_t qkv_elems() const { return static_cast<size_t>(B) * T * width(); }
+  size_t q_elems() const { return static_cast<size_t>(B) * T * NH * HS; }
+  size_t cache_elems() const { return static_cast<size_t>(B) * S_max * KVH * HS; }
+  std::string str() const {
+    return "B " + std::to_string(B) + " T " + std::to_string(T) + " S_max " +
+           std::to_string(S_max) + " NH " + std::to_string(NH) + " KVH " + std::to_string(KVH) +
+           " HS " + std::to_string(HS) + " pos0 " + std::to_string(pos0);
+  }
+};
+
+// The host reference of kv_cache_append (runtime/backend.h): a copy loop.
+void append_on_host(std::vector<float>& q, std::vector<float>& k, std::vector<float>& v,
+                    const std::vector<float>& qkv, const DecodeCase& c) {
+  const size_t HS = static_cast<size_t>(c.HS), W = static_cast<size_t>(c.width());
+  const size_t qw = c.NH * HS, kv = c.KVH * HS;
+  for (size_t b = 0; b < static_cast<size_t>(c.B); ++b)
+    for (size_t t = 0; t < static_cast<size_t>(c.T); ++t) {
+      const float* row = qkv.data() + (b * c.T + t) * W;
+      std::copy(row, row + qw, q.data() + (b * c.T + t) * qw);
+      const size_t at = (b * c.S_max + c.pos0 + t) * kv;
+      std::copy(row + qw, row + qw + kv, k.data() + at);
+      std::copy(row + qw + kv, row + W, v.data() + at);
+    }
+}
+
+// kv_cache_append and attention_decode against the host copy loop and
+// kernels/cpu/attention.h's attention_decode: grouped-query (4/2), multi-query (8/1) and
+// multi-head layouts, an empty cache (pos0 = 0) and a filled one, one new token and several, a
+// block filling the cache to its end, head sizes 32, 64, 128 and 48 (not whole warps of lanes).
+// The caches start with random values (earlier positions, and positions the append must leave
+// alone); q and out start as NaN (assigned, never read). The append is a copy: exact.
+TEST(CudaKernels, KvCacheAppendAndAttentionDecodeMatchCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const DecodeCase cases[] = {{2, 1, 40, 4, 2, 64, 0},  {2, 1, 40, 4, 2, 64, 37},
+                              {1, 5, 70, 8, 1, 128, 0}, {2, 3, 70, 8, 1, 32, 50},
+                              {3, 4, 20, 4, 4, 32, 16}, {1, 7, 130, 4, 2, 128, 100},
+                              {2, 2, 9, 2, 1, 48, 3}};
+  uint64_t key = 3400;
+  for (kc::ElemType type : {kc::ElemType::kF32, kc::ElemType::kBF16})
+    for (const DecodeCase& c : cases) {
+      const std::string what = std::string("decode ") + name(type) + " " + c.str();
+      const auto qkv = rounded(random(c.qkv_elems(), ++key), is_bf16(type));
+      auto k = rounded(random(c.cache_elems(), ++key), is_bf16(type));
+      auto v = rounded(random(c.cache_elems(), ++key), is_bf16(type));
+      DeviceArray Qkv(qkv, type), K(k, type), V(v, type);
+      DeviceArray Q(std::vector<float>(c.q_elems(), NAN), type);
+      DeviceArray Out(std::vector<float>(c.q_elems(), NAN), type);
+      ASSERT_EQ(kc::kv_cache_append(Q.get(), K.get(), V.get(), Qkv.get(), type, c.B, c.T, c.S_max,
+                                    c.NH, c.KVH, c.HS, c.pos0, nullptr),
+                cudaSuccess)
+          << what;
+      std::vector<float> q(c.q_elems());
+      append_on_host(q, k, v, qkv, c);
+      expect_close(what + " q", Q.host(), q, 0.0);
+      expect_close(what + " key cache", K.host(), k, 0.0);
+      expect_close(what + " value cache", V.host(), v, 0.0);
+      ASSERT_EQ(kc::attention_decode(Out.get(), Q.get(), K.get(), V.get(), type, c.B, c.T, c.S_max,
+                                     c.NH, c.KVH, c.HS, c.pos0, nullptr),
+                cudaSuccess)
+          << what;
+      std::vector<float> out(c.q_elems());
+      kcpu::attention_decode<float>(out.data(), q.data(), k.data(), v.data(), c.B, c.T, c.S_max,
+                                    c.NH, c.KVH, c.HS, c.pos0);
+      // f32: the sums' order and exp's last bits; bf16: one rounding at the store.
+      expect_close(what + " out", Out.host(), out, is_bf16(type) ? kTolBf16 : kTolF32);
+    }
+}
+
+// Shapes the decode kernels cannot run are refused before anything is launched.
+TEST(CudaKernels, DecodeRefusesBadShapes) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const kc::ElemType f = kc::ElemType::kF32;
+  // (B, T, S_max, NH, KVH, HS, pos0)
+  EXPECT_EQ(
+      kc::attention_decode(nullptr, nullptr, nullptr, nullptr, f, 1, 1, 8, 2, 1, 129, 0, nullptr),
+      cudaErrorInvalidValue);  // head size above 128
+  EXPECT_EQ(
+      kc::attention_decode(nullptr, nullptr, nullptr, nullptr, f, 1, 1, 8, 3, 2, 32, 0, nullptr),
+      cudaErrorInvalidValue);  // key/value heads that do not divide the query heads
+  EXPECT_EQ(
+      kc::attention_decode(nullptr, nullptr, nullptr, nullptr, f, 1, 2, 8, 2, 1, 32, 7, nullptr),
+      cudaErrorInvalidValue);  // positions beyond the cache
+  EXPECT_EQ(
+      kc::kv_cache_append(nullptr, nullptr, nullptr, nullptr, f, 1, 2, 8, 2, 1, 32, 7, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      kc::kv_cache_append(nullptr, nullptr, nullptr, nullptr, f, 1, 1, 8, 2, 0, 32, 0, nullptr),
+      cudaErrorInvalidValue);  // no key/value heads
+  EXPECT_EQ(
+      kc::kv_cache_append(nullptr, nullptr, nullptr, nullptr, f, 1, 1, 8, 2, 1, 32, -1, nullptr),
+      cudaErrorInvalidValue);
+}
+
 // ==== the backend's ops in f32 and bf16 ========================================================
 // Parameterised by the activation type; weights (compute copies) have the same type, statistics
 // and parameter gradients are f32, as train.precision = bf16 lays them out.
@@ -1321,6 +1421,65 @@ TEST_P(CudaBackendOps, GroupedQueryAttention) {
                                     B, S, NH, KVH, HS);
     expect_close("attention out" + what, get(*be, O), out, tol(act(), act()));
     expect_close("attention dqkv" + what, get(*be, dQ), dqkv, tol(act(), act()));
+  }
+}
+
+// Generation on the backend: a prompt of 5 tokens into an empty cache, then one token at a time
+// (pos0 5, 6), grouped-query (4/2) and multi-query (8/1), against the host copy loop and the CPU
+// kernel on the same values. A decode output of the other type (bf16 into f32, f32 into bf16)
+// goes through MixedPrecisionScope, as does an append into caches of the other type.
+TEST_P(CudaBackendOps, DecodeWithKeyValueCache) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const DType other = bf16() ? DType::kF32 : DType::kBF16;
+  const int heads[][2] = {{4, 2}, {8, 1}};
+  uint64_t key = 3800;
+  for (const auto& hk : heads) {
+    const int B = 2, S_max = 12, NH = hk[0], KVH = hk[1], HS = 32;
+    DecodeCase c{B, 5, S_max, NH, KVH, HS, 0};
+    std::vector<float> k(c.cache_elems(), 0.f), v(c.cache_elems(), 0.f);
+    Tensor K = put(*be, {B, S_max, KVH, HS}, k, act()), V = put(*be, {B, S_max, KVH, HS}, v, act());
+    for (int T : {5, 1, 1}) {
+      c.T = T;
+      const std::string what = " " + c.str();
+      const auto qkv = host(c.qkv_elems(), ++key);
+      Tensor Qkv = put(*be, {B, T, c.width()}, qkv, act());
+      Tensor Q = be->empty({B, T, NH, HS}, MemCategory::kActivations, act());
+      be->kv_cache_append(Q, K, V, Qkv, NH, KVH, c.pos0);
+      std::vector<float> q(c.q_elems());
+      append_on_host(q, k, v, qkv, c);
+      expect_close("kv_cache_append q" + what, get(*be, Q), q, 0.0);
+      expect_close("kv_cache_append key cache" + what, get(*be, K), k, 0.0);
+      expect_close("kv_cache_append value cache" + what, get(*be, V), v, 0.0);
+      Tensor O = be->empty({B, T, NH, HS}, MemCategory::kActivations, act());
+      Tensor Oo = be->empty({B, T, NH, HS}, MemCategory::kActivations, other);
+      be->attention_decode(O, Q, K, V, NH, KVH, c.pos0);
+      be->attention_decode(Oo, Q, K, V, NH, KVH, c.pos0);
+      std::vector<float> out(c.q_elems());
+      kcpu::attention_decode<float>(out.data(), q.data(), k.data(), v.data(), B, T, S_max, NH, KVH,
+                                    HS, c.pos0);
+      expect_close("attention_decode out" + what, get(*be, O), out, tol(act(), act()));
+      expect_close("attention_decode out (" + std::string(to_string(other)) + ")" + what,
+                   get(*be, Oo), out, tol(other, act()));
+      c.pos0 += T;
+    }
+    // An append into caches of the other type: rounded (or widened) where stored.
+    c.T = 1;
+    const auto qkv = host(c.qkv_elems(), ++key);
+    Tensor Qkv = put(*be, {B, 1, c.width()}, qkv, act());
+    Tensor Q = be->empty({B, 1, NH, HS}, MemCategory::kActivations, act());
+    Tensor Ko = put(*be, {B, S_max, KVH, HS}, rounded(k, true), other);
+    Tensor Vo = put(*be, {B, S_max, KVH, HS}, rounded(v, true), other);
+    be->kv_cache_append(Q, Ko, Vo, Qkv, NH, KVH, c.pos0);
+    std::vector<float> q(c.q_elems());
+    k = rounded(k, true), v = rounded(v, true);
+    append_on_host(q, k, v, qkv, c);  // qkv holds act() values: exact in f32, rounded in bf16
+    expect_close("kv_cache_append q (caches " + std::string(to_string(other)) + ")", get(*be, Q), q,
+                 0.0);
+    expect_close("kv_cache_append key cache (" + std::string(to_string(other)) + ")", get(*be, Ko),
+                 rounded(k, other == DType::kBF16), 0.0);
+    expect_close("kv_cache_append value cache (" + std::string(to_string(other)) + ")",
+                 get(*be, Vo), rounded(v, other == DType::kBF16), 0.0);
   }
 }
 
