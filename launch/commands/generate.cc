@@ -3,22 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <iostream>
 #include <map>
-#include <memory>
 #include <nlohmann/json.hpp>
-#include <set>
 
-#include "launch/config/config_parse.h"
-#include "launch/train/model_state.h"
-#include "launch/train/run_layout.h"
-#include "models/hf_checkpoint.h"
-#include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/checkpoint.h"
+#include "launch/commands/inference.h"
 #include "runtime/comm.h"
-#include "runtime/data/tokenizer.h"
 #include "runtime/data_internal.h"
 #include "runtime/error.h"
 
@@ -44,35 +33,6 @@ const char kUsage[] =
 
 [[noreturn]] void bad(const std::string& flag, const std::string& expected) {
   throw InputError("<command line>", flag, expected + " (see strata generate --help)");
-}
-
-// The model keys and the parameters' full tensors of the checkpoint or HF directory.
-ModelConfig model_of(const GenerateOptions& o, std::string* path) {
-  if (o.hf) {
-    *path = *o.hf;
-    if (!is_hf_directory(*o.hf))
-      throw InputError(*o.hf, "", "a Hugging Face directory (config.json and safetensors)");
-    return model_config_from_hf(read_hf_config(*o.hf), *o.hf + "/config.json");
-  }
-  std::string ck = *o.checkpoint;
-  if (!std::filesystem::exists(ck + "/metadata.json")) {
-    const auto sel = select_checkpoint(ck, "auto", std::cerr);
-    if (!sel) throw InputError(ck, "", "a checkpoint or a directory holding a valid one");
-    ck = *sel;
-  }
-  *path = ck;
-  const LoadedCheckpoint c = read_checkpoint(ck);
-  return config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
-                          ck + "/run_state.json", {"data.synthetic.vocab_size=1"})
-      .model;
-}
-
-FullTensors weights_of(const GenerateOptions& o, const ModelConfig& m, const std::string& path,
-                       const ParamLayout& layout) {
-  if (o.hf) return load_hf_model(m, path);
-  std::set<std::string> names;
-  for (const ParamInfo& p : layout.infos()) names.insert(p.name);
-  return assemble_full(read_checkpoint(path).shards, "param", names, path);
 }
 
 // The next token from one row of logits.
@@ -116,64 +76,19 @@ int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) 
 
 std::vector<Generation> generate(const GenerateOptions& o,
                                  const std::function<void(size_t, int32_t)>& on_token) {
-  if (o.checkpoint.has_value() == o.hf.has_value())
-    bad("--checkpoint", "exactly one of --checkpoint DIR and --hf DIR");
   if (o.max_new_tokens < 1) bad("--max-new-tokens", "a positive integer");
   if (!(o.temperature >= 0)) bad("--temperature", "a number >= 0");
   if (o.top_k < 0) bad("--top-k", "an integer >= 0");
   if (!(o.top_p > 0 && o.top_p <= 1)) bad("--top-p", "a number in (0, 1], got " + std::to_string(o.top_p));
   if (o.prompt_ids.empty() && o.prompts.empty()) bad("--prompt", "at least one prompt");
 
-  std::string path;
-  const ModelConfig model = model_of(o, &path);
-  // The run: the config's keys, the model's, one pipeline stage, one sequence per rank group.
-  std::vector<std::string> sets = o.sets;
-  const int world_size = world().size;
-  sets.push_back("parallel.pipeline=1");
-  sets.push_back("parallel.virtual_stages=1");
-  sets.push_back("parallel.schedule=1f1b");
-  sets.push_back("parallel.sequence_parallel=false");
-  sets.push_back("parallel.layers_per_stage=null");
-  sets.push_back("parallel.data=null");
-  sets.push_back("train.micro_batch_size=1");
-  Config probe = load_config(o.config, sets);
-  const int data = world_size / std::max(1, probe.parallel.tensor);
-  sets.push_back("train.global_batch_size=" + std::to_string(std::max(1, data)));
-  sets.push_back("data.source=synthetic");
-  sets.push_back("data.path=null");
-  sets.push_back("data.synthetic.vocab_size=1");
-  Config cfg = load_config(o.config, sets);
-  const std::optional<std::string> tokenizer_path = probe.data.tokenizer;
-  cfg.model = model;
-  cfg.model.init_from.reset();
-  validate_for_world(cfg, world_size);
-  const RunLayout run = make_run_layout(cfg, world_size == 1);
-  std::unique_ptr<Backend> be = make_backend(cfg.device, run.threads, cfg.train.attention_backend);
-  ProcessGroups groups = run.groups(*be);
-  std::unique_ptr<Model> m = build_model(model, run.model_options(0, groups.tp.get()), *be);
-  {
-    ParamStore& ps = m->params();
-    std::vector<float> hp(static_cast<size_t>(ps.numel()));
-    fill_params(ps.layout(), weights_of(o, model, path, ps.layout()), hp, path);
-    be->upload(ps.params(), hp.data());
-    ps.params_changed();
-  }
+  InferenceSession session(InferenceSource{o.checkpoint, o.hf, o.config, o.sets});
+  const ModelConfig& model = session.model_config();
+  Model& m = session.model();
 
   // Prompts as ids: given, or text through the tokenizer (a byte model: bytes).
-  std::unique_ptr<Tokenizer> tok;
-  if (tokenizer_path) tok = Tokenizer::load(*tokenizer_path);
   std::vector<std::vector<int32_t>> prompts = o.prompt_ids;
-  for (const std::string& text : o.prompts) {
-    if (tok) {
-      prompts.push_back(tok->encode(text));
-    } else if (model.vocab_size >= 256 && model.vocab_size <= 257) {
-      prompts.emplace_back(text.begin(), text.end());
-      for (int32_t& b : prompts.back()) b &= 0xFF;
-    } else {
-      bad("--prompt", "data.tokenizer (--set data.tokenizer=FILE) to tokenize a text prompt, or "
-                      "--prompt-ids");
-    }
-  }
+  for (const std::string& text : o.prompts) prompts.push_back(session.encode(text, "--prompt"));
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) bad("--prompt", "a non-empty prompt (prompt " + std::to_string(i) + ")");
     for (int32_t id : prompts[i])
@@ -195,12 +110,12 @@ std::vector<Generation> generate(const GenerateOptions& o,
   for (const auto& [len, which] : by_length) {
     const int B = static_cast<int>(which.size());
     const int64_t capacity = static_cast<int64_t>(len) + o.max_new_tokens;
-    std::unique_ptr<GenerationState> st = m->start_generation(B, capacity);
+    std::unique_ptr<GenerationState> st = m.start_generation(B, capacity);
     std::vector<int32_t> step;
     for (size_t i : which) step.insert(step.end(), prompts[i].begin(), prompts[i].end());
     int T = static_cast<int>(len);
     for (int n = 0; n < o.max_new_tokens; ++n) {
-      const std::vector<float> logits = m->decode(*st, step, T);
+      const std::vector<float> logits = m.decode(*st, step, T);
       step.assign(static_cast<size_t>(B), 0);
       for (int b = 0; b < B; ++b) {
         const size_t i = which[static_cast<size_t>(b)];
@@ -217,11 +132,7 @@ std::vector<Generation> generate(const GenerateOptions& o,
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     out[i].prompt_ids = prompts[i];
-    if (tok) {
-      out[i].text = tok->decode(out[i].ids);
-    } else if (model.vocab_size >= 256 && model.vocab_size <= 257) {
-      for (int32_t id : out[i].ids) out[i].text += static_cast<char>(id & 0xFF);
-    }
+    out[i].text = session.decode(out[i].ids);
   }
   return out;
 }

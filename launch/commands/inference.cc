@@ -1,0 +1,107 @@
+#include "launch/commands/inference.h"
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "launch/config/config_parse.h"
+#include "launch/train/model_state.h"
+#include "models/hf_checkpoint.h"
+#include "models/registry.h"
+#include "runtime/checkpoint.h"
+#include "runtime/comm.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+// The model keys of the source, and the path its weights are read from.
+ModelConfig model_of(const InferenceSource& s, std::string* path) {
+  if (s.checkpoint.has_value() == s.hf.has_value())
+    throw InputError("<command line>", "--checkpoint",
+                     "exactly one of --checkpoint DIR and --hf DIR");
+  if (s.hf) {
+    *path = *s.hf;
+    if (!is_hf_directory(*s.hf))
+      throw InputError(*s.hf, "", "a Hugging Face directory (config.json and safetensors)");
+    return model_config_from_hf(read_hf_config(*s.hf), *s.hf + "/config.json");
+  }
+  std::string ck = *s.checkpoint;
+  if (!std::filesystem::exists(ck + "/metadata.json")) {
+    const auto sel = select_checkpoint(ck, "auto", std::cerr);
+    if (!sel) throw InputError(ck, "", "a checkpoint or a directory holding a valid one");
+    ck = *sel;
+  }
+  *path = ck;
+  const LoadedCheckpoint c = read_checkpoint(ck);
+  return config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
+                          ck + "/run_state.json", {"data.synthetic.vocab_size=1"})
+      .model;
+}
+
+// The config of the session: the user's keys with one pipeline stage, no sequence parallelism,
+// one sequence per data rank, and the source's model keys.
+Config session_config(const InferenceSource& s, const ModelConfig& model) {
+  std::vector<std::string> sets = s.sets;
+  for (const char* k : {"parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
+                        "parallel.sequence_parallel=false", "parallel.layers_per_stage=null",
+                        "parallel.data=null", "train.micro_batch_size=1"})
+    sets.push_back(k);
+  const Config probe = load_config(s.config, sets);
+  const int data = std::max(1, world().size / std::max(1, probe.parallel.tensor));
+  sets.push_back("train.global_batch_size=" + std::to_string(data));
+  Config cfg = load_config(s.config, sets);
+  cfg.model = model;
+  cfg.model.init_from.reset();
+  validate_for_world(cfg, world().size);
+  return cfg;
+}
+
+}  // namespace
+
+InferenceSession::InferenceSession(const InferenceSource& source) {
+  std::string path;
+  const ModelConfig model = model_of(source, &path);
+  cfg_ = session_config(source, model);
+  run_ = make_run_layout(cfg_, world().size == 1);
+  be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);
+  groups_ = run_.groups(*be_);
+  model_ = build_model(cfg_.model, run_.model_options(0, groups_.tp.get()), *be_);
+  ParamStore& ps = model_->params();
+  std::vector<float> host(static_cast<size_t>(ps.numel()));
+  if (source.hf) {
+    fill_params(ps.layout(), load_hf_model(cfg_.model, path), host, path);
+  } else {
+    std::set<std::string> names;
+    for (const ParamInfo& p : ps.layout().infos()) names.insert(p.name);
+    fill_params(ps.layout(), assemble_full(read_checkpoint(path).shards, "param", names, path),
+                host, path);
+  }
+  be_->upload(ps.params(), host.data());
+  ps.params_changed();
+  if (cfg_.data.tokenizer) tok_ = Tokenizer::load(*cfg_.data.tokenizer);
+}
+
+std::vector<int32_t> InferenceSession::encode(const std::string& text,
+                                              const std::string& what) const {
+  if (tok_) return tok_->encode(text);
+  if (!is_byte_model())
+    throw InputError("<command line>", what,
+                     "data.tokenizer (--set data.tokenizer=FILE) to tokenize text, for a model of "
+                     "vocabulary " +
+                         std::to_string(cfg_.model.vocab_size));
+  std::vector<int32_t> ids;
+  for (unsigned char c : text) ids.push_back(c);
+  return ids;
+}
+
+std::string InferenceSession::decode(const std::vector<int32_t>& ids) const {
+  if (tok_) return tok_->decode(ids);
+  std::string out;
+  if (is_byte_model())
+    for (int32_t id : ids) out += static_cast<char>(id & 0xFF);
+  return out;
+}
+
+}  // namespace strata
