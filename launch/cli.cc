@@ -12,6 +12,7 @@
 
 #include "launch/commands/data.h"
 #include "launch/commands/export.h"
+#include "launch/commands/generate.h"
 #include "launch/commands/plan.h"
 #include "launch/commands/profile.h"
 #include "launch/commands/schedule.h"
@@ -40,6 +41,7 @@ const char* kUsage =
     "  profile   time each layer on this machine for the planner (strata profile --help)\n"
     "  export    write a checkpoint as a Hugging Face model (strata export --help)\n"
     "  data      tokenize text into a dataset: data prepare (strata data --help)\n"
+    "  generate  text from a checkpoint or a Hugging Face model (strata generate --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -142,7 +144,9 @@ int dispatch(int argc, char** argv) {
   if (cmd == "profile") return cmd_profile(args);
   if (cmd == "export") return cmd_export(args);
   if (cmd == "data") return cmd_data(args);
-  usage_error(cmd, "a command: train, plan, schedule, profile, export or data (see strata --help)");
+  if (cmd == "generate") return cmd_generate(args);
+  usage_error(cmd, "a command: train, plan, schedule, profile, export, data or generate (see "
+                   "strata --help)");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include <stdexcept>
+
 namespace strata {
 
 const char* to_string(Recompute r) {
@@ -26,6 +28,14 @@ bool parse_recompute(const std::string& s, Recompute* out) {
 
 std::vector<ModelPiece> whole_model(int num_layers) {
   return {ModelPiece{0, num_layers, true, true}};
+}
+
+std::unique_ptr<GenerationState> Model::start_generation(int, int64_t) {
+  throw std::runtime_error("this model does not generate");
+}
+
+std::vector<float> Model::decode(GenerationState&, const std::vector<int32_t>&, int) {
+  throw std::runtime_error("this model does not generate");
 }
 
 }  // namespace strata

@@ -85,6 +85,15 @@ struct ModelOptions {
   uint64_t seed = 0;               // train.seed: initialisation
 };
 
+// What generation keeps between steps for a batch of sequences (a model's key/value caches).
+class GenerationState {
+ public:
+  virtual ~GenerationState() = default;
+  int batch = 0;
+  int64_t length = 0;    // positions filled
+  int64_t capacity = 0;  // positions the caches hold
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -119,6 +128,17 @@ class Model {
   // Runs again, on the activations of a forward_piece, what selective recompute repeats in the
   // backward pass of the piece's layers (`strata profile` times it); the result is dropped.
   virtual void rerun_selective_recompute(const PieceActs& acts) = 0;
+
+  // ---- generation: a rank holding every layer (pipeline 1), tensor parallelism as in
+  // training, sequence parallelism off ----
+  // Key/value caches for `batch` sequences of up to `capacity` positions (≤ the model's). The
+  // default refuses: a model that does not generate (an encoder).
+  virtual std::unique_ptr<GenerationState> start_generation(int batch, int64_t capacity);
+  // Runs tokens (batch, T) row-major at the next T positions of each sequence, appending to the
+  // caches, and returns the logits of each sequence's last new position over the whole
+  // vocabulary: (batch, V) f32 on the host, the same on every rank of the tensor group.
+  virtual std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens,
+                                    int T);
 
   // Convenience for single-piece models (tests, evaluation in one process).
   PieceActsPtr forward(const ModelBatch& batch, LossSum* loss) {

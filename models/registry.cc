@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "runtime/error.h"
+
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
 
@@ -31,6 +33,17 @@ std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m) {
 
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend) {
   return architecture(m.arch).build(m, o, backend);
+}
+
+ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
+  const std::string type = hf.value("model_type", std::string());
+  std::string known;
+  for (const ArchSpec& a : architectures()) {
+    if (!a.hf.model_config) continue;
+    if (a.hf.hf_model_type == type) return a.hf.model_config(hf, path);
+    known += (known.empty() ? "\"" : ", \"") + a.hf.hf_model_type + "\"";
+  }
+  throw InputError(path, "model_type", "one of " + known + ", found \"" + type + "\"");
 }
 
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,

@@ -41,6 +41,10 @@ struct HfAdapter {
   // tensors to shards in, so an export shards exactly as transformers would). Optional: without
   // it, hf_tensor_order's (models/hf_checkpoint.h).
   std::function<std::vector<std::string>(const ModelConfig& m)> hf_order = {};
+  // The model keys of a Hugging Face config.json of this class (its model_type: "gpt2",
+  // "llama"), checked by check_hf_config: what `strata generate --hf DIR` builds.
+  std::string hf_model_type = {};
+  std::function<ModelConfig(const nlohmann::json& hf, const std::string& path)> model_config = {};
 };
 
 struct ArchSpec {
@@ -73,5 +77,8 @@ std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
                          const std::vector<ModelPiece>& pieces);
+// The model keys of a Hugging Face directory's config.json, by its model_type (InputError naming
+// config.json when no architecture has that class).
+ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 
 }  // namespace strata

@@ -1,6 +1,8 @@
 #include "models/decoder/decoder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "runtime/check.h"
@@ -311,6 +313,99 @@ void DecoderModel::rerun_selective_recompute(const PieceActs& acts) {
     again.qkv = a.h[static_cast<size_t>(i)].attn.qkv;
     blk.attn.recompute_core(*env_, again);
   }
+}
+
+// The key and value caches of every layer: (B, capacity, KVH/t, HS) each, activation type.
+struct DecoderGeneration final : GenerationState {
+  std::vector<Tensor> k, v;  // [layer]
+};
+
+std::unique_ptr<GenerationState> DecoderModel::start_generation(int batch, int64_t capacity) {
+  const bool whole = pieces_.size() == 1 && pieces_[0].embedding && pieces_[0].head &&
+                     pieces_[0].num_layers == shape_.L;
+  if (!whole || (options_.sequence_parallel && options_.tensor > 1))
+    throw std::runtime_error(
+        "generation needs the whole model on each rank (pipeline 1) and no sequence parallelism");
+  if (capacity < 1 || capacity > shape_.S)
+    throw std::runtime_error("generation of " + std::to_string(capacity) +
+                             " positions: the model has " + std::to_string(shape_.S));
+  auto g = std::make_unique<DecoderGeneration>();
+  g->batch = batch;
+  g->capacity = capacity;
+  const LayerEnv& env = *env_;
+  for (int l = 0; l < shape_.L; ++l) {
+    const SelfAttention& attn = block(l).attn;
+    const Shape cache{batch, capacity, attn.kv_heads_local, attn.head_size};
+    g->k.push_back(env.act_zeros(cache));
+    g->v.push_back(env.act_zeros(cache));
+  }
+  return g;
+}
+
+std::vector<float> DecoderModel::decode(GenerationState& state, const std::vector<int32_t>& ids,
+                                        int T) {
+  DecoderGeneration& g = static_cast<DecoderGeneration&>(state);
+  const LayerEnv& env = *env_;
+  const int64_t B = g.batch, pos0 = g.length;
+  if (T < 1 || static_cast<int64_t>(ids.size()) != B * T)
+    throw std::invalid_argument("decode: tokens (batch, T) with T >= 1");
+  if (pos0 + T > g.capacity)
+    throw std::runtime_error("decode: positions " + std::to_string(pos0 + T) + " beyond the " +
+                             std::to_string(g.capacity) + " the caches hold");
+  Tensor tokens = env.be.empty({B, T}, MemCategory::kActivations, DType::kI32);
+  env.be.upload(tokens, ids.data());
+  Tensor x = embedding_.forward_at(env, tokens, pos0);
+  for (int l = 0; l < shape_.L; ++l) {
+    const Block& blk = block(l);
+    const SelfAttention& attn = blk.attn;
+    Norm::Saved ln1, ln2;
+    blk.ln1.forward(env, ln1, x);
+    Tensor qkv = attn.qkv.forward(env, ln1.out);  // (B, T, (NH + 2·KVH)·HS / t)
+    if (attn.rope) {
+      const Tensor& table = attn.rope->table;  // (S, HS): rows from pos0
+      const int64_t HS = table.size(1);
+      env.be.rope_forward(qkv, table.view(pos0 * HS, {table.size(0) - pos0, HS}),
+                          attn.heads_local, attn.kv_heads_local);
+    }
+    Tensor q = env.act({B, T, attn.heads_local, attn.head_size});
+    env.be.kv_cache_append(q, g.k[static_cast<size_t>(l)], g.v[static_cast<size_t>(l)], qkv,
+                           attn.heads_local, attn.kv_heads_local, pos0);
+    qkv = Tensor();
+    Tensor core = env.act({B, T, attn.heads_local, attn.head_size});
+    env.be.attention_decode(core, q, g.k[static_cast<size_t>(l)], g.v[static_cast<size_t>(l)],
+                            attn.heads_local, attn.kv_heads_local, pos0);
+    const Tensor res1 = attn.proj.forward_residual(
+        env, core.reshape({B, T, attn.heads_local * attn.head_size}), x);
+    blk.ln2.forward(env, ln2, res1);
+    MLP::Saved mlp;
+    x = blk.mlp.forward(env, ln2.out, res1, mlp);
+  }
+  g.length += T;
+  // The head on every position (the last ones are kept), gathered over the vocabulary shards.
+  const Head& head = *head_;
+  Norm::Saved lnf;
+  head.ln_f.forward(env, lnf, x);
+  const int64_t local = head.lm_head.out_local;
+  const Tensor logits = head.lm_head.forward(env, lnf.out).reshape({B * T, local});
+  Tensor f32 = env.be.empty({B * T, local}, MemCategory::kActivations);
+  env.be.cast(f32, logits);
+  std::vector<float> rows(static_cast<size_t>(B * T * local));
+  env.be.download(rows.data(), f32);
+  const VocabShard vocab = vocab_shard(shape_.V, options_.tensor, options_.tensor_rank);
+  std::vector<float> full(static_cast<size_t>(B) * vocab.Vp, 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(rows.data() + ((b + 1) * T - 1) * local, local,
+                full.data() + b * vocab.Vp + vocab.start);
+  if (options_.tensor > 1) {  // each rank holds its shard's columns, zeros elsewhere: a sum
+    Tensor gathered = env.be.empty({B, static_cast<int64_t>(vocab.Vp)}, MemCategory::kActivations);
+    env.be.upload(gathered, full.data());
+    tp_->sum(gathered);
+    env.be.download(full.data(), gathered);
+  }
+  std::vector<float> out(static_cast<size_t>(B) * shape_.V);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(full.data() + b * vocab.Vp, shape_.V, out.data() + b * shape_.V);
+  return out;
 }
 
 }  // namespace strata

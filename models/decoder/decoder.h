@@ -98,6 +98,9 @@ class DecoderModel final : public Model {
                         bool defer_weight_grads) override;
   void backward_weight_piece(PieceActs& acts, bool last_microbatch) override;
   void rerun_selective_recompute(const PieceActs& acts) override;
+  std::unique_ptr<GenerationState> start_generation(int batch, int64_t capacity) override;
+  std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens,
+                            int T) override;
 
   const DecoderShape& shape() const { return shape_; }
   // The logits (B·S, Vp/t) of a last-piece forward (valid until its backward consumes them).

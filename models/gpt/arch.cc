@@ -51,6 +51,8 @@ ArchSpec gpt_arch() {
       throw InputError(file, "model.rope_scaling",
                        "null for arch \"gpt\" (learned positions, no rotary embeddings)");
   };
+  a.hf.hf_model_type = "gpt2";
+  a.hf.model_config = gpt_model_config_from_hf;
   return a;
 }
 

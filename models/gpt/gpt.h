@@ -29,6 +29,8 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
 // (InputError(path, key, both values) on a shape key, the activation or the LayerNorm eps).
 nlohmann::json gpt_hf_config(const ModelConfig& m);
 void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path);
+// The model keys of a GPT2Config config.json.
+ModelConfig gpt_model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 // GPT2LMHeadModel's state-dict order of the tensor names (how save_pretrained shards).
 std::vector<std::string> gpt_hf_order(const ModelConfig& m);
 

@@ -152,4 +152,20 @@ void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const s
                          act.dump());
 }
 
+ModelConfig gpt_model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
+  ModelConfig m;
+  m.arch = "gpt";
+  m.preset = "";
+  m.num_layers = hf_value(hf, "n_layer", 12).get<int>();
+  m.hidden_size = hf_value(hf, "n_embd", 768).get<int>();
+  m.num_heads = hf_value(hf, "n_head", 12).get<int>();
+  m.ffn_hidden_size = hf_value(hf, "n_inner", 4 * m.hidden_size).get<int>();
+  m.seq_len = hf_value(hf, "n_positions", 1024).get<int>();
+  m.vocab_size = hf_value(hf, "vocab_size", 50257).get<int>();
+  m.tie_embeddings = hf_value(hf, "tie_word_embeddings", true).get<bool>();
+  m.init_std = hf_value(hf, "initializer_range", 0.02).get<double>();
+  gpt_check_hf_config(m, hf, path);  // what Strata's GPT does not do (another activation, …)
+  return m;
+}
+
 }  // namespace strata

@@ -35,10 +35,20 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabS
 }
 
 Tensor VocabParallelEmbedding::forward(const LayerEnv& env, const Tensor& tokens) const {
+  return forward_at(env, tokens, 0);
+}
+
+Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tokens,
+                                          int64_t pos0) const {
   const int64_t B = tokens.size(0), S = tokens.size(1);
   const ParamInfo& t = env.params.info(table);
   Tensor x0 = env.act({B, S, t.shape[1]});
-  const Tensor pos = positions.valid() ? env.w(positions) : Tensor();
+  Tensor pos;
+  if (positions.valid()) {
+    const Tensor all = env.w(positions);  // (S_max, C)
+    const int64_t C = all.size(1), rows = all.size(0) - pos0;
+    pos = all.view(pos0 * C, {rows, C});
+  }
   env.be.embedding_forward(x0, tokens, env.w(table),
                            positions.valid() && env.tp.rank() == 0 ? &pos : nullptr, vocab.start);
   return env.tp.reduce(x0);

@@ -42,6 +42,8 @@ class VocabParallelEmbedding {
   // tokens (B, S) i32 → (B, S_local, C): the sum over the tensor group of each rank's rows (and
   // the positions), reduce-scattered to this rank's sequence chunk with sequence parallelism.
   Tensor forward(const LayerEnv& env, const Tensor& tokens) const;
+  // Generation: tokens at positions pos0 … (the learned positions from row pos0).
+  Tensor forward_at(const LayerEnv& env, const Tensor& tokens, int64_t pos0) const;
   // Table (and position) gradients from the gradient of the output, dout (B, S_local, C).
   void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens) const;
 

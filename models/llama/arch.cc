@@ -61,6 +61,8 @@ ArchSpec llama_arch() {
                            std::to_string(m.hidden_size) + " / num_heads " +
                            std::to_string(m.num_heads) + " = " + std::to_string(head_size));
   };
+  a.hf.hf_model_type = "llama";
+  a.hf.model_config = llama_model_config_from_hf;
   return a;
 }
 

@@ -40,6 +40,8 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 // (InputError(path, key, both values)).
 nlohmann::json llama_hf_config(const ModelConfig& m);
 void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path);
+// The model keys of a LlamaConfig config.json.
+ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 // LlamaForCausalLM's state-dict order of the tensor names (how save_pretrained shards; the
 // registry entry's HfAdapter::hf_order).
 std::vector<std::string> llama_hf_order(const ModelConfig& m);

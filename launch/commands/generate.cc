@@ -1,0 +1,320 @@
+#include "launch/commands/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "launch/config/config_parse.h"
+#include "launch/train/model_state.h"
+#include "launch/train/run_layout.h"
+#include "models/hf_checkpoint.h"
+#include "models/registry.h"
+#include "runtime/backend.h"
+#include "runtime/checkpoint.h"
+#include "runtime/comm.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/data_internal.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+const char kUsage[] =
+    "usage: strata generate (--checkpoint DIR | --hf DIR) [--config FILE] [--set k=v ...]\n"
+    "                       (--prompt TEXT | --prompt-ids 1,2,3)... [--max-new-tokens N]\n"
+    "                       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]\n"
+    "  --checkpoint DIR   a Strata checkpoint (iter_<N>) or a checkpoint.dir (its newest)\n"
+    "  --hf DIR           a Hugging Face directory (GPT2LMHeadModel, LlamaForCausalLM)\n"
+    "  --config, --set    the other keys: parallel.tensor (under mpirun), device,\n"
+    "                     train.precision, data.tokenizer (for text prompts)\n"
+    "  --prompt TEXT      tokenized with data.tokenizer (byte models: its bytes); repeatable\n"
+    "  --prompt-ids L     comma-separated token ids; repeatable\n"
+    "  --max-new-tokens N new tokens per prompt (default 32)\n"
+    "  --temperature T    0 (default): greedy; else sample from softmax(logits / T)\n"
+    "  --top-k K          sample among the K most likely (default 0: all)\n"
+    "  --top-p P          sample among the smallest set reaching probability P (default 1)\n"
+    "  --seed S           the sampling stream's seed (default 1)\n"
+    "  --json             one JSON object per prompt: {\"prompt_ids\", \"ids\", \"text\"}\n";
+
+[[noreturn]] void bad(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected + " (see strata generate --help)");
+}
+
+// The model keys and the parameters' full tensors of the checkpoint or HF directory.
+ModelConfig model_of(const GenerateOptions& o, std::string* path) {
+  if (o.hf) {
+    *path = *o.hf;
+    if (!is_hf_directory(*o.hf))
+      throw InputError(*o.hf, "", "a Hugging Face directory (config.json and safetensors)");
+    return model_config_from_hf(read_hf_config(*o.hf), *o.hf + "/config.json");
+  }
+  std::string ck = *o.checkpoint;
+  if (!std::filesystem::exists(ck + "/metadata.json")) {
+    const auto sel = select_checkpoint(ck, "auto", std::cerr);
+    if (!sel) throw InputError(ck, "", "a checkpoint or a directory holding a valid one");
+    ck = *sel;
+  }
+  *path = ck;
+  const LoadedCheckpoint c = read_checkpoint(ck);
+  return config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
+                          ck + "/run_state.json", {"data.synthetic.vocab_size=1"})
+      .model;
+}
+
+FullTensors weights_of(const GenerateOptions& o, const ModelConfig& m, const std::string& path,
+                       const ParamLayout& layout) {
+  if (o.hf) return load_hf_model(m, path);
+  std::set<std::string> names;
+  for (const ParamInfo& p : layout.infos()) names.insert(p.name);
+  return assemble_full(read_checkpoint(path).shards, "param", names, path);
+}
+
+// The next token from one row of logits.
+int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) {
+  const int V = static_cast<int>(logits.size());
+  if (o.temperature == 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+  const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::vector<double> p(static_cast<size_t>(k));
+  const double top = logits[static_cast<size_t>(order[0])] / o.temperature;
+  double sum = 0;
+  for (int i = 0; i < k; ++i) {
+    p[static_cast<size_t>(i)] =
+        std::exp(logits[static_cast<size_t>(order[static_cast<size_t>(i)])] / o.temperature - top);
+    sum += p[static_cast<size_t>(i)];
+  }
+  int keep = k;  // top-p: the smallest prefix reaching the mass
+  double mass = 0;
+  for (int i = 0; i < k; ++i) {
+    mass += p[static_cast<size_t>(i)] / sum;
+    if (mass >= o.top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  double kept = 0;
+  for (int i = 0; i < keep; ++i) kept += p[static_cast<size_t>(i)];
+  double u = data_internal::unit_double(data_internal::mix64(key)) * kept;
+  for (int i = 0; i < keep; ++i) {
+    u -= p[static_cast<size_t>(i)];
+    if (u < 0) return order[static_cast<size_t>(i)];
+  }
+  return order[static_cast<size_t>(keep - 1)];
+}
+
+}  // namespace
+
+std::vector<Generation> generate(const GenerateOptions& o,
+                                 const std::function<void(size_t, int32_t)>& on_token) {
+  if (o.checkpoint.has_value() == o.hf.has_value())
+    bad("--checkpoint", "exactly one of --checkpoint DIR and --hf DIR");
+  if (o.max_new_tokens < 1) bad("--max-new-tokens", "a positive integer");
+  if (!(o.temperature >= 0)) bad("--temperature", "a number >= 0");
+  if (o.top_k < 0) bad("--top-k", "an integer >= 0");
+  if (!(o.top_p > 0 && o.top_p <= 1)) bad("--top-p", "a number in (0, 1], got " + std::to_string(o.top_p));
+  if (o.prompt_ids.empty() && o.prompts.empty()) bad("--prompt", "at least one prompt");
+
+  std::string path;
+  const ModelConfig model = model_of(o, &path);
+  // The run: the config's keys, the model's, one pipeline stage, one sequence per rank group.
+  std::vector<std::string> sets = o.sets;
+  const int world_size = world().size;
+  sets.push_back("parallel.pipeline=1");
+  sets.push_back("parallel.virtual_stages=1");
+  sets.push_back("parallel.schedule=1f1b");
+  sets.push_back("parallel.sequence_parallel=false");
+  sets.push_back("parallel.layers_per_stage=null");
+  sets.push_back("parallel.data=null");
+  sets.push_back("train.micro_batch_size=1");
+  Config probe = load_config(o.config, sets);
+  const int data = world_size / std::max(1, probe.parallel.tensor);
+  sets.push_back("train.global_batch_size=" + std::to_string(std::max(1, data)));
+  sets.push_back("data.source=synthetic");
+  sets.push_back("data.path=null");
+  sets.push_back("data.synthetic.vocab_size=1");
+  Config cfg = load_config(o.config, sets);
+  const std::optional<std::string> tokenizer_path = probe.data.tokenizer;
+  cfg.model = model;
+  cfg.model.init_from.reset();
+  validate_for_world(cfg, world_size);
+  const RunLayout run = make_run_layout(cfg, world_size == 1);
+  std::unique_ptr<Backend> be = make_backend(cfg.device, run.threads, cfg.train.attention_backend);
+  ProcessGroups groups = run.groups(*be);
+  std::unique_ptr<Model> m = build_model(model, run.model_options(0, groups.tp.get()), *be);
+  {
+    ParamStore& ps = m->params();
+    std::vector<float> hp(static_cast<size_t>(ps.numel()));
+    fill_params(ps.layout(), weights_of(o, model, path, ps.layout()), hp, path);
+    be->upload(ps.params(), hp.data());
+    ps.params_changed();
+  }
+
+  // Prompts as ids: given, or text through the tokenizer (a byte model: bytes).
+  std::unique_ptr<Tokenizer> tok;
+  if (tokenizer_path) tok = Tokenizer::load(*tokenizer_path);
+  std::vector<std::vector<int32_t>> prompts = o.prompt_ids;
+  for (const std::string& text : o.prompts) {
+    if (tok) {
+      prompts.push_back(tok->encode(text));
+    } else if (model.vocab_size >= 256 && model.vocab_size <= 257) {
+      prompts.emplace_back(text.begin(), text.end());
+      for (int32_t& b : prompts.back()) b &= 0xFF;
+    } else {
+      bad("--prompt", "data.tokenizer (--set data.tokenizer=FILE) to tokenize a text prompt, or "
+                      "--prompt-ids");
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) bad("--prompt", "a non-empty prompt (prompt " + std::to_string(i) + ")");
+    for (int32_t id : prompts[i])
+      if (id < 0 || id >= model.vocab_size)
+        bad("--prompt-ids", "token ids in [0, " + std::to_string(model.vocab_size) +
+                                ") (model.vocab_size), got " + std::to_string(id));
+    if (static_cast<int64_t>(prompts[i].size()) + o.max_new_tokens > model.seq_len)
+      bad("--max-new-tokens", "prompt + new tokens within the model's " +
+                                  std::to_string(model.seq_len) + " positions, got " +
+                                  std::to_string(prompts[i].size()) + " + " +
+                                  std::to_string(o.max_new_tokens));
+  }
+
+  // Prompts of one length run as one batch.
+  std::vector<Generation> out(prompts.size());
+  std::map<size_t, std::vector<size_t>> by_length;
+  for (size_t i = 0; i < prompts.size(); ++i) by_length[prompts[i].size()].push_back(i);
+  const int V = model.vocab_size;
+  for (const auto& [len, which] : by_length) {
+    const int B = static_cast<int>(which.size());
+    const int64_t capacity = static_cast<int64_t>(len) + o.max_new_tokens;
+    std::unique_ptr<GenerationState> st = m->start_generation(B, capacity);
+    std::vector<int32_t> step;
+    for (size_t i : which) step.insert(step.end(), prompts[i].begin(), prompts[i].end());
+    int T = static_cast<int>(len);
+    for (int n = 0; n < o.max_new_tokens; ++n) {
+      const std::vector<float> logits = m->decode(*st, step, T);
+      step.assign(static_cast<size_t>(B), 0);
+      for (int b = 0; b < B; ++b) {
+        const size_t i = which[static_cast<size_t>(b)];
+        const uint64_t key = data_internal::mix64(data_internal::mix64(o.seed ^ i) ^
+                                                  static_cast<uint64_t>(n));
+        const int32_t id = pick({logits.begin() + int64_t{b} * V, logits.begin() + int64_t{b + 1} * V},
+                                o, key);
+        out[i].ids.push_back(id);
+        step[static_cast<size_t>(b)] = id;
+        if (on_token) on_token(i, id);
+      }
+      T = 1;
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    out[i].prompt_ids = prompts[i];
+    if (tok) {
+      out[i].text = tok->decode(out[i].ids);
+    } else if (model.vocab_size >= 256 && model.vocab_size <= 257) {
+      for (int32_t id : out[i].ids) out[i].text += static_cast<char>(id & 0xFF);
+    }
+  }
+  return out;
+}
+
+int cmd_generate(const std::vector<std::string>& args) {
+  GenerateOptions o;
+  bool json = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) bad(a, "a value after " + a);
+      return args[++i];
+    };
+    auto number = [&](double* out) {
+      const std::string& v = value();
+      try {
+        size_t used = 0;
+        *out = std::stod(v, &used);
+        if (used == v.size()) return;
+      } catch (const std::exception&) {
+      }
+      bad(a, "a number, got \"" + v + "\"");
+    };
+    double x = 0;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--checkpoint") {
+      o.checkpoint = value();
+    } else if (a == "--hf") {
+      o.hf = value();
+    } else if (a == "--config") {
+      o.config = value();
+    } else if (a == "--set") {
+      o.sets.push_back(value());
+    } else if (a == "--prompt") {
+      o.prompts.push_back(value());
+    } else if (a == "--prompt-ids") {
+      std::vector<int32_t> ids;
+      const std::string& v = value();
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        const std::string n = v.substr(at, comma - at);
+        if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 9)
+          bad(a, "comma-separated token ids, got \"" + v + "\"");
+        ids.push_back(std::stoi(n));
+        at = comma + 1;
+      }
+      o.prompt_ids.push_back(ids);
+    } else if (a == "--max-new-tokens") {
+      number(&x);
+      o.max_new_tokens = static_cast<int>(x);
+      if (x != o.max_new_tokens) bad(a, "an integer");
+    } else if (a == "--temperature") {
+      number(&o.temperature);
+    } else if (a == "--top-k") {
+      number(&x);
+      o.top_k = static_cast<int>(x);
+    } else if (a == "--top-p") {
+      number(&o.top_p);
+    } else if (a == "--seed") {
+      number(&x);
+      o.seed = static_cast<uint64_t>(x);
+    } else if (a == "--json") {
+      json = true;
+    } else {
+      bad(a, "an option of strata generate");
+    }
+  }
+  const bool lead = world().rank == 0;
+  const bool stream = lead && !json && o.prompt_ids.size() + o.prompts.size() == 1;
+  const std::vector<Generation> gens = generate(o, [&](size_t, int32_t id) {
+    if (stream) {
+      std::printf("%d ", id);
+      std::fflush(stdout);
+    }
+  });
+  if (!lead) return 0;
+  if (stream) std::printf("\n");
+  for (const Generation& g : gens) {
+    if (json) {
+      std::printf("%s\n", nlohmann::json{{"prompt_ids", g.prompt_ids}, {"ids", g.ids},
+                                         {"text", g.text}}
+                              .dump()
+                              .c_str());
+    } else if (!stream) {
+      std::printf("ids:");
+      for (int32_t id : g.ids) std::printf(" %d", id);
+      std::printf("\n");
+    }
+    if (!json && !g.text.empty()) std::printf("%s\n", g.text.c_str());
+  }
+  return 0;
+}
+
+}  // namespace strata
