@@ -99,10 +99,12 @@ TEST_P(GreedyMatchesTransformers, EachCaseAlone) {
   }
 }
 
-// Prompts of different lengths in one call: each gets its own generation, as if alone.
+// Several prompts in one call: each gets its own generation, as if alone — prompts of different
+// lengths (1, 5, 17 tokens at 8 and 40 new tokens) and four prompts of 5 tokens (20 new tokens),
+// which generate runs as one batch over one key/value cache.
 TEST_P(GreedyMatchesTransformers, Batched) {
   const std::string arch = GetParam();
-  for (int n : {8, 40}) {
+  for (int n : {8, 40, 20}) {
     std::vector<Case> batch;
     for (const Case& c : cases(arch))
       if (c.max_new_tokens == n) batch.push_back(c);

@@ -9,6 +9,7 @@ Writes (tests/golden/README.md):
   hf_llama_tiny/  LlamaForCausalLM: 2 layers, hidden 64, 4 heads, 2 kv heads, intermediate 128,
                   vocab 97, max_position_embeddings 64, rope_theta 10000, untied
   greedy.json     {"gpt2": [{"prompt", "max_new_tokens", "ids", "min_gap"}, ...], "llama": [...]}
+                  (CASES: prompts of 1, 5, 17 tokens; four of 5 tokens with 20 new for a batch)
 
 Each directory is what save_pretrained(safe_serialization=True) writes (config.json and
 model.safetensors; generation_config.json is removed). Every parameter is drawn from a seeded
@@ -38,12 +39,18 @@ INIT_STD = 0.3
 MIN_GAP = 1e-3
 SEED = 1234
 # (prompt length, max_new_tokens): 1, 8, 40 new tokens and one case filling all S positions.
-CASES = [(1, 1), (1, 8), (1, 40), (5, 1), (5, 8), (5, 40), (17, 1), (17, 8), (17, 40), (17, S - 17)]
+# Prompts are named by their length; "5b".."5d" are three more of 5 tokens, which with "5" make a
+# batch of equal-length prompts (20 new tokens each) that generate runs as one batch of 4.
+CASES = [("1", 1), ("1", 8), ("1", 40), ("5", 1), ("5", 8), ("5", 40), ("17", 1), ("17", 8),
+         ("17", 40), ("17", S - 17), ("5", 20), ("5b", 20), ("5c", 20), ("5d", 20)]
 
 
 def prompts():
     g = torch.Generator().manual_seed(SEED + 1)
-    return {n: torch.randint(0, V, (n,), generator=g).tolist() for n in sorted({c[0] for c in CASES})}
+    out = {str(n): torch.randint(0, V, (n,), generator=g).tolist() for n in (1, 5, 17)}
+    g = torch.Generator().manual_seed(SEED + 5)
+    out.update({k: torch.randint(0, V, (5,), generator=g).tolist() for k in ("5b", "5c", "5d")})
+    return out
 
 
 def randomize(model, seed):
@@ -110,9 +117,10 @@ def build(name, make, cls, seed):
 def run_cases(model, label):
     cases = []
     ps = prompts()
-    for n, new in CASES:
+    for key, new in CASES:
+        n = len(ps[key])
         assert n + new <= S
-        ids = torch.tensor([ps[n]], dtype=torch.long)
+        ids = torch.tensor([ps[key]], dtype=torch.long)
         kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
                   pad_token_id=0, output_scores=True, return_dict_in_generate=True)
         with torch.no_grad():
@@ -127,7 +135,7 @@ def run_cases(model, label):
             assert len(set(got)) > 1, (label, n, new, "degenerate: one token repeated")
         print(f"  {label} prompt {n:2d} new {new:2d}: {len(set(got)):2d} distinct, "
               f"min top-2 gap {min(gaps):.4f}")
-        cases.append({"prompt": ps[n], "max_new_tokens": new, "ids": got,
+        cases.append({"prompt": ps[key], "max_new_tokens": new, "ids": got,
                       "min_gap": round(min(gaps), 6)})
     return cases
 
