@@ -8,6 +8,8 @@
 #                            line within timeout + 5 s
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
 #   mpi_layout_np4           --dry-run, the planner and training use one layer split
+#   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
+#                            alone and at tensor 2 (tests/golden/generate/)
 #   mpi_nccl_np{1,2}         (CUDA builds) the NCCL backend; skips visibly without devices
 #   mpi_watchdog_nccl        (CUDA builds) mpi_watchdog on the NCCL backend: the NCCL watchdog
 #                            thread must fire; skips without a device per rank
@@ -136,4 +138,16 @@ endforeach()
 add_test(NAME mpi_parallel_llama_kv2_np2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_parallel>)
 set_tests_properties(mpi_parallel_llama_kv2_np2 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=llama;STRATA_TEST_KV_HEADS=2" TIMEOUT 900
+  PROCESSORS 2 LABELS mpi)
+
+# `strata generate` against transformers' greedy decoding (issue 26; tests/golden/generate/):
+# alone (mpi_generate_np1) and with the model split over two tensor-parallel ranks
+# (mpi_generate_tp2: every generate() call takes STRATA_TEST_GENERATE_SETS as --set overrides).
+strata_mpi_executable(mpi_test_generate)
+target_compile_definitions(mpi_test_generate PRIVATE
+                           STRATA_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+strata_mpi_test(mpi_test_generate mpi_generate 1)
+add_test(NAME mpi_generate_tp2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_generate>)
+set_tests_properties(mpi_generate_tp2 PROPERTIES
+  ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_GENERATE_SETS=parallel.tensor=2" TIMEOUT 300
   PROCESSORS 2 LABELS mpi)
