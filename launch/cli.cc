@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/commands/data.h"
+#include "launch/commands/eval.h"
 #include "launch/commands/export.h"
 #include "launch/commands/generate.h"
 #include "launch/commands/plan.h"
@@ -42,6 +43,7 @@ const char* kUsage =
     "  export    write a checkpoint as a Hugging Face model (strata export --help)\n"
     "  data      tokenize text into a dataset: data prepare (strata data --help)\n"
     "  generate  text from a checkpoint or a Hugging Face model (strata generate --help)\n"
+    "  eval      loss on a dataset, accuracy on a multiple-choice task (strata eval --help)\n"
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
@@ -145,8 +147,9 @@ int dispatch(int argc, char** argv) {
   if (cmd == "export") return cmd_export(args);
   if (cmd == "data") return cmd_data(args);
   if (cmd == "generate") return cmd_generate(args);
-  usage_error(cmd, "a command: train, plan, schedule, profile, export, data or generate (see "
-                   "strata --help)");
+  if (cmd == "eval") return cmd_eval(args);
+  usage_error(cmd, "a command: train, plan, schedule, profile, export, data, generate or eval "
+                   "(see strata --help)");
 }
 
 }  // namespace

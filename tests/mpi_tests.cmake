@@ -151,3 +151,13 @@ add_test(NAME mpi_generate_tp2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi
 set_tests_properties(mpi_generate_tp2 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_GENERATE_SETS=parallel.tensor=2" TIMEOUT 300
   PROCESSORS 2 LABELS mpi)
+
+# `strata eval --task` against transformers' log-likelihoods (issue 26; tests/golden/eval/):
+# alone and at tensor 2.
+strata_mpi_executable(mpi_test_eval)
+target_compile_definitions(mpi_test_eval PRIVATE STRATA_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+strata_mpi_test(mpi_test_eval mpi_eval 1)
+add_test(NAME mpi_eval_tp2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_eval>)
+set_tests_properties(mpi_eval_tp2 PROPERTIES
+  ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_EVAL_SETS=parallel.tensor=2" TIMEOUT 300
+  PROCESSORS 2 LABELS mpi)

@@ -1,0 +1,251 @@
+#include "launch/commands/eval.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "launch/commands/inference.h"
+#include "runtime/comm.h"
+#include "runtime/data.h"
+#include "runtime/error.h"
+
+namespace strata {
+namespace {
+
+const char kUsage[] =
+    "usage: strata eval (--checkpoint DIR | --hf DIR) [--config FILE] [--set k=v ...]\n"
+    "                   (--data [train|val] [--batches N] [--batch-size B] | --task FILE.jsonl)\n"
+    "                   [--json]\n"
+    "  --data SPLIT     loss, perplexity and bits per byte on the config's data (default val)\n"
+    "  --batches N      batches of --batch-size B sequences of model.seq_len (16 of 8)\n"
+    "  --task FILE      multiple choice in HellaSwag's shape ({\"ctx\", \"endings\", \"label\"}\n"
+    "                   per line, or ctx_ids / endings_ids): acc and acc_norm\n"
+    "  --json           one JSON object instead of the table\n";
+
+[[noreturn]] void bad(const std::string& flag, const std::string& expected) {
+  throw InputError("<command line>", flag, expected + " (see strata eval --help)");
+}
+
+// Σ of the losses of the tokens that count, and how many: one forward of `ids` (B, S + 1 rows
+// flattened), the loss counted where `mask` (B, S) is 1.
+LossSum score(InferenceSession& s, const std::vector<int32_t>& inputs,
+              const std::vector<int32_t>& targets, const std::vector<float>& mask, int B, int S) {
+  Backend& be = s.backend();
+  Tensor in = be.empty({B, S}, MemCategory::kActivations, DType::kI32);
+  Tensor tg = be.empty({B, S}, MemCategory::kActivations, DType::kI32);
+  Tensor w = be.empty({B, S}, MemCategory::kActivations);
+  be.upload(in, inputs.data());
+  be.upload(tg, targets.data());
+  be.upload(w, mask.data());
+  LossSum loss;
+  s.model().forward(ModelBatch{in, tg, w}, &loss);
+  return loss;
+}
+
+size_t utf8_chars(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+nlohmann::json eval_data(InferenceSession& s, const std::string& split, int batches, int B) {
+  const ModelConfig& m = s.model_config();
+  SamplingShape shape;
+  shape.seq_len = m.seq_len;
+  shape.global_batch = B;
+  shape.model_vocab = m.vocab_size;
+  const std::unique_ptr<DataSource> data =
+      make_data_source(s.config().data, s.config().train.seed, shape, s.config().source_file);
+  const Split sp = split == "train" ? Split::kTrain : Split::kVal;
+  double nats = 0, tokens = 0, bytes = 0;
+  const bool known_bytes = s.tokenizer() != nullptr || s.is_byte_model();
+  std::vector<int32_t> in(static_cast<size_t>(B) * m.seq_len), tg(in.size());
+  const std::vector<float> ones(in.size(), 1.0f);
+  for (int k = 0; k < batches; ++k) {
+    data->sample(sp, static_cast<uint64_t>(k), 0, B, m.seq_len, in.data(), tg.data());
+    const LossSum l = score(s, in, tg, ones, B, m.seq_len);
+    nats += l.sum;
+    tokens += l.count;
+    if (known_bytes) bytes += static_cast<double>(s.decode(tg).size());
+  }
+  const double loss = nats / tokens;
+  nlohmann::json r = {{"split", split},
+                      {"tokens", tokens},
+                      {"loss", loss},
+                      {"perplexity", std::exp(loss)},
+                      {"bits_per_byte", nullptr}};
+  if (known_bytes && bytes > 0) r["bits_per_byte"] = nats / std::log(2.0) / bytes;
+  return r;
+}
+
+nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InputError(path, "", "a readable JSON Lines task file");
+  const int V = s.model_config().vocab_size, S_max = s.model_config().seq_len;
+  int examples = 0, correct = 0, correct_norm = 0;
+  nlohmann::json all = nlohmann::json::array();
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string at = "line " + std::to_string(n);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const bool ids = j.is_object() && j.contains("endings_ids");
+    const char* ctx_key = j.is_object() && j.contains("context") ? "context" : "ctx";
+    if (j.is_discarded() || !j.is_object() || !j.contains("label") ||
+        !j["label"].is_number_integer() ||
+        !(ids ? j.contains("ctx_ids") && j["endings_ids"].is_array()
+              : j.contains(ctx_key) && j[ctx_key].is_string() && j.contains("endings") &&
+                    j["endings"].is_array()))
+      throw InputError(path, at,
+                       "an object {\"ctx\": text, \"endings\": [text, ...], \"label\": index} or "
+                       "{\"ctx_ids\", \"endings_ids\", \"label\"}");
+    const size_t choices = (ids ? j["endings_ids"] : j["endings"]).size();
+    const int64_t label = j["label"].get<int64_t>();
+    if (choices < 2 || label < 0 || label >= static_cast<int64_t>(choices))
+      throw InputError(path, at + ": label",
+                       "an index into " + std::to_string(choices) + " endings (at least 2), got " +
+                           std::to_string(label));
+    std::vector<double> ll, ll_norm;
+    for (size_t e = 0; e < choices; ++e) {
+      std::vector<int32_t> context, ending;
+      double length = 0;
+      try {
+        if (ids) {
+          context = j["ctx_ids"].get<std::vector<int32_t>>();
+          ending = j["endings_ids"][e].get<std::vector<int32_t>>();
+          length = static_cast<double>(ending.size());
+        } else {
+          // lm-evaluation-harness's pair: trailing spaces of the context go to the ending; the
+          // ending's tokens are those of the whole string past the context's.
+          std::string ctx = j[ctx_key].get<std::string>();
+          std::string end = j["endings"][e].get<std::string>();
+          const size_t keep = ctx.find_last_not_of(' ') + 1;
+          end = ctx.substr(keep) + end;
+          ctx.resize(keep);
+          context = s.encode(ctx, "--task");
+          const std::vector<int32_t> whole = s.encode(ctx + end, "--task");
+          ending.assign(whole.begin() + static_cast<int64_t>(std::min(context.size(), whole.size())),
+                        whole.end());
+          length = static_cast<double>(utf8_chars(j["endings"][e].get<std::string>()));
+        }
+      } catch (const nlohmann::json::exception&) {
+        throw InputError(path, at, "token ids as arrays of integers");
+      }
+      if (context.empty() || ending.empty())
+        throw InputError(path, at, "a non-empty context and non-empty endings");
+      std::vector<int32_t> all_ids = context;
+      all_ids.insert(all_ids.end(), ending.begin(), ending.end());
+      for (int32_t id : all_ids)
+        if (id < 0 || id >= V)
+          throw InputError(path, at, "token ids below model.vocab_size " + std::to_string(V) +
+                                         ", got " + std::to_string(id));
+      // Inputs are all but the last token, cut from the left to the model's positions.
+      const int64_t cut = std::max<int64_t>(0, static_cast<int64_t>(all_ids.size()) - 1 - S_max);
+      const int S = static_cast<int>(all_ids.size()) - 1 - static_cast<int>(cut);
+      std::vector<int32_t> in(all_ids.begin() + cut, all_ids.end() - 1),
+          tg(all_ids.begin() + cut + 1, all_ids.end());
+      std::vector<float> mask(static_cast<size_t>(S), 0.0f);
+      for (int i = std::max(0, S - static_cast<int>(ending.size())); i < S; ++i)
+        mask[static_cast<size_t>(i)] = 1.0f;
+      const LossSum l = score(s, in, tg, mask, 1, S);
+      ll.push_back(-l.sum);
+      ll_norm.push_back(-l.sum / std::max(1.0, length));
+    }
+    const auto best = [](const std::vector<double>& v) {
+      return static_cast<int64_t>(std::max_element(v.begin(), v.end()) - v.begin());
+    };
+    ++examples;
+    correct += best(ll) == label;
+    correct_norm += best(ll_norm) == label;
+    all.push_back(ll);
+  }
+  if (examples == 0) throw InputError(path, "", "at least one example");
+  return {{"task", path},
+          {"examples", examples},
+          {"acc", static_cast<double>(correct) / examples},
+          {"acc_norm", static_cast<double>(correct_norm) / examples},
+          {"loglikelihoods", all}};
+}
+
+}  // namespace
+
+nlohmann::json evaluate_task(const InferenceSource& source, const std::string& task_path) {
+  InferenceSession session(source);
+  return eval_task(session, task_path);
+}
+
+nlohmann::json evaluate_data(const InferenceSource& source, const std::string& split, int batches,
+                             int batch_size) {
+  InferenceSession session(source);
+  return eval_data(session, split, batches, batch_size);
+}
+
+int cmd_eval(const std::vector<std::string>& args) {
+  InferenceSource src;
+  std::optional<std::string> split, task;
+  int batches = 16, batch_size = 8;
+  bool json = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) bad(a, "a value after " + a);
+      return args[++i];
+    };
+    auto positive = [&]() {
+      const std::string& v = value();
+      try {
+        size_t used = 0;
+        const int n = std::stoi(v, &used);
+        if (used == v.size() && n > 0) return n;
+      } catch (const std::exception&) {
+      }
+      bad(a, "a positive integer, got \"" + v + "\"");
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--checkpoint") {
+      src.checkpoint = value();
+    } else if (a == "--hf") {
+      src.hf = value();
+    } else if (a == "--config") {
+      src.config = value();
+    } else if (a == "--set") {
+      src.sets.push_back(value());
+    } else if (a == "--data") {
+      split = "val";
+      if (i + 1 < args.size() && (args[i + 1] == "train" || args[i + 1] == "val")) split = args[++i];
+    } else if (a == "--task") {
+      task = value();
+    } else if (a == "--batches") {
+      batches = positive();
+    } else if (a == "--batch-size") {
+      batch_size = positive();
+    } else if (a == "--json") {
+      json = true;
+    } else {
+      bad(a, "an option of strata eval");
+    }
+  }
+  if (split.has_value() == task.has_value()) bad("--data", "exactly one of --data and --task");
+  InferenceSession session(src);
+  const nlohmann::json r =
+      task ? eval_task(session, *task) : eval_data(session, *split, batches, batch_size);
+  if (world().rank != 0) return 0;
+  if (json) {
+    std::printf("%s\n", r.dump().c_str());
+  } else if (task) {
+    std::printf("task %s: %d examples | acc %.4f | acc_norm %.4f\n", task->c_str(),
+                r["examples"].get<int>(), r["acc"].get<double>(), r["acc_norm"].get<double>());
+  } else {
+    std::printf("%s split: %.0f tokens | loss %.4f | perplexity %.3f | bits per byte %s\n",
+                split->c_str(), r["tokens"].get<double>(), r["loss"].get<double>(),
+                r["perplexity"].get<double>(),
+                r["bits_per_byte"].is_null() ? "n/a" : std::to_string(r["bits_per_byte"].get<double>()).c_str());
+  }
+  return 0;
+}
+
+}  // namespace strata
