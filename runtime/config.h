@@ -146,6 +146,12 @@ struct LogConfig {
   int interval = 1;
   std::optional<std::string> metrics;
   std::optional<std::string> trace;
+  // A greedy sample every sample_interval steps (0: never) of sample_tokens new tokens after
+  // sample_prompt (text through data.tokenizer, bytes for a byte model, else comma-separated
+  // ids; "" = token 0).
+  int sample_interval = 0;
+  std::string sample_prompt;
+  int sample_tokens = 32;
 };
 
 struct CommConfig {

@@ -26,8 +26,11 @@ std::string metrics_json(const IterationMetrics& m) {
   j["bubble"] = m.bubble;
   j["mem_peak_bytes"] = m.mem_peak_bytes;
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
+  if (m.sample_ids) j["sample"] = {{"ids", *m.sample_ids}, {"text", m.sample_text}};
   if (m.skipped) j["skipped"] = true;
-  return j.dump();
+  // A sample's text may hold bytes that are not UTF-8 (a byte model mid-character): replaced
+  // with U+FFFD, never a failed line.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append,

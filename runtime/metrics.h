@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -28,6 +29,9 @@ struct IterationMetrics {
   int64_t mem_peak_bytes = 0;
   std::optional<double> val_loss;  // evaluation iterations only
   bool skipped = false;            // a non-finite step that was not applied
+  // log.sample_interval steps: the greedy sample's new tokens and their text ("" if none).
+  std::optional<std::vector<int32_t>> sample_ids;
+  std::string sample_text;
 };
 
 class MetricsWriter {

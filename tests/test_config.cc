@@ -97,6 +97,7 @@ class TempDir {
 // The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
 const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
   "data": {"blend": null, "tokenizer": null},
+  "log": {"sample_interval": 0, "sample_prompt": null, "sample_tokens": 32},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
             "rms_norm_eps": 1e-5}})";
 

@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "launch/train/trainer.h"
 #include "models/decoder/decoder.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
+#include "runtime/error.h"
 
 namespace strata {
 namespace {
@@ -79,6 +81,37 @@ TEST_P(GenerateCache, GreedyTokensAreTheTrainingForwardsArgmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GenerateCache, ::testing::Values("tiny", "llama-tiny"));
+
+// log.sample_interval: samples during training leave the run as it was — its losses, gradient
+// norms and final parameters bit for bit — and come every interval with sample_tokens tokens.
+TEST(TrainingSamples, LeaveTheRunBitIdentical) {
+  std::vector<std::string> sets = {"model.preset=llama-tiny", "train.iterations=6",
+                                   "train.micro_batch_size=2", "train.global_batch_size=4",
+                                   "train.eval_interval=3",    "train.threads=1",
+                                   "log.interval=1000"};
+  RunContext ctx;
+  ctx.verbose = false;
+  ctx.single_process = true;
+  const TrainResult plain = run_training(load_config("", sets), ctx);
+  sets.push_back("log.sample_interval=2");
+  sets.push_back("log.sample_tokens=7");
+  sets.push_back("log.sample_prompt=3,1,4");
+  const TrainResult sampled = run_training(load_config("", sets), ctx);
+  EXPECT_EQ(sampled.losses, plain.losses);
+  EXPECT_EQ(sampled.grad_norms, plain.grad_norms);
+  EXPECT_EQ(sampled.val_losses, plain.val_losses);
+  EXPECT_EQ(sampled.final_params, plain.final_params);
+  ASSERT_EQ(sampled.samples.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(sampled.samples[k].first, 2 * static_cast<int>(k + 1));
+    EXPECT_EQ(sampled.samples[k].second.size(), 7u);
+  }
+  EXPECT_TRUE(plain.samples.empty());
+  // A pipeline has no rank with the whole model to sample from yet: refused, not ignored.
+  std::vector<std::string> piped = sets;
+  piped.push_back("parallel.pipeline=2");
+  EXPECT_THROW(load_config("", piped), InputError);
+}
 
 }  // namespace
 }  // namespace strata

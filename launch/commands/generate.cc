@@ -216,7 +216,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     if (json) {
       std::printf("%s\n", nlohmann::json{{"prompt_ids", g.prompt_ids}, {"ids", g.ids},
                                          {"text", g.text}}
-                              .dump()
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                               .c_str());
     } else if (!stream) {
       std::printf("ids:");

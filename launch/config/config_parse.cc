@@ -682,7 +682,12 @@ const std::vector<Section>& schema() {
         {"log",
          {log.integer("interval", &L::interval, 1, "console progress line every N steps"),
           log.path("metrics", &L::metrics, "JSON Lines file of per-iteration metrics (rank 0)"),
-          log.path("trace", &L::trace, "Chrome trace of the run")}},
+          log.path("trace", &L::trace, "Chrome trace of the run"),
+          log.integer("sample_interval", &L::sample_interval, 0,
+                      "a greedy sample every N steps (0: never; pipeline 1)"),
+          log.optional_name("sample_prompt", &L::sample_prompt,
+                            "the samples' prompt: text (data.tokenizer or bytes) or ids 1,2,3"),
+          log.integer("sample_tokens", &L::sample_tokens, 1, "new tokens per sample")}},
         {"comm",
          {comm.number("timeout_s", &CommConfig::timeout_s, above(0),
                       "watchdog deadline of every blocking wait")}},
@@ -944,6 +949,14 @@ void check_consistency(const Config& c, const Reader& r) {
                       to_string(m.num_heads));
   }
 
+  if (c.log.sample_interval > 0 &&
+      (p.pipeline > 1 || p.schedule == "2bw" || (p.sequence_parallel && p.tensor > 1))) {
+    r.fail_latest({"log.sample_interval", "parallel.pipeline", "parallel.schedule",
+                   "parallel.sequence_parallel"},
+                  "samples during training need parallel.pipeline 1, a flushing schedule and no "
+                  "sequence parallelism (a pipelined decode is not built yet): set "
+                  "log.sample_interval to 0");
+  }
   if (m.num_heads % m.kv_heads() != 0) {
     r.fail_latest({"model.num_key_value_heads", "model.num_heads"},
                   "num_heads " + to_string(m.num_heads) +

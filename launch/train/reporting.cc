@@ -104,7 +104,8 @@ void Reporter::banner(const DataSource& data, const std::string& comm, const Sch
 }
 
 void Reporter::step(const StepRecord& r, double step_s, double bubble,
-                    std::optional<double> val_loss) {
+                    std::optional<double> val_loss,
+                    const std::optional<std::pair<std::vector<int32_t>, std::string>>& sample) {
   const Config& cfg = *run_.cfg;
   const int it = r.batch + 1, iters = cfg.train.iterations;
   res_.bubbles.push_back(bubble);
@@ -124,6 +125,11 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   mt.skipped = !r.finite;
   mt.val_loss = val_loss;
   if (val_loss) res_.val_losses.emplace_back(it, *val_loss);
+  if (sample) {
+    mt.sample_ids = sample->first;
+    mt.sample_text = sample->second;
+    res_.samples.emplace_back(it, sample->first);
+  }
   res_.losses.push_back(r.loss);
   res_.grad_norms.push_back(r.norm);
   res_.skipped.push_back(!r.finite);
@@ -139,6 +145,15 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
       std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
     if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
     std::printf("\n");
+  }
+  if (lead_ && sample) {
+    std::printf("sample %5d |", it);
+    if (sample->second.empty())
+      for (int32_t id : sample->first) std::printf(" %d", id);
+    else
+      std::printf(" %s", sample->second.c_str());
+    std::printf("\n");
+    std::fflush(stdout);
     std::fflush(stdout);
   }
 }

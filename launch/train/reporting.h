@@ -41,7 +41,9 @@ class Reporter {
               bool sharded_optimizer) const;
   // One optimizer step: the result's per-step figures, the metrics object and the console
   // line (every log.interval steps, the first, the last and on evaluations).
-  void step(const StepRecord& r, double step_s, double bubble, std::optional<double> val_loss);
+  // sample: log.sample_interval's greedy sample of this step (new ids and their text), if any.
+  void step(const StepRecord& r, double step_s, double bubble, std::optional<double> val_loss,
+            const std::optional<std::pair<std::vector<int32_t>, std::string>>& sample = {});
   // The timeline of the executor's last run(), started at t0 (data-parallel overlap figures
   // into the result; the events into the trace when log.trace is set).
   void keep_timeline(const PipelineExecutor& exec, const GradReducer& reducer,

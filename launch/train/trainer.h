@@ -35,6 +35,7 @@ struct TrainResult {
   std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
   std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)
+  std::vector<std::pair<int, std::vector<int32_t>>> samples;  // (iteration, log.sample_* ids)
   std::vector<bool> skipped;                       // [iteration] non-finite step not applied
   std::optional<double> loss_floor;                // best achievable loss (synthetic data)
   double tokens_per_s = 0;                         // over the whole run, excluding evaluation
