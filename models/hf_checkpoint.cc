@@ -187,6 +187,27 @@ FullTensors load_hf_model(const ModelConfig& m, const std::string& path) {
   }
 }
 
+const FullTensor& hf_tensor(const FullTensors& hf, const std::string& name,
+                            const std::vector<int64_t>& shape, const std::string& path) {
+  auto it = hf.find(name);
+  if (it == hf.end()) throw InputError(path, name, "a tensor of shape " + shape_string(shape));
+  if (it->second.shape != shape)
+    throw InputError(path, name,
+                     "shape " + shape_string(shape) + " (from the config), found " +
+                         shape_string(it->second.shape));
+  return it->second;
+}
+
+FullTensor hf_rows(const FullTensor& t, int64_t begin, int64_t count) {
+  FullTensor o;
+  o.shape = t.shape;
+  o.shape[0] = count;
+  const int64_t row = t.data.size() / static_cast<size_t>(t.shape[0]);
+  const auto first = t.data.begin() + begin * row;
+  o.data.assign(first, first + count * row);
+  return o;
+}
+
 nlohmann::json hf_value(const nlohmann::json& hf, const std::string& key,
                         const nlohmann::json& absent) {
   const auto it = hf.find(key);

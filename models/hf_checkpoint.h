@@ -60,6 +60,13 @@ HfTensors read_hf_tensors(const std::string& path);
 // missing or of another shape names the file it is in, or should be in, and the tensor).
 FullTensors load_hf_model(const ModelConfig& m, const std::string& path);
 
+// For the adapters' from_hf and to_hf: the tensor `name` of `hf`, which must have `shape`
+// (InputError naming `path` and the tensor otherwise), and rows [begin, begin + count) of a 2-D
+// tensor (a block of a fused weight, the vocabulary without its padding).
+const FullTensor& hf_tensor(const FullTensors& hf, const std::string& name,
+                            const std::vector<int64_t>& shape, const std::string& path);
+FullTensor hf_rows(const FullTensor& t, int64_t begin, int64_t count);
+
 // For the adapters' check_hf_config. hf_value: config.json's `key`, or `absent` (the value
 // transformers assumes) when the key is missing or null. check_hf_key: that value must equal
 // `want`, the model config's value of `ours` ("model.num_layers"), else InputError(path, key,

@@ -38,13 +38,13 @@ struct AttentionDims {
   int64_t B = 0, S = 0, HS = 0;
 };
 inline AttentionDims attention_dims(const Tensor& qkv, int NH, int KVH) {
-  STRATA_CHECK(qkv.dim() == 3, "attention qkv " << shape_string(qkv.shape()) << " is not (B, S, W)");
+  STRATA_CHECK(qkv.dim() == 3,
+               "attention qkv " << shape_string(qkv.shape()) << " is not (B, S, W)");
   STRATA_CHECK(NH >= 1 && KVH >= 1 && NH % KVH == 0,
                "attention heads " << NH << " are not a multiple of key/value heads " << KVH);
   const int64_t width = qkv.size(2), heads = NH + 2 * int64_t{KVH};
-  STRATA_CHECK(width % heads == 0,
-               "attention qkv width " << width << " is not (" << NH << " + 2 × " << KVH
-                                      << ") heads × head size");
+  STRATA_CHECK(width % heads == 0, "attention qkv width " << width << " is not (" << NH << " + 2 × "
+                                                          << KVH << ") heads × head size");
   return {qkv.size(0), qkv.size(1), width / heads};
 }
 
@@ -73,12 +73,50 @@ inline int64_t swiglu_width(const Tensor& gate_up, const char* what) {
   return width / 2;
 }
 
+// The sizes of kv_cache_append's operands (backend.h), checked: the qkv's (B, T, HS) and the
+// caches' positions S_max.
+struct KvCacheDims {
+  int64_t B = 0, T = 0, HS = 0, S_max = 0;
+};
+inline KvCacheDims kv_cache_append_dims(const Tensor& q, const Tensor& k_cache,
+                                        const Tensor& v_cache, const Tensor& qkv, int NH, int KVH,
+                                        int64_t pos0) {
+  const AttentionDims a = attention_dims(qkv, NH, KVH);
+  const int64_t S_max = k_cache.size(1);
+  expect_numel(q, a.B * a.S * NH * a.HS, "kv_cache_append q");
+  expect_shape(k_cache, {a.B, S_max, KVH, a.HS}, "key cache");
+  expect_shape(v_cache, {a.B, S_max, KVH, a.HS}, "value cache");
+  STRATA_CHECK(pos0 >= 0 && pos0 + a.S <= S_max,
+               "positions " << pos0 << " + " << a.S << " beyond the cache's " << S_max);
+  return {a.B, a.S, a.HS, S_max};
+}
+// The same for attention_decode: q (B, T, NH, HS) over caches (B, S_max, KVH, HS).
+inline KvCacheDims attention_decode_dims(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                                         const Tensor& v_cache, int NH, int KVH, int64_t pos0) {
+  STRATA_CHECK(q.dim() == 4 && q.size(2) == NH,
+               "decode queries " << shape_string(q.shape()) << " are not (B, T, NH, HS)");
+  const KvCacheDims d{q.size(0), q.size(1), q.size(3), k_cache.size(1)};
+  expect_shape(k_cache, {d.B, d.S_max, KVH, d.HS}, "key cache");
+  expect_shape(v_cache, {d.B, d.S_max, KVH, d.HS}, "value cache");
+  expect_numel(out, q.numel(), "decode out");
+  STRATA_CHECK(KVH >= 1 && NH % KVH == 0 && pos0 >= 0 && pos0 + d.T <= d.S_max,
+               "decode heads " << NH << "/" << KVH << ", positions " << pos0 << " + " << d.T
+                               << " of " << d.S_max);
+  return d;
+}
+
 // Rows of a tensor viewed as (N, last dim).
-inline int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+inline int64_t rows(const Tensor& t) {
+  return t.numel() / t.size(-1);
+}
 
 // Whether every (float) operand is f32; an absent optional operand (nullptr) counts as f32.
-inline bool is_f32(const Tensor& t) { return t.dtype() == DType::kF32; }
-inline bool is_f32(const Tensor* t) { return !t || t->dtype() == DType::kF32; }
+inline bool is_f32(const Tensor& t) {
+  return t.dtype() == DType::kF32;
+}
+inline bool is_f32(const Tensor* t) {
+  return !t || t->dtype() == DType::kF32;
+}
 template <typename... Ts>
 bool all_f32(const Ts&... ts) {
   return (is_f32(ts) && ...);

@@ -289,19 +289,14 @@ class CpuBackend final : public Backend {
       return kv_cache_append(mp.out(q), mp.out(k_cache), mp.out(v_cache), mp.in(qkv), NH, KVH,
                              pos0);
     }
-    const AttentionDims a = attention_dims(qkv, NH, KVH);
-    const int64_t S_max = k_cache.size(1);
-    expect_numel(q, a.B * a.S * NH * a.HS, "kv_cache_append q");
-    expect_shape(k_cache, {a.B, S_max, KVH, a.HS}, "key cache");
-    expect_shape(v_cache, {a.B, S_max, KVH, a.HS}, "value cache");
-    STRATA_CHECK(pos0 >= 0 && pos0 + a.S <= S_max,
-                 "positions " << pos0 << " + " << a.S << " beyond the cache's " << S_max);
+    const KvCacheDims a = kv_cache_append_dims(q, k_cache, v_cache, qkv, NH, KVH, pos0);
+    const int64_t S_max = a.S_max;
     const int64_t W = (NH + 2 * int64_t{KVH}) * a.HS, kv = int64_t{KVH} * a.HS,
                   qw = int64_t{NH} * a.HS;
     for (int64_t b = 0; b < a.B; ++b)
-      for (int64_t t = 0; t < a.S; ++t) {
-        const float* row = qkv.f32() + (b * a.S + t) * W;
-        std::copy(row, row + qw, q.f32() + (b * a.S + t) * qw);
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* row = qkv.f32() + (b * a.T + t) * W;
+        std::copy(row, row + qw, q.f32() + (b * a.T + t) * qw);
         const int64_t at = (b * S_max + pos0 + t) * kv;
         std::copy(row + qw, row + qw + kv, k_cache.f32() + at);
         std::copy(row + qw + kv, row + W, v_cache.f32() + at);
@@ -314,17 +309,9 @@ class CpuBackend final : public Backend {
       return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH,
                               pos0);
     }
-    STRATA_CHECK(q.dim() == 4 && q.size(2) == NH, "decode queries " << shape_string(q.shape())
-                                                                    << " are not (B, T, NH, HS)");
-    const int64_t B = q.size(0), T = q.size(1), HS = q.size(3), S_max = k_cache.size(1);
-    expect_shape(k_cache, {B, S_max, KVH, HS}, "key cache");
-    expect_shape(v_cache, {B, S_max, KVH, HS}, "value cache");
-    expect_numel(out, q.numel(), "decode out");
-    STRATA_CHECK(KVH >= 1 && NH % KVH == 0 && pos0 >= 0 && pos0 + T <= S_max,
-                 "decode heads " << NH << "/" << KVH << ", positions " << pos0 << " + " << T
-                                 << " of " << S_max);
-    k::attention_decode(out.f32(), q.f32(), k_cache.f32(), v_cache.f32(), as_int(B), as_int(T),
-                        as_int(S_max), NH, KVH, as_int(HS), as_int(pos0));
+    const KvCacheDims d = attention_decode_dims(out, q, k_cache, v_cache, NH, KVH, pos0);
+    k::attention_decode(out.f32(), q.f32(), k_cache.f32(), v_cache.f32(), as_int(d.B),
+                        as_int(d.T), as_int(d.S_max), NH, KVH, as_int(d.HS), as_int(pos0));
   }
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,

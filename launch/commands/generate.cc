@@ -8,6 +8,7 @@
 
 #include "launch/commands/inference.h"
 #include "runtime/comm.h"
+#include "runtime/data/tokenizer.h"
 #include "runtime/data_internal.h"
 #include "runtime/error.h"
 
@@ -42,8 +43,9 @@ int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) 
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int> order(static_cast<size_t>(V));
   for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)];
+  });
   const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::vector<double> p(static_cast<size_t>(k));
   const double top = logits[static_cast<size_t>(order[0])] / o.temperature;
@@ -79,7 +81,8 @@ std::vector<Generation> generate(const GenerateOptions& o,
   if (o.max_new_tokens < 1) bad("--max-new-tokens", "a positive integer");
   if (!(o.temperature >= 0)) bad("--temperature", "a number >= 0");
   if (o.top_k < 0) bad("--top-k", "an integer >= 0");
-  if (!(o.top_p > 0 && o.top_p <= 1)) bad("--top-p", "a number in (0, 1], got " + std::to_string(o.top_p));
+  if (!(o.top_p > 0 && o.top_p <= 1))
+    bad("--top-p", "a number in (0, 1], got " + std::to_string(o.top_p));
   if (o.prompt_ids.empty() && o.prompts.empty()) bad("--prompt", "at least one prompt");
 
   InferenceSession session(InferenceSource{o.checkpoint, o.hf, o.config, o.sets});
@@ -90,7 +93,8 @@ std::vector<Generation> generate(const GenerateOptions& o,
   std::vector<std::vector<int32_t>> prompts = o.prompt_ids;
   for (const std::string& text : o.prompts) prompts.push_back(session.encode(text, "--prompt"));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    if (prompts[i].empty()) bad("--prompt", "a non-empty prompt (prompt " + std::to_string(i) + ")");
+    if (prompts[i].empty())
+      bad("--prompt", "a non-empty prompt (prompt " + std::to_string(i) + ")");
     for (int32_t id : prompts[i])
       if (id < 0 || id >= model.vocab_size)
         bad("--prompt-ids", "token ids in [0, " + std::to_string(model.vocab_size) +
@@ -119,10 +123,10 @@ std::vector<Generation> generate(const GenerateOptions& o,
       step.assign(static_cast<size_t>(B), 0);
       for (int b = 0; b < B; ++b) {
         const size_t i = which[static_cast<size_t>(b)];
-        const uint64_t key = data_internal::mix64(data_internal::mix64(o.seed ^ i) ^
-                                                  static_cast<uint64_t>(n));
-        const int32_t id = pick({logits.begin() + int64_t{b} * V, logits.begin() + int64_t{b + 1} * V},
-                                o, key);
+        const uint64_t key =
+            data_internal::mix64(data_internal::mix64(o.seed ^ i) ^ static_cast<uint64_t>(n));
+        const int32_t id =
+            pick({logits.begin() + int64_t{b} * V, logits.begin() + int64_t{b + 1} * V}, o, key);
         out[i].ids.push_back(id);
         step[static_cast<size_t>(b)] = id;
         if (on_token) on_token(i, id);
@@ -173,14 +177,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     } else if (a == "--prompt-ids") {
       std::vector<int32_t> ids;
       const std::string& v = value();
-      for (size_t at = 0; at <= v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        const std::string n = v.substr(at, comma - at);
-        if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 9)
-          bad(a, "comma-separated token ids, got \"" + v + "\"");
-        ids.push_back(std::stoi(n));
-        at = comma + 1;
-      }
+      if (!parse_token_ids(v, &ids)) bad(a, "comma-separated token ids, got \"" + v + "\"");
       o.prompt_ids.push_back(ids);
     } else if (a == "--max-new-tokens") {
       number(&x);
@@ -214,10 +211,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (stream) std::printf("\n");
   for (const Generation& g : gens) {
     if (json) {
-      std::printf("%s\n", nlohmann::json{{"prompt_ids", g.prompt_ids}, {"ids", g.ids},
-                                         {"text", g.text}}
-                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                              .c_str());
+      std::printf("%s\n",
+                  nlohmann::json{{"prompt_ids", g.prompt_ids}, {"ids", g.ids}, {"text", g.text}}
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      .c_str());
     } else if (!stream) {
       std::printf("ids:");
       for (int32_t id : g.ids) std::printf(" %d", id);

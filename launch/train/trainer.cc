@@ -66,28 +66,21 @@ class NonfiniteGuard {
   int in_a_row_;
 };
 
-// log.sample_prompt as token ids: text through data.tokenizer, bytes for a byte model, else
-// comma-separated ids; none: token 0.
-std::vector<int32_t> sample_prompt_ids(const Config& cfg) {
+// log.sample_prompt as token ids: text through the tokenizer (data.tokenizer's, or null), bytes
+// for a byte model, else comma-separated ids; none: token 0.
+std::vector<int32_t> sample_prompt_ids(const Config& cfg, const Tokenizer* tok) {
   const std::string& p = cfg.log.sample_prompt;
   if (cfg.log.sample_interval <= 0) return {};
   if (p.empty()) return {0};
   std::vector<int32_t> ids;
-  if (cfg.data.tokenizer) {
-    ids = Tokenizer::load(*cfg.data.tokenizer)->encode(p);
+  if (tok) {
+    ids = tok->encode(p);
   } else if (cfg.model.vocab_size >= 256 && cfg.model.vocab_size <= 257) {
     for (unsigned char c : p) ids.push_back(c);
-  } else {
-    for (size_t at = 0; at <= p.size();) {
-      const size_t comma = std::min(p.find(',', at), p.size());
-      const std::string n = p.substr(at, comma - at);
-      if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
-        throw InputError(cfg.source_file, "log.sample_prompt",
-                         "comma-separated token ids (no data.tokenizer, not a byte model), got \"" +
-                             p + "\"");
-      ids.push_back(std::stoi(n));
-      at = comma + 1;
-    }
+  } else if (!parse_token_ids(p, &ids)) {
+    throw InputError(
+        cfg.source_file, "log.sample_prompt",
+        "comma-separated token ids (no data.tokenizer, not a byte model), got \"" + p + "\"");
   }
   for (int32_t id : ids)
     if (id < 0 || id >= cfg.model.vocab_size)
@@ -99,8 +92,8 @@ std::vector<int32_t> sample_prompt_ids(const Config& cfg) {
 }
 
 // The sample's text: the tokenizer's, a byte model's bytes, else "".
-std::string sample_text(const Config& cfg, const std::vector<int32_t>& ids) {
-  if (cfg.data.tokenizer) return Tokenizer::load(*cfg.data.tokenizer)->decode(ids);
+std::string sample_text(const Config& cfg, const Tokenizer* tok, const std::vector<int32_t>& ids) {
+  if (tok) return tok->decode(ids);
   std::string out;
   if (cfg.model.vocab_size >= 256 && cfg.model.vocab_size <= 257)
     for (int32_t id : ids) out += static_cast<char>(id & 0xFF);
@@ -185,7 +178,10 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   // log.sample_interval: a greedy sample over the model's key/value cache (pipeline 1: every
   // rank holds every layer of its tensor shard); it reads the parameters and nothing else, so
   // the training that follows is the same.
-  const std::vector<int32_t> sample_prompt = sample_prompt_ids(cfg);
+  const std::unique_ptr<Tokenizer> sample_tok = cfg.log.sample_interval > 0 && cfg.data.tokenizer
+                                                    ? Tokenizer::load(*cfg.data.tokenizer)
+                                                    : nullptr;
+  const std::vector<int32_t> sample_prompt = sample_prompt_ids(cfg, sample_tok.get());
   auto sample = [&](int it) -> std::optional<std::pair<std::vector<int32_t>, std::string>> {
     if (cfg.log.sample_interval <= 0 || it % cfg.log.sample_interval != 0) return std::nullopt;
     const int P = static_cast<int>(sample_prompt.size()), N = cfg.log.sample_tokens;
@@ -194,10 +190,11 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     std::vector<int32_t> step = sample_prompt, ids;
     for (int n = 0; n < N; ++n) {
       const std::vector<float> logits = model->decode(*st, step, static_cast<int>(step.size()));
-      step = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+      step = {
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
       ids.push_back(step[0]);
     }
-    return std::make_pair(ids, sample_text(cfg, ids));
+    return std::make_pair(ids, sample_text(cfg, sample_tok.get(), ids));
   };
   if (cfg.log.sample_interval > 0 &&
       static_cast<int64_t>(sample_prompt.size()) + cfg.log.sample_tokens > cfg.model.seq_len)

@@ -25,22 +25,13 @@ FullTensor transpose(const FullTensor& t) {
   return o;
 }
 
-FullTensor first_rows(const FullTensor& t, int64_t rows) {
-  FullTensor o;
-  o.shape = t.shape;
-  o.shape[0] = rows;
-  const int64_t row = t.shape[1];
-  o.data.assign(t.data.begin(), t.data.begin() + rows * row);
-  return o;
-}
-
 }  // namespace
 
 FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
   const DecoderShape d = gpt_shape(m);
   FullTensors hf;
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
-  hf["transformer.wte.weight"] = first_rows(get("wte"), d.V);
+  hf["transformer.wte.weight"] = hf_rows(get("wte"), 0, d.V);
   hf["transformer.wpe.weight"] = get("wpe");
   for (int l = 0; l < d.L; ++l) {
     const std::string o = "h." + std::to_string(l) + ".", h = "transformer." + o;
@@ -55,20 +46,15 @@ FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
   hf["transformer.ln_f.weight"] = get("ln_f.weight");
   hf["transformer.ln_f.bias"] = get("ln_f.bias");
   hf["lm_head.weight"] =
-      d.tie ? hf["transformer.wte.weight"] : first_rows(get("lm_head.weight"), d.V);
+      d.tie ? hf["transformer.wte.weight"] : hf_rows(get("lm_head.weight"), 0, d.V);
   return hf;
 }
 
 FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
   const DecoderShape d = gpt_shape(m);
-  const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
-    auto it = hf.find(n);
-    if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
-    if (it->second.shape != shape)
-      throw InputError(path, n,
-                       "shape " + shape_string(shape) + " (from the config), found " +
-                           shape_string(it->second.shape));
-    return it->second;
+  const auto get = [&](const std::string& n,
+                       const std::vector<int64_t>& shape) -> const FullTensor& {
+    return hf_tensor(hf, n, shape, path);
   };
   const int64_t C = d.C, F = d.F;
   FullTensors o;

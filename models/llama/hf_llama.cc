@@ -32,34 +32,6 @@
 namespace strata {
 namespace {
 
-// The sizes the tensors follow (the config's validation has checked they divide).
-struct HfShape {
-  int64_t L, C, NH, KVH, HS, F, V;
-  bool tie;
-};
-
-HfShape hf_shape(const ModelConfig& m) {
-  HfShape d;
-  d.L = m.num_layers;
-  d.C = m.hidden_size;
-  d.NH = m.num_heads;
-  d.KVH = m.kv_heads();
-  d.HS = d.C / d.NH;
-  d.F = m.ffn_hidden_size;
-  d.V = m.vocab_size;
-  d.tie = m.tie_embeddings;
-  return d;
-}
-
-// Rows [begin, begin + count) of a 2-D tensor.
-FullTensor rows(const FullTensor& t, int64_t begin, int64_t count) {
-  FullTensor o;
-  o.shape = {count, t.shape[1]};
-  const auto first = t.data.begin() + begin * t.shape[1];
-  o.data.assign(first, first + count * t.shape[1]);
-  return o;
-}
-
 // The 2-D tensors stacked along rows, in order.
 FullTensor stack_rows(std::initializer_list<const FullTensor*> parts) {
   FullTensor o;
@@ -81,41 +53,36 @@ std::string layer(int64_t l) {
 }  // namespace
 
 FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const HfShape d = hf_shape(m);
+  const DecoderShape d = llama_shape(m);
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
-  const int64_t q = d.NH * d.HS, kv = d.KVH * d.HS;
+  const int64_t q = d.NH * d.head_size(), kv = d.KVH * d.head_size();
   FullTensors hf;
-  hf["model.embed_tokens.weight"] = rows(get("embed_tokens"), 0, d.V);
+  hf["model.embed_tokens.weight"] = hf_rows(get("embed_tokens"), 0, d.V);
   for (int64_t l = 0; l < d.L; ++l) {
     const std::string o = layer(l), h = "model." + o;
     const FullTensor& qkv = get(o + "self_attn.qkv_proj.weight");
-    hf[h + "self_attn.q_proj.weight"] = rows(qkv, 0, q);
-    hf[h + "self_attn.k_proj.weight"] = rows(qkv, q, kv);
-    hf[h + "self_attn.v_proj.weight"] = rows(qkv, q + kv, kv);
+    hf[h + "self_attn.q_proj.weight"] = hf_rows(qkv, 0, q);
+    hf[h + "self_attn.k_proj.weight"] = hf_rows(qkv, q, kv);
+    hf[h + "self_attn.v_proj.weight"] = hf_rows(qkv, q + kv, kv);
     const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
-    hf[h + "mlp.gate_proj.weight"] = rows(gate_up, 0, d.F);
-    hf[h + "mlp.up_proj.weight"] = rows(gate_up, d.F, d.F);
+    hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, d.F);
+    hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, d.F, d.F);
     for (const char* n : {"self_attn.o_proj.weight", "mlp.down_proj.weight",
                           "input_layernorm.weight", "post_attention_layernorm.weight"})
       hf[h + n] = get(o + n);
   }
   hf["model.norm.weight"] = get("norm.weight");
-  if (!d.tie) hf["lm_head.weight"] = rows(get("lm_head.weight"), 0, d.V);
+  if (!d.tie) hf["lm_head.weight"] = hf_rows(get("lm_head.weight"), 0, d.V);
   return hf;
 }
 
 FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const HfShape d = hf_shape(m);
-  const auto get = [&](const std::string& n, std::vector<int64_t> shape) -> const FullTensor& {
-    auto it = hf.find(n);
-    if (it == hf.end()) throw InputError(path, n, "a tensor of shape " + shape_string(shape));
-    if (it->second.shape != shape)
-      throw InputError(path, n,
-                       "shape " + shape_string(shape) + " (from the config), found " +
-                           shape_string(it->second.shape));
-    return it->second;
+  const DecoderShape d = llama_shape(m);
+  const auto get = [&](const std::string& n,
+                       const std::vector<int64_t>& shape) -> const FullTensor& {
+    return hf_tensor(hf, n, shape, path);
   };
-  const int64_t C = d.C, F = d.F, q = d.NH * d.HS, kv = d.KVH * d.HS;
+  const int64_t C = d.C, F = d.F, q = d.NH * d.head_size(), kv = d.KVH * d.head_size();
   FullTensors o;
   const FullTensor& embed = get("model.embed_tokens.weight", {d.V, C});
   o["embed_tokens"] = embed;
@@ -143,7 +110,7 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 }
 
 nlohmann::json llama_hf_config(const ModelConfig& m) {
-  const HfShape d = hf_shape(m);
+  const DecoderShape d = llama_shape(m);
   nlohmann::json scaling = nullptr;
   if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/config.h's to_json
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -153,7 +120,7 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
           {"num_hidden_layers", d.L},
           {"num_attention_heads", d.NH},
           {"num_key_value_heads", d.KVH},
-          {"head_dim", d.HS},
+          {"head_dim", d.head_size()},
           {"max_position_embeddings", m.seq_len},
           {"vocab_size", d.V},
           {"rms_norm_eps", m.rms_norm_eps},
@@ -170,7 +137,7 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
 }
 
 std::vector<std::string> llama_hf_order(const ModelConfig& m) {
-  const HfShape d = hf_shape(m);
+  const DecoderShape d = llama_shape(m);
   std::vector<std::string> names = {"model.embed_tokens.weight"};
   for (int64_t l = 0; l < d.L; ++l)
     for (const char* n :
@@ -185,7 +152,7 @@ std::vector<std::string> llama_hf_order(const ModelConfig& m) {
 
 void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
                            const std::string& path) {
-  const HfShape d = hf_shape(m);
+  const DecoderShape d = llama_shape(m);
   // Absent (or null) keys take LlamaConfig's defaults, as from_pretrained would.
   check_hf_key(hf, "model_type", "llama", "model.arch \"llama\"", path, "llama");
   check_hf_key(hf, "num_hidden_layers", d.L, "model.num_layers", path, 32);
@@ -193,7 +160,7 @@ void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
   check_hf_key(hf, "num_attention_heads", d.NH, "model.num_heads", path, 32);
   const nlohmann::json heads = hf_value(hf, "num_attention_heads", 32);
   check_hf_key(hf, "num_key_value_heads", d.KVH, "model.num_key_value_heads", path, heads);
-  check_hf_key(hf, "head_dim", d.HS, "hidden_size / num_heads", path,
+  check_hf_key(hf, "head_dim", d.head_size(), "hidden_size / num_heads", path,
                hf_value(hf, "hidden_size", 4096).get<int64_t>() /
                    std::max<int64_t>(1, heads.get<int64_t>()));
   check_hf_key(hf, "intermediate_size", d.F, "model.ffn_hidden_size", path, 11008);
@@ -268,12 +235,13 @@ ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::stri
   m.init_std = hf_value(hf, "initializer_range", 0.02).get<double>();
   // RoPE: transformers 5's rope_parameters, or rope_theta and rope_scaling before it.
   const nlohmann::json params = hf_value(hf, "rope_parameters", nullptr);
-  const nlohmann::json& scaling = params.is_object() ? params : hf_value(hf, "rope_scaling", nullptr);
+  const nlohmann::json& scaling =
+      params.is_object() ? params : hf_value(hf, "rope_scaling", nullptr);
   m.rope_theta = (params.is_object() ? hf_value(params, "rope_theta", 10000.0)
                                      : hf_value(hf, "rope_theta", 10000.0))
                      .get<double>();
-  if (scaling.is_object() && (scaling.value("rope_type", scaling.value("type", std::string())) ==
-                              "llama3")) {
+  if (scaling.is_object() &&
+      (scaling.value("rope_type", scaling.value("type", std::string())) == "llama3")) {
     RopeScaling r;
     r.factor = hf_value(scaling, "factor", 8.0).get<double>();
     r.low_freq_factor = hf_value(scaling, "low_freq_factor", 1.0).get<double>();

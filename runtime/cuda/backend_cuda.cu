@@ -560,16 +560,10 @@ class CudaBackend final : public Backend {
       return kv_cache_append(mp.out(q), mp.out(k_cache), mp.out(v_cache), mp.in(qkv), NH, KVH,
                              pos0);
     }
-    const AttentionDims a = attention_dims(qkv, NH, KVH);
-    const int64_t S_max = k_cache.size(1);
-    expect_numel(q, a.B * a.S * NH * a.HS, "kv_cache_append q");
-    expect_shape(k_cache, {a.B, S_max, KVH, a.HS}, "key cache");
-    expect_shape(v_cache, {a.B, S_max, KVH, a.HS}, "value cache");
-    STRATA_CHECK(pos0 >= 0 && pos0 + a.S <= S_max,
-                 "positions " << pos0 << " + " << a.S << " beyond the cache's " << S_max);
+    const KvCacheDims a = kv_cache_append_dims(q, k_cache, v_cache, qkv, NH, KVH, pos0);
     CUDA_CHECK(kc::kv_cache_append(q.data(), k_cache.data(), v_cache.data(), qkv.data(), et(qkv),
-                                   as_int(a.B), as_int(a.S), as_int(S_max), NH, KVH, as_int(a.HS),
-                                   as_int(pos0), stream_));
+                                   as_int(a.B), as_int(a.T), as_int(a.S_max), NH, KVH,
+                                   as_int(a.HS), as_int(pos0), stream_));
   }
   void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         int NH, int KVH, int64_t pos0) override {
@@ -577,15 +571,8 @@ class CudaBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH, pos0);
     }
-    STRATA_CHECK(q.dim() == 4 && q.size(2) == NH,
-                 "decode queries " << shape_string(q.shape()) << " are not (B, T, NH, HS)");
-    const int64_t B = q.size(0), T = q.size(1), HS = q.size(3), S_max = k_cache.size(1);
-    expect_shape(k_cache, {B, S_max, KVH, HS}, "key cache");
-    expect_shape(v_cache, {B, S_max, KVH, HS}, "value cache");
-    expect_numel(out, q.numel(), "decode out");
-    STRATA_CHECK(KVH >= 1 && NH % KVH == 0 && pos0 >= 0 && pos0 + T <= S_max,
-                 "decode heads " << NH << "/" << KVH << ", positions " << pos0 << " + " << T
-                                 << " of " << S_max);
+    const KvCacheDims d = attention_decode_dims(out, q, k_cache, v_cache, NH, KVH, pos0);
+    const int64_t B = d.B, T = d.T, HS = d.HS, S_max = d.S_max;
     STRATA_CHECK(HS <= kc::kDecodeMaxHeadSize, "head size " << HS << " exceeds the decode "
                                                             << "attention's maximum "
                                                             << kc::kDecodeMaxHeadSize);

@@ -1135,4 +1135,17 @@ std::optional<int32_t> Tokenizer::eod_id() const {
   return std::nullopt;
 }
 
+bool parse_token_ids(const std::string& text, std::vector<int32_t>* ids) {
+  ids->clear();
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string n = text.substr(at, comma - at);
+    if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    ids->push_back(std::stoi(n));
+    at = comma + 1;
+  }
+  return true;
+}
+
 }  // namespace strata

@@ -93,4 +93,8 @@ class Tokenizer {
   std::unique_ptr<tokenizer_internal::Model> m_;
 };
 
+// Token ids written as text, "1,2,3" (decimal, comma-separated, no spaces): into *ids, false when
+// `text` is not that form (prompts given as ids: strata generate, log.sample_prompt).
+bool parse_token_ids(const std::string& text, std::vector<int32_t>* ids);
+
 }  // namespace strata
