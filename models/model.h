@@ -92,6 +92,8 @@ class GenerationState {
   int batch = 0;
   int64_t length = 0;    // positions filled
   int64_t capacity = 0;  // positions the caches hold
+  int64_t width = 0;     // of what passes between pieces: (batch, T, width) activations
+  int64_t vocab = 0;     // logits per sequence
 };
 
 class Model {
@@ -129,16 +131,24 @@ class Model {
   // backward pass of the piece's layers (`strata profile` times it); the result is dropped.
   virtual void rerun_selective_recompute(const PieceActs& acts) = 0;
 
-  // ---- generation: a rank holding every layer (pipeline 1), tensor parallelism as in
-  // training, sequence parallelism off ----
-  // Key/value caches for `batch` sequences of up to `capacity` positions (≤ the model's). The
-  // default refuses: a model that does not generate (an encoder).
+  // ---- generation: tensor parallelism as in training; sequence parallelism is not used by
+  // decoding (the weights are the same; every rank of the tensor group sees the whole new
+  // positions); the pieces of a pipeline run one after another (decode_over_pipeline) ----
+  // Key/value caches of this rank's layers for `batch` sequences of up to `capacity` positions
+  // (≤ the model's). The default refuses: a model that does not generate (an encoder).
   virtual std::unique_ptr<GenerationState> start_generation(int batch, int64_t capacity);
-  // Runs tokens (batch, T) row-major at the next T positions of each sequence, appending to the
-  // caches, and returns the logits of each sequence's last new position over the whole
-  // vocabulary: (batch, V) f32 on the host, the same on every rank of the tensor group.
-  virtual std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens,
-                                    int T);
+  // Runs piece `piece` on the next T positions of each sequence (state.length …), appending to
+  // its layers' caches. The first piece reads `tokens` (batch, T) row-major, any other `input`,
+  // the previous piece's output: (batch, T, state.width) in the activation type. Returns the
+  // output for the next piece; the last piece returns an undefined tensor and fills *logits with
+  // each sequence's last new position over the whole vocabulary: (batch, V) f32 on the host, the
+  // same on every rank of the tensor group. state.length is the caller's to advance, once every
+  // piece has run.
+  virtual Tensor decode_piece(GenerationState& state, int piece, const Tensor& input,
+                              const std::vector<int32_t>& tokens, int T, std::vector<float>* logits);
+  // The whole model on this rank (one piece with the embedding and the head): decode_piece,
+  // then state.length += T. Returns the logits.
+  std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens, int T);
 
   // Convenience for single-piece models (tests, evaluation in one process).
   PieceActsPtr forward(const ModelBatch& batch, LossSum* loss) {
@@ -151,5 +161,13 @@ class Model {
 
 // The whole model as one piece.
 std::vector<ModelPiece> whole_model(int num_layers);
+
+// Model::decode over a pipeline: piece k = chunk·p + stage runs on stage k mod p (`pipeline`,
+// this rank's place `stage` of `stages`; null or size 1: one stage), each stage passing its
+// output to the next; the last stage's logits are broadcast over the pipeline, so every rank
+// returns them. Collective over the pipeline group; state.length advances by T.
+std::vector<float> decode_over_pipeline(Model& model, Backend& be, Communicator* pipeline,
+                                        GenerationState& state, const std::vector<int32_t>& tokens,
+                                        int T);
 
 }  // namespace strata

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "launch/commands/generate.h"
+#include "launch/config/config_parse.h"
+#include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "runtime/error.h"
 
@@ -146,6 +148,79 @@ TEST(GenerateInput, TopPOutsideZeroToOneIsRefused) {
     o.top_p = p;
     EXPECT_THROW(generate(o), InputError);
   }
+}
+
+// log.sample_interval at every layout (issue 26): each layout's samples are the single-process
+// run's tokens, and its losses, gradient norms and final parameters are those of the same layout
+// without samples, bit for bit. Pipelines decode piece after piece (interleaved too), 2bw from
+// the weights it kept of each sampled step, sequence parallelism without splitting the sequence.
+struct SampleLayout {
+  std::string name;
+  int world;
+  std::vector<std::string> sets;
+};
+
+TrainResult train(const std::vector<std::string>& layout, bool samples, bool solo) {
+  std::vector<std::string> sets = {
+      "model.preset=llama-tiny", "model.num_layers=4", "model.seq_len=32",
+      "train.iterations=6",      "train.micro_batch_size=1", "train.global_batch_size=4",
+      "train.eval_interval=3",   "train.threads=1",          "optimizer.lr=3e-3",
+      "log.interval=100000"};
+  sets.insert(sets.end(), layout.begin(), layout.end());
+  if (samples)
+    for (const char* s : {"log.sample_interval=3", "log.sample_tokens=9", "log.sample_prompt=5,1,4"})
+      sets.push_back(s);
+  RunContext ctx;
+  ctx.verbose = false;
+  ctx.single_process = solo;
+  return run_training(load_config("", sets), ctx);
+}
+
+TEST(TrainingSamples, EveryLayoutSamplesTheSingleProcessTokens) {
+  const std::vector<SampleLayout> layouts = {
+      {"pipeline 2, 1f1b", 2, {"parallel.pipeline=2"}},
+      {"pipeline 2, interleaved", 2,
+       {"parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.schedule=interleaved"}},
+      {"pipeline 2, zb-h1", 2, {"parallel.pipeline=2", "parallel.schedule=zb-h1"}},
+      {"tensor 2, sequence parallel", 2,
+       {"parallel.tensor=2", "parallel.sequence_parallel=true"}},
+      {"data 2, ZeRO-1", 2, {"parallel.distributed_optimizer=true"}},
+      {"tensor 2 sp, pipeline 2", 4,
+       {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2"}},
+      {"pipeline 4, 1f1b", 4,
+       {"parallel.pipeline=4", "parallel.virtual_stages=1", "parallel.schedule=1f1b"}},
+  };
+  const std::vector<SampleLayout> two_bw = {
+      {"2bw, pipeline 2", 2, {"parallel.schedule=2bw", "parallel.pipeline=2"}},
+      {"2bw, tensor 2, pipeline 2", 4,
+       {"parallel.schedule=2bw", "parallel.pipeline=2", "parallel.tensor=2"}},
+  };
+  if (world().size != 2 && world().size != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  // The references: the flushing schedules' single-process run, and the single-process 2bw.
+  const TrainResult ref = train({}, true, true);
+  const TrainResult ref_2bw = train({"parallel.schedule=2bw"}, true, true);
+  ASSERT_EQ(ref.samples.size(), 2u);
+  ASSERT_EQ(ref_2bw.samples.size(), 2u);
+  EXPECT_NE(ref.samples, ref_2bw.samples) << "2bw trains other weights: its samples differ";
+  auto check = [&](const SampleLayout& l, const TrainResult& want) {
+    if (l.world != world().size) return;
+    SCOPED_TRACE(l.name);
+    const TrainResult plain = train(l.sets, false, false);
+    const TrainResult sampled = train(l.sets, true, false);
+    mpitest::Tally tally;
+    tally.add(l.name + ": losses", sampled.losses != plain.losses);
+    tally.add(l.name + ": grad norms", sampled.grad_norms != plain.grad_norms);
+    tally.add(l.name + ": val losses", sampled.val_losses != plain.val_losses);
+    tally.add(l.name + ": final params", sampled.final_params != plain.final_params);
+    tally.add(l.name + ": samples", sampled.samples != want.samples);
+    if (world().rank == 0 && !sampled.samples.empty())
+      std::printf("%s: sample at %d [%s] (single process [%s])\n", l.name.c_str(),
+                  sampled.samples.back().first, show(sampled.samples.back().second).c_str(),
+                  show(want.samples.back().second).c_str());
+    tally.expect_clean(l.name.c_str());
+  };
+  for (const SampleLayout& l : layouts) check(l, ref);
+  for (const SampleLayout& l : two_bw) check(l, ref_2bw);
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
 #   mpi_layout_np4           --dry-run, the planner and training use one layer split
 #   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
-#                            alone and at tensor 2 (tests/golden/generate/)
+#                            alone and at tensor 2 (tests/golden/generate/); with
+#                            mpi_training_samples_np4, samples during training at every layout
 #   mpi_nccl_np{1,2}         (CUDA builds) the NCCL backend; skips visibly without devices
 #   mpi_watchdog_nccl        (CUDA builds) mpi_watchdog on the NCCL backend: the NCCL watchdog
 #                            thread must fire; skips without a device per rank
@@ -151,6 +152,12 @@ add_test(NAME mpi_generate_tp2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi
 set_tests_properties(mpi_generate_tp2 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_GENERATE_SETS=parallel.tensor=2" TIMEOUT 300
   PROCESSORS 2 LABELS mpi)
+# Samples during training on the 4-rank layouts (tensor × pipeline, pipeline 4, 2bw at tensor 2);
+# the 2-rank layouts run in mpi_generate_tp2.
+add_test(NAME mpi_training_samples_np4 COMMAND ${STRATA_MPI_RUN} -np 4
+         $<TARGET_FILE:mpi_test_generate> --gtest_filter=TrainingSamples.*)
+set_tests_properties(mpi_training_samples_np4 PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}"
+  TIMEOUT 300 PROCESSORS 4 LABELS mpi)
 
 # `strata eval --task` against transformers' log-likelihoods (issue 26; tests/golden/eval/):
 # alone and at tensor 2.

@@ -253,4 +253,26 @@ TEST_F(Cli, ExportsAShardedDirectoryThatInitFromReads) {
   EXPECT_EQ(line.rfind("error: " + hf + "/" + shard + ": tensor transformer.", 0), 0u) << line;
 }
 
+// strata generate from a checkpoint: the training config itself is accepted, while a config or
+// --set naming another shape is one error line (exit 2) naming the checkpoint's run_state.json
+// and each differing key with both values, not a silent choice of one of the two models.
+TEST_F(Cli, GenerateRefusesACheckpointOfAnotherShape) {
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string cfg = config({{"checkpoint", {{"dir", ckpt}, {"interval", 3}}}});
+  Result r = run("train --config " + cfg);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string gen = "generate --checkpoint " + ckpt + " --prompt-ids 1,2 --max-new-tokens 3";
+  r = run(gen + " --config " + cfg);
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run(gen + " --set model.num_layers=3");
+  EXPECT_EQ(r.status, 2) << r.out;
+  std::string line = error_line(r.out);
+  EXPECT_NE(line.find(ckpt + "/iter_3/run_state.json: model:"), std::string::npos) << line;
+  EXPECT_NE(line.find("num_layers (run_state.json 2, --set 3)"), std::string::npos) << line;
+  r = run(gen + " --config " + config({{"model", {{"hidden_size", 96}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  line = error_line(r.out);
+  EXPECT_NE(line.find("hidden_size (run_state.json 64, "), std::string::npos) << line;
+}
+
 }  // namespace

@@ -107,10 +107,50 @@ TEST(TrainingSamples, LeaveTheRunBitIdentical) {
     EXPECT_EQ(sampled.samples[k].second.size(), 7u);
   }
   EXPECT_TRUE(plain.samples.empty());
-  // A pipeline has no rank with the whole model to sample from yet: refused, not ignored.
-  std::vector<std::string> piped = sets;
-  piped.push_back("parallel.pipeline=2");
-  EXPECT_THROW(load_config("", piped), InputError);
+}
+
+// Greedy tokens of a model holding `params` (a run's final_params), over the cache.
+std::vector<int32_t> greedy(const ModelConfig& m, const std::vector<float>& params,
+                            std::vector<int32_t> step, int n) {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  std::unique_ptr<Model> model = build_model(m, ModelOptions(), *be);
+  be->upload(model->params().params(), params.data());
+  model->params().params_changed();
+  std::unique_ptr<GenerationState> st =
+      model->start_generation(1, static_cast<int64_t>(step.size()) + n);
+  std::vector<int32_t> ids;
+  for (int k = 0; k < n; ++k) {
+    const std::vector<float> logits = model->decode(*st, step, static_cast<int>(step.size()));
+    step = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    ids.push_back(step[0]);
+  }
+  return ids;
+}
+
+// PipeDream-2BW reports its steps when its one instruction list has run: a sample of step N
+// must come from W(N), the weights that step wrote, not from the newest — the same tokens as a
+// decode of the final weights of the run stopped at N (same learning-rate schedule).
+TEST(TrainingSamples, TwoBWSamplesTheWeightsOfTheirStep) {
+  std::vector<std::string> sets = {"model.preset=llama-tiny",   "parallel.schedule=2bw",
+                                   "optimizer.lr=1e-2",         "optimizer.decay_iters=6",
+                                   "optimizer.warmup_iters=1",  "train.micro_batch_size=2",
+                                   "train.global_batch_size=4", "train.eval_interval=0",
+                                   "train.threads=1",           "log.interval=1000"};
+  RunContext ctx;
+  ctx.verbose = false;
+  ctx.single_process = true;
+  std::vector<std::string> three = sets;
+  three.push_back("train.iterations=3");
+  const Config cfg3 = load_config("", three);
+  const TrainResult stopped = run_training(cfg3, ctx);
+  sets.push_back("train.iterations=6");
+  sets.push_back("log.sample_interval=3");
+  sets.push_back("log.sample_tokens=12");
+  sets.push_back("log.sample_prompt=3,1,4");
+  const TrainResult sampled = run_training(load_config("", sets), ctx);
+  ASSERT_EQ(sampled.samples.size(), 2u);
+  EXPECT_EQ(sampled.samples[0].second, greedy(cfg3.model, stopped.final_params, {3, 1, 4}, 12));
+  EXPECT_NE(sampled.samples[0].second, sampled.samples[1].second) << "W(3) and W(6) agree";
 }
 
 }  // namespace

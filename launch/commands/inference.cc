@@ -6,23 +6,27 @@
 #include <set>
 
 #include "launch/config/config_parse.h"
+#include "launch/train/checkpointing.h"
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
 
-// The model keys of the source, and the path its weights are read from.
-ModelConfig model_of(const InferenceSource& s, std::string* path) {
+// The model keys of the source, the path its weights are read from and the file that recorded
+// the model (run_state.json, config.json).
+ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* recorded) {
   if (s.checkpoint.has_value() == s.hf.has_value())
     throw InputError("<command line>", "--checkpoint",
                      "exactly one of --checkpoint DIR and --hf DIR");
   if (s.hf) {
     *path = *s.hf;
+    *recorded = *s.hf + "/config.json";
     if (!is_hf_directory(*s.hf))
       throw InputError(*s.hf, "", "a Hugging Face directory (config.json and safetensors)");
     return model_config_from_hf(read_hf_config(*s.hf), *s.hf + "/config.json");
@@ -34,6 +38,7 @@ ModelConfig model_of(const InferenceSource& s, std::string* path) {
     ck = *sel;
   }
   *path = ck;
+  *recorded = ck + "/run_state.json";
   const LoadedCheckpoint c = read_checkpoint(ck);
   return config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
                           ck + "/run_state.json", {"data.synthetic.vocab_size=1"})
@@ -41,14 +46,36 @@ ModelConfig model_of(const InferenceSource& s, std::string* path) {
 }
 
 // The config of the session: the user's keys with one pipeline stage, no sequence parallelism,
-// one sequence per data rank, and the source's model keys.
-Config session_config(const InferenceSource& s, const ModelConfig& model) {
+// one sequence per data rank, and the source's model keys. A config or --set that names model
+// keys must name the source's shape (`recorded` wrote it): a checkpoint of another shape is an
+// error, not a silent choice between the two.
+Config session_config(const InferenceSource& s, const ModelConfig& model,
+                      const std::string& recorded) {
   std::vector<std::string> sets = s.sets;
   for (const char* k : {"parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
                         "parallel.sequence_parallel=false", "parallel.layers_per_stage=null",
                         "parallel.data=null", "train.micro_batch_size=1"})
     sets.push_back(k);
   const Config probe = load_config(s.config, sets);
+  // The model keys the user named (a preset names them all), compared where they fix shapes.
+  std::set<std::string> named;
+  bool all = false;
+  auto name = [&](const std::string& key) {
+    if (key == "preset") all = true;
+    named.insert(key);
+  };
+  if (!s.config.empty()) {
+    const nlohmann::json j = read_json_file(s.config);
+    if (j.contains("model") && j["model"].is_object())
+      for (const auto& [key, value] : j["model"].items()) name(key);
+  }
+  for (const std::string& kv : s.sets)
+    if (kv.rfind("model.", 0) == 0) name(kv.substr(6, kv.find_first_of(".=", 6) - 6));
+  nlohmann::json want = model_shape_json(probe.model, *describe_model(probe.model));
+  for (auto it = want.begin(); it != want.end();)
+    it = all || named.count(it.key()) ? std::next(it) : want.erase(it);
+  check_model_shape(want, model_shape_json(model, *describe_model(model)), recorded,
+                    s.config.empty() ? "--set" : s.config);
   const int data = std::max(1, world().size / std::max(1, probe.parallel.tensor));
   sets.push_back("train.global_batch_size=" + std::to_string(data));
   Config cfg = load_config(s.config, sets);
@@ -61,9 +88,9 @@ Config session_config(const InferenceSource& s, const ModelConfig& model) {
 }  // namespace
 
 InferenceSession::InferenceSession(const InferenceSource& source) {
-  std::string path;
-  const ModelConfig model = model_of(source, &path);
-  cfg_ = session_config(source, model);
+  std::string path, recorded;
+  const ModelConfig model = model_of(source, &path, &recorded);
+  cfg_ = session_config(source, model, recorded);
   run_ = make_run_layout(cfg_, world().size == 1);
   be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);
   groups_ = run_.groups(*be_);

@@ -949,14 +949,6 @@ void check_consistency(const Config& c, const Reader& r) {
                       to_string(m.num_heads));
   }
 
-  if (c.log.sample_interval > 0 &&
-      (p.pipeline > 1 || p.schedule == "2bw" || (p.sequence_parallel && p.tensor > 1))) {
-    r.fail_latest({"log.sample_interval", "parallel.pipeline", "parallel.schedule",
-                   "parallel.sequence_parallel"},
-                  "samples during training need parallel.pipeline 1, a flushing schedule and no "
-                  "sequence parallelism (a pipelined decode is not built yet): set "
-                  "log.sample_interval to 0");
-  }
   if (m.num_heads % m.kv_heads() != 0) {
     r.fail_latest({"model.num_key_value_heads", "model.num_heads"},
                   "num_heads " + to_string(m.num_heads) +

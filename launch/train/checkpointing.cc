@@ -1,6 +1,7 @@
 #include "launch/train/checkpointing.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -11,28 +12,24 @@
 #include "runtime/error.h"
 
 namespace strata {
-namespace {
-
-void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
-                       const std::string& path) {
-  std::string diff;
-  for (const auto& [key, value] : want.items()) {
-    const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
-    if (got == value) continue;
-    diff += (diff.empty() ? "" : ", ") + key + " (checkpoint " + got.dump() + ", config " +
-            value.dump() + ")";
-  }
-  if (!diff.empty())
-    throw InputError(path + "/run_state.json", "model",
-                     "the model shape of the config; differing keys: " + diff);
-}
-
-}  // namespace
-
 nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc) {
   nlohmann::json j = desc.shape_json();
   j["arch"] = m.arch;
   return j;
+}
+
+void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
+                       const std::string& file, const std::string& what) {
+  const std::string there = std::filesystem::path(file).filename().string();
+  std::string diff;
+  for (const auto& [key, value] : want.items()) {
+    const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (got == value) continue;
+    diff += (diff.empty() ? "" : ", ") + key + " (" + there + " " + got.dump() + ", " + what +
+            " " + value.dump() + ")";
+  }
+  if (!diff.empty())
+    throw InputError(file, "model", "the model shape of the " + what + "; differing keys: " + diff);
 }
 
 Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
@@ -90,7 +87,8 @@ RunStart Checkpointing::restore() {
     const std::string path = choice.substr(3);
     const LoadedCheckpoint c = read_checkpoint(path);
     check_model_shape(model_shape_json(cfg.model, desc_),
-                      c.run_state.value("model", nlohmann::json::object()), path);
+                      c.run_state.value("model", nlohmann::json::object()),
+                      path + "/run_state.json", "config");
     std::set<std::string> names;
     for (const ParamInfo& pi : layout.infos()) names.insert(pi.name);
     fill_params(layout, assemble_full(c.shards, "param", names, path), hp, path);

@@ -161,6 +161,7 @@ void ModelStage::optimizer_step() {
     reducer_.gather_params(*next);
     params.params_changed();  // bf16: the compute copy follows the master weights
   }
+  if (on_step_) on_step_(r.batch + 1, *next);
   if (run_.two_bw()) {
     ++steps_;
     // The next batch's gradients accumulate from zero while the pipeline keeps running.

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -72,6 +73,8 @@ class ModelStage final : public PipelineStage {
   void set_clock(std::chrono::steady_clock::time_point t0) { t0_ = t0; }
   // The newest weights (what evaluation and the final parameters use).
   const Tensor& newest_params() const { return versions_[steps_ % 2]; }
+  // Called after each optimizer step with its iteration (1-based) and the weights it wrote.
+  void set_on_step(std::function<void(int, const Tensor&)> f) { on_step_ = std::move(f); }
 
   Shape boundary_shape() const override;
   DType boundary_dtype() const override { return model_.activation_dtype(); }
@@ -109,6 +112,7 @@ class ModelStage final : public PipelineStage {
   int steps_ = 0;          // 2bw: optimizer steps taken (W(steps_) is the newest version)
   int steps_in_list_ = 0;  // steps taken in the current instruction list
   Tensor versions_[2];     // 2bw: W(k) in versions_[k % 2]; flushing: versions_[0] only
+  std::function<void(int, const Tensor&)> on_step_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::map<int, ModelBatch> batches_;                 // [mb] this batch's data
   BatchPrefetcher prefetcher_{data_};                 // the next micro-batch's data

@@ -13,10 +13,10 @@
 #include "launch/train/model_stage.h"
 #include "launch/train/reporting.h"
 #include "launch/train/run_layout.h"
+#include "launch/train/sampling.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/data.h"
-#include "runtime/data/tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/grad_reducer.h"
 #include "runtime/optimizer.h"
@@ -65,40 +65,6 @@ class NonfiniteGuard {
   bool skip_;
   int in_a_row_;
 };
-
-// log.sample_prompt as token ids: text through the tokenizer (data.tokenizer's, or null), bytes
-// for a byte model, else comma-separated ids; none: token 0.
-std::vector<int32_t> sample_prompt_ids(const Config& cfg, const Tokenizer* tok) {
-  const std::string& p = cfg.log.sample_prompt;
-  if (cfg.log.sample_interval <= 0) return {};
-  if (p.empty()) return {0};
-  std::vector<int32_t> ids;
-  if (tok) {
-    ids = tok->encode(p);
-  } else if (cfg.model.vocab_size >= 256 && cfg.model.vocab_size <= 257) {
-    for (unsigned char c : p) ids.push_back(c);
-  } else if (!parse_token_ids(p, &ids)) {
-    throw InputError(
-        cfg.source_file, "log.sample_prompt",
-        "comma-separated token ids (no data.tokenizer, not a byte model), got \"" + p + "\"");
-  }
-  for (int32_t id : ids)
-    if (id < 0 || id >= cfg.model.vocab_size)
-      throw InputError(cfg.source_file, "log.sample_prompt",
-                       "token ids below model.vocab_size " + std::to_string(cfg.model.vocab_size) +
-                           ", got " + std::to_string(id));
-  if (ids.empty()) ids.push_back(0);
-  return ids;
-}
-
-// The sample's text: the tokenizer's, a byte model's bytes, else "".
-std::string sample_text(const Config& cfg, const Tokenizer* tok, const std::vector<int32_t>& ids) {
-  if (tok) return tok->decode(ids);
-  std::string out;
-  if (cfg.model.vocab_size >= 256 && cfg.model.vocab_size <= 257)
-    for (int32_t id : ids) out += static_cast<char>(id & 0xFF);
-  return out;
-}
 
 }  // namespace
 
@@ -175,39 +141,17 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     return cfg.train.eval_interval > 0 &&
            (it == iters || (!run.two_bw() && it % cfg.train.eval_interval == 0));
   };
-  // log.sample_interval: a greedy sample over the model's key/value cache (pipeline 1: every
-  // rank holds every layer of its tensor shard); it reads the parameters and nothing else, so
-  // the training that follows is the same.
-  const std::unique_ptr<Tokenizer> sample_tok = cfg.log.sample_interval > 0 && cfg.data.tokenizer
-                                                    ? Tokenizer::load(*cfg.data.tokenizer)
-                                                    : nullptr;
-  const std::vector<int32_t> sample_prompt = sample_prompt_ids(cfg, sample_tok.get());
-  auto sample = [&](int it) -> std::optional<std::pair<std::vector<int32_t>, std::string>> {
-    if (cfg.log.sample_interval <= 0 || it % cfg.log.sample_interval != 0) return std::nullopt;
-    const int P = static_cast<int>(sample_prompt.size()), N = cfg.log.sample_tokens;
-    if (P + N > cfg.model.seq_len) return std::nullopt;  // refused at start-up (below)
-    std::unique_ptr<GenerationState> st = model->start_generation(1, P + N);
-    std::vector<int32_t> step = sample_prompt, ids;
-    for (int n = 0; n < N; ++n) {
-      const std::vector<float> logits = model->decode(*st, step, static_cast<int>(step.size()));
-      step = {
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
-      ids.push_back(step[0]);
-    }
-    return std::make_pair(ids, sample_text(cfg, sample_tok.get(), ids));
-  };
-  if (cfg.log.sample_interval > 0 &&
-      static_cast<int64_t>(sample_prompt.size()) + cfg.log.sample_tokens > cfg.model.seq_len)
-    throw InputError(cfg.source_file, "log.sample_tokens",
-                     "the prompt's " + std::to_string(sample_prompt.size()) + " + " +
-                         std::to_string(cfg.log.sample_tokens) + " tokens within model.seq_len " +
-                         std::to_string(cfg.model.seq_len));
+  // log.sample_interval: greedy samples over the model's key/value caches (sampling.h); 2bw
+  // keeps each sampled step's weights to sample from once its list has run.
+  TrainingSampler sampler(cfg, *model, be, groups.pp.get());
+  if (run.two_bw() && cfg.log.sample_interval > 0)
+    stage.set_on_step([&](int it, const Tensor& w) { sampler.keep(it, w); });
   auto finish_step = [&](const StepRecord& r, double step_s, double bubble) {
     guard.check(r);
     const int it = r.batch + 1;
     const std::optional<double> val =
         eval_due(it) ? std::optional<double>(evaluate()) : std::nullopt;
-    report.step(r, step_s, bubble, val, sample(it));
+    report.step(r, step_s, bubble, val, sampler.sample(it));
   };
 
   double train_time = 0;

@@ -80,6 +80,12 @@ DecoderModel::DecoderModel(const DecoderShape& shape, const ModelOptions& option
   store_ =
       std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
   env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype()});
+  // Decoding runs the tensor-parallel layers without sequence parallelism (a step may be one
+  // position): the same weights, whole-sequence activations on every rank of the group.
+  decode_tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
+                                                options_.tensor_rank, false, activation_dtype());
+  decode_env_ =
+      std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *decode_tp_, activation_dtype()});
   if (!d.learned_positions)
     rope_ = RotaryEmbedding(backend, d.S, d.head_size(), d.rope_theta, d.rope_scaling);
 }
@@ -321,43 +327,56 @@ struct DecoderGeneration final : GenerationState {
 };
 
 std::unique_ptr<GenerationState> DecoderModel::start_generation(int batch, int64_t capacity) {
-  const bool whole = pieces_.size() == 1 && pieces_[0].embedding && pieces_[0].head &&
-                     pieces_[0].num_layers == shape_.L;
-  if (!whole || (options_.sequence_parallel && options_.tensor > 1))
-    throw std::runtime_error(
-        "generation needs the whole model on each rank (pipeline 1) and no sequence parallelism");
   if (capacity < 1 || capacity > shape_.S)
     throw std::runtime_error("generation of " + std::to_string(capacity) +
                              " positions: the model has " + std::to_string(shape_.S));
   auto g = std::make_unique<DecoderGeneration>();
   g->batch = batch;
   g->capacity = capacity;
-  const LayerEnv& env = *env_;
+  g->width = shape_.C;
+  g->vocab = shape_.V;
+  const LayerEnv& env = *decode_env_;
+  g->k.resize(static_cast<size_t>(shape_.L));
+  g->v.resize(static_cast<size_t>(shape_.L));
   for (int l = 0; l < shape_.L; ++l) {
+    if (block_of_layer_[static_cast<size_t>(l)] < 0) continue;  // another stage's layer
     const SelfAttention& attn = block(l).attn;
     const Shape cache{batch, capacity, attn.kv_heads_local, attn.head_size};
-    g->k.push_back(env.act_zeros(cache));
-    g->v.push_back(env.act_zeros(cache));
+    g->k[static_cast<size_t>(l)] = env.act_zeros(cache);
+    g->v[static_cast<size_t>(l)] = env.act_zeros(cache);
   }
   return g;
 }
 
-std::vector<float> DecoderModel::decode(GenerationState& state, const std::vector<int32_t>& ids,
-                                        int T) {
+Tensor DecoderModel::decode_piece(GenerationState& state, int piece, const Tensor& input,
+                                  const std::vector<int32_t>& ids, int T,
+                                  std::vector<float>* logits_out) {
   DecoderGeneration& g = static_cast<DecoderGeneration&>(state);
-  const LayerEnv& env = *env_;
+  const LayerEnv& env = *decode_env_;
+  const ModelPiece& pc = pieces_[static_cast<size_t>(piece)];
   const int64_t B = g.batch, pos0 = g.length;
-  if (T < 1 || static_cast<int64_t>(ids.size()) != B * T)
-    throw std::invalid_argument("decode: tokens (batch, T) with T >= 1");
+  if (T < 1) throw std::invalid_argument("decode: T >= 1 new positions");
   if (pos0 + T > g.capacity)
     throw std::runtime_error("decode: positions " + std::to_string(pos0 + T) + " beyond the " +
                              std::to_string(g.capacity) + " the caches hold");
-  Tensor tokens = env.be.empty({B, T}, MemCategory::kActivations, DType::kI32);
-  env.be.upload(tokens, ids.data());
-  Tensor x = embedding_.forward_at(env, tokens, pos0);
-  for (int l = 0; l < shape_.L; ++l) {
+  Tensor x;
+  if (pc.embedding) {
+    if (static_cast<int64_t>(ids.size()) != B * T)
+      throw std::invalid_argument("decode: tokens (batch, T) row-major");
+    Tensor tokens = env.be.empty({B, T}, MemCategory::kActivations, DType::kI32);
+    env.be.upload(tokens, ids.data());
+    x = embedding_.forward_at(env, tokens, pos0);
+  } else {
+    STRATA_CHECK(input.defined() && input.numel() == B * T * shape_.C,
+                 "decode: piece " << piece << " takes the previous piece's (" << B << ", " << T
+                                  << ", " << shape_.C << ") output");
+    x = input;
+  }
+  for (int l = pc.first_layer; l < pc.first_layer + pc.num_layers; ++l) {
     const Block& blk = block(l);
     const SelfAttention& attn = blk.attn;
+    Tensor& k_cache = g.k[static_cast<size_t>(l)];
+    Tensor& v_cache = g.v[static_cast<size_t>(l)];
     Norm::Saved ln1, ln2;
     blk.ln1.forward(env, ln1, x);
     Tensor qkv = attn.qkv.forward(env, ln1.out);  // (B, T, (NH + 2·KVH)·HS / t)
@@ -368,19 +387,18 @@ std::vector<float> DecoderModel::decode(GenerationState& state, const std::vecto
                           attn.heads_local, attn.kv_heads_local);
     }
     Tensor q = env.act({B, T, attn.heads_local, attn.head_size});
-    env.be.kv_cache_append(q, g.k[static_cast<size_t>(l)], g.v[static_cast<size_t>(l)], qkv,
-                           attn.heads_local, attn.kv_heads_local, pos0);
+    env.be.kv_cache_append(q, k_cache, v_cache, qkv, attn.heads_local, attn.kv_heads_local, pos0);
     qkv = Tensor();
     Tensor core = env.act({B, T, attn.heads_local, attn.head_size});
-    env.be.attention_decode(core, q, g.k[static_cast<size_t>(l)], g.v[static_cast<size_t>(l)],
-                            attn.heads_local, attn.kv_heads_local, pos0);
+    env.be.attention_decode(core, q, k_cache, v_cache, attn.heads_local, attn.kv_heads_local,
+                            pos0);
     const Tensor res1 = attn.proj.forward_residual(
         env, core.reshape({B, T, attn.heads_local * attn.head_size}), x);
     blk.ln2.forward(env, ln2, res1);
     MLP::Saved mlp;
     x = blk.mlp.forward(env, ln2.out, res1, mlp);
   }
-  g.length += T;
+  if (!pc.head) return x;
   // The head on every position (the last ones are kept), gathered over the vocabulary shards.
   const Head& head = *head_;
   Norm::Saved lnf;
@@ -399,13 +417,13 @@ std::vector<float> DecoderModel::decode(GenerationState& state, const std::vecto
   if (options_.tensor > 1) {  // each rank holds its shard's columns, zeros elsewhere: a sum
     Tensor gathered = env.be.empty({B, static_cast<int64_t>(vocab.Vp)}, MemCategory::kActivations);
     env.be.upload(gathered, full.data());
-    tp_->sum(gathered);
+    env.tp.sum(gathered);
     env.be.download(full.data(), gathered);
   }
-  std::vector<float> out(static_cast<size_t>(B) * shape_.V);
+  logits_out->resize(static_cast<size_t>(B) * shape_.V);
   for (int64_t b = 0; b < B; ++b)
-    std::copy_n(full.data() + b * vocab.Vp, shape_.V, out.data() + b * shape_.V);
-  return out;
+    std::copy_n(full.data() + b * vocab.Vp, shape_.V, logits_out->data() + b * shape_.V);
+  return Tensor();
 }
 
 }  // namespace strata

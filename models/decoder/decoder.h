@@ -99,8 +99,9 @@ class DecoderModel final : public Model {
   void backward_weight_piece(PieceActs& acts, bool last_microbatch) override;
   void rerun_selective_recompute(const PieceActs& acts) override;
   std::unique_ptr<GenerationState> start_generation(int batch, int64_t capacity) override;
-  std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens,
-                            int T) override;
+  Tensor decode_piece(GenerationState& state, int piece, const Tensor& input,
+                      const std::vector<int32_t>& tokens, int T,
+                      std::vector<float>* logits) override;
 
   const DecoderShape& shape() const { return shape_; }
   // The logits (B·S, Vp/t) of a last-piece forward (valid until its backward consumes them).
@@ -136,6 +137,8 @@ class DecoderModel final : public Model {
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<LayerEnv> env_;
+  std::unique_ptr<TensorParallel> decode_tp_;  // the tensor group without sequence parallelism
+  std::unique_ptr<LayerEnv> decode_env_;       // generation's layer calls
   VocabParallelEmbedding embedding_;  // when this rank holds the first piece
   RotaryEmbedding rope_;              // without learned positions, once built on a backend
   std::vector<Block> blocks_;         // [layer − first layer of this rank's first piece …]
