@@ -4,8 +4,10 @@
 // single-process step time T1), then both ranks train the same batch as a 2-stage pipeline with
 // m = 8 micro-batches under each schedule. The ideal step time of a schedule is
 // T1 / p × (1 + its theoretical bubble ratio); the benchmark prints measured / ideal and the
-// measured bubble (compute-idle share of the step) beside the theoretical one. Never fails on
-// time.
+// measured bubble (compute-idle share of the step) beside the theoretical one. Then PipeDream-2BW
+// beside 1f1b at m = 4 and 8 (tied embeddings, clipping on): 2bw's step time over 1f1b's against
+// the theory m / (m + p − 1) and the planner's prediction for the same two runs (this machine as
+// a cluster: partitioner/, predict_for_config). Never fails on time.
 //
 // usage: mpirun -np 2 build/bench/bench_pipeline [iterations]
 #include <algorithm>
@@ -14,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "runtime/comm.h"
+#include "partitioner/cluster.h"
 #include "schedules/simulator.h"
 
 namespace {
@@ -94,6 +98,26 @@ int main(int argc, char** argv) {
     if (w.rank == 0)
       std::printf("  %-12s %10.1f %10.1f %9.3f %9.3f %9.3f\n", s.name, step * 1e3, ideal * 1e3,
                   step / ideal, bubble, theoretical_bubble_fraction(s.spec));
+  }
+  // 2bw against 1f1b: no flush, so a batch costs m (F + B) instead of (m + p − 1) (F + B).
+  const Cluster cpu = load_cluster("cpu-local", configs_dir());
+  if (w.rank == 0)
+    std::printf("\n  2bw against 1f1b (tied embeddings, optimizer.grad_clip 1.0), %d iterations\n"
+                "  %-4s %10s %10s %9s %9s %9s\n",
+                iters, "m", "1f1b ms", "2bw ms", "ratio", "theory", "planner");
+  for (int m : {4, 8}) {
+    double step[2] = {0, 0}, predicted[2] = {0, 0};
+    const char* kinds[2] = {"1f1b", "2bw"};
+    for (int k = 0; k < 2; ++k) {
+      const Config cfg = config(iters, {std::string("parallel.schedule=") + kinds[k],
+                                        "parallel.pipeline=2", "optimizer.grad_clip=1.0",
+                                        "train.global_batch_size=" + std::to_string(2 * m)});
+      step[k] = median_step_s(run_training(cfg, quiet));
+      predicted[k] = predict_for_config(cfg, 2, cpu).at("predicted").at("iteration_s");
+    }
+    if (w.rank == 0)
+      std::printf("  %-4d %10.1f %10.1f %9.3f %9.3f %9.3f\n", m, step[0] * 1e3, step[1] * 1e3,
+                  step[1] / step[0], static_cast<double>(m) / (m + 1), predicted[1] / predicted[0]);
   }
   host.reset();
   finalize_world();

@@ -341,6 +341,10 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
 
   SimOptions so;
   so.latency = p > 1 ? lt.p2p : 0;
+  // The step's sums over the pipeline (loss, gradient norm) and the tied embedding's as the
+  // runtime makes them: blocking at the step of the flushing schedules, posted at ReduceGrads
+  // and completed at the step by 2bw (launch/train/model_stage.h).
+  so.collectives = true;
   so.duration = [&](int stage, const Instr& in) -> double {
     const size_t k = static_cast<size_t>(in.chunk * p + stage);
     switch (in.op) {

@@ -42,7 +42,9 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanC
       last = last || k == pieces - 1;
     }
     mb.parameters = n * param_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
-    mb.gradients = n * grad_b;
+    // 2bw accumulates the next batch's gradients in a second buffer while the last batch's
+    // step completes (launch/train/model_stage.h).
+    mb.gradients = n * grad_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     mb.optimizer = n * opt_b / (c.distributed_optimizer ? c.data : 1);
 
     const int pairs = std::max(1, inflight.empty() ? 1 : inflight[static_cast<size_t>(st)]);

@@ -121,14 +121,34 @@ void GradReducer::mark_ready(int first, int last) {
   poll();
 }
 
-void GradReducer::finish() {
+void GradReducer::start_unmarked() {
   for (Bucket& b : buckets_) {
     if (b.pending > 0) {  // a parameter the backward pass never marked (not used this step)
       b.pending = 0;
       start(b);
     }
   }
+}
+
+void GradReducer::finish() {
+  start_unmarked();
   for (Bucket& b : buckets_) b.req.wait();
+}
+
+bool GradReducer::test() {
+  start_unmarked();
+  bool done = true;
+  for (Bucket& b : buckets_) done = b.req.test() && done;
+  return done;
+}
+
+void GradReducer::use_grads(const Tensor& grads) {
+  STRATA_CHECK(grads.numel() == grads_.numel(), "gradient buffer of " << grads.numel()
+                                                                      << " elements for "
+                                                                      << grads_.numel());
+  for (const Bucket& b : buckets_)
+    STRATA_CHECK(!b.req.pending(), "gradient buffer switched during a reduction");
+  grads_ = grads;
 }
 
 double GradReducer::local_sum_squares() {

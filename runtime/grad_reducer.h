@@ -50,6 +50,11 @@ class GradReducer {
   void mark_ready(int first, int last);
   // Starts what has not started, waits for everything.
   void finish();
+  // Starts what has not started; true once everything has completed. Never blocks.
+  bool test();
+  // Reduces another gradient buffer of the same layout from the next begin_iteration() on
+  // (PipeDream-2BW alternates two); call between finish() and begin_iteration().
+  void use_grads(const Tensor& grads);
 
   // The gradient buffer the optimizer reads (compact shard with ZeRO-1, else the flat grads) and
   // the optimizer segments over it.
@@ -77,6 +82,7 @@ class GradReducer {
     Request req;
   };
   void start(Bucket& b);
+  void start_unmarked();
   void poll();
 
   Backend& be_;

@@ -1,6 +1,7 @@
 #include "runtime/pipeline.h"
 
 #include <chrono>
+#include <thread>
 
 #include "runtime/check.h"
 #include "runtime/watchdog.h"
@@ -34,13 +35,23 @@ double PipelineExecutor::compute_s() const {
   return s;
 }
 
-void PipelineExecutor::reap_sends(bool wait) {
+void PipelineExecutor::reap_sends(bool all, PipelineStage& stage) {
   std::vector<InFlight> still;
   for (InFlight& f : sends_) {
-    if (wait) f.req.wait();
+    if (all) wait(std::move(f.req), stage);
     else if (!f.req.test()) still.push_back(std::move(f));
   }
   sends_ = std::move(still);
+}
+
+// A stage whose background collectives are still open keeps them moving while it waits: a
+// neighbour blocked in its own step may need this stage's next contribution before it can send
+// what this wait is for. Past the group's timeout the plain wait, and its watchdog, take over.
+// The loop yields the core between polls, as MPI's own waits do when ranks share cores.
+void PipelineExecutor::wait(Request r, PipelineStage& stage) {
+  const double deadline = now_s() + pp_.timeout_s();
+  while (stage.progress() && !r.test() && now_s() < deadline) std::this_thread::yield();
+  r.wait();
 }
 
 // Posts a group of sends and receives together and waits for the receives. Sends are never
@@ -116,7 +127,7 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
   }
   // The compute after it needs the data. A batch's send buffers may go once it has completed
   // (on a GPU: once the compute stream, which reuses freed memory, is ordered after it).
-  pp_.ibatch(batch).wait();
+  wait(pp_.ibatch(batch), stage);
   for (const Instr& in : group)
     if (in.op == Op::kRecvActivation || in.op == Op::kRecvGrad) return &in;
   return nullptr;
@@ -138,7 +149,7 @@ void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage)
       if (const Instr* r = post(group, stage))
         events_.push_back({r->op, r->mb, r->chunk, start, now_s() - t0});
       i = j;
-      reap_sends(false);
+      reap_sends(false, stage);
       continue;
     }
     const Key key{in.mb, in.chunk};
@@ -176,7 +187,7 @@ void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage)
     events_.push_back(ev);
     ++i;
   }
-  reap_sends(true);
+  reap_sends(true, stage);
   STRATA_CHECK(inputs_.empty() && grads_in_.empty() && outputs_.empty() && grads_out_.empty(),
                "stage " << stage_ << " ended its schedule with unconsumed transfers");
 }

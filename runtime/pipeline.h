@@ -50,6 +50,10 @@ class PipelineStage {
   virtual void reduce_grads() = 0;
   virtual void optimizer_step() = 0;
   virtual void switch_weights() = 0;
+  // Moves the stage's background work on without blocking (PipeDream-2BW's step, whose
+  // collectives complete while the pipeline runs); true while some is left. The executor calls
+  // it while it waits, since a neighbour may be waiting for that work.
+  virtual bool progress() { return false; }
 };
 
 struct PipelineEvent {
@@ -77,7 +81,9 @@ class PipelineExecutor {
   int tag(int mb, int chunk, bool grad) const;
   // Returns the group's first receive (the wait to draw on the timeline), or nullptr.
   const Instr* post(const std::vector<Instr>& group, PipelineStage& stage);
-  void reap_sends(bool wait);
+  void reap_sends(bool wait, PipelineStage& stage);
+  // Waits for r, moving the stage's background work on meanwhile (PipelineStage::progress).
+  void wait(Request r, PipelineStage& stage);
 
   Communicator& pp_;
   Backend& be_;

@@ -183,28 +183,51 @@ std::vector<Step> order_zb_h1(const ScheduleSpec& s, int stage) {
 }
 
 // PipeDream-2BW: one 1F1B pipeline over all batches·m micro-batches (numbered globally, batch
-// = mb / m) with no flush between batches. After the backward of the last micro-batch of batch
-// j (and the send of its input gradient) come ReduceGrads, OptimizerStep and SwitchWeights:
-//   - the step turns batch j's gradient, computed on W(max(j-1, 0)), into W(j+1) = W(j) -
-//     update(grad); every backward of batch j on this stage is done, so W(j-1) is no longer
-//     needed and its buffer can hold W(j+1);
-//   - SwitchWeights makes W(j+1) the version of batch j+2 and later; at that point the only
-//     micro-batches in flight on this stage (forward done, backward not) are of batch j+1,
-//     on W(j), and the forwards still to come of batch j+1 also use W(j). So two versions are
-//     held: W(j) and W(j+1).
+// = mb / m) with no flush between batches. Batch j's gradient, computed on W(max(j-1, 0)),
+// makes W(j+1) = W(j) - update(grad), the version of batch j+2 and later:
+//   - ReduceGrads follows the backward of the last micro-batch of batch j (and the send of its
+//     input gradient): every backward of batch j on this stage is done, and what the update
+//     needs from other stages and ranks (the tied embedding's gradient sum, the data-parallel
+//     reduction, the global gradient norm, the loss) is started there, without waiting;
+//   - OptimizerStep and SwitchWeights come as late as they may: just before the first forward
+//     of batch j+2 (the first use of W(j+1)) or the backward of the last micro-batch of batch
+//     j+1 (whose gradients start the next reduction), whichever comes first — at the end for
+//     the last batches. Until then batch j+1 runs on W(j) and accumulates its gradients in a
+//     second buffer, so the collectives of batch j complete while the pipeline keeps running
+//     and no stage waits for another at a batch boundary (docs/schedules.md).
+// W(j+1) goes into the buffer of W(j-1), which no micro-batch uses once batch j's backwards
+// are done: two versions are held, W(j) and W(j+1).
 // The warm-up is capped at m so that no forward of batch j+2 runs on this stage before the
 // step of batch j (stage 0 would otherwise need a third version when m < p - 1).
 std::vector<Step> order_2bw(const ScheduleSpec& s, int stage) {
-  std::vector<Step> out;
+  std::vector<Step> order;
   const int m = s.microbatches;
   const int total = m * s.batches;
   const int warmup = std::min(s.stages - stage - 1, m);
-  order_1f1b(total, warmup, false, &out, [m](int mb, std::vector<Step>* o) {
-    if ((mb + 1) % m != 0) return;
-    o->push_back({Op::kReduceGrads, -1, 0});
-    o->push_back({Op::kOptimizerStep, -1, 0});
-    o->push_back({Op::kSwitchWeights, -1, 0});
+  order_1f1b(total, warmup, false, &order, [m](int mb, std::vector<Step>* o) {
+    if ((mb + 1) % m == 0) o->push_back({Op::kReduceGrads, -1, 0});
   });
+  std::vector<Step> out;
+  out.reserve(order.size() + 2 * static_cast<size_t>(s.batches));
+  int steps = 0;  // batches whose step is placed
+  auto place_steps_before = [&](const Step& next) {
+    // The step of batch j goes before Forward((j+2)m) and before Backward((j+2)m - 1).
+    while (steps < s.batches &&
+           ((next.op == Op::kForward && next.mb >= (steps + 2) * m) ||
+            (next.op == Op::kBackward && next.mb >= (steps + 2) * m - 1))) {
+      out.push_back({Op::kOptimizerStep, -1, 0});
+      out.push_back({Op::kSwitchWeights, -1, 0});
+      ++steps;
+    }
+  };
+  for (const Step& st : order) {
+    place_steps_before(st);
+    out.push_back(st);
+  }
+  for (; steps < s.batches; ++steps) {
+    out.push_back({Op::kOptimizerStep, -1, 0});
+    out.push_back({Op::kSwitchWeights, -1, 0});
+  }
   return out;
 }
 

@@ -240,6 +240,19 @@ StageFacts check_stage(const ScheduleSpec& spec, int stage, const std::vector<In
       for (int j = 0; j < n; ++j)
         if (switches[static_cast<size_t>(j)] < steps[static_cast<size_t>(j)])
           bad(st + "SwitchWeights of batch " + std::to_string(j) + " precedes its optimizer step");
+      // The step of batch j reads its gradient buffer and reduction, which batch j+1 takes
+      // over with the backward of its last micro-batch.
+      for (int j = 0; j + 1 < n; ++j) {
+        int last_backward = -1;
+        for (int mb = (j + 1) * m; mb < (j + 2) * m; ++mb)
+          for (int c = 0; c < v; ++c) {
+            const PairPos& pp = pairs[static_cast<size_t>(mb * v + c)];
+            last_backward = std::max({last_backward, pp.b, pp.w});
+          }
+        if (last_backward >= 0 && last_backward < steps[static_cast<size_t>(j)])
+          bad(st + "the optimizer step of batch " + std::to_string(j) +
+              " comes after the last backward of batch " + std::to_string(j + 1));
+      }
       // Batch b >= 2 runs on W(b-1), which exists only from the switch of batch b-2 on.
       for (int b = 2; b < n; ++b)
         for (int mb = b * m; mb < (b + 1) * m; ++mb)
@@ -410,6 +423,18 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     }
     return c;
   };
+  // 2bw: batch b's ReduceGrads only posts its collectives (the tied embedding's and the gradient
+  // norm's sums, over every stage) and its OptimizerStep waits for them: one collective per
+  // batch, arrived at by each stage's ReduceGrads, completed at its OptimizerStep.
+  const bool deferred = spec.kind == ScheduleKind::kTwoBW;
+  auto deferred_step = [&](int s, size_t i, Op op) -> Collective& {
+    const auto& list = lists[static_cast<size_t>(s)];
+    int batch = 0;
+    for (size_t k = 0; k < i; ++k) batch += list[k].op == op ? 1 : 0;
+    Collective& c = collectives[{Op::kReduceGrads, batch}];
+    for (int q = 0; q < p; ++q) c.members.insert(q);
+    return c;
+  };
   // Runs the instruction (or group) at pc[s]; false when it must wait.
   auto advance = [&](int s) -> bool {
     const auto& list = lists[static_cast<size_t>(s)];
@@ -442,7 +467,15 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
       posted[static_cast<size_t>(s)] = false;
       return true;
     }
-    if (opt.collectives && (in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep)) {
+    if (opt.collectives && deferred && in.op == Op::kReduceGrads) {
+      // 2bw posts batch b's collectives here and goes on.
+      Collective& c = deferred_step(s, i, in.op);
+      if (c.arrived.insert(s).second) c.ready = std::max(c.ready, t);
+    } else if (opt.collectives && deferred && in.op == Op::kOptimizerStep) {
+      Collective& c = deferred_step(s, i, in.op);  // complete once every stage posted
+      if (c.arrived.size() < c.members.size()) return false;
+      t = std::max(t, c.ready);
+    } else if (opt.collectives && (in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep)) {
       Collective& c = collective_at(s, i, in.op);
       if (!c.members.empty()) {  // empty: a middle stage's ReduceGrads, no collective there
         if (c.arrived.insert(s).second) c.ready = std::max(c.ready, t);
@@ -487,7 +520,8 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     r.finished = false;
     if (opt.collectives && !is_comm(list[i].op)) {  // stopped at a collective
       r.blocked_at[static_cast<size_t>(s)] = static_cast<int>(i);
-      const Collective& c = collective_at(s, i, list[i].op);
+      const Collective& c =
+          deferred ? deferred_step(s, i, list[i].op) : collective_at(s, i, list[i].op);
       std::string missing;
       for (int q : c.members)
         if (!c.arrived.count(q)) missing += (missing.empty() ? "" : ", ") + std::to_string(q);

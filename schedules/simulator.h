@@ -55,7 +55,9 @@ struct SimOptions {
   // ReduceGrads and OptimizerStep as the collectives the trainer makes them: batch b's
   // ReduceGrads on the first and the last stage waits for the other's (the tied embedding's
   // gradient sum), and its OptimizerStep on every stage for all the others' (the loss and
-  // gradient-norm sums over the pipeline). Off: they only take their time.
+  // gradient-norm sums over the pipeline). 2bw's are non-blocking: every stage's ReduceGrads
+  // of batch b posts them and goes on, its OptimizerStep waits until every stage has posted.
+  // Off: they only take their time.
   bool collectives = false;
   // When set, the duration of every non-communication instruction on `stage` (per stage and
   // chunk costs, e.g. an uneven layer split or the head on the last stage); the fields above

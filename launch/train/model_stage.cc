@@ -20,6 +20,33 @@ double sum_over(Backend& be, Communicator* c, double v) {
   return f;
 }
 
+void PendingSum::start(Backend& be, Communicator* c, double v) {
+  be_ = &be;
+  alone_.reset();
+  device_ = Tensor();
+  if (!c || c->size() == 1) {
+    alone_ = v;
+    return;
+  }
+  host_ = static_cast<float>(v);
+  if (c->device() == Device::kCPU) {
+    req_ = c->iall_reduce(&host_, 1, DType::kF32, ReduceOp::kSum);
+    return;
+  }
+  device_ = be.empty({1}, MemCategory::kBuffers);
+  be.upload(device_, &host_);
+  req_ = c->iall_reduce(device_, ReduceOp::kSum);
+}
+
+bool PendingSum::test() { return alone_.has_value() || req_.test(); }
+
+double PendingSum::wait() {
+  if (alone_) return *alone_;
+  req_.wait();
+  if (device_.defined()) be_->download(&host_, device_);  // after the compute stream
+  return host_;
+}
+
 std::vector<ParamSpan> param_spans(const ParamStore& params) {
   std::vector<ParamSpan> s;
   const int tp_rank = params.layout().tp_rank();
@@ -64,6 +91,7 @@ Shape ModelStage::boundary_shape() const {
 }
 
 Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
+  progress();
   use_version_of(mb);
   const ModelBatch& b = batch(mb);
   LossSum loss;
@@ -87,6 +115,7 @@ PieceActsPtr ModelStage::take_acts(int mb, int chunk, const char* what) {
 }
 
 Tensor ModelStage::backward(int mb, int chunk, const Tensor& grad_output) {
+  progress();
   PieceActsPtr acts = take_acts(mb, chunk, "backward");
   use_version_of(mb);
   return model_.backward_piece(*acts, grad_output, grad_scale(mb), last_of_batch(mb));
@@ -108,40 +137,119 @@ void ModelStage::backward_weight(int mb, int chunk) {
 }
 
 void ModelStage::reduce_grads() {
-  // Parameters held by two stages (a tied embedding): sum the two holders' gradients.
   const std::vector<ParamInfo>& infos = model_.params().infos();
+  if (run_.two_bw()) {
+    // Start what the step of this batch needs from other stages and ranks, and run on: the
+    // next batch accumulates into the other gradient buffer (docs/schedules.md).
+    STRATA_CHECK(step_.phase == DeferredStep::Phase::kIdle,
+                 "2bw: the step of batch " << step_.batch << " is still open at the next one's");
+    const int b = steps_in_list_;
+    check_loss_tokens(b);
+    step_.batch = b;
+    step_.loss.start(be_, groups_.pp.get(), loss_sum(b));
+    for (int i = 0; i < static_cast<int>(infos.size()); ++i) {
+      if (!infos[static_cast<size_t>(i)].tied) continue;
+      step_.tied.push_back(
+          tied_group(infos[static_cast<size_t>(i)])->iall_reduce(model_.params().grad(ParamRef{i}),
+                                                                 ReduceOp::kSum));
+      step_.tied_params.push_back(i);
+    }
+    ParamStore& params = model_.params();
+    if (!grad_buffers_[0].defined()) grad_buffers_[0] = params.grads();
+    Tensor& next = grad_buffers_[(b + 1) % 2];
+    if (!next.defined()) next = be_.empty({params.numel()}, MemCategory::kGradients);
+    params.use_grads(next);
+    params.zero_grads();
+    step_.phase = DeferredStep::Phase::kTied;
+    advance_step(false);
+    return;
+  }
+  // Parameters held by two stages (a tied embedding): sum the two holders' gradients.
   for (int i = 0; i < static_cast<int>(infos.size()); ++i) {
     if (!infos[static_cast<size_t>(i)].tied) continue;
-    STRATA_CHECK(groups_.embedding && groups_.embedding->size() > 1,
-                 "parameter " << infos[static_cast<size_t>(i)].name
-                              << " is tied across stages but this rank has no embedding group");
     Tensor g = model_.params().grad(ParamRef{i});
-    groups_.embedding->all_reduce(g, ReduceOp::kSum);
+    tied_group(infos[static_cast<size_t>(i)])->all_reduce(g, ReduceOp::kSum);
     reducer_.mark_ready(i, i + 1);
   }
   reducer_.finish();
+}
+
+Communicator* ModelStage::tied_group(const ParamInfo& p) const {
+  STRATA_CHECK(groups_.embedding && groups_.embedding->size() > 1,
+               "parameter " << p.name << " is tied across stages but this rank has no embedding group");
+  return groups_.embedding.get();
+}
+
+void ModelStage::check_loss_tokens(int b) const {
+  if (!model_.pieces().back().head) return;
+  const int per_rank = run_.global / run_.data;
+  const double mine =
+      data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
+                        static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
+  const auto it = loss_by_batch_.find(b);
+  STRATA_CHECK(it != loss_by_batch_.end() && it->second.count == mine,
+               "the loss counted " << (it == loss_by_batch_.end() ? 0.0 : it->second.count)
+                                   << " tokens where the data has " << mine);
+}
+
+bool ModelStage::progress() {
+  return step_.phase != DeferredStep::Phase::kIdle && advance_step(false);
+}
+
+bool ModelStage::advance_step(bool block) {
+  using Phase = DeferredStep::Phase;
+  DeferredStep& d = step_;
+  if (d.phase == Phase::kTied) {
+    for (Request& r : d.tied) {
+      if (block) r.wait();
+      if (!r.test()) return true;
+    }
+    d.tied.clear();
+    // Then over the data group, as the blocking step does.
+    for (int i : d.tied_params) reducer_.mark_ready(i, i + 1);
+    d.tied_params.clear();
+    d.phase = Phase::kData;
+  }
+  if (d.phase == Phase::kData) {
+    if (!block && !reducer_.test()) return true;
+    reducer_.finish();
+    const double sq = reducer_.local_sum_squares();
+    const bool shard = reducer_.sharded();
+    d.sq.start(be_, shard ? groups_.dp.get() : groups_.mp.get(), sq);
+    d.phase = shard ? Phase::kShardNorm : Phase::kNorm;
+  }
+  if (d.phase == Phase::kShardNorm) {
+    if (!block && !d.sq.test()) return true;
+    const double sq = d.sq.wait();
+    d.sq.start(be_, groups_.mp.get(), sq);
+    d.phase = Phase::kNorm;
+  }
+  if (d.phase == Phase::kNorm) {
+    if (!block && !d.sq.test()) return true;
+    d.phase = Phase::kReady;
+  }
+  return d.phase != Phase::kReady;
 }
 
 void ModelStage::optimizer_step() {
   StepRecord r;
   r.batch = static_cast<int>(iter_) + steps_in_list_;
   const int b = steps_in_list_;
-  if (model_.pieces().back().head) {
-    // The loss counted the tokens the data said it would (this rank's share of the batch).
-    const int per_rank = run_.global / run_.data;
-    const double mine =
-        data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
-                          static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
-    const auto it = loss_by_batch_.find(b);
-    STRATA_CHECK(it != loss_by_batch_.end() && it->second.count == mine,
-                 "the loss counted " << (it == loss_by_batch_.end() ? 0.0 : it->second.count)
-                                     << " tokens where the data has " << mine);
+  if (run_.two_bw()) {
+    // Complete what reduce_grads() started (mostly done by now, while the pipeline ran).
+    STRATA_CHECK(step_.phase != DeferredStep::Phase::kIdle && step_.batch == b,
+                 "2bw: the step of batch " << b << " before its ReduceGrads");
+    advance_step(true);
+    r.loss = sum_over(be_, groups_.dp.get(), step_.loss.wait()) / loss_tokens(b);
+    r.norm = std::sqrt(step_.sq.wait());
+  } else {
+    check_loss_tokens(b);
+    r.loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), loss_sum(b))) /
+             loss_tokens(b);
+    double sq = reducer_.local_sum_squares();
+    if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
+    r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
   }
-  r.loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), loss_sum(b))) /
-           loss_tokens(b);
-  double sq = reducer_.local_sum_squares();
-  if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
-  r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
   r.lr = learning_rate(run_.cfg->optimizer, run_.cfg->train.iterations, r.batch + 1);
   r.finite = std::isfinite(r.norm) && std::isfinite(r.loss);
   ParamStore& params = model_.params();
@@ -164,9 +272,10 @@ void ModelStage::optimizer_step() {
   if (on_step_) on_step_(r.batch + 1, *next);
   if (run_.two_bw()) {
     ++steps_;
-    // The next batch's gradients accumulate from zero while the pipeline keeps running.
-    params.zero_grads();
+    // The reducer takes the buffer the next batch has been accumulating into.
+    reducer_.use_grads(params.grads());
     reducer_.begin_iteration();
+    step_.phase = DeferredStep::Phase::kIdle;
   }
   ++steps_in_list_;
   r.at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();

@@ -10,6 +10,14 @@
 // b runs forward and backward on weight version W(max(b−1, 0)); step j computes
 // W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses any
 // more. Version k lives in versions_[k % 2]: at most two versions are ever held.
+// Nothing that crosses stages blocks the pipeline at a batch boundary: reduce_grads() of batch
+// j only starts what the update needs from other stages and ranks — the tied embedding's sum,
+// the data-parallel reduction, the squared gradient norm over the model-parallel group (for
+// clipping, exact), the loss over the pipeline — and batch j+1 accumulates its gradients into a
+// second buffer meanwhile; progress() moves that chain on without blocking (the executor calls
+// it while it waits) and optimizer_step(), which the schedule places just before W(j+1) is
+// first needed, completes it and applies the update. Same sums in the same order as the
+// blocking step: the losses and weights are those of the flushing implementation, bit for bit.
 //
 // Parameters held by two stages (ParamInfo::tied: a tied embedding split over the first and last
 // stage) have their gradients summed over the embedding group in reduce_grads(), after the
@@ -21,6 +29,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -49,6 +58,22 @@ struct StepRecord {
 // squared norms, for which float's 1e-7 relative rounding is far inside 1e-5). A group of device
 // tensors (NCCL, staged) takes the value through a one-element tensor of the backend.
 double sum_over(Backend& be, Communicator* c, double v);
+
+// sum_over started now and read later: the same float all-reduce, non-blocking. Its buffer is
+// a member: the object stays where it is while a sum is in flight.
+class PendingSum {
+ public:
+  void start(Backend& be, Communicator* c, double v);
+  bool test();    // never blocks; true once the sum is there
+  double wait();  // the sum (the value itself over no group)
+
+ private:
+  Backend* be_ = nullptr;
+  float host_ = 0;
+  Tensor device_;
+  Request req_;
+  std::optional<double> alone_;  // no group: the value, unrounded as sum_over returns it
+};
 
 // The gradient reducer's view of the model's parameters: a parameter replicated over the tensor
 // group has the same gradient on every member, so its squares count once, on tensor rank 0; the
@@ -87,6 +112,7 @@ class ModelStage final : public PipelineStage {
   void reduce_grads() override;
   void optimizer_step() override;
   void switch_weights() override {}  // versions are chosen per micro-batch (use_version_of)
+  bool progress() override;
 
  private:
   int piece_index(int chunk) const { return chunk * run_.pipeline + groups_.pp_rank; }
@@ -96,6 +122,11 @@ class ModelStage final : public PipelineStage {
   const ModelBatch& batch(int mb);
   BatchKey batch_key(int mb) const;
   PieceActsPtr take_acts(int mb, int chunk, const char* what);
+  // 2bw: moves the deferred step's chain on (blocking: to its end); true while it is not done.
+  bool advance_step(bool block);
+  // The loss counted the tokens the data said it would (this rank's share of batch b).
+  void check_loss_tokens(int b) const;
+  Communicator* tied_group(const ParamInfo& p) const;  // the embedding group, checked
 
   const RunLayout& run_;
   Model& model_;
@@ -113,6 +144,18 @@ class ModelStage final : public PipelineStage {
   int steps_in_list_ = 0;  // steps taken in the current instruction list
   Tensor versions_[2];     // 2bw: W(k) in versions_[k % 2]; flushing: versions_[0] only
   std::function<void(int, const Tensor&)> on_step_;
+  // 2bw's deferred step of batch `batch`: each phase starts when the one before completes.
+  struct DeferredStep {
+    enum class Phase { kIdle, kTied, kData, kShardNorm, kNorm, kReady };
+    Phase phase = Phase::kIdle;
+    int batch = 0;              // relative to begin()
+    std::vector<Request> tied;  // the tied parameters' sums over the embedding group
+    std::vector<int> tied_params;
+    PendingSum loss;  // over the pipeline (then, at the step, the data group)
+    PendingSum sq;    // Σ g²: over the data group (ZeRO-1), then the model-parallel group
+  };
+  DeferredStep step_;
+  Tensor grad_buffers_[2];  // 2bw: batch b accumulates into grad_buffers_[b % 2]
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::map<int, ModelBatch> batches_;                 // [mb] this batch's data
   BatchPrefetcher prefetcher_{data_};                 // the next micro-batch's data

@@ -177,6 +177,13 @@ void ParamStore::init(uint64_t seed) {
   params_changed();
 }
 
+void ParamStore::use_grads(const Tensor& g) {
+  STRATA_CHECK(g.numel() == grads_.numel(), "gradient buffer of " << g.numel()
+                                                                  << " elements for a model of "
+                                                                  << grads_.numel());
+  grads_ = g;
+}
+
 void ParamStore::zero_grads() {
   be_.zero(grads_);
 }

@@ -136,6 +136,9 @@ class ParamStore {
   Tensor& params() { return params_; }  // (N) flat, fp32
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }  // (N) flat, same layout
+  // Accumulates gradients into another buffer of the same layout from now on (PipeDream-2BW's
+  // next batch while the last one's update waits); grads() then returns it.
+  void use_grads(const Tensor& g);
   // Computes with another buffer of the same layout from now on (PipeDream-2BW's weight
   // versions); params() then returns it.
   void use_params(const Tensor& p);
