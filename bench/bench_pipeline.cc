@@ -102,22 +102,31 @@ int main(int argc, char** argv) {
   // 2bw against 1f1b: no flush, so a batch costs m (F + B) instead of (m + p − 1) (F + B).
   const Cluster cpu = load_cluster("cpu-local", configs_dir());
   if (w.rank == 0)
-    std::printf("\n  2bw against 1f1b (tied embeddings, optimizer.grad_clip 1.0), %d iterations\n"
-                "  %-4s %10s %10s %9s %9s %9s\n",
-                iters, "m", "1f1b ms", "2bw ms", "ratio", "theory", "planner");
+    std::printf("\n  2bw against 1f1b (tied embeddings, optimizer.grad_clip 1.0), %d iterations;\n"
+                "  wait: mean time a stage waited at the step for the other's sums (slowest rank)\n"
+                "  %-4s %10s %10s %9s %9s %9s %11s %11s\n",
+                iters, "m", "1f1b ms", "2bw ms", "ratio", "theory", "planner", "1f1b wait",
+                "2bw wait");
   for (int m : {4, 8}) {
-    double step[2] = {0, 0}, predicted[2] = {0, 0};
+    double step[2] = {0, 0}, predicted[2] = {0, 0}, wait[2] = {0, 0};
     const char* kinds[2] = {"1f1b", "2bw"};
     for (int k = 0; k < 2; ++k) {
       const Config cfg = config(iters, {std::string("parallel.schedule=") + kinds[k],
                                         "parallel.pipeline=2", "optimizer.grad_clip=1.0",
                                         "train.global_batch_size=" + std::to_string(2 * m)});
-      step[k] = median_step_s(run_training(cfg, quiet));
+      const TrainResult r = run_training(cfg, quiet);
+      step[k] = median_step_s(r);
       predicted[k] = predict_for_config(cfg, 2, cpu).at("predicted").at("iteration_s");
+      float mean = 0;
+      for (size_t i = 1; i < r.step_wait_s.size(); ++i)
+        mean += static_cast<float>(r.step_wait_s[i] / (r.step_wait_s.size() - 1));
+      host->all_reduce(&mean, 1, DType::kF32, ReduceOp::kMax);
+      wait[k] = mean;
     }
     if (w.rank == 0)
-      std::printf("  %-4d %10.1f %10.1f %9.3f %9.3f %9.3f\n", m, step[0] * 1e3, step[1] * 1e3,
-                  step[1] / step[0], static_cast<double>(m) / (m + 1), predicted[1] / predicted[0]);
+      std::printf("  %-4d %10.1f %10.1f %9.3f %9.3f %9.3f %9.1f ms %8.1f ms\n", m, step[0] * 1e3,
+                  step[1] * 1e3, step[1] / step[0], static_cast<double>(m) / (m + 1),
+                  predicted[1] / predicted[0], wait[0] * 1e3, wait[1] * 1e3);
   }
   host.reset();
   finalize_world();

@@ -199,8 +199,8 @@ std::string shard_header(const RankShard& s) {
   int64_t offset = 0;
   for (const ShardPiece& p : s.pieces) {
     const int64_t bytes = static_cast<int64_t>(p.values.size() * sizeof(float));
-    const std::string key = p.kind == "param"
-                                ? "param:" + p.name
+    const std::string key = p.kind == "param" || p.kind == "param_prev"
+                                ? p.kind + ":" + p.name
                                 : p.kind + ":" + p.name + ":" + std::to_string(p.local_begin);
     j[key] = {{"dtype", "F32"},
               {"shape", {static_cast<int64_t>(p.values.size())}},
@@ -244,12 +244,13 @@ RankShard parse_shard(const std::string& path) {
     const size_t c1 = key.find(':');
     if (c1 == std::string::npos) throw InputError(path, "tensor " + key, "kind:name[:offset]");
     p.kind = key.substr(0, c1);
-    if (p.kind == "param") {
+    if (p.kind == "param" || p.kind == "param_prev") {
       p.name = key.substr(c1 + 1);
     } else {
       const size_t c2 = key.rfind(':');
       if (c2 == c1 || (p.kind != "m" && p.kind != "v"))
-        throw InputError(path, "tensor " + key, "param:<name>, m:<name>:<offset> or v:…");
+        throw InputError(path, "tensor " + key,
+                         "param:<name>, param_prev:<name>, m:<name>:<offset> or v:…");
       p.name = key.substr(c1 + 1, c2 - c1 - 1);
       p.local_begin = std::atoll(key.c_str() + c2 + 1);
     }

@@ -53,7 +53,7 @@ struct ShardMeta {
 
 // A run of consecutive elements [local_begin, +values.size()) of one rank's shard.
 struct ShardPiece {
-  std::string kind;  // "param", "m", "v"
+  std::string kind;  // "param", "m", "v"; "param_prev": 2bw's older weight version
   std::string name;
   int64_t local_begin = 0;
   std::vector<float> values;

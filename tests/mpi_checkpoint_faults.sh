@@ -7,6 +7,9 @@
 #   2. rank 1 SIGKILLs itself while the checkpoint of iteration 4 is being written
 #      (STRATA_TEST_KILL_DURING_SAVE): iter_4 must never appear; the rerun resumes from iter_2
 #      and reaches the same final loss.
+#   3. the same as 1 with parallel.schedule 2bw (both weight versions in the checkpoint; the
+#      kill comes as the stretch of batches after iter_4 starts, iteration 5): the rerun reaches
+#      the final loss of an uninterrupted 2bw run, bit for bit.
 set -u
 mpiexec=$1 strata=$2
 work=$(mktemp -d /tmp/strata_faults.XXXXXX)
@@ -20,12 +23,15 @@ cat >"$work/config.json" <<JSON
  "optimizer": {"lr": 0.01, "warmup_iters": 2},
  "log": {"interval": 100000}}
 JSON
-run() {  # run DIR METRICS [ENV=VALUE...]
+run() {  # run DIR METRICS [ENV=VALUE...] [-- STRATA ARGUMENTS...]
   local dir=$1 metrics=$2
   shift 2
-  env "$@" timeout 120 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train \
-    --config "$work/config.json" --set "checkpoint.dir=$dir" --set checkpoint.interval=2 \
-    --set "log.metrics=$metrics" 2>&1
+  local envs=() extra=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && extra=("$@")
+  env "${envs[@]}" timeout 120 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" \
+    train --config "$work/config.json" --set "checkpoint.dir=$dir" --set checkpoint.interval=2 \
+    --set "log.metrics=$metrics" "${extra[@]}" 2>&1
 }
 final_loss() { sed -n 's/.*"loss": *\([^,}]*\).*/\1/p' "$1" | tail -1; }
 
@@ -59,6 +65,21 @@ echo "$out" | grep -E "resumed|error" || true
 check "the rerun resumes from iter_2" 'grep -q "resumed from $work/b/iter_2" <<<"$out"'
 got=$(final_loss "$work/b.jsonl")
 check "final loss $got equals the uninterrupted $want" '[ -n "$want" ] && [ "$got" = "$want" ]'
+
+"$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train --config "$work/config.json" \
+  --set parallel.schedule=2bw --set "log.metrics=$work/ref2bw.jsonl" >/dev/null 2>&1
+want=$(final_loss "$work/ref2bw.jsonl")
+echo "uninterrupted 2bw final loss: $want"
+out=$(run "$work/c" "$work/c.jsonl" STRATA_TEST_KILL_AT_ITER=5 -- --set parallel.schedule=2bw); rc=$?
+echo "--- 2bw killed at iteration 5: exit status $rc"
+check "the 2bw job ends with a non-zero status" '[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]'
+check "iter_4 holds both weight versions" \
+  'grep -qa "param_prev:" "$work/c/iter_4/rank_0.safetensors"'
+out=$(run "$work/c" "$work/c.jsonl" -- --set parallel.schedule=2bw); rc=$?
+echo "$out" | grep -E "resumed|error" || true
+check "the 2bw rerun resumes from iter_4" 'grep -q "resumed from $work/c/iter_4" <<<"$out"'
+got=$(final_loss "$work/c.jsonl")
+check "2bw final loss $got equals the uninterrupted $want" '[ -n "$want" ] && [ "$got" = "$want" ]'
 
 [ "$fail" -eq 0 ] && echo "PASS: checkpoint fault scenarios"
 exit "$fail"

@@ -43,13 +43,6 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
       reducer_(reducer),
       be_(be),
       lead_(lead) {
-  const CheckpointConfig& ck = run_.cfg->checkpoint;
-  const bool resume_path = ck.resume != "auto" && ck.resume != "none";
-  if (run_.two_bw() && (ck.dir || resume_path))
-    throw InputError(run_.cfg->source_file, "checkpoint",
-                     "no checkpoint settings with parallel.schedule 2bw: its second weight "
-                     "version is not saved yet (set checkpoint.dir to null or use a flushing "
-                     "schedule)");
 }
 
 bool Checkpointing::due(int it) const {
@@ -94,6 +87,16 @@ RunStart Checkpointing::restore() {
     fill_params(layout, assemble_full(c.shards, "param", names, path), hp, path);
     be_.upload(params.params(), hp.data());
     params.params_changed();
+    if (run_.two_bw()) {
+      // Both versions; a flushing schedule's checkpoint has one: W(k−1) = W(k), as W(−1) = W(0).
+      bool has_prev = false;
+      for (const RankShard& sh : c.shards)
+        for (const ShardPiece& piece : sh.pieces) has_prev = has_prev || piece.kind == "param_prev";
+      start.previous_params = hp;
+      if (has_prev)
+        fill_params(layout, assemble_full(c.shards, "param_prev", names, path),
+                    start.previous_params, path);
+    }
     for (const char* k : {"m", "v"}) {
       Tensor& st = std::string(k) == "m" ? opt_.m() : opt_.v();
       std::vector<float> hs(static_cast<size_t>(st.numel()));
@@ -115,17 +118,19 @@ RunStart Checkpointing::restore() {
   return start;
 }
 
-void Checkpointing::save(int it, int nonfinite_in_a_row) {
+void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous) {
   const Config& cfg = *run_.cfg;
   ParamStore& params = model_.params();
   std::vector<float> hp(static_cast<size_t>(params.numel()));
   std::vector<float> hm(static_cast<size_t>(opt_.m().numel())), hv(hm.size());
+  std::vector<float> hprev(previous ? hp.size() : 0);
   be_.download(hp.data(), params.params());
   be_.download(hm.data(), opt_.m());
   be_.download(hv.data(), opt_.v());
+  if (previous) be_.download(hprev.data(), *previous);
   const RankShard shard =
       make_rank_shard(params.layout(), hp, hm, hv, reducer_.optimizer_segments(), groups_.dp_rank,
-                      reducer_.sharded());
+                      reducer_.sharded(), previous ? &hprev : nullptr);
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},

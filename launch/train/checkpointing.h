@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "launch/train/run_layout.h"
 #include "models/description.h"
@@ -23,6 +24,9 @@ namespace strata {
 struct RunStart {
   int iteration = 0;           // iterations a resumed checkpoint had already done
   int nonfinite_in_a_row = 0;  // its count of consecutive skipped steps
+  // PipeDream-2BW resuming at iteration k > 0: this rank's flat W(k−1), the version batch k runs
+  // on (the checkpoint's param_prev; W(k) itself when it came from a flushing schedule).
+  std::vector<float> previous_params;
 };
 
 class Checkpointing {
@@ -38,8 +42,9 @@ class Checkpointing {
   RunStart restore();
   // Whether iteration `it` (1-based) ends with a save.
   bool due(int it) const;
-  // Writes the checkpoint of iteration `it`.
-  void save(int it, int nonfinite_in_a_row);
+  // Writes the checkpoint of iteration `it` from the model's parameters (2bw: the newest
+  // version W(it)); previous: 2bw's W(it−1), saved beside them.
+  void save(int it, int nonfinite_in_a_row, const Tensor* previous = nullptr);
 
  private:
   const RunLayout& run_;

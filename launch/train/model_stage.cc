@@ -69,6 +69,17 @@ ModelStage::ModelStage(const RunLayout& run, Model& model, Backend& be, const Da
   versions_[0] = model_.params().params();
 }
 
+void ModelStage::resume_two_bw(int steps, const std::vector<float>& previous) {
+  const Tensor newest = model_.params().params();
+  Tensor prev = be_.empty({newest.numel()}, MemCategory::kParameters);
+  STRATA_CHECK(static_cast<int64_t>(previous.size()) == newest.numel(),
+               "2bw resume: " << previous.size() << " older weights for " << newest.numel());
+  be_.upload(prev, previous.data());
+  versions_[steps % 2] = newest;
+  versions_[(steps + 1) % 2] = prev;
+  steps_ = steps;
+}
+
 void ModelStage::begin(Split split, uint64_t iter, bool training) {
   split_ = split;
   iter_ = iter;
@@ -156,7 +167,7 @@ void ModelStage::reduce_grads() {
     }
     ParamStore& params = model_.params();
     if (!grad_buffers_[0].defined()) grad_buffers_[0] = params.grads();
-    Tensor& next = grad_buffers_[(b + 1) % 2];
+    Tensor& next = grad_buffers_[params.grads().data() == grad_buffers_[0].data() ? 1 : 0];
     if (!next.defined()) next = be_.empty({params.numel()}, MemCategory::kGradients);
     params.use_grads(next);
     params.zero_grads();
@@ -235,6 +246,7 @@ void ModelStage::optimizer_step() {
   StepRecord r;
   r.batch = static_cast<int>(iter_) + steps_in_list_;
   const int b = steps_in_list_;
+  const auto waiting = std::chrono::steady_clock::now();
   if (run_.two_bw()) {
     // Complete what reduce_grads() started (mostly done by now, while the pipeline ran).
     STRATA_CHECK(step_.phase != DeferredStep::Phase::kIdle && step_.batch == b,
@@ -250,6 +262,7 @@ void ModelStage::optimizer_step() {
     if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
     r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
   }
+  r.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   r.lr = learning_rate(run_.cfg->optimizer, run_.cfg->train.iterations, r.batch + 1);
   r.finite = std::isfinite(r.norm) && std::isfinite(r.loss);
   ParamStore& params = model_.params();

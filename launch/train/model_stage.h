@@ -52,6 +52,9 @@ struct StepRecord {
   double lr = 0;
   bool finite = true;
   double at_s = 0;  // when the step finished, seconds from set_clock()
+  // Seconds the step waited for its sums over other stages and ranks (2bw: completing what
+  // ReduceGrads started; flushing schedules: the blocking loss and norm sums).
+  double wait_s = 0;
 };
 
 // Sum of a double over a group (float on the wire: the figures summed here are losses and
@@ -98,6 +101,10 @@ class ModelStage final : public PipelineStage {
   void set_clock(std::chrono::steady_clock::time_point t0) { t0_ = t0; }
   // The newest weights (what evaluation and the final parameters use).
   const Tensor& newest_params() const { return versions_[steps_ % 2]; }
+  // 2bw after at least one step: the older version W(steps − 1), which the next batch runs on.
+  const Tensor& previous_params() const { return versions_[(steps_ + 1) % 2]; }
+  // 2bw resuming after `steps` steps: the model holds W(steps); `previous` is W(steps − 1).
+  void resume_two_bw(int steps, const std::vector<float>& previous);
   // Called after each optimizer step with its iteration (1-based) and the weights it wrote.
   void set_on_step(std::function<void(int, const Tensor&)> f) { on_step_ = std::move(f); }
 
@@ -155,7 +162,7 @@ class ModelStage final : public PipelineStage {
     PendingSum sq;    // Σ g²: over the data group (ZeRO-1), then the model-parallel group
   };
   DeferredStep step_;
-  Tensor grad_buffers_[2];  // 2bw: batch b accumulates into grad_buffers_[b % 2]
+  Tensor grad_buffers_[2];  // 2bw: consecutive batches accumulate into alternate buffers
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::map<int, ModelBatch> batches_;                 // [mb] this batch's data
   BatchPrefetcher prefetcher_{data_};                 // the next micro-batch's data

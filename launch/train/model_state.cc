@@ -54,7 +54,8 @@ void check_compatible(const ParamInfo& p, const FullTensor& f, const std::string
 
 RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
                           const std::vector<float>& m, const std::vector<float>& v,
-                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded) {
+                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
+                          const std::vector<float>* previous) {
   RankShard s;
   for (const ParamInfo& p : layout.infos()) {
     if (!is_writer(p, layout.tp_rank()) || dp_rank != 0) continue;
@@ -62,6 +63,10 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
     s.pieces.push_back(
         {"param", p.name, 0,
          std::vector<float>(params.begin() + p.offset, params.begin() + p.offset + p.numel)});
+    if (previous)
+      s.pieces.push_back({"param_prev", p.name, 0,
+                          std::vector<float>(previous->begin() + p.offset,
+                                             previous->begin() + p.offset + p.numel)});
   }
   for (const OptSegment& g : segments) {
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);

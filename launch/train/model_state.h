@@ -23,12 +23,14 @@ namespace strata {
 // What this rank writes: every parameter it is the writer of (tensor-replicated ones on tensor
 // rank 0, everything on data rank 0; the last stage's copy of a tied parameter never), and the
 // AdamW moments of the state it owns (with ZeRO-1 each data rank its own chunk). params, m, v:
-// host copies of the model's flat parameters and the optimizer's compact state.
+// host copies of the model's flat parameters and the optimizer's compact state; previous
+// (PipeDream-2BW, else null): the older weight version, written as "param_prev" beside "param".
 RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
                           const std::vector<float>& m, const std::vector<float>& v,
-                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded);
+                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
+                          const std::vector<float>* previous = nullptr);
 
-// Assembles the full tensors of `kind` ("param", "m", "v") named in `names` (all when empty)
+// Assembles the full tensors of `kind` ("param", "param_prev", "m", "v") named in `names` (all when empty)
 // from every rank's shard. InputError naming `path` when a tensor is not covered exactly.
 FullTensors assemble_full(const std::vector<RankShard>& shards, const std::string& kind,
                           const std::set<std::string>& names, const std::string& path);

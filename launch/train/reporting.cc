@@ -132,6 +132,7 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   }
   res_.losses.push_back(r.loss);
   res_.grad_norms.push_back(r.norm);
+  res_.step_wait_s.push_back(r.wait_s);
   res_.skipped.push_back(!r.finite);
   if (metrics_) metrics_->write(mt);
   if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss)) {

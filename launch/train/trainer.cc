@@ -107,7 +107,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   const ScheduleSpec spec = run.train_spec();
   if (const std::string why = schedule_invalid_reason(spec); !why.empty())
     throw InputError(cfg.source_file, "parallel.schedule", why);
-  const std::vector<Instr> train_list = build_schedule(spec, groups.pp_rank);
+  const std::vector<Instr> train_list =
+      run.two_bw() ? std::vector<Instr>() : build_schedule(spec, groups.pp_rank);
   const std::vector<Instr> eval_list = build_forward_only(groups.pp_rank, p, v, m);
 
   // Resume from a checkpoint, or start from model.init_from.
@@ -158,24 +159,41 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   const auto t_start = Clock::now();
   stage.set_clock(t_start);
   report.set_start(t_start);
-  if (run.two_bw() && iters > 0) {
-    // One instruction list for the whole run: the pipeline never flushes between batches.
-    be.allocator().reset_peak();
-    params.zero_grads();
-    reducer.begin_iteration();
-    stage.begin(Split::kTrain, 0, true);
-    stage.reset_list();
-    exec.run(train_list, stage);
-    be.synchronize();
-    train_time = seconds_since(t_start);
-    report.keep_timeline(exec, reducer, t_start);
-    const double bubble = std::max(0.0, 1.0 - exec.compute_s() / train_time);
-    // Evaluation and the final parameters use the newest version.
-    params.use_params(stage.newest_params());
+  if (run.two_bw()) {
+    if (start.iteration > 0) stage.resume_two_bw(start.iteration, start.previous_params);
+    // The pipeline never flushes between batches, except where a checkpoint is due: one
+    // instruction list per stretch of batches up to the next save (or the end of the run),
+    // reported when it has run.
     double previous = 0;
-    for (const StepRecord& r : stage.records()) {
-      finish_step(r, r.at_s - previous, bubble);
-      previous = r.at_s;
+    size_t reported = 0;
+    for (int from = start.iteration; from < iters;) {
+      const int every = cfg.checkpoint.dir ? cfg.checkpoint.interval : 0;
+      const int to = every > 0 ? std::min(iters, (from / every + 1) * every) : iters;
+      maybe_kill_at(from + 1, *run.world);
+      ScheduleSpec part = spec;
+      part.batches = to - from;
+      const std::vector<Instr> list = build_schedule(part, groups.pp_rank);
+      const auto t0 = Clock::now();
+      be.allocator().reset_peak();
+      params.zero_grads();
+      reducer.begin_iteration();
+      stage.begin(Split::kTrain, static_cast<uint64_t>(from), true);
+      stage.reset_list();
+      exec.run(list, stage);
+      be.synchronize();
+      const double list_s = seconds_since(t0);
+      train_time += list_s;
+      report.keep_timeline(exec, reducer, t0);
+      const double bubble = std::max(0.0, 1.0 - exec.compute_s() / list_s);
+      // Evaluation, samples, checkpoints and the final parameters use the newest version.
+      params.use_params(stage.newest_params());
+      for (; reported < stage.records().size(); ++reported) {
+        const StepRecord& r = stage.records()[reported];
+        finish_step(r, r.at_s - previous, bubble);
+        previous = r.at_s;
+      }
+      if (checkpoints.due(to)) checkpoints.save(to, guard.in_a_row(), &stage.previous_params());
+      from = to;
     }
   } else if (!run.two_bw()) {
     for (int it = start.iteration + 1; it <= iters; ++it) {

@@ -48,6 +48,7 @@ struct TrainResult {
   double backward_end_s = 0;
   std::vector<double> bubbles;    // [iteration] measured compute-idle fraction of the step
   std::vector<double> step_s;     // [iteration] wall time of the step
+  std::vector<double> step_wait_s;  // [iteration] this rank's wait at the step for other ranks
   double theoretical_bubble = 0;  // the schedule's, with equal op times
   int pipeline_rank = 0;
   std::vector<int> layers_per_piece;  // [piece] the split the run used (piece = chunk·p + stage)
