@@ -173,7 +173,38 @@ FullTensors load_hf_model(const ModelConfig& m, const std::string& path) {
                          "\": it has no Hugging Face adapter yet (model.init_from)");
   if (is_hf_directory(path) && hf.check_hf_config)
     hf.check_hf_config(m, read_hf_config(path), join(path, kConfig));
-  const HfTensors t = read_hf_tensors(path);
+  HfTensors t = read_hf_tensors(path);
+  if (hf.canonical_name) {  // the adapter's spelling; buffers that are not parameters go
+    HfTensors named;
+    named.listing = t.listing;
+    for (auto& [name, tensor] : t.tensors) {
+      const std::optional<std::string> c = hf.canonical_name(name);
+      if (!c) continue;
+      if (named.tensors.count(*c))
+        throw InputError(t.file[name], "tensor " + name,
+                         "one tensor per parameter; " + *c + " is in the file twice");
+      named.file[*c] = t.file[name];
+      named.tensors[*c] = std::move(tensor);
+    }
+    t = std::move(named);
+  }
+  // Every tensor must be used: one the model does not have (a layer beyond model.num_layers, a
+  // head of an untied model) is a checkpoint of another model, not something to drop silently.
+  // A tied model may carry the shared lm_head.weight (save_pretrained usually drops it), which
+  // from_hf checks equals the embedding.
+  std::set<std::string> known;
+  if (hf.hf_order) {
+    const std::vector<std::string> order = hf.hf_order(m);
+    known.insert(order.begin(), order.end());
+    if (m.tie_embeddings) known.insert("lm_head.weight");
+    for (const auto& [name, tensor] : t.tensors)
+      if (!known.count(name))
+        throw InputError(t.file[name], "tensor " + name,
+                         "only tensors of a " + hf.hf_class + " with the model config's shape (" +
+                             std::to_string(m.num_layers) + " layers, tie_embeddings " +
+                             (m.tie_embeddings ? "true" : "false") +
+                             "); this one has no place in it");
+  }
   try {
     return hf.from_hf(m, t.tensors, t.listing);
   } catch (const InputError& e) {

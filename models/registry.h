@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ struct HfAdapter {
   // "llama"), checked by check_hf_config: what `strata generate --hf DIR` builds.
   std::string hf_model_type = {};
   std::function<ModelConfig(const nlohmann::json& hf, const std::string& path)> model_config = {};
+  // A file's tensor name in the spelling from_hf reads (GPT-2's published files drop the
+  // "transformer." prefix), or nullopt for a tensor that is not a parameter (a causal-mask or
+  // rotary buffer some files carry). Optional: names as they are.
+  std::function<std::optional<std::string>(const std::string& name)> canonical_name = {};
 };
 
 struct ArchSpec {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -631,6 +632,96 @@ TEST(HfLlama, ExportDirectoryThenInitFromGivesBackTheParameters) {
   EXPECT_TRUE(contains(msg, "found 500000")) << msg;
   fs::remove_all(ckpt);
   fs::remove_all(out);
+}
+
+// Import is strict and complete (issue 27): every tensor of the file is used or the import is
+// refused naming the first unused one; a tied config refuses a file with its own head; both of
+// GPT-2's name spellings load; the causal-mask buffers of older files are skipped; more
+// positions than model.seq_len give the first seq_len; a BF16 file loads as its values.
+TEST(HfGpt, ImportUsesEveryTensorOrRefuses) {
+  const std::string ckpt = scratch("strict_ckpt"), file = scratch("strict.safetensors");
+  const TrainResult full = train({"checkpoint.dir=" + ckpt, "checkpoint.interval=2"});
+  export_checkpoint(ckpt, file);  // one safetensors file, no config.json
+  const StFile exported = read_safetensors(file);
+  auto init_from = [&](const StFile& f, std::vector<std::string> extra = {}) {
+    write_safetensors(file, f);
+    extra.push_back("model.init_from=" + file);
+    extra.push_back("train.iterations=0");
+    return train(extra);
+  };
+  EXPECT_EQ(init_from(exported).final_params, full.final_params);
+
+  // A 2-layer file into a 1-layer config: layer 1 would be dropped silently.
+  std::string msg = input_error([&] { init_from(exported, {"model.num_layers=1"}); });
+  EXPECT_TRUE(contains(msg, file + ": tensor transformer.h.1.")) << msg;
+  EXPECT_TRUE(contains(msg, "no place in it")) << msg;
+
+  // A tied config (tiny is tied) with a file whose head differs from the embedding.
+  StFile own_head = exported;
+  std::vector<float> head = own_head.tensors.at("lm_head.weight").as_f32();
+  head[7] += 0.5f;
+  own_head.tensors["lm_head.weight"] = st_from_f32(head.data(), {64, 64});
+  msg = input_error([&] { init_from(own_head); });
+  EXPECT_TRUE(contains(msg, "lm_head.weight")) << msg;
+  EXPECT_TRUE(contains(msg, "model.tie_embeddings false")) << msg;
+
+  // GPT-2's published spelling (no "transformer."), with its attention-mask buffers.
+  StFile bare;
+  bare.metadata = exported.metadata;
+  for (const auto& [name, t] : exported.tensors)
+    bare.tensors[name.rfind("transformer.", 0) == 0 ? name.substr(12) : name] = t;
+  std::vector<float> mask(16 * 16, 1.0f);
+  bare.tensors["h.0.attn.bias"] = st_from_f32(mask.data(), {1, 1, 16, 16});
+  bare.tensors["h.1.attn.masked_bias"] = st_from_f32(mask.data(), {1});
+  EXPECT_EQ(init_from(bare).final_params, full.final_params);
+  // A tensor in both spellings is one too many.
+  StFile twice = bare;
+  twice.tensors["transformer.ln_f.bias"] = exported.tensors.at("transformer.ln_f.bias");
+  msg = input_error([&] { init_from(twice); });
+  EXPECT_TRUE(contains(msg, "in the file twice")) << msg;
+
+  // 96 positions into a config of 64 (tiny's seq_len): the first 64 rows.
+  StFile longer = exported;
+  std::vector<float> wpe = exported.tensors.at("transformer.wpe.weight").as_f32();
+  std::vector<float> more = wpe;
+  more.resize(wpe.size() * 3 / 2, 0.25f);
+  longer.tensors["transformer.wpe.weight"] = st_from_f32(more.data(), {96, 64});
+  EXPECT_EQ(init_from(longer).final_params, full.final_params);
+  // Fewer positions than seq_len: refused, naming the tensor and both shapes.
+  more.resize(wpe.size() / 2);
+  longer.tensors["transformer.wpe.weight"] = st_from_f32(more.data(), {32, 64});
+  msg = input_error([&] { init_from(longer); });
+  EXPECT_TRUE(contains(msg, "transformer.wpe.weight: shape (64, 64)")) << msg;
+
+  // BF16: the values the file holds, through the same path.
+  export_checkpoint(ckpt, file, HfWriteOptions{5'000'000'000, "BF16"});
+  const StFile bf16 = read_safetensors(file);
+  const TrainResult low = init_from(bf16);
+  StReader r(file);
+  EXPECT_EQ(low.final_params.size(), full.final_params.size());
+  const std::vector<float> ln = r.read_f32("transformer.ln_f.weight");
+  EXPECT_NE(std::find(low.final_params.begin(), low.final_params.end(), ln[3]),
+            low.final_params.end());
+  fs::remove_all(ckpt);
+  fs::remove(file);
+}
+
+// Llama's adapter follows the same rules: an extra layer is refused, rotary buffers are skipped.
+TEST(HfLlama, ImportUsesEveryTensorOrRefuses) {
+  const ModelConfig m = llama_config(false);
+  const std::string file = scratch("llama_strict.safetensors");
+  const FullTensors hf = llama_to_hf(m, llama_ours(m));
+  write_hf_file(file, hf, "F32");
+  EXPECT_NO_THROW(load_hf_model(m, file));
+  FullTensors extra = hf;
+  extra["model.layers.0.self_attn.rotary_emb.inv_freq"] = numbered({4}, 1);
+  write_hf_file(file, extra, "F32");
+  EXPECT_NO_THROW(load_hf_model(m, file));
+  extra["model.layers.2.mlp.up_proj.weight"] = hf.at("model.layers.1.mlp.up_proj.weight");
+  write_hf_file(file, extra, "F32");
+  const std::string msg = input_error([&] { load_hf_model(m, file); });
+  EXPECT_TRUE(contains(msg, file + ": tensor model.layers.2.mlp.up_proj.weight")) << msg;
+  fs::remove(file);
 }
 
 }  // namespace

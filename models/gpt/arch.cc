@@ -39,6 +39,7 @@ ArchSpec gpt_arch() {
   };
   a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, gpt_hf_config, gpt_check_hf_config};
   a.hf.hf_order = gpt_hf_order;
+  a.hf.canonical_name = gpt_canonical_name;
   // GPT-2 has multi-head attention and learned positions: the Llama keys would be ignored, so
   // they are refused instead.
   a.validate = [](const ModelConfig& m, int, const std::string& file) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const s
 ModelConfig gpt_model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 // GPT2LMHeadModel's state-dict order of the tensor names (how save_pretrained shards).
 std::vector<std::string> gpt_hf_order(const ModelConfig& m);
+// Both spellings of GPT-2's tensors (with and without "transformer."); its attention-mask
+// buffers are not parameters (nullopt).
+std::optional<std::string> gpt_canonical_name(const std::string& name);
 
 // The registry entry (models/registry.h).
 struct ArchSpec;

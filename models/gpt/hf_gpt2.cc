@@ -7,6 +7,9 @@
 // config.json: GPT2Config with Strata's fixed choices spelled out (tanh GELU as "gelu_new",
 // LayerNorm eps 1e-5, dropouts 0); a directory given to model.init_from must agree on them and on
 // every key that fixes a tensor's shape.
+#include <optional>
+#include <string>
+
 #include "models/gpt/gpt.h"
 #include "models/hf_checkpoint.h"
 #include "runtime/error.h"
@@ -59,7 +62,14 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
   const int64_t C = d.C, F = d.F;
   FullTensors o;
   o["wte"] = get("transformer.wte.weight", {d.V, C});
-  o["wpe"] = get("transformer.wpe.weight", {d.S, C});
+  // A checkpoint with more positions than model.seq_len (fine-tuning at a shorter context):
+  // the first seq_len of them.
+  const auto wpe = hf.find("transformer.wpe.weight");
+  const int64_t positions =
+      wpe != hf.end() && wpe->second.shape.size() == 2 && wpe->second.shape[0] > d.S
+          ? wpe->second.shape[0]
+          : d.S;
+  o["wpe"] = hf_rows(get("transformer.wpe.weight", {positions, C}), 0, d.S);
   for (int l = 0; l < d.L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".", h = "transformer." + p;
     for (const char* n : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
@@ -74,8 +84,26 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
   }
   o["ln_f.weight"] = get("transformer.ln_f.weight", {C});
   o["ln_f.bias"] = get("transformer.ln_f.bias", {C});
-  if (!d.tie) o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
+  if (!d.tie) {
+    o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
+  } else if (hf.count("lm_head.weight") &&
+             get("lm_head.weight", {d.V, C}).data != o["wte"].data) {
+    throw InputError(path, "lm_head.weight",
+                     "none, or one equal to transformer.wte.weight (model.tie_embeddings is "
+                     "true); it differs: an untied model needs model.tie_embeddings false");
+  }
   return o;
+}
+
+std::optional<std::string> gpt_canonical_name(const std::string& name) {
+  const auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  // The causal-mask buffers of older GPT2LMHeadModel files are not parameters.
+  if (ends(".attn.bias") || ends(".attn.masked_bias")) return std::nullopt;
+  // GPT-2's own published files name the GPT2Model's tensors without "transformer.".
+  if (name.rfind("transformer.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return name;
+  return "transformer." + name;
 }
 
 nlohmann::json gpt_hf_config(const ModelConfig& m) {
@@ -126,7 +154,12 @@ void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const s
   // n_inner null means 4·n_embd.
   check_hf_key(hf, "n_inner", d.F, "model.ffn_hidden_size", path,
                4 * hf_value(hf, "n_embd", 768).get<int64_t>());
-  check_hf_key(hf, "n_positions", d.S, "model.seq_len", path, 1024);
+  // More positions than model.seq_len are fine (from_hf takes the first seq_len); fewer are not.
+  const int64_t positions = hf_value(hf, "n_positions", 1024).get<int64_t>();
+  if (positions < d.S)
+    throw InputError(path, "n_positions",
+                     "at least model.seq_len " + std::to_string(d.S) + ", found " +
+                         std::to_string(positions));
   check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 50257);
   check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, true);
   check_hf_key(hf, "layer_norm_epsilon", 1e-5, "Strata's GPT LayerNorm", path, 1e-5);

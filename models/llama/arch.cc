@@ -52,6 +52,7 @@ ArchSpec llama_arch() {
   a.hf = HfAdapter{"LlamaForCausalLM", llama_to_hf, llama_from_hf, llama_hf_config,
                    llama_check_hf_config};
   a.hf.hf_order = llama_hf_order;
+  a.hf.canonical_name = llama_canonical_name;
   // Rotary embeddings rotate pairs (i, i + head_size/2): the head size must be even.
   a.validate = [](const ModelConfig& m, int, const std::string& file) {
     const int head_size = m.hidden_size / m.num_heads;

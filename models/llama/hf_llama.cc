@@ -136,6 +136,15 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
           {"torch_dtype", "float32"}};
 }
 
+std::optional<std::string> llama_canonical_name(const std::string& name) {
+  // Older LlamaForCausalLM files carry each layer's rotary inv_freq buffer: not a parameter.
+  const std::string buffer = "rotary_emb.inv_freq";
+  if (name.size() >= buffer.size() &&
+      name.compare(name.size() - buffer.size(), buffer.size(), buffer) == 0)
+    return std::nullopt;
+  return name;
+}
+
 std::vector<std::string> llama_hf_order(const ModelConfig& m) {
   const DecoderShape d = llama_shape(m);
   std::vector<std::string> names = {"model.embed_tokens.weight"};

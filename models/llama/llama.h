@@ -19,6 +19,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::stri
 // LlamaForCausalLM's state-dict order of the tensor names (how save_pretrained shards; the
 // registry entry's HfAdapter::hf_order).
 std::vector<std::string> llama_hf_order(const ModelConfig& m);
+// The rotary inv_freq buffers of older files are not parameters (nullopt); other names as they
+// are.
+std::optional<std::string> llama_canonical_name(const std::string& name);
 
 // The registry entry (models/registry.h).
 struct ArchSpec;
