@@ -67,7 +67,8 @@ const char* kTrainUsage =
     "                       on cluster C (a preset of configs/clusters or a JSON file)\n"
     "  --help               this text\n"
     "\n"
-    "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure\n";
+    "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure,\n"
+    "  4 stopped by SIGTERM or SIGUSR1 after saving a checkpoint (run again to resume)\n";
 
 [[noreturn]] void usage_error(const std::string& where, const std::string& what) {
   throw InputError("<command line>", where, what);
@@ -120,8 +121,8 @@ int cmd_train(const std::vector<std::string>& args) {
     }
     return 0;
   }
-  run_training(cfg, ctx);
-  return 0;
+  const TrainResult r = run_training(cfg, ctx);
+  return r.stopped_by_signal ? 4 : 0;  // 4: stopped on request, rerun to resume
 }
 
 int dispatch(int argc, char** argv) {

@@ -109,6 +109,13 @@ add_test(NAME mpi_checkpoint_faults
                  $<TARGET_FILE:strata>)
 set_tests_properties(mpi_checkpoint_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
                      PROCESSORS 2 LABELS mpi)
+# SIGUSR1 to mpirun: every rank stops after the same iteration with its checkpoint, exit status
+# 4, and the rerun resumes bit for bit (1f1b and 2bw; launch/train/stop_request.h).
+add_test(NAME mpi_stop_signal
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_stop_signal.sh ${MPIEXEC_EXECUTABLE}
+                 $<TARGET_FILE:strata>)
+set_tests_properties(mpi_stop_signal PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
+                     PROCESSORS 2 LABELS mpi)
 
 # The planner's per-stage memory prediction against the allocator under several layouts (issue 6).
 strata_mpi_executable(mpi_test_memory)

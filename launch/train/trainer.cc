@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include "launch/train/reporting.h"
 #include "launch/train/run_layout.h"
 #include "launch/train/sampling.h"
+#include "launch/train/stop_request.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/data.h"
@@ -155,6 +157,18 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     report.step(r, step_s, bubble, val, sampler.sample(it));
   };
 
+  // SIGTERM / SIGUSR1: save and stop after the iteration every rank agrees on (stop_request.h).
+  StopRequest stop(*groups.host);
+  auto stopped = [&](int sig, int it, const std::function<void()>& save, bool saved) {
+    res.stopped_by_signal = sig;
+    res.stopped_at = it;
+    if (cfg.checkpoint.dir && !saved) save();
+    if (lead)
+      std::printf("stopped by %s after iteration %d: %s\n", signal_name(sig), it,
+                  cfg.checkpoint.dir ? "the checkpoint of that iteration resumes the run"
+                                     : "no checkpoint.dir, nothing saved");
+    std::fflush(stdout);
+  };
   double train_time = 0;
   const auto t_start = Clock::now();
   stage.set_clock(t_start);
@@ -193,6 +207,12 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
         previous = r.at_s;
       }
       if (checkpoints.due(to)) checkpoints.save(to, guard.in_a_row(), &stage.previous_params());
+      if (const int sig = stop.poll()) {
+        stopped(sig, to,
+                [&] { checkpoints.save(to, guard.in_a_row(), &stage.previous_params()); },
+                checkpoints.due(to));
+        break;
+      }
       from = to;
     }
   } else if (!run.two_bw()) {
@@ -213,12 +233,16 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       report.keep_timeline(exec, reducer, t0);
       finish_step(stage.records().back(), step_s, std::max(0.0, 1.0 - exec.compute_s() / step_s));
       if (checkpoints.due(it)) checkpoints.save(it, guard.in_a_row());
+      if (const int sig = stop.poll()) {
+        stopped(sig, it, [&] { checkpoints.save(it, guard.in_a_row()); }, checkpoints.due(it));
+        break;
+      }
     }
   }
   res.wall_s = seconds_since(t_start);
   res.start_iteration = start.iteration;
-  res.tokens_per_s =
-      train_time > 0 ? run.tokens_per_iteration() * (iters - start.iteration) / train_time : 0;
+  const int done = (res.stopped_by_signal ? res.stopped_at : iters) - start.iteration;
+  res.tokens_per_s = train_time > 0 ? run.tokens_per_iteration() * done / train_time : 0;
   res.memory = be.allocator().stats();
   res.final_params.resize(static_cast<size_t>(params.numel()));
   be.download(res.final_params.data(), params.params());

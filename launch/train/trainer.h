@@ -32,6 +32,10 @@ struct RunContext {
 
 struct TrainResult {
   int start_iteration = 0;         // iterations a resumed checkpoint had already done
+  // SIGTERM / SIGUSR1 (stop_request.h): the signal that stopped the run after iteration
+  // stopped_at (its checkpoint saved when checkpoint.dir is set); 0: it ran to the end.
+  int stopped_by_signal = 0;
+  int stopped_at = 0;
   std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
   std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)

@@ -1,0 +1,47 @@
+#include "launch/train/stop_request.h"
+
+#include <string>
+
+namespace strata {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+
+void record(int sig) { g_signal = sig; }
+
+}  // namespace
+
+StopRequest::StopRequest(Communicator& world) : world_(world) {
+  g_signal = 0;
+  struct sigaction sa = {};
+  sa.sa_handler = record;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &old_term_);
+  sigaction(SIGUSR1, &sa, &old_usr1_);
+}
+
+StopRequest::~StopRequest() {
+  exchange_.wait();  // every rank has one in flight: they complete together
+  sigaction(SIGTERM, &old_term_, nullptr);
+  sigaction(SIGUSR1, &old_usr1_, nullptr);
+}
+
+int StopRequest::poll() {
+  if (exchange_.pending()) {
+    exchange_.wait();
+    if (agreed_ != 0) return agreed_;
+  }
+  agreed_ = g_signal;
+  exchange_ = world_.iall_reduce(&agreed_, 1, DType::kI32, ReduceOp::kMax);
+  return 0;
+}
+
+const char* signal_name(int sig) {
+  if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGUSR1) return "SIGUSR1";
+  static thread_local std::string other;
+  other = "signal " + std::to_string(sig);
+  return other.c_str();
+}
+
+}  // namespace strata
