@@ -103,9 +103,10 @@ RunStart Checkpointing::restore() {
                  path);
       be_.upload(st, hs.data());
     }
-    opt_.set_steps_taken(c.run_state.value("optimizer_steps", 0));
-    start.iteration = c.run_state.value("iteration", 0);
-    start.nonfinite_in_a_row = c.run_state.value("nonfinite_in_a_row", 0);
+    // read_checkpoint checked these keys' presence and ranges.
+    opt_.set_steps_taken(c.run_state.at("optimizer_steps").get<int>());
+    start.iteration = c.run_state.at("iteration").get<int>();
+    start.nonfinite_in_a_row = c.run_state.at("nonfinite_in_a_row").get<int>();
     if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
   } else if (cfg.model.init_from) {
     const std::string& path = *cfg.model.init_from;
