@@ -152,12 +152,39 @@ int dispatch(int argc, char** argv) {
                    "(see strata --help)");
 }
 
+// comm.timeout_s of the config the command line names (--config FILE, --set overrides; the
+// default without one): the deadline of MPI start-up, before any command has read its config,
+// and of the shutdown after. A config that does not load is reported by the command itself.
+double comm_timeout_s(int argc, char** argv) {
+  std::string config;
+  std::vector<std::string> sets;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--config" && has_value) {
+      config = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config = a.substr(9);
+    } else if (a == "--set" && has_value) {
+      sets.push_back(argv[++i]);
+    } else if (a.rfind("--set=", 0) == 0) {
+      sets.push_back(a.substr(6));
+    }
+  }
+  try {
+    return load_config(config, sets).comm.timeout_s;
+  } catch (const std::exception&) {
+    return CommConfig{}.timeout_s;
+  }
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
   int status = 0;
+  const double timeout_s = comm_timeout_s(argc, argv);
   try {
-    init_world(&argc, &argv);
+    init_world(&argc, &argv, timeout_s);
     status = dispatch(argc, argv);
   } catch (const InputError& e) {
     // Bad input is found identically on every rank (same config, same files): one line, from
@@ -171,7 +198,7 @@ int run_cli(int argc, char** argv) {
     if (world().size > 1) abort_job(1);  // the other ranks may be blocked in a collective
     status = 1;
   }
-  finalize_world();
+  finalize_world(timeout_s);
   return status;
 }
 

@@ -3,8 +3,12 @@
 #include <sched.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "runtime/abort_hook.h"
 #include "runtime/check.h"
@@ -13,7 +17,45 @@ namespace strata {
 namespace {
 thread_local std::string t_wait_context;
 std::atomic<bool> g_poll_yield{true};
+
+// This rank as the launcher's environment says (before MPI_Init), else process_rank().
+int rank_for_messages() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return process_rank();
+}
 }  // namespace
+
+struct WatchdogTimer::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool disarmed = false;
+};
+
+WatchdogTimer::WatchdogTimer(double timeout_s, std::string what) {
+  if (timeout_s <= 0) return;
+  state_ = std::make_shared<State>();
+  // Detached and owning its state: disarming never waits for the thread, and a process that
+  // exits while it waits frees nothing under it.
+  std::thread([st = state_, timeout_s, what = std::move(what)] {
+    std::unique_lock<std::mutex> lock(st->mu);
+    if (st->cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                        [&] { return st->disarmed; }))
+      return;
+    const std::string line = watchdog_message(rank_for_messages(), timeout_s, what, "") + "\n";
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(1);
+  }).detach();
+}
+
+WatchdogTimer::~WatchdogTimer() {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->disarmed = true;
+  state_->cv.notify_all();
+}
 
 void set_wait_context(std::string step) {
   t_wait_context = std::move(step);

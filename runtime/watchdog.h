@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 namespace strata {
@@ -55,6 +56,24 @@ void poll_pause();
 // cores as ranks (Open MPI decides its own mpi_yield_when_idle the same way).
 void set_poll_yield(bool yield);
 bool poll_yield();
+
+// Bounds a blocking call that cannot be polled — MPI_Init (a rank that never starts) and
+// MPI_Finalize (a stopped launcher or rank) — with a deadline. While the timer lives, a thread
+// waits; if timeout_s passes first, it prints the watchdog line for `what` (the rank from the
+// launcher's environment before MPI knows it) and ends this process with status 1 through
+// std::_Exit: inside those calls MPI cannot abort the job, and the launcher, seeing a rank fail,
+// ends the others. timeout_s <= 0: no deadline.
+class WatchdogTimer {
+ public:
+  WatchdogTimer(double timeout_s, std::string what);
+  ~WatchdogTimer();  // disarms
+  WatchdogTimer(const WatchdogTimer&) = delete;
+  WatchdogTimer& operator=(const WatchdogTimer&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
 
 // Calls test() until it returns true. Between polls the core is yielded. If timeout_s > 0 and
 // more than timeout_s seconds pass, the watchdog fires with describe()'s text (built only then).
