@@ -21,6 +21,7 @@
 #include "runtime/error.h"
 #include "runtime/json_file.h"
 #include "runtime/safetensors.h"
+#include "runtime/watchdog.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -619,6 +620,8 @@ LoadedCheckpoint read_checked(const std::string& path, bool keep_values) {
 
 std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
                             const RankShard& mine, const nlohmann::json& run_state, int keep) {
+  // A rank whose launcher is gone stops before it writes anything (watchdog.h).
+  exit_if_orphaned();
   const int rank = host.rank();
   const std::string final_dir = dir + "/iter_" + std::to_string(iteration);
   std::string tmp;
@@ -663,6 +666,7 @@ std::string save_checkpoint(Communicator& host, const std::string& dir, int iter
                                  {"files", files}};
     write_file_synced(tmp + "/metadata.json", meta.dump(2) + "\n");
     fsync_dir(tmp);
+    exit_if_orphaned();  // and before it publishes the checkpoint
     std::error_code ec;
     // A rerun that resumed from an older checkpoint saves this iteration again.
     if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);

@@ -643,6 +643,7 @@ World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeo
   MPI_Initialized(&initialised);
   *we_initialised = false;
   if (!initialised) {
+    watch_launcher();
     // MPI_Init waits for every rank of the job; one that never starts would hold it forever.
     const WatchdogTimer deadline(timeout_s,
                                  "start-up (MPI_Init: waiting for every rank of the job to start)");

@@ -1,6 +1,11 @@
 #include "runtime/watchdog.h"
 
 #include <sched.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <signal.h>
+#include <sys/prctl.h>
+#endif
 
 #include <atomic>
 #include <condition_variable>
@@ -17,6 +22,7 @@ namespace strata {
 namespace {
 thread_local std::string t_wait_context;
 std::atomic<bool> g_poll_yield{true};
+std::atomic<pid_t> g_launcher{0};  // the parent watch_launcher() recorded; 0: not watched
 
 // This rank as the launcher's environment says (before MPI_Init), else process_rank().
 int rank_for_messages() {
@@ -55,6 +61,26 @@ WatchdogTimer::~WatchdogTimer() {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->disarmed = true;
   state_->cv.notify_all();
+}
+
+void watch_launcher() {
+  const pid_t parent = ::getppid();
+#if defined(__linux__)
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+  g_launcher.store(parent);
+  // The parent may have died between getppid() and prctl(): its signal would never come.
+  exit_if_orphaned();
+}
+
+void exit_if_orphaned() {
+  const pid_t launcher = g_launcher.load(std::memory_order_relaxed);
+  if (launcher == 0 || ::getppid() == launcher) return;
+  // Nothing reads this rank's output any more; the line is for a terminal that might.
+  const std::string line = "[rank " + std::to_string(rank_for_messages()) + "] launcher (pid " +
+                           std::to_string(launcher) + ") is gone: stopping\n";
+  std::fputs(line.c_str(), stderr);
+  std::_Exit(1);
 }
 
 void set_wait_context(std::string step) {

@@ -8,6 +8,9 @@
 #      the missing rank;
 #   3. mpirun is stopped (SIGSTOP) while the ranks train: ranks that finish wait in MPI_Finalize
 #      for it; they must end by themselves within the timeout, with the shutdown watchdog line;
+#   4. mpirun is killed (SIGKILL) while the ranks train with a checkpoint every 10 iterations:
+#      the orphaned ranks must stop at once (within 0.5 s), writing no further checkpoint or
+#      metrics line.
 set -u
 mpiexec=$1 strata=$2
 timeout_s=3
@@ -96,6 +99,33 @@ check "the job ends with a non-zero status" '[ "$rc" -ne 0 ]'
 check "the ranks trained to the end" '[ "$(wc -l <"$work/stop.jsonl")" -eq 4000 ]'
 check "each rank reports the shutdown wait" \
   '[ "$(grep -c "watchdog: no progress for $timeout_s s in shutdown (MPI_Finalize" "$work/stop.out")" -eq 2 ]'
+
+# 4. A killed mpirun.
+"$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train --config "$work/config.json" \
+  --set "log.metrics=$work/kill.jsonl" --set "checkpoint.dir=$work/ck" \
+  --set checkpoint.interval=10 --set checkpoint.keep=100000 >"$work/kill.out" 2>&1 &
+mp=$!
+for _ in $(seq 600); do [ -f "$work/ck/iter_20/metadata.json" ] && break; sleep 0.05; done
+ranks=$(pgrep -P "$mp" | tr '\n' ' ')
+kill -KILL "$mp"
+t0=$(now)
+lines=$(wc -l <"$work/kill.jsonl")
+saved=$(ls "$work/ck" | grep -c '^iter_[0-9]*$')
+gone=0
+wait_gone 0.5 $ranks && gone=1
+took=$(elapsed "$t0")
+echo "--- mpirun killed at iteration $lines ($saved checkpoints); ranks $ranks gone after $took s: $gone"
+wait_gone 10 $ranks  # the old behaviour: they ran on; give them the time to show it
+sleep 1
+{ wait "$mp"; } 2>/dev/null
+check "the ranks were found (mpirun's children)" '[ -n "$ranks" ]'
+check "the orphaned ranks stop within 0.5 s" '[ "$gone" -eq 1 ]'
+check "no checkpoint after the kill (still $saved)" \
+  '[ "$(ls "$work/ck" | grep -c "^iter_[0-9]*$")" -eq "$saved" ]'
+check "no metrics line after the kill (still $lines)" '[ "$(wc -l <"$work/kill.jsonl")" -eq "$lines" ]'
+for p in $ranks; do  # never leave a rank behind (only ours: still a strata process)
+  any_alive "$p" && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = strata ] && kill -KILL "$p"
+done
 
 [ "$fail" -eq 0 ] && echo "PASS: launch fault scenarios"
 exit "$fail"
