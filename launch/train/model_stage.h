@@ -9,7 +9,8 @@
 // PipeDream-2BW (two_bw): micro-batches are numbered across batches (batch b = mb / m) and batch
 // b runs forward and backward on weight version W(max(b−1, 0)); step j computes
 // W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses any
-// more. Version k lives in versions_[k % 2]: at most two versions are ever held.
+// more. Version k lives in versions_[k % 2]: at most two versions are ever held. Evaluation
+// (begin(..., training = false)) runs on the newest version, W(steps taken).
 //
 // Parameters held by two stages (ParamInfo::tied: a tied embedding split over the first and last
 // stage) have their gradients summed over the embedding group in reduce_grads(), after the
