@@ -131,9 +131,7 @@ std::vector<std::pair<int, fs::path>> final_checkpoints(const std::string& dir) 
 void prune(const std::string& dir, int keep, const std::string& just_written) {
   std::error_code ec;
   // Temporaries are left only by saves that died (saving is collective and ours is done).
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().find(".tmp-") != std::string::npos)
-      fs::remove_all(e.path(), ec);
+  remove_partial_saves(dir);
   if (keep <= 0) return;
   auto v = final_checkpoints(dir);
   int kept = 0;
@@ -153,6 +151,18 @@ void kill_hook(int iteration, int rank, int world) {
 }
 
 }  // namespace
+
+std::vector<std::string> remove_partial_saves(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") == std::string::npos && name != "latest.tmp") continue;
+    fs::remove_all(e.path(), ec);
+    if (!ec) removed.push_back(e.path().string());
+  }
+  return removed;
+}
 
 uint32_t crc32_ieee(const void* data, size_t n, uint32_t crc) {
   static const CrcTables t = make_crc_tables();
@@ -618,23 +628,14 @@ LoadedCheckpoint read_checked(const std::string& path, bool keep_values) {
 
 }  // namespace
 
-std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
-                            const RankShard& mine, const nlohmann::json& run_state, int keep) {
-  // A rank whose launcher is gone stops before it writes anything (watchdog.h).
-  exit_if_orphaned();
-  const int rank = host.rank();
-  const std::string final_dir = dir + "/iter_" + std::to_string(iteration);
-  std::string tmp;
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    std::random_device rd;
-    tmp = final_dir + ".tmp-" + crc_hex(rd());
-    if (!fs::create_directory(tmp, ec)) io_fail("cannot create directory", tmp);
-  }
-  // Rank 0's name for everyone; the gather also orders the mkdir before any rank writes.
-  tmp = all_gather_strings(host, tmp)[0];
+namespace {
 
+// Steps 1-3 of the save (checkpoint.h) after rank 0 has created `tmp`: every rank's shard, then
+// rank 0's run_state.json, metadata.json, the rename and latest.
+void write_checkpoint_files(Communicator& host, const std::string& dir, int iteration,
+                            const RankShard& mine, const nlohmann::json& run_state, int keep,
+                            const std::string& tmp, const std::string& final_dir) {
+  const int rank = host.rank();
   const std::string file = "rank_" + std::to_string(rank) + ".safetensors";
   // Written piece by piece from the shard itself: no second copy of GBs of state in memory.
   const std::string header = shard_header(mine);
@@ -677,6 +678,36 @@ std::string save_checkpoint(Communicator& host, const std::string& dir, int iter
       io_fail("cannot rename to", dir + "/latest");
     fsync_dir(dir);
     prune(dir, keep, final_dir);
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
+                            const RankShard& mine, const nlohmann::json& run_state, int keep) {
+  // A rank whose launcher is gone stops before it writes anything (watchdog.h).
+  exit_if_orphaned();
+  const int rank = host.rank();
+  const std::string final_dir = dir + "/iter_" + std::to_string(iteration);
+  std::string tmp;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    std::random_device rd;
+    tmp = final_dir + ".tmp-" + crc_hex(rd());
+    if (!fs::create_directory(tmp, ec)) io_fail("cannot create directory", tmp);
+  }
+  // Rank 0's name for everyone; the gather also orders the mkdir before any rank writes.
+  tmp = all_gather_strings(host, tmp)[0];
+  try {
+    write_checkpoint_files(host, dir, iteration, mine, run_state, keep, tmp, final_dir);
+  } catch (const std::exception&) {
+    // A failed save (a full disk) leaves nothing half-written behind for the next start to trip
+    // over; the job ends on the error (the other ranks' files go with the directory).
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    if (rank == 0) fs::remove(dir + "/latest.tmp", ec);
+    throw;
   }
   host.barrier();
   return final_dir;

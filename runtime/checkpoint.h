@@ -69,9 +69,15 @@ std::string serialize_shard(const RankShard& s);
 
 // Writes the checkpoint of `iteration` (collective over host: every rank passes its shard, rank
 // 0's run_state is written). Keeps the newest `keep` checkpoints (0: all). Returns the final
-// directory. Throws std::runtime_error naming the path on I/O failure.
+// directory. Throws std::runtime_error naming the path on I/O failure (a full disk), after
+// removing the save's temporary directory. A rank whose launcher is gone stops instead of saving
+// (watchdog.h exit_if_orphaned).
 std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
                             const RankShard& mine, const nlohmann::json& run_state, int keep);
+
+// Removes what saves that did not finish left in `dir` (iter_<N>.tmp-… directories, latest.tmp);
+// returns their paths. Rank 0 calls it as a run starts; every save calls it when done.
+std::vector<std::string> remove_partial_saves(const std::string& dir);
 
 // Reading checks a checkpoint as strictly as a config, before anything of it is used:
 //   - metadata.json: format, checksum, iteration (the directory's N), world_size, and exactly

@@ -27,6 +27,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
+#include "small_disk.h"
 
 namespace strata {
 namespace {
@@ -460,6 +461,73 @@ TEST(Checkpoint, FieldsAreCheckedAsStrictlyAsAConfig) {
     fs::remove_all(dir);
   }
   fs::remove_all(base);
+}
+
+// ---- a full disk (issue 28) ----
+
+std::vector<std::string> partial_saves(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos || name == "latest.tmp") v.push_back(name);
+  }
+  return v;
+}
+
+// A save on a full disk fails naming the file and the system's reason, and leaves no partial
+// directory behind: reruns do not pile them up (each added one before).
+TEST(Checkpoint, AFailedSaveLeavesNoPartialDirectory) {
+  testdisk::SmallDisk disk("1m");  // a checkpoint of the tiny model is 1.36 MB
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string dir = disk.path() + "/ckpt";
+  for (int run = 0; run < 3; ++run) {
+    try {
+      train(ckpt(dir, 4));
+      ADD_FAILURE() << "a save on a full disk succeeded";
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(dir + "/iter_4.tmp-"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(partial_saves(dir), std::vector<std::string>{}) << "after run " << run + 1;
+  }
+  // The binary: exit status 1, the rank and the failed write.
+  const std::string config = scratch("full_disk_config.json");
+  std::ofstream(config) << "{\"model\": {\"preset\": \"tiny\"}}";
+  const std::string cmd = std::string(STRATA_BIN_PATH) + " train --config " + config +
+                          " --set train.iterations=4 --set checkpoint.interval=4 --set "
+                          "checkpoint.dir=" +
+                          dir + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = ::pclose(p);
+  fs::remove(config);
+  const size_t at = out.find("[rank");
+  if (at != std::string::npos) std::printf("%s\n", out.substr(at, out.find('\n', at) - at).c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("[rank 0 host "), std::string::npos) << out;
+  EXPECT_NE(out.find("error: checkpoint: cannot write " + dir), std::string::npos) << out;
+  EXPECT_EQ(partial_saves(dir), std::vector<std::string>{});
+}
+
+// What saves that died left (a kill between mkdir and rename) is removed as the next run starts,
+// each one named on stderr.
+TEST(Checkpoint, PartialSavesAreRemovedAtStart) {
+  const std::string dir = scratch("partial");
+  fs::create_directories(dir + "/iter_4.tmp-0badf00d");
+  std::ofstream(dir + "/iter_4.tmp-0badf00d/rank_0.safetensors") << "half a shard";
+  fs::create_directories(dir + "/iter_8.tmp-12345678");
+  std::ofstream(dir + "/latest.tmp") << "iter_";
+  testing::internal::CaptureStderr();
+  train({"checkpoint.dir=" + dir, "checkpoint.interval=0"});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(partial_saves(dir), std::vector<std::string>{});
+  for (const char* name : {"iter_4.tmp-0badf00d", "iter_8.tmp-12345678", "latest.tmp"})
+    EXPECT_NE(err.find("warning: removed " + dir + "/" + name), std::string::npos) << err;
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, TemporaryDirectoryIsNeverLoaded) {

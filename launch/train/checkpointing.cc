@@ -67,6 +67,11 @@ RunStart Checkpointing::restore() {
   // Rank 0 chooses (and reports skipped checkpoints) so that every rank loads the same one.
   std::string choice;
   if (run_.world->rank == 0 || run_.single_process) {
+    // Partial saves of runs that died or failed (a full disk) would pile up, one per rerun.
+    if (ck.dir)
+      for (const std::string& p : remove_partial_saves(*ck.dir))
+        std::fprintf(stderr, "warning: removed %s, left by a checkpoint save that did not finish\n",
+                     p.c_str());
     try {
       std::ostringstream warn;
       const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
