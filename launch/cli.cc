@@ -67,7 +67,12 @@ const char* kTrainUsage =
     "                       on cluster C (a preset of configs/clusters or a JSON file)\n"
     "  --help               this text\n"
     "\n"
-    "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure\n";
+    "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure,\n"
+    "             3 done, but a log (log.metrics, log.trace) could not be written completely\n";
+
+// The run finished (its checkpoints and results are complete) but a log file could not be
+// written completely: a full disk, say (README's exit statuses).
+constexpr int kExitLogsIncomplete = 3;
 
 [[noreturn]] void usage_error(const std::string& where, const std::string& what) {
   throw InputError("<command line>", where, what);
@@ -120,7 +125,14 @@ int cmd_train(const std::vector<std::string>& args) {
     }
     return 0;
   }
-  run_training(cfg, ctx);
+  const TrainResult r = run_training(cfg, ctx);
+  if (!r.incomplete_logs.empty()) {
+    std::string logs;
+    for (const std::string& l : r.incomplete_logs) logs += (logs.empty() ? "" : ", ") + l;
+    std::fprintf(stderr, "strata train: done, but the logs are incomplete (%s): exit status %d\n",
+                 logs.c_str(), kExitLogsIncomplete);
+    return kExitLogsIncomplete;
+  }
   return 0;
 }
 
