@@ -157,7 +157,8 @@ std::vector<std::string> remove_partial_saves(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.find(".tmp-") == std::string::npos && name != "latest.tmp") continue;
+    const bool partial = name.rfind("iter_", 0) == 0 && name.find(".tmp-") != std::string::npos;
+    if (!partial && name != "latest.tmp") continue;
     fs::remove_all(e.path(), ec);
     if (!ec) removed.push_back(e.path().string());
   }
