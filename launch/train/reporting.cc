@@ -71,7 +71,8 @@ Reporter::Reporter(const RunLayout& run, const ModelDescription& desc, Backend& 
   const Config& cfg = *run_.cfg;
   if (cfg.log.metrics && run_.world->rank == 0) {
     if (start_iteration > 0) {
-      const std::string why = keep_metrics_up_to(*cfg.log.metrics, start_iteration, cfg.source_file);
+      const std::string why =
+          keep_metrics_up_to(*cfg.log.metrics, start_iteration, cfg.source_file);
       if (!why.empty())
         log_failed("log.metrics", *cfg.log.metrics,
                    "rewriting its lines up to iteration " + std::to_string(start_iteration), why);
