@@ -68,7 +68,14 @@ const char* kTrainUsage =
     "  --help               this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure,\n"
-    "  4 stopped by SIGTERM or SIGUSR1 after saving a checkpoint (run again to resume)\n";
+    "             3 done, but a log (log.metrics, log.trace) could not be written completely,\n"
+    "             4 stopped by SIGTERM or SIGUSR1 after saving a checkpoint (run again to resume)\n";
+
+// The run finished (its checkpoints and results are complete) but a log file could not be
+// written completely: a full disk, say (README's exit statuses).
+constexpr int kExitLogsIncomplete = 3;
+// SIGTERM / SIGUSR1 stopped the run after saving a checkpoint (launch/train/stop_request.h).
+constexpr int kExitStopped = 4;
 
 [[noreturn]] void usage_error(const std::string& where, const std::string& what) {
   throw InputError("<command line>", where, what);
@@ -122,7 +129,14 @@ int cmd_train(const std::vector<std::string>& args) {
     return 0;
   }
   const TrainResult r = run_training(cfg, ctx);
-  return r.stopped_by_signal ? 4 : 0;  // 4: stopped on request, rerun to resume
+  if (!r.incomplete_logs.empty()) {
+    std::string logs;
+    for (const std::string& l : r.incomplete_logs) logs += (logs.empty() ? "" : ", ") + l;
+    std::fprintf(stderr, "strata train: done, but the logs are incomplete (%s): exit status %d\n",
+                 logs.c_str(), kExitLogsIncomplete);
+    return kExitLogsIncomplete;
+  }
+  return r.stopped_by_signal ? kExitStopped : 0;
 }
 
 int dispatch(int argc, char** argv) {
@@ -153,12 +167,39 @@ int dispatch(int argc, char** argv) {
                    "(see strata --help)");
 }
 
+// comm.timeout_s of the config the command line names (--config FILE, --set overrides; the
+// default without one): the deadline of MPI start-up, before any command has read its config,
+// and of the shutdown after. A config that does not load is reported by the command itself.
+double comm_timeout_s(int argc, char** argv) {
+  std::string config;
+  std::vector<std::string> sets;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--config" && has_value) {
+      config = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config = a.substr(9);
+    } else if (a == "--set" && has_value) {
+      sets.push_back(argv[++i]);
+    } else if (a.rfind("--set=", 0) == 0) {
+      sets.push_back(a.substr(6));
+    }
+  }
+  try {
+    return load_config(config, sets).comm.timeout_s;
+  } catch (const std::exception&) {
+    return CommConfig{}.timeout_s;
+  }
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
   int status = 0;
+  const double timeout_s = comm_timeout_s(argc, argv);
   try {
-    init_world(&argc, &argv);
+    init_world(&argc, &argv, timeout_s);
     status = dispatch(argc, argv);
   } catch (const InputError& e) {
     // Bad input is found identically on every rank (same config, same files): one line, from
@@ -172,7 +213,7 @@ int run_cli(int argc, char** argv) {
     if (world().size > 1) abort_job(1);  // the other ranks may be blocked in a collective
     status = 1;
   }
-  finalize_world();
+  finalize_world(timeout_s);
   return status;
 }
 

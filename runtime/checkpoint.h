@@ -64,23 +64,41 @@ struct RankShard {
   std::vector<ShardPiece> pieces;
 };
 
-// The bytes of rank_<r>.safetensors for `s`, and the inverse (InputError naming `path`).
+// The bytes of rank_<r>.safetensors for `s`.
 std::string serialize_shard(const RankShard& s);
-RankShard parse_shard(const std::string& path);
 
 // Writes the checkpoint of `iteration` (collective over host: every rank passes its shard, rank
 // 0's run_state is written). Keeps the newest `keep` checkpoints (0: all). Returns the final
-// directory. Throws std::runtime_error naming the path on I/O failure.
+// directory. Throws std::runtime_error naming the path on I/O failure (a full disk), after
+// removing the save's temporary directory. A rank whose launcher is gone stops instead of saving
+// (watchdog.h exit_if_orphaned).
 std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
                             const RankShard& mine, const nlohmann::json& run_state, int keep);
 
-// "" when `path` is a complete checkpoint whose files match metadata.json, else why not,
-// naming the file at fault.
+// Removes what saves that did not finish left in `dir` (iter_<N>.tmp-… directories, latest.tmp);
+// returns their paths. Rank 0 calls it as a run starts; every save calls it when done.
+std::vector<std::string> remove_partial_saves(const std::string& dir);
+
+// Reading checks a checkpoint as strictly as a config, before anything of it is used:
+//   - metadata.json: format, checksum, iteration (the directory's N), world_size, and exactly
+//     one entry (bytes, CRC-32) for run_state.json and for each rank_<r>.safetensors, r <
+//     world_size: every file a load reads is covered by a checksum;
+//   - every file: its size and CRC-32 against its entry (each byte is checksummed as it is read);
+//   - run_state.json: every key and its type and range, iteration and world_size equal to
+//     metadata.json's, parallel.tensor × pipeline × data = world_size;
+//   - each shard: a safetensors header (runtime/safetensors.h: dtypes, shapes, offsets tiling
+//     the data), F32 vectors named param:/m:/v: inside their shard, meta:<name> entries with
+//     shapes of sizes ≥ 0 whose product fits, tp ≥ 1, tp_rank < tp, a shard 1/tp of the full
+//     tensor; across the shards one full shape per tensor and every element written once.
+// A failure is an InputError naming the file and the key, tensor or byte.
+
+// "" when `path` is a checkpoint that passes every check above, else why not (the InputError's
+// "<file>: <where>: <expected>").
 std::string verify_checkpoint(const std::string& path);
 
 // The checkpoint to resume from. resume "none": nullopt. "auto": the newest iter_<N> under dir
-// that verifies (each one skipped is reported on `err`, naming the file), nullopt when none.
-// Anything else is a checkpoint path, which must verify (InputError otherwise).
+// that verifies (each one skipped is reported on `err`, naming the file and the key), nullopt
+// when none. Anything else is a checkpoint path, which must verify (its InputError otherwise).
 std::optional<std::string> select_checkpoint(const std::optional<std::string>& dir,
                                              const std::string& resume, std::ostream& err);
 
@@ -89,7 +107,7 @@ struct LoadedCheckpoint {
   nlohmann::json run_state;
   std::vector<RankShard> shards;  // [saving rank]
 };
-// Reads every file of a (verified) checkpoint.
+// Reads every file of a checkpoint, checking each as verify_checkpoint does (InputError).
 LoadedCheckpoint read_checkpoint(const std::string& path);
 
 }  // namespace strata

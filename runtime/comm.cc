@@ -179,10 +179,10 @@ bool g_initialised = false;
 bool g_we_started_mpi = false;
 }  // namespace
 
-World init_world(int* argc, char*** argv) {
+World init_world(int* argc, char*** argv, double timeout_s) {
   if (g_initialised) return g_world;
   if (detail::launched_by_mpi()) {
-    g_world = detail::mpi_init_world(argc, argv, &g_we_started_mpi);
+    g_world = detail::mpi_init_world(argc, argv, &g_we_started_mpi, timeout_s);
   } else {
     g_world = World{};
     g_world.host = process_host();
@@ -196,10 +196,10 @@ World init_world(int* argc, char*** argv) {
   return g_world;
 }
 
-void finalize_world() {
+void finalize_world(double timeout_s) {
   if (!g_initialised) return;
   if (g_world.mpi) {
-    detail::mpi_finalize_world(g_we_started_mpi);
+    detail::mpi_finalize_world(g_we_started_mpi, timeout_s);
     set_abort_hook(nullptr);
   }
   g_initialised = false;

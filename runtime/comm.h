@@ -57,9 +57,14 @@ struct World {
 // PMI_SIZE in the environment); otherwise world size 1 and MPI is never touched. Installs the
 // job-wide abort hook (MPI_Abort) and set_process_identity(). Idempotent; adopts an MPI that the
 // caller already initialised (and then leaves finalising it to the caller).
-World init_world(int* argc, char*** argv);
-// Finalises MPI if init_world started it. Destroy every Communicator first.
-void finalize_world();
+// Start-up is bounded by timeout_s (the watchdog, watchdog.h): MPI_Init, then every rank
+// reporting to rank 0, which names the ranks that never arrive; a process a launcher started
+// stops at once when the launcher is gone (watch_launcher). 300 s is comm.timeout_s's default.
+World init_world(int* argc, char*** argv, double timeout_s = 300);
+// Finalises MPI if init_world started it, within timeout_s (MPI_Finalize waits for the launcher
+// and every rank: a stopped one ends this process with the watchdog line and status 1). Destroy
+// every Communicator first.
+void finalize_world(double timeout_s = 300);
 // The world of init_world(); the size-1 default before it.
 const World& world();
 
@@ -279,9 +284,10 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(double timeout_s);
 std::unique_ptr<Communicator> make_nccl_world_communicator(double timeout_s);  // CUDA builds only
 // MPI start-up and shut-down (comm_mpi.cc), so that comm.cc needs no MPI header.
 bool launched_by_mpi();
-World mpi_init_world(int* argc, char*** argv, bool* we_initialised);
-void mpi_finalize_world(bool we_initialised);  // frees Strata's MPI objects; finalises if asked
-int cuda_device_count_impl();                  // CUDA builds only (cuda/comm_nccl.cc)
+World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeout_s);
+// Frees Strata's MPI objects; finalises if asked, within timeout_s.
+void mpi_finalize_world(bool we_initialised, double timeout_s);
+int cuda_device_count_impl();  // CUDA builds only (cuda/comm_nccl.cc)
 }  // namespace detail
 
 }  // namespace strata

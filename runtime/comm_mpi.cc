@@ -14,6 +14,8 @@
 // cheapest) and completes at the latest in wait().
 #include "runtime/comm_mpi.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -572,11 +574,79 @@ bool launched_by_mpi() {
   return initialised != 0;
 }
 
-World mpi_init_world(int* argc, char*** argv, bool* we_initialised) {
+namespace {
+
+// Test hook (docs/communication.md): STRATA_TEST_STOP_AFTER_INIT=1 makes world rank 1 SIGSTOP
+// itself just after MPI_Init, as a rank that stops before the job gets going would.
+void stop_hook(const World& w) {
+  const char* s = std::getenv("STRATA_TEST_STOP_AFTER_INIT");
+  if (s && std::strcmp(s, "1") == 0 && w.rank == 1) ::raise(SIGSTOP);
+}
+
+// Every rank reports to world rank 0, which answers once all have: the end of start-up, with
+// the missing ranks named on rank 0 if some never arrive (MPI_Init's own wait cannot say which).
+void join_world(const World& w, double timeout_s) {
+  if (w.size == 1) return;
+  constexpr int kTag = 7001;  // MPI_COMM_WORLD carries nothing else of ours
+  const size_t n = static_cast<size_t>(w.size);
+  std::vector<int> tokens(n, 0);
+  std::vector<MPI_Request> reqs;
+  if (w.rank == 0) {
+    reqs.resize(n - 1);
+    for (int r = 1; r < w.size; ++r)
+      MPI_CHECK(MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kTag, MPI_COMM_WORLD,
+                          &reqs[static_cast<size_t>(r) - 1]));
+    std::vector<int> arrived(n - 1, 0);
+    poll_until(
+        [&] {
+          bool all = true;
+          for (size_t i = 0; i < reqs.size(); ++i) {
+            if (!arrived[i]) MPI_CHECK(MPI_Test(&reqs[i], &arrived[i], MPI_STATUS_IGNORE));
+            all = all && arrived[i];
+          }
+          return all;
+        },
+        timeout_s,
+        [&] {
+          std::string missing;
+          for (size_t i = 0; i < arrived.size(); ++i)
+            if (!arrived[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i + 1);
+          return "start-up: world rank(s) " + missing + " of " + std::to_string(w.size) +
+                 " did not arrive (stopped, or never started)";
+        });
+    for (int r = 1; r < w.size; ++r)
+      MPI_CHECK(MPI_Isend(&tokens[0], 1, MPI_INT, r, kTag, MPI_COMM_WORLD,
+                          &reqs[static_cast<size_t>(r) - 1]));
+  } else {
+    reqs.resize(2);
+    MPI_CHECK(MPI_Isend(&tokens[0], 1, MPI_INT, 0, kTag, MPI_COMM_WORLD, &reqs[0]));
+    MPI_CHECK(MPI_Irecv(&tokens[1], 1, MPI_INT, 0, kTag, MPI_COMM_WORLD, &reqs[1]));
+  }
+  poll_until(
+      [&] {
+        int done = 0;
+        MPI_CHECK(
+            MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      timeout_s,
+      [&] {
+        return "start-up: waiting for world rank 0 to hear from all " + std::to_string(w.size) +
+               " ranks";
+      });
+}
+
+}  // namespace
+
+World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeout_s) {
   int initialised = 0;
   MPI_Initialized(&initialised);
   *we_initialised = false;
   if (!initialised) {
+    watch_launcher();
+    // MPI_Init waits for every rank of the job; one that never starts would hold it forever.
+    const WatchdogTimer deadline(timeout_s,
+                                 "start-up (MPI_Init: waiting for every rank of the job to start)");
     // FUNNELED: one thread drives MPI. The NCCL watchdog thread may call MPI_Abort, which only
     // ends the job.
     int provided = 0;
@@ -602,17 +672,25 @@ World mpi_init_world(int* argc, char*** argv, bool* we_initialised) {
     MPI_CHECK(MPI_Comm_size(node, &w.local_size));
     MPI_CHECK(MPI_Comm_free(&node));
   }
+  if (*we_initialised) {
+    stop_hook(w);
+    join_world(w, timeout_s);
+  }
   return w;
 }
 
-void mpi_finalize_world(bool we_initialised) {
+void mpi_finalize_world(bool we_initialised, double timeout_s) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
   for (MPI_Op* op : {&g_bf16_sum, &g_bf16_max}) {
     if (*op != MPI_OP_NULL) MPI_Op_free(op);
   }
-  if (we_initialised) MPI_Finalize();
+  if (!we_initialised) return;
+  // MPI_Finalize waits for the launcher and the other ranks; a stopped one would hold it forever.
+  const WatchdogTimer deadline(
+      timeout_s, "shutdown (MPI_Finalize: the launcher or another rank does not answer)");
+  MPI_Finalize();
 }
 
 void mpi_wait(MPI_Request* r, double timeout_s, const std::string& what) {

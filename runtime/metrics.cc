@@ -1,6 +1,8 @@
 #include "runtime/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -33,15 +35,31 @@ std::string metrics_json(const IterationMetrics& m) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append,
-                             const std::string& config_file)
-    : out_(path, append ? std::ios::app : std::ios::trunc) {
-  if (!out_) throw InputError(config_file, "log.metrics", "a writable file path, got \"" + path + "\"");
+LogFile::LogFile(const std::string& path, bool append, const std::string& config_file,
+                 const std::string& key)
+    : path_(path), f_(std::fopen(path.c_str(), append ? "a" : "w")) {
+  if (!f_) throw InputError(config_file, key, "a writable file path, got \"" + path + "\"");
 }
 
-void MetricsWriter::write(const IterationMetrics& m) {
-  out_ << metrics_json(m) << '\n';
-  out_.flush();  // a crashed run keeps every completed iteration's line
+LogFile::~LogFile() { std::fclose(f_); }
+
+std::string LogFile::write(const std::string& text) {
+  errno = 0;
+  const size_t n = std::fwrite(text.data(), 1, text.size(), f_);
+  const bool ok = std::fflush(f_) == 0 && n == text.size();
+  if (ok) return "";
+  const std::string why = errno != 0 ? std::strerror(errno) : "a short write";
+  std::clearerr(f_);
+  return why;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append,
+                             const std::string& config_file)
+    : out_(path, append, config_file, "log.metrics") {}
+
+std::string MetricsWriter::write(const IterationMetrics& m) {
+  // Flushed per line: a crashed run keeps every completed iteration's line.
+  return out_.write(metrics_json(m) + "\n");
 }
 
 }  // namespace strata

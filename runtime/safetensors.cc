@@ -1,7 +1,9 @@
 #include "runtime/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "kernels/cpu/precision.h"
 #include "runtime/error.h"
@@ -162,7 +164,9 @@ StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::b
     int64_t numel = 1;
     for (int64_t d : e.shape) {
       if (d < 0 || (d > 0 && numel > data_size / d))
-        throw InputError(path, where, "a shape of sizes ≥ 0 that fits the file's data");
+        throw InputError(
+            path, where,
+            "a shape of sizes ≥ 0 that fits the file's data, got " + it->at("shape").dump());
       numel *= d;
     }
     const int64_t want = numel * bytes;
@@ -172,6 +176,28 @@ StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::b
                            std::to_string(e.end - e.begin));
     entries_.emplace(it.key(), std::move(e));
   }
+  // As the safetensors library requires: the tensors tile the data section in offset order, no
+  // overlap, no gap, nothing after the last (a byte no tensor owns could hide anything).
+  std::vector<std::pair<const std::string*, const StEntry*>> order;
+  for (const auto& [name, e] : entries_) order.emplace_back(&name, &e);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.second->begin, a.second->end) <
+           std::make_pair(b.second->begin, b.second->end);
+  });
+  int64_t next = 0;
+  for (const auto& [name, e] : order) {
+    if (e->begin != next)
+      throw InputError(path, "tensor " + *name,
+                       "data_offsets starting at " + std::to_string(next) +
+                           ", where the previous tensor in offset order ends (no overlap, no "
+                           "gap), got [" +
+                           std::to_string(e->begin) + ", " + std::to_string(e->end) + "]");
+    next = e->end;
+  }
+  if (next != data_size)
+    throw InputError(path, "byte " + std::to_string(data_start_ + next),
+                     "the end of the file after the last tensor's data, " +
+                         std::to_string(data_size - next) + " more bytes follow");
 }
 
 const StEntry& StReader::entry(const std::string& name) const {

@@ -67,7 +67,9 @@ struct StEntry {
 };
 
 // A safetensors file opened for reading tensor by tensor. The constructor reads and checks the
-// header (every tensor's dtype known, its byte span inside the file and matching its shape).
+// header (every tensor's dtype known, its shape's sizes ≥ 0, its byte span inside the file and
+// matching its shape; the spans tiling the data section in offset order without overlap or gap,
+// as the safetensors library requires).
 class StReader {
  public:
   explicit StReader(const std::string& path);
@@ -75,6 +77,8 @@ class StReader {
   StReader& operator=(const StReader&) = delete;
 
   const std::string& path() const { return path_; }
+  // Bytes before the data section: the length prefix and the JSON header.
+  int64_t data_start() const { return data_start_; }
   const std::map<std::string, StEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return entries_.count(name) > 0; }

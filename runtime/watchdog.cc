@@ -1,10 +1,19 @@
 #include "runtime/watchdog.h"
 
 #include <sched.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <signal.h>
+#include <sys/prctl.h>
+#endif
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "runtime/abort_hook.h"
 #include "runtime/check.h"
@@ -13,7 +22,66 @@ namespace strata {
 namespace {
 thread_local std::string t_wait_context;
 std::atomic<bool> g_poll_yield{true};
+std::atomic<pid_t> g_launcher{0};  // the parent watch_launcher() recorded; 0: not watched
+
+// This rank as the launcher's environment says (before MPI_Init), else process_rank().
+int rank_for_messages() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return process_rank();
+}
 }  // namespace
+
+struct WatchdogTimer::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool disarmed = false;
+};
+
+WatchdogTimer::WatchdogTimer(double timeout_s, std::string what) {
+  if (timeout_s <= 0) return;
+  state_ = std::make_shared<State>();
+  // Detached and owning its state: disarming never waits for the thread, and a process that
+  // exits while it waits frees nothing under it.
+  std::thread([st = state_, timeout_s, what = std::move(what)] {
+    std::unique_lock<std::mutex> lock(st->mu);
+    if (st->cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                        [&] { return st->disarmed; }))
+      return;
+    const std::string line = watchdog_message(rank_for_messages(), timeout_s, what, "") + "\n";
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(1);
+  }).detach();
+}
+
+WatchdogTimer::~WatchdogTimer() {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->disarmed = true;
+  state_->cv.notify_all();
+}
+
+void watch_launcher() {
+  const pid_t parent = ::getppid();
+#if defined(__linux__)
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+  g_launcher.store(parent);
+  // The parent may have died between getppid() and prctl(): its signal would never come.
+  exit_if_orphaned();
+}
+
+void exit_if_orphaned() {
+  const pid_t launcher = g_launcher.load(std::memory_order_relaxed);
+  if (launcher == 0 || ::getppid() == launcher) return;
+  // Nothing reads this rank's output any more; the line is for a terminal that might.
+  const std::string line = "[rank " + std::to_string(rank_for_messages()) + "] launcher (pid " +
+                           std::to_string(launcher) + ") is gone: stopping\n";
+  std::fputs(line.c_str(), stderr);
+  std::_Exit(1);
+}
 
 void set_wait_context(std::string step) {
   t_wait_context = std::move(step);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 namespace strata {
@@ -56,18 +57,48 @@ void poll_pause();
 void set_poll_yield(bool yield);
 bool poll_yield();
 
+// Bounds a blocking call that cannot be polled — MPI_Init (a rank that never starts) and
+// MPI_Finalize (a stopped launcher or rank) — with a deadline. While the timer lives, a thread
+// waits; if timeout_s passes first, it prints the watchdog line for `what` (the rank from the
+// launcher's environment before MPI knows it) and ends this process with status 1 through
+// std::_Exit: inside those calls MPI cannot abort the job, and the launcher, seeing a rank fail,
+// ends the others. timeout_s <= 0: no deadline.
+class WatchdogTimer {
+ public:
+  WatchdogTimer(double timeout_s, std::string what);
+  ~WatchdogTimer();  // disarms
+  WatchdogTimer(const WatchdogTimer&) = delete;
+  WatchdogTimer& operator=(const WatchdogTimer&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// The launcher watch: a rank whose launcher (the process that started it: mpirun, an Open MPI
+// daemon (orted, prted), srun's step daemon) is gone must stop at once — no one collects its
+// output any more, and it must not write another checkpoint. watch_launcher() records this
+// process's parent and, on Linux, asks the kernel to SIGKILL it when the parent dies
+// (PR_SET_PDEATHSIG); call it once, before MPI_Init, in processes a launcher started.
+// exit_if_orphaned() checks that the parent is still the recorded one and otherwise ends this
+// process at once (status 1); it runs before every checkpoint save and while a wait polls, for
+// systems without the kernel's signal.
+void watch_launcher();
+void exit_if_orphaned();
+
 // Calls test() until it returns true. Between polls the core is yielded. If timeout_s > 0 and
 // more than timeout_s seconds pass, the watchdog fires with describe()'s text (built only then).
-// timeout_s <= 0 waits forever.
+// timeout_s <= 0 waits forever. Every 1024 polls the launcher is checked (exit_if_orphaned).
 template <class Test, class Describe>
 void poll_until(Test&& test, double timeout_s, Describe&& describe) {
   if (test()) return;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto limit = std::chrono::duration<double>(timeout_s);
-  for (;;) {
+  for (unsigned polls = 1;; ++polls) {
     poll_pause();
     if (test()) return;
+    if (polls % 1024 == 0) exit_if_orphaned();
     if (timeout_s > 0 && Clock::now() - start > limit) {
       watchdog_expire(timeout_s, describe(), wait_context());
     }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "eval_reference.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
@@ -165,6 +166,37 @@ TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
       tally.expect_clean(name.c_str());
     }
   }
+}
+
+// 2bw's evaluation runs on the newest weights at pipeline 1 and 2 as in one process: after an odd
+// number of steps (15), over three validation batches, the val_loss equals a plain forward of the
+// single-process 2bw run's final parameters (tests/eval_reference.h), within 1e-5 relative.
+TEST(Pipeline, TwoBWEvaluatesTheNewestWeights) {
+  // A constant learning rate of 1e-2: consecutive weight versions differ by far more than 1e-5.
+  const std::vector<std::string> sets = {
+      "parallel.schedule=2bw",    "train.iterations=15",      "train.eval_interval=15",
+      "train.eval_iters=3",       "optimizer.lr=1e-2",        "optimizer.min_lr=1e-2",
+      "optimizer.warmup_iters=0"};
+  const TrainResult ref = solo(sets);
+  const double want = testref::plain_val_loss(make_config(sets), ref.final_params);
+  // Every rank reaches expect_clean (a verdict collective): no ASSERT before it.
+  const auto val = [](const TrainResult& r) {
+    return r.val_losses.size() == 1 ? r.val_losses[0].second : -1.0;
+  };
+  mpitest::Tally tally;
+  tally.add("single-process 2bw val_loss", !mpitest::close_rel(val(ref), want, 1e-5));
+  for (int p : {1, 2}) {
+    if (world().size % p != 0) continue;
+    std::vector<std::string> s = sets;
+    s.push_back("parallel.pipeline=" + std::to_string(p));
+    const TrainResult r = run(s);
+    const std::string name = "2bw p" + std::to_string(p) + " d" + std::to_string(world().size / p);
+    if (world().rank == 0)
+      std::printf("%s: val_loss %.7f, single-process %.7f, plain forward of its weights %.7f\n",
+                  name.c_str(), val(r), val(ref), want);
+    tally.add(name + " val_loss", !mpitest::close_rel(val(r), want, 1e-5));
+  }
+  tally.expect_clean("2bw evaluation on the newest weights");
 }
 
 // log.trace: one Chrome trace for the job, a track per rank with its forwards, backwards,

@@ -6,6 +6,7 @@
 #   mpi_comm_singleton       the same binary without mpirun: world size 1, no MPI
 #   mpi_watchdog             a deliberately missing send: the job must abort with the watchdog
 #                            line within timeout + 5 s
+#   mpi_launch_faults        start-up and shutdown bounded by comm.timeout_s; orphaned ranks stop
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
 #   mpi_layout_np4           --dry-run, the planner and training use one layer split
 #   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
@@ -116,6 +117,14 @@ add_test(NAME mpi_stop_signal
                  $<TARGET_FILE:strata>)
 set_tests_properties(mpi_stop_signal PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
                      PROCESSORS 2 LABELS mpi)
+
+# Hangs outside the training loop (issue 28): a rank stopped in start-up, a stopped mpirun at
+# shutdown, a killed mpirun (the orphaned ranks stop at once), each bounded by comm.timeout_s.
+add_test(NAME mpi_launch_faults
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_launch_faults.sh ${MPIEXEC_EXECUTABLE}
+                 $<TARGET_FILE:strata>)
+set_tests_properties(mpi_launch_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
+                     PROCESSORS 3 LABELS mpi)
 
 # The planner's per-stage memory prediction against the allocator under several layouts (issue 6).
 strata_mpi_executable(mpi_test_memory)

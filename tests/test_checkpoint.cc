@@ -10,8 +10,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -24,6 +27,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
+#include "small_disk.h"
 
 namespace strata {
 namespace {
@@ -144,6 +148,385 @@ TEST(Checkpoint, InvalidExplicitResumePathIsRefused) {
     EXPECT_NE(std::string(e.what()).find("iter_4/rank_0.safetensors"), std::string::npos)
         << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// ---- checkpoints whose checksums hold but whose fields do not (issue 28) ----
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+nlohmann::json json_of(const std::string& path) {
+  return nlohmann::json::parse(slurp(path));
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  spit(path, j.dump(2) + "\n");
+}
+
+// Records `file`'s present size and CRC-32 in metadata.json, as a save would have: the edit is
+// then invisible to the checksums.
+void rerecord(const std::string& ck, const std::string& file) {
+  const std::string bytes = slurp(ck + "/" + file);
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", crc32_ieee(bytes.data(), bytes.size()));
+  nlohmann::json meta = json_of(ck + "/metadata.json");
+  meta["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc}};
+  write_json(ck + "/metadata.json", meta);
+}
+
+// Edits a rank file's safetensors header (the data stays), then rerecords it.
+void edit_header(const std::string& ck, const std::string& file,
+                 const std::function<void(nlohmann::json&)>& edit) {
+  const std::string bytes = slurp(ck + "/" + file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  edit(h);
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t m = header.size();
+  spit(ck + "/" + file,
+       std::string(reinterpret_cast<const char*>(&m), 8) + header + bytes.substr(8 + n));
+  rerecord(ck, file);
+}
+
+void edit_run_state(const std::string& ck, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json rs = json_of(ck + "/run_state.json");
+  edit(rs);
+  write_json(ck + "/run_state.json", rs);
+  rerecord(ck, "run_state.json");
+}
+
+// Rewrites a one-rank checkpoint as two ranks had saved it (full-index form: the tensors named
+// after the middle one move to rank_1.safetensors): a valid checkpoint of world size 2.
+void split_into_two_ranks(const std::string& ck) {
+  const LoadedCheckpoint c = read_checkpoint(ck);
+  ASSERT_EQ(c.shards.size(), 1u);
+  const RankShard& all = c.shards[0];
+  const std::string middle = std::next(all.meta.begin(), all.meta.size() / 2)->first;
+  RankShard parts[2];
+  for (const ShardPiece& p : all.pieces) {
+    RankShard& to = parts[p.name < middle ? 0 : 1];
+    to.meta[p.name] = all.meta.at(p.name);
+    to.pieces.push_back(p);
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = "rank_" + std::to_string(r) + ".safetensors";
+    spit(ck + "/" + file, serialize_shard(parts[r]));
+    rerecord(ck, file);
+  }
+  nlohmann::json meta = json_of(ck + "/metadata.json");
+  meta["world_size"] = 2;
+  write_json(ck + "/metadata.json", meta);
+  edit_run_state(ck, [](nlohmann::json& rs) {
+    rs["world_size"] = 2;
+    rs["parallel"]["data"] = 2;
+  });
+}
+
+// Flips a bit of the first float of rank_1's data: a corruption the checksum would catch.
+void corrupt_rank1_data(const std::string& ck) {
+  std::string bytes = slurp(ck + "/rank_1.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  bytes[8 + n + 3] = static_cast<char>(bytes[8 + n + 3] ^ 0x20);  // the exponent: a large change
+  spit(ck + "/rank_1.safetensors", bytes);
+}
+
+// The first tensor of a header (not __metadata__), in offset order.
+std::string first_tensor(const nlohmann::json& h) {
+  std::string name;
+  int64_t at = -1;
+  for (const auto& [k, v] : h.items())
+    if (k != "__metadata__" && (at < 0 || v["data_offsets"][0].get<int64_t>() < at)) {
+      name = k;
+      at = v["data_offsets"][0].get<int64_t>();
+    }
+  return name;
+}
+
+struct BadCheckpoint {
+  const char* what;
+  std::function<void(const std::string& ck)> make;
+  std::vector<std::string> named;  // what the message must name: the file, then the key
+};
+
+// Every field a load reads is checked: with the checksums made to agree (or a file that no
+// checksum covers), a bad field in iteration 8's checkpoint makes resume fall back to iteration
+// 4 with a warning naming the file and the key, and an explicit load (export) refuse it with an
+// InputError naming both (the binary: exit status 2, one line).
+TEST(Checkpoint, FieldsAreCheckedAsStrictlyAsAConfig) {
+  const std::vector<BadCheckpoint> cases = {
+      {"a rank's shard not covered by metadata.json, and corrupted",
+       [](const std::string& ck) {
+         nlohmann::json meta = json_of(ck + "/metadata.json");
+         meta["files"].erase("rank_1.safetensors");
+         write_json(ck + "/metadata.json", meta);
+         corrupt_rank1_data(ck);
+       },
+       {"iter_8/metadata.json", "files", "rank_1.safetensors"}},
+      {"world_size 1 in metadata.json with rank_1's shard deleted",
+       [](const std::string& ck) {
+         nlohmann::json meta = json_of(ck + "/metadata.json");
+         meta["world_size"] = 1;
+         meta["files"].erase("rank_1.safetensors");
+         write_json(ck + "/metadata.json", meta);
+         fs::remove(ck + "/rank_1.safetensors");
+       },
+       {"iter_8/run_state.json", "world_size"}},
+      {"world_size 1 in both files with rank_1's shard deleted",
+       [](const std::string& ck) {
+         nlohmann::json meta = json_of(ck + "/metadata.json");
+         meta["world_size"] = 1;
+         meta["files"].erase("rank_1.safetensors");
+         write_json(ck + "/metadata.json", meta);
+         fs::remove(ck + "/rank_1.safetensors");
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["world_size"] = 1; });
+       },
+       {"iter_8/run_state.json", "parallel", "world_size 1"}},
+      {"iteration -3",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["iteration"] = -3; });
+       },
+       {"iter_8/run_state.json", "iteration", "-3"}},
+      {"iteration 1e12",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["iteration"] = 1e12; });
+       },
+       {"iter_8/run_state.json", "iteration"}},
+      {"iteration 1000000000000 (an integer past int)",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["iteration"] = int64_t{1000000000000}; });
+       },
+       {"iter_8/run_state.json", "iteration", "1000000000000"}},
+      {"iteration \"x\"",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["iteration"] = "x"; });
+       },
+       {"iter_8/run_state.json", "iteration", "\"x\""}},
+      {"iteration 7 in a directory named iter_8",
+       [](const std::string& ck) {
+         nlohmann::json meta = json_of(ck + "/metadata.json");
+         meta["iteration"] = 7;
+         write_json(ck + "/metadata.json", meta);
+       },
+       {"iter_8/metadata.json", "iteration"}},
+      {"optimizer_steps -1",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["optimizer_steps"] = -1; });
+       },
+       {"iter_8/run_state.json", "optimizer_steps"}},
+      {"nonfinite_in_a_row \"many\"",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs["nonfinite_in_a_row"] = "many"; });
+       },
+       {"iter_8/run_state.json", "nonfinite_in_a_row"}},
+      {"run_state.json missing its model",
+       [](const std::string& ck) {
+         edit_run_state(ck, [](nlohmann::json& rs) { rs.erase("model"); });
+       },
+       {"iter_8/run_state.json", "model"}},
+      {"a negative dimension in a shard's full_shape",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           for (auto& [k, v] : h["__metadata__"].items()) {
+             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
+             m["full_shape"][0] = -m["full_shape"][0].get<int64_t>();
+             m["shard_shape"][0] = -m["shard_shape"][0].get<int64_t>();
+             v = m.dump();
+             break;
+           }
+         });
+       },
+       {"iter_8/rank_0.safetensors", "full_shape"}},
+      {"a negative dimension in a tensor's shape",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           auto& shape = h[first_tensor(h)]["shape"];
+           shape[0] = -shape[0].get<int64_t>();
+         });
+       },
+       {"iter_8/rank_0.safetensors", "tensor "}},
+      {"a shard_shape that is not 1/tp of its full_shape",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           for (auto& [k, v] : h["__metadata__"].items()) {
+             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
+             m["full_shape"][0] = 2 * m["full_shape"][0].get<int64_t>();
+             v = m.dump();
+             break;
+           }
+         });
+       },
+       {"iter_8/rank_0.safetensors", "__metadata__.meta:"}},
+      {"a shape whose product overflows",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           for (auto& [k, v] : h["__metadata__"].items()) {
+             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
+             m["full_shape"] = {int64_t{1} << 40, int64_t{1} << 40};
+             v = m.dump();
+             break;
+           }
+         });
+       },
+       {"iter_8/rank_0.safetensors", "full_shape", "64 bits"}},
+      {"overlapping data_offsets",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           // The second tensor in offset order starts 4 bytes early; the file still ends where
+           // the last one does.
+           std::string second;
+           for (const auto& [k, v] : h.items())
+             if (k != "__metadata__" &&
+                 v["data_offsets"][0] == h[first_tensor(h)]["data_offsets"][1])
+               second = k;
+           auto& off = h[second]["data_offsets"];
+           off = {off[0].get<int64_t>() - 4, off[1].get<int64_t>() - 4};
+         });
+       },
+       {"iter_8/rank_0.safetensors", "data_offsets"}},
+      {"a tensor of dtype I32",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors",
+                     [](nlohmann::json& h) { h[first_tensor(h)]["dtype"] = "I32"; });
+       },
+       {"iter_8/rank_0.safetensors", "tensor ", "F32"}},
+      {"a moment's offset past its shard",
+       [](const std::string& ck) {
+         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
+           for (const auto& [k, v] : h.items())
+             if (k.rfind("m:", 0) == 0) {
+               h[k.substr(0, k.rfind(':')) + ":999999999"] = v;
+               h.erase(k);
+               break;
+             }
+         });
+       },
+       {"iter_8/rank_0.safetensors", "tensor m:"}},
+  };
+  const std::string base = scratch("fields");
+  train(ckpt(base, 4));
+  split_into_two_ranks(base + "/iter_8");
+  {  // the split checkpoint itself is valid: resume continues from it
+    const std::string dir = scratch("fields_ok");
+    fs::copy(base, dir, fs::copy_options::recursive);
+    expect_continues_reference(train({"checkpoint.dir=" + dir, "checkpoint.interval=0"}), 8);
+    fs::remove_all(dir);
+  }
+  for (const BadCheckpoint& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string dir = scratch("fields_case");
+    fs::copy(base, dir, fs::copy_options::recursive);
+    c.make(dir + "/iter_8");
+    const auto names_all = [&](const std::string& msg) {
+      for (const std::string& n : c.named)
+        if (msg.find(n) == std::string::npos) return false;
+      return true;
+    };
+
+    testing::internal::CaptureStderr();
+    const TrainResult r = train({"checkpoint.dir=" + dir, "checkpoint.interval=0"});
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(r.start_iteration, 4) << "resume must fall back to iter_4";
+    EXPECT_NE(err.find("warning: skipping checkpoint " + dir + "/iter_8: "), std::string::npos)
+        << err;
+    EXPECT_TRUE(names_all(err)) << err;
+
+    try {
+      export_checkpoint(dir + "/iter_8", dir + "/out.safetensors");
+      ADD_FAILURE() << "export accepted it";
+    } catch (const InputError& e) {
+      EXPECT_TRUE(names_all(e.what())) << e.what();
+    }
+    const std::string cmd = std::string(STRATA_BIN_PATH) + " export --checkpoint " + dir +
+                            "/iter_8 --out " + dir + "/out.safetensors 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[1024];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    const int status = ::pclose(p);
+    std::printf("%s:\n  resume: %s  export: %s", c.what, err.c_str(), out.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_EQ(out.rfind("error: " + dir + "/iter_8/", 0), 0u) << out;
+    fs::remove_all(dir);
+  }
+  fs::remove_all(base);
+}
+
+// ---- a full disk (issue 28) ----
+
+std::vector<std::string> partial_saves(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos || name == "latest.tmp") v.push_back(name);
+  }
+  return v;
+}
+
+// A save on a full disk fails naming the file and the system's reason, and leaves no partial
+// directory behind: reruns do not pile them up (each added one before).
+TEST(Checkpoint, AFailedSaveLeavesNoPartialDirectory) {
+  testdisk::SmallDisk disk("1m");  // a checkpoint of the tiny model is 1.36 MB
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string dir = disk.path() + "/ckpt";
+  for (int run = 0; run < 3; ++run) {
+    try {
+      train(ckpt(dir, 4));
+      ADD_FAILURE() << "a save on a full disk succeeded";
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(dir + "/iter_4.tmp-"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(partial_saves(dir), std::vector<std::string>{}) << "after run " << run + 1;
+  }
+  // The binary: exit status 1, the rank and the failed write.
+  const std::string config = scratch("full_disk_config.json");
+  std::ofstream(config) << "{\"model\": {\"preset\": \"tiny\"}}";
+  const std::string cmd = std::string(STRATA_BIN_PATH) + " train --config " + config +
+                          " --set train.iterations=4 --set checkpoint.interval=4 --set "
+                          "checkpoint.dir=" +
+                          dir + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = ::pclose(p);
+  fs::remove(config);
+  const size_t at = out.find("[rank");
+  if (at != std::string::npos) std::printf("%s\n", out.substr(at, out.find('\n', at) - at).c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("[rank 0 host "), std::string::npos) << out;
+  EXPECT_NE(out.find("error: checkpoint: cannot write " + dir), std::string::npos) << out;
+  EXPECT_EQ(partial_saves(dir), std::vector<std::string>{});
+}
+
+// What saves that died left (a kill between mkdir and rename) is removed as the next run starts,
+// each one named on stderr.
+TEST(Checkpoint, PartialSavesAreRemovedAtStart) {
+  const std::string dir = scratch("partial");
+  fs::create_directories(dir + "/iter_4.tmp-0badf00d");
+  std::ofstream(dir + "/iter_4.tmp-0badf00d/rank_0.safetensors") << "half a shard";
+  fs::create_directories(dir + "/iter_8.tmp-12345678");
+  std::ofstream(dir + "/latest.tmp") << "iter_";
+  testing::internal::CaptureStderr();
+  train({"checkpoint.dir=" + dir, "checkpoint.interval=0"});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(partial_saves(dir), std::vector<std::string>{});
+  for (const char* name : {"iter_4.tmp-0badf00d", "iter_8.tmp-12345678", "latest.tmp"})
+    EXPECT_NE(err.find("warning: removed " + dir + "/" + name), std::string::npos) << err;
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "small_disk.h"
+
 namespace {
 
 struct Result {
@@ -215,6 +217,47 @@ TEST_F(Cli, UnwritableMetricsPathExitsTwo) {
   Result r = run("train --config " + config() + " --set log.metrics=/nonexistent/dir/m.jsonl");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(error_line(r.out).find("log.metrics"), std::string::npos);
+}
+
+// A log that cannot be written (a full disk) is a warning at its first failure, and the run, which
+// trains to the end, exits with status 3 naming the incomplete logs (it exited 0 with empty files
+// and no word).
+TEST_F(Cli, LogsOnAFullDiskAreReportedWithExitStatus3) {
+  for (const char* key : {"log.metrics", "log.trace"}) {
+    Result r = run("train --config " + config() + " --set " + key + "=/dev/full");
+    EXPECT_EQ(r.status, 3) << r.out;
+    EXPECT_NE(r.out.find("done: 3 iterations"), std::string::npos) << r.out;
+    const std::string warning = std::string("warning: ") + key + ": cannot write /dev/full (";
+    EXPECT_NE(r.out.find(warning), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(warning), r.out.rfind(warning)) << "one warning per log:\n" << r.out;
+    EXPECT_NE(r.out.find("No space left on device; the log is incomplete"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(std::string("the logs are incomplete (") + key +
+                         " /dev/full): exit status 3"),
+              std::string::npos)
+        << r.out;
+  }
+  // A disk that fills during the run: the lines before are kept, the warning names the
+  // iteration whose line did not fit.
+  strata::testdisk::SmallDisk disk("8k");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string metrics = disk.path() + "/m.jsonl";
+  Result r = run("train --config " + config() + " --set log.metrics=" + metrics +
+                 " --set train.iterations=60");
+  EXPECT_EQ(r.status, 3) << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int complete = 0;
+  while (std::getline(in, line) && !in.eof()) {
+    EXPECT_EQ(nlohmann::json::parse(line)["iter"], ++complete) << line;
+  }
+  EXPECT_GT(complete, 0);
+  EXPECT_LT(complete, 60);
+  EXPECT_NE(r.out.find("warning: log.metrics: cannot write " + metrics + " (iteration " +
+                       std::to_string(complete + 1) + "): No space left on device"),
+            std::string::npos)
+      << "complete lines: " << complete << "\n"
+      << r.out;
 }
 
 // strata export to a Hugging Face directory, sharded, and model.init_from reading it back; a bad

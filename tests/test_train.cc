@@ -10,6 +10,7 @@
 #include <string>
 
 #include "launch/config/config_parse.h"
+#include "eval_reference.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
 
@@ -198,6 +199,33 @@ TEST(Train, TwoBWUsesTheWeightsOfTwoBatchesAgo) {
   // Two weight versions, never more.
   EXPECT_EQ(two_bw.memory.peak_of(MemCategory::kParameters),
             2 * flush.memory.peak_of(MemCategory::kParameters));
+}
+
+// 2bw evaluates the newest weights W(n) after n steps, whatever the number of steps and of
+// validation batches: its val_loss equals a plain forward of its final parameters over the same
+// batches (tests/eval_reference.h), and evaluating leaves the final parameters those of the run
+// without evaluation. Odd n and several batches matter: evaluation once chose a version by the
+// validation batch's index (max(k − 1, 0)), right only for k ≤ 1 at even n.
+TEST(Train, TwoBWEvaluatesTheNewestWeights) {
+  for (int iters : {14, 15}) {
+    const std::vector<std::string> sets = {
+        "parallel.schedule=2bw",    "train.iterations=" + std::to_string(iters),
+        "train.micro_batch_size=2", "train.global_batch_size=4",
+        "optimizer.warmup_iters=0", "optimizer.decay=constant",
+        "optimizer.lr=1e-2",        "train.eval_iters=3"};
+    std::vector<std::string> with_eval = sets;
+    with_eval.push_back("train.eval_interval=" + std::to_string(iters));
+    const Config c = tiny(with_eval);
+    const TrainResult r = run_training(c, quiet());
+    const TrainResult no_eval = run_training(tiny(sets), quiet());
+    ASSERT_EQ(r.val_losses.size(), 1u);
+    ASSERT_EQ(r.val_losses[0].first, iters);
+    const double want = testref::plain_val_loss(c, r.final_params);
+    std::printf("2bw, %d iterations: val_loss %.7f, plain forward of the final weights %.7f\n",
+                iters, r.val_losses[0].second, want);
+    EXPECT_NEAR(r.val_losses[0].second, want, 1e-6 * want) << iters << " iterations";
+    EXPECT_EQ(r.final_params, no_eval.final_params) << iters << " iterations";
+  }
 }
 
 // Byte-level tiny Shakespeare: the tiny model (2 layers, hidden 64) reaches a validation loss

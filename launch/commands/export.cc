@@ -29,13 +29,11 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     const auto sel = select_checkpoint(checkpoint, "auto", std::cerr);
     if (!sel) throw InputError(checkpoint, "", "a checkpoint or a directory holding a valid one");
     path = *sel;
-  } else if (const std::string why = verify_checkpoint(path); !why.empty()) {
-    throw InputError(path, "", "a complete checkpoint: " + why);
   }
   ModelConfig mc;
   FullTensors hf;
   {
-    LoadedCheckpoint c = read_checkpoint(path);
+    LoadedCheckpoint c = read_checkpoint(path);  // checked as it is read (InputError)
     // Only the parameters are exported: the optimizer moments (2× the model) go first.
     for (RankShard& s : c.shards)
       s.pieces.erase(std::remove_if(s.pieces.begin(), s.pieces.end(),

@@ -57,6 +57,11 @@ RunStart Checkpointing::restore() {
   // Rank 0 chooses (and reports skipped checkpoints) so that every rank loads the same one.
   std::string choice;
   if (run_.world->rank == 0 || run_.single_process) {
+    // Partial saves of runs that died or failed (a full disk) would pile up, one per rerun.
+    if (ck.dir)
+      for (const std::string& p : remove_partial_saves(*ck.dir))
+        std::fprintf(stderr, "warning: removed %s, left by a checkpoint save that did not finish\n",
+                     p.c_str());
     try {
       std::ostringstream warn;
       const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
@@ -104,9 +109,10 @@ RunStart Checkpointing::restore() {
                  path);
       be_.upload(st, hs.data());
     }
-    opt_.set_steps_taken(c.run_state.value("optimizer_steps", 0));
-    start.iteration = c.run_state.value("iteration", 0);
-    start.nonfinite_in_a_row = c.run_state.value("nonfinite_in_a_row", 0);
+    // read_checkpoint checked these keys' presence and ranges.
+    opt_.set_steps_taken(c.run_state.at("optimizer_steps").get<int>());
+    start.iteration = c.run_state.at("iteration").get<int>();
+    start.nonfinite_in_a_row = c.run_state.at("nonfinite_in_a_row").get<int>();
     if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
   } else if (cfg.model.init_from) {
     const std::string& path = *cfg.model.init_from;

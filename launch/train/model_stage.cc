@@ -295,9 +295,14 @@ void ModelStage::optimizer_step() {
   records_.push_back(r);
 }
 
-// 2bw: point the model at W(max(b−1, 0)) for micro-batch mb of batch b.
+// 2bw: point the model at W(max(b−1, 0)) for micro-batch mb of training batch b; evaluation
+// runs on the newest weights (iter_ is then the validation batch's index, not a step).
 void ModelStage::use_version_of(int mb) {
   if (!run_.two_bw()) return;
+  if (!training_) {
+    model_.params().use_params(newest_params());
+    return;
+  }
   const int b = static_cast<int>(iter_) + mb / run_.accumulation;
   model_.params().use_params(versions_[std::max(b - 1, 0) % 2]);
 }

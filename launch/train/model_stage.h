@@ -9,7 +9,8 @@
 // PipeDream-2BW (two_bw): micro-batches are numbered across batches (batch b = mb / m) and batch
 // b runs forward and backward on weight version W(max(b−1, 0)); step j computes
 // W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses any
-// more. Version k lives in versions_[k % 2]: at most two versions are ever held.
+// more. Version k lives in versions_[k % 2]: at most two versions are ever held. Evaluation
+// (begin(..., training = false)) runs on the newest version, W(steps taken).
 // Nothing that crosses stages blocks the pipeline at a batch boundary: reduce_grads() of batch
 // j only starts what the update needs from other stages and ranks — the tied embedding's sum,
 // the data-parallel reduction, the squared gradient norm over the model-parallel group (for

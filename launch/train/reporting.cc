@@ -27,17 +27,19 @@ std::string si(double v) {
 namespace {
 
 // A resumed run continues the metrics file: it keeps the lines up to the checkpoint's iteration
-// and drops those a killed run wrote after it (they are about to be recomputed).
-void keep_metrics_up_to(const std::string& path, int iteration) {
+// and drops those a killed run wrote after it (they are about to be recomputed). "" when done,
+// else why the file could not be rewritten.
+std::string keep_metrics_up_to(const std::string& path, int iteration,
+                               const std::string& config_file) {
   std::ifstream in(path);
-  if (!in) return;
+  if (!in) return "";
   std::string kept, line;
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.value("iter", iteration + 1) <= iteration) kept += line + "\n";
   }
   in.close();
-  std::ofstream(path, std::ios::trunc) << kept;
+  return LogFile(path, false, config_file, "log.metrics").write(kept);
 }
 
 std::string trace_events_json(const std::vector<std::pair<double, PipelineEvent>>& events,
@@ -68,10 +70,27 @@ Reporter::Reporter(const RunLayout& run, const ModelDescription& desc, Backend& 
       parameters_(desc.parameters()) {
   const Config& cfg = *run_.cfg;
   if (cfg.log.metrics && run_.world->rank == 0) {
-    if (start_iteration > 0) keep_metrics_up_to(*cfg.log.metrics, start_iteration);
+    if (start_iteration > 0) {
+      const std::string why =
+          keep_metrics_up_to(*cfg.log.metrics, start_iteration, cfg.source_file);
+      if (!why.empty())
+        log_failed("log.metrics", *cfg.log.metrics,
+                   "rewriting its lines up to iteration " + std::to_string(start_iteration), why);
+    }
     metrics_ =
         std::make_unique<MetricsWriter>(*cfg.log.metrics, start_iteration > 0, cfg.source_file);
   }
+}
+
+void Reporter::log_failed(const std::string& key, const std::string& path, const std::string& when,
+                          const std::string& why) {
+  const std::string log = key + " " + path;
+  for (const std::string& l : res_.incomplete_logs)
+    if (l == log) return;  // warned at its first failure
+  res_.incomplete_logs.push_back(log);
+  std::fprintf(stderr, "warning: %s: cannot write %s (%s): %s; the log is incomplete\n",
+               key.c_str(), path.c_str(), when.c_str(), why.c_str());
+  std::fflush(stderr);
 }
 
 void Reporter::banner(const DataSource& data, const std::string& comm, const ScheduleSpec& spec,
@@ -134,7 +153,11 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   res_.grad_norms.push_back(r.norm);
   res_.step_wait_s.push_back(r.wait_s);
   res_.skipped.push_back(!r.finite);
-  if (metrics_) metrics_->write(mt);
+  if (metrics_) {
+    const std::string why = metrics_->write(mt);
+    if (!why.empty())
+      log_failed("log.metrics", metrics_->path(), "iteration " + std::to_string(it), why);
+  }
   if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss)) {
     std::printf(
         "iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
@@ -171,24 +194,25 @@ void Reporter::keep_timeline(const PipelineExecutor& exec, const GradReducer& re
       trace_.emplace_back(std::chrono::duration<double>(t0 - t_start_).count(), e);
 }
 
-void Reporter::write_trace(Communicator& host) const {
+void Reporter::write_trace(Communicator& host) {
   const Config& cfg = *run_.cfg;
   if (!cfg.log.trace) return;
   const std::vector<std::string> parts =
       all_gather_strings(host, trace_events_json(trace_, run_.world->rank));
   if (run_.world->rank != 0) return;
-  std::ofstream out(*cfg.log.trace);
-  if (!out) throw InputError(cfg.source_file, "log.trace", "a writable file path");
-  out << "{\"traceEvents\": [";
+  LogFile out(*cfg.log.trace, false, cfg.source_file, "log.trace");
+  std::string text = "{\"traceEvents\": [";
   bool first_event = true;
   for (const std::string& part : parts) {
     const nlohmann::json arr = nlohmann::json::parse(part);
     for (const auto& e : arr) {
-      out << (first_event ? "\n" : ",\n") << e.dump();
+      text += (first_event ? "\n" : ",\n") + e.dump();
       first_event = false;
     }
   }
-  out << "\n], \"displayTimeUnit\": \"ms\"}\n";
+  text += "\n], \"displayTimeUnit\": \"ms\"}\n";
+  const std::string why = out.write(text);
+  if (!why.empty()) log_failed("log.trace", out.path(), "the trace of the run", why);
 }
 
 void Reporter::summary() const {

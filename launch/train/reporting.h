@@ -1,6 +1,8 @@
 // reporting.h — what a training run tells its user: the start-up banner, one console line and
 // one metrics object (DESIGN.md's keys) per optimizer step, the Chrome trace of the run
-// (Perfetto) and the closing summary. Console output comes from world rank 0 only.
+// (Perfetto) and the closing summary. Console output comes from world rank 0 only. A log that
+// cannot be written (a full disk) is a warning at its first failure and makes the run's exit
+// status 3 (TrainResult::incomplete_logs).
 //
 // Thread-safety: driven from the training thread; write_trace() is collective over the host
 // group.
@@ -50,10 +52,15 @@ class Reporter {
                      std::chrono::steady_clock::time_point t0);
   // One Chrome trace for the job, every rank's events on its own track (tid = world rank);
   // rank 0 writes log.trace. Collective over `host`.
-  void write_trace(Communicator& host) const;
+  void write_trace(Communicator& host);
   void summary() const;
 
  private:
+  // A write of log `key` (at `path`, while `when`) failed for `why`: a warning line at its first
+  // failure, and the log joins the result's incomplete_logs (exit status 3, launch/cli.cc).
+  void log_failed(const std::string& key, const std::string& path, const std::string& when,
+                  const std::string& why);
+
   const RunLayout& run_;
   Backend& be_;
   bool lead_;

@@ -57,6 +57,9 @@ struct TrainResult {
   int pipeline_rank = 0;
   std::vector<int> layers_per_piece;  // [piece] the split the run used (piece = chunk·p + stage)
   std::vector<ModelPiece> pieces;     // [chunk] what this rank's model held
+  // Logs a write failed on (rank 0: "log.metrics <path>", "log.trace <path>"): `strata train`
+  // then exits with status 3.
+  std::vector<std::string> incomplete_logs;
 };
 
 // Runs training. Throws InputError for bad input found at start-up.
