@@ -117,6 +117,14 @@ add_test(NAME mpi_stop_signal
                  $<TARGET_FILE:strata>)
 set_tests_properties(mpi_stop_signal PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
                      PROCESSORS 2 LABELS mpi)
+# launch/strata-run --max-restarts: a rank that dies once is relaunched and the job resumes from
+# its newest checkpoint to the uninterrupted final loss; one that dies at the same step again
+# makes strata-run give up with the reason.
+add_test(NAME mpi_strata_run_restart
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_strata_run_restart.sh
+                 ${PROJECT_SOURCE_DIR}/launch/strata-run $<TARGET_FILE:strata>)
+set_tests_properties(mpi_strata_run_restart PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}"
+                     TIMEOUT 300 PROCESSORS 2 LABELS mpi)
 
 # Hangs outside the training loop (issue 28): a rank stopped in start-up, a stopped mpirun at
 # shutdown, a killed mpirun (the orphaned ranks stop at once), each bounded by comm.timeout_s.
