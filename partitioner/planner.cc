@@ -285,8 +285,19 @@ PlanOutput search_plans(const PlanRequest& req) {
         F.t = t;
         F.p = p;
         F.k = k;
-        for (int b = 1; b <= B / d; b *= 2) {
-          if (fx.micro_batch_size && *fx.micro_batch_size != b) continue;
+        // Every micro-batch size that cuts the data rank's share of the batch evenly (14 of
+        // 56 as well as the powers of two).
+        std::vector<int> sizes;
+        if (B % d == 0)
+          for (int b = 1; b <= B / d; ++b)
+            if ((B / d) % b == 0 && (!fx.micro_batch_size || *fx.micro_batch_size == b))
+              sizes.push_back(b);
+        if (fx.micro_batch_size && sizes.empty() && F.invalid.empty())
+          F.invalid = "micro_batch_size " + std::to_string(*fx.micro_batch_size) +
+                      " does not divide the global batch " + std::to_string(B) + " over data " +
+                      std::to_string(d) + " (" + std::to_string(B) + " / (b · " +
+                      std::to_string(d) + ") must be a whole number of micro-batches)";
+        for (int b : sizes) {
           std::vector<int> vs = {1};
           if (k == ScheduleKind::kInterleaved) {
             vs.clear();

@@ -126,6 +126,32 @@ TEST(PlannerSearch, HandCheckableSmallCase) {
   EXPECT_EQ(c.micro_batch_size, 8);
 }
 
+// Any micro-batch size that divides a data rank's share of the batch is searched, not only the
+// powers of two: --fix micro_batch_size=14 with 112 sequences on 8 ranks gives plans of 14; a
+// size that does not divide is refused with that reason, not "no micro-batch size fits".
+TEST(PlannerSearch, EveryDividingMicroBatchSize) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 112;
+  req.fixes.micro_batch_size = 14;
+  PlanOutput out = search_plans(req);
+  ASSERT_FALSE(out.plans.empty());
+  for (const PlanResult& r : out.plans) {
+    EXPECT_EQ(r.config.micro_batch_size, 14);
+    EXPECT_EQ(112 % (14 * r.config.data), 0);
+  }
+  req.fixes.micro_batch_size = 5;
+  out = search_plans(req);
+  EXPECT_TRUE(out.plans.empty());
+  ASSERT_FALSE(out.rejected.empty());
+  const std::string why = out.rejected.front().reason;
+  EXPECT_NE(why.find("micro_batch_size 5 does not divide the global batch 112"),
+            std::string::npos)
+      << why;
+}
+
 TEST(PlannerSearch, TrillionParametersOn3072Gpus) {
   PlanRequest req;
   ModelConfig m;
@@ -231,6 +257,20 @@ TEST(PlannerPlan, CommandWritesThePlanSchema) {
   }
   EXPECT_TRUE(p["predicted"]["memory_bytes_per_gpu"].contains("total"));
   EXPECT_TRUE(j.contains("rejected"));
+}
+
+// --model FILE is labelled with the file (and the preset it names), not the default preset.
+TEST(PlannerPlan, ModelFileIsLabelledWithTheFile) {
+  const std::string file = ::testing::TempDir() + "/plan_model.json";
+  std::ofstream(file) << R"({"arch": "gpt", "num_layers": 4, "hidden_size": 256, "num_heads": 4,
+                            "ffn_hidden_size": 1024, "seq_len": 256, "vocab_size": 1000})";
+  ::testing::internal::CaptureStdout();
+  const int status = cmd_plan({"--model", file, "--cluster", "dgx-a100-80gb",
+                               "--global-batch-size", "64", "--top", "1"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(status, 0);
+  EXPECT_EQ(out.rfind("model: " + file + " (", 0), 0u) << out.substr(0, 200);
+  EXPECT_EQ(out.find("gpt2-124m"), std::string::npos) << out.substr(0, 200);
 }
 
 // A profile measured for another model shape is refused with the key that differs.

@@ -205,9 +205,14 @@ int cmd_plan(const std::vector<std::string>& args) {
   const Config cfg = model_config(model, sets);
   PlanRequest req;
   req.model = describe_model(cfg.model);
-  req.model_name = std::filesystem::is_regular_file(model)
-                       ? (cfg.model.preset.empty() ? "custom" : cfg.model.preset)
-                       : model;
+  req.model_name = model;
+  if (std::filesystem::is_regular_file(model)) {
+    // The file, and the preset it names (a model file without one is not the default preset).
+    const json j = read_json_file(model);
+    const json& m = j.contains("model") ? j["model"] : j;
+    if (m.is_object() && m.contains("preset") && m["preset"].is_string())
+      req.model_name = m["preset"].get<std::string>() + " (" + model + ")";
+  }
   req.cluster = load_cluster(cluster_name, configs_dir());
   if (nodes > 0) req.cluster.nodes = nodes;
   req.global_batch_size = batch;
