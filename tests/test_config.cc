@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -713,6 +716,23 @@ TEST(ConfigFiles, MissingInvalidAndDuplicateKeys) {
   e = expect_error([&] { load_config(dup, {}); });
   EXPECT_EQ(e.where(), "optimizer.lr");
   EXPECT_TRUE(contains(e.expected(), "duplicate key")) << e.what();
+}
+
+// Issue 28: a key holding \u0000 cut the error line at the NUL.
+TEST(ConfigFiles, ControlBytesInMessagesAreEscaped) {
+  const TempDir dir;
+  const std::string path = dir.write("nul.json", R"({"model": {"a\u0000b\nc": 1}})");
+  const InputError e = expect_error([&] { load_config(path, {}); });
+  const std::string what = e.what();
+  EXPECT_EQ(what.rfind("error: " + path + ": model.a\\x00b\\x0ac: unknown key (known keys of model: ",
+                       0),
+            0u)
+      << what;
+  EXPECT_EQ(what.find('\0'), std::string::npos);
+  EXPECT_EQ(what.find('\n'), std::string::npos);
+  // A value a megabyte long is shown cut short.
+  const std::string big = dir.write("big.json", "{\"" + std::string(1 << 20, 'k') + "\": 1}");
+  EXPECT_LT(std::string(expect_error([&] { load_config(big, {}); }).what()).size(), 3500u);
 }
 
 TEST(ConfigFiles, UnknownPresetListsKnownOnes) {
