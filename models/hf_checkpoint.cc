@@ -12,6 +12,7 @@
 
 #include "models/registry.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 #include "runtime/safetensors.h"
 
 namespace strata {
@@ -27,17 +28,9 @@ std::string join(const std::string& dir, const std::string& name) {
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path, "", what);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path, "byte " + std::to_string(e.byte), "valid JSON");
-  }
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(path, "", what);
+  const nlohmann::json j = read_json_file(path);
   if (!j.is_object()) throw InputError(path, "", "a JSON object");
   return j;
 }

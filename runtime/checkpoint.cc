@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/safetensors.h"
 
 namespace strata {
@@ -89,18 +90,21 @@ void fsync_dir(const std::string& path) {
   ::close(fd);
 }
 
+// A checkpoint's JSON file; "" when it is missing, unreadable, not a regular file or larger than
+// any metadata (the callers report that as the file's fault).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return {};
-  std::string s(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
+  try {
+    return read_input_file(path, kMaxJsonFileBytes);
+  } catch (const InputError&) {
+    return {};
+  }
 }
 
-// Size and CRC-32 of a file, streamed in blocks (checkpoint files are GBs); false if unreadable.
+// Size and CRC-32 of a file, streamed in blocks (checkpoint files are GBs); false if unreadable
+// or not a regular file.
 bool file_crc(const std::string& path, size_t* size, uint32_t* crc) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   std::vector<char> block(size_t{8} << 20);

@@ -65,11 +65,88 @@ class BadInput : public ::testing::Test {
   std::string dir_;
 };
 
+// Case 1: 70,000 levels overflowed the stack (json::dump in the error message); 50,000 nested
+// objects took 17 s to refuse.
+TEST_F(BadInput, DeepNestingIsRefusedAtOnce) {
+  const int depth = 200000;
+  const std::string arrays =
+      write("arrays.json", std::string(depth, '[') + std::string(depth, ']'));
+  std::string text = "{\"model\": ";
+  for (int i = 0; i < 50000; ++i) text += "{\"a\": ";
+  text += "1" + std::string(50001, '}');
+  const std::string objects = write("objects.json", text);
+  for (const std::string& path : {arrays, objects}) {
+    const Outcome o = refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": ",
+                              {"nested at most 64 deep"});
+    EXPECT_LT(o.seconds, 5.0);
+  }
+}
+
+// Case 2: a number beyond double's range exited 1 with nlohmann's out_of_range.406 text.
+TEST_F(BadInput, NumberBeyondDoubleExitsTwo) {
+  const std::string path = write("lr.json", R"({"model": {"preset": "tiny"}, "optimizer": {"lr": 1e999}})");
+  refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": optimizer.lr: ",
+          {"got 1e999"});
+  refused({"train", "--config", config(), "--set", "optimizer.lr=1e999", "--dry-run"},
+          "error: <command line>: optimizer.lr: ", {"got 1e999"});
+}
+
 // Case 3: a key holding \u0000 cut the message at the NUL.
 TEST_F(BadInput, ControlBytesAreEscaped) {
   const std::string path = write("nul.json", R"({"model": {"a\u0000b": 1}})");
   refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": model.a\\x00b: ",
           {"unknown key (known keys of model: preset"});
+}
+
+// Case 4: /dev/zero read until memory ran out, a FIFO blocked forever, /proc/self/status as
+// text data exited 1 ("cannot create std::vector larger than max_size()"). Every input must be
+// a regular file of a sane size.
+TEST_F(BadInput, InputsMustBeRegularFiles) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {std::string("/dev/zero"), fifo, dir_}) {
+    refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": expected a regular file");
+  }
+  refused({"train", "--config", config(), "--plan", fifo}, "error: " + fifo + ": ",
+          {"expected a regular file, got a FIFO"});
+  // Not a file, so taken for a preset name.
+  refused({"train", "--config", config(), "--dry-run", "--cluster", fifo},
+          "error: <command line>: --cluster: ", {"a cluster file or preset"});
+  refused({"plan", "--model", "tiny", "--cluster", "cpu-local", "--precision", "fp32",
+           "--global-batch-size", "4", "--profile", fifo},
+          "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
+
+  // Files a config names: the data, the tokenizer, the weights to start from.
+  const json bytes = {{"vocab_size", 256}};
+  refused({"train", "--config",
+           config({{"data", {{"source", "text"}, {"path", "/proc/self/status"}}},
+                   {"model", bytes}})},
+          "error: /proc/self/status: byte 0: ", {"a /proc or /sys file"});
+  refused({"train", "--config",
+           config({{"data", {{"source", "text"}, {"path", fifo}}}, {"model", bytes}})},
+          "error: " + dir_ + "/c.json: data.path: ", {"a regular file"});
+  const std::string text = write("text.txt", std::string(20000, 'a'));
+  refused({"train", "--config",
+           config({{"data", {{"source", "text"}, {"path", text}, {"tokenizer", fifo}}},
+                   {"model", bytes}})},
+          "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
+  refused({"train", "--config", config({{"model", {{"init_from", fifo}}}})},
+          "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
+
+  // strata data prepare's tokenizer and inputs.
+  refused({"data", "prepare", "--tokenizer", fifo, "--input", text, "--output", dir_ + "/out"},
+          "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
+  const std::string tok = std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  refused({"data", "prepare", "--tokenizer", tok, "--input", text, "--input", fifo, "--output",
+           dir_ + "/out"},
+          "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
+  EXPECT_FALSE(fs::exists(dir_ + "/out.idx"));  // checked before anything is written
+
+  // A Hugging Face directory whose config.json is a FIFO.
+  fs::create_directories(dir_ + "/hf");
+  ASSERT_EQ(::mkfifo((dir_ + "/hf/config.json").c_str(), 0600), 0);
+  refused({"generate", "--hf", dir_ + "/hf", "--prompt-ids", "1,2"},
+          "error: " + dir_ + "/hf/config.json: ", {"expected a regular file, got a FIFO"});
 }
 
 

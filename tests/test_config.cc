@@ -718,6 +718,50 @@ TEST(ConfigFiles, MissingInvalidAndDuplicateKeys) {
   EXPECT_TRUE(contains(e.expected(), "duplicate key")) << e.what();
 }
 
+// Issue 28: a config nested 70,000 deep overflowed the stack of the error path (json::dump in the
+// message) and 50,000 nested objects took 17 s to refuse; nesting is now refused while parsing.
+TEST(ConfigFiles, DeepNestingIsRefusedWhileParsing) {
+  const TempDir dir;
+  const int depth = 200000;
+  const std::string arrays =
+      dir.write("arrays.json", std::string(depth, '[') + std::string(depth, ']'));
+  std::string objects = "{\"model\": ";
+  for (int i = 0; i < depth; ++i) objects += "{\"a\": ";
+  objects += "1" + std::string(depth + 1, '}');
+  const std::string nested = dir.write("objects.json", objects);
+  for (const std::string& path : {arrays, nested}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const InputError e = expect_error([&] { load_config(path, {}); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    EXPECT_EQ(e.file(), path);
+    EXPECT_TRUE(contains(e.expected(), "nested at most 64 deep")) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+  // --set values too.
+  const InputError e =
+      expect_error([&] {
+    load_config("", {"model.init_from=" + std::string(100, '[') + std::string(100, ']')});
+  });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where().rfind("model.init_from", 0), 0u) << e.what();
+}
+
+// Issue 28: "lr": 1e999 ended with nlohmann's out_of_range.406 text and exit status 1.
+TEST(ConfigFiles, NumberBeyondDoubleNamesItsKey) {
+  const TempDir dir;
+  const std::string path = dir.write("lr.json", R"({"optimizer": {"lr": 1e999}})");
+  InputError e = expect_error([&] { load_config(path, {}); });
+  EXPECT_EQ(std::string(e.what()), "error: " + path +
+                                        ": optimizer.lr: expected a number within double's "
+                                        "range (magnitude below 1.8e308), got 1e999");
+  e = expect_error([&] { load_config("", {"optimizer.lr=-1e999"}); });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "optimizer.lr");
+  EXPECT_TRUE(contains(e.expected(), "got -1e999")) << e.what();
+  e = expect_error([&] { load_config("", {"parallel.layers_per_stage=[1, 2e400]"}); });
+  EXPECT_EQ(e.where(), "parallel.layers_per_stage[1]");
+}
+
 // Issue 28: a key holding \u0000 cut the error line at the NUL.
 TEST(ConfigFiles, ControlBytesInMessagesAreEscaped) {
   const TempDir dir;
@@ -733,6 +777,27 @@ TEST(ConfigFiles, ControlBytesInMessagesAreEscaped) {
   // A value a megabyte long is shown cut short.
   const std::string big = dir.write("big.json", "{\"" + std::string(1 << 20, 'k') + "\": 1}");
   EXPECT_LT(std::string(expect_error([&] { load_config(big, {}); }).what()).size(), 3500u);
+}
+
+// Issue 28: --config /dev/zero read until memory ran out and a FIFO blocked forever: a config
+// must be a regular file of at most 64 MiB.
+TEST(ConfigFiles, OnlyRegularFilesOfASaneSize) {
+  const TempDir dir;
+  const std::string fifo = dir.path() + "/fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string huge = dir.write("huge.json", "");
+  fs::resize_file(huge, (uint64_t{64} << 20) + 1);  // sparse: no disk is written
+  const std::pair<std::string, std::string> cases[] = {
+      {"/dev/zero", "expected a regular file, got a character device"},
+      {fifo, "expected a regular file, got a FIFO"},
+      {dir.path(), "expected a regular file, got a directory"},
+      {huge, "expected a file of at most 64.00 MiB, got 64.00 MiB (67108865 bytes)"},
+  };
+  for (const auto& [path, expected] : cases) {
+    const InputError e = expect_error([&] { load_config(path, {}); });
+    EXPECT_EQ(e.file(), path);
+    EXPECT_TRUE(contains(e.expected(), expected)) << e.what();
+  }
 }
 
 TEST(ConfigFiles, UnknownPresetListsKnownOnes) {

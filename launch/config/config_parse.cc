@@ -15,21 +15,16 @@
 #include "launch/config/config_parse.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <initializer_list>
-#include <iterator>
 #include <map>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -38,6 +33,7 @@
 
 #include "models/registry.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
@@ -86,11 +82,35 @@ std::vector<std::string> quoted(const std::vector<std::string>& items) {
   return out;
 }
 
+// The first `limit` characters or more of v's JSON text, serialised only that far: a value of
+// any size costs no more than the cut. Bytes that are not UTF-8 (a --set string) are replaced.
+void append_json_prefix(const json& v, size_t limit, std::string* out) {
+  auto text = [](const json& x) { return x.dump(-1, ' ', false, json::error_handler_t::replace); };
+  if (v.is_object() || v.is_array()) {
+    *out += v.is_object() ? '{' : '[';
+    for (auto it = v.begin(); it != v.end() && out->size() < limit; ++it) {
+      if (it != v.begin()) *out += ',';
+      if (v.is_object()) *out += text(json(it.key())) + ':';
+      append_json_prefix(it.value(), limit, out);
+    }
+    *out += v.is_object() ? '}' : ']';
+  } else if (v.is_string()) {
+    *out += text(json(v.get_ref<const std::string&>().substr(0, limit)));
+  } else {
+    *out += text(v);
+  }
+}
+
 // A value as the user wrote it, cut short so that one error stays one line.
 std::string show(const json& v) {
   constexpr size_t kMaxChars = 60;
-  std::string s = v.dump();
-  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars) + "...";
+  std::string s;
+  append_json_prefix(v, kMaxChars + 1, &s);
+  if (s.size() > kMaxChars) {
+    size_t cut = kMaxChars;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
 
@@ -748,72 +768,6 @@ void check_keys(const json& j, const std::string& schema_path, const std::string
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "cannot open: no such file");
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(path, "", "expected a file, got a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
-  return text;
-}
-
-// Parses JSON text. nlohmann keeps the last of duplicate keys silently; a config that says
-// "lr" twice is almost always an editing mistake, so duplicates are refused here.
-json parse_json_text(const std::string& text, const std::string& file) {
-  struct Frame {
-    bool is_object;
-    std::string path;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> stack;
-  auto child_path = [&stack]() -> std::string {
-    if (stack.empty()) return "";
-    const Frame& f = stack.back();
-    return f.is_object ? join(f.path, f.last_key) : f.path;
-  };
-  const json::parser_callback_t on_event = [&](int /*depth*/, json::parse_event_t event,
-                                               json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        stack.push_back(Frame{true, child_path(), {}, ""});
-        break;
-      case json::parse_event_t::array_start:
-        stack.push_back(Frame{false, child_path(), {}, ""});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        stack.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        Frame& f = stack.back();
-        f.last_key = parsed.get<std::string>();
-        if (!f.keys.insert(f.last_key).second) {
-          throw InputError(file, join(f.path, f.last_key),
-                           "duplicate key (each key may appear once per object)");
-        }
-        break;
-      }
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, on_event);
-  } catch (const json::parse_error& e) {
-    // e.what() starts with "[json.exception.parse_error.101] "; the rest is the useful part.
-    std::string what = e.what();
-    const size_t bracket = what.find("] ");
-    if (bracket != std::string::npos) what = what.substr(bracket + 2);
-    throw InputError(file, "byte " + std::to_string(e.byte), "expected valid JSON (" + what + ")");
-  }
-}
-
 std::string models_dir() {
   return configs_dir() + "/models";
 }
@@ -884,8 +838,14 @@ json parse_set(const std::string& arg) {
     at = join(at, part);
   }
   const std::string text = arg.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;
+  json value;
+  try {
+    value = parse_json_if_json(text, kCommandLine).value_or(json(text));
+  } catch (const InputError& e) {
+    // JSON Strata cannot hold (too deep, a number beyond double's range), at its path in a.b.
+    const std::string& w = e.where();
+    throw InputError(e.file(), w.empty() || w[0] == '[' ? at + w : join(at, w), e.expected());
+  }
   if (find_section(at)) check_keys(value, at, at, kCommandLine);
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
     json wrapped = json::object();
@@ -1089,7 +1049,7 @@ nlohmann::json load_model_preset(const std::string& name, const std::string& fil
                      "unknown preset " + show(json(name)) + " (known presets in " + models_dir() +
                          ": " + join_list(known_presets(), ", ") + ")");
   }
-  json preset = parse_json_text(read_text_file(path), path);
+  json preset = read_json_file(path, kMaxJsonFileBytes, DuplicateKeys::kRefuse);
   check_keys(preset, "model", "", path);
   if (preset.contains("preset")) {
     throw InputError(path, "preset",
@@ -1146,7 +1106,8 @@ Config config_from_json(const nlohmann::json& j, const std::string& file,
 
 Config load_config(const std::string& path, const std::vector<std::string>& sets) {
   if (path.empty()) return config_from_json(json::object(), kDefaultsFile, sets);
-  return config_from_json(parse_json_text(read_text_file(path), path), path, sets);
+  return config_from_json(read_json_file(path, kMaxJsonFileBytes, DuplicateKeys::kRefuse), path,
+                          sets);
 }
 
 void validate_for_world(const Config& c, int world_size) {

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/json_file.h"
 
 namespace strata {
@@ -772,7 +773,7 @@ void add_pre_tokenizer(Model& m, const json& p, const std::string& at) {
 std::unique_ptr<Model> load_hf(const std::string& path) {
   auto m = std::make_unique<Model>();
   m->path = path;
-  const json j = read_json_file(path);
+  const json j = read_json_file(path, kMaxTokenizerFileBytes);
   if (!j.is_object()) throw InputError(path, "", "a tokenizer.json object");
   const json& model = need(j, "model", path, "");
   if (!model.is_object()) throw InputError(path, "model", "an object");
@@ -923,6 +924,7 @@ std::unique_ptr<Model> load_tiktoken_model(
     const std::map<std::string, int32_t>* explicit_specials) {
   auto m = std::make_unique<Model>();
   m->path = path;
+  check_input_file(path, kMaxTokenizerFileBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
@@ -1039,6 +1041,7 @@ Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path,
                                            const std::string& tiktoken_pattern) {
+  check_input_file(path, kMaxTokenizerFileBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
