@@ -149,6 +149,27 @@ TEST_F(BadInput, InputsMustBeRegularFiles) {
           "error: " + dir_ + "/hf/config.json: ", {"expected a regular file, got a FIFO"});
 }
 
+// Case 5: huge --stages / --microbatches / --chunks ended in std::bad_alloc.
+TEST_F(BadInput, ScheduleSizesAreBounded) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--schedule", "1f1b", "--stages", "100000000", "--microbatches", "1"},
+      {"--schedule", "interleaved", "--stages", "8", "--microbatches", "1000000", "--chunks", "2"},
+      {"--schedule", "interleaved", "--stages", "8", "--microbatches", "8", "--chunks",
+       "100000000"},
+      {"--schedule", "2bw", "--stages", "4", "--microbatches", "4", "--batches", "100000000"}};
+  for (std::vector<std::string> args : cases) {
+    args.insert(args.begin(), "schedule");
+    const Outcome o = refused(args, "error: <command line>: --",
+                              {"stages × (chunks × microbatches × batches + stages) at most 524288"});
+    EXPECT_LT(o.seconds, 5.0);
+  }
+  EXPECT_EQ(run_strata({"schedule", "--schedule", "1f1b", "--stages", "512", "--microbatches",
+                        "512"},
+                       60)
+                .status,
+            0);
+}
+
 
 }  // namespace
 }  // namespace strata
