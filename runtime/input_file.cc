@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -90,7 +92,45 @@ Bytes read_all(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
 }  // namespace
+
+std::string output_file_problem(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) return kind_of(st.st_mode);
+    // O_APPEND without O_TRUNC: the probe leaves the content as it was.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return errno_text("not writable");
+    ::close(fd);
+    return "";
+  }
+  if (errno != ENOENT) return errno_text("cannot inspect it");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) return errno_text("cannot create it");
+  ::close(fd);
+  ::unlink(path.c_str());
+  return "";
+}
+
+std::string output_directory_problem(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return "cannot create it: " + (ec ? ec.message() : std::string(std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) return kind_of(st.st_mode);
+  std::string probe = path + "/.strata-probe-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return errno_text("cannot create files in it");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
 
 uint64_t check_input_file(const std::string& path, uint64_t max_bytes) {
   struct stat st;

@@ -170,6 +170,40 @@ TEST_F(BadInput, ScheduleSizesAreBounded) {
             0);
 }
 
+// Case 6: a checkpoint.dir naming a file, a log.trace or log.metrics naming a directory or an
+// unwritable path were found after training (log.trace: the whole run, then status 2 and no
+// "done" line). Every output is checked before the first step.
+TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
+  const std::string file = write("a_file", "x");
+  const std::string missing_dir = dir_ + "/no/such/dir/out.json";
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"checkpoint", {{"dir", file}, {"interval", 1}}}}, "checkpoint.dir"},
+      {{{"checkpoint", {{"dir", file}}}}, "checkpoint.dir"},
+      {{{"log", {{"trace", dir_}}}}, "log.trace"},
+      {{{"log", {{"metrics", dir_}}}}, "log.metrics"},
+      {{{"log", {{"trace", missing_dir}}}}, "log.trace"},
+      {{{"log", {{"metrics", missing_dir}}}}, "log.metrics"},
+      {{{"log", {{"trace", "/proc/strata-trace.json"}}}}, "log.trace"},
+  };
+  for (const auto& [extra, key] : cases) {
+    const Outcome o = refused({"train", "--config", config(extra)},
+                              "error: " + dir_ + "/c.json: " + key + ": ", {"expected a"});
+    EXPECT_EQ(o.out.find("iter "), std::string::npos) << "trained before failing:\n" << o.out;
+  }
+  EXPECT_EQ(std::ifstream(file).rdbuf()->sgetc(), 'x');  // nothing lost
+
+  // What is fine: existing files are kept until written, missing directories made.
+  const std::string metrics = write("m.jsonl", "");
+  const Outcome ok = run_strata(
+      {"train", "--config",
+       config({{"checkpoint", {{"dir", dir_ + "/new/ckpt"}, {"interval", 3}}},
+               {"log", {{"metrics", metrics}, {"trace", dir_ + "/t.json"}}}})},
+      60);
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_TRUE(fs::is_directory(dir_ + "/new/ckpt/iter_3"));
+  EXPECT_TRUE(fs::is_regular_file(dir_ + "/t.json"));
+}
+
 
 }  // namespace
 }  // namespace strata
