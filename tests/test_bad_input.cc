@@ -204,6 +204,34 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
   EXPECT_TRUE(fs::is_regular_file(dir_ + "/t.json"));
 }
 
+// Case 7: `train --plan` applied a plan made for another model or batch: layers_per_stage
+// summing to 5 trained 5 layers of a 4-layer model (exit 0), and a plan for 4 layers trained 4
+// of a config of 8 whose checkpoint then could not be resumed or exported.
+TEST_F(BadInput, PlanMustMatchTheConfig) {
+  const std::string cfg = config({{"model", {{"num_layers", 4}}},
+                                  {"train", {{"global_batch_size", 8}}}});
+  const std::string plan_path = dir_ + "/plan.json";
+  const Outcome planned = run_strata(
+      {"plan", "--model", cfg, "--cluster", "cpu-local", "--nodes", "2", "--precision", "fp32",
+       "--global-batch-size", "8", "--fix",
+       "tensor=1,pipeline=2,virtual_stages=1,schedule=1f1b,micro_batch_size=2", "--json",
+       plan_path},
+      60);
+  ASSERT_EQ(planned.status, 0) << planned.err;
+  json plan = json::parse(std::ifstream(plan_path));
+  plan["plans"][0]["layers_per_stage"] = {{3}, {2}};
+  const std::string five = write("five.json", plan.dump());
+  refused({"train", "--config", cfg, "--plan", five},
+          "error: " + five + ": plans[0].layers_per_stage: ",
+          {"the config's model.num_layers 4", "got 5"});
+  refused({"train", "--config", cfg, "--plan", plan_path, "--set", "model.num_layers=8"},
+          "error: " + plan_path + ": model.num_layers: ",
+          {"the config's model.num_layers 8", "got 4"});
+  refused({"train", "--config", cfg, "--plan", plan_path, "--set", "train.global_batch_size=16"},
+          "error: " + plan_path + ": global_batch_size: ",
+          {"train.global_batch_size 16", "got 8"});
+}
+
 
 }  // namespace
 }  // namespace strata

@@ -49,6 +49,8 @@ const char kDefaultPreset[] = "gpt2-124m";
 // Layers, lowest first. A leaf's layer decides whether ffn_hidden_size is derived from
 // hidden_size and which source a consistency error blames.
 enum Layer : int { kLayerDefaults = 0, kLayerPreset = 1, kLayerFile = 2, kLayerFirstSet = 3 };
+// A layer set over a finished config (config_with_layer): above every --set.
+constexpr int kLayerOver = INT_MAX;
 
 struct Origin {
   std::string file;
@@ -1102,6 +1104,23 @@ Config config_from_json(const nlohmann::json& j, const std::string& file,
   c.source_file = source;
   c.resolved = to_json(c);
   return c;
+}
+
+Config config_with_layer(const Config& c, const nlohmann::json& layer, const std::string& file) {
+  check_keys(layer, "", "", file);
+  json merged = c.resolved;
+  Origins origins;
+  // The config's keys keep its file; which layer inside it set each is no longer known.
+  for_each_leaf("", [&](const std::string& path, const Key&) {
+    origins[path] = Origin{c.source_file, kLayerFile, ""};
+  });
+  merge_into(merged, layer, "", Origin{file, kLayerOver, ""}, origins);
+  const Reader reader(merged, origins, c.source_file);
+  Config out = read_config(reader);
+  check_consistency(out, reader);
+  out.source_file = c.source_file;
+  out.resolved = to_json(out);
+  return out;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& sets) {
