@@ -551,6 +551,26 @@ TEST(ConfigConsistency, CheckpointIntervalNeedsDir) {
       config_from_json(json::parse(R"({"checkpoint": {"interval": 100, "dir": "ckpt"}})"), kFile));
 }
 
+// Issue 28: warmup_iters beyond decay_iters was accepted, and the rate dropped from lr to min_lr
+// the step the warm-up ended.
+TEST(ConfigConsistency, WarmupWithinDecay) {
+  const InputError e = config_error(
+      json::parse(R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10}})"));
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_EQ(e.where(), "optimizer.warmup_iters");
+  EXPECT_TRUE(contains(e.expected(), "warmup_iters 20 > decay_iters 10")) << e.what();
+  // The key given last is named.
+  EXPECT_EQ(config_error(json::parse(R"({"optimizer": {"warmup_iters": 20}})"),
+                         {"optimizer.decay_iters=10"})
+                .where(),
+            "optimizer.decay_iters");
+  for (const char* fine : {R"({"optimizer": {"warmup_iters": 10, "decay_iters": 10}})",
+                           R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10,
+                                             "decay": "constant"}})",
+                           R"({"optimizer": {"warmup_iters": 20}, "train": {"iterations": 5}})"})
+    EXPECT_NO_THROW(config_from_json(json::parse(fine), kFile)) << fine;
+}
+
 // ---- world size ----
 
 Config world_config(const char* text) {

@@ -983,6 +983,16 @@ void check_consistency(const Config& c, const Reader& r) {
     }
   }
 
+  // Warm-up then decay: a warm-up longer than the decay would end on a rate the decay has
+  // already taken to min_lr, a jump nobody asks for (Megatron-LM refuses it too).
+  const OptimizerConfig& o = c.optimizer;
+  if (o.decay != "constant" && o.decay_iters && o.warmup_iters > *o.decay_iters) {
+    r.fail_latest({"optimizer.warmup_iters", "optimizer.decay_iters"},
+                  "expected warmup_iters <= decay_iters, got warmup_iters " +
+                      to_string(o.warmup_iters) + " > decay_iters " + to_string(*o.decay_iters) +
+                      " (the rate would drop from lr to min_lr when the warm-up ends)");
+  }
+
   if (t.global_batch_size % t.micro_batch_size != 0) {
     r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
                   "global_batch_size " + to_string(t.global_batch_size) +
