@@ -372,7 +372,7 @@ TEST(ConfigErrors, OutOfRange) {
       {R"({"train": {"threads": 0}})", "train.threads", "expected a positive integer or null"},
       {R"({"train": {"iterations": 3000000000}})", "train.iterations", "at most 2147483647"},
       {R"({"log": {"interval": 0}})", "log.interval", "expected a positive integer"},
-      {R"({"checkpoint": {"keep": 0}})", "checkpoint.keep", "expected a positive integer"},
+      {R"({"checkpoint": {"keep": -1}})", "checkpoint.keep", "expected a non-negative integer"},
       {R"({"checkpoint": {"interval": -5}})", "checkpoint.interval",
        "expected a non-negative integer"},
       {R"({"parallel": {"bucket_mb": 0}})", "parallel.bucket_mb", "expected a number > 0"},
@@ -569,6 +569,13 @@ TEST(ConfigConsistency, WarmupWithinDecay) {
                                              "decay": "constant"}})",
                            R"({"optimizer": {"warmup_iters": 20}, "train": {"iterations": 5}})"})
     EXPECT_NO_THROW(config_from_json(json::parse(fine), kFile)) << fine;
+}
+
+// Issue 28: docs/checkpoints.md (and runtime/checkpoint.h) say checkpoint.keep 0 keeps every
+// checkpoint; the parser refused it.
+TEST(ConfigConsistency, CheckpointKeepZeroKeepsAll) {
+  const Config c = config_from_json(json::parse(R"({"checkpoint": {"keep": 0}})"), kFile);
+  EXPECT_EQ(c.checkpoint.keep, 0);
 }
 
 // ---- world size ----

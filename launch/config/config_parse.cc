@@ -698,7 +698,7 @@ const std::vector<Section>& schema() {
          {checkpoint.path("dir", &K::dir, "where checkpoints are saved; null: nowhere"),
           checkpoint.integer("interval", &K::interval, 0,
                              "steps between checkpoints (0: never; > 0 needs dir)"),
-          checkpoint.integer("keep", &K::keep, 1, "checkpoints kept"),
+          checkpoint.integer("keep", &K::keep, 0, "the newest checkpoints kept (0: all)"),
           checkpoint.keyword_or("resume", &K::resume, {"auto", "none"}, "a checkpoint path",
                                 "auto: the latest in dir; none; or a checkpoint path")}},
         {"log",
