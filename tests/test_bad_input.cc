@@ -233,5 +233,46 @@ TEST_F(BadInput, PlanMustMatchTheConfig) {
 }
 
 
+// What the fuzzer (test_fuzz_inputs.cc) found, each kept here as it was found.
+TEST_F(BadInput, FuzzerFinds) {
+  // A path too long for the system: std::filesystem threw (exit 1).
+  const std::string long_name = std::string(5000, 'x');
+  refused({"train", "--config", config({{"model", {{"init_from", long_name}}}})},
+          "error: " + long_name.substr(0, 900), {"File name too long"});
+  // A FIFO as --trace: the command blocked opening it.
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  refused({"schedule", "--schedule", "zb-h1", "--stages", "3", "--microbatches", "6", "--trace",
+           fifo},
+          "error: <command line>: --trace: ", {"a FIFO"});
+  refused({"plan", "--model", "tiny", "--cluster", "cpu-local", "--precision", "fp32",
+           "--global-batch-size", "4", "--json", fifo},
+          "error: <command line>: --json: ", {"a FIFO"});
+  // vocab_size 2^31 - 1: padded to a multiple of 128 it overflowed int (a failed check, exit 1).
+  refused({"train", "--config", config(), "--set", "model.vocab_size=2147483647", "--dry-run"},
+          "error: <command line>: model.vocab_size: ", {"at most 2^30"});
+  // A tokenizer id of 2^30 made a 2^30-entry table (std::bad_alloc, exit 1).
+  json tok = json::parse(std::ifstream(std::string(STRATA_TEST_DIR) +
+                                       "/golden/tokenizer/gpt2_style.tokenizer.json"));
+  tok["model"]["vocab"]["!"] = 1 << 30;
+  const std::string tok_path = write("tokenizer.json", tok.dump());
+  refused({"data", "prepare", "--tokenizer", tok_path, "--input", write("in.txt", "text"),
+           "--output", dir_ + "/out"},
+          "error: " + tok_path + ": model.vocab.!: ", {"up to 4194303"});
+  // A Hugging Face config.json of the wrong types: nlohmann's type_error (exit 1).
+  const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"n_embd", "64"}, {"tie_word_embeddings", 1}, {"n_head", 0}, {"model_type", 2}}) {
+    fs::create_directories(dir_ + "/hf");
+    json cfg = json::parse(std::ifstream(hf + "/config.json"));
+    cfg[key] = value;
+    std::ofstream(dir_ + "/hf/config.json") << cfg.dump();
+    fs::copy_file(hf + "/model.safetensors", dir_ + "/hf/model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    refused({"generate", "--hf", dir_ + "/hf", "--prompt-ids", "1,2"},
+            "error: " + dir_ + "/hf/config.json: " + key + ": ");
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -202,13 +202,16 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
   if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
   if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
+  if (!json_out.empty()) check_output_flag("--json", json_out);
+  if (!trace_out.empty()) check_output_flag("--trace", trace_out);
 
   std::vector<std::string> sets;
   if (seq > 0) sets.push_back("model.seq_len=" + std::to_string(seq));
   const Config cfg = model_config(model, sets);
   PlanRequest req;
   req.model = describe_model(cfg.model);
-  req.model_name = std::filesystem::is_regular_file(model)
+  std::error_code ec;
+  req.model_name = std::filesystem::is_regular_file(model, ec)
                        ? (cfg.model.preset.empty() ? "custom" : cfg.model.preset)
                        : model;
   req.cluster = load_cluster(cluster_name, configs_dir());

@@ -132,6 +132,7 @@ int cmd_schedule(const std::vector<std::string>& args) {
   if (const std::string why = schedule_invalid_reason(spec); !why.empty())
     bad_flag("--schedule", why);
   check_schedule_size(spec);
+  if (!trace_path.empty()) check_output_flag("--trace", trace_path);
 
   // Equal op times: one column per forward, backward and weight pass; reduce and step take no
   // time, so the diagram shows only the pipeline.

@@ -589,7 +589,12 @@ const std::vector<Section>& schema() {
                         "MLP width; 4 × hidden_size unless given with hidden_size or later"),
           model.integer("seq_len", &M::seq_len, 1, "tokens per sequence (and learned positions)"),
           model.integer("vocab_size", &M::vocab_size, 1,
-                        "≥ the data's vocabulary; padded to a multiple of 128·t"),
+                        "≥ the data's vocabulary; padded to a multiple of 128·t")
+              .then([](const Reader& r, const std::string& p, const Config& c) {
+                // Padded to a multiple of 128·t, the vocabulary must still be an int.
+                r.require(c.model.vocab_size <= (1 << 30), p,
+                          "expected a vocab_size at most 2^30 = 1073741824");
+              }),
           model.boolean("tie_embeddings", &M::tie_embeddings,
                         "the LM head shares the token embedding"),
           model.number("dropout", &M::dropout, closed_open(0, 1), "only 0 is implemented")
@@ -1131,6 +1136,15 @@ Config config_with_layer(const Config& c, const nlohmann::json& layer, const std
   out.source_file = c.source_file;
   out.resolved = to_json(out);
   return out;
+}
+
+ModelConfig checked_model(const ModelConfig& m, const std::string& file) {
+  Config c;
+  c.model = m;
+  json model = to_json(c)["model"];
+  model["preset"] = nullptr;
+  // The synthetic data's default vocabulary must not be what fails a model of fewer tokens.
+  return config_from_json(json{{"model", model}}, file, {"data.synthetic.vocab_size=1"}).model;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& sets) {
