@@ -1,14 +1,14 @@
 #include "models/hf_checkpoint.h"
 
 #include <algorithm>
-#include <climits>
-#include <cstdint>
-#include <optional>
 #include <cctype>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -234,8 +234,9 @@ int hf_int(const nlohmann::json& hf, const std::string& key, int64_t absent,
   // Integral floats count (some exporters write 64.0); nothing beyond an int does.
   std::optional<int64_t> n;
   if (v.is_number_unsigned()) {
-    n = v.get<uint64_t>() > static_cast<uint64_t>(INT_MAX) ? int64_t{INT_MAX} + 1
-                                                           : static_cast<int64_t>(v.get<uint64_t>());
+    n = v.get<uint64_t>() > static_cast<uint64_t>(INT_MAX)
+            ? int64_t{INT_MAX} + 1
+            : static_cast<int64_t>(v.get<uint64_t>());
   } else if (v.is_number_integer()) {
     n = v.get<int64_t>();
   } else if (v.is_number_float()) {
@@ -245,8 +246,8 @@ int hf_int(const nlohmann::json& hf, const std::string& key, int64_t absent,
   if (!n || *n < min || *n > INT_MAX)
     throw InputError(path, key,
                      "an integer from " + std::to_string(min) + " to " + std::to_string(INT_MAX) +
-                         ", found " + v.dump(-1, ' ', false,
-                                             nlohmann::json::error_handler_t::replace));
+                         ", found " +
+                         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return static_cast<int>(*n);
 }
 
@@ -254,9 +255,9 @@ double hf_number(const nlohmann::json& hf, const std::string& key, double absent
                  const std::string& path) {
   const nlohmann::json v = hf_value(hf, key, absent);
   if (!v.is_number() || !std::isfinite(v.get<double>()))
-    throw InputError(path, key,
-                     "a number, found " +
-                         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    throw InputError(
+        path, key,
+        "a number, found " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return v.get<double>();
 }
 
@@ -264,9 +265,9 @@ bool hf_bool(const nlohmann::json& hf, const std::string& key, bool absent,
              const std::string& path) {
   const nlohmann::json v = hf_value(hf, key, absent);
   if (!v.is_boolean())
-    throw InputError(path, key,
-                     "true or false, found " +
-                         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    throw InputError(
+        path, key,
+        "true or false, found " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return v.get<bool>();
 }
 
@@ -372,7 +373,8 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
   const std::set<std::string> keep(files.begin(), files.end());
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file(ec) && is_weights_file(name) && !keep.count(name)) fs::remove(e.path(), ec);
+    if (e.is_regular_file(ec) && is_weights_file(name) && !keep.count(name))
+      fs::remove(e.path(), ec);
   }
   write_text(join(dir, kConfig), config.dump(2) + "\n");
   nlohmann::json weight_map = nlohmann::json::object();

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/data_internal.h"
 #include "runtime/data/corpus_source.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/data_internal.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 

@@ -34,7 +34,8 @@ std::string limit_text(uint64_t max_bytes) {
 
 // The checks on a stat result: a regular file within the limit.
 void check_stat(const std::string& path, const struct stat& st, uint64_t max_bytes) {
-  if (!S_ISREG(st.st_mode)) throw InputError(path, "", "expected a regular file, got " + kind_of(st.st_mode));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(path, "", "expected a regular file, got " + kind_of(st.st_mode));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes) {
     throw InputError(path, "",
@@ -45,9 +46,10 @@ void check_stat(const std::string& path, const struct stat& st, uint64_t max_byt
 }
 
 [[noreturn]] void open_failed(const std::string& path, int err) {
-  throw InputError(path, "",
-                   std::string(err == ENOENT ? "expected an existing file" : "expected a readable file") +
-                       ", cannot open it: " + std::strerror(err));
+  throw InputError(
+      path, "",
+      std::string(err == ENOENT ? "expected an existing file" : "expected a readable file") +
+          ", cannot open it: " + std::strerror(err));
 }
 
 // Closes a descriptor when it goes out of scope.
@@ -75,9 +77,9 @@ Bytes read_all(const std::string& path, uint64_t max_bytes) {
     const ssize_t n = ::read(f.fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      throw InputError(path, "byte " + std::to_string(got),
-                       std::string("expected a readable file, the read failed: ") +
-                           std::strerror(errno));
+      throw InputError(
+          path, "byte " + std::to_string(got),
+          std::string("expected a readable file, the read failed: ") + std::strerror(errno));
     }
     if (n == 0) break;
     got += static_cast<size_t>(n);

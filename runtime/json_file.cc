@@ -92,12 +92,12 @@ std::optional<json> parse(const std::string& text, const std::string& file,
     // 406, "number overflow parsing '1e999'": the only range error the parser raises.
     std::string words = parser_words(e.what());
     const size_t open = words.find('\''), close = words.rfind('\'');
-    const std::string number =
-        open != std::string::npos && close > open ? words.substr(open + 1, close - open - 1)
-                                                  : words;
-    throw InputError(file, path_of(stack),
-                     "expected a number within double's range (magnitude below 1.8e308), got " +
-                         number);
+    const std::string number = open != std::string::npos && close > open
+                                   ? words.substr(open + 1, close - open - 1)
+                                   : words;
+    throw InputError(
+        file, path_of(stack),
+        "expected a number within double's range (magnitude below 1.8e308), got " + number);
   }
 }
 

@@ -131,9 +131,9 @@ StReader::StReader(const std::string& path)
   uint64_t n = 0;
   in_.read(reinterpret_cast<char*>(&n), 8);
   if (n > kMaxHeaderBytes)
-    throw InputError(path, "byte 0",
-                     "a header length ≤ " + std::to_string(kMaxHeaderBytes) + ", got " +
-                         std::to_string(n));
+    throw InputError(
+        path, "byte 0",
+        "a header length ≤ " + std::to_string(kMaxHeaderBytes) + ", got " + std::to_string(n));
   if (n > static_cast<uint64_t>(size - 8))
     throw InputError(
         path, "byte 0",

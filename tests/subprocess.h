@@ -93,7 +93,8 @@ inline Outcome run_strata(const std::vector<std::string>& args, double timeout_s
 // "" when `o` keeps the exit contract, else how it broke it.
 inline std::string contract_violation(const Outcome& o) {
   if (o.timed_out) return "no exit within the deadline (a hang)";
-  if (o.signal != 0) return "killed by signal " + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")";
+  if (o.signal != 0)
+    return "killed by signal " + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")";
   if (o.status == 0) return "";
   if (o.status != 2) return "exit status " + std::to_string(o.status) + " (expected 0 or 2)";
   if (o.err.empty() || o.err.back() != '\n' || o.err.find('\n') != o.err.size() - 1)

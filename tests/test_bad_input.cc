@@ -8,10 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/subprocess.h"
 
@@ -84,9 +83,10 @@ TEST_F(BadInput, DeepNestingIsRefusedAtOnce) {
 
 // Case 2: a number beyond double's range exited 1 with nlohmann's out_of_range.406 text.
 TEST_F(BadInput, NumberBeyondDoubleExitsTwo) {
-  const std::string path = write("lr.json", R"({"model": {"preset": "tiny"}, "optimizer": {"lr": 1e999}})");
-  refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": optimizer.lr: ",
-          {"got 1e999"});
+  const std::string path =
+      write("lr.json", R"({"model": {"preset": "tiny"}, "optimizer": {"lr": 1e999}})");
+  refused({"train", "--config", path, "--dry-run"},
+          "error: " + path + ": optimizer.lr: ", {"got 1e999"});
   refused({"train", "--config", config(), "--set", "optimizer.lr=1e999", "--dry-run"},
           "error: <command line>: optimizer.lr: ", {"got 1e999"});
 }
@@ -94,8 +94,8 @@ TEST_F(BadInput, NumberBeyondDoubleExitsTwo) {
 // Case 3: a key holding \u0000 cut the message at the NUL.
 TEST_F(BadInput, ControlBytesAreEscaped) {
   const std::string path = write("nul.json", R"({"model": {"a\u0000b": 1}})");
-  refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": model.a\\x00b: ",
-          {"unknown key (known keys of model: preset"});
+  refused({"train", "--config", path, "--dry-run"},
+          "error: " + path + ": model.a\\x00b: ", {"unknown key (known keys of model: preset"});
 }
 
 // Case 4: /dev/zero read until memory ran out, a FIFO blocked forever, /proc/self/status as
@@ -105,7 +105,8 @@ TEST_F(BadInput, InputsMustBeRegularFiles) {
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   for (const std::string& path : {std::string("/dev/zero"), fifo, dir_}) {
-    refused({"train", "--config", path, "--dry-run"}, "error: " + path + ": expected a regular file");
+    refused({"train", "--config", path, "--dry-run"},
+            "error: " + path + ": expected a regular file");
   }
   refused({"train", "--config", config(), "--plan", fifo}, "error: " + fifo + ": ",
           {"expected a regular file, got a FIFO"});
@@ -118,10 +119,10 @@ TEST_F(BadInput, InputsMustBeRegularFiles) {
 
   // Files a config names: the data, the tokenizer, the weights to start from.
   const json bytes = {{"vocab_size", 256}};
-  refused({"train", "--config",
-           config({{"data", {{"source", "text"}, {"path", "/proc/self/status"}}},
-                   {"model", bytes}})},
-          "error: /proc/self/status: byte 0: ", {"a /proc or /sys file"});
+  refused(
+      {"train", "--config",
+       config({{"data", {{"source", "text"}, {"path", "/proc/self/status"}}}, {"model", bytes}})},
+      "error: /proc/self/status: byte 0: ", {"a /proc or /sys file"});
   refused({"train", "--config",
            config({{"data", {{"source", "text"}, {"path", fifo}}}, {"model", bytes}})},
           "error: " + dir_ + "/c.json: data.path: ", {"a regular file"});
@@ -136,7 +137,8 @@ TEST_F(BadInput, InputsMustBeRegularFiles) {
   // strata data prepare's tokenizer and inputs.
   refused({"data", "prepare", "--tokenizer", fifo, "--input", text, "--output", dir_ + "/out"},
           "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
-  const std::string tok = std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
   refused({"data", "prepare", "--tokenizer", tok, "--input", text, "--input", fifo, "--output",
            dir_ + "/out"},
           "error: " + fifo + ": ", {"expected a regular file, got a FIFO"});
@@ -159,15 +161,15 @@ TEST_F(BadInput, ScheduleSizesAreBounded) {
       {"--schedule", "2bw", "--stages", "4", "--microbatches", "4", "--batches", "100000000"}};
   for (std::vector<std::string> args : cases) {
     args.insert(args.begin(), "schedule");
-    const Outcome o = refused(args, "error: <command line>: --",
-                              {"stages × (chunks × microbatches × batches + stages) at most 524288"});
+    const Outcome o =
+        refused(args, "error: <command line>: --",
+                {"stages × (chunks × microbatches × batches + stages) at most 524288"});
     EXPECT_LT(o.seconds, 5.0);
   }
-  EXPECT_EQ(run_strata({"schedule", "--schedule", "1f1b", "--stages", "512", "--microbatches",
-                        "512"},
-                       60)
-                .status,
-            0);
+  EXPECT_EQ(
+      run_strata({"schedule", "--schedule", "1f1b", "--stages", "512", "--microbatches", "512"}, 60)
+          .status,
+      0);
 }
 
 // Case 6: a checkpoint.dir naming a file, a log.trace or log.metrics naming a directory or an
@@ -194,11 +196,11 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
 
   // What is fine: existing files are kept until written, missing directories made.
   const std::string metrics = write("m.jsonl", "");
-  const Outcome ok = run_strata(
-      {"train", "--config",
-       config({{"checkpoint", {{"dir", dir_ + "/new/ckpt"}, {"interval", 3}}},
-               {"log", {{"metrics", metrics}, {"trace", dir_ + "/t.json"}}}})},
-      60);
+  const Outcome ok =
+      run_strata({"train", "--config",
+                  config({{"checkpoint", {{"dir", dir_ + "/new/ckpt"}, {"interval", 3}}},
+                          {"log", {{"metrics", metrics}, {"trace", dir_ + "/t.json"}}}})},
+                 60);
   EXPECT_EQ(ok.status, 0) << ok.err;
   EXPECT_TRUE(fs::is_directory(dir_ + "/new/ckpt/iter_3"));
   EXPECT_TRUE(fs::is_regular_file(dir_ + "/t.json"));
@@ -208,15 +210,15 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
 // summing to 5 trained 5 layers of a 4-layer model (exit 0), and a plan for 4 layers trained 4
 // of a config of 8 whose checkpoint then could not be resumed or exported.
 TEST_F(BadInput, PlanMustMatchTheConfig) {
-  const std::string cfg = config({{"model", {{"num_layers", 4}}},
-                                  {"train", {{"global_batch_size", 8}}}});
+  const std::string cfg =
+      config({{"model", {{"num_layers", 4}}}, {"train", {{"global_batch_size", 8}}}});
   const std::string plan_path = dir_ + "/plan.json";
-  const Outcome planned = run_strata(
-      {"plan", "--model", cfg, "--cluster", "cpu-local", "--nodes", "2", "--precision", "fp32",
-       "--global-batch-size", "8", "--fix",
-       "tensor=1,pipeline=2,virtual_stages=1,schedule=1f1b,micro_batch_size=2", "--json",
-       plan_path},
-      60);
+  const Outcome planned =
+      run_strata({"plan", "--model", cfg, "--cluster", "cpu-local", "--nodes", "2", "--precision",
+                  "fp32", "--global-batch-size", "8", "--fix",
+                  "tensor=1,pipeline=2,virtual_stages=1,schedule=1f1b,micro_batch_size=2", "--json",
+                  plan_path},
+                 60);
   ASSERT_EQ(planned.status, 0) << planned.err;
   json plan = json::parse(std::ifstream(plan_path));
   plan["plans"][0]["layers_per_stage"] = {{3}, {2}};
@@ -224,14 +226,12 @@ TEST_F(BadInput, PlanMustMatchTheConfig) {
   refused({"train", "--config", cfg, "--plan", five},
           "error: " + five + ": plans[0].layers_per_stage: ",
           {"the config's model.num_layers 4", "got 5"});
-  refused({"train", "--config", cfg, "--plan", plan_path, "--set", "model.num_layers=8"},
-          "error: " + plan_path + ": model.num_layers: ",
-          {"the config's model.num_layers 8", "got 4"});
+  refused(
+      {"train", "--config", cfg, "--plan", plan_path, "--set", "model.num_layers=8"},
+      "error: " + plan_path + ": model.num_layers: ", {"the config's model.num_layers 8", "got 4"});
   refused({"train", "--config", cfg, "--plan", plan_path, "--set", "train.global_batch_size=16"},
-          "error: " + plan_path + ": global_batch_size: ",
-          {"train.global_batch_size 16", "got 8"});
+          "error: " + plan_path + ": global_batch_size: ", {"train.global_batch_size 16", "got 8"});
 }
-
 
 // What the fuzzer (test_fuzz_inputs.cc) found, each kept here as it was found.
 TEST_F(BadInput, FuzzerFinds) {
@@ -242,9 +242,9 @@ TEST_F(BadInput, FuzzerFinds) {
   // A FIFO as --trace: the command blocked opening it.
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  refused({"schedule", "--schedule", "zb-h1", "--stages", "3", "--microbatches", "6", "--trace",
-           fifo},
-          "error: <command line>: --trace: ", {"a FIFO"});
+  refused(
+      {"schedule", "--schedule", "zb-h1", "--stages", "3", "--microbatches", "6", "--trace", fifo},
+      "error: <command line>: --trace: ", {"a FIFO"});
   refused({"plan", "--model", "tiny", "--cluster", "cpu-local", "--precision", "fp32",
            "--global-batch-size", "4", "--json", fifo},
           "error: <command line>: --json: ", {"a FIFO"});
@@ -252,8 +252,8 @@ TEST_F(BadInput, FuzzerFinds) {
   refused({"train", "--config", config(), "--set", "model.vocab_size=2147483647", "--dry-run"},
           "error: <command line>: model.vocab_size: ", {"at most 2^30"});
   // A tokenizer id of 2^30 made a 2^30-entry table (std::bad_alloc, exit 1).
-  json tok = json::parse(std::ifstream(std::string(STRATA_TEST_DIR) +
-                                       "/golden/tokenizer/gpt2_style.tokenizer.json"));
+  json tok = json::parse(
+      std::ifstream(std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json"));
   tok["model"]["vocab"]["!"] = 1 << 30;
   const std::string tok_path = write("tokenizer.json", tok.dump());
   refused({"data", "prepare", "--tokenizer", tok_path, "--input", write("in.txt", "text"),

@@ -5,7 +5,6 @@
 // published model sizes (GPT-2, GPT-3 papers), never from the parser's own tables.
 
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <chrono>
@@ -554,8 +553,8 @@ TEST(ConfigConsistency, CheckpointIntervalNeedsDir) {
 // Issue 28: warmup_iters beyond decay_iters was accepted, and the rate dropped from lr to min_lr
 // the step the warm-up ended.
 TEST(ConfigConsistency, WarmupWithinDecay) {
-  const InputError e = config_error(
-      json::parse(R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10}})"));
+  const InputError e =
+      config_error(json::parse(R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10}})"));
   EXPECT_EQ(e.file(), kFile);
   EXPECT_EQ(e.where(), "optimizer.warmup_iters");
   EXPECT_TRUE(contains(e.expected(), "warmup_iters 20 > decay_iters 10")) << e.what();
@@ -765,8 +764,7 @@ TEST(ConfigFiles, DeepNestingIsRefusedWhileParsing) {
     EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
   }
   // --set values too.
-  const InputError e =
-      expect_error([&] {
+  const InputError e = expect_error([&] {
     load_config("", {"model.init_from=" + std::string(100, '[') + std::string(100, ']')});
   });
   EXPECT_EQ(e.file(), kCmd);
@@ -779,8 +777,8 @@ TEST(ConfigFiles, NumberBeyondDoubleNamesItsKey) {
   const std::string path = dir.write("lr.json", R"({"optimizer": {"lr": 1e999}})");
   InputError e = expect_error([&] { load_config(path, {}); });
   EXPECT_EQ(std::string(e.what()), "error: " + path +
-                                        ": optimizer.lr: expected a number within double's "
-                                        "range (magnitude below 1.8e308), got 1e999");
+                                       ": optimizer.lr: expected a number within double's "
+                                       "range (magnitude below 1.8e308), got 1e999");
   e = expect_error([&] { load_config("", {"optimizer.lr=-1e999"}); });
   EXPECT_EQ(e.file(), kCmd);
   EXPECT_EQ(e.where(), "optimizer.lr");
@@ -795,9 +793,9 @@ TEST(ConfigFiles, ControlBytesInMessagesAreEscaped) {
   const std::string path = dir.write("nul.json", R"({"model": {"a\u0000b\nc": 1}})");
   const InputError e = expect_error([&] { load_config(path, {}); });
   const std::string what = e.what();
-  EXPECT_EQ(what.rfind("error: " + path + ": model.a\\x00b\\x0ac: unknown key (known keys of model: ",
-                       0),
-            0u)
+  EXPECT_EQ(
+      what.rfind("error: " + path + ": model.a\\x00b\\x0ac: unknown key (known keys of model: ", 0),
+      0u)
       << what;
   EXPECT_EQ(what.find('\0'), std::string::npos);
   EXPECT_EQ(what.find('\n'), std::string::npos);

@@ -29,12 +29,11 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/subprocess.h"
 
@@ -198,12 +197,38 @@ std::string deep(Rng& rng, size_t max_depth = 100000) {
 }
 
 Raw extreme_number(Rng& rng) {
-  static const std::vector<std::string> numbers = {
-      "0", "-0", "-1", "1", "2", "3.0", "0.5", "-0.5", "1e-320", "2147483647", "2147483648",
-      "-2147483648", "-2147483649", "4294967296", "9223372036854775807", "9223372036854775808",
-      "-9223372036854775808", "18446744073709551615", "18446744073709551616",
-      "123456789012345678901234567890", "1e19", "9.3e18", "1e300", "1e308", "-1e308", "1e999",
-      "-1e999", "1e-999", "65536", "65537", "1073741824", "16777217"};
+  static const std::vector<std::string> numbers = {"0",
+                                                   "-0",
+                                                   "-1",
+                                                   "1",
+                                                   "2",
+                                                   "3.0",
+                                                   "0.5",
+                                                   "-0.5",
+                                                   "1e-320",
+                                                   "2147483647",
+                                                   "2147483648",
+                                                   "-2147483648",
+                                                   "-2147483649",
+                                                   "4294967296",
+                                                   "9223372036854775807",
+                                                   "9223372036854775808",
+                                                   "-9223372036854775808",
+                                                   "18446744073709551615",
+                                                   "18446744073709551616",
+                                                   "123456789012345678901234567890",
+                                                   "1e19",
+                                                   "9.3e18",
+                                                   "1e300",
+                                                   "1e308",
+                                                   "-1e308",
+                                                   "1e999",
+                                                   "-1e999",
+                                                   "1e-999",
+                                                   "65536",
+                                                   "65537",
+                                                   "1073741824",
+                                                   "16777217"};
   return {pick(rng, numbers)};
 }
 
@@ -231,9 +256,18 @@ json weird_string(Rng& rng) {
 }
 
 json other_type(Rng& rng) {
-  static const std::vector<json> values = {nullptr,          true,  false, "text", 1,    -1,
-                                           1.5,              0,     json::array(), json::object(),
-                                           json::array({1, 2}), json{{"a", 1}}};
+  static const std::vector<json> values = {nullptr,
+                                           true,
+                                           false,
+                                           "text",
+                                           1,
+                                           -1,
+                                           1.5,
+                                           0,
+                                           json::array(),
+                                           json::object(),
+                                           json::array({1, 2}),
+                                           json{{"a", 1}}};
   return pick(rng, values);
 }
 
@@ -241,12 +275,13 @@ json other_type(Rng& rng) {
 // other boolean.
 json plausible(Rng& rng, const json& v) {
   static const std::vector<std::string> words = {
-      "gpipe", "1f1b",   "interleaved", "2bw",   "zb-h1",    "none",   "selective", "full",
-      "fp32",  "bf16",   "synthetic",   "text",  "tokens",   "indexed", "cosine",   "linear",
-      "constant", "gpt", "llama",       "auto",  "cpu",      "strata", "tiny",      "llama-tiny"};
+      "gpipe",    "1f1b", "interleaved", "2bw",  "zb-h1",  "none",    "selective", "full",
+      "fp32",     "bf16", "synthetic",   "text", "tokens", "indexed", "cosine",    "linear",
+      "constant", "gpt",  "llama",       "auto", "cpu",    "strata",  "tiny",      "llama-tiny"};
   if (v.is_boolean()) return !v.get<bool>();
   if (v.is_string()) return pick(rng, words);
-  if (v.is_number_float()) return pick(rng, std::vector<double>{0.0, 0.1, 0.5, 0.9, 1.0, 2.0, 1e-6});
+  if (v.is_number_float())
+    return pick(rng, std::vector<double>{0.0, 0.1, 0.5, 0.9, 1.0, 2.0, 1e-6});
   return static_cast<int>(below(rng, 9));
 }
 
@@ -280,8 +315,10 @@ class JsonCase {
       case 0:  // delete a key or an element
         if (has_parent) {
           json& parent = root_[at.parent_pointer()];
-          if (parent.is_object()) parent.erase(at.back());
-          else if (parent.is_array()) parent.erase(std::stoul(at.back()));
+          if (parent.is_object())
+            parent.erase(at.back());
+          else if (parent.is_array())
+            parent.erase(std::stoul(at.back()));
         }
         break;
       case 1:  // duplicate a key
@@ -359,8 +396,8 @@ std::string damage_bytes(Rng& rng, std::string s) {
       s[at] = static_cast<char>(s[at] ^ (1 << below(rng, 8)));
       break;
     case 1: {
-      static const std::vector<std::string> inserts = {std::string(1, '\0'), "\xff", "{", "\"",
-                                                       "]", ",", "\\", "\n", "1e999"};
+      static const std::vector<std::string> inserts = {
+          std::string(1, '\0'), "\xff", "{", "\"", "]", ",", "\\", "\n", "1e999"};
       s.insert(at, pick(rng, inserts));
       break;
     }
@@ -450,7 +487,8 @@ struct Kind {
 
 // train --dry-run on a mutated config.
 Case config_case(Rng& rng, Workdir& wd) {
-  const std::string cfg = wd.write("config.json", mutated_json(rng, wd, pick(rng, corpus().configs)));
+  const std::string cfg =
+      wd.write("config.json", mutated_json(rng, wd, pick(rng, corpus().configs)));
   return {{"train", "--config", cfg, "--dry-run"}, 20};
 }
 
@@ -474,29 +512,45 @@ Case set_case(Rng& rng, Workdir& wd) {
 // train --plan --dry-run with a mutated plan file.
 Case plan_file_case(Rng& rng, Workdir& wd) {
   const std::string cfg = wd.write("config.json", wd.fill(corpus().plan_config));
-  const std::string plan = chance(rng, 0.1)
-                               ? wd.wrong_file(rng)
-                               : wd.write("plan.json", mutated_json(rng, wd, pick(rng, corpus().plans)));
+  const std::string plan =
+      chance(rng, 0.1) ? wd.wrong_file(rng)
+                       : wd.write("plan.json", mutated_json(rng, wd, pick(rng, corpus().plans)));
   return {{"train", "--config", cfg, "--plan", plan, "--dry-run"}, 20};
 }
 
 // strata plan with bent flags, model files and cluster files.
 Case plan_command_case(Rng& rng, Workdir& wd) {
   Case c{{"plan"}, 30};
-  std::string model = pick(rng, std::vector<std::string>{"tiny", "llama-tiny", "gpt2-124m", "gpt3-175b"});
-  if (chance(rng, 0.4)) model = wd.write("model.json", mutated_json(rng, wd, pick(rng, corpus().configs)));
-  else if (chance(rng, 0.1)) model = wd.wrong_file(rng);
-  std::string cluster = pick(rng, std::vector<std::string>{"cpu-local", "dgx-a100-80gb", "dgx-h100"});
-  if (chance(rng, 0.4)) cluster = wd.write("cluster.json", mutated_json(rng, wd, pick(rng, corpus().clusters)));
-  else if (chance(rng, 0.1)) cluster = wd.wrong_file(rng);
+  std::string model =
+      pick(rng, std::vector<std::string>{"tiny", "llama-tiny", "gpt2-124m", "gpt3-175b"});
+  if (chance(rng, 0.4))
+    model = wd.write("model.json", mutated_json(rng, wd, pick(rng, corpus().configs)));
+  else if (chance(rng, 0.1))
+    model = wd.wrong_file(rng);
+  std::string cluster =
+      pick(rng, std::vector<std::string>{"cpu-local", "dgx-a100-80gb", "dgx-h100"});
+  if (chance(rng, 0.4))
+    cluster = wd.write("cluster.json", mutated_json(rng, wd, pick(rng, corpus().clusters)));
+  else if (chance(rng, 0.1))
+    cluster = wd.wrong_file(rng);
   c.args.insert(c.args.end(), {"--model", model, "--cluster", cluster, "--global-batch-size",
                                count_text(rng, 512)});
   if (chance(rng, 0.5)) c.args.insert(c.args.end(), {"--nodes", count_text(rng, 16)});
   if (chance(rng, 0.5)) {
-    static const std::vector<std::string> fixes = {
-        "tensor=2", "pipeline=4", "schedule=interleaved", "recompute=full", "micro_batch_size=1",
-        "virtual_stages=2", "data=3", "tensor=0", "pipeline=x", "nosuch=1", "schedule=",
-        "tensor=99999999999", "=", "micro_batch_size=1e999"};
+    static const std::vector<std::string> fixes = {"tensor=2",
+                                                   "pipeline=4",
+                                                   "schedule=interleaved",
+                                                   "recompute=full",
+                                                   "micro_batch_size=1",
+                                                   "virtual_stages=2",
+                                                   "data=3",
+                                                   "tensor=0",
+                                                   "pipeline=x",
+                                                   "nosuch=1",
+                                                   "schedule=",
+                                                   "tensor=99999999999",
+                                                   "=",
+                                                   "micro_batch_size=1e999"};
     std::string fix = pick(rng, fixes);
     if (chance(rng, 0.5)) fix += "," + pick(rng, fixes);
     c.args.insert(c.args.end(), {"--fix", fix});
@@ -504,10 +558,12 @@ Case plan_command_case(Rng& rng, Workdir& wd) {
   if (chance(rng, 0.3)) c.args.insert(c.args.end(), {"--top", count_text(rng, 5)});
   if (chance(rng, 0.3)) c.args.insert(c.args.end(), {"--seq-len", count_text(rng, 2048)});
   if (chance(rng, 0.3))
-    c.args.insert(c.args.end(), {"--precision", pick(rng, std::vector<std::string>{"fp32", "bf16", "fp8"})});
+    c.args.insert(c.args.end(),
+                  {"--precision", pick(rng, std::vector<std::string>{"fp32", "bf16", "fp8"})});
   if (chance(rng, 0.2)) c.args.insert(c.args.end(), {"--profile", wd.wrong_file(rng)});
   if (chance(rng, 0.2))
-    c.args.insert(c.args.end(), {"--json", chance(rng, 0.5) ? wd.path() + "/plan.json" : wd.path()});
+    c.args.insert(c.args.end(),
+                  {"--json", chance(rng, 0.5) ? wd.path() + "/plan.json" : wd.path()});
   return c;
 }
 
@@ -515,7 +571,7 @@ Case plan_command_case(Rng& rng, Workdir& wd) {
 Case schedule_case(Rng& rng, Workdir& wd) {
   Case c{{"schedule"}, 30};
   const std::string kind = pick(rng, std::vector<std::string>{"gpipe", "1f1b", "interleaved", "2bw",
-                                                               "zb-h1", "pipedream", ""});
+                                                              "zb-h1", "pipedream", ""});
   if (chance(rng, 0.95)) c.args.insert(c.args.end(), {"--schedule", kind});
   if (chance(rng, 0.95)) c.args.insert(c.args.end(), {"--stages", count_text(rng, 8)});
   if (chance(rng, 0.95)) c.args.insert(c.args.end(), {"--microbatches", count_text(rng, 16)});
@@ -523,8 +579,10 @@ Case schedule_case(Rng& rng, Workdir& wd) {
   if (chance(rng, 0.3)) c.args.insert(c.args.end(), {"--batches", count_text(rng, 4)});
   if (chance(rng, 0.3)) c.args.push_back("--list");
   if (chance(rng, 0.2))
-    c.args.insert(c.args.end(), {"--trace", chance(rng, 0.5) ? wd.path() + "/t.json" : wd.wrong_file(rng)});
-  if (chance(rng, 0.1)) c.args.push_back(pick(rng, std::vector<std::string>{"--bogus", "--stages"}));
+    c.args.insert(c.args.end(),
+                  {"--trace", chance(rng, 0.5) ? wd.path() + "/t.json" : wd.wrong_file(rng)});
+  if (chance(rng, 0.1))
+    c.args.push_back(pick(rng, std::vector<std::string>{"--bogus", "--stages"}));
   return c;
 }
 
@@ -537,8 +595,9 @@ Case files_case(Rng& rng, Workdir& wd) {
   cfg["model"]["num_layers"] = 2;
   cfg["parallel"] = json::object();
   static const std::vector<std::vector<std::string>> keys = {
-      {"data", "path"},    {"data", "tokenizer"}, {"model", "init_from"},  {"checkpoint", "dir"},
-      {"checkpoint", "resume"}, {"log", "metrics"}, {"log", "trace"}};
+      {"data", "path"},      {"data", "tokenizer"},    {"model", "init_from"},
+      {"checkpoint", "dir"}, {"checkpoint", "resume"}, {"log", "metrics"},
+      {"log", "trace"}};
   const size_t n = 1 + below(rng, 2);
   for (size_t i = 0; i < n; ++i) {
     const std::vector<std::string>& k = pick(rng, keys);
@@ -550,8 +609,8 @@ Case files_case(Rng& rng, Workdir& wd) {
     }
     if (k[0] == "checkpoint" && chance(rng, 0.5)) cfg["checkpoint"]["interval"] = 1;
   }
-  return {{"train", "--config", wd.write("config.json", cfg.dump(-1, ' ', false,
-                                                                  json::error_handler_t::replace))},
+  return {{"train", "--config",
+           wd.write("config.json", cfg.dump(-1, ' ', false, json::error_handler_t::replace))},
           40};
 }
 
@@ -560,17 +619,34 @@ Case files_case(Rng& rng, Workdir& wd) {
 Case train_run_case(Rng& rng, Workdir& wd) {
   json cfg = json::parse(wd.fill(corpus().plan_config));
   cfg["checkpoint"] = {{"dir", wd.path() + "/ckpt"}};
-  static const std::vector<std::vector<std::string>> keys = {
-      {"optimizer", "lr"},          {"optimizer", "min_lr"},       {"optimizer", "warmup_iters"},
-      {"optimizer", "decay"},       {"optimizer", "decay_iters"},  {"optimizer", "weight_decay"},
-      {"optimizer", "beta1"},       {"optimizer", "beta2"},        {"optimizer", "eps"},
-      {"optimizer", "grad_clip"},   {"log", "interval"},           {"log", "sample_interval"},
-      {"log", "sample_prompt"},     {"log", "sample_tokens"},      {"data", "val_fraction"},
-      {"data", "synthetic"},        {"train", "seed"},             {"train", "recompute"},
-      {"train", "precision"},       {"train", "threads"},          {"train", "eval_interval"},
-      {"train", "eval_iters"},      {"train", "skip_nonfinite"},   {"train", "attention_backend"},
-      {"checkpoint", "interval"},   {"checkpoint", "keep"},        {"checkpoint", "resume"},
-      {"comm", "timeout_s"}};
+  static const std::vector<std::vector<std::string>> keys = {{"optimizer", "lr"},
+                                                             {"optimizer", "min_lr"},
+                                                             {"optimizer", "warmup_iters"},
+                                                             {"optimizer", "decay"},
+                                                             {"optimizer", "decay_iters"},
+                                                             {"optimizer", "weight_decay"},
+                                                             {"optimizer", "beta1"},
+                                                             {"optimizer", "beta2"},
+                                                             {"optimizer", "eps"},
+                                                             {"optimizer", "grad_clip"},
+                                                             {"log", "interval"},
+                                                             {"log", "sample_interval"},
+                                                             {"log", "sample_prompt"},
+                                                             {"log", "sample_tokens"},
+                                                             {"data", "val_fraction"},
+                                                             {"data", "synthetic"},
+                                                             {"train", "seed"},
+                                                             {"train", "recompute"},
+                                                             {"train", "precision"},
+                                                             {"train", "threads"},
+                                                             {"train", "eval_interval"},
+                                                             {"train", "eval_iters"},
+                                                             {"train", "skip_nonfinite"},
+                                                             {"train", "attention_backend"},
+                                                             {"checkpoint", "interval"},
+                                                             {"checkpoint", "keep"},
+                                                             {"checkpoint", "resume"},
+                                                             {"comm", "timeout_s"}};
   const size_t n = 1 + below(rng, 3);
   std::vector<std::string> raws;
   for (size_t i = 0; i < n; ++i) {
@@ -640,8 +716,9 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
   }
   std::string input = corpus().text_file;
   if (chance(rng, 0.4)) {
-    input = wd.write("docs.jsonl", damage_bytes(rng, "{\"text\": \"one document\"}\n{\"text\": "
-                                                     "\"two\"}\n{\"body\": 3}\n"));
+    input = wd.write("docs.jsonl", damage_bytes(rng,
+                                                "{\"text\": \"one document\"}\n{\"text\": "
+                                                "\"two\"}\n{\"body\": 3}\n"));
   } else if (chance(rng, 0.3)) {
     input = wd.write("input.txt", damage_bytes(rng, read_file(corpus().text_file)));
   } else if (chance(rng, 0.2)) {
@@ -650,7 +727,9 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
   Case c{{"data", "prepare", "--tokenizer", tok, "--input", input, "--output", wd.path() + "/out",
           "--threads", "1"},
          30};
-  if (chance(rng, 0.3)) c.args.insert(c.args.end(), {"--format", pick(rng, std::vector<std::string>{"llmc", "megatron", "csv"})});
+  if (chance(rng, 0.3))
+    c.args.insert(c.args.end(),
+                  {"--format", pick(rng, std::vector<std::string>{"llmc", "megatron", "csv"})});
   if (chance(rng, 0.2)) c.args.push_back("--no-eod");
   return c;
 }
@@ -671,8 +750,10 @@ Case hf_dir_case(Rng& rng, Workdir& wd) {
     uint64_t n = 0;
     std::memcpy(&n, weights.data(), sizeof n);
     std::string header = weights.substr(8, n), data = weights.substr(8 + n);
-    if (chance(rng, 0.8)) header = mutated_json(rng, wd, header);
-    else data = damage_bytes(rng, data);
+    if (chance(rng, 0.8))
+      header = mutated_json(rng, wd, header);
+    else
+      data = damage_bytes(rng, data);
     n = header.size();
     if (chance(rng, 0.1)) n = extreme_number(rng).text.size() * 1000003;  // a length that lies
     weights = std::string(reinterpret_cast<const char*>(&n), sizeof n) + header + data;
@@ -745,7 +826,8 @@ uint64_t env_or(const char* name, uint64_t fallback) {
 std::string quoted_args(const std::vector<std::string>& args) {
   std::string s = "strata";
   for (const std::string& a : args) {
-    std::string shown = a.size() > 200 ? a.substr(0, 200) + "...(" + std::to_string(a.size()) + " bytes)" : a;
+    std::string shown =
+        a.size() > 200 ? a.substr(0, 200) + "...(" + std::to_string(a.size()) + " bytes)" : a;
     s += " " + json(shown).dump(-1, ' ', true, json::error_handler_t::replace);
   }
   return s;
@@ -754,9 +836,8 @@ std::string quoted_args(const std::vector<std::string>& args) {
 // Keeps a failing case's inputs for a person to run again.
 std::string keep_failure(const Workdir& wd, uint64_t index, const std::vector<std::string>& args,
                          const testing::Outcome& o) {
-  const std::string dir = (fs::path(::testing::TempDir()) / "strata_fuzz_failures" /
-                           std::to_string(index))
-                              .string();
+  const std::string dir =
+      (fs::path(::testing::TempDir()) / "strata_fuzz_failures" / std::to_string(index)).string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::error_code ec;
@@ -794,8 +875,8 @@ TEST(FuzzInputs, EveryRunExitsZeroOrTwoWithOneLine) {
     std::seed_seq seq{seed, i};
     Rng rng(seq);
     const Kind& kind = kind_for(rng);
-    Workdir wd((fs::path(::testing::TempDir()) / ("strata_fuzz_" + std::to_string(::getpid())))
-                   .string());
+    Workdir wd(
+        (fs::path(::testing::TempDir()) / ("strata_fuzz_" + std::to_string(::getpid()))).string());
     const Case c = kind.make(rng, wd);
     const testing::Outcome o = testing::run_strata(c.args, c.timeout_s);
     ++done;

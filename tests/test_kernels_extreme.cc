@@ -42,8 +42,8 @@ constexpr float kMax = std::numeric_limits<float>::max();
 // Every NaN class: quiet and signalling, both signs, smallest and largest payloads.
 std::vector<float> nans() {
   std::vector<float> v;
-  for (uint32_t b : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu,
-                     0xFFFFFFFFu, 0x7FA5A5A5u, 0xFFA5A5A5u})
+  for (uint32_t b : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu, 0xFFFFFFFFu,
+                     0x7FA5A5A5u, 0xFFA5A5A5u})
     v.push_back(from_bits(b));
   return v;
 }
@@ -62,8 +62,13 @@ TEST(ExpFast, SaturatesOutsideItsBand) {
 
 TEST(ExpFast, WithinTwoUlpOfExpInsideItsBand) {
   // Both edges of the band, zero and the smallest magnitudes, and a sweep between.
-  std::vector<float> xs = {87.0f, -87.0f, 0.0f, -0.0f, std::numeric_limits<float>::min(),
-                           std::numeric_limits<float>::denorm_min(), -1e-30f};
+  std::vector<float> xs = {87.0f,
+                           -87.0f,
+                           0.0f,
+                           -0.0f,
+                           std::numeric_limits<float>::min(),
+                           std::numeric_limits<float>::denorm_min(),
+                           -1e-30f};
   for (int i = -869; i <= 869; ++i) xs.push_back(static_cast<float>(i) * 0.1f + 0.0123f);
   for (float x : xs) {
     const double want = std::exp(static_cast<double>(x));
@@ -78,7 +83,8 @@ TEST(GeluExtreme, FiniteInFiniteOutNanKept) {
   for (float x : nans()) in.push_back(x);
   std::vector<float> out(in.size());
   cpu::gelu_forward(out.data(), in.data(), in.size());
-  for (size_t i = 0; i < finite; ++i) EXPECT_TRUE(std::isfinite(out[i])) << in[i] << " -> " << out[i];
+  for (size_t i = 0; i < finite; ++i)
+    EXPECT_TRUE(std::isfinite(out[i])) << in[i] << " -> " << out[i];
   EXPECT_EQ(out[4], 100.0f);
   EXPECT_EQ(out[5], 0.0f);
   for (size_t i = finite; i < in.size(); ++i) EXPECT_TRUE(std::isnan(out[i]));

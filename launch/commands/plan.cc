@@ -12,8 +12,8 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/checkpointing.h"
 #include "models/registry.h"
-#include "partitioner/layer_split.h"
 #include "partitioner/cost_model.h"
+#include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
 #include "runtime/error.h"
 #include "runtime/json_file.h"
@@ -416,7 +416,8 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
   }
   // The layout is then checked as if the config had said it, against the config's other keys.
   return config_with_layer(
-      cfg, {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
+      cfg,
+      {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
       file);
 }
 

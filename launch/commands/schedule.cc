@@ -57,12 +57,12 @@ void check_schedule_size(const ScheduleSpec& s) {
   for (const auto& size : sizes)
     if (size.second > largest->second) largest = &size;
   using std::to_string;
-  bad_flag(largest->first,
-           "stages × (chunks × microbatches × batches + stages) at most " +
-               to_string(static_cast<int64_t>(kMaxScheduleUnits)) +
-               " (the lists and the diagram grow with it), got " + to_string(s.stages) + " × (" +
-               to_string(s.chunks) + " × " + to_string(s.microbatches) + " × " +
-               to_string(s.batches) + " + " + to_string(s.stages) + ")");
+  bad_flag(largest->first, "stages × (chunks × microbatches × batches + stages) at most " +
+                               to_string(static_cast<int64_t>(kMaxScheduleUnits)) +
+                               " (the lists and the diagram grow with it), got " +
+                               to_string(s.stages) + " × (" + to_string(s.chunks) + " × " +
+                               to_string(s.microbatches) + " × " + to_string(s.batches) + " + " +
+                               to_string(s.stages) + ")");
 }
 
 std::string theory_formula(ScheduleKind k) {

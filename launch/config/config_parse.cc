@@ -588,8 +588,9 @@ const std::vector<Section>& schema() {
           model.integer("ffn_hidden_size", &M::ffn_hidden_size, 1,
                         "MLP width; 4 × hidden_size unless given with hidden_size or later"),
           model.integer("seq_len", &M::seq_len, 1, "tokens per sequence (and learned positions)"),
-          model.integer("vocab_size", &M::vocab_size, 1,
-                        "≥ the data's vocabulary; padded to a multiple of 128·t")
+          model
+              .integer("vocab_size", &M::vocab_size, 1,
+                       "≥ the data's vocabulary; padded to a multiple of 128·t")
               .then([](const Reader& r, const std::string& p, const Config& c) {
                 // Padded to a multiple of 128·t, the vocabulary must still be an int.
                 r.require(c.model.vocab_size <= (1 << 30), p,
@@ -617,8 +618,7 @@ const std::vector<Section>& schema() {
                        "llama: null, or Llama 3.1's {\"rope_type\": \"llama3\", \"factor\", "
                        "\"low_freq_factor\", \"high_freq_factor\", "
                        "\"original_max_position_embeddings\"}"),
-          model.number("rms_norm_eps", &M::rms_norm_eps, above(0),
-                       "llama: the RMSNorm epsilon")}},
+          model.number("rms_norm_eps", &M::rms_norm_eps, above(0), "llama: the RMSNorm epsilon")}},
         {"parallel",
          {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
           parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),

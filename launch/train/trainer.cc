@@ -115,12 +115,12 @@ void check_output_paths(const Config& cfg) {
                                 ? output_directory_problem(*ck.dir)
                                 : std::string();
     if (!why.empty())
-      throw InputError(cfg.source_file, "checkpoint.dir",
-                       "expected a directory checkpoints can be written to, got \"" + *ck.dir +
-                           "\": " + why);
+      throw InputError(
+          cfg.source_file, "checkpoint.dir",
+          "expected a directory checkpoints can be written to, got \"" + *ck.dir + "\": " + why);
   }
-  for (const auto& [key, path] : {std::pair{"log.metrics", cfg.log.metrics},
-                                  std::pair{"log.trace", cfg.log.trace}}) {
+  for (const auto& [key, path] :
+       {std::pair{"log.metrics", cfg.log.metrics}, std::pair{"log.trace", cfg.log.trace}}) {
     if (!path) continue;
     const std::string why = output_file_problem(*path);
     if (!why.empty())

@@ -43,8 +43,7 @@ constexpr uint32_t kNoRank = 0xFFFFFFFFu;
 // largest id, and the largest vocabularies in use hold ~262k tokens (a file claiming id 2^30
 // made a 32 GB table).
 constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
-const std::string kIdExpected =
-    "a non-negative integer id up to " + std::to_string(kMaxTokenId);
+const std::string kIdExpected = "a non-negative integer id up to " + std::to_string(kMaxTokenId);
 
 uint64_t hash_bytes(std::string_view s) {
   // FNV-1a over 8-byte words, then a final mix: fast for the short keys of pre-tokens.
