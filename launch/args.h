@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace strata {
 
@@ -32,6 +33,14 @@ inline bool flag_value(const std::vector<std::string>& args, size_t& i, const ch
     return true;
   }
   return false;
+}
+
+// Checks, before a command does its work, that the file `flag` names can be written: an
+// InputError naming the flag when it is a directory, a FIFO (whose open would block), in a
+// missing directory, or not writable (runtime/input_file.h's output_file_problem).
+inline void check_output_flag(const std::string& flag, const std::string& path) {
+  const std::string why = output_file_problem(path);
+  if (!why.empty()) bad_flag(flag, "a file path that can be written, got \"" + path + "\": " + why);
 }
 
 // The value of `flag` as an integer in [1, max]; anything else (a sign, other characters, an

@@ -2,16 +2,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "models/registry.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 #include "runtime/safetensors.h"
 
 namespace strata {
@@ -27,17 +31,9 @@ std::string join(const std::string& dir, const std::string& name) {
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path, "", what);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path, "byte " + std::to_string(e.byte), "valid JSON");
-  }
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(path, "", what);
+  const nlohmann::json j = read_json_file(path);
   if (!j.is_object()) throw InputError(path, "", "a JSON object");
   return j;
 }
@@ -109,8 +105,11 @@ bool natural_less(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+// The error_code forms of std::filesystem throughout: a path the system refuses (too long, say)
+// is then a missing file, which the readers report as input errors, not a filesystem_error.
 bool is_hf_directory(const std::string& path) {
-  return fs::is_directory(path);
+  std::error_code ec;
+  return fs::is_directory(path, ec);
 }
 
 nlohmann::json read_hf_config(const std::string& dir) {
@@ -127,9 +126,10 @@ HfTensors read_hf_tensors(const std::string& path) {
     return out;
   }
   const std::string index = join(path, kIndex);
-  if (!fs::exists(index)) {
+  std::error_code ec;
+  if (!fs::exists(index, ec)) {
     const std::string single = join(path, kSingle);
-    if (!fs::exists(single))
+    if (!fs::exists(single, ec))
       throw InputError(single, "",
                        std::string("the model's weights: ") + kSingle + " or " + kIndex +
                            " with its shards (safetensors only)");
@@ -151,7 +151,7 @@ HfTensors read_hf_tensors(const std::string& path) {
   }
   for (const auto& [shard, names] : by_shard) {
     const std::string file = join(path, shard);
-    if (!fs::is_regular_file(file))
+    if (!fs::is_regular_file(file, ec))
       throw InputError(file, "tensor " + names.front(),
                        std::string("the shard ") + kIndex + " lists for this tensor (and " +
                            std::to_string(names.size() - 1) + " others); the file is missing");
@@ -255,7 +255,51 @@ void check_hf_key(const nlohmann::json& hf, const std::string& key, const nlohma
   }
   if (!same)
     throw InputError(path, key,
-                     want.dump() + " (" + ours + " of the model config), found " + got.dump());
+                     want.dump() + " (" + ours + " of the model config), found " +
+                         got.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+int hf_int(const nlohmann::json& hf, const std::string& key, int64_t absent,
+           const std::string& path, int64_t min) {
+  const nlohmann::json v = hf_value(hf, key, absent);
+  // Integral floats count (some exporters write 64.0); nothing beyond an int does.
+  std::optional<int64_t> n;
+  if (v.is_number_unsigned()) {
+    n = v.get<uint64_t>() > static_cast<uint64_t>(INT_MAX)
+            ? int64_t{INT_MAX} + 1
+            : static_cast<int64_t>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    n = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9e18) n = static_cast<int64_t>(d);
+  }
+  if (!n || *n < min || *n > INT_MAX)
+    throw InputError(path, key,
+                     "an integer from " + std::to_string(min) + " to " + std::to_string(INT_MAX) +
+                         ", found " +
+                         v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return static_cast<int>(*n);
+}
+
+double hf_number(const nlohmann::json& hf, const std::string& key, double absent,
+                 const std::string& path) {
+  const nlohmann::json v = hf_value(hf, key, absent);
+  if (!v.is_number() || !std::isfinite(v.get<double>()))
+    throw InputError(
+        path, key,
+        "a number, found " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return v.get<double>();
+}
+
+bool hf_bool(const nlohmann::json& hf, const std::string& key, bool absent,
+             const std::string& path) {
+  const nlohmann::json v = hf_value(hf, key, absent);
+  if (!v.is_boolean())
+    throw InputError(
+        path, key,
+        "true or false, found " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return v.get<bool>();
 }
 
 std::optional<int64_t> parse_hf_size(const std::string& s) {
@@ -326,7 +370,7 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
                         const std::vector<std::string>& order_hint) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir))
+  if (!fs::is_directory(dir, ec))
     throw InputError(dir, "", "a directory that can be created (" + ec.message() + ")");
   const int64_t width = st_dtype_bytes(options.dtype);
   if (options.dtype != "F32" && options.dtype != "BF16")
@@ -358,9 +402,10 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
   }
   // What an earlier save left and this one does not rewrite.
   const std::set<std::string> keep(files.begin(), files.end());
-  for (const auto& e : fs::directory_iterator(dir)) {
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && is_weights_file(name) && !keep.count(name)) fs::remove(e.path(), ec);
+    if (e.is_regular_file(ec) && is_weights_file(name) && !keep.count(name))
+      fs::remove(e.path(), ec);
   }
   write_text(join(dir, kConfig), config.dump(2) + "\n");
   nlohmann::json weight_map = nlohmann::json::object();

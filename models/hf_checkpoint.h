@@ -76,6 +76,16 @@ nlohmann::json hf_value(const nlohmann::json& hf, const std::string& key,
 void check_hf_key(const nlohmann::json& hf, const std::string& key, const nlohmann::json& want,
                   const std::string& ours, const std::string& path, const nlohmann::json& absent);
 
+// For the adapters' model_config: hf_value(hf, key, absent) read as an integer in [min, 2^31),
+// a finite number or a boolean; InputError(path, key, "<what>, found <value>") when it is not
+// one (a config.json is input: "n_embd": "64" must not end the run with a type_error).
+int hf_int(const nlohmann::json& hf, const std::string& key, int64_t absent,
+           const std::string& path, int64_t min = 1);
+double hf_number(const nlohmann::json& hf, const std::string& key, double absent,
+                 const std::string& path);
+bool hf_bool(const nlohmann::json& hf, const std::string& key, bool absent,
+             const std::string& path);
+
 // What to write.
 struct HfWriteOptions {
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, "5GB"

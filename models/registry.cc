@@ -36,7 +36,10 @@ std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, 
 }
 
 ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
-  const std::string type = hf.value("model_type", std::string());
+  const nlohmann::json model_type =
+      hf.is_object() ? hf.value("model_type", nlohmann::json()) : nullptr;
+  const std::string type =
+      model_type.is_string() ? model_type.get<std::string>() : model_type.dump();
   std::string known;
   for (const ArchSpec& a : architectures()) {
     if (!a.hf.model_config) continue;

@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include "runtime/error.h"
 #include "runtime/json_file.h"
@@ -80,7 +79,8 @@ json profile_to_json(const Profile& p) {
 }
 
 Profile load_profile(const std::string& path) {
-  if (!std::ifstream(path))
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
     throw InputError("<command line>", "--profile", "a readable profile JSON, got " + path);
   return profile_from_json(read_json_file(path), path);
 }

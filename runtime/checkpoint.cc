@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/json_file.h"
 #include "runtime/safetensors.h"
 #include "runtime/watchdog.h"
@@ -93,14 +94,14 @@ void fsync_dir(const std::string& path) {
   ::close(fd);
 }
 
+// A checkpoint's JSON file; "" when it is missing, unreadable, not a regular file or larger than
+// any metadata (the callers report that as the file's fault).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return {};
-  std::string s(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
+  try {
+    return read_input_file(path, kMaxJsonFileBytes);
+  } catch (const InputError&) {
+    return {};
+  }
 }
 
 std::string crc_hex(uint32_t c) {
@@ -401,7 +402,7 @@ json read_run_state(const std::string& path, const Manifest& m) {
   check_size(file, rec);
   const std::string text = read_file(file);
   check_crc(file, rec, crc32_ieee(text.data(), text.size()));
-  const json rs = parse_json_string(text, file);
+  const json rs = parse_json(text, file);
   exact_object(rs,
                {"format", "iteration", "optimizer_steps", "data_position", "seed", "rng",
                 "nonfinite_in_a_row", "world_size", "model", "parallel", "train", "config_file"},

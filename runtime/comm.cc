@@ -8,6 +8,7 @@
 
 #include "runtime/abort_hook.h"
 #include "runtime/check.h"
+#include "runtime/error.h"
 #include "runtime/watchdog.h"
 
 namespace strata {
@@ -140,6 +141,26 @@ std::unique_ptr<Communicator> make_world_communicator(CommBackend b, double time
 #endif
   }
   return nullptr;
+}
+
+std::string decide_on_rank0(Communicator& host_comm, const std::function<std::string()>& decide) {
+  std::string choice;
+  if (host_comm.rank() == 0) {
+    try {
+      choice = "ok:" + decide();
+    } catch (const InputError& e) {
+      // The parts travel separately so every rank rethrows the same InputError; they hold no
+      // newline (InputError writes control bytes as \xNN).
+      choice = "err:" + e.file() + '\n' + e.where() + '\n' + e.expected();
+    }
+  }
+  choice = all_gather_strings(host_comm, choice)[0];
+  if (choice.rfind("err:", 0) == 0) {
+    const size_t a = choice.find('\n'), b = choice.find('\n', a + 1);
+    throw InputError(choice.substr(4, a - 4), choice.substr(a + 1, b - a - 1),
+                     choice.substr(b + 1));
+  }
+  return choice.substr(3);
 }
 
 std::vector<std::string> all_gather_strings(Communicator& host_comm, const std::string& s) {

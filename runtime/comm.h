@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -274,6 +275,12 @@ std::unique_ptr<Communicator> make_world_communicator(CommBackend b, double time
 
 // Every rank's string, in rank order, on every rank (host backends: MPI or Local).
 std::vector<std::string> all_gather_strings(Communicator& host_comm, const std::string& s);
+
+// What rank 0 of `host_comm` decides, on every rank: `decide` runs on rank 0 only (checks of
+// files and paths, made once), and its result, or the InputError it throws, reaches every rank,
+// which returns the same string or throws the same InputError; so bad input ends every rank
+// with status 2 and none is left waiting in a collective. Collective over host_comm.
+std::string decide_on_rank0(Communicator& host_comm, const std::function<std::string()>& decide);
 
 namespace detail {
 // Backend constructors behind make_world_communicator (MPI and NCCL need an initialised MPI when

@@ -7,21 +7,19 @@
 #include "runtime/data.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "runtime/data_internal.h"
 #include "runtime/data/corpus_source.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/data_internal.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace strata {
 namespace data_internal {
@@ -393,10 +391,9 @@ class WindowSource final : public DataSource {
   uint64_t seed_;
 };
 
-// Opens `path` for binary reading and returns its size; a missing or unreadable file is the
+// The bytes of the text file `path`; a missing file or one that is not a regular file is the
 // config's fault (data.path), so the error names the config file.
-std::ifstream open_data_file(const std::string& path, const std::string& config_file,
-                             uint64_t* size) {
+std::vector<uint8_t> read_data_file(const std::string& path, const std::string& config_file) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(status)) {
@@ -407,25 +404,7 @@ std::ifstream open_data_file(const std::string& path, const std::string& config_
   if (!std::filesystem::is_regular_file(status)) {
     throw InputError(config_file, "data.path", "a regular file, '" + path + "' is not one");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw InputError(config_file, "data.path",
-                     "a readable file, cannot open '" + path + "': " + std::strerror(errno));
-  }
-  in.seekg(0, std::ios::end);
-  *size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0, std::ios::beg);
-  return in;
-}
-
-void read_exact(std::ifstream& in, void* dst, uint64_t n, const std::string& path,
-                uint64_t offset) {
-  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
-  if (static_cast<uint64_t>(in.gcount()) != n) {
-    throw InputError(path, byte_at(offset + static_cast<uint64_t>(in.gcount())),
-                     "readable data (" + std::to_string(n) + " bytes from " + byte_at(offset) +
-                         "), the read stopped early");
-  }
+  return read_input_bytes(path, kMaxTextFileBytes);
 }
 
 void split_sizes(TokenFile* f, uint64_t n, double val_fraction) {
@@ -438,10 +417,8 @@ void split_sizes(TokenFile* f, uint64_t n, double val_fraction) {
 std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t seed, int seq_len,
                                              const std::string& config_file) {
   const std::string& path = *data.path;
-  uint64_t size = 0;
-  std::ifstream in = open_data_file(path, config_file, &size);
-  std::vector<uint8_t> bytes(size);
-  read_exact(in, bytes.data(), size, path, 0);
+  std::vector<uint8_t> bytes = read_data_file(path, config_file);
+  const uint64_t size = bytes.size();
 
   const size_t bad = data_internal::first_invalid_utf8(bytes.data(), bytes.size());
   if (bad != bytes.size()) {

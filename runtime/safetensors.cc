@@ -7,9 +7,20 @@
 
 #include "kernels/cpu/precision.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
+
+// The largest JSON header read (Hugging Face's safetensors refuses larger ones too).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// `path`, once it is known to be a regular file (the stream's open would block on a FIFO).
+const std::string& checked_input(const std::string& path) {
+  check_input_file(path, kAnySize);
+  return path;
+}
 
 // IEEE half → f32, exactly (every half is an f32: subnormal halves become normal floats).
 float f16_to_f32(uint16_t h) {
@@ -110,7 +121,8 @@ const StTensor& StFile::at(const std::string& name, const std::string& path) con
   return it->second;
 }
 
-StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+StReader::StReader(const std::string& path)
+    : path_(path), in_(checked_input(path), std::ios::binary) {
   if (!in_) throw InputError(path, "", "a readable safetensors file");
   in_.seekg(0, std::ios::end);
   const int64_t size = static_cast<int64_t>(in_.tellg());
@@ -120,6 +132,10 @@ StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::b
                      "an 8-byte header length, file has " + std::to_string(size) + " bytes");
   uint64_t n = 0;
   in_.read(reinterpret_cast<char*>(&n), 8);
+  if (n > kMaxHeaderBytes)
+    throw InputError(
+        path, "byte 0",
+        "a header length ≤ " + std::to_string(kMaxHeaderBytes) + ", got " + std::to_string(n));
   if (n > static_cast<uint64_t>(size - 8))
     throw InputError(
         path, "byte 0",
@@ -128,9 +144,13 @@ StReader::StReader(const std::string& path) : path_(path), in_(path, std::ios::b
   in_.read(header.data(), static_cast<std::streamsize>(n));
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path, "byte " + std::to_string(8 + e.byte), "a JSON header");
+    j = parse_json(header, path);
+  } catch (const InputError& e) {
+    // The header starts at byte 8 of the file.
+    std::string where = e.where();
+    if (where.rfind("byte ", 0) == 0)
+      where = "byte " + std::to_string(8 + std::stoull(where.substr(5)));
+    throw InputError(path, where, "a JSON header: " + e.expected());
   }
   if (!j.is_object()) throw InputError(path, "byte 8", "a JSON object as the header");
   data_start_ = 8 + static_cast<int64_t>(n);

@@ -550,6 +550,18 @@ TEST(Checkpoint, KeepsOnlyTheNewest) {
   fs::remove_all(dir);
 }
 
+// Issue 28: checkpoint.keep 0 keeps every checkpoint (docs/checkpoints.md); the parser used to
+// refuse it.
+TEST(Checkpoint, KeepZeroKeepsAll) {
+  const std::string dir = scratch("keep0");
+  train(ckpt(dir, 2, 0));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_2", "iter_4", "iter_6", "iter_8", "latest"}));
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, ResumeNoneStartsFresh) {
   const std::string dir = scratch("none");
   train(ckpt(dir, 4));

@@ -5,7 +5,9 @@
 // published model sizes (GPT-2, GPT-3 papers), never from the parser's own tables.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -369,7 +371,7 @@ TEST(ConfigErrors, OutOfRange) {
       {R"({"train": {"threads": 0}})", "train.threads", "expected a positive integer or null"},
       {R"({"train": {"iterations": 3000000000}})", "train.iterations", "at most 2147483647"},
       {R"({"log": {"interval": 0}})", "log.interval", "expected a positive integer"},
-      {R"({"checkpoint": {"keep": 0}})", "checkpoint.keep", "expected a positive integer"},
+      {R"({"checkpoint": {"keep": -1}})", "checkpoint.keep", "expected a non-negative integer"},
       {R"({"checkpoint": {"interval": -5}})", "checkpoint.interval",
        "expected a non-negative integer"},
       {R"({"parallel": {"bucket_mb": 0}})", "parallel.bucket_mb", "expected a number > 0"},
@@ -548,6 +550,33 @@ TEST(ConfigConsistency, CheckpointIntervalNeedsDir) {
       config_from_json(json::parse(R"({"checkpoint": {"interval": 100, "dir": "ckpt"}})"), kFile));
 }
 
+// Issue 28: warmup_iters beyond decay_iters was accepted, and the rate dropped from lr to min_lr
+// the step the warm-up ended.
+TEST(ConfigConsistency, WarmupWithinDecay) {
+  const InputError e =
+      config_error(json::parse(R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10}})"));
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_EQ(e.where(), "optimizer.warmup_iters");
+  EXPECT_TRUE(contains(e.expected(), "warmup_iters 20 > decay_iters 10")) << e.what();
+  // The key given last is named.
+  EXPECT_EQ(config_error(json::parse(R"({"optimizer": {"warmup_iters": 20}})"),
+                         {"optimizer.decay_iters=10"})
+                .where(),
+            "optimizer.decay_iters");
+  for (const char* fine : {R"({"optimizer": {"warmup_iters": 10, "decay_iters": 10}})",
+                           R"({"optimizer": {"warmup_iters": 20, "decay_iters": 10,
+                                             "decay": "constant"}})",
+                           R"({"optimizer": {"warmup_iters": 20}, "train": {"iterations": 5}})"})
+    EXPECT_NO_THROW(config_from_json(json::parse(fine), kFile)) << fine;
+}
+
+// Issue 28: docs/checkpoints.md (and runtime/checkpoint.h) say checkpoint.keep 0 keeps every
+// checkpoint; the parser refused it.
+TEST(ConfigConsistency, CheckpointKeepZeroKeepsAll) {
+  const Config c = config_from_json(json::parse(R"({"checkpoint": {"keep": 0}})"), kFile);
+  EXPECT_EQ(c.checkpoint.keep, 0);
+}
+
 // ---- world size ----
 
 Config world_config(const char* text) {
@@ -713,6 +742,87 @@ TEST(ConfigFiles, MissingInvalidAndDuplicateKeys) {
   e = expect_error([&] { load_config(dup, {}); });
   EXPECT_EQ(e.where(), "optimizer.lr");
   EXPECT_TRUE(contains(e.expected(), "duplicate key")) << e.what();
+}
+
+// Issue 28: a config nested 70,000 deep overflowed the stack of the error path (json::dump in the
+// message) and 50,000 nested objects took 17 s to refuse; nesting is now refused while parsing.
+TEST(ConfigFiles, DeepNestingIsRefusedWhileParsing) {
+  const TempDir dir;
+  const int depth = 200000;
+  const std::string arrays =
+      dir.write("arrays.json", std::string(depth, '[') + std::string(depth, ']'));
+  std::string objects = "{\"model\": ";
+  for (int i = 0; i < depth; ++i) objects += "{\"a\": ";
+  objects += "1" + std::string(depth + 1, '}');
+  const std::string nested = dir.write("objects.json", objects);
+  for (const std::string& path : {arrays, nested}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const InputError e = expect_error([&] { load_config(path, {}); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    EXPECT_EQ(e.file(), path);
+    EXPECT_TRUE(contains(e.expected(), "nested at most 64 deep")) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+  // --set values too.
+  const InputError e = expect_error([&] {
+    load_config("", {"model.init_from=" + std::string(100, '[') + std::string(100, ']')});
+  });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where().rfind("model.init_from", 0), 0u) << e.what();
+}
+
+// Issue 28: "lr": 1e999 ended with nlohmann's out_of_range.406 text and exit status 1.
+TEST(ConfigFiles, NumberBeyondDoubleNamesItsKey) {
+  const TempDir dir;
+  const std::string path = dir.write("lr.json", R"({"optimizer": {"lr": 1e999}})");
+  InputError e = expect_error([&] { load_config(path, {}); });
+  EXPECT_EQ(std::string(e.what()), "error: " + path +
+                                       ": optimizer.lr: expected a number within double's "
+                                       "range (magnitude below 1.8e308), got 1e999");
+  e = expect_error([&] { load_config("", {"optimizer.lr=-1e999"}); });
+  EXPECT_EQ(e.file(), kCmd);
+  EXPECT_EQ(e.where(), "optimizer.lr");
+  EXPECT_TRUE(contains(e.expected(), "got -1e999")) << e.what();
+  e = expect_error([&] { load_config("", {"parallel.layers_per_stage=[1, 2e400]"}); });
+  EXPECT_EQ(e.where(), "parallel.layers_per_stage[1]");
+}
+
+// Issue 28: a key holding \u0000 cut the error line at the NUL.
+TEST(ConfigFiles, ControlBytesInMessagesAreEscaped) {
+  const TempDir dir;
+  const std::string path = dir.write("nul.json", R"({"model": {"a\u0000b\nc": 1}})");
+  const InputError e = expect_error([&] { load_config(path, {}); });
+  const std::string what = e.what();
+  EXPECT_EQ(
+      what.rfind("error: " + path + ": model.a\\x00b\\x0ac: unknown key (known keys of model: ", 0),
+      0u)
+      << what;
+  EXPECT_EQ(what.find('\0'), std::string::npos);
+  EXPECT_EQ(what.find('\n'), std::string::npos);
+  // A value a megabyte long is shown cut short.
+  const std::string big = dir.write("big.json", "{\"" + std::string(1 << 20, 'k') + "\": 1}");
+  EXPECT_LT(std::string(expect_error([&] { load_config(big, {}); }).what()).size(), 3500u);
+}
+
+// Issue 28: --config /dev/zero read until memory ran out and a FIFO blocked forever: a config
+// must be a regular file of at most 64 MiB.
+TEST(ConfigFiles, OnlyRegularFilesOfASaneSize) {
+  const TempDir dir;
+  const std::string fifo = dir.path() + "/fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string huge = dir.write("huge.json", "");
+  fs::resize_file(huge, (uint64_t{64} << 20) + 1);  // sparse: no disk is written
+  const std::pair<std::string, std::string> cases[] = {
+      {"/dev/zero", "expected a regular file, got a character device"},
+      {fifo, "expected a regular file, got a FIFO"},
+      {dir.path(), "expected a regular file, got a directory"},
+      {huge, "expected a file of at most 64.00 MiB, got 64.00 MiB (67108865 bytes)"},
+  };
+  for (const auto& [path, expected] : cases) {
+    const InputError e = expect_error([&] { load_config(path, {}); });
+    EXPECT_EQ(e.file(), path);
+    EXPECT_TRUE(contains(e.expected(), expected)) << e.what();
+  }
 }
 
 TEST(ConfigFiles, UnknownPresetListsKnownOnes) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <tuple>
 
 #include "launch/commands/plan.h"
@@ -218,7 +219,7 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
 }
 
 TEST(PlannerPlan, ApplyPlanSetsTheLayout) {
-  const Config cfg = load_config("", {"model.preset=tiny"});
+  const Config cfg = load_config("", {"model.preset=tiny", "train.global_batch_size=8"});
   const nlohmann::json plan = {{"plans",
                                 {{{"tensor", 2}, {"pipeline", 2}, {"data", 1}, {"virtual_stages", 1},
                                   {"micro_batch_size", 2}, {"num_microbatches", 4},
@@ -239,6 +240,93 @@ TEST(PlannerPlan, ApplyPlanSetsTheLayout) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.file(), "plan.json");
     EXPECT_EQ(e.where(), "plans[0].tensor");
+  }
+}
+
+// Issue 28: a plan made for another model or another global batch was applied anyway (a
+// layers_per_stage summing to 5 trained 5 layers of a 4-layer config, and a plan for 4 layers
+// trained 4 of a config of 8): a plan must match the config, or is refused naming the field
+// and both values.
+TEST(PlannerPlan, ApplyPlanRefusesAPlanForAnotherModelOrBatch) {
+  const Config cfg =
+      load_config("", {"model.preset=tiny", "model.num_layers=4", "train.global_batch_size=8"});
+  const nlohmann::json entry = {{"tensor", 1},
+                                {"pipeline", 2},
+                                {"data", 1},
+                                {"virtual_stages", 1},
+                                {"micro_batch_size", 2},
+                                {"num_microbatches", 4},
+                                {"schedule", "1f1b"},
+                                {"recompute", "none"},
+                                {"sequence_parallel", false},
+                                {"distributed_optimizer", false},
+                                {"layers_per_stage", {{2}, {2}}}};
+  nlohmann::json model = {{"arch", "gpt"},    {"num_layers", 4},        {"hidden_size", 64},
+                          {"num_heads", 4},   {"ffn_hidden_size", 256}, {"seq_len", 64},
+                          {"vocab_size", 64}, {"tie_embeddings", true}, {"parameters", 1}};
+  const nlohmann::json plan = {
+      {"model", model}, {"global_batch_size", 8}, {"plans", nlohmann::json::array({entry})}};
+  const Config ok = apply_plan(cfg, plan, "plan.json");
+  EXPECT_EQ(ok.parallel.layers_per_stage, (std::vector<int>{2, 2}));
+  EXPECT_EQ(ok.train.global_batch_size, 8);
+
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    const char* where;
+    std::vector<std::string> words;  // the field's values, the config's and the plan's
+  };
+  const Case cases[] = {
+      {"layers summing to 5",
+       [](nlohmann::json& p) {
+         p["plans"][0]["layers_per_stage"] = {{3}, {2}};
+       },
+       "plans[0].layers_per_stage",
+       {"model.num_layers 4", "got 5"}},
+      {"a plan for 8 layers",
+       [](nlohmann::json& p) { p["model"]["num_layers"] = 8; },
+       "model.num_layers",
+       {"model.num_layers 4", "got 8"}},
+      {"another hidden size",
+       [](nlohmann::json& p) { p["model"]["hidden_size"] = 128; },
+       "model.hidden_size",
+       {"model.hidden_size 64", "got 128"}},
+      {"another global batch",
+       [](nlohmann::json& p) { p["global_batch_size"] = 16; },
+       "global_batch_size",
+       {"train.global_batch_size 8", "got 16"}},
+      {"micro-batches for another batch",
+       [](nlohmann::json& p) { p["plans"][0]["num_microbatches"] = 8; },
+       "plans[0].num_microbatches",
+       {"2 × num_microbatches 8 × data 1", "global_batch_size 8", "got 16"}},
+      {"a micro-batch size for another batch",
+       [](nlohmann::json& p) { p["plans"][0]["micro_batch_size"] = 1; },
+       "plans[0].num_microbatches",
+       {"micro_batch_size 1", "got 4"}},
+      {"a size beyond int",
+       [](nlohmann::json& p) { p["plans"][0]["tensor"] = 4294967297LL; },
+       "plans[0].tensor",
+       {"up to 2147483647"}},
+      {"chunks without the interleaved schedule",
+       [](nlohmann::json& p) {
+         p["plans"][0]["virtual_stages"] = 2;
+         p["plans"][0]["layers_per_stage"] = {{1, 1}, {1, 1}};
+       },
+       "parallel.virtual_stages",
+       {"needs schedule \"interleaved\""}},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = plan;
+    c.edit(bad);
+    try {
+      apply_plan(cfg, bad, "plan.json");
+      ADD_FAILURE() << c.name << ": expected InputError";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), "plan.json") << c.name;
+      EXPECT_EQ(e.where(), c.where) << c.name << ": " << e.what();
+      for (const std::string& w : c.words)
+        EXPECT_NE(e.expected().find(w), std::string::npos) << c.name << ": " << e.what();
+    }
   }
 }
 

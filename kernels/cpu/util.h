@@ -59,7 +59,12 @@ inline float exp_fast(float x) {
   p = p * r * r + r + 1.0f;
   int32_t tbits;
   std::memcpy(&tbits, &t, sizeof tbits);
-  const int32_t ebits = (tbits - kRoundBits + 127) * (1 << 23);  // 2^n as float bits
+  // 2^n as float bits, in unsigned arithmetic: for a NaN input t is NaN and tbits - kRoundBits
+  // is far outside n's range, so the signed product overflowed (undefined behaviour); the
+  // unsigned one wraps, and the NaN in p makes y NaN whatever the scale. Same bits as the
+  // signed product wherever that one was defined.
+  const uint32_t ebits = (static_cast<uint32_t>(tbits) - static_cast<uint32_t>(kRoundBits) + 127u)
+                         << 23;
   float scale;
   std::memcpy(&scale, &ebits, sizeof scale);
   const float y = p * scale;

@@ -5,13 +5,13 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace strata {
 namespace {
@@ -151,6 +151,8 @@ int prepare(const std::vector<std::string>& args) {
       return 0;
     }
   const Options o = parse(args);
+  // Every input is checked before the first is read, so that a bad one leaves no output.
+  for (const std::string& path : o.inputs) check_input_file(path, kMaxTextFileBytes);
   const std::unique_ptr<Tokenizer> tok = Tokenizer::load(o.tokenizer);
   std::optional<int32_t> eod;
   if (o.eod) {
@@ -194,9 +196,9 @@ int prepare(const std::vector<std::string>& args) {
     if (batch_bytes > (size_t{8} << 20)) flush();
   };
   for (const std::string& path : o.inputs) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(path, "", "a readable input file");
     if (is_json_lines(path)) {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) throw InputError(path, "", "a readable input file");
       std::string line;
       for (int64_t n = 1; std::getline(in, line); ++n) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -209,9 +211,7 @@ int prepare(const std::vector<std::string>& args) {
       }
       continue;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
+    std::string text = read_input_file(path, kMaxTextFileBytes);
     if (o.documents == "file") {
       add(std::move(text));
       continue;

@@ -10,6 +10,7 @@
 #include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace strata {
 namespace {
@@ -81,6 +82,7 @@ nlohmann::json eval_data(InferenceSession& s, const std::string& split, int batc
 }
 
 nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
+  check_input_file(path, kMaxTextFileBytes);
   std::ifstream f(path);
   if (!f) throw InputError(path, "", "a readable JSON Lines task file");
   const int V = s.model_config().vocab_size, S_max = s.model_config().seq_len;

@@ -25,7 +25,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                               const HfWriteOptions& options) {
   // A checkpoint itself has metadata.json; anything else is a checkpoint.dir to search.
   std::string path = checkpoint;
-  if (!std::filesystem::exists(checkpoint + "/metadata.json")) {
+  std::error_code ec;
+  if (!std::filesystem::exists(checkpoint + "/metadata.json", ec)) {
     const auto sel = select_checkpoint(checkpoint, "auto", std::cerr);
     if (!sel) throw InputError(checkpoint, "", "a checkpoint or a directory holding a valid one");
     path = *sel;

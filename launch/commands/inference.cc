@@ -29,10 +29,12 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
     *recorded = *s.hf + "/config.json";
     if (!is_hf_directory(*s.hf))
       throw InputError(*s.hf, "", "a Hugging Face directory (config.json and safetensors)");
-    return model_config_from_hf(read_hf_config(*s.hf), *s.hf + "/config.json");
+    const std::string file = *s.hf + "/config.json";
+    return checked_model(model_config_from_hf(read_hf_config(*s.hf), file), file);
   }
   std::string ck = *s.checkpoint;
-  if (!std::filesystem::exists(ck + "/metadata.json")) {
+  std::error_code ec;
+  if (!std::filesystem::exists(ck + "/metadata.json", ec)) {
     const auto sel = select_checkpoint(ck, "auto", std::cerr);
     if (!sel) throw InputError(ck, "", "a checkpoint or a directory holding a valid one");
     ck = *sel;

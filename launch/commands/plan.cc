@@ -1,5 +1,7 @@
 #include "launch/commands/plan.h"
 
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,9 +10,10 @@
 
 #include "launch/args.h"
 #include "launch/config/config_parse.h"
+#include "launch/train/checkpointing.h"
 #include "models/registry.h"
-#include "partitioner/layer_split.h"
 #include "partitioner/cost_model.h"
+#include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
 #include "runtime/error.h"
 #include "runtime/json_file.h"
@@ -199,6 +202,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
   if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
   if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
+  if (!json_out.empty()) check_output_flag("--json", json_out);
+  if (!trace_out.empty()) check_output_flag("--trace", trace_out);
 
   std::vector<std::string> sets;
   if (seq > 0) sets.push_back("model.seq_len=" + std::to_string(seq));
@@ -206,7 +211,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   PlanRequest req;
   req.model = describe_model(cfg.model);
   req.model_name = model;
-  if (std::filesystem::is_regular_file(model)) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model, ec)) {
     // The file, and the preset it names (a model file without one is not the default preset).
     const json j = read_json_file(model);
     const json& m = j.contains("model") ? j["model"] : j;
@@ -293,6 +299,32 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
 }
 
 Config apply_plan(const Config& cfg, const json& plan_in, const std::string& file) {
+  using std::to_string;
+  // A plan chooses the layout of one model and one global batch: applied to another it would
+  // train something else than the config says (its layers, its batch), so those must match.
+  if (plan_in.is_object() && plan_in.contains("model")) {
+    const json& planned = plan_in["model"];
+    if (!planned.is_object()) throw InputError(file, "model", "an object (the plan's model)");
+    const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
+    const json shape = model_shape_json(cfg.model, *desc);
+    for (const auto& [key, want] : shape.items()) {
+      const auto got = planned.find(key);
+      if (got == planned.end() || *got != want) {
+        throw InputError(file, "model." + key,
+                         "the config's model." + key + " " + want.dump() +
+                             " (a plan is made for one model), got " +
+                             (got == planned.end() ? std::string("none") : got->dump()));
+      }
+    }
+  }
+  if (plan_in.is_object() && plan_in.contains("global_batch_size")) {
+    const json& g = plan_in["global_batch_size"];
+    if (!g.is_number_integer() || g.get<int64_t>() != cfg.train.global_batch_size) {
+      throw InputError(file, "global_batch_size",
+                       "the config's train.global_batch_size " +
+                           to_string(cfg.train.global_batch_size) + ", got " + g.dump());
+    }
+  }
   std::string prefix;
   const json* plan = &plan_in;
   if (plan_in.is_object() && plan_in.contains("plans")) {
@@ -304,10 +336,11 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
   }
   if (!plan->is_object()) throw InputError(file, prefix.empty() ? "" : "plans[0]", "a plan object");
   auto need_int = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_number_integer() || (*plan)[key].get<int64_t>() < 1) {
-      throw InputError(file, prefix + key, "a positive integer");
+    const json* v = plan->contains(key) ? &(*plan)[key] : nullptr;
+    if (!v || !v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > INT_MAX) {
+      throw InputError(file, prefix + key, "a positive integer up to " + to_string(INT_MAX));
     }
-    return (*plan)[key].get<int>();
+    return v->get<int>();
   };
   auto need_str = [&](const char* key) {
     if (!plan->contains(key) || !(*plan)[key].is_string()) throw InputError(file, prefix + key, "a string");
@@ -317,69 +350,80 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
     if (!plan->contains(key) || !(*plan)[key].is_boolean()) throw InputError(file, prefix + key, "true or false");
     return (*plan)[key].get<bool>();
   };
-  Config out = cfg;
-  ParallelConfig& p = out.parallel;
-  p.tensor = need_int("tensor");
-  p.pipeline = need_int("pipeline");
-  p.data = need_int("data");
-  p.virtual_stages = need_int("virtual_stages");
-  p.schedule = need_str("schedule");
+  const int tensor = need_int("tensor"), pipeline = need_int("pipeline"), data = need_int("data");
+  const int virtual_stages = need_int("virtual_stages");
+  const std::string schedule = need_str("schedule");
   ScheduleKind k;
-  if (!parse_schedule_kind(p.schedule, &k)) {
+  if (!parse_schedule_kind(schedule, &k)) {
     throw InputError(file, prefix + "schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1");
   }
-  p.sequence_parallel = need_bool("sequence_parallel");
-  p.distributed_optimizer = need_bool("distributed_optimizer");
-  out.train.micro_batch_size = need_int("micro_batch_size");
-  out.train.recompute = need_str("recompute");
+  const int micro = need_int("micro_batch_size");
+  const std::string recompute = need_str("recompute");
   Recompute rk;
-  if (!parse_recompute(out.train.recompute, &rk)) {
+  if (!parse_recompute(recompute, &rk)) {
     throw InputError(file, prefix + "recompute", "none, selective or full");
   }
+  // Micro-batch size × micro-batches × data-parallel size is the global batch: the config's.
   if (plan->contains("num_microbatches")) {
-    out.train.global_batch_size = need_int("num_microbatches") * out.train.micro_batch_size * *p.data;
+    const int m = need_int("num_microbatches");
+    const int64_t global = int64_t{micro} * m * data;
+    if (global != cfg.train.global_batch_size) {
+      throw InputError(file, prefix + "num_microbatches",
+                       "micro_batch_size " + to_string(micro) + " × num_microbatches " +
+                           to_string(m) + " × data " + to_string(data) +
+                           " = the config's train.global_batch_size " +
+                           to_string(cfg.train.global_batch_size) + ", got " + to_string(global));
+    }
   }
-  p.layers_per_stage.reset();
+  json layout = {{"tensor", tensor},
+                 {"pipeline", pipeline},
+                 {"data", data},
+                 {"virtual_stages", virtual_stages},
+                 {"schedule", schedule},
+                 {"sequence_parallel", need_bool("sequence_parallel")},
+                 {"distributed_optimizer", need_bool("distributed_optimizer")},
+                 {"layers_per_stage", nullptr}};
   if (plan->contains("layers_per_stage") && !(*plan)["layers_per_stage"].is_null()) {
+    // [stage][chunk] in the plan; chunk-major (chunk · pipeline + stage) in the config.
     const json& l = (*plan)["layers_per_stage"];
     const std::string w = prefix + "layers_per_stage";
-    if (!l.is_array() || static_cast<int>(l.size()) != p.pipeline) {
-      throw InputError(file, w, "an array of " + std::to_string(p.pipeline) + " stages");
+    if (!l.is_array() || static_cast<int64_t>(l.size()) != pipeline) {
+      throw InputError(file, w, "an array of " + to_string(pipeline) + " stages");
     }
-    std::vector<int> pieces(static_cast<size_t>(p.pipeline * p.virtual_stages), 0);
-    for (int s = 0; s < p.pipeline; ++s) {
+    for (int s = 0; s < pipeline; ++s) {
       const json& row = l[static_cast<size_t>(s)];
-      if (!row.is_array() || static_cast<int>(row.size()) != p.virtual_stages) {
-        throw InputError(file, w + "[" + std::to_string(s) + "]",
-                         "an array of " + std::to_string(p.virtual_stages) + " layer counts");
+      if (!row.is_array() || static_cast<int64_t>(row.size()) != virtual_stages) {
+        throw InputError(file, w + "[" + to_string(s) + "]",
+                         "an array of " + to_string(virtual_stages) + " layer counts");
       }
-      for (int ch = 0; ch < p.virtual_stages; ++ch) {
-        const json& n = row[static_cast<size_t>(ch)];
-        if (!n.is_number_integer() || n.get<int>() < 1) {
-          throw InputError(file, w + "[" + std::to_string(s) + "][" + std::to_string(ch) + "]",
+    }
+    std::vector<int> pieces(static_cast<size_t>(pipeline) * static_cast<size_t>(virtual_stages));
+    int64_t sum = 0;
+    for (int s = 0; s < pipeline; ++s) {
+      for (int ch = 0; ch < virtual_stages; ++ch) {
+        const json& n = l[static_cast<size_t>(s)][static_cast<size_t>(ch)];
+        if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > INT_MAX) {
+          throw InputError(file, w + "[" + to_string(s) + "][" + to_string(ch) + "]",
                            "a positive layer count");
         }
-        pieces[static_cast<size_t>(ch * p.pipeline + s)] = n.get<int>();
+        pieces[static_cast<size_t>(ch) * static_cast<size_t>(pipeline) + static_cast<size_t>(s)] =
+            n.get<int>();
+        sum += n.get<int64_t>();
       }
     }
-    p.layers_per_stage = pieces;
+    if (sum != cfg.model.num_layers) {
+      throw InputError(file, w,
+                       "layer counts summing to the config's model.num_layers " +
+                           to_string(cfg.model.num_layers) +
+                           " (every layer in exactly one stage), got " + to_string(sum));
+    }
+    layout["layers_per_stage"] = pieces;
   }
-  // Keep the resolved JSON in step so what is printed or saved is what runs.
-  json& r = out.resolved;
-  if (r.is_object()) {
-    r["parallel"]["tensor"] = p.tensor;
-    r["parallel"]["pipeline"] = p.pipeline;
-    r["parallel"]["data"] = *p.data;
-    r["parallel"]["virtual_stages"] = p.virtual_stages;
-    r["parallel"]["schedule"] = p.schedule;
-    r["parallel"]["sequence_parallel"] = p.sequence_parallel;
-    r["parallel"]["distributed_optimizer"] = p.distributed_optimizer;
-    r["parallel"]["layers_per_stage"] = p.layers_per_stage ? json(*p.layers_per_stage) : json(nullptr);
-    r["train"]["micro_batch_size"] = out.train.micro_batch_size;
-    r["train"]["recompute"] = out.train.recompute;
-    r["train"]["global_batch_size"] = out.train.global_batch_size;
-  }
-  return out;
+  // The layout is then checked as if the config had said it, against the config's other keys.
+  return config_with_layer(
+      cfg,
+      {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
+      file);
 }
 
 }  // namespace strata

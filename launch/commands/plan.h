@@ -38,9 +38,13 @@ nlohmann::json predict_for_config(const Config& cfg, int world_size, const Clust
 // validate_for_world(world_size).
 PlanConfig plan_config_for(const Config& cfg, int world_size);
 
-// cfg with parallel.* and train.micro_batch_size / recompute / global_batch_size taken from
-// `plan`: a plan entry, or a whole `strata plan --json` document (its first plan). `plan_file`
-// names the file in errors: InputError(plan_file, "plans[0].tensor", ...) when malformed.
+// cfg with parallel.* and train.micro_batch_size / recompute taken from `plan`: a plan entry, or
+// a whole `strata plan --json` document (its first plan). The plan must be for cfg's model and
+// global batch: its "model" keys, its "global_batch_size" and its micro_batch_size ×
+// num_microbatches × data equal the config's, its layers_per_stage sums to model.num_layers.
+// The resulting layout passes the config's own checks. `plan_file` names the file in errors:
+// InputError(plan_file, "plans[0].tensor", ...) when malformed, naming the field and both values
+// when it does not match.
 Config apply_plan(const Config& cfg, const nlohmann::json& plan,
                   const std::string& plan_file = "<plan>");
 

@@ -286,6 +286,7 @@ int cmd_profile(const std::vector<std::string>& args) {
   }
   if (config.empty()) bad_flag("--config", "a config: strata profile --config FILE");
   const Config cfg = load_config(config, sets);
+  if (!out.empty()) check_output_flag("--out", out);
   const json j = make_profile(cfg, repeat, sizes);
   if (out.empty()) {
     std::cout << j.dump(2) << "\n";

@@ -15,21 +15,16 @@
 #include "launch/config/config_parse.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <initializer_list>
-#include <iterator>
 #include <map>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -38,6 +33,7 @@
 
 #include "models/registry.h"
 #include "runtime/error.h"
+#include "runtime/json_file.h"
 
 namespace strata {
 namespace {
@@ -53,6 +49,8 @@ const char kDefaultPreset[] = "gpt2-124m";
 // Layers, lowest first. A leaf's layer decides whether ffn_hidden_size is derived from
 // hidden_size and which source a consistency error blames.
 enum Layer : int { kLayerDefaults = 0, kLayerPreset = 1, kLayerFile = 2, kLayerFirstSet = 3 };
+// A layer set over a finished config (config_with_layer): above every --set.
+constexpr int kLayerOver = INT_MAX;
 
 struct Origin {
   std::string file;
@@ -86,11 +84,35 @@ std::vector<std::string> quoted(const std::vector<std::string>& items) {
   return out;
 }
 
+// The first `limit` characters or more of v's JSON text, serialised only that far: a value of
+// any size costs no more than the cut. Bytes that are not UTF-8 (a --set string) are replaced.
+void append_json_prefix(const json& v, size_t limit, std::string* out) {
+  auto text = [](const json& x) { return x.dump(-1, ' ', false, json::error_handler_t::replace); };
+  if (v.is_object() || v.is_array()) {
+    *out += v.is_object() ? '{' : '[';
+    for (auto it = v.begin(); it != v.end() && out->size() < limit; ++it) {
+      if (it != v.begin()) *out += ',';
+      if (v.is_object()) *out += text(json(it.key())) + ':';
+      append_json_prefix(it.value(), limit, out);
+    }
+    *out += v.is_object() ? '}' : ']';
+  } else if (v.is_string()) {
+    *out += text(json(v.get_ref<const std::string&>().substr(0, limit)));
+  } else {
+    *out += text(v);
+  }
+}
+
 // A value as the user wrote it, cut short so that one error stays one line.
 std::string show(const json& v) {
   constexpr size_t kMaxChars = 60;
-  std::string s = v.dump();
-  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars) + "...";
+  std::string s;
+  append_json_prefix(v, kMaxChars + 1, &s);
+  if (s.size() > kMaxChars) {
+    size_t cut = kMaxChars;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
 
@@ -566,8 +588,14 @@ const std::vector<Section>& schema() {
           model.integer("ffn_hidden_size", &M::ffn_hidden_size, 1,
                         "MLP width; 4 × hidden_size unless given with hidden_size or later"),
           model.integer("seq_len", &M::seq_len, 1, "tokens per sequence (and learned positions)"),
-          model.integer("vocab_size", &M::vocab_size, 1,
-                        "≥ the data's vocabulary; padded to a multiple of 128·t"),
+          model
+              .integer("vocab_size", &M::vocab_size, 1,
+                       "≥ the data's vocabulary; padded to a multiple of 128·t")
+              .then([](const Reader& r, const std::string& p, const Config& c) {
+                // Padded to a multiple of 128·t, the vocabulary must still be an int.
+                r.require(c.model.vocab_size <= (1 << 30), p,
+                          "expected a vocab_size at most 2^30 = 1073741824");
+              }),
           model.boolean("tie_embeddings", &M::tie_embeddings,
                         "the LM head shares the token embedding"),
           model.number("dropout", &M::dropout, closed_open(0, 1), "only 0 is implemented")
@@ -590,8 +618,7 @@ const std::vector<Section>& schema() {
                        "llama: null, or Llama 3.1's {\"rope_type\": \"llama3\", \"factor\", "
                        "\"low_freq_factor\", \"high_freq_factor\", "
                        "\"original_max_position_embeddings\"}"),
-          model.number("rms_norm_eps", &M::rms_norm_eps, above(0),
-                       "llama: the RMSNorm epsilon")}},
+          model.number("rms_norm_eps", &M::rms_norm_eps, above(0), "llama: the RMSNorm epsilon")}},
         {"parallel",
          {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
           parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
@@ -676,7 +703,7 @@ const std::vector<Section>& schema() {
          {checkpoint.path("dir", &K::dir, "where checkpoints are saved; null: nowhere"),
           checkpoint.integer("interval", &K::interval, 0,
                              "steps between checkpoints (0: never; > 0 needs dir)"),
-          checkpoint.integer("keep", &K::keep, 1, "checkpoints kept"),
+          checkpoint.integer("keep", &K::keep, 0, "the newest checkpoints kept (0: all)"),
           checkpoint.keyword_or("resume", &K::resume, {"auto", "none"}, "a checkpoint path",
                                 "auto: the latest in dir; none; or a checkpoint path")}},
         {"log",
@@ -745,72 +772,6 @@ void check_keys(const json& j, const std::string& schema_path, const std::string
       throw InputError(file, join(where, key), unknown_key_message(section));
     const std::string sub = join(schema_path, key);
     if (find_section(sub)) check_keys(value, sub, join(where, key), file);
-  }
-}
-
-std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw InputError(path, "", "cannot open: no such file");
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(path, "", "expected a file, got a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
-  return text;
-}
-
-// Parses JSON text. nlohmann keeps the last of duplicate keys silently; a config that says
-// "lr" twice is almost always an editing mistake, so duplicates are refused here.
-json parse_json_text(const std::string& text, const std::string& file) {
-  struct Frame {
-    bool is_object;
-    std::string path;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> stack;
-  auto child_path = [&stack]() -> std::string {
-    if (stack.empty()) return "";
-    const Frame& f = stack.back();
-    return f.is_object ? join(f.path, f.last_key) : f.path;
-  };
-  const json::parser_callback_t on_event = [&](int /*depth*/, json::parse_event_t event,
-                                               json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        stack.push_back(Frame{true, child_path(), {}, ""});
-        break;
-      case json::parse_event_t::array_start:
-        stack.push_back(Frame{false, child_path(), {}, ""});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        stack.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        Frame& f = stack.back();
-        f.last_key = parsed.get<std::string>();
-        if (!f.keys.insert(f.last_key).second) {
-          throw InputError(file, join(f.path, f.last_key),
-                           "duplicate key (each key may appear once per object)");
-        }
-        break;
-      }
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, on_event);
-  } catch (const json::parse_error& e) {
-    // e.what() starts with "[json.exception.parse_error.101] "; the rest is the useful part.
-    std::string what = e.what();
-    const size_t bracket = what.find("] ");
-    if (bracket != std::string::npos) what = what.substr(bracket + 2);
-    throw InputError(file, "byte " + std::to_string(e.byte), "expected valid JSON (" + what + ")");
   }
 }
 
@@ -884,8 +845,14 @@ json parse_set(const std::string& arg) {
     at = join(at, part);
   }
   const std::string text = arg.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;
+  json value;
+  try {
+    value = parse_json_if_json(text, kCommandLine).value_or(json(text));
+  } catch (const InputError& e) {
+    // JSON Strata cannot hold (too deep, a number beyond double's range), at its path in a.b.
+    const std::string& w = e.where();
+    throw InputError(e.file(), w.empty() || w[0] == '[' ? at + w : join(at, w), e.expected());
+  }
   if (find_section(at)) check_keys(value, at, at, kCommandLine);
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
     json wrapped = json::object();
@@ -1013,6 +980,16 @@ void check_consistency(const Config& c, const Reader& r) {
     }
   }
 
+  // Warm-up then decay: a warm-up longer than the decay would end on a rate the decay has
+  // already taken to min_lr, a jump nobody asks for (Megatron-LM refuses it too).
+  const OptimizerConfig& o = c.optimizer;
+  if (o.decay != "constant" && o.decay_iters && o.warmup_iters > *o.decay_iters) {
+    r.fail_latest({"optimizer.warmup_iters", "optimizer.decay_iters"},
+                  "expected warmup_iters <= decay_iters, got warmup_iters " +
+                      to_string(o.warmup_iters) + " > decay_iters " + to_string(*o.decay_iters) +
+                      " (the rate would drop from lr to min_lr when the warm-up ends)");
+  }
+
   if (t.global_batch_size % t.micro_batch_size != 0) {
     r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
                   "global_batch_size " + to_string(t.global_batch_size) +
@@ -1081,7 +1058,7 @@ nlohmann::json load_model_preset(const std::string& name, const std::string& fil
                      "unknown preset " + show(json(name)) + " (known presets in " + models_dir() +
                          ": " + join_list(known_presets(), ", ") + ")");
   }
-  json preset = parse_json_text(read_text_file(path), path);
+  json preset = read_json_file(path, kMaxJsonFileBytes, DuplicateKeys::kRefuse);
   check_keys(preset, "model", "", path);
   if (preset.contains("preset")) {
     throw InputError(path, "preset",
@@ -1136,9 +1113,36 @@ Config config_from_json(const nlohmann::json& j, const std::string& file,
   return c;
 }
 
+Config config_with_layer(const Config& c, const nlohmann::json& layer, const std::string& file) {
+  check_keys(layer, "", "", file);
+  json merged = c.resolved;
+  Origins origins;
+  // The config's keys keep its file; which layer inside it set each is no longer known.
+  for_each_leaf("", [&](const std::string& path, const Key&) {
+    origins[path] = Origin{c.source_file, kLayerFile, ""};
+  });
+  merge_into(merged, layer, "", Origin{file, kLayerOver, ""}, origins);
+  const Reader reader(merged, origins, c.source_file);
+  Config out = read_config(reader);
+  check_consistency(out, reader);
+  out.source_file = c.source_file;
+  out.resolved = to_json(out);
+  return out;
+}
+
+ModelConfig checked_model(const ModelConfig& m, const std::string& file) {
+  Config c;
+  c.model = m;
+  json model = to_json(c)["model"];
+  model["preset"] = nullptr;
+  // The synthetic data's default vocabulary must not be what fails a model of fewer tokens.
+  return config_from_json(json{{"model", model}}, file, {"data.synthetic.vocab_size=1"}).model;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& sets) {
   if (path.empty()) return config_from_json(json::object(), kDefaultsFile, sets);
-  return config_from_json(parse_json_text(read_text_file(path), path), path, sets);
+  return config_from_json(read_json_file(path, kMaxJsonFileBytes, DuplicateKeys::kRefuse), path,
+                          sets);
 }
 
 void validate_for_world(const Config& c, int world_size) {

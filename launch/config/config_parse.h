@@ -27,6 +27,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
 Config config_from_json(const nlohmann::json& j, const std::string& file,
                         const std::vector<std::string>& sets = {});
 
+// `c` with the keys of `layer` (a JSON object of config keys, as a config file spells them) set
+// over it by `file`: the keys' own checks and the checks that combine keys run again, and an
+// error at one of the layer's keys names `file` (strata train --plan sets the layout a plan
+// chose). Throws InputError.
+Config config_with_layer(const Config& c, const nlohmann::json& layer, const std::string& file);
+
+// `m` checked as the model section of a config would be (each key's range, heads dividing
+// hidden_size, ...), errors naming `file` and the model key: for a model read from elsewhere
+// (a Hugging Face config.json). Throws InputError.
+ModelConfig checked_model(const ModelConfig& m, const std::string& file);
+
 // The model keys of a preset (configs/models/<name>.json); InputError if unknown.
 nlohmann::json load_model_preset(const std::string& name, const std::string& file,
                                  const std::string& where);

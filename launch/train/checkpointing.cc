@@ -55,29 +55,17 @@ RunStart Checkpointing::restore() {
   const CheckpointConfig& ck = cfg.checkpoint;
   RunStart start;
   // Rank 0 chooses (and reports skipped checkpoints) so that every rank loads the same one.
-  std::string choice;
-  if (run_.world->rank == 0 || run_.single_process) {
+  const std::string choice = decide_on_rank0(*groups_.host, [&ck]() -> std::string {
     // Partial saves of runs that died or failed (a full disk) would pile up, one per rerun.
     if (ck.dir)
       for (const std::string& p : remove_partial_saves(*ck.dir))
         std::fprintf(stderr, "warning: removed %s, left by a checkpoint save that did not finish\n",
                      p.c_str());
-    try {
-      std::ostringstream warn;
-      const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
-      if (!warn.str().empty()) std::fprintf(stderr, "%s", warn.str().c_str());
-      choice = sel ? "ok:" + *sel : "none:";
-    } catch (const InputError& e) {
-      // The parts travel separately so every rank rethrows the same InputError (exit 2).
-      choice = "err:" + e.file() + '\n' + e.where() + '\n' + e.expected();
-    }
-  }
-  choice = all_gather_strings(*groups_.host, choice)[0];
-  if (choice.rfind("err:", 0) == 0) {
-    const size_t a = choice.find('\n'), b = choice.find('\n', a + 1);
-    throw InputError(choice.substr(4, a - 4), choice.substr(a + 1, b - a - 1),
-                     choice.substr(b + 1));
-  }
+    std::ostringstream warn;
+    const std::optional<std::string> sel = select_checkpoint(ck.dir, ck.resume, warn);
+    if (!warn.str().empty()) std::fprintf(stderr, "%s", warn.str().c_str());
+    return sel ? "ok:" + *sel : "none:";
+  });
   ParamStore& params = model_.params();
   const ParamLayout& layout = params.layout();
   std::vector<float> hp(static_cast<size_t>(params.numel()));

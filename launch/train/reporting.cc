@@ -36,7 +36,9 @@ std::string keep_metrics_up_to(const std::string& path, int iteration,
   std::string kept, line;
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.value("iter", iteration + 1) <= iteration) kept += line + "\n";
+    if (j.is_object() && j.contains("iter") && j["iter"].is_number_integer() &&
+        j["iter"].get<int64_t>() <= iteration)
+      kept += line + "\n";
   }
   in.close();
   return LogFile(path, false, config_file, "log.metrics").write(kept);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 #include "runtime/data.h"
 #include "runtime/error.h"
 #include "runtime/grad_reducer.h"
+#include "runtime/input_file.h"
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
 #include "schedules/schedule.h"
@@ -68,6 +70,33 @@ class NonfiniteGuard {
   int in_a_row_;
 };
 
+// The run's outputs, checked before anything trains so that a bad path costs seconds, not the
+// run: checkpoint.dir a directory files can be created in (made now when checkpoints will be
+// saved), log.metrics and log.trace files that can be written. Rank 0 writes them all but the
+// shards, which go into the directory rank 0 makes.
+void check_output_paths(const Config& cfg) {
+  const CheckpointConfig& ck = cfg.checkpoint;
+  if (ck.dir) {
+    std::error_code ec;
+    const bool saves = ck.interval > 0;
+    const std::string why = saves || std::filesystem::exists(*ck.dir, ec)
+                                ? output_directory_problem(*ck.dir)
+                                : std::string();
+    if (!why.empty())
+      throw InputError(
+          cfg.source_file, "checkpoint.dir",
+          "expected a directory checkpoints can be written to, got \"" + *ck.dir + "\": " + why);
+  }
+  for (const auto& [key, path] :
+       {std::pair{"log.metrics", cfg.log.metrics}, std::pair{"log.trace", cfg.log.trace}}) {
+    if (!path) continue;
+    const std::string why = output_file_problem(*path);
+    if (!why.empty())
+      throw InputError(cfg.source_file, key,
+                       "expected a file path that can be written, got \"" + *path + "\": " + why);
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const Config& cfg, const RunContext& ctx) {
@@ -78,6 +107,10 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   Backend& be = *backend;
   check_fits_in_memory(run, be.device_memory_bytes());
   ProcessGroups groups = run.groups(be);
+  decide_on_rank0(*groups.host, [&cfg]() -> std::string {
+    check_output_paths(cfg);
+    return "";
+  });
   SamplingShape sampling;
   sampling.seq_len = run.seq_len;
   sampling.global_batch = run.global;

@@ -153,9 +153,9 @@ void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const s
   check_hf_key(hf, "n_head", d.NH, "model.num_heads", path, 12);
   // n_inner null means 4·n_embd.
   check_hf_key(hf, "n_inner", d.F, "model.ffn_hidden_size", path,
-               4 * hf_value(hf, "n_embd", 768).get<int64_t>());
+               4 * int64_t{hf_int(hf, "n_embd", 768, path)});
   // More positions than model.seq_len are fine (from_hf takes the first seq_len); fewer are not.
-  const int64_t positions = hf_value(hf, "n_positions", 1024).get<int64_t>();
+  const int64_t positions = hf_int(hf, "n_positions", 1024, path);
   if (positions < d.S)
     throw InputError(path, "n_positions",
                      "at least model.seq_len " + std::to_string(d.S) + ", found " +
@@ -175,14 +175,14 @@ ModelConfig gpt_model_config_from_hf(const nlohmann::json& hf, const std::string
   ModelConfig m;
   m.arch = "gpt";
   m.preset = "";
-  m.num_layers = hf_value(hf, "n_layer", 12).get<int>();
-  m.hidden_size = hf_value(hf, "n_embd", 768).get<int>();
-  m.num_heads = hf_value(hf, "n_head", 12).get<int>();
-  m.ffn_hidden_size = hf_value(hf, "n_inner", 4 * m.hidden_size).get<int>();
-  m.seq_len = hf_value(hf, "n_positions", 1024).get<int>();
-  m.vocab_size = hf_value(hf, "vocab_size", 50257).get<int>();
-  m.tie_embeddings = hf_value(hf, "tie_word_embeddings", true).get<bool>();
-  m.init_std = hf_value(hf, "initializer_range", 0.02).get<double>();
+  m.num_layers = hf_int(hf, "n_layer", 12, path);
+  m.hidden_size = hf_int(hf, "n_embd", 768, path);
+  m.num_heads = hf_int(hf, "n_head", 12, path);
+  m.ffn_hidden_size = hf_int(hf, "n_inner", 4 * int64_t{m.hidden_size}, path);
+  m.seq_len = hf_int(hf, "n_positions", 1024, path);
+  m.vocab_size = hf_int(hf, "vocab_size", 50257, path);
+  m.tie_embeddings = hf_bool(hf, "tie_word_embeddings", true, path);
+  m.init_std = hf_number(hf, "initializer_range", 0.02, path);
   gpt_check_hf_config(m, hf, path);  // what Strata's GPT does not do (another activation, …)
   return m;
 }

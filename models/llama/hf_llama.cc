@@ -170,8 +170,7 @@ void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
   const nlohmann::json heads = hf_value(hf, "num_attention_heads", 32);
   check_hf_key(hf, "num_key_value_heads", d.KVH, "model.num_key_value_heads", path, heads);
   check_hf_key(hf, "head_dim", d.head_size(), "hidden_size / num_heads", path,
-               hf_value(hf, "hidden_size", 4096).get<int64_t>() /
-                   std::max<int64_t>(1, heads.get<int64_t>()));
+               hf_int(hf, "hidden_size", 4096, path) / hf_int(hf, "num_attention_heads", 32, path));
   check_hf_key(hf, "intermediate_size", d.F, "model.ffn_hidden_size", path, 11008);
   check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 32000);
   check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, false);
@@ -232,31 +231,32 @@ ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::stri
   ModelConfig m;
   m.arch = "llama";
   m.preset = "";
-  m.num_layers = hf_value(hf, "num_hidden_layers", 32).get<int>();
-  m.hidden_size = hf_value(hf, "hidden_size", 4096).get<int>();
-  m.num_heads = hf_value(hf, "num_attention_heads", 32).get<int>();
-  m.num_key_value_heads = hf_value(hf, "num_key_value_heads", m.num_heads).get<int>();
-  m.ffn_hidden_size = hf_value(hf, "intermediate_size", 11008).get<int>();
-  m.seq_len = hf_value(hf, "max_position_embeddings", 2048).get<int>();
-  m.vocab_size = hf_value(hf, "vocab_size", 32000).get<int>();
-  m.tie_embeddings = hf_value(hf, "tie_word_embeddings", false).get<bool>();
-  m.rms_norm_eps = hf_value(hf, "rms_norm_eps", 1e-6).get<double>();
-  m.init_std = hf_value(hf, "initializer_range", 0.02).get<double>();
+  m.num_layers = hf_int(hf, "num_hidden_layers", 32, path);
+  m.hidden_size = hf_int(hf, "hidden_size", 4096, path);
+  m.num_heads = hf_int(hf, "num_attention_heads", 32, path);
+  m.num_key_value_heads = hf_int(hf, "num_key_value_heads", m.num_heads, path);
+  m.ffn_hidden_size = hf_int(hf, "intermediate_size", 11008, path);
+  m.seq_len = hf_int(hf, "max_position_embeddings", 2048, path);
+  m.vocab_size = hf_int(hf, "vocab_size", 32000, path);
+  m.tie_embeddings = hf_bool(hf, "tie_word_embeddings", false, path);
+  m.rms_norm_eps = hf_number(hf, "rms_norm_eps", 1e-6, path);
+  m.init_std = hf_number(hf, "initializer_range", 0.02, path);
   // RoPE: transformers 5's rope_parameters, or rope_theta and rope_scaling before it.
   const nlohmann::json params = hf_value(hf, "rope_parameters", nullptr);
   const nlohmann::json& scaling =
       params.is_object() ? params : hf_value(hf, "rope_scaling", nullptr);
-  m.rope_theta = (params.is_object() ? hf_value(params, "rope_theta", 10000.0)
-                                     : hf_value(hf, "rope_theta", 10000.0))
-                     .get<double>();
-  if (scaling.is_object() &&
-      (scaling.value("rope_type", scaling.value("type", std::string())) == "llama3")) {
+  m.rope_theta = params.is_object() ? hf_number(params, "rope_theta", 10000.0, path)
+                                    : hf_number(hf, "rope_theta", 10000.0, path);
+  const nlohmann::json type =
+      scaling.is_object() ? hf_value(scaling, "rope_type", hf_value(scaling, "type", nullptr))
+                          : nlohmann::json();
+  if (type == "llama3") {
     RopeScaling r;
-    r.factor = hf_value(scaling, "factor", 8.0).get<double>();
-    r.low_freq_factor = hf_value(scaling, "low_freq_factor", 1.0).get<double>();
-    r.high_freq_factor = hf_value(scaling, "high_freq_factor", 4.0).get<double>();
+    r.factor = hf_number(scaling, "factor", 8.0, path);
+    r.low_freq_factor = hf_number(scaling, "low_freq_factor", 1.0, path);
+    r.high_freq_factor = hf_number(scaling, "high_freq_factor", 4.0, path);
     r.original_max_position_embeddings =
-        hf_value(scaling, "original_max_position_embeddings", 8192).get<int>();
+        hf_int(scaling, "original_max_position_embeddings", 8192, path);
     m.rope_scaling = r;
   }
   llama_check_hf_config(m, hf, path);  // what Strata's Llama does not do (biases, other RoPE, …)

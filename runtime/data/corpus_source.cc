@@ -55,7 +55,8 @@ class CorpusSource final : public DataSource {
 void check_exists(const std::string& source, const std::string& path, const std::string& key,
                   const std::string& config_file) {
   if (source == "indexed") {
-    if (!std::filesystem::exists(path + ".idx"))
+    std::error_code ec;
+    if (!std::filesystem::exists(path + ".idx", ec))
       throw InputError(config_file, key,
                        "an indexed dataset prefix, cannot find '" + path + ".idx'");
     return;

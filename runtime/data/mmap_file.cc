@@ -40,7 +40,8 @@ struct Fd {
 }  // namespace
 
 MappedFile MappedFile::open(const std::string& path, Access access) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is refused below instead.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) {
     const int err = errno;
     throw InputError(path, "",

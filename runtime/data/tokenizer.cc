@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/json_file.h"
 
 namespace strata {
@@ -37,6 +38,12 @@ namespace tokenizer_internal {
 namespace {
 
 constexpr uint32_t kNoRank = 0xFFFFFFFFu;
+
+// Token ids (and tiktoken ranks) stay below 2^22: the id -> bytes table is as long as the
+// largest id, and the largest vocabularies in use hold ~262k tokens (a file claiming id 2^30
+// made a 32 GB table).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+const std::string kIdExpected = "a non-negative integer id up to " + std::to_string(kMaxTokenId);
 
 uint64_t hash_bytes(std::string_view s) {
   // FNV-1a over 8-byte words, then a final mix: fast for the short keys of pre-tokens.
@@ -772,7 +779,7 @@ void add_pre_tokenizer(Model& m, const json& p, const std::string& at) {
 std::unique_ptr<Model> load_hf(const std::string& path) {
   auto m = std::make_unique<Model>();
   m->path = path;
-  const json j = read_json_file(path);
+  const json j = read_json_file(path, kMaxTokenizerFileBytes);
   if (!j.is_object()) throw InputError(path, "", "a tokenizer.json object");
   const json& model = need(j, "model", path, "");
   if (!model.is_object()) throw InputError(path, "model", "an object");
@@ -799,8 +806,8 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const std::string where = "model.vocab." + it.key();
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX)
-      throw InputError(path, where, "a non-negative integer id");
+        it.value().get<int64_t>() > kMaxTokenId)
+      throw InputError(path, where, kIdExpected);
     const int32_t id = it.value().get<int32_t>();
     if (!m->unbyte(it.key(), bytes))
       throw InputError(path, where, "a byte-level token (characters of GPT-2's byte alphabet)");
@@ -858,8 +865,8 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
       if (!t.is_object()) throw InputError(path, at, "an object");
       const json& id = need(t, "id", path, at);
       const json& content = need(t, "content", path, at);
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-        throw InputError(path, at + ".id", "a non-negative integer id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
+        throw InputError(path, at + ".id", kIdExpected);
       if (!content.is_string() || content.get<std::string>().empty())
         throw InputError(path, at + ".content", "a non-empty string");
       if (flag(t, "single_word", false, path, at))
@@ -923,6 +930,7 @@ std::unique_ptr<Model> load_tiktoken_model(
     const std::map<std::string, int32_t>* explicit_specials) {
   auto m = std::make_unique<Model>();
   m->path = path;
+  check_input_file(path, kMaxTokenizerFileBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
@@ -944,9 +952,11 @@ std::unique_ptr<Model> load_tiktoken_model(
       ok = !r.empty() && r.size() <= 10 &&
            std::all_of(r.begin(), r.end(), [](char c) { return c >= '0' && c <= '9'; });
       if (ok) rank = std::stoll(r);
-      ok = ok && rank <= INT32_MAX;
+      ok = ok && rank <= kMaxTokenId;
     }
-    if (!ok) throw InputError(path, where, "a base64 token, one space and a rank");
+    if (!ok)
+      throw InputError(path, where,
+                       "a base64 token, one space and a rank up to " + std::to_string(kMaxTokenId));
     if (m->vocab.find(bytes) != nullptr) throw InputError(path, where, "a token not listed before");
     if (rank < static_cast<long long>(m->id_bytes.size()) && m->id_known[rank])
       throw InputError(path, where, "a rank not used before");
@@ -1039,6 +1049,7 @@ Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path,
                                            const std::string& tiktoken_pattern) {
+  check_input_file(path, kMaxTokenizerFileBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
