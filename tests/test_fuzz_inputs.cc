@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/checkpoint.h"
 #include "tests/subprocess.h"
 
 namespace strata {
@@ -789,6 +790,68 @@ Case eval_task_case(Rng& rng, Workdir& wd) {
   return {{"eval", "--hf", kGoldenDir + "/generate/hf_gpt2_tiny", "--task", path}, 30};
 }
 
+// A checkpoint (tests/fuzz/checkpoint/iter_2: one rank of a tiny GPT) with its metadata.json,
+// run_state.json or shard header mutated, or its shard's bytes damaged; most often with the
+// manifest's sizes and CRCs made right again, so the fields themselves are read and checked.
+// Read by export, by an explicit resume and by generate.
+Case checkpoint_case(Rng& rng, Workdir& wd) {
+  const std::string seed = kFuzzDir + "/checkpoint/iter_2";
+  const std::string dir = wd.path() + "/iter_2";
+  fs::create_directories(dir);
+  std::map<std::string, std::string> files = {
+      {"metadata.json", read_file(seed + "/metadata.json")},
+      {"run_state.json", read_file(seed + "/run_state.json")},
+      {"rank_0.safetensors", read_file(seed + "/rank_0.safetensors")}};
+  switch (below(rng, 4)) {
+    case 0:
+      files["metadata.json"] = mutated_json(rng, wd, files["metadata.json"]);
+      break;
+    case 1:
+      files["run_state.json"] = mutated_json(rng, wd, files["run_state.json"]);
+      break;
+    case 2: {
+      std::string& w = files["rank_0.safetensors"];
+      uint64_t n = 0;
+      std::memcpy(&n, w.data(), sizeof n);
+      std::string header = w.substr(8, n), data = w.substr(8 + n);
+      header = mutated_json(rng, wd, header);
+      n = header.size();
+      w = std::string(reinterpret_cast<const char*>(&n), sizeof n) + header + data;
+      break;
+    }
+    default:
+      files["rank_0.safetensors"] = damage_bytes(rng, files["rank_0.safetensors"]);
+      break;
+  }
+  if (chance(rng, 0.8)) {  // the manifest agrees with the files again
+    try {
+      json meta = json::parse(files["metadata.json"]);
+      for (const char* f : {"run_state.json", "rank_0.safetensors"}) {
+        const std::string& b = files[f];
+        char crc[16];
+        std::snprintf(crc, sizeof crc, "%08x", crc32_ieee(b.data(), b.size()));
+        meta.at("files")[f] = {{"bytes", b.size()}, {"crc32", crc}};
+      }
+      files["metadata.json"] = meta.dump(2);
+    } catch (const std::exception&) {
+      // metadata.json itself is what is bent: leave it so
+    }
+  }
+  for (const auto& [name, bytes] : files)
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  switch (below(rng, 3)) {
+    case 0:
+      return {{"export", "--checkpoint", dir, "--out", wd.path() + "/hf"}, 30};
+    case 1:
+      return {{"train", "--config", kFuzzDir + "/checkpoint/config.json", "--set",
+               "checkpoint.resume=" + dir, "--set", "train.iterations=3"},
+              30};
+    default:
+      return {{"generate", "--checkpoint", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"},
+              30};
+  }
+}
+
 // The table of input kinds. A new kind is one row (and its Maker).
 const std::vector<Kind>& kinds() {
   static const std::vector<Kind> k = {
@@ -803,11 +866,16 @@ const std::vector<Kind>& kinds() {
       {"data-prepare", 5, data_prepare_case},
       {"hf-dir", 6, hf_dir_case},
       {"eval-task", 4, eval_task_case},
+      {"checkpoint", 8, checkpoint_case},
   };
   return k;
 }
 
 const Kind& kind_for(Rng& rng) {
+  // STRATA_FUZZ_KIND=<name>: only that kind (a longer run on one reader).
+  if (const char* only = std::getenv("STRATA_FUZZ_KIND"))
+    for (const Kind& k : kinds())
+      if (only == std::string(k.name)) return k;
   int total = 0;
   for (const Kind& k : kinds()) total += k.weight;
   int r = static_cast<int>(below(rng, static_cast<size_t>(total)));
