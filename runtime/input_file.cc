@@ -103,7 +103,9 @@ std::string errno_text(const char* what) {
 std::string output_file_problem(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode)) return kind_of(st.st_mode);
+    // A character device is a fine sink (/dev/null, /dev/stdout; /dev/full's failed writes are
+    // reported as they happen); a directory, a FIFO or a socket is not.
+    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) return kind_of(st.st_mode);
     // O_APPEND without O_TRUNC: the probe leaves the content as it was.
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return errno_text("not writable");

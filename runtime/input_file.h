@@ -43,9 +43,10 @@ std::string read_input_file(const std::string& path, uint64_t max_bytes);
 std::vector<uint8_t> read_input_bytes(const std::string& path, uint64_t max_bytes);
 
 // Outputs are checked the same way before a long job starts writing them: "" when `path` can be
-// written as a file (an existing regular file, opened for appending and left as it was, or a
-// new file in an existing directory, created and removed again), else what it is instead ("a
-// directory", "a FIFO (named pipe)", "not writable: Permission denied", ...).
+// written as a file (an existing regular file or character device — /dev/null, /dev/stdout —
+// opened for appending and left as it was, or a new file in an existing directory, created and
+// removed again), else what it is instead ("a directory", "a FIFO (named pipe)", "not
+// writable: Permission denied", ...).
 std::string output_file_problem(const std::string& path);
 // "" when `path` is a directory files can be created in; made (with its parents) when missing.
 std::string output_directory_problem(const std::string& path);
