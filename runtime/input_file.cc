@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +99,15 @@ std::string errno_text(const char* what) {
   return std::string(what) + ": " + std::strerror(errno);
 }
 
+// Whether `path` lies on a kernel file system (/proc, /sys): its files are not storage, a write
+// to them is a request to the kernel (and fails, or worse, later).
+bool on_kernel_fs(const std::string& path) {
+  constexpr long kProc = 0x9fa0, kSysfs = 0x62656572;  // PROC_SUPER_MAGIC, SYSFS_MAGIC
+  struct statfs fs;
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  return static_cast<long>(fs.f_type) == kProc || static_cast<long>(fs.f_type) == kSysfs;
+}
+
 }  // namespace
 
 std::string output_file_problem(const std::string& path) {
@@ -106,6 +116,7 @@ std::string output_file_problem(const std::string& path) {
     // A character device is a fine sink (/dev/null, /dev/stdout; /dev/full's failed writes are
     // reported as they happen); a directory, a FIFO or a socket is not.
     if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) return kind_of(st.st_mode);
+    if (S_ISREG(st.st_mode) && on_kernel_fs(path)) return "a /proc or /sys file, not storage";
     // O_APPEND without O_TRUNC: the probe leaves the content as it was.
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return errno_text("not writable");

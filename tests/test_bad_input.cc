@@ -186,6 +186,9 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
       {{{"log", {{"trace", missing_dir}}}}, "log.trace"},
       {{{"log", {{"metrics", missing_dir}}}}, "log.metrics"},
       {{{"log", {{"trace", "/proc/strata-trace.json"}}}}, "log.trace"},
+      // An existing /proc file opens for writing but takes no log (the fuzzer's case 20, seed
+      // 28: it trained, then exited 3).
+      {{{"log", {{"metrics", "/proc/self/status"}}}}, "log.metrics"},
   };
   for (const auto& [extra, key] : cases) {
     const Outcome o = refused({"train", "--config", config(extra)},
@@ -194,7 +197,11 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
   }
   EXPECT_EQ(std::ifstream(file).rdbuf()->sgetc(), 'x');  // nothing lost
 
-  // What is fine: existing files are kept until written, missing directories made.
+  // What is fine: existing files are kept until written, missing directories made, and a
+  // character device is a sink.
+  EXPECT_EQ(run_strata({"train", "--config", config({{"log", {{"metrics", "/dev/null"}}}})}, 60)
+                .status,
+            0);
   const std::string metrics = write("m.jsonl", "");
   const Outcome ok =
       run_strata({"train", "--config",
