@@ -71,8 +71,8 @@ std::vector<std::string> env_sets() {
 GenerateOptions options(const std::string& arch, std::vector<std::vector<int32_t>> prompts,
                         int max_new_tokens) {
   GenerateOptions o;
-  o.hf = hf_dir(arch);
-  o.sets = env_sets();
+  o.source.hf = hf_dir(arch);
+  o.source.sets = env_sets();
   o.prompt_ids = std::move(prompts);
   o.max_new_tokens = max_new_tokens;
   return o;  // temperature 0: greedy

@@ -252,6 +252,19 @@ std::string first_tensor(const nlohmann::json& h) {
   return name;
 }
 
+// Edits the first parameter's meta entry (JSON inside a metadata string) of rank 0's shard.
+void edit_first_meta(const std::string& ck, const std::function<void(nlohmann::json&)>& edit) {
+  edit_header(ck, "rank_0.safetensors", [&](nlohmann::json& h) {
+    for (auto& [k, v] : h["__metadata__"].items()) {
+      if (k.rfind("meta:", 0) != 0) continue;
+      nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
+      edit(m);
+      v = m.dump();
+      break;
+    }
+  });
+}
+
 struct BadCheckpoint {
   const char* what;
   std::function<void(const std::string& ck)> make;
@@ -335,14 +348,9 @@ TEST(Checkpoint, FieldsAreCheckedAsStrictlyAsAConfig) {
        {"iter_8/run_state.json", "model"}},
       {"a negative dimension in a shard's full_shape",
        [](const std::string& ck) {
-         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
-           for (auto& [k, v] : h["__metadata__"].items()) {
-             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
-             m["full_shape"][0] = -m["full_shape"][0].get<int64_t>();
-             m["shard_shape"][0] = -m["shard_shape"][0].get<int64_t>();
-             v = m.dump();
-             break;
-           }
+         edit_first_meta(ck, [](nlohmann::json& m) {
+           m["full_shape"][0] = -m["full_shape"][0].get<int64_t>();
+           m["shard_shape"][0] = -m["shard_shape"][0].get<int64_t>();
          });
        },
        {"iter_8/rank_0.safetensors", "full_shape"}},
@@ -356,25 +364,15 @@ TEST(Checkpoint, FieldsAreCheckedAsStrictlyAsAConfig) {
        {"iter_8/rank_0.safetensors", "tensor "}},
       {"a shard_shape that is not 1/tp of its full_shape",
        [](const std::string& ck) {
-         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
-           for (auto& [k, v] : h["__metadata__"].items()) {
-             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
-             m["full_shape"][0] = 2 * m["full_shape"][0].get<int64_t>();
-             v = m.dump();
-             break;
-           }
+         edit_first_meta(ck, [](nlohmann::json& m) {
+           m["full_shape"][0] = 2 * m["full_shape"][0].get<int64_t>();
          });
        },
        {"iter_8/rank_0.safetensors", "__metadata__.meta:"}},
       {"a shape whose product overflows",
        [](const std::string& ck) {
-         edit_header(ck, "rank_0.safetensors", [](nlohmann::json& h) {
-           for (auto& [k, v] : h["__metadata__"].items()) {
-             nlohmann::json m = nlohmann::json::parse(v.get<std::string>());
-             m["full_shape"] = {int64_t{1} << 40, int64_t{1} << 40};
-             v = m.dump();
-             break;
-           }
+         edit_first_meta(ck, [](nlohmann::json& m) {
+           m["full_shape"] = {int64_t{1} << 40, int64_t{1} << 40};
          });
        },
        {"iter_8/rank_0.safetensors", "full_shape", "64 bits"}},

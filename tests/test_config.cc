@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -756,9 +755,9 @@ TEST(ConfigFiles, DeepNestingIsRefusedWhileParsing) {
   objects += "1" + std::string(depth + 1, '}');
   const std::string nested = dir.write("objects.json", objects);
   for (const std::string& path : {arrays, nested}) {
-    const auto t0 = std::chrono::steady_clock::now();
+    // Refused by the parser's depth limit, before any tree is built (how fast is not a test's
+    // business: a timed assertion fails under load and sanitizers).
     const InputError e = expect_error([&] { load_config(path, {}); });
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
     EXPECT_EQ(e.file(), path);
     EXPECT_TRUE(contains(e.expected(), "nested at most 64 deep")) << e.what();
     EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();

@@ -205,17 +205,10 @@ int cmd_eval(const std::vector<std::string>& args) {
       }
       bad(a, "a positive integer, got \"" + v + "\"");
     };
+    if (parse_source_flag(a, value, &src)) continue;  // --checkpoint, --hf, --config, --set
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--checkpoint") {
-      src.checkpoint = value();
-    } else if (a == "--hf") {
-      src.hf = value();
-    } else if (a == "--config") {
-      src.config = value();
-    } else if (a == "--set") {
-      src.sets.push_back(value());
     } else if (a == "--data") {
       split = "val";
       if (i + 1 < args.size() && (args[i + 1] == "train" || args[i + 1] == "val")) split = args[++i];

@@ -85,7 +85,7 @@ std::vector<Generation> generate(const GenerateOptions& o,
     bad("--top-p", "a number in (0, 1], got " + std::to_string(o.top_p));
   if (o.prompt_ids.empty() && o.prompts.empty()) bad("--prompt", "at least one prompt");
 
-  InferenceSession session(InferenceSource{o.checkpoint, o.hf, o.config, o.sets});
+  InferenceSession session(o.source);
   const ModelConfig& model = session.model_config();
   Model& m = session.model();
 
@@ -161,17 +161,10 @@ int cmd_generate(const std::vector<std::string>& args) {
       bad(a, "a number, got \"" + v + "\"");
     };
     double x = 0;
+    if (parse_source_flag(a, value, &o.source)) continue;  // --checkpoint, --hf, --config, --set
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--checkpoint") {
-      o.checkpoint = value();
-    } else if (a == "--hf") {
-      o.hf = value();
-    } else if (a == "--config") {
-      o.config = value();
-    } else if (a == "--set") {
-      o.sets.push_back(value());
     } else if (a == "--prompt") {
       o.prompts.push_back(value());
     } else if (a == "--prompt-ids") {

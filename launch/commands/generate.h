@@ -25,13 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "launch/commands/inference.h"
+
 namespace strata {
 
 struct GenerateOptions {
-  std::optional<std::string> checkpoint;  // a Strata checkpoint (or checkpoint.dir)
-  std::optional<std::string> hf;          // a Hugging Face directory
-  std::string config;                     // a config file ("": none) …
-  std::vector<std::string> sets;          // … and --set overrides
+  InferenceSource source;  // the model: --checkpoint or --hf, --config, --set
   std::vector<std::vector<int32_t>> prompt_ids;
   std::vector<std::string> prompts;  // text, tokenized with data.tokenizer (or as bytes)
   int max_new_tokens = 32;

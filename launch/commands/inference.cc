@@ -89,6 +89,22 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
 
 }  // namespace
 
+bool parse_source_flag(const std::string& flag, const std::function<std::string()>& value,
+                       InferenceSource* s) {
+  if (flag == "--checkpoint") {
+    s->checkpoint = value();
+  } else if (flag == "--hf") {
+    s->hf = value();
+  } else if (flag == "--config") {
+    s->config = value();
+  } else if (flag == "--set") {
+    s->sets.push_back(value());
+  } else {
+    return false;
+  }
+  return true;
+}
+
 InferenceSession::InferenceSession(const InferenceSource& source) {
   std::string path, recorded;
   const ModelConfig model = model_of(source, &path, &recorded);

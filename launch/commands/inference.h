@@ -12,6 +12,7 @@
 // under mpirun.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,11 @@ struct InferenceSource {
   std::string config;                     // a config file ("": none)
   std::vector<std::string> sets;          // --set overrides
 };
+
+// Reads the model-source flag `flag` (--checkpoint, --hf, --config, --set) into `s`, taking its
+// value from `value()`; false when `flag` is not one of them (the command's own flags).
+bool parse_source_flag(const std::string& flag, const std::function<std::string()>& value,
+                       InferenceSource* s);
 
 class InferenceSession {
  public:

@@ -7,17 +7,9 @@
 namespace strata {
 
 double sum_over(Backend& be, Communicator* c, double v) {
-  if (!c || c->size() == 1) return v;
-  float f = static_cast<float>(v);
-  if (c->device() == Device::kCPU) {
-    c->all_reduce(&f, 1, DType::kF32, ReduceOp::kSum);
-    return f;
-  }
-  Tensor t = be.empty({1}, MemCategory::kBuffers);
-  be.upload(t, &f);
-  c->all_reduce(t, ReduceOp::kSum);
-  be.download(&f, t);  // after the compute stream, which the reduction's wait ordered
-  return f;
+  PendingSum s;
+  s.start(be, c, v);
+  return s.wait();
 }
 
 void PendingSum::start(Backend& be, Communicator* c, double v) {
