@@ -9,6 +9,13 @@
 // seconds (10^9). Reads come from the page cache when the file fits in memory; the plain read
 // is measured the same way, so the ratio stays meaningful. Never fails on time.
 //
+// Then the resharded load of one rank of another layout — tensor 2, rank 0, pipeline stage 0 of 2
+// (layers 0-11 and the embedding) — two ways in the same run: through CheckpointReader (each rank
+// reads only the byte ranges of what it holds: load_params / load_state) and the way resumes
+// worked before (read_checkpoint: every file whole, then the full tensors of its parameters).
+// Peak host memory is the process's VmHWM, reset before each (/proc/self/clear_refs), less the
+// resident memory before it: what the load itself adds on top of the rank's own buffers.
+//
 // usage: bench_checkpoint [dir]   (default /tmp/strata_bench_ckpt; removed afterwards)
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,6 +23,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +38,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Bytes of a /proc/self/status field (kB there).
+double status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::string(key).size())) * 1024.0;
+  return 0;
+}
+
+// Resets the peak resident memory to the present one (Linux ≥ 4.0).
+void reset_peak() {
+  std::ofstream("/proc/self/clear_refs") << "5";
 }
 
 }  // namespace
@@ -85,6 +108,44 @@ int main(int argc, char** argv) {
     t_assemble = since(t1);
     t_assemble += t_parse;
   }
+
+  // The resharded load of one rank of (t 2, p 2): rank 0 of the first stage's tensor group.
+  const int64_t file_bytes =
+      static_cast<int64_t>(std::filesystem::file_size(path + "/rank_0.safetensors"));
+  const ParamLayout target = model_layout(mc, 2, 0, false, {{0, 12, true, false}});
+  std::vector<OptSegment> segs;
+  for (const ParamInfo& p : target.infos()) segs.push_back({p.offset, p.offset, p.numel, p.decay});
+  const double own = 3.0 * static_cast<double>(target.numel()) * 4;
+  double ranged_s = 0, ranged_peak = 0, ranged_read = 0, whole_s = 0, whole_peak = 0;
+  {
+    std::vector<float> params(static_cast<size_t>(target.numel())), m(params.size()),
+        v(params.size());
+    const double before = status_bytes("VmRSS:");
+    reset_peak();
+    t0 = Clock::now();
+    CheckpointReader reader(path);
+    load_params(target, reader, "param", params);
+    load_state(target, reader, "m", segs, m);
+    load_state(target, reader, "v", segs, v);
+    ranged_s = since(t0);
+    ranged_peak = status_bytes("VmHWM:") - before;
+    ranged_read = static_cast<double>(reader.bytes_read());
+  }
+  {
+    std::vector<float> params(static_cast<size_t>(target.numel())), m(params.size()),
+        v(params.size());
+    const double before = status_bytes("VmRSS:");
+    reset_peak();
+    t0 = Clock::now();
+    std::set<std::string> names;
+    for (const ParamInfo& p : target.infos()) names.insert(p.name);
+    const LoadedCheckpoint c = read_checkpoint(path);
+    fill_params(target, assemble_full(c.shards, "param", names, path), params, path);
+    fill_state(target, assemble_full(c.shards, "m", names, path), segs, m, path);
+    fill_state(target, assemble_full(c.shards, "v", names, path), segs, v, path);
+    whole_s = since(t0);
+    whole_peak = status_bytes("VmHWM:") - before;
+  }
   std::filesystem::remove_all(dir);
 
   // The plain sequential write and read of as many bytes.
@@ -136,6 +197,18 @@ int main(int argc, char** argv) {
   std::printf(
       "plain sequential read:                                         %6.2f s  %5.2f GB/s\n",
       t_plain_r, gb / t_plain_r);
+  std::printf(
+      "\nresharded load of one rank of (t 2, p 2): its shard (params + m + v) %.2f GB of the "
+      "%.2f GB checkpoint\n",
+      own / 1e9, static_cast<double>(file_bytes) / 1e9);
+  std::printf(
+      "  ranges it holds (CheckpointReader):  %6.2f s  read %.2f GB  peak host memory added "
+      "%.2f GB\n",
+      ranged_s, ranged_read / 1e9, ranged_peak / 1e9);
+  std::printf(
+      "  every file whole (read_checkpoint):  %6.2f s  read %.2f GB  peak host memory added "
+      "%.2f GB\n",
+      whole_s, static_cast<double>(file_bytes) / 1e9, whole_peak / 1e9);
   finalize_world();
   return 0;
 }

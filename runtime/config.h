@@ -140,6 +140,8 @@ struct CheckpointConfig {
   int interval = 0;
   int keep = 3;
   std::string resume = "auto";  // auto | none | <checkpoint path>
+  // Shards written by a background thread while training goes on (CheckpointSaver).
+  bool async = false;
 };
 
 struct LogConfig {

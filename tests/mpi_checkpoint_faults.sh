@@ -10,6 +10,9 @@
 #   3. the same as 1 with parallel.schedule 2bw (both weight versions in the checkpoint; the
 #      kill comes as the stretch of batches after iter_4 starts, iteration 5): the rerun reaches
 #      the final loss of an uninterrupted 2bw run, bit for bit.
+#   4. the same as 2 with checkpoint.async (the shard written by a background thread while
+#      training goes on): the kill in the background write of iteration 4 leaves iter_2 the
+#      newest checkpoint; the rerun resumes from it and reaches the same final loss.
 set -u
 mpiexec=$1 strata=$2
 work=$(mktemp -d /tmp/strata_faults.XXXXXX)
@@ -80,6 +83,19 @@ echo "$out" | grep -E "resumed|error" || true
 check "the 2bw rerun resumes from iter_4" 'grep -q "resumed from $work/c/iter_4" <<<"$out"'
 got=$(final_loss "$work/c.jsonl")
 check "2bw final loss $got equals the uninterrupted $want" '[ -n "$want" ] && [ "$got" = "$want" ]'
+
+out=$(run "$work/d" "$work/d.jsonl" STRATA_TEST_KILL_DURING_SAVE=4 -- --set checkpoint.async=true)
+rc=$?
+echo "--- killed during the background write of iteration 4: exit status $rc; left: $(ls "$work/d" | tr '\n' ' ')"
+check "the job ends with a non-zero status" '[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]'
+check "no iter_4 appeared" '[ ! -e "$work/d/iter_4" ]'
+check "iter_2 is complete" '[ -f "$work/d/iter_2/metadata.json" ]'
+out=$(run "$work/d" "$work/d.jsonl" -- --set checkpoint.async=true); rc=$?
+echo "$out" | grep -E "resumed|error" || true
+check "the rerun resumes from iter_2" 'grep -q "resumed from $work/d/iter_2" <<<"$out"'
+want=$(final_loss "$work/ref.jsonl")
+got=$(final_loss "$work/d.jsonl")
+check "final loss $got equals the uninterrupted $want" '[ -n "$want" ] && [ "$got" = "$want" ]'
 
 [ "$fail" -eq 0 ] && echo "PASS: checkpoint fault scenarios"
 exit "$fail"

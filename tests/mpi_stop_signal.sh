@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # mpi_stop_signal.sh MPIEXEC STRATA_BIN — SIGUSR1 (Slurm's --signal convention) during training on
-# 2 ranks (pipeline 2), for 1f1b and 2bw:
+# 2 ranks (pipeline 2), for 1f1b, 2bw, and 1f1b with background saves every 7 iterations
+# (checkpoint.async, so that one may be in flight when the signal comes):
 #   mpirun forwards the signal to every rank; the ranks agree on the iteration to stop after,
-#   save its checkpoint and exit with status 4; rerunning the same command resumes from that
-#   checkpoint and reaches the final loss of an uninterrupted run, bit for bit.
+#   save its checkpoint (publishing any background save first) and exit with status 4; rerunning
+#   the same command resumes from that checkpoint and reaches the final loss of an uninterrupted
+#   run, bit for bit.
 set -u
 mpiexec=$1 strata=$2
 work=$(mktemp -d /tmp/strata_stop.XXXXXX)
@@ -22,35 +24,37 @@ lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; else echo "ok: $1"; fi; }
 
-for schedule in 1f1b 2bw; do
+for variant in 1f1b 2bw async; do
+  schedule=$variant async=false every=100000
   # 2bw stops between its instruction lists, which end at its checkpoints.
-  every=100000
-  [ "$schedule" = 2bw ] && every=50
+  [ "$variant" = 2bw ] && every=50
+  [ "$variant" = async ] && schedule=1f1b async=true every=7
   args=(--config "$work/config.json" --set "parallel.schedule=$schedule"
-        --set "checkpoint.dir=$work/$schedule" --set "checkpoint.interval=$every")
+        --set "checkpoint.dir=$work/$variant" --set "checkpoint.interval=$every"
+        --set "checkpoint.async=$async")
   "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train "${args[@]:0:4}" \
-    --set "log.metrics=$work/ref_$schedule.jsonl" >/dev/null 2>&1
-  want=$(final_loss "$work/ref_$schedule.jsonl")
-  echo "$schedule: uninterrupted final loss $want"
+    --set "log.metrics=$work/ref_$variant.jsonl" >/dev/null 2>&1
+  want=$(final_loss "$work/ref_$variant.jsonl")
+  echo "$variant: uninterrupted final loss $want"
   timeout 120 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train "${args[@]}" \
-    --set "log.metrics=$work/$schedule.jsonl" >"$work/out" 2>&1 &
+    --set "log.metrics=$work/$variant.jsonl" >"$work/out" 2>&1 &
   pid=$!
-  for _ in $(seq 600); do [ "$(lines "$work/$schedule.jsonl")" -ge 20 ] && break; sleep 0.05; done
+  for _ in $(seq 600); do [ "$(lines "$work/$variant.jsonl")" -ge 20 ] && break; sleep 0.05; done
   pkill -USR1 -P "$pid"  # mpirun, under timeout: it forwards SIGUSR1 to the ranks
   wait "$pid"
   rc=$?
   grep -E "^stopped|warning|error" "$work/out"
-  check "$schedule: exit status $rc is 4" '[ "$rc" -eq 4 ]'
-  saved=$(ls "$work/$schedule" | grep '^iter_' | sed 's/iter_//' | sort -n | tail -1)
-  check "$schedule: the checkpoint of the iteration it stopped after (iter_$saved)" \
+  check "$variant: exit status $rc is 4" '[ "$rc" -eq 4 ]'
+  saved=$(ls "$work/$variant" | grep '^iter_[0-9]*$' | sed 's/iter_//' | sort -n | tail -1)
+  check "$variant: the checkpoint of the iteration it stopped after (iter_$saved)" \
     'grep -q "^stopped by SIGUSR1 after iteration $saved:" "$work/out" && [ "$saved" -lt 3000 ]'
   out=$("$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$strata" train "${args[@]}" \
-    --set "log.metrics=$work/$schedule.jsonl" 2>&1); rc=$?
+    --set "log.metrics=$work/$variant.jsonl" 2>&1); rc=$?
   echo "$out" | grep -E "resumed|error" || true
-  check "$schedule: the rerun resumes from iter_$saved and finishes" \
-    '[ "$rc" -eq 0 ] && grep -q "resumed from $work/$schedule/iter_$saved " <<<"$out"'
-  got=$(final_loss "$work/$schedule.jsonl")
-  check "$schedule: final loss $got equals the uninterrupted $want" \
+  check "$variant: the rerun resumes from iter_$saved and finishes" \
+    '[ "$rc" -eq 0 ] && grep -q "resumed from $work/$variant/iter_$saved " <<<"$out"'
+  got=$(final_loss "$work/$variant.jsonl")
+  check "$variant: final loss $got equals the uninterrupted $want" \
     '[ -n "$want" ] && [ "$got" = "$want" ]'
 done
 [ "$fail" -eq 0 ] && echo "PASS: stop on SIGUSR1 and resume"

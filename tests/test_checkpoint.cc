@@ -170,14 +170,25 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   spit(path, j.dump(2) + "\n");
 }
 
-// Records `file`'s present size and CRC-32 in metadata.json, as a save would have: the edit is
-// then invisible to the checksums.
-void rerecord(const std::string& ck, const std::string& file) {
-  const std::string bytes = slurp(ck + "/" + file);
+std::string crc_hex(const std::string& bytes) {
   char crc[16];
   std::snprintf(crc, sizeof crc, "%08x", crc32_ieee(bytes.data(), bytes.size()));
+  return crc;
+}
+
+// Records `file`'s present size and CRC-32 in metadata.json (a shard's also its header's), as a
+// save would have: the edit is then invisible to the checksums.
+void rerecord(const std::string& ck, const std::string& file) {
+  const std::string bytes = slurp(ck + "/" + file);
   nlohmann::json meta = json_of(ck + "/metadata.json");
-  meta["files"][file] = {{"bytes", bytes.size()}, {"crc32", crc}};
+  nlohmann::json entry = {{"bytes", bytes.size()}, {"crc32", crc_hex(bytes)}};
+  if (file != "run_state.json") {
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    entry["header_bytes"] = 8 + n;
+    entry["header_crc32"] = crc_hex(bytes.substr(0, 8 + n));
+  }
+  meta["files"][file] = entry;
   write_json(ck + "/metadata.json", meta);
 }
 

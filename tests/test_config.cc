@@ -99,6 +99,7 @@ class TempDir {
 const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
   "data": {"blend": null, "tokenizer": null},
   "log": {"sample_interval": 0, "sample_prompt": null, "sample_tokens": 32},
+  "checkpoint": {"async": false},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
             "rms_norm_eps": 1e-5}})";
 

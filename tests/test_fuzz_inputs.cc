@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "runtime/checkpoint.h"
+#include "runtime/json_file.h"
 #include "tests/subprocess.h"
 
 namespace strata {
@@ -790,12 +791,20 @@ Case eval_task_case(Rng& rng, Workdir& wd) {
   return {{"eval", "--hf", kGoldenDir + "/generate/hf_gpt2_tiny", "--task", path}, 30};
 }
 
-// A checkpoint (tests/fuzz/checkpoint/iter_2: one rank of a tiny GPT) with its metadata.json,
-// run_state.json or shard header mutated, or its shard's bytes damaged; most often with the
-// manifest's sizes and CRCs made right again, so the fields themselves are read and checked.
-// Read by export, by an explicit resume and by generate.
+std::string crc_hex(uint32_t c) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", c);
+  return buf;
+}
+
+// A checkpoint (tests/fuzz/checkpoint/iter_2: one rank of a tiny GPT, or format1/iter_2, the
+// same checkpoint in the format before block checksums) with its metadata.json, run_state.json or
+// shard header mutated, or its shard's bytes damaged; most often with the manifest's sizes and
+// CRCs (and header sizes and CRCs) made right again, so the fields themselves are read and
+// checked. Read by export, by an explicit resume and by generate.
 Case checkpoint_case(Rng& rng, Workdir& wd) {
-  const std::string seed = kFuzzDir + "/checkpoint/iter_2";
+  const std::string seed =
+      kFuzzDir + (chance(rng, 0.25) ? "/checkpoint/format1/iter_2" : "/checkpoint/iter_2");
   const std::string dir = wd.path() + "/iter_2";
   fs::create_directories(dir);
   std::map<std::string, std::string> files = {
@@ -825,12 +834,20 @@ Case checkpoint_case(Rng& rng, Workdir& wd) {
   }
   if (chance(rng, 0.8)) {  // the manifest agrees with the files again
     try {
-      json meta = json::parse(files["metadata.json"]);
+      // The bounded parser: a mutation may nest metadata.json deeper than dump() can recurse.
+      json meta = parse_json(files["metadata.json"], "metadata.json");
       for (const char* f : {"run_state.json", "rank_0.safetensors"}) {
         const std::string& b = files[f];
-        char crc[16];
-        std::snprintf(crc, sizeof crc, "%08x", crc32_ieee(b.data(), b.size()));
-        meta.at("files")[f] = {{"bytes", b.size()}, {"crc32", crc}};
+        json& entry = meta.at("files")[f];
+        entry["bytes"] = b.size();
+        entry["crc32"] = crc_hex(crc32_ieee(b.data(), b.size()));
+        if (entry.contains("header_bytes") && b.size() >= 8) {
+          uint64_t n = 0;
+          std::memcpy(&n, b.data(), sizeof n);
+          const size_t head = static_cast<size_t>(std::min<uint64_t>(n + 8, b.size()));
+          entry["header_bytes"] = head;
+          entry["header_crc32"] = crc_hex(crc32_ieee(b.data(), head));
+        }
       }
       files["metadata.json"] = meta.dump(2);
     } catch (const std::exception&) {

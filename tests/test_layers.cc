@@ -253,5 +253,44 @@ TEST(RotaryEmbedding, FrequenciesMatchHuggingFacesLlama3Scaling) {
     EXPECT_DOUBLE_EQ(plain[static_cast<size_t>(i)], 1.0 / std::pow(500000.0, 2.0 * i / 128));
 }
 
+// local_index inverts global_index for every split: each element of the full parameter is
+// found on exactly the rank whose shard holds it, at the local index that maps back to it, and
+// every other rank answers -1 (checkpoint loads read only what a rank holds through it).
+TEST(ParamSplit, LocalIndexInvertsGlobalIndex) {
+  struct Case {
+    ParamSplit split;
+    Shape shape;
+    std::vector<int64_t> blocks;
+  };
+  const std::vector<Case> cases = {{ParamSplit::kReplicated, {12}, {}},
+                                   {ParamSplit::kRows, {8, 3}, {}},
+                                   {ParamSplit::kRows, {12}, {}},
+                                   {ParamSplit::kCols, {3, 8}, {}},
+                                   {ParamSplit::kBlockRows, {16, 3}, {8, 4, 4}}};
+  for (const Case& c : cases)
+    for (int t : {1, 2, 4}) {
+      int64_t full = 1;
+      for (int64_t d : c.shape) full *= d;
+      std::vector<int> holders(static_cast<size_t>(full), 0);
+      for (int r = 0; r < t; ++r) {
+        ParamLayout layout(t, r);
+        const ParamRef w =
+            layout.add({"w", c.shape, c.split, ParamInit::kZeros, 0, -1, true, c.blocks});
+        const ParamInfo& p = layout.info(w);
+        for (int64_t g = 0; g < full; ++g) {
+          const int64_t l = local_index(p, g, r, t);
+          if (l < 0) continue;
+          ASSERT_LT(l, p.numel);
+          EXPECT_EQ(global_index(p, l, r, t), g) << split_spelling(c.split, c.blocks);
+          ++holders[static_cast<size_t>(g)];
+        }
+        EXPECT_EQ(local_index(p, full + 5, r, t), -1);
+        EXPECT_EQ(local_index(p, -1, r, t), -1);
+      }
+      const int want = c.split == ParamSplit::kReplicated ? t : 1;
+      for (int n : holders) EXPECT_EQ(n, want) << split_spelling(c.split, c.blocks) << " t " << t;
+    }
+}
+
 }  // namespace
 }  // namespace strata

@@ -41,10 +41,13 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
   }
   *path = ck;
   *recorded = ck + "/run_state.json";
-  const LoadedCheckpoint c = read_checkpoint(ck);
-  return config_from_json(nlohmann::json{{"model", c.run_state.at("model")}},
-                          ck + "/run_state.json", {"data.synthetic.vocab_size=1"})
-      .model;
+  const CheckpointReader c(ck);  // the headers and the run state, no tensor bytes
+  const ModelConfig model =
+      config_from_json(nlohmann::json{{"model", c.run_state().at("model")}}, ck + "/run_state.json",
+                       {"data.synthetic.vocab_size=1"})
+          .model;
+  check_checkpoint_holds(model_layout(model, 1, 0, false, whole_model(model.num_layers)), c);
+  return model;
 }
 
 // The config of the session: the user's keys with one pipeline stage, no sequence parallelism,
@@ -118,10 +121,8 @@ InferenceSession::InferenceSession(const InferenceSource& source) {
   if (source.hf) {
     fill_params(ps.layout(), load_hf_model(cfg_.model, path), host, path);
   } else {
-    std::set<std::string> names;
-    for (const ParamInfo& p : ps.layout().infos()) names.insert(p.name);
-    fill_params(ps.layout(), assemble_full(read_checkpoint(path).shards, "param", names, path),
-                host, path);
+    CheckpointReader c(path);  // reads only the tensors this rank holds
+    load_params(ps.layout(), c, "param", host);
   }
   be_->upload(ps.params(), host.data());
   ps.params_changed();

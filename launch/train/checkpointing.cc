@@ -1,5 +1,6 @@
 #include "launch/train/checkpointing.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -43,6 +44,8 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
       reducer_(reducer),
       be_(be),
       lead_(lead) {
+  const CheckpointConfig& ck = run.cfg->checkpoint;
+  if (ck.dir) saver_ = std::make_unique<CheckpointSaver>(*groups.host, *ck.dir, ck.keep, ck.async);
 }
 
 bool Checkpointing::due(int it) const {
@@ -71,36 +74,30 @@ RunStart Checkpointing::restore() {
   std::vector<float> hp(static_cast<size_t>(params.numel()));
   if (choice.rfind("ok:", 0) == 0) {
     const std::string path = choice.substr(3);
-    const LoadedCheckpoint c = read_checkpoint(path);
+    // Each rank reads only the byte ranges of the tensors it holds (model_state.h).
+    CheckpointReader c(path);
     check_model_shape(model_shape_json(cfg.model, desc_),
-                      c.run_state.value("model", nlohmann::json::object()),
+                      c.run_state().value("model", nlohmann::json::object()),
                       path + "/run_state.json", "config");
-    std::set<std::string> names;
-    for (const ParamInfo& pi : layout.infos()) names.insert(pi.name);
-    fill_params(layout, assemble_full(c.shards, "param", names, path), hp, path);
+    load_params(layout, c, "param", hp);
     be_.upload(params.params(), hp.data());
     params.params_changed();
     if (run_.two_bw()) {
       // Both versions; a flushing schedule's checkpoint has one: W(k−1) = W(k), as W(−1) = W(0).
-      bool has_prev = false;
-      for (const RankShard& sh : c.shards)
-        for (const ShardPiece& piece : sh.pieces) has_prev = has_prev || piece.kind == "param_prev";
       start.previous_params = hp;
-      if (has_prev)
-        fill_params(layout, assemble_full(c.shards, "param_prev", names, path),
-                    start.previous_params, path);
+      if (c.has("param_prev")) load_params(layout, c, "param_prev", start.previous_params);
     }
+    std::vector<float>().swap(hp);
     for (const char* k : {"m", "v"}) {
       Tensor& st = std::string(k) == "m" ? opt_.m() : opt_.v();
       std::vector<float> hs(static_cast<size_t>(st.numel()));
-      fill_state(layout, assemble_full(c.shards, k, names, path), reducer_.optimizer_segments(), hs,
-                 path);
+      load_state(layout, c, k, reducer_.optimizer_segments(), hs);
       be_.upload(st, hs.data());
     }
-    // read_checkpoint checked these keys' presence and ranges.
-    opt_.set_steps_taken(c.run_state.at("optimizer_steps").get<int>());
-    start.iteration = c.run_state.at("iteration").get<int>();
-    start.nonfinite_in_a_row = c.run_state.at("nonfinite_in_a_row").get<int>();
+    // CheckpointReader checked these keys' presence and ranges.
+    opt_.set_steps_taken(c.run_state().at("optimizer_steps").get<int>());
+    start.iteration = c.run_state().at("iteration").get<int>();
+    start.nonfinite_in_a_row = c.run_state().at("nonfinite_in_a_row").get<int>();
     if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
   } else if (cfg.model.init_from) {
     const std::string& path = *cfg.model.init_from;
@@ -113,18 +110,23 @@ RunStart Checkpointing::restore() {
 }
 
 void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous) {
+  // A second save waits for the first (its wait counts as the first one's stall).
+  publish(pending(), it);
+  const auto t0 = std::chrono::steady_clock::now();
   const Config& cfg = *run_.cfg;
   ParamStore& params = model_.params();
-  std::vector<float> hp(static_cast<size_t>(params.numel()));
-  std::vector<float> hm(static_cast<size_t>(opt_.m().numel())), hv(hm.size());
-  std::vector<float> hprev(previous ? hp.size() : 0);
-  be_.download(hp.data(), params.params());
-  be_.download(hm.data(), opt_.m());
-  be_.download(hv.data(), opt_.v());
-  if (previous) be_.download(hprev.data(), *previous);
-  const RankShard shard =
-      make_rank_shard(params.layout(), hp, hm, hv, reducer_.optimizer_segments(), groups_.dp_rank,
-                      reducer_.sharded(), previous ? &hprev : nullptr);
+  RankShard shard;
+  {
+    std::vector<float> hp(static_cast<size_t>(params.numel()));
+    std::vector<float> hm(static_cast<size_t>(opt_.m().numel())), hv(hm.size());
+    std::vector<float> hprev(previous ? hp.size() : 0);
+    be_.download(hp.data(), params.params());
+    be_.download(hm.data(), opt_.m());
+    be_.download(hv.data(), opt_.v());
+    if (previous) be_.download(hprev.data(), *previous);
+    shard = make_rank_shard(params.layout(), hp, hm, hv, reducer_.optimizer_segments(),
+                            groups_.dp_rank, reducer_.sharded(), previous ? &hprev : nullptr);
+  }
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},
@@ -149,10 +151,47 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
         {"micro_batch_size", cfg.train.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
-  const std::string dir =
-      save_checkpoint(*groups_.host, *cfg.checkpoint.dir, it, shard, rs, cfg.checkpoint.keep);
+  iteration_.push_back(it);
+  write_s_.push_back(0);
+  stall_s_.push_back(0);
+  const std::string dir = saver_->save(it, std::move(shard), std::move(rs));
+  stall_s_.back() += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!dir.empty()) {
+    published_at_.push_back(it);
+    write_s_.back() = saver_->last_write_s();
+    if (lead_) {
+      std::printf("checkpoint %s (saved in %.1f ms)\n", dir.c_str(), 1e3 * stall_s_.back());
+      std::fflush(stdout);
+    }
+  }
+}
+
+int64_t Checkpointing::pending() const {
+  return saver_ ? saver_->pending() : -1;
+}
+
+bool Checkpointing::writing() const {
+  return saver_ && saver_->writing();
+}
+
+void Checkpointing::publish_saved(int64_t saved, int at) {
+  if (saved >= 0 && saved == pending()) publish(saved, at);
+}
+
+void Checkpointing::finish(int at) {
+  publish(pending(), at);
+}
+
+void Checkpointing::publish(int64_t save, int at) {
+  if (save < 0 || save != pending()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = saver_->publish(save);
+  published_at_.push_back(at);
+  stall_s_.back() += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_s_.back() = saver_->last_write_s();
   if (lead_) {
-    std::printf("checkpoint %s\n", dir.c_str());
+    std::printf("checkpoint %s (written in the background in %.1f ms; the training held %.1f ms)\n",
+                dir.c_str(), 1e3 * write_s_.back(), 1e3 * stall_s_.back());
     std::fflush(stdout);
   }
 }

@@ -7,6 +7,7 @@
 // host group.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "launch/train/run_layout.h"
 #include "models/description.h"
 #include "models/model.h"
+#include "runtime/checkpoint.h"
 #include "runtime/grad_reducer.h"
 #include "runtime/optimizer.h"
 #include "runtime/process_groups.h"
@@ -42,11 +44,34 @@ class Checkpointing {
   RunStart restore();
   // Whether iteration `it` (1-based) ends with a save.
   bool due(int it) const;
-  // Writes the checkpoint of iteration `it` from the model's parameters (2bw: the newest
-  // version W(it)); previous: 2bw's W(it−1), saved beside them.
+  // Saves the checkpoint of iteration `it` from the model's parameters (2bw: the newest version
+  // W(it)); previous: 2bw's W(it−1), saved beside them. Collective. With checkpoint.async the
+  // copy to host memory is all that holds the step: the shard is written in the background and
+  // the checkpoint published later (publish_saved, finish); a save first publishes the one
+  // before it.
   void save(int it, int nonfinite_in_a_row, const Tensor* previous = nullptr);
+  // The background save not yet published (its number), else -1; whether this rank's shard of
+  // it is still being written. The trainer exchanges both (StopRequest::poll).
+  int64_t pending() const;
+  bool writing() const;
+  // Collective, every rank with the same `saved` (the exchange's agreement): publishes that save
+  // once every rank has written it; nothing when saved < 0 or it is not the pending one.
+  // `at`: the iteration that has just ended (recorded as the save's publication).
+  void publish_saved(int64_t saved, int at);
+  // Collective: publishes the pending save, if any. Before the run ends (after iteration `at`).
+  void finish(int at);
+  // How long each save held the training thread (the copy to host memory, starting or doing
+  // the write, publishing), and how long its shard write took on this rank: [save].
+  const std::vector<double>& stall_s() const { return stall_s_; }
+  const std::vector<double>& write_s() const { return write_s_; }
+  // The iteration after which each save was published: [save].
+  const std::vector<int>& published_at() const { return published_at_; }
 
  private:
+  // Publishes pending save `save` after iteration `at` (collective); the time it takes adds to
+  // that save's stall.
+  void publish(int64_t save, int at);
+
   const RunLayout& run_;
   const ModelDescription& desc_;
   ProcessGroups& groups_;
@@ -55,6 +80,9 @@ class Checkpointing {
   GradReducer& reducer_;
   Backend& be_;
   bool lead_;
+  std::unique_ptr<CheckpointSaver> saver_;     // when checkpoint.dir is set
+  std::vector<double> stall_s_, write_s_;      // [save]
+  std::vector<int> iteration_, published_at_;  // [save]
 };
 
 // The model keys that fix parameter shapes, as a checkpoint records them: it loads only into the

@@ -39,15 +39,95 @@ ShardMeta meta_of(const ParamInfo& p, const ParamLayout& l) {
   return m;
 }
 
-// Checks that `f` can serve `p`: the same shape, or (vocabulary padding) the same trailing
-// dimensions with another row count.
-void check_compatible(const ParamInfo& p, const FullTensor& f, const std::string& path) {
-  const bool same_tail = f.shape.size() == p.full_shape.size() && !f.shape.empty() &&
-                         std::equal(f.shape.begin() + 1, f.shape.end(), p.full_shape.begin() + 1);
+// Checks that a full tensor of `shape` can serve `p`: the same shape, or (vocabulary padding)
+// the same trailing dimensions with another row count.
+void check_compatible(const ParamInfo& p, const Shape& shape, const std::string& path) {
+  const bool same_tail = shape.size() == p.full_shape.size() && !shape.empty() &&
+                         std::equal(shape.begin() + 1, shape.end(), p.full_shape.begin() + 1);
   const bool vocab = p.rows_initialised >= 0;
-  if (f.shape == p.full_shape || (vocab && same_tail)) return;
+  if (shape == p.full_shape || (vocab && same_tail)) return;
   throw InputError(path, p.name,
-                   "shape " + shape_string(p.full_shape) + ", found " + shape_string(f.shape));
+                   "shape " + shape_string(p.full_shape) + ", found " + shape_string(shape));
+}
+
+// Elements of one row of the full parameter (its trailing dimensions).
+int64_t row_elements(const Shape& full) {
+  int64_t n = 1;
+  for (size_t i = 1; i < full.size(); ++i) n *= full[i];
+  return n;
+}
+
+constexpr int64_t kReadChunk = int64_t{1} << 20;  // floats per read: 4 MiB
+
+// Elements [lo, hi) of this rank's shard of `p` (local indices) from the checkpoint's kind:name
+// into dst[0, hi − lo); returns how many were set. Rows past the saved tensor's (the vocabulary
+// padded for a larger tensor-parallel size) count as set: they stay zero.
+int64_t read_shard_range(const ParamInfo& p, int tp_rank, int tp, int64_t lo, int64_t hi,
+                         CheckpointReader& ck, const std::string& kind, float* dst,
+                         const char* what) {
+  const std::vector<PieceLocation>& pieces = ck.pieces(kind, p.name);
+  if (pieces.empty()) throw InputError(ck.path(), p.name, what);
+  std::fill(dst, dst + (hi - lo), 0.0f);
+  if (hi <= lo) return 0;
+  const int64_t row = row_elements(p.full_shape), rows = p.full_shape[0];
+  const int64_t local_row = p.shape[0] > 0 ? p.numel / p.shape[0] : 1;
+  // The full rows the range covers, as intervals: local rows map to full rows in increasing
+  // order (a row block's rows, then the next block's), so a row at a time suffices.
+  std::vector<std::pair<int64_t, int64_t>> need;  // [first, end) full rows
+  for (int64_t l = lo; l < hi; l = (l / local_row + 1) * local_row) {
+    const int64_t r = global_index(p, l, tp_rank, tp) / row;
+    if (!need.empty() && need.back().second == r)
+      need.back().second = r + 1;
+    else if (need.empty() || need.back().second < r + 1)
+      need.emplace_back(r, r + 1);
+  }
+  int64_t set = 0, saved_rows = rows;
+  std::vector<float> buf;
+  for (const PieceLocation& pc : pieces) {
+    const ShardMeta& m = *ck.meta(pc.rank, p.name);  // the reader checked every piece has one
+    check_compatible(p, m.full_shape, ck.path());
+    saved_rows = m.full_shape[0];
+    ParamInfo saved;
+    saved.name = p.name;
+    saved.shape = m.shard_shape;
+    saved.full_shape = m.full_shape;
+    split_from(m.split, ck.path(), saved);
+    saved.numel = shape_numel(m.shard_shape);
+    // The saved piece's element i lies in full row row_of(i), nondecreasing in i.
+    const auto row_of = [&](int64_t i) {
+      return global_index(saved, pc.local_begin + i, m.tp_rank, m.tp) / row;
+    };
+    const auto first_at_or_after = [&](int64_t r) {
+      int64_t a = 0, b = pc.count;
+      while (a < b) {
+        const int64_t mid = a + (b - a) / 2;
+        if (row_of(mid) < r)
+          a = mid + 1;
+        else
+          b = mid;
+      }
+      return a;
+    };
+    for (const auto& [ra, rb] : need) {
+      const int64_t a = first_at_or_after(ra), b = first_at_or_after(rb);
+      for (int64_t at = a; at < b; at += kReadChunk) {
+        const int64_t n = std::min(kReadChunk, b - at);
+        buf.resize(static_cast<size_t>(n));
+        ck.read(pc, at, n, buf.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t g = global_index(saved, pc.local_begin + at + i, m.tp_rank, m.tp);
+          if (g < 0 || g / row >= rows) continue;  // a padded row this layout does not have
+          const int64_t l = local_index(p, g, tp_rank, tp);
+          if (l < lo || l >= hi) continue;
+          dst[l - lo] = buf[static_cast<size_t>(i)];
+          ++set;
+        }
+      }
+    }
+  }
+  if (saved_rows < rows)
+    for (int64_t l = lo; l < hi; ++l) set += global_index(p, l, tp_rank, tp) / row >= saved_rows;
+  return set;
 }
 
 }  // namespace
@@ -57,6 +137,9 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
                           const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
                           const std::vector<float>* previous) {
   RankShard s;
+  // One kind after another in the file (param, param_prev, m, v): a rank loading one kind reads
+  // blocks of that kind only.
+  std::vector<ShardPiece> prev, ms, vs;
   for (const ParamInfo& p : layout.infos()) {
     if (!is_writer(p, layout.tp_rank()) || dp_rank != 0) continue;
     s.meta[p.name] = meta_of(p, layout);
@@ -64,9 +147,9 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
         {"param", p.name, 0,
          std::vector<float>(params.begin() + p.offset, params.begin() + p.offset + p.numel)});
     if (previous)
-      s.pieces.push_back({"param_prev", p.name, 0,
-                          std::vector<float>(previous->begin() + p.offset,
-                                             previous->begin() + p.offset + p.numel)});
+      prev.push_back({"param_prev", p.name, 0,
+                      std::vector<float>(previous->begin() + p.offset,
+                                         previous->begin() + p.offset + p.numel)});
   }
   for (const OptSegment& g : segments) {
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);
@@ -76,9 +159,11 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
     const auto at = [&](const std::vector<float>& st) {
       return std::vector<float>(st.begin() + g.state_offset, st.begin() + g.state_offset + g.numel);
     };
-    s.pieces.push_back({"m", p.name, g.param_offset - p.offset, at(m)});
-    s.pieces.push_back({"v", p.name, g.param_offset - p.offset, at(v)});
+    ms.push_back({"m", p.name, g.param_offset - p.offset, at(m)});
+    vs.push_back({"v", p.name, g.param_offset - p.offset, at(v)});
   }
+  for (std::vector<ShardPiece>* kind : {&prev, &ms, &vs})
+    for (ShardPiece& piece : *kind) s.pieces.push_back(std::move(piece));
   return s;
 }
 
@@ -140,7 +225,7 @@ void fill_params(const ParamLayout& layout, const FullTensors& full, std::vector
   for (const ParamInfo& p : layout.infos()) {
     auto it = full.find(p.name);
     if (it == full.end()) throw InputError(path, p.name, "a tensor for this parameter");
-    check_compatible(p, it->second, path);
+    check_compatible(p, it->second.shape, path);
     for (int64_t i = 0; i < p.numel; ++i) {
       const int64_t g = global_index(p, i, tp_rank, tp);
       // Padded vocabulary rows stay zero whatever the file holds there.
@@ -158,11 +243,70 @@ void fill_state(const ParamLayout& layout, const FullTensors& full,
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);
     auto it = full.find(p.name);
     if (it == full.end()) throw InputError(path, p.name, "optimizer state for this parameter");
-    check_compatible(p, it->second, path);
+    check_compatible(p, it->second.shape, path);
     for (int64_t i = 0; i < g.numel; ++i)
       state[static_cast<size_t>(g.state_offset + i)] =
           shard_value(p, it->second, g.param_offset - p.offset + i, layout.tp_rank(), layout.tp());
   }
+}
+
+void load_params(const ParamLayout& layout, CheckpointReader& ck, const std::string& kind,
+                 std::vector<float>& params) {
+  const int tp = layout.tp(), tp_rank = layout.tp_rank();
+  for (const ParamInfo& p : layout.infos()) {
+    float* dst = params.data() + p.offset;
+    const int64_t set =
+        read_shard_range(p, tp_rank, tp, 0, p.numel, ck, kind, dst, "a tensor for this parameter");
+    if (set != p.numel)
+      throw InputError(ck.path(), kind + ":" + p.name,
+                       "every element of this rank's shard once: " + std::to_string(set) +
+                           " read of " + std::to_string(p.numel));
+    // Padded vocabulary rows stay zero whatever the file holds there.
+    if (p.rows_initialised >= 0)
+      for (int64_t i = 0; i < p.numel; ++i)
+        if (global_index(p, i, tp_rank, tp) / p.full_shape[1] >= p.rows_initialised) dst[i] = 0;
+  }
+}
+
+void load_state(const ParamLayout& layout, CheckpointReader& ck, const std::string& kind,
+                const std::vector<OptSegment>& segments, std::vector<float>& state) {
+  for (const OptSegment& g : segments) {
+    const ParamInfo& p = param_at(layout.infos(), g.param_offset);
+    const int64_t lo = g.param_offset - p.offset;
+    const int64_t set =
+        read_shard_range(p, layout.tp_rank(), layout.tp(), lo, lo + g.numel, ck, kind,
+                         state.data() + g.state_offset, "optimizer state for this parameter");
+    if (set != g.numel)
+      throw InputError(ck.path(), kind + ":" + p.name,
+                       "every element of this rank's optimizer state once: " + std::to_string(set) +
+                           " read of " + std::to_string(g.numel));
+  }
+}
+
+void check_checkpoint_holds(const ParamLayout& layout, const CheckpointReader& ck) {
+  const std::string file = ck.path() + "/run_state.json";
+  std::set<std::string> names;
+  for (const ParamInfo& p : layout.infos()) {
+    names.insert(p.name);
+    const std::vector<PieceLocation>& pieces = ck.pieces("param", p.name);
+    if (pieces.empty())
+      throw InputError(file, "model",
+                       "a model whose parameters the shards hold; no tensor for " + p.name);
+    const ShardMeta& m = *ck.meta(pieces.front().rank, p.name);
+    try {
+      check_compatible(p, m.full_shape, file);
+    } catch (const InputError&) {
+      throw InputError(file, "model",
+                       "a model whose parameters the shards hold; " + p.name + " has shape " +
+                           shape_string(p.full_shape) + " here, " + shape_string(m.full_shape) +
+                           " in the shards");
+    }
+  }
+  for (const std::string& n : ck.names("param"))
+    if (!names.count(n))
+      throw InputError(file, "model",
+                       "a model whose parameters the shards hold; the shards hold " + n +
+                           ", which it does not have");
 }
 
 }  // namespace strata

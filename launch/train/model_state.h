@@ -30,8 +30,8 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
                           const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
                           const std::vector<float>* previous = nullptr);
 
-// Assembles the full tensors of `kind` ("param", "param_prev", "m", "v") named in `names` (all when empty)
-// from every rank's shard. InputError naming `path` when a tensor is not covered exactly.
+// Assembles the full tensors of `kind` ("param", "param_prev", "m", "v") named in `names` (all when
+// empty) from every rank's shard. InputError naming `path` when a tensor is not covered exactly.
 FullTensors assemble_full(const std::vector<RankShard>& shards, const std::string& kind,
                           const std::set<std::string>& names, const std::string& path);
 
@@ -46,5 +46,24 @@ void fill_params(const ParamLayout& layout, const FullTensors& full, std::vector
 void fill_state(const ParamLayout& layout, const FullTensors& full,
                 const std::vector<OptSegment>& segments, std::vector<float>& state,
                 const std::string& path);
+
+// Resuming without the full tensors: fills this rank's flat parameters with `kind` ("param", or
+// PipeDream-2BW's "param_prev") straight from a checkpoint saved under any layout. For each
+// parameter only the saved pieces' rows that hold elements of this rank's shard are read (a
+// column-split shard reads whole rows and keeps its columns), in chunks of 4 MiB: memory is this
+// rank's own buffers and the reader's blocks. Padded vocabulary rows stay zero. InputError
+// naming the checkpoint and the parameter when its tensor is missing, has another shape, or does
+// not give every element of the shard exactly once.
+void load_params(const ParamLayout& layout, CheckpointReader& ck, const std::string& kind,
+                 std::vector<float>& params);
+// Before a model is built from a checkpoint's own run_state.json (generate, eval): the
+// checkpoint holds a tensor of a compatible full shape for every parameter of `layout` (the
+// whole model at t = 1) and nothing else, so a run state that does not describe its shards is
+// refused (InputError naming run_state.json and the first parameter that differs) before any
+// memory is allocated for it.
+void check_checkpoint_holds(const ParamLayout& layout, const CheckpointReader& ck);
+// The same for the compact optimizer state ("m" or "v") of `segments`.
+void load_state(const ParamLayout& layout, CheckpointReader& ck, const std::string& kind,
+                const std::vector<OptSegment>& segments, std::vector<float>& state);
 
 }  // namespace strata

@@ -26,14 +26,21 @@ StopRequest::~StopRequest() {
   sigaction(SIGUSR1, &old_usr1_, nullptr);
 }
 
-int StopRequest::poll() {
+StopRequest::Agreement StopRequest::poll(int64_t pending_save, bool writing) {
+  Agreement a;
   if (exchange_.pending()) {
     exchange_.wait();
-    if (agreed_ != 0) return agreed_;
+    a.signal = agreed_[0];
+    // Every rank posted the same pending save (saves start at the same iteration everywhere).
+    if (agreed_[1] == 0 && posted_save_ >= 0 && posted_save_ == pending_save)
+      a.saved = posted_save_;
+    if (a.signal != 0) return a;
   }
-  agreed_ = g_signal;
-  exchange_ = world_.iall_reduce(&agreed_, 1, DType::kI32, ReduceOp::kMax);
-  return 0;
+  agreed_[0] = g_signal;
+  agreed_[1] = pending_save >= 0 && writing ? 1 : 0;
+  posted_save_ = pending_save;
+  exchange_ = world_.iall_reduce(agreed_, 2, DType::kI32, ReduceOp::kMax);
+  return a;
 }
 
 const char* signal_name(int sig) {

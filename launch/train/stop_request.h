@@ -5,7 +5,10 @@
 // signal. The ranks agree on it without a barrier of their own: at the end of every iteration
 // each rank posts a non-blocking max over the world of what it has seen, and reads the previous
 // iteration's result, so every rank stops after the same iteration — one iteration after the
-// first rank saw the signal. The trainer then saves a checkpoint (when checkpoint.dir is set) and
+// first rank saw the signal. The same exchange carries whether each rank is still writing its
+// shard of a background checkpoint save (checkpoint.async), so every rank publishes that save at
+// the same iteration, once all have written, with no barrier of its own. The trainer then saves a
+// checkpoint (when checkpoint.dir is set) and
 // `strata train` exits with status 4; a rerun resumes from it. PipeDream-2BW checks between its
 // instruction lists, which end at its checkpoints (checkpoint.interval).
 //
@@ -31,13 +34,21 @@ class StopRequest {
   StopRequest(const StopRequest&) = delete;
   StopRequest& operator=(const StopRequest&) = delete;
 
-  // Called by every rank at the end of every iteration: the signal every rank has agreed to
-  // stop for (the exchange of the previous call), else 0.
-  int poll();
+  // What every rank agreed on in the exchange the previous call posted.
+  struct Agreement {
+    int signal = 0;      // the signal every rank agreed to stop for, else 0
+    int64_t saved = -1;  // the background checkpoint save whose shard every rank had written
+                         // (CheckpointSaver::pending's number), else -1
+  };
+  // Called by every rank at the end of every iteration, with its pending background save (-1:
+  // none) and whether its shard is still being written: the exchange also tells the ranks, at
+  // the same iteration, when a save can be published.
+  Agreement poll(int64_t pending_save = -1, bool writing = false);
 
  private:
   Communicator& world_;
-  int32_t agreed_ = 0;  // the exchange's buffer
+  int32_t agreed_[2] = {0, 0};  // the exchange's buffer: max of (signal, still writing)
+  int64_t posted_save_ = -1;    // the pending save when the exchange was posted
   Request exchange_;
   struct sigaction old_term_ = {}, old_usr1_ = {};
 };

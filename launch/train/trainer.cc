@@ -196,6 +196,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     res.stopped_by_signal = sig;
     res.stopped_at = it;
     if (cfg.checkpoint.dir && !saved) save();
+    checkpoints.finish(it);  // a background save is published before the job stops
     if (lead)
       std::printf("stopped by %s after iteration %d: %s\n", signal_name(sig), it,
                   cfg.checkpoint.dir ? "the checkpoint of that iteration resumes the run"
@@ -240,10 +241,13 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
         previous = r.at_s;
       }
       if (checkpoints.due(to)) checkpoints.save(to, guard.in_a_row(), &stage.previous_params());
-      if (const int sig = stop.poll()) {
-        stopped(sig, to,
-                [&] { checkpoints.save(to, guard.in_a_row(), &stage.previous_params()); },
-                checkpoints.due(to));
+      // Background saves publish once every rank has written (2bw: one stretch later).
+      const StopRequest::Agreement agreed = stop.poll(checkpoints.pending(), checkpoints.writing());
+      checkpoints.publish_saved(agreed.saved, to);
+      if (const int sig = agreed.signal) {
+        stopped(
+            sig, to, [&] { checkpoints.save(to, guard.in_a_row(), &stage.previous_params()); },
+            checkpoints.due(to));
         break;
       }
       from = to;
@@ -266,12 +270,19 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       report.keep_timeline(exec, reducer, t0);
       finish_step(stage.records().back(), step_s, std::max(0.0, 1.0 - exec.compute_s() / step_s));
       if (checkpoints.due(it)) checkpoints.save(it, guard.in_a_row());
-      if (const int sig = stop.poll()) {
-        stopped(sig, it, [&] { checkpoints.save(it, guard.in_a_row()); }, checkpoints.due(it));
+      const StopRequest::Agreement agreed = stop.poll(checkpoints.pending(), checkpoints.writing());
+      checkpoints.publish_saved(agreed.saved, it);
+      if (const int sig = agreed.signal) {
+        stopped(
+            sig, it, [&] { checkpoints.save(it, guard.in_a_row()); }, checkpoints.due(it));
         break;
       }
     }
   }
+  checkpoints.finish(res.stopped_by_signal ? res.stopped_at : iters);
+  res.save_stall_s = checkpoints.stall_s();
+  res.save_write_s = checkpoints.write_s();
+  res.save_published_at = checkpoints.published_at();
   res.wall_s = seconds_since(t_start);
   res.start_iteration = start.iteration;
   const int done = (res.stopped_by_signal ? res.stopped_at : iters) - start.iteration;

@@ -60,6 +60,11 @@ struct TrainResult {
   // Logs a write failed on (rank 0: "log.metrics <path>", "log.trace <path>"): `strata train`
   // then exits with status 3.
   std::vector<std::string> incomplete_logs;
+  // Checkpoint saves, [save]: how long each held the training thread (copy to host memory,
+  // writing unless checkpoint.async, publishing), and how long its shard write took.
+  std::vector<double> save_stall_s;
+  std::vector<double> save_write_s;
+  std::vector<int> save_published_at;  // the iteration after which each save was published
 };
 
 // Runs training. Throws InputError for bad input found at start-up.

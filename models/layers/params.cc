@@ -80,6 +80,41 @@ int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
   return local;
 }
 
+int64_t local_index(const ParamInfo& p, int64_t global, int tp_rank, int tp) {
+  if (global < 0) return -1;
+  switch (p.split) {
+    case ParamSplit::kReplicated:
+      return global < p.numel ? global : -1;
+    case ParamSplit::kRows: {
+      const int64_t local = global - tp_rank * p.numel;
+      return local >= 0 && local < p.numel ? local : -1;
+    }
+    case ParamSplit::kCols: {
+      const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
+      const int64_t row = global / full_cols, col = global % full_cols - tp_rank * cols;
+      return col >= 0 && col < cols && row < p.shape[0] ? row * cols + col : -1;
+    }
+    case ParamSplit::kBlockRows: {
+      const int64_t row = p.shape[0] > 0 ? p.numel / p.shape[0] : 0;  // elements per row
+      if (row == 0) return -1;
+      const int64_t r = global / row;
+      int64_t full_start = 0, local_start = 0;
+      for (const int64_t block : p.row_blocks) {
+        const int64_t local_rows = block / tp;
+        if (r < full_start + block) {
+          const int64_t in_block = r - full_start - tp_rank * local_rows;
+          if (in_block < 0 || in_block >= local_rows) return -1;
+          return (local_start + in_block) * row + global % row;
+        }
+        full_start += block;
+        local_start += local_rows;
+      }
+      return -1;
+    }
+  }
+  return -1;
+}
+
 ParamRef ParamLayout::add(const ParamDecl& d) {
   ParamInfo p;
   p.name = d.name;

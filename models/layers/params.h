@@ -74,6 +74,9 @@ struct ParamInfo {
 
 // Index in the full parameter of element `local` of the shard that rank `tp_rank` of `tp` holds.
 int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp);
+// Its inverse: the element of rank tp_rank's shard that holds full-parameter element `global`, or
+// -1 when another rank of the tensor group holds it (or `global` is outside the parameter).
+int64_t local_index(const ParamInfo& p, int64_t global, int tp_rank, int tp);
 
 // A typed handle to one parameter of a layout (its index). Default: no parameter (a layer
 // without a bias).
