@@ -115,18 +115,10 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
   const auto t0 = std::chrono::steady_clock::now();
   const Config& cfg = *run_.cfg;
   ParamStore& params = model_.params();
-  RankShard shard;
-  {
-    std::vector<float> hp(static_cast<size_t>(params.numel()));
-    std::vector<float> hm(static_cast<size_t>(opt_.m().numel())), hv(hm.size());
-    std::vector<float> hprev(previous ? hp.size() : 0);
-    be_.download(hp.data(), params.params());
-    be_.download(hm.data(), opt_.m());
-    be_.download(hv.data(), opt_.v());
-    if (previous) be_.download(hprev.data(), *previous);
-    shard = make_rank_shard(params.layout(), hp, hm, hv, reducer_.optimizer_segments(),
-                            groups_.dp_rank, reducer_.sharded(), previous ? &hprev : nullptr);
-  }
+  // The snapshot: each piece downloaded straight into its own buffer.
+  RankShard shard =
+      make_rank_shard(params.layout(), be_, params.params(), opt_.m(), opt_.v(),
+                      reducer_.optimizer_segments(), groups_.dp_rank, reducer_.sharded(), previous);
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},

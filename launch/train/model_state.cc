@@ -1,6 +1,7 @@
 #include "launch/train/model_state.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "runtime/error.h"
 
@@ -132,39 +133,70 @@ int64_t read_shard_range(const ParamInfo& p, int tp_rank, int tp, int64_t lo, in
 
 }  // namespace
 
-RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
-                          const std::vector<float>& m, const std::vector<float>& v,
-                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
-                          const std::vector<float>* previous) {
+namespace {
+
+// Where a piece's values come from: (kind "param", "param_prev", "m" or "v", first element of the
+// flat parameters or the compact state, count, destination).
+using CopyOut = std::function<void(const std::string&, int64_t, int64_t, float*)>;
+
+RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& segments,
+                     int dp_rank, bool sharded, bool previous, const CopyOut& copy) {
   RankShard s;
+  const auto piece = [&](const std::string& kind, const std::string& name, int64_t local_begin,
+                         int64_t from, int64_t n) {
+    ShardPiece p{kind, name, local_begin, std::vector<float>(static_cast<size_t>(n))};
+    copy(kind, from, n, p.values.data());
+    return p;
+  };
   // One kind after another in the file (param, param_prev, m, v): a rank loading one kind reads
   // blocks of that kind only.
   std::vector<ShardPiece> prev, ms, vs;
   for (const ParamInfo& p : layout.infos()) {
     if (!is_writer(p, layout.tp_rank()) || dp_rank != 0) continue;
     s.meta[p.name] = meta_of(p, layout);
-    s.pieces.push_back(
-        {"param", p.name, 0,
-         std::vector<float>(params.begin() + p.offset, params.begin() + p.offset + p.numel)});
-    if (previous)
-      prev.push_back({"param_prev", p.name, 0,
-                      std::vector<float>(previous->begin() + p.offset,
-                                         previous->begin() + p.offset + p.numel)});
+    s.pieces.push_back(piece("param", p.name, 0, p.offset, p.numel));
+    if (previous) prev.push_back(piece("param_prev", p.name, 0, p.offset, p.numel));
   }
   for (const OptSegment& g : segments) {
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);
     // Without ZeRO-1 the state is replicated over the data group.
     if (!is_writer(p, layout.tp_rank()) || (!sharded && dp_rank != 0)) continue;
     s.meta[p.name] = meta_of(p, layout);
-    const auto at = [&](const std::vector<float>& st) {
-      return std::vector<float>(st.begin() + g.state_offset, st.begin() + g.state_offset + g.numel);
-    };
-    ms.push_back({"m", p.name, g.param_offset - p.offset, at(m)});
-    vs.push_back({"v", p.name, g.param_offset - p.offset, at(v)});
+    ms.push_back(piece("m", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
+    vs.push_back(piece("v", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
   }
   for (std::vector<ShardPiece>* kind : {&prev, &ms, &vs})
-    for (ShardPiece& piece : *kind) s.pieces.push_back(std::move(piece));
+    for (ShardPiece& p : *kind) s.pieces.push_back(std::move(p));
   return s;
+}
+
+}  // namespace
+
+RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
+                          const std::vector<float>& m, const std::vector<float>& v,
+                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
+                          const std::vector<float>* previous) {
+  return rank_shard(layout, segments, dp_rank, sharded, previous != nullptr,
+                    [&](const std::string& kind, int64_t from, int64_t n, float* dst) {
+                      const std::vector<float>& src = kind == "param"        ? params
+                                                      : kind == "param_prev" ? *previous
+                                                      : kind == "m"          ? m
+                                                                             : v;
+                      std::copy(src.begin() + from, src.begin() + from + n, dst);
+                    });
+}
+
+RankShard make_rank_shard(const ParamLayout& layout, Backend& be, const Tensor& params,
+                          const Tensor& m, const Tensor& v, const std::vector<OptSegment>& segments,
+                          int dp_rank, bool sharded, const Tensor* previous) {
+  return rank_shard(layout, segments, dp_rank, sharded, previous != nullptr,
+                    [&](const std::string& kind, int64_t from, int64_t n, float* dst) {
+                      const Tensor& src = kind == "param"        ? params
+                                          : kind == "param_prev" ? *previous
+                                          : kind == "m"          ? m
+                                                                 : v;
+                      if (n > 0) be.download(dst, src.view(from, {n}));
+                    });
 }
 
 FullTensors assemble_full(const std::vector<RankShard>& shards, const std::string& kind,

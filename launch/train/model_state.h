@@ -29,6 +29,11 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
                           const std::vector<float>& m, const std::vector<float>& v,
                           const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
                           const std::vector<float>* previous = nullptr);
+// The same from the model's own tensors, each piece downloaded straight into its buffer: one
+// copy of the shard in host memory (what a background save holds while it writes).
+RankShard make_rank_shard(const ParamLayout& layout, Backend& be, const Tensor& params,
+                          const Tensor& m, const Tensor& v, const std::vector<OptSegment>& segments,
+                          int dp_rank, bool sharded, const Tensor* previous = nullptr);
 
 // Assembles the full tensors of `kind` ("param", "param_prev", "m", "v") named in `names` (all when
 // empty) from every rank's shard. InputError naming `path` when a tensor is not covered exactly.
