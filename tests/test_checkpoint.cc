@@ -3,7 +3,8 @@
 // checkpoint with a flipped byte or a truncated file is named on stderr and the previous one is
 // used; a temporary directory is never loaded; only the newest checkpoint.keep remain; a config
 // with another model shape is refused naming the keys (exit 2 from the binary); CRC-32 against
-// its published check value; export → init_from gives back the exact parameters.
+// its published check value; export → init_from gives back the exact parameters; background saves
+// (checkpoint.async) write the same files, resume exactly, overlap training and publish in order.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -711,6 +712,59 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
                                     want[static_cast<size_t>(r * d.V + v)]));
   std::printf("logits vs transformers: max |diff| %.3g over %d tokens\n", worst, B * S);
   EXPECT_LT(worst, 1e-4);
+}
+
+// ---- background saves (checkpoint.async) ----
+
+// The background save writes the synchronous save's files, byte for byte, and the run trains
+// the same; resumed from it, the run continues the uninterrupted one bit for bit.
+TEST(AsyncCheckpoint, SameFilesAsTheSynchronousSaveAndAnExactResume) {
+  const std::string sync = scratch("sync"), async = scratch("async");
+  const TrainResult a = train({"checkpoint.dir=" + sync, "checkpoint.interval=2"});
+  const TrainResult b =
+      train({"checkpoint.dir=" + async, "checkpoint.interval=2", "checkpoint.async=true"});
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.final_params, b.final_params);
+  ASSERT_EQ(b.save_stall_s.size(), 4u);
+  for (int it : {4, 6, 8})
+    for (const char* f : {"rank_0.safetensors", "run_state.json", "metadata.json"}) {
+      const std::string name = "/iter_" + std::to_string(it) + "/" + f;
+      EXPECT_EQ(slurp(sync + name), slurp(async + name)) << name;
+      EXPECT_FALSE(slurp(async + name).empty()) << name;
+    }
+  EXPECT_EQ(slurp(async + "/latest"), "iter_8\n");
+  const TrainResult r = train({"checkpoint.resume=" + async + "/iter_4", "checkpoint.async=true"});
+  ASSERT_EQ(r.start_iteration, 4);
+  EXPECT_EQ(r.losses, std::vector<double>(a.losses.begin() + 4, a.losses.end()));
+  EXPECT_EQ(r.final_params, a.final_params);
+  fs::remove_all(sync);
+  fs::remove_all(async);
+}
+
+// With a write that takes 300 ms (STRATA_TEST_SLOW_SAVE_MS), training goes on while it is
+// written: the save of iteration 2 is published at a later iteration, never before the write
+// ended; a save due while the previous one is still being written waits for it, so every
+// checkpoint appears, complete, in order.
+TEST(AsyncCheckpoint, TrainingGoesOnWhileTheShardIsWritten) {
+  const std::string dir = scratch("slow");
+  ::setenv("STRATA_TEST_SLOW_SAVE_MS", "300", 1);
+  const TrainResult r = train({"checkpoint.dir=" + dir, "checkpoint.interval=2",
+                               "checkpoint.keep=0", "checkpoint.async=true"});
+  ::unsetenv("STRATA_TEST_SLOW_SAVE_MS");
+  ASSERT_EQ(r.save_published_at.size(), 4u);
+  // Taken at 2, 4, 6, 8; the write outlasts the iteration it was taken at.
+  EXPECT_GT(r.save_published_at[0], 2);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_GE(r.save_write_s[k], 0.3) << "save " << k;
+    EXPECT_GE(r.save_published_at[k], 2 * static_cast<int>(k + 1)) << "save " << k;
+    if (k > 0) {
+      EXPECT_GE(r.save_published_at[k], r.save_published_at[k - 1]);
+    }
+  }
+  for (int it : {2, 4, 6, 8})
+    EXPECT_EQ(verify_checkpoint(dir + "/iter_" + std::to_string(it)), "") << it;
+  EXPECT_EQ(slurp(dir + "/latest"), "iter_8\n");
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,16 +1,12 @@
-// Checkpoint I/O at scale (issue 27): loads that read only what a rank holds, and saves written in
-// the background.
+// Checkpoint loads at scale (issue 27): each rank reads only what it holds.
 //
-// Loading: checkpoints are written under several tensor-parallel and ZeRO layouts from values
+// Checkpoints are written under several tensor-parallel and ZeRO layouts from values
 // that are a closed-form function of (kind, parameter, element of the full tensor); every target
 // layout's shard read through CheckpointReader must hold exactly that function of its own
 // elements' full indices (padded vocabulary rows zero), and a pipeline stage's load must read
 // about its own share of the file, not the checkpoint. A flipped data byte is named by file and
 // byte; a checkpoint of the earlier format (whole-file CRC-32s) still loads, to the same values.
-//
-// Background saves: the files are the synchronous save's, byte for byte; a resumed run continues
-// the uninterrupted one bit for bit; a slow write does not hold the iterations (the save is
-// published at a later iteration than it was taken), and saves publish in order.
+// (Background saves: tests/test_checkpoint.cc, AsyncCheckpoint.*.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -333,74 +329,6 @@ TEST(CheckpointLoad, ARunStateThatDoesNotDescribeItsShardsIsRefused) {
   mc.num_layers = 0;  // the shards hold h.0.*, which this model does not have
   EXPECT_THROW(check_checkpoint_holds(model_layout(mc, 1, 0, false, whole_model(0)), reader),
                InputError);
-}
-
-// ---- background saves ----
-
-Config tiny(const std::vector<std::string>& extra) {
-  std::vector<std::string> s = {
-      "model.preset=tiny",   "train.threads=1",          "train.eval_interval=0",
-      "log.interval=100000", "train.micro_batch_size=2", "train.global_batch_size=4",
-      "train.iterations=8",  "optimizer.lr=3e-3",        "optimizer.warmup_iters=2"};
-  s.insert(s.end(), extra.begin(), extra.end());
-  return load_config("", s);
-}
-
-TrainResult train(const std::vector<std::string>& extra) {
-  RunContext c;
-  c.verbose = false;
-  return run_training(tiny(extra), c);
-}
-
-// The background save writes the synchronous save's files, byte for byte, and the run trains
-// the same; resumed from it, the run continues the uninterrupted one bit for bit.
-TEST(AsyncCheckpoint, SameFilesAsTheSynchronousSaveAndAnExactResume) {
-  const std::string sync = scratch("sync"), async = scratch("async");
-  const TrainResult a = train({"checkpoint.dir=" + sync, "checkpoint.interval=2"});
-  const TrainResult b =
-      train({"checkpoint.dir=" + async, "checkpoint.interval=2", "checkpoint.async=true"});
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_EQ(a.final_params, b.final_params);
-  ASSERT_EQ(b.save_stall_s.size(), 4u);
-  for (int it : {4, 6, 8})
-    for (const char* f : {"rank_0.safetensors", "run_state.json", "metadata.json"}) {
-      const std::string name = "/iter_" + std::to_string(it) + "/" + f;
-      EXPECT_EQ(slurp(sync + name), slurp(async + name)) << name;
-      EXPECT_FALSE(slurp(async + name).empty()) << name;
-    }
-  EXPECT_EQ(slurp(async + "/latest"), "iter_8\n");
-  const TrainResult r = train({"checkpoint.resume=" + async + "/iter_4", "checkpoint.async=true"});
-  ASSERT_EQ(r.start_iteration, 4);
-  EXPECT_EQ(r.losses, std::vector<double>(a.losses.begin() + 4, a.losses.end()));
-  EXPECT_EQ(r.final_params, a.final_params);
-  fs::remove_all(sync);
-  fs::remove_all(async);
-}
-
-// With a write that takes 300 ms (STRATA_TEST_SLOW_SAVE_MS), training goes on while it is
-// written: the save of iteration 2 is published at a later iteration, never before the write
-// ended; a save due while the previous one is still being written waits for it, so every
-// checkpoint appears, complete, in order.
-TEST(AsyncCheckpoint, TrainingGoesOnWhileTheShardIsWritten) {
-  const std::string dir = scratch("slow");
-  ::setenv("STRATA_TEST_SLOW_SAVE_MS", "300", 1);
-  const TrainResult r = train({"checkpoint.dir=" + dir, "checkpoint.interval=2",
-                               "checkpoint.keep=0", "checkpoint.async=true"});
-  ::unsetenv("STRATA_TEST_SLOW_SAVE_MS");
-  ASSERT_EQ(r.save_published_at.size(), 4u);
-  // Taken at 2, 4, 6, 8; the write outlasts the iteration it was taken at.
-  EXPECT_GT(r.save_published_at[0], 2);
-  for (size_t k = 0; k < 4; ++k) {
-    EXPECT_GE(r.save_write_s[k], 0.3) << "save " << k;
-    EXPECT_GE(r.save_published_at[k], 2 * static_cast<int>(k + 1)) << "save " << k;
-    if (k > 0) {
-      EXPECT_GE(r.save_published_at[k], r.save_published_at[k - 1]);
-    }
-  }
-  for (int it : {2, 4, 6, 8})
-    EXPECT_EQ(verify_checkpoint(dir + "/iter_" + std::to_string(it)), "") << it;
-  EXPECT_EQ(slurp(dir + "/latest"), "iter_8\n");
-  fs::remove_all(dir);
 }
 
 }  // namespace
