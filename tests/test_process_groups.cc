@@ -231,5 +231,21 @@ TEST(process_groups, WatchdogMessageNamesPeerGroupBytesAndStep) {
   EXPECT_EQ(wait_context(), "");
 }
 
+// Waits yield the core when ranks outnumber this host's cores, unless Open MPI's
+// mpi_yield_when_idle was set (OMPI_MCA_mpi_yield_when_idle): then as it says.
+TEST(process_groups, WaitsYieldWhenRanksOutnumberCoresOrAsOpenMpiIsTold) {
+  EXPECT_FALSE(should_poll_yield(2, 2, nullptr));
+  EXPECT_TRUE(should_poll_yield(3, 2, nullptr));
+  EXPECT_TRUE(should_poll_yield(1, 0, nullptr));  // core count unknown
+  // Network-namespace "hosts" sharing one machine's cores: 2 ranks each, 2 cores seen.
+  for (const char* yes : {"1", "true", "TRUE", "yes", "enabled"})
+    EXPECT_TRUE(should_poll_yield(2, 2, yes)) << yes;
+  for (const char* no : {"0", "false", "No", "disabled"})
+    EXPECT_FALSE(should_poll_yield(8, 2, no)) << no;
+  // A value Open MPI would not take as a boolean leaves the decision to the core count.
+  EXPECT_FALSE(should_poll_yield(2, 2, "sometimes"));
+  EXPECT_TRUE(should_poll_yield(3, 2, ""));
+}
+
 }  // namespace
 }  // namespace strata
