@@ -557,6 +557,16 @@ void mpi_abort_hook(int status) {
   if (initialised && !finalized) MPI_Abort(MPI_COMM_WORLD, status);
 }
 
+// How long abort_job() leaves MPI_Abort to end this process (abort_hook.h): 2 s, unless the user
+// asked Open MPI to keep an aborting process around (mpi_abort_delay, to attach a debugger).
+double mpi_abort_grace_s() {
+  for (const char* v : {"OMPI_MCA_opal_abort_delay", "OMPI_MCA_mpi_abort_delay"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0' && std::strcmp(s, "0") != 0) return 0;  // unbounded
+  }
+  return 2.0;
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -663,7 +673,7 @@ World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeo
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.size));
   set_process_identity(w.rank, w.size);  // before anything below can fail
-  set_abort_hook(&mpi_abort_hook);
+  set_abort_hook(&mpi_abort_hook, mpi_abort_grace_s());
   w.host = process_host();
   // Open MPI says the local rank directly; other launchers are asked through a shared-memory split.
   w.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1);

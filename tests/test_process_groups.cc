@@ -8,11 +8,13 @@
 // on world size 1, the Local backend, the rank table and the watchdog message format. The suite
 // is named process_groups so that `ctest -R "mpi|process_groups"` selects every test of this issue.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <set>
 #include <tuple>
 #include <vector>
 
+#include "runtime/abort_hook.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"
 #include "runtime/process_groups.h"
@@ -245,6 +247,21 @@ TEST(process_groups, WaitsYieldWhenRanksOutnumberCoresOrAsOpenMpiIsTold) {
   // A value Open MPI would not take as a boolean leaves the decision to the core count.
   EXPECT_FALSE(should_poll_yield(2, 2, "sometimes"));
   EXPECT_TRUE(should_poll_yield(3, 2, ""));
+}
+
+// A job-wide abort that never returns (MPI_Abort waiting on a launcher daemon that does not
+// answer) still ends the process, with its status, once the hook's grace has passed.
+TEST(process_groupsDeathTest, AbortEndsTheProcessWhenTheJobWideAbortHangs) {
+  EXPECT_EXIT(
+      {
+        set_abort_hook(
+            [](int) {
+              for (;;) ::pause();
+            },
+            0.2);
+        abort_job(7);
+      },
+      ::testing::ExitedWithCode(7), "the job-wide abort did not end this process within 0.2 s");
 }
 
 }  // namespace
