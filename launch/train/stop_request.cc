@@ -27,12 +27,15 @@ StopRequest::~StopRequest() {
 }
 
 int StopRequest::poll() {
-  if (exchange_.pending()) {
+  // Not exchange_.pending(): on one rank the exchange completes when it is posted, and the
+  // signal it carries would never be read.
+  if (posted_) {
     exchange_.wait();
     if (agreed_ != 0) return agreed_;
   }
   agreed_ = g_signal;
   exchange_ = world_.iall_reduce(&agreed_, 1, DType::kI32, ReduceOp::kMax);
+  posted_ = true;
   return 0;
 }
 

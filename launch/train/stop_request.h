@@ -39,6 +39,7 @@ class StopRequest {
   Communicator& world_;
   int32_t agreed_ = 0;  // the exchange's buffer
   Request exchange_;
+  bool posted_ = false;  // an exchange was posted (it may have completed at once: one rank)
   struct sigaction old_term_ = {}, old_usr1_ = {};
 };
 
