@@ -210,9 +210,9 @@ World init_world(int* argc, char*** argv, double timeout_s) {
   }
   set_process_identity(g_world.rank, g_world.size);
   // Oversubscribed ranks must give the core to their peers while they wait; ranks with a core
-  // each poll without yielding, for latency.
-  const unsigned cores = std::thread::hardware_concurrency();
-  set_poll_yield(cores == 0 || static_cast<unsigned>(g_world.local_size) > cores);
+  // each poll without yielding, for latency. Open MPI's mpi_yield_when_idle, when given, decides.
+  set_poll_yield(should_poll_yield(g_world.local_size, std::thread::hardware_concurrency(),
+                                   std::getenv("OMPI_MCA_mpi_yield_when_idle")));
   g_initialised = true;
   return g_world;
 }

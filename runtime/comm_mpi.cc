@@ -212,7 +212,7 @@ class RingAllReduce final : public detail::RequestImpl {
 
   RingAllReduce(MPI_Comm comm, std::shared_ptr<ScratchPool> pool, int rank, int size, int tag,
                 void* buf, size_t count, DType dtype, ReduceOp op, std::string group,
-                double timeout_s)
+                int prev_world_rank, int next_world_rank, double timeout_s)
       : comm_(comm),
         pool_(std::move(pool)),
         rank_(rank),
@@ -227,6 +227,8 @@ class RingAllReduce final : public detail::RequestImpl {
         offsets_(counts_.size(), 0),
         bytes_(count * es_),
         group_(std::move(group)),
+        prev_world_rank_(prev_world_rank),
+        next_world_rank_(next_world_rank),
         timeout_s_(timeout_s) {
     for (size_t k = 1; k < counts_.size(); ++k) offsets_[k] = offsets_[k - 1] + counts_[k - 1];
     tmp_ = pool_->take(2 * slot_elems() * es_);
@@ -268,9 +270,8 @@ class RingAllReduce final : public detail::RequestImpl {
                [this] {
                  std::ostringstream os;
                  os << describe_collective("all_reduce", group_, size_, bytes_) << ", ring step "
-                    << step_ + 1 << " of " << steps() << ": recv from group rank "
-                    << (rank_ + size_ - 1) % size_ << ", send to group rank "
-                    << (rank_ + 1) % size_;
+                    << step_ + 1 << " of " << steps() << ": recv from world rank "
+                    << prev_world_rank_ << ", send to world rank " << next_world_rank_;
                  return os.str();
                });
   }
@@ -336,6 +337,7 @@ class RingAllReduce final : public detail::RequestImpl {
   std::vector<size_t> offsets_;  // [chunk] first element
   size_t bytes_;
   std::string group_;
+  int prev_world_rank_, next_world_rank_;  // the ring's neighbours, for the watchdog's line
   double timeout_s_;
   ScratchPool::Buffer tmp_;  // two slots of one segment: incoming data of reduce-scatter steps
   MPI_Request recvs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // [slot]
@@ -386,8 +388,10 @@ class MpiCommunicator final : public Communicator {
     if (count > 0 && size_ > 1 && (size_ == 2 || count * dtype_size(dtype) >= kRingMinBytes)) {
       to_int(count, "all_reduce", name_);
       const int tag = static_cast<int>(ring_seq_++ % static_cast<uint64_t>(tag_ub_));
-      return Request(std::make_unique<RingAllReduce>(coll_, scratch_, rank_, size_, tag, buf, count,
-                                                     dtype, op, name_, timeout_s_));
+      return Request(
+          std::make_unique<RingAllReduce>(coll_, scratch_, rank_, size_, tag, buf, count, dtype, op,
+                                          name_, world_rank_of((rank_ + size_ - 1) % size_),
+                                          world_rank_of((rank_ + 1) % size_), timeout_s_));
     }
     auto r = collective("all_reduce", count * dtype_size(dtype));
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce", name_), mpi_type(dtype),
@@ -553,6 +557,16 @@ void mpi_abort_hook(int status) {
   if (initialised && !finalized) MPI_Abort(MPI_COMM_WORLD, status);
 }
 
+// How long abort_job() leaves MPI_Abort to end this process (abort_hook.h): 2 s, unless the user
+// asked Open MPI to keep an aborting process around (mpi_abort_delay, to attach a debugger).
+double mpi_abort_grace_s() {
+  for (const char* v : {"OMPI_MCA_opal_abort_delay", "OMPI_MCA_mpi_abort_delay"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0' && std::strcmp(s, "0") != 0) return 0;  // unbounded
+  }
+  return 2.0;
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -659,7 +673,7 @@ World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeo
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.size));
   set_process_identity(w.rank, w.size);  // before anything below can fail
-  set_abort_hook(&mpi_abort_hook);
+  set_abort_hook(&mpi_abort_hook, mpi_abort_grace_s());
   w.host = process_host();
   // Open MPI says the local rank directly; other launchers are asked through a shared-memory split.
   w.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1);

@@ -8,6 +8,7 @@
 #endif
 
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +115,17 @@ void set_poll_yield(bool yield) {
 }
 bool poll_yield() {
   return g_poll_yield.load(std::memory_order_relaxed);
+}
+
+bool should_poll_yield(int local_size, unsigned cores, const char* mpi_yield_when_idle) {
+  if (mpi_yield_when_idle != nullptr) {
+    // Open MPI's spellings of a boolean MCA value.
+    std::string v(mpi_yield_when_idle);
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (v == "1" || v == "true" || v == "yes" || v == "enabled") return true;
+    if (v == "0" || v == "false" || v == "no" || v == "disabled") return false;
+  }
+  return cores == 0 || static_cast<unsigned>(local_size) > cores;
 }
 
 std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group,

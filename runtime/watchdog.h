@@ -52,10 +52,16 @@ std::string watchdog_message(int world_rank, double waited_s, const std::string&
 // Between polls: yields the core (sched_yield) when yielding is on, else returns at once.
 void poll_pause();
 // Yielding costs latency when every rank has its own core and is what lets a peer run when ranks
-// outnumber cores. On by default; init_world() turns it off when this host has at least as many
-// cores as ranks (Open MPI decides its own mpi_yield_when_idle the same way).
+// outnumber cores. On by default; init_world() sets it by should_poll_yield().
 void set_poll_yield(bool yield);
 bool poll_yield();
+// Whether waits yield: as Open MPI's mpi_yield_when_idle says when it was set (mpirun --mca
+// mpi_yield_when_idle 1 reaches the ranks as OMPI_MCA_mpi_yield_when_idle, passed here; nullptr
+// or an unrecognised value: not set), so that MPI's waits and Strata's agree; otherwise when
+// this host runs more ranks (local_size) than it has cores (0: unknown, yield), the way Open MPI
+// decides it by itself. The setting is for what the core count cannot see: "hosts" that share
+// cores (containers, network namespaces on one machine) or cores shared with other jobs.
+bool should_poll_yield(int local_size, unsigned cores, const char* mpi_yield_when_idle);
 
 // Bounds a blocking call that cannot be polled — MPI_Init (a rank that never starts) and
 // MPI_Finalize (a stopped launcher or rank) — with a deadline. While the timer lives, a thread

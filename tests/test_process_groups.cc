@@ -8,11 +8,13 @@
 // on world size 1, the Local backend, the rank table and the watchdog message format. The suite
 // is named process_groups so that `ctest -R "mpi|process_groups"` selects every test of this issue.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <set>
 #include <tuple>
 #include <vector>
 
+#include "runtime/abort_hook.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"
 #include "runtime/process_groups.h"
@@ -229,6 +231,37 @@ TEST(process_groups, WatchdogMessageNamesPeerGroupBytesAndStep) {
     EXPECT_EQ(wait_context(), "stage 0: send-forward mb 1");
   }
   EXPECT_EQ(wait_context(), "");
+}
+
+// Waits yield the core when ranks outnumber this host's cores, unless Open MPI's
+// mpi_yield_when_idle was set (OMPI_MCA_mpi_yield_when_idle): then as it says.
+TEST(process_groups, WaitsYieldWhenRanksOutnumberCoresOrAsOpenMpiIsTold) {
+  EXPECT_FALSE(should_poll_yield(2, 2, nullptr));
+  EXPECT_TRUE(should_poll_yield(3, 2, nullptr));
+  EXPECT_TRUE(should_poll_yield(1, 0, nullptr));  // core count unknown
+  // Network-namespace "hosts" sharing one machine's cores: 2 ranks each, 2 cores seen.
+  for (const char* yes : {"1", "true", "TRUE", "yes", "enabled"})
+    EXPECT_TRUE(should_poll_yield(2, 2, yes)) << yes;
+  for (const char* no : {"0", "false", "No", "disabled"})
+    EXPECT_FALSE(should_poll_yield(8, 2, no)) << no;
+  // A value Open MPI would not take as a boolean leaves the decision to the core count.
+  EXPECT_FALSE(should_poll_yield(2, 2, "sometimes"));
+  EXPECT_TRUE(should_poll_yield(3, 2, ""));
+}
+
+// A job-wide abort that never returns (MPI_Abort waiting on a launcher daemon that does not
+// answer) still ends the process, with its status, once the hook's grace has passed.
+TEST(process_groupsDeathTest, AbortEndsTheProcessWhenTheJobWideAbortHangs) {
+  EXPECT_EXIT(
+      {
+        set_abort_hook(
+            [](int) {
+              for (;;) ::pause();
+            },
+            0.2);
+        abort_job(7);
+      },
+      ::testing::ExitedWithCode(7), "the job-wide abort did not end this process within 0.2 s");
 }
 
 }  // namespace

@@ -28,7 +28,9 @@ StopRequest::~StopRequest() {
 
 StopRequest::Agreement StopRequest::poll(int64_t pending_save, bool writing) {
   Agreement a;
-  if (exchange_.pending()) {
+  // Not exchange_.pending(): on one rank the exchange completes when it is posted, and the
+  // signal it carries would never be read.
+  if (posted_) {
     exchange_.wait();
     a.signal = agreed_[0];
     // Every rank posted the same pending save (saves start at the same iteration everywhere).
@@ -40,6 +42,7 @@ StopRequest::Agreement StopRequest::poll(int64_t pending_save, bool writing) {
   agreed_[1] = pending_save >= 0 && writing ? 1 : 0;
   posted_save_ = pending_save;
   exchange_ = world_.iall_reduce(agreed_, 2, DType::kI32, ReduceOp::kMax);
+  posted_ = true;
   return a;
 }
 

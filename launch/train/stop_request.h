@@ -50,6 +50,7 @@ class StopRequest {
   int32_t agreed_[2] = {0, 0};  // the exchange's buffer: max of (signal, still writing)
   int64_t posted_save_ = -1;    // the pending save when the exchange was posted
   Request exchange_;
+  bool posted_ = false;  // an exchange was posted (it may have completed at once: one rank)
   struct sigaction old_term_ = {}, old_usr1_ = {};
 };
 
