@@ -242,7 +242,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   if (!trace_out.empty()) {
     if (out.plans.empty()) bad_flag("--trace", "a plan to trace, but no plan fits");
-    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, req.params};
+    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
     const IterationTime it = iteration_time(ctx, out.plans.front().config, true);
     std::ofstream f(trace_out);
     f << chrome_trace_json(it.sim, 1e6) << "\n";

@@ -93,6 +93,8 @@ class DecoderDescription final : public ModelDescription {
                {bs, h, f / t}};
     // Causal attention computes half of the s² score matrix Megatron counts.
     w.attention_flops = 0.5 * 4 * b * double{1.0} * d_.S * d_.S * h / t;
+    w.attention = {double{1.0} * b, d_.NH / t, d_.KVH / t, double{1.0} * d_.S,
+                   double{1.0} * d_.head_size()};
     // Norms (read + write), two residual adds (2 reads, 1 write, a byte mask), bias-GELU (read
     // + write) or SwiGLU (2 reads, 1 write), the q/k/v and attention-output layout copies (read
     // + write), and the rotation of q and k (read + write).
@@ -127,6 +129,7 @@ class DecoderDescription final : public ModelDescription {
     const double sl = seq_local(r);
     PartWork w;
     w.gemms = {{bs, vl, h}};  // the (b·s, V/t) logits
+    w.logits = bs * vl;
     // The fp32 cross-entropy reads the logits for its statistics, its target and its gradient.
     w.f32_fwd = 3 * bs * vl;
     w.f32_bwd = 3 * bs * vl;
