@@ -8,8 +8,8 @@ Only the standard library is needed (CI never runs this: the presets are committ
 
 GEMM curves (partitioner/efficiency.h): t(M, N, K) = fixed_s + max(2MNK / flops,
 2(MK + KN + MN) / bandwidth), fitted by least squares on log time to the points listed (the
-same objective as fit_gemm_curve() in partitioner/efficiency.cc; tests/test_planner.cc checks
-that the C++ fit of these points gives these parameters). The points stay in the file: the
+same objective as fit_gemm_curve() in partitioner/efficiency.cc; tests/test_planner_efficiency.cc
+checks that the C++ fit of the preset's points gives the preset's parameters). The points stay in the file: the
 planner corrects the curve toward them near their shapes.
 
 Attention tables: causal FLOP/s in the planner's counting (forward: the causal half of
@@ -177,8 +177,8 @@ def table(fwd, bwd):
 
 def h100():
     pts = parse(XLA_H100_BF16)
-    (flops, fixed, bw), rms = fit(pts)
     pts.append(tuple(float(v) for v in MAMF["h100"][:3]) + (MAMF["h100"][3] * 1e12,))
+    (flops, fixed, bw), rms = fit(pts)
     fwd, bwd = h100_attention()
     mem, opt = MEMORY["h100"]
     return {

@@ -329,6 +329,8 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   req.precision = cfg.train.precision;
   req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
                               cfg.device != "cuda");
+  // Strata's runtime on the config's device, whatever the cluster file says.
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
   const PlanConfig c = plan_config_for(cfg, world_size);
   const PlanResult r = evaluate_plan(req, c);
   json j = plan_result_json(r);

@@ -244,6 +244,7 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
   req.memory.bucket_mb = cfg.parallel.bucket_mb;
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
   check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
   PlanConfig c = plan_config_for(cfg, 1);

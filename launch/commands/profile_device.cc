@@ -19,6 +19,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+// Times one rank's own work (never a collective: the number of calls is the rank's own).
 struct Timer {
   Backend& be;
   Communicator* world;  // every rank measures at once: a barrier before each figure
@@ -78,11 +79,15 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
         if (2 * m * n * k <= max_flops) shapes.insert({m, n, k});
   const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
   const int b = cfg.train.micro_batch_size;
-  for (const PartWork& w : {d->layer_work(b, RankShape{}), d->head_work(b, RankShape{})}) {
-    for (const GemmShape& g : w.gemms) {
-      shapes.insert({g.m, g.n, g.k});
-      shapes.insert({g.m, g.k, g.n});
-      shapes.insert({g.n, g.k, g.m});
+  for (int t : {1, 2, 4, cfg.parallel.tensor}) {
+    if (!d->tensor_split_reason(t, false).empty()) continue;
+    for (const PartWork& w :
+         {d->layer_work(b, RankShape{t, false}), d->head_work(b, RankShape{t, false})}) {
+      for (const GemmShape& g : w.gemms) {
+        shapes.insert({g.m, g.n, g.k});
+        shapes.insert({g.m, g.k, g.n});
+        shapes.insert({g.n, g.k, g.m});
+      }
     }
   }
   std::vector<std::array<double, 4>> points;
@@ -190,13 +195,25 @@ double optimizer_bandwidth(const Config& cfg, Backend& be, const Timer& time, bo
 
 // Ring all-reduce times over the world at several sizes, fitted to
 // t = 2(n−1)/n · bytes / bandwidth + 2(n−1) · latency (least squares on the two unknowns).
-Link measure_link(Backend& be, Communicator& world, const Timer& time) {
+Link measure_link(Backend& be, Communicator& world, int repeat) {
   const double n = world.size();
   std::vector<std::pair<double, double>> xy;  // (2(n−1)/n · bytes, seconds)
   for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 22, int64_t{1} << 24}) {
     Tensor buf = filled(be, {bytes / 4}, DType::kF32, 21);
-    const double s = time([&] { world.all_reduce(buf, ReduceOp::kSum); });
-    xy.push_back({2 * (n - 1) / n * static_cast<double>(bytes), s});
+    // The same number of calls on every rank (a collective): two warm-up calls, then rounds
+    // of ten; the median round.
+    world.barrier();
+    for (int i = 0; i < 2; ++i) world.all_reduce(buf, ReduceOp::kSum);
+    std::vector<double> rounds;
+    for (int r = 0; r < std::max(3, repeat); ++r) {
+      be.synchronize();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 10; ++i) world.all_reduce(buf, ReduceOp::kSum);
+      be.synchronize();
+      rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 10);
+    }
+    std::sort(rounds.begin(), rounds.end());
+    xy.push_back({2 * (n - 1) / n * static_cast<double>(bytes), rounds[rounds.size() / 2]});
   }
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [x, y] : xy) {
@@ -236,7 +253,12 @@ json measure_device_cluster(const Config& cfg, Backend& be, Communicator* world,
   c.efficiency = efficiency_from_json(eff, "<strata profile>");
   c.efficiency_measured = true;
   c.cpu = !gpu;
-  if (world != nullptr && world->size() > 1) c.intra_node = measure_link(be, *world, time);
+  if (world != nullptr && world->size() > 1) {
+    // The ranks measured are one "node": the link between them is the one measured.
+    c.intra_node = measure_link(be, *world, repeat);
+    c.nodes = 1;
+    c.gpus_per_node = world->size();
+  }
   if (const std::optional<double> peak = be.peak_flops(cfg.train.precision)) {
     c.peak_flops[cfg.train.precision] = *peak;
   }

@@ -5,7 +5,8 @@
 // What is measured, on the config's device (backend) and precision:
 //   GEMMs      matmul_forward at a grid of (M, N, K) (powers of 4 from 128 on the CPU, from
 //              256 on a GPU, each GEMM at most 2^31 FLOPs on the CPU and 2^41 on a GPU) and at
-//              the config model's own layer and head GEMMs (forward and both gradients' shapes);
+//              the config model's own layer and head GEMMs (forward and both gradients' shapes)
+//              on tensor ranks of 1, 2, 4 and the config's parallel.tensor;
 //              the curve is fitted to them (fit_gemm_curve) and they stay as its points;
 //   attention  attention_forward / backward at the config's micro-batch, sequences S/4, S/2 and
 //              S and head sizes 64, 128 and the model's, with C / head size heads;
@@ -17,7 +18,8 @@
 //   kernel gap the time of an add on one element (a launch on a GPU);
 //   links      with two or more ranks (mpirun), all-reduces over the world of 64 KiB to 16 MiB
 //              fitted to the ring formula the planner uses: the "intra_node" bandwidth and
-//              latency (efficiency 1: the bandwidth is the one reached).
+//              latency (efficiency 1: the bandwidth is the one reached), and the cluster is then
+//              one node of that many ranks.
 // Every rank runs the compute measurements at the same time (ranks sharing a machine contend
 // as in training); rank 0 writes the file. Each figure is the median of `repeat` rounds of as
 // many calls as fill a round (20 ms on the CPU, 5 ms on a GPU), after one warm-up call.
