@@ -82,10 +82,14 @@ RuntimeModel megatron_lm_2021(bool torch_ddp) {
 }
 
 // Megatron-LM of 2022 (Korthikanti et al., sequence parallelism and selective recompute): the
-// 2021 runtime's kernels, local DDP.
+// 2021 runtime's kernels, local DDP, the backward's tensor-parallel collectives asynchronous.
 RuntimeModel megatron_lm_2022() {
   RuntimeModel r = megatron_lm_2021(false);
   r.name = "megatron-lm 2022";
+  // --async-tensor-model-parallel-allreduce: the column-parallel backward's input-gradient
+  // all-reduce (reduce-scatter with sequence parallelism) runs beside the weight-gradient GEMM,
+  // and the input's re-gather beside the input-gradient GEMM (tensor_parallel/layers.py).
+  r.tp_overlap_backward = true;
   return r;
 }
 

@@ -264,7 +264,9 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
 
   const PartTimes layer = part_times(m.layer_work(b, rs), dev, cl, rt, c.tensor);
   const double exp_f = tp_exposed(rt, layer.tp_f, layer.gemm_f, c.tensor);
-  const double exp_b = tp_exposed(rt, layer.tp_b, layer.dgrad + layer.wgrad, c.tensor);
+  const double exp_b = rt.tp_overlap_backward && !rt.tp_overlap
+                           ? std::max(0.0, layer.tp_b - layer.dgrad - layer.wgrad)
+                           : tp_exposed(rt, layer.tp_b, layer.dgrad + layer.wgrad, c.tensor);
   const double gap = dev.eff->kernel_gap_s;
   const double launch_f = gap * rt.kernels_per_layer_fwd;
   const double launch_b = gap * rt.kernels_per_layer_bwd;

@@ -28,6 +28,10 @@ struct RuntimeModel {
   // pipelined with the GEMMs in t chunks (Transformer Engine's userbuffers), exposing
   // max(comm / t, comm − GEMM time).
   bool tp_overlap = false;
+  // Backward collectives only, started asynchronously beside the backward GEMMs (Megatron-LM's
+  // async input-gradient all-reduce, and its re-gather of the input with sequence parallelism):
+  // exposing max(0, comm − GEMM time) of the backward.
+  bool tp_overlap_backward = false;
   // Data parallelism: buckets of `bucket_bytes` reduce as their gradients become final during
   // the last micro-batch's backward (false: all after the backward), on a transport that moves
   // them while the stage computes (false: paid when waited for).

@@ -109,7 +109,7 @@ KERNEL_GAP_S = 1.28e-3 / 330
 # The share of a single kernel's benchmark throughput the GPU keeps in a training step (all
 # GPUs of a node at their power limit, NCCL's kernels beside the compute): fitted, one figure
 # per GPU, by `bench_planner_calibration --fit-sustained` on that GPU's table (docs/planner.md).
-SUSTAINED = {"h100": 0.702, "a100": 0.758}
+SUSTAINED = {"h100": 0.710, "a100": 0.760}
 
 
 def parse(text):

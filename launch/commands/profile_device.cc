@@ -20,16 +20,22 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // Times one rank's own work (never a collective: the number of calls is the rank's own).
+// Every rank runs the same measurements in the same order, started together (sync()), so
+// ranks sharing a machine contend as in training; a barrier per figure would spin in MPI while
+// the other rank computes, and is left out.
 struct Timer {
   Backend& be;
-  Communicator* world;  // every rank measures at once: a barrier before each figure
+  Communicator* world;
   int repeat;
   double min_round_s;
+
+  void sync() const {
+    if (world != nullptr && world->size() > 1) world->barrier();
+  }
 
   // Median over `repeat` rounds of the mean time of `f`, each round as many calls as fill
   // min_round_s, after one warm-up call.
   double operator()(const std::function<void()>& f) const {
-    if (world != nullptr && world->size() > 1) world->barrier();
     be.synchronize();
     auto t0 = Clock::now();
     f();
@@ -72,10 +78,11 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
   // The grid, and the model's own shapes (forward, input and weight gradients of the layer's
   // and the head's GEMMs at the config's micro-batch).
   std::set<std::array<double, 3>> shapes;
-  const double lo = gpu ? 256 : 128, max_flops = gpu ? std::pow(2.0, 41) : std::pow(2.0, 31);
-  for (double m = lo; m <= lo * 64; m *= 4)
-    for (double n = lo; n <= lo * 64; n *= 4)
-      for (double k = lo; k <= lo * 64; k *= 4)
+  const double lo = gpu ? 256 : 128, hi = gpu ? 16384 : 2048;
+  const double max_flops = gpu ? std::pow(2.0, 41) : std::pow(2.0, 30);
+  for (double m = lo; m <= hi; m *= 4)
+    for (double n = lo; n <= hi; n *= 4)
+      for (double k = lo; k <= hi; k *= 4)
         if (2 * m * n * k <= max_flops) shapes.insert({m, n, k});
   const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
   const int b = cfg.train.micro_batch_size;
@@ -91,6 +98,7 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
     }
   }
   std::vector<std::array<double, 4>> points;
+  time.sync();
   for (const auto& [M, N, K] : shapes) {
     const int64_t m = static_cast<int64_t>(M), n = static_cast<int64_t>(N),
                   k = static_cast<int64_t>(K);
@@ -109,6 +117,7 @@ json attention_table(const Config& cfg, Backend& be, const Timer& time, DType dt
   const int B = cfg.train.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
   std::set<int> heads_sizes = {64, 128, C / cfg.model.num_heads};
   json fwd = json::array(), bwd = json::array();
+  time.sync();
   for (int hs : heads_sizes) {
     if (hs <= 0 || C % hs != 0) continue;
     const int nh = C / hs;
@@ -170,6 +179,7 @@ double elementwise_bandwidth(const Config& cfg, Backend& be, const Timer& time, 
       be.gelu_backward(dh, h, dg);
   };
   // Per layer: two norms, the activation, two residual adds, each way.
+  time.sync();
   const double t = 2 * time(norm_f) + time(act_f) + 2 * time([&] { be.add_inplace(y, x); }) +
                    2 * time(norm_b) + time(act_b) + 2 * time([&] { be.add_inplace(dx, y); });
   const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
@@ -184,6 +194,7 @@ double optimizer_bandwidth(const Config& cfg, Backend& be, const Timer& time, bo
   const bool bf16 = cfg.train.precision == "bf16";
   Tensor low = bf16 ? be.empty({n}, MemCategory::kParameters, DType::kBF16) : Tensor();
   AdamW opt(be, cfg.optimizer, {OptSegment{0, 0, n, true}});
+  time.sync();
   const double s = time([&] {
     be.zero(grad);
     be.sum_squares(grad);

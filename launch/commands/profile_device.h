@@ -3,8 +3,9 @@
 // into a cluster description the planner reads (`strata plan --cluster FILE`).
 //
 // What is measured, on the config's device (backend) and precision:
-//   GEMMs      matmul_forward at a grid of (M, N, K) (powers of 4 from 128 on the CPU, from
-//              256 on a GPU, each GEMM at most 2^31 FLOPs on the CPU and 2^41 on a GPU) and at
+//   GEMMs      matmul_forward at a grid of (M, N, K) (powers of 4 from 128 to 2048 on the CPU,
+//              from 256 to 16384 on a GPU, each GEMM at most 2^30 FLOPs on the CPU and 2^41 on
+//              a GPU) and at
 //              the config model's own layer and head GEMMs (forward and both gradients' shapes)
 //              on tensor ranks of 1, 2, 4 and the config's parallel.tensor;
 //              the curve is fitted to them (fit_gemm_curve) and they stay as its points;
@@ -20,9 +21,10 @@
 //              fitted to the ring formula the planner uses: the "intra_node" bandwidth and
 //              latency (efficiency 1: the bandwidth is the one reached), and the cluster is then
 //              one node of that many ranks.
-// Every rank runs the compute measurements at the same time (ranks sharing a machine contend
-// as in training); rank 0 writes the file. Each figure is the median of `repeat` rounds of as
-// many calls as fill a round (20 ms on the CPU, 5 ms on a GPU), after one warm-up call.
+// Every rank runs the compute measurements at the same time, started together per kind of
+// figure (ranks sharing a machine contend as in training); rank 0 writes the file. Each figure is
+// the median of `repeat` rounds of as many calls as fill a round (20 ms on the CPU, 5 ms on a GPU),
+// after one warm-up call.
 //
 // The cluster written is `base` (its name, nodes, links, memory, device) with "efficiency"
 // measured here; its "sustained" share is kept from `base` when base's was measured, else 1
