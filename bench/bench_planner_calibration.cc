@@ -140,25 +140,35 @@ RuntimeModel megatron_core_2024(int data) {
 
 enum class Metric { kModelTflops, kHardwareTflops, kIterationS };
 
-struct Run {
-  std::string name;
-  const char* cluster;  // configs/clusters preset
-  // model
+struct Shape {
   const char* arch;
   int layers, hidden, heads, kv_heads, ffn, seq, vocab;
   bool tied;
-  // layout; 0 (or kSearch) where the source leaves it open
+};
+
+// 0 (or "" for recompute) where the source leaves a field open: the planner searches it.
+struct Layout {
   int t, p, gpus, batch, micro, v;
   const char* schedule;   // "1f1b", "interleaved"
   const char* recompute;  // "none", "selective", "full", "" searched
   bool sp, dist_opt;
+};
+
+struct Run {
+  std::string name;
+  const char* cluster;  // configs/clusters preset
+  Shape shape;
+  Layout layout;
   std::function<RuntimeModel(int data)> runtime;
   Metric metric;
   double published;
-  const char* note;
+  std::string note;
 };
 
-const char* const kSearch = "";
+// GPT-3-style shapes (4h MLP, multi-head attention).
+Shape gpt(int layers, int hidden, int heads, int seq, int vocab, bool tied) {
+  return {"gpt", layers, hidden, heads, heads, 4 * hidden, seq, vocab, tied};
+}
 
 std::vector<Run> h100_table() {
   // Megatron-LM README "Performance Benchmarking" (images/model_table.png, Megatron-Core
@@ -166,12 +176,12 @@ std::vector<Run> h100_table() {
   // sequence parallelism with t > 1. Assumed: micro-batch 1, interleaved 1F1B when p > 1 with
   // v searched, recompute searched (none fits everywhere).
   auto mc = [](int d) { return megatron_core_2024(d); };
-  std::vector<Run> r;
   struct R {
     const char* name;
     int heads, hidden, layers, t, p, gpus, batch;
     double tflops;
   };
+  std::vector<Run> r;
   for (const R& x : std::vector<R>{{"1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8},
                                    {"7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9},
                                    {"16B", 48, 6144, 32, 4, 1, 192, 192, 489.1},
@@ -181,27 +191,11 @@ std::vector<Run> h100_table() {
                                    {"177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8},
                                    {"314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4},
                                    {"462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9}}) {
+    const char* schedule = x.p > 1 ? "interleaved" : "1f1b";
     r.push_back({x.name,
                  "dgx-h100",
-                 "gpt",
-                 x.layers,
-                 x.hidden,
-                 x.heads,
-                 x.heads,
-                 4 * x.hidden,
-                 4096,
-                 131072,
-                 false,
-                 x.t,
-                 x.p,
-                 x.gpus,
-                 x.batch,
-                 1,
-                 0,
-                 x.p > 1 ? "interleaved" : "1f1b",
-                 kSearch,
-                 x.t > 1,
-                 true,
+                 gpt(x.layers, x.hidden, x.heads, 4096, 131072, false),
+                 {x.t, x.p, x.gpus, x.batch, 1, 0, schedule, "", x.t > 1, true},
                  mc,
                  Metric::kModelTflops,
                  x.tflops,
@@ -215,8 +209,6 @@ std::vector<Run> a100_table() {
   // seq 2048, vocab 51200, fp16, full recompute; per-GPU hardware TFLOP/s (recompute counted).
   // Layouts from examples/academic_paper_scripts/sc21/run_table_1.sh: micro-batch, virtual
   // stages (--num-layers-per-virtual-pipeline-stage), --DDP-impl torch below 39B, local above.
-  auto torch_ddp = [](int) { return megatron_lm_2021(true); };
-  auto local_ddp = [](int) { return megatron_lm_2021(false); };
   struct R {
     const char* name;
     int heads, hidden, layers, t, p, gpus, batch, micro, layers_per_chunk;
@@ -235,28 +227,13 @@ std::vector<Run> a100_table() {
                                    {"530B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 1, false, 163},
                                    {"1T", 160, 25600, 128, 8, 64, 3072, 3072, 1, 0, false, 163}}) {
     const int v = x.layers_per_chunk > 0 ? x.layers / (x.p * x.layers_per_chunk) : 1;
+    const bool torch = x.torch;
     r.push_back({x.name,
                  "dgx-a100-80gb",
-                 "gpt",
-                 x.layers,
-                 x.hidden,
-                 x.heads,
-                 x.heads,
-                 4 * x.hidden,
-                 2048,
-                 51200,
-                 true,
-                 x.t,
-                 x.p,
-                 x.gpus,
-                 x.batch,
-                 x.micro,
-                 v,
-                 v > 1 ? "interleaved" : "1f1b",
-                 "full",
-                 false,
-                 false,
-                 x.torch ? std::function<RuntimeModel(int)>(torch_ddp) : local_ddp,
+                 gpt(x.layers, x.hidden, x.heads, 2048, 51200, true),
+                 {x.t, x.p, x.gpus, x.batch, x.micro, v, v > 1 ? "interleaved" : "1f1b", "full",
+                  false, false},
+                 [torch](int) { return megatron_lm_2021(torch); },
                  Metric::kHardwareTflops,
                  x.tflops,
                  ""});
@@ -266,111 +243,31 @@ std::vector<Run> a100_table() {
 
 std::vector<Run> unseen_table() {
   std::vector<Run> r;
-  auto m2022 = [](int) { return megatron_lm_2022(); };
   // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
   // Tables 3 and 5: A100 80GB, seq 2048, vocab 51200, micro-batch 1, sequence parallelism and
   // selective recompute, no data parallelism; model FLOPs utilization (reported here as model
   // TFLOP/s: MFU × 312). Assumed: 1F1B without interleaving.
-  r.push_back({"22B (Korthikanti 2022)",
-               "dgx-a100-80gb",
-               "gpt",
-               48,
-               6144,
-               64,
-               64,
-               4 * 6144,
-               2048,
-               51200,
-               true,
-               8,
-               1,
-               8,
-               4,
-               1,
-               1,
-               "1f1b",
-               "selective",
-               true,
-               false,
-               m2022,
-               Metric::kModelTflops,
-               0.415 * 312,
-               "MFU 41.5%"});
-  r.push_back({"175B (Korthikanti 2022)",
-               "dgx-a100-80gb",
-               "gpt",
-               96,
-               12288,
-               96,
-               96,
-               4 * 12288,
-               2048,
-               51200,
-               true,
-               8,
-               8,
-               64,
-               64,
-               1,
-               1,
-               "1f1b",
-               "selective",
-               true,
-               false,
-               m2022,
-               Metric::kModelTflops,
-               0.514 * 312,
-               "MFU 51.4%"});
-  r.push_back({"530B (Korthikanti 2022)",
-               "dgx-a100-80gb",
-               "gpt",
-               105,
-               20480,
-               128,
-               128,
-               4 * 20480,
-               2048,
-               51200,
-               true,
-               8,
-               35,
-               280,
-               280,
-               1,
-               1,
-               "1f1b",
-               "selective",
-               true,
-               false,
-               m2022,
-               Metric::kModelTflops,
-               0.560 * 312,
-               "MFU 56.0%"});
-  r.push_back({"1T (Korthikanti 2022)",
-               "dgx-a100-80gb",
-               "gpt",
-               128,
-               25600,
-               160,
-               160,
-               4 * 25600,
-               2048,
-               51200,
-               true,
-               8,
-               64,
-               512,
-               512,
-               1,
-               1,
-               "1f1b",
-               "selective",
-               true,
-               false,
-               m2022,
-               Metric::kModelTflops,
-               0.563 * 312,
-               "MFU 56.3%"});
+  auto m2022 = [](int) { return megatron_lm_2022(); };
+  struct K {
+    const char* name;
+    int layers, hidden, heads, p, gpus, batch;
+    double mfu;
+  };
+  for (const K& x : std::vector<K>{{"22B", 48, 6144, 64, 1, 8, 4, 0.415},
+                                   {"175B", 96, 12288, 96, 8, 64, 64, 0.514},
+                                   {"530B", 105, 20480, 128, 35, 280, 280, 0.560},
+                                   {"1T", 128, 25600, 160, 64, 512, 512, 0.563}}) {
+    char note[32];
+    std::snprintf(note, sizeof note, "MFU %.1f%%", x.mfu * 100);
+    r.push_back({std::string(x.name) + " (Korthikanti 2022)",
+                 "dgx-a100-80gb",
+                 gpt(x.layers, x.hidden, x.heads, 2048, 51200, true),
+                 {8, x.p, x.gpus, x.batch, 1, 1, "1f1b", "selective", true, false},
+                 m2022,
+                 Metric::kModelTflops,
+                 x.mfu * 312,
+                 note});
+  }
   // Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", Table
   // 1 (system performance): 280/350/420 DGX A100 nodes, t 8, p 35, global batch 1920, seq
   // 2048, micro-batch 1, activation checkpointing; iteration time. DeepSpeed's 1F1B pipeline.
@@ -379,25 +276,8 @@ std::vector<Run> unseen_table() {
        std::vector<std::pair<int, double>>{{280, 60.1}, {350, 50.2}, {420, 44.4}}) {
     r.push_back({"MT-NLG 530B, " + std::to_string(nodes * 8) + " GPUs",
                  "dgx-a100-80gb",
-                 "gpt",
-                 105,
-                 20480,
-                 128,
-                 128,
-                 4 * 20480,
-                 2048,
-                 51200,
-                 true,
-                 8,
-                 35,
-                 nodes * 8,
-                 1920,
-                 1,
-                 1,
-                 "1f1b",
-                 "full",
-                 false,
-                 true,
+                 gpt(105, 20480, 128, 2048, 51200, true),
+                 {8, 35, nodes * 8, 1920, 1, 1, "1f1b", "full", false, true},
                  mtnlg,
                  Metric::kIterationS,
                  secs,
@@ -410,25 +290,8 @@ std::vector<Run> unseen_table() {
   auto bloom = [](int) { return megatron_deepspeed(false, 4); };
   r.push_back({"BLOOM-176B",
                "dgx-a100-80gb",
-               "gpt",
-               70,
-               14336,
-               112,
-               112,
-               4 * 14336,
-               2048,
-               250880,
-               true,
-               4,
-               12,
-               384,
-               2048,
-               2,
-               1,
-               "1f1b",
-               "full",
-               false,
-               true,
+               gpt(70, 14336, 112, 2048, 250880, true),
+               {4, 12, 384, 2048, 2, 1, "1f1b", "full", false, true},
                bloom,
                Metric::kHardwareTflops,
                156,
@@ -439,105 +302,33 @@ std::vector<Run> unseen_table() {
   // describes); 126 layers taken as 128 so that the interleaved pieces divide them (per-GPU
   // throughput barely depends on it), micro-batch 1, v searched.
   auto mc = [](int d) { return megatron_core_2024(d); };
-  r.push_back({"Llama 3 405B, 8192 GPUs",
-               "dgx-h100",
-               "llama",
-               128,
-               16384,
-               128,
-               8,
-               53248,
-               8192,
-               128256,
-               false,
-               8,
-               16,
-               8192,
-               2048,
-               1,
-               0,
-               "interleaved",
-               kSearch,
-               true,
-               true,
-               mc,
-               Metric::kModelTflops,
-               430,
-               "126 layers as 128"});
-  r.push_back({"Llama 3 405B, 16384 GPUs",
-               "dgx-h100",
-               "llama",
-               128,
-               16384,
-               128,
-               8,
-               53248,
-               8192,
-               128256,
-               false,
-               8,
-               16,
-               16384,
-               2048,
-               1,
-               0,
-               "interleaved",
-               kSearch,
-               true,
-               true,
-               mc,
-               Metric::kModelTflops,
-               400,
-               "126 layers as 128"});
+  const Shape llama405 = {"llama", 128, 16384, 128, 8, 53248, 8192, 128256, false};
+  for (const auto& [gpus, tflops] :
+       std::vector<std::pair<int, double>>{{8192, 430}, {16384, 400}}) {
+    r.push_back({"Llama 3 405B, " + std::to_string(gpus) + " GPUs",
+                 "dgx-h100",
+                 llama405,
+                 {8, 16, gpus, 2048, 1, 0, "interleaved", "", true, true},
+                 mc,
+                 Metric::kModelTflops,
+                 tflops,
+                 "126 layers as 128"});
+  }
   // Strata itself on one H100 (docs/gpu.md, scripts/gpu_check 2026-11-24, cuDNN attention):
   // GPT-2 124M (b 16) 32.6 ms, GPT 1.3B (b 4 × 4) 528.6 ms per iteration, bf16.
   auto strata_gpu = [](int) { return strata_runtime(false, "bf16"); };
   r.push_back({"Strata GPT-2 124M",
                "dgx-h100",
-               "gpt",
-               12,
-               768,
-               12,
-               12,
-               3072,
-               1024,
-               50257,
-               true,
-               1,
-               1,
-               1,
-               16,
-               16,
-               1,
-               "1f1b",
-               "none",
-               false,
-               false,
+               gpt(12, 768, 12, 1024, 50257, true),
+               {1, 1, 1, 16, 16, 1, "1f1b", "none", false, false},
                strata_gpu,
                Metric::kIterationS,
                0.0326,
                "one H100"});
   r.push_back({"Strata GPT 1.3B",
                "dgx-h100",
-               "gpt",
-               24,
-               2048,
-               16,
-               16,
-               8192,
-               2048,
-               50257,
-               true,
-               1,
-               1,
-               1,
-               16,
-               4,
-               1,
-               "1f1b",
-               "none",
-               false,
-               false,
+               gpt(24, 2048, 16, 2048, 50257, true),
+               {1, 1, 1, 16, 4, 1, "1f1b", "none", false, false},
                strata_gpu,
                Metric::kIterationS,
                0.5286,
@@ -570,50 +361,52 @@ Scored score(const Run& run, const Overrides& ov) {
   }
   if (ov.intra) cl.intra_node.efficiency = *ov.intra;
   if (ov.inter) cl.inter_node.efficiency = *ov.inter;
-  if (run.gpus < cl.gpus_per_node) {
+  const Shape& sh = run.shape;
+  const Layout& lay = run.layout;
+  if (lay.gpus < cl.gpus_per_node) {
     cl.nodes = 1;
-    cl.gpus_per_node = run.gpus;
+    cl.gpus_per_node = lay.gpus;
   } else {
-    cl.nodes = run.gpus / cl.gpus_per_node;
+    cl.nodes = lay.gpus / cl.gpus_per_node;
   }
   ModelConfig m;
-  m.arch = run.arch;
-  m.num_layers = run.layers;
-  m.hidden_size = run.hidden;
-  m.num_heads = run.heads;
-  if (run.kv_heads != run.heads) m.num_key_value_heads = run.kv_heads;
-  m.ffn_hidden_size = run.ffn;
-  m.seq_len = run.seq;
-  m.vocab_size = run.vocab;
-  m.tie_embeddings = run.tied;
+  m.arch = sh.arch;
+  m.num_layers = sh.layers;
+  m.hidden_size = sh.hidden;
+  m.num_heads = sh.heads;
+  if (sh.kv_heads != sh.heads) m.num_key_value_heads = sh.kv_heads;
+  m.ffn_hidden_size = sh.ffn;
+  m.seq_len = sh.seq;
+  m.vocab_size = sh.vocab;
+  m.tie_embeddings = sh.tied;
   PlanRequest req;
   req.model = describe_model(m);
   req.model_name = run.name;
   req.cluster = cl;
-  req.global_batch_size = run.batch;
+  req.global_batch_size = lay.batch;
   req.precision = "bf16";
   req.memory.precision = "bf16";
   req.memory.reserve_bytes = 1024.0 * 1024.0 * 1024.0;
-  const int data = run.gpus / (run.t * run.p);
+  const int data = lay.gpus / (lay.t * lay.p);
   RuntimeModel rt = run.runtime(data);
   if (ov.tp_overlap) rt.tp_overlap = *ov.tp_overlap;
   if (ov.p2p_both_ends) rt.p2p_both_ends = *ov.p2p_both_ends;
   req.memory.flash_attention = rt.fused_attention;
   req.runtime = rt;
-  req.fixes.tensor = run.t;
-  req.fixes.pipeline = run.p;
-  req.fixes.micro_batch_size = run.micro;
-  if (run.v > 0) req.fixes.virtual_stages = run.v;
+  req.fixes.tensor = lay.t;
+  req.fixes.pipeline = lay.p;
+  req.fixes.micro_batch_size = lay.micro;
+  if (lay.v > 0) req.fixes.virtual_stages = lay.v;
   ScheduleKind k;
-  parse_schedule_kind(run.schedule, &k);
+  parse_schedule_kind(lay.schedule, &k);
   req.fixes.schedule = k;
-  if (run.recompute[0] != '\0') {
+  if (lay.recompute[0] != '\0') {
     Recompute rc;
-    parse_recompute(run.recompute, &rc);
+    parse_recompute(lay.recompute, &rc);
     req.fixes.recompute = rc;
   }
-  req.fixes.sequence_parallel = run.sp && run.t > 1;
-  req.fixes.distributed_optimizer = run.dist_opt && data > 1;
+  req.fixes.sequence_parallel = lay.sp && lay.t > 1;
+  req.fixes.distributed_optimizer = lay.dist_opt && data > 1;
   req.top_k = 1;
   const auto t0 = std::chrono::steady_clock::now();
   const PlanOutput out = search_plans(req);
@@ -671,10 +464,11 @@ Summary print_table(const char* title, const std::vector<Run>& runs, const Overr
     std::printf(
         "%-26s %3d %3d %5d %3d %3d %-9s %9.3f %6.1f%% %7.3f %7.3f %7.3f %9.4g%s %9.4g%s %+6.1f%%"
         "%s%s\n",
-        run.name.c_str(), c.tensor, c.pipeline, run.gpus, c.virtual_stages, c.micro_batch_size,
-        to_string(c.recompute), s.plan.time.iteration_s, s.plan.time.bubble_fraction * 100,
-        s.plan.time.tp_exposed_s, s.plan.time.dp_exposed_s, s.plan.time.optimizer_s, s.predicted,
-        unit, run.published, unit, s.error, run.note[0] ? "  " : "", run.note);
+        run.name.c_str(), c.tensor, c.pipeline, run.layout.gpus, c.virtual_stages,
+        c.micro_batch_size, to_string(c.recompute), s.plan.time.iteration_s,
+        s.plan.time.bubble_fraction * 100, s.plan.time.tp_exposed_s, s.plan.time.dp_exposed_s,
+        s.plan.time.optimizer_s, s.predicted, unit, run.published, unit, s.error,
+        run.note.empty() ? "" : "  ", run.note.c_str());
   }
   if (sm.n > 0) sm.mae /= sm.n;
   if (!quiet)
