@@ -5,9 +5,11 @@
 # file; then for each layout — tensor 2; pipeline 2 with 1f1b, interleaved and zb-h1; data 2 —
 # `strata train --dry-run --cluster` gives the planner's prediction of the config as it runs, and
 # the same config is trained under mpirun -np 2: the median step of the iterations after the
-# first two is the measurement. Prints predicted, measured and the error per layout, the load
-# average before and after (timings on a busy machine are disturbed: say so when quoting them),
-# and draws the pipeline-1f1b prediction above its measured trace (pp2-1f1b.svg).
+# first two is the measurement. Prints predicted, measured and the error per layout with the
+# run's CPU share (CPU time of the two ranks over twice the wall time: 1.00 when each rank had
+# a core to itself), the load average before and after (timings on a busy machine are
+# disturbed: say so when quoting them), and draws the pipeline-1f1b prediction above its
+# measured trace (pp2-1f1b.svg).
 #
 #   bench/planner_cpu_check.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, a new temporary dir)
 #   CONFIG=FILE ITERATIONS=N   override the model (configs/bench/planner-cpu-check.json) and the
@@ -38,7 +40,7 @@ layouts=(
   "pipeline 2 zb-h1|parallel.pipeline=2 parallel.schedule=zb-h1"
   "data 2|parallel.data=2"
 )
-printf '\n%-24s %12s %12s %8s\n' layout predicted_s measured_s error
+printf '\n%-24s %12s %12s %8s %10s\n' layout predicted_s measured_s error cpu_share
 for entry in "${layouts[@]}"; do
   name=${entry%%|*}
   tag=$(echo "$name" | tr ' ' '-' | sed 's/pipeline-2/pp2/; s/tensor-2/tp2/; s/data-2/dp2/')
@@ -49,14 +51,18 @@ for entry in "${layouts[@]}"; do
               python3 -c 'import sys, json
 text = sys.stdin.read()
 print(json.loads(text[text.index("{", text.index("planner prediction on")):])["predicted"]["iteration_s"])')
-  "${MPI[@]}" "${STRATA[@]}" train --config "$CONFIG" "${sets[@]}" \
-    --set "log.metrics=\"$OUT/$tag.jsonl\"" --set "log.trace=\"$OUT/$tag.trace\"" > "$OUT/$tag.log" 2>&1
+  /usr/bin/time -f "%e %U %S" -o "$OUT/$tag.time" "${MPI[@]}" "${STRATA[@]}" train \
+    --config "$CONFIG" "${sets[@]}" --set "log.metrics=\"$OUT/$tag.jsonl\"" \
+    --set "log.trace=\"$OUT/$tag.trace\"" > "$OUT/$tag.log" 2>&1
   measured=$(python3 -c 'import sys, json, statistics
 steps = [json.loads(l)["step_ms"] / 1e3 for l in open(sys.argv[1])]
 print(statistics.median(steps[2:]))' "$OUT/$tag.jsonl")
   python3 -c 'import sys
 p, m = float(sys.argv[2]), float(sys.argv[3])
-print("%-24s %12.4f %12.4f %+7.1f%%" % (sys.argv[1], p, m, (p / m - 1) * 100))' "$name" "$predicted" "$measured"
+wall, user, system = (float(x) for x in open(sys.argv[4]).read().split()[-3:])
+print("%-24s %12.4f %12.4f %+7.1f%% %10.2f" % (sys.argv[1], p, m, (p / m - 1) * 100,
+                                              (user + system) / (2 * wall)))' \
+    "$name" "$predicted" "$measured" "$OUT/$tag.time"
 done
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

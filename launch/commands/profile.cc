@@ -260,8 +260,9 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
 namespace {
 
 // --cluster-out: the device's curves into a cluster file (profile_device.h). Rank 0 writes.
+// comm: the world (collective over it).
 int write_device_cluster(const Config& cfg, const std::string& base_name, const std::string& out,
-                         int repeat) {
+                         int repeat, Communicator& comm) {
   const World& w = world();
   const int threads = resolve_cpu_threads(cfg.train.threads, w.local_size);
   std::unique_ptr<Backend> backend = make_backend(cfg.device, threads, cfg.train.attention_backend);
@@ -272,9 +273,7 @@ int write_device_cluster(const Config& cfg, const std::string& base_name, const 
              "kept): --cluster PRESET|FILE");
   }
   const Cluster base = load_cluster(base_name.empty() ? "cpu-local" : base_name, configs_dir());
-  std::unique_ptr<Communicator> comm =
-      w.size > 1 ? make_world_communicator(CommBackend::kMPI, cfg.comm.timeout_s) : nullptr;
-  const json j = measure_device_cluster(cfg, *backend, comm.get(), base, repeat);
+  const json j = measure_device_cluster(cfg, *backend, &comm, base, repeat);
   if (w.rank != 0) return 0;
   {
     std::ofstream f(out);
@@ -350,8 +349,15 @@ int cmd_profile(const std::vector<std::string>& args) {
   const Config cfg = load_config(config, sets);
   if (!out.empty()) check_output_flag("--out", out);
   if (!cluster_out.empty()) {
-    check_output_flag("--cluster-out", cluster_out);
-    write_device_cluster(cfg, cluster_base, cluster_out, repeat_given ? repeat : 3);
+    // Under mpirun every rank measures; rank 0 alone probes the output path (two ranks probing
+    // one file at once would see each other's probe) and its verdict reaches all of them.
+    std::unique_ptr<Communicator> comm =
+        make_world_communicator(CommBackend::kMPI, cfg.comm.timeout_s);
+    decide_on_rank0(*comm, [&]() -> std::string {
+      check_output_flag("--cluster-out", cluster_out);
+      return "";
+    });
+    write_device_cluster(cfg, cluster_base, cluster_out, repeat_given ? repeat : 3, *comm);
     if (out.empty()) return 0;
   } else if (!cluster_base.empty()) {
     bad_flag("--cluster", "--cluster-out FILE with it (the base of the cluster written)");

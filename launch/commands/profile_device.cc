@@ -265,7 +265,7 @@ json measure_device_cluster(const Config& cfg, Backend& be, Communicator* world,
   c.efficiency_measured = true;
   c.cpu = !gpu;
   if (world != nullptr && world->size() > 1) {
-    // The ranks measured are one "node": the link between them is the one measured.
+    // The ranks measured are one node: the link between them is the one measured.
     c.intra_node = measure_link(be, *world, repeat);
     c.nodes = 1;
     c.gpus_per_node = world->size();
