@@ -325,9 +325,9 @@ std::string timeline_svg(const std::vector<TimelinePanel>& panels) {
       }
       if (p.memory_limit_bytes > 0) {
         const double lx = mx + mem_w * p.memory_limit_bytes / mem_max;
-        body << "<line class=\"memory-limit\" x1=\"" << num(lx) << "\" y1=\"" << num(top - 4)
-             << "\" x2=\"" << num(lx) << "\" y2=\"" << num(my) << "\" stroke=\"#000000\"/>\n";
-        body << "<text x=\"" << num(mx) << "\" y=\"" << num(top - 6)
+        body << "<line class=\"memory-limit\" x1=\"" << num(lx) << "\" y1=\"" << num(top)
+             << "\" x2=\"" << num(lx) << "\" y2=\"" << num(my - 4) << "\" stroke=\"#000000\"/>\n";
+        body << "<text x=\"" << num(mx) << "\" y=\"" << num(my + 8)
              << "\" font-size=\"10\">memory per stage (line: " << gib(p.memory_limit_bytes)
              << ")</text>\n";
       }
