@@ -149,6 +149,7 @@ struct Pricing {
   const GemmCurve* gemm = nullptr;
   const AttentionTable* attention = nullptr;  // null: no table in this precision
   double eb = 2;
+  GemmMemo* memo = nullptr;
 };
 
 Pricing pricing_for(const CostContext& ctx) {
@@ -161,11 +162,15 @@ Pricing pricing_for(const CostContext& ctx) {
   }
   d.attention = d.eff->attention_for(ctx.precision);
   d.eb = elem_bytes(ctx.precision);
+  d.memo = ctx.memo;
   return d;
 }
 
 double gemm_s(const Pricing& d, double M, double N, double K, double batch = 1) {
-  return d.gemm->seconds(M, N, K, d.eb, batch, d.eff->sustained);
+  if (d.memo == nullptr) return d.gemm->seconds(M, N, K, d.eb, batch, d.eff->sustained);
+  const auto [it, added] = d.memo->seconds.try_emplace({M, N, K, batch}, 0.0);
+  if (added) it->second = d.gemm->seconds(M, N, K, d.eb, batch, d.eff->sustained);
+  return it->second;
 }
 
 // Time of the forward (or backward) of a part's work on one rank.
@@ -500,12 +505,14 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   if (two_bw) spec.batches = 4;
   PlanConfig sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
-  // First pass with the reductions free, to find when each stage's gradients become final and
-  // when it reaches ReduceGrads; then the exposed remainder of each stage's reduction goes on
-  // its ReduceGrads (flushing schedules) or, for 2bw (posted at ReduceGrads, completed at the
-  // step), on its step.
-  SimResult first = simulate(spec, so);
+  // With data parallelism, a first pass with the reductions free finds when each stage's
+  // gradients become final and when it reaches ReduceGrads; the exposed remainder of each
+  // stage's reduction then goes on its ReduceGrads (flushing schedules) or, for 2bw (posted at
+  // ReduceGrads, completed at the step), on its step, and the schedule is simulated again.
+  SimResult first;
+  bool exposed = false;
   if (c.data > 1) {
+    first = simulate(spec, so);
     for (int st = 0; st < p; ++st) {
       const size_t si = static_cast<size_t>(st);
       double reduce_at = 0, step_at = 0;
@@ -523,6 +530,7 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
             reduction_finish(first, rt, sim_config, m, st, dp[si].reduce, reduce_at);
         reduce[si] = std::max(0.0, done - reduce_at);
       }
+      exposed = exposed || reduce[si] > 0 || step_extra[si] > 0;
     }
   }
   double makespan = 0;
@@ -557,7 +565,8 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     it.sim.makespan = makespan;
     it.sim.bubble_fraction = 1 - busy / (p * makespan);
   } else {
-    it.sim = simulate(spec, so);
+    // Nothing exposed: the first pass is the schedule as it runs.
+    it.sim = c.data > 1 && !exposed ? std::move(first) : simulate(spec, so);
     makespan = it.sim.makespan;
   }
   it.iteration_s = makespan;

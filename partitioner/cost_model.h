@@ -26,7 +26,7 @@
 // parameter all-gather after the step, or behind the next forward. The optimizer step: the
 // runtime's bytes per parameter at the device's optimizer bandwidth.
 //
-// Thread-safety: pure functions.
+// Thread-safety: pure functions, but for the GemmMemo a context may carry (one thread's).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -90,12 +90,20 @@ struct LayerTimes {
   double tp_fwd = 0, tp_bwd = 0;
 };
 
+// GEMM times already priced, by (M, N, K, batch): a search prices the same shapes for many
+// layouts, and a curve with many measured points is dearer to evaluate than to look up. One
+// memo serves one cluster and precision, from one thread.
+struct GemmMemo {
+  std::map<std::array<double, 4>, double> seconds;
+};
+
 struct CostContext {
   const ModelDescription* model = nullptr;
   const Cluster* cluster = nullptr;  // its `efficiency` prices the compute
   std::string precision = "bf16";
   const Profile* profile = nullptr;  // null or empty: the analytical model
   RuntimeModel runtime;              // the runtime the plan is for
+  GemmMemo* memo = nullptr;          // optional (search_plans keeps one per search)
 };
 
 LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c);

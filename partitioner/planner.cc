@@ -253,7 +253,8 @@ PlanOutput search_plans(const PlanRequest& req) {
   const PlanFixes& fx = req.fixes;
   const int world = cl.world_size(), B = req.global_batch_size;
   const RuntimeModel rt = runtime_for(req);
-  CostContext ctx{&m, &cl, req.precision, req.profile, rt};
+  GemmMemo memo;
+  CostContext ctx{&m, &cl, req.precision, req.profile, rt, &memo};
   PlanOutput out;
 
   // Per family (t, p, schedule): the best estimate, or the smallest overage and why not.
