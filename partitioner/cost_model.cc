@@ -411,6 +411,32 @@ double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const Plan
   return std::max(link_free, start_s);
 }
 
+// Adds reduce[stage] seconds to each stage's ReduceGrads of a simulated flushing schedule (whose
+// lists end with ReduceGrads and OptimizerStep, the step a collective over every stage: it
+// starts when the last stage's ReduceGrads ends) and moves the steps after them.
+void add_reduction_tails(SimResult* r, const std::vector<double>& reduce) {
+  double ready = 0;
+  for (TimelineEvent& e : r->timeline) {
+    if (e.op != Op::kReduceGrads) continue;
+    const double extra = reduce[static_cast<size_t>(e.stage)];
+    e.end += extra;
+    r->busy[static_cast<size_t>(e.stage)] += extra;
+    ready = std::max(ready, e.end);
+  }
+  for (TimelineEvent& e : r->timeline) {
+    if (e.op != Op::kOptimizerStep || e.start >= ready) continue;
+    const double d = e.end - e.start;
+    e.start = ready;
+    e.end = ready + d;
+  }
+  double busy = 0;
+  for (const TimelineEvent& e : r->timeline) r->makespan = std::max(r->makespan, e.end);
+  for (double b : r->busy) busy += b;
+  const double p = static_cast<double>(r->busy.size());
+  r->bubble_fraction = 1 - busy / (p * r->makespan);
+  r->bubble_ratio = busy > 0 ? (p * r->makespan - busy) / busy : 0;
+}
+
 }  // namespace
 
 IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
@@ -505,14 +531,12 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   if (two_bw) spec.batches = 4;
   PlanConfig sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
-  // With data parallelism, a first pass with the reductions free finds when each stage's
+  // A first pass with the reductions free finds, with data parallelism, when each stage's
   // gradients become final and when it reaches ReduceGrads; the exposed remainder of each
   // stage's reduction then goes on its ReduceGrads (flushing schedules) or, for 2bw (posted at
-  // ReduceGrads, completed at the step), on its step, and the schedule is simulated again.
-  SimResult first;
-  bool exposed = false;
+  // ReduceGrads, completed at the step), on its step.
+  SimResult first = simulate(spec, so);
   if (c.data > 1) {
-    first = simulate(spec, so);
     for (int st = 0; st < p; ++st) {
       const size_t si = static_cast<size_t>(st);
       double reduce_at = 0, step_at = 0;
@@ -530,7 +554,6 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
             reduction_finish(first, rt, sim_config, m, st, dp[si].reduce, reduce_at);
         reduce[si] = std::max(0.0, done - reduce_at);
       }
-      exposed = exposed || reduce[si] > 0 || step_extra[si] > 0;
     }
   }
   double makespan = 0;
@@ -541,12 +564,19 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     spec.batches = 4;
     it.sim = simulate(spec, so);
     makespan = (it.sim.makespan - two.makespan) / 2;
-  } else if (extrapolate) {
+  } else {
+    // A flushing schedule ends each stage with ReduceGrads, then the step every stage enters
+    // together: the exposed reductions lengthen only that tail, so the first pass is patched
+    // instead of simulated again.
+    it.sim = std::move(first);
+    add_reduction_tails(&it.sim, reduce);
+    makespan = it.sim.makespan;
+  }
+  if (extrapolate) {
     // Long runs: past the warm-up every further micro-batch adds one period of the slowest
-    // stage (steady state), so simulate fewer micro-batches and extend; the in-flight counts
-    // are reached during the warm-up and do not grow.
+    // stage (steady state), so fewer micro-batches were simulated; extend. The in-flight
+    // counts are reached during the warm-up and do not grow.
     const int m_full = c.num_microbatches;
-    it.sim = simulate(spec, so);
     double period = 0;
     for (int st = 0; st < p; ++st) {
       double per = 0;
@@ -564,10 +594,6 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     }
     it.sim.makespan = makespan;
     it.sim.bubble_fraction = 1 - busy / (p * makespan);
-  } else {
-    // Nothing exposed: the first pass is the schedule as it runs.
-    it.sim = c.data > 1 && !exposed ? std::move(first) : simulate(spec, so);
-    makespan = it.sim.makespan;
   }
   it.iteration_s = makespan;
   it.pipeline_s = makespan;

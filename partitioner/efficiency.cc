@@ -131,33 +131,32 @@ GemmCurve fit_gemm_curve(const std::vector<std::array<double, 4>>& points, doubl
 
 double AttentionTable::flops(double seq, double head, bool backward_pass) const {
   const auto& table = backward_pass ? backward : forward;
-  // The head sizes in the table nearest below and above (in log), then along seq in each.
+  // log FLOP/s along seq among the entries of head size h: between the nearest entries below
+  // and above seq (in log), held at the ends. No allocation: the planner asks often.
+  const double x = std::log(seq);
   auto along_seq = [&](double h) {
-    std::vector<std::array<double, 2>> row;  // (log seq, log flops)
-    for (const auto& e : table)
-      if (e[1] == h) row.push_back({std::log(e[0]), std::log(e[2])});
-    std::sort(row.begin(), row.end());
-    const double x = std::log(seq);
-    if (x <= row.front()[0]) return row.front()[1];
-    if (x >= row.back()[0]) return row.back()[1];
-    for (size_t i = 1; i < row.size(); ++i) {
-      if (x <= row[i][0]) {
-        const double a = (x - row[i - 1][0]) / (row[i][0] - row[i - 1][0]);
-        return row[i - 1][1] + a * (row[i][1] - row[i - 1][1]);
-      }
+    const std::array<double, 3>* lo = nullptr;
+    const std::array<double, 3>* hi = nullptr;
+    for (const auto& e : table) {
+      if (e[1] != h) continue;
+      if (e[0] <= seq && (lo == nullptr || e[0] > (*lo)[0])) lo = &e;
+      if (e[0] >= seq && (hi == nullptr || e[0] < (*hi)[0])) hi = &e;
     }
-    return row.back()[1];
+    if (lo == nullptr) return std::log((*hi)[2]);
+    if (hi == nullptr || lo == hi) return std::log((*lo)[2]);
+    const double a = (x - std::log((*lo)[0])) / (std::log((*hi)[0]) - std::log((*lo)[0]));
+    return std::log((*lo)[2]) + a * (std::log((*hi)[2]) - std::log((*lo)[2]));
   };
   double below = 0, above = std::numeric_limits<double>::infinity();
-  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  double least = std::numeric_limits<double>::infinity(), most = 0;
   for (const auto& e : table) {
     if (e[1] <= head) below = std::max(below, e[1]);
     if (e[1] >= head) above = std::min(above, e[1]);
-    lo = std::min(lo, e[1]);
-    hi = std::max(hi, e[1]);
+    least = std::min(least, e[1]);
+    most = std::max(most, e[1]);
   }
-  if (below == 0) return std::exp(along_seq(lo));
-  if (!std::isfinite(above)) return std::exp(along_seq(hi));
+  if (below == 0) return std::exp(along_seq(least));
+  if (!std::isfinite(above)) return std::exp(along_seq(most));
   if (below == above) return std::exp(along_seq(below));
   const double a = (std::log(head) - std::log(below)) / (std::log(above) - std::log(below));
   return std::exp(along_seq(below) + a * (along_seq(above) - along_seq(below)));
