@@ -5,10 +5,9 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "launch/commands/data.h"
 #include "launch/commands/eval.h"
@@ -17,6 +16,7 @@
 #include "launch/commands/plan.h"
 #include "launch/commands/profile.h"
 #include "launch/commands/schedule.h"
+#include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "runtime/abort_hook.h"
@@ -39,7 +39,9 @@ const char* kUsage =
     "  train     train a model from a JSON config (strata train --help)\n"
     "  plan      find the fastest parallel layout that fits a cluster (strata plan --help)\n"
     "  schedule  print and simulate a pipeline schedule (strata schedule --help)\n"
-    "  profile   time each layer on this machine for the planner (strata profile --help)\n"
+    "  trace-svg draw one iteration of a run's log.trace (strata trace-svg --help)\n"
+    "  profile   time each layer, or measure this device's curves, for the planner (strata\n"
+    "            profile --help)\n"
     "  export    write a checkpoint as a Hugging Face model (strata export --help)\n"
     "  data      tokenize text into a dataset: data prepare (strata data --help)\n"
     "  generate  text from a checkpoint or a Hugging Face model (strata generate --help)\n"
@@ -160,12 +162,14 @@ int dispatch(int argc, char** argv) {
   if (cmd == "schedule") return cmd_schedule(args);
   if (cmd == "plan") return cmd_plan(args);
   if (cmd == "profile") return cmd_profile(args);
+  if (cmd == "trace-svg") return cmd_trace_svg(args);
   if (cmd == "export") return cmd_export(args);
   if (cmd == "data") return cmd_data(args);
   if (cmd == "generate") return cmd_generate(args);
   if (cmd == "eval") return cmd_eval(args);
-  usage_error(cmd, "a command: train, plan, schedule, profile, export, data, generate or eval "
-                   "(see strata --help)");
+  usage_error(cmd,
+              "a command: train, plan, schedule, profile, trace-svg, export, data, generate "
+              "or eval (see strata --help)");
 }
 
 // comm.timeout_s of the config the command line names (--config FILE, --set overrides; the

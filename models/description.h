@@ -38,12 +38,20 @@ struct GemmShape {
   double m = 0, n = 0, k = 0;
 };
 
+// The attention core of one micro-batch on one rank: `batch` sequences, `heads` query heads of
+// this rank over `kv_heads` key/value heads, `seq` positions, head size `head_size`.
+struct AttentionShape {
+  double batch = 0, heads = 0, kv_heads = 0, seq = 0, head_size = 0;
+};
+
 // The forward work of one micro-batch through a part on one rank; the backward runs every GEMM
 // twice (input and weight gradients: (m, k, n) and (n, k, m)).
 struct PartWork {
   std::vector<GemmShape> gemms;
   double attention_flops =
       0;  // attention core forward FLOPs as the kernels run them (causal: half)
+  AttentionShape attention;         // its shape (heads 0: no attention in this part)
+  double logits = 0;                // the head: logit elements the loss reads (b·s·V/t)
   double elementwise_fwd = 0;       // elements read + written by the other ops, forward
   double elementwise_bwd = 0;       // the same, backward
   double f32_fwd = 0, f32_bwd = 0;  // f32 elements read + written (loss over the logits)

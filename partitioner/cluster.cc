@@ -6,28 +6,16 @@
 #include <sstream>
 #include <vector>
 
+#include "partitioner/json_read.h"
 #include "runtime/error.h"
 #include "runtime/json_file.h"
 
 namespace strata {
 namespace {
 
+using json_read::number;
+using json_read::only_keys;
 using nlohmann::json;
-
-double number(const json& j, const std::string& key, const std::string& path,
-              const std::string& file, bool positive = true) {
-  const std::string where = path.empty() ? key : path + "." + key;
-  if (!j.contains(key)) throw InputError(file, where, "a number (missing)");
-  const json& v = j.at(key);
-  if (!v.is_number()) throw InputError(file, where, "a number, got " + v.dump());
-  const double x = v.get<double>();
-  if (positive ? !(x > 0) : !(x >= 0)) {
-    throw InputError(file, where,
-                     std::string(positive ? "a positive" : "a non-negative") + " number, got " +
-                         v.dump());
-  }
-  return x;
-}
 
 int integer(const json& j, const std::string& key, const std::string& file) {
   if (!j.contains(key)) throw InputError(file, key, "a positive integer (missing)");
@@ -38,28 +26,26 @@ int integer(const json& j, const std::string& key, const std::string& file) {
   return v.get<int>();
 }
 
-void only_keys(const json& j, const std::vector<std::string>& keys, const std::string& path,
-               const std::string& file) {
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
-      const std::string where = path.empty() ? it.key() : path + "." + it.key();
-      std::string list;
-      for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
-      throw InputError(file, where, "a known key (" + list + ")");
-    }
-  }
-}
-
-Link link(const json& j, const std::string& key, const std::string& file) {
+Link link(const json& j, const std::string& key, const std::string& file,
+          double default_efficiency) {
   if (!j.contains(key) || !j.at(key).is_object()) {
     throw InputError(file, key, "an object {\"bandwidth\": bytes/s, \"latency_s\": s}");
   }
   const json& o = j.at(key);
-  only_keys(o, {"bandwidth", "latency_s"}, key, file);
+  only_keys(o, {"bandwidth", "latency_s", "efficiency"}, key, file);
   Link l;
   l.bandwidth = number(o, "bandwidth", key, file);
   l.latency_s = number(o, "latency_s", key, file, false);
+  l.efficiency = default_efficiency;
+  if (o.contains("efficiency")) {
+    l.efficiency = number(o, "efficiency", key, file);
+    if (l.efficiency > 1) throw InputError(file, key + ".efficiency", "a share in (0, 1]");
+  }
   return l;
+}
+
+json link_json(const Link& l) {
+  return {{"bandwidth", l.bandwidth}, {"latency_s", l.latency_s}, {"efficiency", l.efficiency}};
 }
 
 }  // namespace
@@ -82,7 +68,7 @@ Cluster cluster_from_json(const json& j, const std::string& file) {
   if (!j.is_object()) throw InputError(file, "", "a JSON object describing a cluster");
   only_keys(j,
             {"name", "nodes", "gpus_per_node", "peak_flops", "memory_bytes", "hbm_bandwidth",
-             "intra_node", "inter_node", "nics_per_node"},
+             "intra_node", "inter_node", "nics_per_node", "device", "efficiency"},
             "", file);
   Cluster c;
   if (j.contains("name")) {
@@ -105,24 +91,37 @@ Cluster cluster_from_json(const json& j, const std::string& file) {
   }
   c.memory_bytes = number(j, "memory_bytes", "", file);
   c.hbm_bandwidth = number(j, "hbm_bandwidth", "", file);
-  c.intra_node = link(j, "intra_node", file);
-  c.inter_node = link(j, "inter_node", file);
+  c.intra_node = link(j, "intra_node", file, 0.80);
+  c.inter_node = link(j, "inter_node", file, 0.95);
   c.nics_per_node = integer(j, "nics_per_node", file);
+  if (j.contains("device")) {
+    const json& d = j.at("device");
+    if (!d.is_string() || (d != "gpu" && d != "cpu"))
+      throw InputError(file, "device", "\"gpu\" or \"cpu\", got " + d.dump());
+    c.cpu = d == "cpu";
+  }
+  c.efficiency_measured = j.contains("efficiency");
+  c.efficiency = c.efficiency_measured ? efficiency_from_json(j.at("efficiency"), file)
+                                       : generic_efficiency(c.peak_flops, c.hbm_bandwidth);
+  add_generic_curves(&c.efficiency, c.peak_flops, c.hbm_bandwidth);
   return c;
 }
 
 json cluster_to_json(const Cluster& c) {
   json pf = json::object();
   for (const auto& [k, v] : c.peak_flops) pf[k] = v;
-  return {{"name", c.name},
-          {"nodes", c.nodes},
-          {"gpus_per_node", c.gpus_per_node},
-          {"peak_flops", pf},
-          {"memory_bytes", c.memory_bytes},
-          {"hbm_bandwidth", c.hbm_bandwidth},
-          {"intra_node", {{"bandwidth", c.intra_node.bandwidth}, {"latency_s", c.intra_node.latency_s}}},
-          {"inter_node", {{"bandwidth", c.inter_node.bandwidth}, {"latency_s", c.inter_node.latency_s}}},
-          {"nics_per_node", c.nics_per_node}};
+  json j = {{"name", c.name},
+            {"nodes", c.nodes},
+            {"gpus_per_node", c.gpus_per_node},
+            {"peak_flops", pf},
+            {"memory_bytes", c.memory_bytes},
+            {"hbm_bandwidth", c.hbm_bandwidth},
+            {"intra_node", link_json(c.intra_node)},
+            {"inter_node", link_json(c.inter_node)},
+            {"nics_per_node", c.nics_per_node},
+            {"device", c.cpu ? "cpu" : "gpu"}};
+  if (c.efficiency_measured) j["efficiency"] = efficiency_to_json(c.efficiency);
+  return j;
 }
 
 Cluster load_cluster(const std::string& name_or_path, const std::string& configs_dir) {

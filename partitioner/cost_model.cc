@@ -109,22 +109,10 @@ constexpr int64_t kMaxSimulatedOps = 4096;
 
 double elem_bytes(const std::string& precision) { return precision == "fp32" ? 4.0 : 2.0; }
 
-struct Gemm {
-  double M, N, K;
-};
-
-double gemm_time(const Gemm& g, double peak, double hbm, double eb, const CostParams& cp) {
-  const double eff = cp.gemm_max_eff /
-                     (1 + cp.gemm_half_dim / g.M + cp.gemm_half_dim / g.N + cp.gemm_half_dim / g.K);
-  const double compute = 2 * g.M * g.N * g.K / (peak * eff);
-  const double memory = eb * (g.M * g.K + g.K * g.N + g.M * g.N) / (hbm * cp.mem_eff);
-  return std::max(compute, memory);
-}
-
 // Ring all-reduce (or all-gather + reduce-scatter) of `bytes` over n ranks on one link.
-double ring_allreduce(double bytes, int n, const Link& l, double net_eff) {
+double ring_allreduce(double bytes, int n, const Link& l) {
   if (n <= 1) return 0;
-  return 2.0 * (n - 1) / n * bytes / (l.bandwidth * net_eff) + 2.0 * (n - 1) * l.latency_s;
+  return 2.0 * (n - 1) / n * bytes / (l.bandwidth * l.efficiency) + 2.0 * (n - 1) * l.latency_s;
 }
 
 LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured_tensor) {
@@ -155,36 +143,100 @@ LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured
   return t;
 }
 
-// Time of the forward (or backward) of a part's work on one rank: GEMMs on the efficiency
-// curve, the attention core at the fused kernels' efficiency, elementwise passes at HBM speed.
-struct PartTimes {
-  double gemm_f = 0, dgrad = 0, wgrad = 0;  // GEMMs of the forward, input and weight gradients
-  double attn_f = 0, attn_b = 0;
-  double elem_f = 0, elem_b = 0;  // elementwise passes in the activation precision
-  double f32_f = 0, f32_b = 0;    // and in f32
-  double tp_f = 0, tp_b = 0;      // tensor-group collectives
+// What prices a part's work on this device in this precision (resolved once per call).
+struct Pricing {
+  const DeviceEfficiency* eff = nullptr;
+  const GemmCurve* gemm = nullptr;
+  const AttentionTable* attention = nullptr;  // null: no table in this precision
+  double eb = 2;
+  GemmMemo* memo = nullptr;
 };
 
-PartTimes part_times(const PartWork& w, const Cluster& cl, const CostParams& cp,
-                     const std::string& precision, int tensor) {
-  const double eb = elem_bytes(precision);
-  const double peak = cl.peak(precision), hbm = cl.hbm_bandwidth;
-  const double mem_rate = hbm * cp.mem_eff;
+Pricing pricing_for(const CostContext& ctx) {
+  Pricing d;
+  d.eff = &ctx.cluster->efficiency;
+  d.gemm = d.eff->gemm_for(ctx.precision);
+  if (d.gemm == nullptr) {
+    throw InputError(ctx.cluster->name, "efficiency.gemm." + ctx.precision,
+                     "a GEMM curve for precision " + ctx.precision + " in the cluster");
+  }
+  d.attention = d.eff->attention_for(ctx.precision);
+  d.eb = elem_bytes(ctx.precision);
+  d.memo = ctx.memo;
+  return d;
+}
+
+double gemm_s(const Pricing& d, double M, double N, double K, double batch = 1) {
+  if (d.memo == nullptr) return d.gemm->seconds(M, N, K, d.eb, batch, d.eff->sustained);
+  const auto [it, added] = d.memo->seconds.try_emplace({M, N, K, batch}, 0.0);
+  if (added) it->second = d.gemm->seconds(M, N, K, d.eb, batch, d.eff->sustained);
+  return it->second;
+}
+
+// Time of the forward (or backward) of a part's work on one rank.
+struct PartTimes {
+  double gemm_f = 0, dgrad = 0, wgrad = 0;  // GEMMs of the forward, input and weight gradients
+  double attn_f = 0, attn_b = 0;            // the attention core (recomputed by selective)
+  double elem_f = 0, elem_b = 0;            // memory-bound passes
+  double tp_f = 0, tp_b = 0;                // tensor-group collectives
+};
+
+// The attention core of one micro-batch: a fused kernel, or the unfused batched GEMMs and
+// score passes (runtime_model.h).
+void attention_times(const PartWork& w, const Pricing& d, const RuntimeModel& rt, PartTimes* t) {
+  const AttentionShape& a = w.attention;
+  if (a.heads <= 0) return;
+  const double sustained = d.eff->sustained;
+  if (rt.fused_attention) {
+    if (d.attention != nullptr) {
+      t->attn_f = w.attention_flops / (d.attention->flops(a.seq, a.head_size, false) * sustained);
+      t->attn_b =
+          2 * w.attention_flops / (d.attention->flops(a.seq, a.head_size, true) * sustained);
+    } else {
+      // No table in this precision: the device's GEMM rate at the core's shape, halved.
+      const double rate = 2 * a.seq * a.seq * a.head_size /
+                          d.gemm->curve_seconds(a.seq, a.seq, a.head_size, d.eb, 1, sustained);
+      t->attn_f = w.attention_flops / (0.5 * rate);
+      t->attn_b = 2 * w.attention_flops / (0.5 * rate);
+    }
+    return;
+  }
+  // Q·Kᵀ (s, s, d) and P·V (s, d, s) per head, one batched kernel each; the backward's dP = dO·Vᵀ
+  // (s, s, d), dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q (each (s, d, s)).
+  const double batch = a.batch * a.heads, s = a.seq, hd = a.head_size;
+  const double scores = batch * s * s;
+  t->attn_f = gemm_s(d, s, s, hd, batch) + gemm_s(d, s, hd, s, batch) +
+              scores * rt.score_bytes_fwd / d.eff->memory_bandwidth;
+  t->attn_b = gemm_s(d, s, s, hd, batch) + 3 * gemm_s(d, s, hd, s, batch) +
+              scores * rt.score_bytes_bwd / d.eff->memory_bandwidth;
+}
+
+PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, const RuntimeModel& rt,
+                     int tensor) {
+  const double mem = d.eff->memory_bandwidth;
   PartTimes t;
   for (const GemmShape& g : w.gemms) {
-    t.gemm_f += gemm_time({g.m, g.n, g.k}, peak, hbm, eb, cp);
-    t.dgrad += gemm_time({g.m, g.k, g.n}, peak, hbm, eb, cp);
-    t.wgrad += gemm_time({g.n, g.k, g.m}, peak, hbm, eb, cp);
+    t.gemm_f += gemm_s(d, g.m, g.n, g.k);
+    t.dgrad += gemm_s(d, g.m, g.k, g.n);
+    t.wgrad += gemm_s(d, g.n, g.k, g.m);
   }
-  t.attn_f = w.attention_flops / (peak * cp.attn_fwd_eff);
-  t.attn_b = 2 * w.attention_flops / (peak * cp.attn_bwd_eff);
-  t.elem_f = w.elementwise_fwd * eb / mem_rate;
-  t.elem_b = w.elementwise_bwd * eb / mem_rate;
-  t.f32_f = w.f32_fwd * 4 / mem_rate;
-  t.f32_b = w.f32_bwd * 4 / mem_rate;
-  for (double n : w.tp_collectives_fwd) t.tp_f += ring_allreduce(n * eb, tensor, cl.intra_node, cp.net_eff);
-  for (double n : w.tp_collectives_bwd) t.tp_b += ring_allreduce(n * eb, tensor, cl.intra_node, cp.net_eff);
+  attention_times(w, d, rt, &t);
+  t.elem_f = w.elementwise_fwd * d.eb / mem;
+  t.elem_b = w.elementwise_bwd * d.eb / mem;
+  // The loss over the logits: the runtime's own bytes per logit, else the model's f32 passes.
+  t.elem_f +=
+      (rt.loss_bytes_fwd > 0 && w.logits > 0 ? w.logits * rt.loss_bytes_fwd : w.f32_fwd * 4) / mem;
+  t.elem_b +=
+      (rt.loss_bytes_bwd > 0 && w.logits > 0 ? w.logits * rt.loss_bytes_bwd : w.f32_bwd * 4) / mem;
+  for (double n : w.tp_collectives_fwd) t.tp_f += ring_allreduce(n * d.eb, tensor, cl.intra_node);
+  for (double n : w.tp_collectives_bwd) t.tp_b += ring_allreduce(n * d.eb, tensor, cl.intra_node);
   return t;
+}
+
+// Exposed part of `comm` tensor-parallel seconds beside `gemm` seconds of GEMMs.
+double tp_exposed(const RuntimeModel& rt, double comm, double gemm, int tensor) {
+  if (!rt.tp_overlap) return comm;
+  return std::max(comm / tensor, comm - gemm);
 }
 
 }  // namespace
@@ -192,48 +244,59 @@ PartTimes part_times(const PartWork& w, const Cluster& cl, const CostParams& cp,
 LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
-  const CostParams& cp = ctx.params;
-  const double eb = elem_bytes(ctx.precision);
+  const RuntimeModel& rt = ctx.runtime;
+  const Pricing dev = pricing_for(ctx);
+  const double eb = dev.eb;
   const int b = c.micro_batch_size;
   const RankShape rs{c.tensor, c.sequence_parallel};
   const double t = c.tensor;
 
-  // Point-to-point between stages: the boundary activation of b·s·h elements, b·s·h/t per rank
-  // when t > 1 (scatter, then all-gather over NVLink on the receiver); stages sit in different
-  // nodes once t·d fills a node.
+  // Point-to-point between stages: what each rank holds of the boundary activation (its
+  // sequence chunk with sequence parallelism), or with the scatter/gather optimisation 1/t of
+  // it and an all-gather over NVLink on the receiver; stages sit in different nodes once t·d
+  // fills a node.
   const bool cross_node = c.tensor * c.data >= cl.gpus_per_node;
-  const Link p2p_link = cross_node ? Link{cl.inter_node_bandwidth_per_gpu(), cl.inter_node.latency_s}
+  const Link p2p_link = cross_node ? Link{cl.inter_node_bandwidth_per_gpu(),
+                                          cl.inter_node.latency_s, cl.inter_node.efficiency}
                                    : cl.intra_node;
   LayerTimes lt;
-  const double act_bytes = m.boundary_elems(b, RankShape{c.tensor, false}) * eb;
-  lt.p2p = p2p_link.latency_s +
-           act_bytes / t / (p2p_link.bandwidth * (cross_node ? cp.ib_eff : cp.net_eff)) +
-           (c.tensor > 1 ? (t - 1) / t * act_bytes / (cl.intra_node.bandwidth * cp.net_eff) : 0);
+  const double held = m.boundary_elems(b, rs) * eb;
+  const bool scatter = rt.p2p_scatter_gather && c.tensor > 1 && !c.sequence_parallel;
+  const double sent = scatter ? held / t : held;
+  lt.p2p =
+      p2p_link.latency_s + sent / (p2p_link.bandwidth * p2p_link.efficiency) +
+      (scatter ? (t - 1) / t * held / (cl.intra_node.bandwidth * cl.intra_node.efficiency) : 0);
 
-  const PartTimes layer = part_times(m.layer_work(b, rs), cl, cp, ctx.precision, c.tensor);
-  const double exp_f = std::max(layer.tp_f * (1 - cp.tp_overlap), layer.tp_f - layer.gemm_f);
-  const double exp_b =
-      std::max(layer.tp_b * (1 - cp.tp_overlap), layer.tp_b - layer.dgrad - layer.wgrad);
-
-  const double launch_f = cp.kernel_overhead_s * cp.kernels_per_layer_fwd;
-  const double launch_b = cp.kernel_overhead_s * cp.kernels_per_layer_bwd;
-  lt.layer_fwd = layer.gemm_f + layer.attn_f + layer.f32_f + layer.elem_f + exp_f + launch_f;
+  const PartTimes layer = part_times(m.layer_work(b, rs), dev, cl, rt, c.tensor);
+  const double exp_f = tp_exposed(rt, layer.tp_f, layer.gemm_f, c.tensor);
+  const double exp_b = rt.tp_overlap_backward && !rt.tp_overlap
+                           ? std::max(0.0, layer.tp_b - layer.dgrad - layer.wgrad)
+                           : tp_exposed(rt, layer.tp_b, layer.dgrad + layer.wgrad, c.tensor);
+  const double gap = dev.eff->kernel_gap_s;
+  const double launch_f = gap * rt.kernels_per_layer_fwd;
+  const double launch_b = gap * rt.kernels_per_layer_bwd;
+  lt.layer_fwd = layer.gemm_f + layer.attn_f + layer.elem_f + exp_f + launch_f;
   lt.layer_bwd_weight = layer.wgrad;
-  lt.layer_bwd_input = layer.dgrad + layer.attn_b + layer.f32_b + layer.elem_b + exp_b + launch_b;
-  if (c.recompute == Recompute::kFull) lt.layer_bwd_input += lt.layer_fwd;
+  lt.layer_bwd_input = layer.dgrad + layer.attn_b + layer.elem_b + exp_b + launch_b;
+  lt.tp_fwd = exp_f;
+  lt.tp_bwd = exp_b;
+  if (c.recompute == Recompute::kFull) {
+    lt.layer_bwd_input += lt.layer_fwd;
+    lt.tp_bwd += exp_f;
+  }
   if (c.recompute == Recompute::kSelective) lt.layer_bwd_input += layer.attn_f;
   lt.layer_bwd = lt.layer_bwd_input + lt.layer_bwd_weight;
   lt.tp_exposed_per_layer = exp_f + exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
 
   // Embedding: its lookup (and with t > 1 the sum of the vocab-parallel lookup), the
   // scatter-add into the table in the backward pass.
-  const PartTimes emb = part_times(m.embedding_work(b, rs), cl, cp, ctx.precision, c.tensor);
-  lt.emb_fwd = emb.gemm_f + emb.f32_f + emb.elem_f + emb.tp_f;
-  lt.emb_bwd = emb.dgrad + emb.wgrad + emb.f32_b + emb.elem_b + emb.tp_b;
-  // Head: final norm, the logits GEMM, the fp32 loss over the logits.
-  const PartTimes head = part_times(m.head_work(b, rs), cl, cp, ctx.precision, c.tensor);
-  lt.head_fwd = head.gemm_f + head.f32_f + head.elem_f + head.tp_f;
-  lt.head_bwd = head.dgrad + head.wgrad + head.f32_b + head.elem_b + head.tp_b;
+  const PartTimes emb = part_times(m.embedding_work(b, rs), dev, cl, rt, c.tensor);
+  lt.emb_fwd = emb.gemm_f + emb.elem_f + emb.tp_f;
+  lt.emb_bwd = emb.dgrad + emb.wgrad + emb.elem_b + emb.tp_b;
+  // Head: final norm, the logits GEMM, the loss over the logits.
+  const PartTimes head = part_times(m.head_work(b, rs), dev, cl, rt, c.tensor);
+  lt.head_fwd = head.gemm_f + head.elem_f + head.tp_f;
+  lt.head_bwd = head.dgrad + head.wgrad + head.elem_b + head.tp_b;
   if (ctx.profile == nullptr || ctx.profile->empty()) return lt;
 
   // A measured profile replaces the compute. An entry of the plan's width t already contains
@@ -248,19 +311,36 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
     pt.layer_bwd_input += bwd_extra;
     pt.layer_bwd += bwd_extra;
     pt.tp_exposed_per_layer = lt.tp_exposed_per_layer;
+    pt.tp_fwd = exp_f;
+    pt.tp_bwd = bwd_extra;
     pt.emb_fwd += emb.tp_f;
   }
   return pt;
 }
 
-Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParams& cp) {
+Link data_parallel_link(const Cluster& cl, int tensor, int data) {
   if (tensor * data <= cl.gpus_per_node)
-    return {cl.intra_node.bandwidth * cp.net_eff, cl.intra_node.latency_s};
+    return {cl.intra_node.bandwidth * cl.intra_node.efficiency, cl.intra_node.latency_s, 1.0};
   // The group's members in one node share the node's NICs (one ring leaves the node per NIC).
   const double members = std::max(1, std::min(data, cl.gpus_per_node / tensor));
-  return {std::min(cl.intra_node.bandwidth * cp.net_eff,
-                   cl.inter_node_bandwidth_per_gpu() * members * cp.ib_eff),
-          cl.inter_node.latency_s};
+  return {std::min(cl.intra_node.bandwidth * cl.intra_node.efficiency,
+                   cl.inter_node_bandwidth_per_gpu() * members * cl.inter_node.efficiency),
+          cl.inter_node.latency_s, 1.0};
+}
+
+DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int data,
+                                      bool distributed_optimizer, const Link& l) {
+  DataParallelTimes t;
+  if (data <= 1) return t;
+  const double d = data;
+  const double rate = l.bandwidth * l.efficiency;
+  if (distributed_optimizer) {
+    t.reduce = (d - 1) / d * rt.grad_wire_bytes * params / rate + (d - 1) * l.latency_s;
+    t.gather = (d - 1) / d * rt.param_wire_bytes * params / rate + (d - 1) * l.latency_s;
+  } else {
+    t.reduce = 2 * (d - 1) / d * rt.grad_wire_bytes * params / rate + 2 * (d - 1) * l.latency_s;
+  }
+  return t;
 }
 
 std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c) {
@@ -276,14 +356,100 @@ std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig
   return n;
 }
 
+namespace {
+
+// When the data-parallel reduction of `stage` is done, from the simulated schedule: its
+// buckets (gradients walked from the last parameter back, the order the backward finishes
+// them) become ready as the last micro-batch's backward of the piece holding them (its weight
+// pass with zero-bubble schedules) goes through the piece's parameters; each reduces after the
+// one before on the stage's link. `start_s`: where ReduceGrads begins (the reduction waits for
+// nothing before it when the runtime starts no bucket early). Returns the finish time.
+double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const PlanConfig& c,
+                        const ModelDescription& m, int stage, double reduce_s, double start_s) {
+  const int p = c.pipeline, v = c.virtual_stages;
+  if (!rt.dp_overlap || !rt.collectives_progress_alone) return start_s + reduce_s;
+  // [chunk] (start, end) of the pass that makes the chunk's gradients final.
+  const int last_mb = c.num_microbatches - 1;
+  const bool split = c.schedule == ScheduleKind::kZeroBubbleH1;
+  std::vector<std::pair<double, double>> pass(static_cast<size_t>(v), {start_s, start_s});
+  for (const TimelineEvent& e : sim.timeline) {
+    if (e.stage != stage || e.mb % c.num_microbatches != last_mb) continue;
+    const bool final_pass = split ? e.op == Op::kBackwardWeight : e.op == Op::kBackward;
+    if (final_pass && e.start < start_s + 1e-12)
+      pass[static_cast<size_t>(e.chunk)] = {e.start, e.end};
+  }
+  // Parameters of each chunk, in the order its backward finishes them: chunk v−1 first.
+  std::vector<double> params(static_cast<size_t>(v));
+  double total = 0;
+  for (int ch = 0; ch < v; ++ch) {
+    const int k = ch * p + stage;
+    params[static_cast<size_t>(ch)] = static_cast<double>(
+        piece_parameters(m, c.tensor, k, p * v, c.layers_per_piece[static_cast<size_t>(k)]));
+    total += params[static_cast<size_t>(ch)];
+  }
+  if (total <= 0) return start_s + reduce_s;
+  const double bucket = std::max(1.0, rt.bucket_bytes / 4);  // elements (buckets of f32)
+  const double per_elem = reduce_s / total;
+  double link_free = 0, filled = 0;
+  for (int ch = v - 1; ch >= 0; --ch) {
+    const double n = params[static_cast<size_t>(ch)];
+    const auto [a, e] = pass[static_cast<size_t>(ch)];
+    // Buckets closing inside this chunk: the k-th closes when the pass has finished the
+    // elements up to it (uniformly over the pass).
+    double done = 0;
+    while (done < n) {
+      const double take = std::min(n - done, bucket - filled);
+      done += take;
+      filled += take;
+      if (filled >= bucket - 1e-9 || (ch == 0 && done >= n)) {
+        const double ready = a + (e - a) * done / n;
+        link_free = std::max(link_free, ready) + filled * per_elem;
+        filled = 0;
+      }
+    }
+  }
+  return std::max(link_free, start_s);
+}
+
+// Adds reduce[stage] seconds to each stage's ReduceGrads of a simulated flushing schedule (whose
+// lists end with ReduceGrads and OptimizerStep, the step a collective over every stage: it
+// starts when the last stage's ReduceGrads ends) and moves the steps after them.
+void add_reduction_tails(SimResult* r, const std::vector<double>& reduce) {
+  double ready = 0;
+  for (TimelineEvent& e : r->timeline) {
+    if (e.op != Op::kReduceGrads) continue;
+    const double extra = reduce[static_cast<size_t>(e.stage)];
+    e.end += extra;
+    r->busy[static_cast<size_t>(e.stage)] += extra;
+    ready = std::max(ready, e.end);
+  }
+  for (TimelineEvent& e : r->timeline) {
+    if (e.op != Op::kOptimizerStep || e.start >= ready) continue;
+    const double d = e.end - e.start;
+    e.start = ready;
+    e.end = ready + d;
+  }
+  double busy = 0;
+  for (const TimelineEvent& e : r->timeline) r->makespan = std::max(r->makespan, e.end);
+  for (double b : r->busy) busy += b;
+  const double p = static_cast<double>(r->busy.size());
+  r->bubble_fraction = 1 - busy / (p * r->makespan);
+  r->bubble_ratio = busy > 0 ? (p * r->makespan - busy) / busy : 0;
+}
+
+}  // namespace
+
 IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
-  const CostParams& cp = ctx.params;
+  const RuntimeModel& rt = ctx.runtime;
   const LayerTimes lt = layer_times(ctx, c);
   const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;
+  IterationTime it;
   // [piece] times of one micro-batch.
   std::vector<double> pf(static_cast<size_t>(pieces)), pb(pf.size()), pbi(pf.size()), pbw(pf.size());
+  it.comm_share_fwd.assign(pf.size(), 0.0);
+  it.comm_share_bwd.assign(pf.size(), 0.0);
   for (int k = 0; k < pieces; ++k) {
     const double n = c.layers_per_piece[static_cast<size_t>(k)];
     const size_t i = static_cast<size_t>(k);
@@ -291,60 +457,50 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     pbi[i] = n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) +
              (k == pieces - 1 ? lt.head_bwd : 0);
     pbw[i] = n * lt.layer_bwd_weight;
-    // The transfers of this piece's forward (send, or receive) and backward stay on the
-    // stage's critical path: Megatron waits for its batched send/receive.
-    if (pieces > 1) {
-      const double x = cp.p2p_exposed * lt.p2p;
-      pf[i] += x;
-      pbi[i] += x;
+    double comm_f = n * lt.tp_fwd, comm_b = n * lt.tp_bwd;
+    // A runtime whose stages wait for their sends with their receives pays each transfer on
+    // both ends' forward and backward; otherwise the receiver waits for it (the simulator's
+    // latency, moving once the receive is posted).
+    if (pieces > 1 && rt.p2p_both_ends) {
+      pf[i] += lt.p2p;
+      pbi[i] += lt.p2p;
+      comm_f += lt.p2p;
+      comm_b += lt.p2p;
     }
     pb[i] = pbi[i] + pbw[i];
+    it.comm_share_fwd[i] = pf[i] > 0 ? comm_f / pf[i] : 0;
+    it.comm_share_bwd[i] = pbi[i] > 0 ? comm_b / pbi[i] : 0;
   }
 
   // Data-parallel reduction and the optimizer step, per stage.
   const std::vector<double> nparam = stage_parameters(m, c);
-  const bool fp32 = ctx.precision == "fp32";
-  // Gradients are reduced in the training precision (bf16: Megatron-Core's bf16 reduction).
-  const double grad_bytes = fp32 ? 4 : 2, param_bytes = fp32 ? 4 : 2;
-  const Link dp_link = data_parallel_link(cl, c.tensor, c.data, cp);
-  IterationTime it;
+  const Link dp_link = data_parallel_link(cl, c.tensor, c.data);
+  std::vector<DataParallelTimes> dp(static_cast<size_t>(p));
   std::vector<double> reduce(static_cast<size_t>(p), 0.0), opt(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
     const size_t si = static_cast<size_t>(st);
-    double win_b = 0, win_f = 0;
-    for (int ch = 0; ch < v; ++ch) {
-      win_b += pb[static_cast<size_t>(ch * p + st)];
-      win_f += pf[static_cast<size_t>(ch * p + st)];
-    }
     const double n = nparam[si];
-    if (c.data > 1) {
-      const double d = c.data;
-      const double rate = dp_link.bandwidth;
-      if (c.distributed_optimizer) {
-        const double rs = (d - 1) / d * grad_bytes * n / rate + (d - 1) * dp_link.latency_s;
-        const double ag = (d - 1) / d * param_bytes * n / rate + (d - 1) * dp_link.latency_s;
-        reduce[si] = std::max(0.0, rs - cp.dp_overlap * win_b) +
-                     std::max(0.0, ag - cp.dp_overlap * win_f);
-      } else {
-        const double ar = 2 * (d - 1) / d * grad_bytes * n / rate + 2 * (d - 1) * dp_link.latency_s;
-        reduce[si] = std::max(0.0, ar - cp.dp_overlap * win_b);
-      }
-    }
+    dp[si] = data_parallel_times(rt, n, c.data, c.distributed_optimizer, dp_link);
     const double shard = n / (c.distributed_optimizer ? c.data : 1);
     if (ctx.profile != nullptr && !ctx.profile->empty()) {
       opt[si] = shard * ctx.profile->entries.front().optimizer_s_per_param;
     } else {
-      // Adam: read master, grad, m, v; write master, m, v (fp32); bf16 also writes its copy.
-      opt[si] = shard * (fp32 ? 28.0 : 30.0) / (cl.hbm_bandwidth * cp.mem_eff);
+      opt[si] = shard * rt.step_bytes_per_param / cl.efficiency.optimizer_rate();
     }
+    // The parameter all-gather: after the step, or behind the next iteration's first forward.
+    double first_fwd = 0;
+    for (int ch = 0; ch < v; ++ch) first_fwd += pf[static_cast<size_t>(ch * p + st)];
+    opt[si] += rt.param_gather_overlap ? std::max(0.0, dp[si].gather - first_fwd) : dp[si].gather;
   }
 
   SimOptions so;
   so.latency = p > 1 ? lt.p2p : 0;
+  so.transfer_at_receive = !rt.p2p_both_ends;
   // The step's sums over the pipeline (loss, gradient norm) and the tied embedding's as the
   // runtime makes them: blocking at the step of the flushing schedules, posted at ReduceGrads
   // and completed at the step by 2bw (launch/train/model_stage.h).
   so.collectives = true;
+  std::vector<double> step_extra(static_cast<size_t>(p), 0.0);
   so.duration = [&](int stage, const Instr& in) -> double {
     const size_t k = static_cast<size_t>(in.chunk * p + stage);
     switch (in.op) {
@@ -353,7 +509,8 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
       case Op::kBackwardInput: return pbi[k];
       case Op::kBackwardWeight: return pbw[k];
       case Op::kReduceGrads: return reduce[static_cast<size_t>(stage)];
-      case Op::kOptimizerStep: return opt[static_cast<size_t>(stage)];
+      case Op::kOptimizerStep:
+        return opt[static_cast<size_t>(stage)] + step_extra[static_cast<size_t>(stage)];
       default: return 0.0;
     }
   };
@@ -362,23 +519,64 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   spec.stages = p;
   spec.microbatches = c.num_microbatches;
   spec.chunks = c.schedule == ScheduleKind::kInterleaved ? v : 1;
+  const bool two_bw = c.schedule == ScheduleKind::kTwoBW;
+  const bool extrapolate =
+      !two_bw && c.schedule != ScheduleKind::kGPipe &&
+      static_cast<int64_t>(p) * spec.microbatches * spec.chunks > kMaxSimulatedOps;
+  if (extrapolate) {
+    const int m_sim =
+        std::max(2 * p, static_cast<int>(kMaxSimulatedOps / (p * spec.chunks)) / p * p);
+    spec.microbatches = std::min(spec.microbatches, m_sim);
+  }
+  if (two_bw) spec.batches = 4;
+  PlanConfig sim_config = c;
+  sim_config.num_microbatches = spec.microbatches;
+  // A first pass with the reductions free finds, with data parallelism, when each stage's
+  // gradients become final and when it reaches ReduceGrads; the exposed remainder of each
+  // stage's reduction then goes on its ReduceGrads (flushing schedules) or, for 2bw (posted at
+  // ReduceGrads, completed at the step), on its step.
+  SimResult first = simulate(spec, so);
+  if (c.data > 1) {
+    for (int st = 0; st < p; ++st) {
+      const size_t si = static_cast<size_t>(st);
+      double reduce_at = 0, step_at = 0;
+      for (const TimelineEvent& e : first.timeline) {
+        if (e.stage != st) continue;
+        if (e.op == Op::kReduceGrads && reduce_at == 0) reduce_at = e.start;
+        if (e.op == Op::kOptimizerStep && step_at == 0) step_at = e.start;
+      }
+      if (two_bw) {
+        // Posted at ReduceGrads, all buckets at once; the step waits for what is left.
+        const double done = reduce_at + dp[si].reduce;
+        step_extra[si] = std::max(0.0, done - step_at);
+      } else {
+        const double done =
+            reduction_finish(first, rt, sim_config, m, st, dp[si].reduce, reduce_at);
+        reduce[si] = std::max(0.0, done - reduce_at);
+      }
+    }
+  }
   double makespan = 0;
-  if (c.schedule == ScheduleKind::kTwoBW) {
+  if (two_bw) {
     // 2bw never flushes: the steady-state time of one batch from runs of 2 and 4 batches.
     spec.batches = 2;
     const SimResult two = simulate(spec, so);
     spec.batches = 4;
     it.sim = simulate(spec, so);
     makespan = (it.sim.makespan - two.makespan) / 2;
-  } else if (static_cast<int64_t>(p) * spec.microbatches * spec.chunks > kMaxSimulatedOps &&
-             c.schedule != ScheduleKind::kGPipe) {
+  } else {
+    // A flushing schedule ends each stage with ReduceGrads, then the step every stage enters
+    // together: the exposed reductions lengthen only that tail, so the first pass is patched
+    // instead of simulated again.
+    it.sim = std::move(first);
+    add_reduction_tails(&it.sim, reduce);
+    makespan = it.sim.makespan;
+  }
+  if (extrapolate) {
     // Long runs: past the warm-up every further micro-batch adds one period of the slowest
-    // stage (steady state), so simulate fewer micro-batches and extend; the in-flight counts
-    // are reached during the warm-up and do not grow.
-    const int m_full = spec.microbatches;
-    const int m_sim = std::max(2 * p, static_cast<int>(kMaxSimulatedOps / (p * spec.chunks)) / p * p);
-    spec.microbatches = std::min(m_full, m_sim);
-    it.sim = simulate(spec, so);
+    // stage (steady state), so fewer micro-batches were simulated; extend. The in-flight
+    // counts are reached during the warm-up and do not grow.
+    const int m_full = c.num_microbatches;
     double period = 0;
     for (int st = 0; st < p; ++st) {
       double per = 0;
@@ -396,15 +594,21 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     }
     it.sim.makespan = makespan;
     it.sim.bubble_fraction = 1 - busy / (p * makespan);
-  } else {
-    it.sim = simulate(spec, so);
-    makespan = it.sim.makespan;
   }
   it.iteration_s = makespan;
   it.pipeline_s = makespan;
   it.bubble_fraction = it.sim.bubble_fraction;
-  it.dp_exposed_s = *std::max_element(reduce.begin(), reduce.end());
-  it.optimizer_s = *std::max_element(opt.begin(), opt.end());
+  double dp_exposed = 0;
+  for (int st = 0; st < p; ++st) {
+    const size_t si = static_cast<size_t>(st);
+    double first_fwd = 0;
+    for (int ch = 0; ch < v; ++ch) first_fwd += pf[static_cast<size_t>(ch * p + st)];
+    const double gather =
+        rt.param_gather_overlap ? std::max(0.0, dp[si].gather - first_fwd) : dp[si].gather;
+    dp_exposed = std::max(dp_exposed, reduce[si] + step_extra[si] + gather);
+    it.optimizer_s = std::max(it.optimizer_s, opt[si] - gather);
+  }
+  it.dp_exposed_s = dp_exposed;
   int most_layers = 0;
   for (int st = 0; st < p; ++st) {
     int n = 0;

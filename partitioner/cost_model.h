@@ -1,59 +1,44 @@
 // cost_model.h — predicted time of one training iteration of a plan (docs/planner.md).
 //
-// The work of each part comes from the model's self-description (models/description.h: its
-// GEMM shapes, attention FLOPs, elementwise passes and tensor-group collectives per
-// micro-batch on one tensor-parallel rank), priced per transformer layer and micro-batch as:
-//   GEMMs      2·M·N·K FLOPs each against peak · eff(M, N, K), the achievable-efficiency
-//              curve eff = e_max / (1 + d0/M + d0/N + d0/K) (small dimensions leave tensor
-//              cores idle), floored by the HBM roofline; the backward runs each GEMM twice;
-//   attention  the causal core (half of Megatron's full s² count) at the fused-attention
-//              efficiencies;
-//   elementwise LayerNorm, GELU, residual adds, the loss: bytes moved against HBM bandwidth;
-//   TP         ring all-reduces (or all-gather + reduce-scatter with sequence parallelism) of
-//              the collectives' elements (GPT: 2 of b·s·h in each direction per layer),
-//              partly hidden behind the GEMMs (tp_overlap);
+// Three inputs, each describing one thing: the model's work per micro-batch and part
+// (models/description.h: GEMM shapes, attention shape and FLOPs, elementwise passes, logits,
+// tensor-group collectives), the device's measured efficiency (efficiency.h, carried by the
+// cluster: GEMM time by shape, attention throughput by sequence and head size, memory-bound
+// bandwidth, kernel gaps, the sustained share of single-kernel throughput) and the runtime's
+// behaviour (runtime_model.h: what it overlaps, what its kernels move). Per transformer layer
+// and micro-batch on one rank:
+//   GEMMs      GemmCurve::seconds of each (M, N, K), the backward's input and weight
+//              gradients as (M, K, N) and (N, K, M);
+//   attention  fused: its causal FLOPs at the device's attention throughput for (seq, head
+//              size); unfused: batched Q·Kᵀ and P·V GEMMs on the GEMM curve plus the softmax
+//              (and dropout) passes over the scores at memory bandwidth;
+//   elementwise the model's elementwise and f32 passes (the runtime's loss bytes per logit
+//              where it counts its own) at memory bandwidth; the kernel gap per kernel;
+//   TP         ring collectives over NVLink at the link's efficiency, blocking or pipelined
+//              with the GEMMs as the runtime does;
 // or, with a measured profile (profile JSON), the measured layer times.
 // Per stage: layers · layer time + the embedding (first piece) and the head (last piece).
 // Pipeline: the schedule is simulated (schedules/simulator.h) with these per-stage, per-chunk
-// durations and the point-to-point transfer of b·s·h/t elements (Megatron's scatter/gather)
-// as latency; the bubble comes from the simulation. Data parallel: the ring reduce-scatter
-// (distributed optimizer: plus the parameter all-gather) or all-reduce of the gradients,
-// hidden behind the last micro-batch's backward (and first forward) as the runtime overlaps
-// it; then the optimizer step, bound by HBM bandwidth.
+// durations; a transfer of b·s·h/t elements costs the receiver (or both ends) its time. Data
+// parallel: each stage's gradient buckets reduce as the runtime starts them (during the last
+// micro-batch's backward, or at ReduceGrads), one after another on the stage's link; what is
+// not done when the stage reaches ReduceGrads is exposed there. The distributed optimizer's
+// parameter all-gather after the step, or behind the next forward. The optimizer step: the
+// runtime's bytes per parameter at the device's optimizer bandwidth.
 //
-// Thread-safety: pure functions.
+// Thread-safety: pure functions, but for the GemmMemo a context may carry (one thread's).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "partitioner/cluster.h"
 #include "partitioner/memory_model.h"
+#include "partitioner/runtime_model.h"
 #include "schedules/simulator.h"
 
 namespace strata {
-
-// The physics constants of the model (docs/planner.md: how they were chosen). One set for
-// every GPU; nothing here is per model or per row of a benchmark.
-struct CostParams {
-  double gemm_max_eff = 0.64;   // best GEMM efficiency against the dense peak
-  double gemm_half_dim = 256;    // d0 of the efficiency curve
-  double attn_fwd_eff = 0.40;   // fused attention forward, of the causal FLOPs
-  double attn_bwd_eff = 0.30;   // fused attention backward
-  double mem_eff = 0.80;        // achieved share of HBM bandwidth in elementwise kernels
-  double net_eff = 0.80;        // achieved share of NVLink bandwidth by NCCL collectives
-  double ib_eff = 0.95;         // achieved share of a NIC's line rate between nodes
-  double tp_overlap = 0.90;     // share of TP communication that can hide behind GEMMs
-  double dp_overlap = 1.00;     // share of the overlap window the DP reduction can use
-  // GPU idle time per kernel (launch gap, synchronisation), and the kernels of one layer.
-  double kernel_overhead_s = 3e-6;
-  double kernels_per_layer_fwd = 14, kernels_per_layer_bwd = 28;
-  // Share of a pipeline transfer that stays on the critical path of each forward/backward
-  // (Megatron posts send and receive together and waits for both).
-  double p2p_exposed = 1.0;
-};
 
 // A measured profile (strata profile): per-layer times on one device for one micro-batch
 // size, scaled linearly in b to other sizes. JSON:
@@ -100,14 +85,25 @@ struct LayerTimes {
   double head_fwd = 0, head_bwd = 0;          // final norm, head, loss (last piece)
   double tp_exposed_per_layer = 0;            // of layer_fwd + layer_bwd: TP not hidden
   double p2p = 0;                             // one activation transfer between stages
+  // Of layer_fwd and of layer_bwd_input: the exposed tensor-parallel communication (for the
+  // timeline's picture).
+  double tp_fwd = 0, tp_bwd = 0;
+};
+
+// GEMM times already priced, by (M, N, K, batch): a search prices the same shapes for many
+// layouts, and a curve with many measured points is dearer to evaluate than to look up. One
+// memo serves one cluster and precision, from one thread.
+struct GemmMemo {
+  std::map<std::array<double, 4>, double> seconds;
 };
 
 struct CostContext {
   const ModelDescription* model = nullptr;
-  const Cluster* cluster = nullptr;
+  const Cluster* cluster = nullptr;  // its `efficiency` prices the compute
   std::string precision = "bf16";
   const Profile* profile = nullptr;  // null or empty: the analytical model
-  CostParams params;
+  RuntimeModel runtime;              // the runtime the plan is for
+  GemmMemo* memo = nullptr;          // optional (search_plans keeps one per search)
 };
 
 LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c);
@@ -116,18 +112,30 @@ struct IterationTime {
   double iteration_s = 0;
   double pipeline_s = 0;      // the simulated schedule (forward, backward, bubble)
   double bubble_fraction = 0;
-  double dp_exposed_s = 0;    // gradient reduction not hidden
+  double dp_exposed_s = 0;  // gradient reduction (and ZeRO's parameter gather) not hidden
   double optimizer_s = 0;
   double tp_exposed_s = 0;    // summed over the stage's layers and micro-batches (inside pipeline_s)
   std::vector<double> stage_compute_s;  // [stage] busy time of one iteration
   std::vector<int> peak_inflight;       // [stage] from the simulation
   SimResult sim;              // kept when asked for (traces)
+  // [piece] of each forward and backward (input) op: the share that is communication (exposed
+  // tensor-parallel collectives, transfers both ends wait for), for the timeline's picture.
+  std::vector<double> comm_share_fwd, comm_share_bwd;
 };
 
 // Bytes/s a data-parallel ring of `data` ranks, each tensor group `tensor` wide, achieves per
 // rank (after the link efficiency), and its per-hop latency: NVLink when the group fits in a
 // node, else the NICs of the node shared by the group's members there.
-Link data_parallel_link(const Cluster& cl, int tensor, int data, const CostParams& cp);
+Link data_parallel_link(const Cluster& cl, int tensor, int data);
+
+// Seconds of the data-parallel reduction of `params` gradient elements over `data` ranks (an
+// all-reduce, or the distributed optimizer's reduce-scatter) and of the parameter all-gather
+// (0 without the distributed optimizer), on `link`.
+struct DataParallelTimes {
+  double reduce = 0, gather = 0;
+};
+DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int data,
+                                      bool distributed_optimizer, const Link& link);
 
 // Parameters on the busiest rank of each stage (elements), for the DP and optimizer terms.
 std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c);

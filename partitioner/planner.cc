@@ -209,12 +209,17 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
   return schedule_invalid_reason(spec);
 }
 
+RuntimeModel runtime_for(const PlanRequest& req) {
+  return req.runtime ? *req.runtime
+                     : strata_runtime(req.cluster.cpu, req.precision, req.memory.bucket_mb);
+}
+
 PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
   const ModelDescription& m = *req.model;
   const std::string bad = plan_invalid_reason(m, req.cluster, req.global_batch_size, c);
   if (!bad.empty()) throw InputError("<plan>", "parallel", bad);
   c.num_microbatches = req.global_batch_size / (c.micro_batch_size * c.data);
-  CostContext ctx{&m, &req.cluster, req.precision, req.profile, req.params};
+  CostContext ctx{&m, &req.cluster, req.precision, req.profile, runtime_for(req)};
   const int pieces = c.pipeline * c.virtual_stages;
   if (c.layers_per_piece.empty()) {
     const LayerTimes lt = layer_times(ctx, c);
@@ -247,7 +252,9 @@ PlanOutput search_plans(const PlanRequest& req) {
   const Cluster& cl = req.cluster;
   const PlanFixes& fx = req.fixes;
   const int world = cl.world_size(), B = req.global_batch_size;
-  CostContext ctx{&m, &cl, req.precision, req.profile, req.params};
+  const RuntimeModel rt = runtime_for(req);
+  GemmMemo memo;
+  CostContext ctx{&m, &cl, req.precision, req.profile, rt, &memo};
   PlanOutput out;
 
   // Per family (t, p, schedule): the best estimate, or the smallest overage and why not.
@@ -332,7 +339,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                   ++out.candidates;
                   const LayerTimes lt = layer_times(ctx, c);
                   const double per_layer = lt.layer_fwd + lt.layer_bwd;
-                  const double p2p_op = p * v > 1 ? req.params.p2p_exposed * lt.p2p : 0;
+                  const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
                   c.layers_per_piece = split_fast(m.num_layers(), p * v, per_layer,
                                                   lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
                   // Closed-form time: the slowest stage's compute stretched by the bubble.
@@ -365,16 +372,17 @@ PlanOutput search_plans(const PlanRequest& req) {
                   // one stage with the largest parameter count.
                   const std::vector<double> np = stage_parameters(m, c);
                   const double nmax = *std::max_element(np.begin(), np.end());
-                  double dp = 0;
-                  if (d > 1) {
-                    const double rate = data_parallel_link(cl, t, d, req.params).bandwidth;
-                    const double pb = req.precision == "fp32" ? 4 : 2;
-                    const double bytes = dist ? 2 * pb * nmax : 2 * pb * nmax;
-                    const double window = dist ? stage_max : stage_max - stage_f;
-                    dp = std::max(0.0, (d - 1.0) / d * bytes / rate - req.params.dp_overlap * window);
-                  }
+                  // The last micro-batch's backward (all of the stage's chunks) is the window
+                  // a runtime that reduces during the backward has; the first forward hides an
+                  // overlapped parameter gather.
+                  const DataParallelTimes dpt =
+                      data_parallel_times(rt, nmax, d, dist == 1, data_parallel_link(cl, t, d));
+                  const bool early = rt.dp_overlap && rt.collectives_progress_alone;
+                  double dp = std::max(0.0, dpt.reduce - (early ? stage_max - stage_f : 0.0));
+                  dp += rt.param_gather_overlap ? std::max(0.0, dpt.gather - stage_f) : dpt.gather;
                   e.dp_s = dp;
-                  const double opt = nmax / (dist ? d : 1) * 30.0 / (cl.hbm_bandwidth * req.params.mem_eff);
+                  const double opt = nmax / (dist ? d : 1) * rt.step_bytes_per_param /
+                                     cl.efficiency.optimizer_rate();
                   e.time = compute + e.bubble_s + dp + opt;
                   const std::vector<MemoryBreakdown> mem =
                       stage_memory(m, c, req.memory, closed_form_inflight(c));

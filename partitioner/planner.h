@@ -48,9 +48,14 @@ struct PlanRequest {
   PlanFixes fixes;
   int top_k = 5;
   MemoryOptions memory;
-  CostParams params;
+  // The runtime the plans are for; unset: Strata's own on the cluster's device
+  // (strata_runtime(cluster.cpu, precision, memory.bucket_mb)).
+  std::optional<RuntimeModel> runtime;
   const Profile* profile = nullptr;
 };
+
+// req.runtime, or Strata's runtime for req's cluster, precision and buckets.
+RuntimeModel runtime_for(const PlanRequest& req);
 
 struct PlanResult {
   PlanConfig config;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "runtime/behaviour.h"
 #include "runtime/check.h"
 
 namespace strata {
@@ -90,12 +91,18 @@ void GradReducer::add_norm_segment(int64_t offset, int64_t numel) {
 double GradReducer::since_begin_s() const { return now_s() - begin_; }
 
 void GradReducer::begin_iteration() {
-  for (Bucket& b : buckets_) b.pending = b.last_param - b.first_param;
+  for (Bucket& b : buckets_) {
+    b.pending = b.last_param - b.first_param;
+    b.started = false;
+  }
   start_s_.assign(buckets_.size(), -1.0);
   begin_ = now_s();
 }
 
 void GradReducer::start(Bucket& b) {
+  // The planner prices the reduction of f32 gradients (runtime/behaviour.h).
+  static_assert(behaviour::kGradientWireBytes == sizeof(float), "gradients are reduced in f32");
+  b.started = true;
   start_s_[static_cast<size_t>(&b - buckets_.data())] = now_s() - begin_;
   float* g = grads_.f32() + b.offset;
   if (!dp_ || dp_->size() == 1) return;
@@ -116,14 +123,17 @@ void GradReducer::mark_ready(int first, int last) {
   for (int k = first; k < last; ++k) {
     Bucket& b = buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(k)])];
     STRATA_CHECK(b.pending > 0, "parameter " << k << " marked ready twice in one iteration");
-    if (--b.pending == 0) start(b);
+    // Started here, while the backward pass goes on, or at ReduceGrads (runtime/behaviour.h).
+    if (--b.pending == 0 && behaviour::kReduceBucketsDuringBackward) start(b);
   }
   poll();
 }
 
 void GradReducer::start_unmarked() {
   for (Bucket& b : buckets_) {
-    if (b.pending > 0) {  // a parameter the backward pass never marked (not used this step)
+    // A parameter the backward pass never marked (not used this step), or a bucket left for
+    // ReduceGrads.
+    if (!b.started) {
       b.pending = 0;
       start(b);
     }
@@ -160,6 +170,9 @@ double GradReducer::local_sum_squares() {
 }
 
 void GradReducer::gather_params(Tensor& params) {
+  // Blocking, right after the step: the planner prices it so (runtime/behaviour.h).
+  static_assert(!behaviour::kGatherParamsDuringForward && behaviour::kParamGatherWireBytes == 4,
+                "the f32 parameter shards are all-gathered after the step and waited for");
   if (!shard_) return;
   std::vector<Request> reqs;
   const int r = dp_->rank();

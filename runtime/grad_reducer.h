@@ -77,6 +77,7 @@ class GradReducer {
     int64_t offset = 0, numel = 0;  // range of the flat buffer
     int first_param = 0, last_param = 0;  // [first, last)
     int pending = 0;                // parameters not yet ready this iteration
+    bool started = false;           // its reduction was started this iteration
     std::vector<size_t> counts;     // ZeRO-1 chunk of each data-parallel rank
     int64_t shard_offset = 0;       // ZeRO-1: where this rank's chunk sits in shard_grads
     Request req;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "runtime/behaviour.h"
 #include "runtime/check.h"
 #include "runtime/watchdog.h"
 
@@ -70,6 +71,10 @@ void PipelineExecutor::wait(Request r, PipelineStage& stage) {
 // with rendezvous sends and the step's collectives, and the trainer runs the ones it cannot
 // prove (2bw, interleaved with groups larger than p) over MPI instead (launch/trainer.cc).
 const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
+  // What the planner prices (runtime/behaviour.h): on MPI the sends go alone, non-blocking; on
+  // NCCL a group waits for its sends with its receives.
+  static_assert(!behaviour::kHostSendsBlock && behaviour::kDeviceGroupsWaitForSends,
+                "pipeline transfers as runtime/behaviour.h describes them");
   const bool together = pp_.rendezvous_sends();
   std::vector<P2POp> batch;  // the group's receives; together, its sends too (in group order)
   std::vector<Tensor> send_bufs;

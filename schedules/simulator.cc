@@ -400,7 +400,12 @@ SimResult simulate(const ScheduleSpec& spec, const std::vector<std::vector<Instr
     if (!transfer_of(s, in, p, v, &key)) return false;
     auto it = sent.find(key);
     if (it == sent.end()) return false;
-    *t = it->second + opt.latency;
+    double start = it->second;
+    if (opt.transfer_at_receive) {
+      auto posted_at = posted_recv.find(key);
+      if (posted_at != posted_recv.end()) start = std::max(start, posted_at->second);
+    }
+    *t = start + opt.latency;
     return true;
   };
   // Collectives (opt.collectives): batch b's ReduceGrads of the first and last stage, and its

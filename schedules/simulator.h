@@ -52,6 +52,10 @@ struct SimOptions {
   // once the receiving stage has posted the matching receive. The executor's contract is
   // non-blocking sends (false); true checks that the lists also survive rendezvous sends.
   bool rendezvous_sends = false;
+  // A transfer moves only once its receive is posted too (MPI's rendezvous for large messages,
+  // NCCL's send/receive kernels): a receive completes at max(send time, the time the receive
+  // was posted) + latency. False: at send time + latency, whenever the receive is posted.
+  bool transfer_at_receive = false;
   // ReduceGrads and OptimizerStep as the collectives the trainer makes them: batch b's
   // ReduceGrads on the first and the last stage waits for the other's (the tied embedding's
   // gradient sum), and its OptimizerStep on every stage for all the others' (the loss and

@@ -403,8 +403,8 @@ TEST(PlannerProfile, UnshardedProfileIsRescaledForTensorParallelPlans) {
   c.tensor = 2;
   c.data = 4;
   c.micro_batch_size = 4;
-  CostContext analytic{m.get(), &cl, "bf16", nullptr, CostParams{}};
-  CostContext measured{m.get(), &cl, "bf16", &prof, CostParams{}};
+  CostContext analytic{m.get(), &cl, "bf16", nullptr, strata_runtime(false, "bf16")};
+  CostContext measured{m.get(), &cl, "bf16", &prof, strata_runtime(false, "bf16")};
   const LayerTimes a = layer_times(analytic, c);
   const LayerTimes t1 = layer_times(measured, c);
   ASSERT_GT(a.tp_exposed_per_layer, 0);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "launch/args.h"
+#include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/checkpointing.h"
 #include "models/registry.h"
@@ -28,6 +29,7 @@ const char* kPlanUsage =
     "usage: strata plan --model FILE|PRESET --cluster FILE|PRESET --global-batch-size B\n"
     "                   [--nodes N] [--fix k=v,...] [--top K] [--json OUT] [--trace OUT]\n"
     "                   [--seq-len S] [--precision bf16|fp32] [--profile PROFILE.json]\n"
+    "                   [--svg OUT [--measured LOG.trace [--iteration N]]]\n"
     "\n"
     "Searches tensor, pipeline and data parallel sizes, virtual stages, micro-batch size,\n"
     "schedule, recomputation, sequence parallelism and the distributed optimizer for the\n"
@@ -37,7 +39,8 @@ const char* kPlanUsage =
     "options:\n"
     "  --model M              a preset (gpt2-124m, gpt3-175b, ...), a JSON model object, or\n"
     "                         a whole config (its model section is used)\n"
-    "  --cluster C            a preset (dgx-a100-80gb, dgx-h100, p3.16xlarge) or a JSON file\n"
+    "  --cluster C            a preset (dgx-a100-80gb, dgx-h100, p3.16xlarge, cpu-local) or a\n"
+    "                         JSON file, e.g. one written by strata profile --cluster-out\n"
     "  --global-batch-size B  sequences per iteration\n"
     "  --nodes N              override the cluster's node count\n"
     "  --fix k=v,...          pin plan fields: tensor, pipeline, data, virtual_stages,\n"
@@ -46,6 +49,12 @@ const char* kPlanUsage =
     "  --top K                plans to print (default 5)\n"
     "  --json OUT             write the plans and the rejected families as JSON\n"
     "  --trace OUT            write the chosen plan's simulated timeline as a Chrome trace\n"
+    "  --svg OUT              draw the chosen plan's predicted iteration (a row per stage:\n"
+    "                         forward, backward, weight, communication, optimizer, idle) and\n"
+    "                         each stage's memory as a stacked bar, as an SVG\n"
+    "  --measured LOG.trace   with --svg: also draw a run's log.trace (strata train) below it,\n"
+    "                         on the same time scale; --iteration N picks its iteration\n"
+    "                         (default: the last complete one)\n"
     "  --seq-len S            override the model's sequence length\n"
     "  --precision P          bf16 (default) or fp32\n"
     "  --profile FILE         measured per-layer times (strata profile) instead of the\n"
@@ -162,7 +171,8 @@ MemoryOptions memory_options(const std::string& precision, const ParallelConfig*
 
 int cmd_plan(const std::vector<std::string>& args) {
   std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
-  int batch = 0, nodes = 0, top = 5, seq = 0;
+  std::string svg_out, measured;
+  int batch = 0, nodes = 0, top = 5, seq = 0, iteration = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const char* flag, std::string* dst) {
@@ -195,6 +205,12 @@ int cmd_plan(const std::vector<std::string>& args) {
       precision = v;
     } else if (value("--profile", &v)) {
       profile_path = v;
+    } else if (value("--svg", &v)) {
+      svg_out = v;
+    } else if (value("--measured", &v)) {
+      measured = v;
+    } else if (value("--iteration", &v)) {
+      iteration = positive_int("--iteration", v);
     } else {
       bad_flag(a, "an option of strata plan (see strata plan --help)");
     }
@@ -204,6 +220,11 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
   if (!json_out.empty()) check_output_flag("--json", json_out);
   if (!trace_out.empty()) check_output_flag("--trace", trace_out);
+  if (!svg_out.empty()) check_output_flag("--svg", svg_out);
+  if (svg_out.empty() && !measured.empty())
+    bad_flag("--measured", "--svg OUT with it (the picture the measured run is drawn into)");
+  if (measured.empty() && iteration > 0)
+    bad_flag("--iteration", "--measured LOG.trace with it (the run whose iteration to draw)");
 
   std::vector<std::string> sets;
   if (seq > 0) sets.push_back("model.seq_len=" + std::to_string(seq));
@@ -240,13 +261,32 @@ int cmd_plan(const std::vector<std::string>& args) {
     f << plan_output_json(req, out).dump(2) << "\n";
     if (!f) throw InputError("<command line>", "--json", "a writable path, got " + json_out);
   }
-  if (!trace_out.empty()) {
-    if (out.plans.empty()) bad_flag("--trace", "a plan to trace, but no plan fits");
-    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, req.params};
-    const IterationTime it = iteration_time(ctx, out.plans.front().config, true);
-    std::ofstream f(trace_out);
-    f << chrome_trace_json(it.sim, 1e6) << "\n";
-    if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
+  if (!trace_out.empty() || !svg_out.empty()) {
+    if (out.plans.empty())
+      bad_flag(trace_out.empty() ? "--svg" : "--trace", "a plan to draw, but no plan fits");
+    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
+    const PlanResult& best = out.plans.front();
+    const IterationTime it = iteration_time(ctx, best.config, true);
+    if (!trace_out.empty()) {
+      std::ofstream f(trace_out);
+      f << chrome_trace_json(it.sim, 1e6) << "\n";
+      if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
+    }
+    if (!svg_out.empty()) {
+      const PlanConfig& c = best.config;
+      char title[256];
+      std::snprintf(title, sizeof title,
+                    "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
+                    req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
+                    c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
+                    best.time.iteration_s);
+      std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
+      if (!measured.empty())
+        panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
+      std::ofstream f(svg_out);
+      f << timeline_svg(panels);
+      if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
+    }
   }
   return 0;
 }
@@ -289,6 +329,8 @@ json predict_for_config(const Config& cfg, int world_size, const Cluster& cluste
   req.precision = cfg.train.precision;
   req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
                               cfg.device != "cuda");
+  // Strata's runtime on the config's device, whatever the cluster file says.
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
   const PlanConfig c = plan_config_for(cfg, world_size);
   const PlanResult r = evaluate_plan(req, c);
   json j = plan_result_json(r);

@@ -14,6 +14,7 @@
 
 #include "launch/args.h"
 #include "launch/commands/plan.h"
+#include "launch/commands/profile_device.h"
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
@@ -32,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 const char* kProfileUsage =
     "usage: strata profile --config FILE [--set k=v ...] [--out PROFILE.json] [--repeat N]\n"
     "                      [--micro-batch-sizes b1,b2,...]\n"
+    "                      [--cluster-out CLUSTER.json [--cluster BASE]]\n"
     "\n"
     "Times, on this machine and backend (device, train.threads and train.precision of the\n"
     "config), the forward and backward of one transformer block, of the embedding and of the\n"
@@ -39,13 +41,23 @@ const char* kProfileUsage =
     "each figure is the median of N rounds after two warm-up rounds. Writes the profile JSON\n"
     "that `strata plan --profile` reads (docs/planner.md).\n"
     "\n"
+    "With --cluster-out it measures this device's efficiency curves instead (GEMM time by\n"
+    "shape, attention by sequence and head size, memory-bound and optimizer bandwidth, the\n"
+    "kernel gap; under mpirun with 2+ ranks also the link between ranks) and writes them into a\n"
+    "cluster description for `strata plan --cluster CLUSTER.json` and `strata train --dry-run\n"
+    "--cluster CLUSTER.json`.\n"
+    "\n"
     "options:\n"
     "  --config FILE              the training config (its model, train and device keys)\n"
     "  --set section.key=value    override a config key (repeatable)\n"
     "  --out PROFILE.json         write the profile there (default: print it on stdout)\n"
-    "  --repeat N                 timed rounds per figure (default 10)\n"
+    "  --repeat N                 timed rounds per figure (default 10; 3 for --cluster-out)\n"
     "  --micro-batch-sizes LIST   profile these micro-batch sizes (default: the config's\n"
     "                             train.micro_batch_size)\n"
+    "  --cluster-out FILE         write this device's efficiency curves into a cluster file\n"
+    "  --cluster BASE             the cluster (preset or file) whose nodes, links and memory\n"
+    "                             the written file keeps (default: cpu-local on the CPU;\n"
+    "                             required on a GPU)\n"
     "  --help                     this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <where>: <expected>)\n";
@@ -232,6 +244,7 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
   req.memory.bucket_mb = cfg.parallel.bucket_mb;
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
   check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
   PlanConfig c = plan_config_for(cfg, 1);
@@ -244,11 +257,52 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
   return plan_result_json(evaluate_plan(req, c));
 }
 
+namespace {
+
+// --cluster-out: the device's curves into a cluster file (profile_device.h). Rank 0 writes.
+// comm: the world (collective over it).
+int write_device_cluster(const Config& cfg, const std::string& base_name, const std::string& out,
+                         int repeat, Communicator& comm) {
+  const World& w = world();
+  const int threads = resolve_cpu_threads(cfg.train.threads, w.local_size);
+  std::unique_ptr<Backend> backend = make_backend(cfg.device, threads, cfg.train.attention_backend);
+  const bool gpu = backend->device() == Device::kCUDA;
+  if (gpu && base_name.empty()) {
+    bad_flag("--cluster",
+             "a base cluster for a GPU profile (its nodes, links and memory are "
+             "kept): --cluster PRESET|FILE");
+  }
+  const Cluster base = load_cluster(base_name.empty() ? "cpu-local" : base_name, configs_dir());
+  const json j = measure_device_cluster(cfg, *backend, &comm, base, repeat);
+  if (w.rank != 0) return 0;
+  {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+    if (!f) bad_flag("--cluster-out", "a writable path, got " + out);
+  }
+  const Cluster c = cluster_from_json(j, out);
+  const GemmCurve* g = c.efficiency.gemm_for(cfg.train.precision);
+  std::printf(
+      "strata profile: %s, %s, %d rank(s) -> %s\n"
+      "  GEMMs: %.4g FLOP/s large, %.3g s fixed, %.4g B/s operands (%zu shapes)\n"
+      "  memory-bound kernels %.4g B/s, optimizer %.4g B/s, kernel gap %.3g s\n",
+      backend->name().c_str(), cfg.train.precision.c_str(), w.size, out.c_str(), g->flops,
+      g->fixed_s, g->bandwidth, g->points.size(), c.efficiency.memory_bandwidth,
+      c.efficiency.optimizer_rate(), c.efficiency.kernel_gap_s);
+  if (w.size > 1)
+    std::printf("  link between ranks: %.4g B/s, %.3g s latency\n", c.intra_node.bandwidth,
+                c.intra_node.latency_s);
+  return 0;
+}
+
+}  // namespace
+
 int cmd_profile(const std::vector<std::string>& args) {
-  std::string config, out;
+  std::string config, out, cluster_out, cluster_base;
   std::vector<std::string> sets;
   std::vector<int> sizes;
   int repeat = 10;
+  bool repeat_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const char* flag, std::string* dst) {
@@ -271,6 +325,13 @@ int cmd_profile(const std::vector<std::string>& args) {
       out = v;
     } else if (value("--repeat", &v)) {
       repeat = positive_int("--repeat", v, 100000);
+      repeat_given = true;
+    } else if (value("--cluster-out", &v)) {
+      if (v.empty()) bad_flag("--cluster-out", "an output file path");
+      cluster_out = v;
+    } else if (value("--cluster", &v)) {
+      if (v.empty()) bad_flag("--cluster", "a cluster preset or file");
+      cluster_base = v;
     } else if (value("--micro-batch-sizes", &v)) {
       sizes.clear();
       size_t start = 0;
@@ -287,6 +348,20 @@ int cmd_profile(const std::vector<std::string>& args) {
   if (config.empty()) bad_flag("--config", "a config: strata profile --config FILE");
   const Config cfg = load_config(config, sets);
   if (!out.empty()) check_output_flag("--out", out);
+  if (!cluster_out.empty()) {
+    // Under mpirun every rank measures; rank 0 alone probes the output path (two ranks probing
+    // one file at once would see each other's probe) and its verdict reaches all of them.
+    std::unique_ptr<Communicator> comm =
+        make_world_communicator(CommBackend::kMPI, cfg.comm.timeout_s);
+    decide_on_rank0(*comm, [&]() -> std::string {
+      check_output_flag("--cluster-out", cluster_out);
+      return "";
+    });
+    write_device_cluster(cfg, cluster_base, cluster_out, repeat_given ? repeat : 3, *comm);
+    if (out.empty()) return 0;
+  } else if (!cluster_base.empty()) {
+    bad_flag("--cluster", "--cluster-out FILE with it (the base of the cluster written)");
+  }
   const json j = make_profile(cfg, repeat, sizes);
   if (out.empty()) {
     std::cout << j.dump(2) << "\n";

@@ -33,7 +33,8 @@ nlohmann::json planner_prediction(const Config& cfg, int world_size) {
       {"hbm_bandwidth", 2e10},
       {"intra_node", {{"bandwidth", 1e10}, {"latency_s", 2e-6}}},
       {"inter_node", {{"bandwidth", 1.25e9}, {"latency_s", 2e-5}}},
-      {"nics_per_node", 1}};
+      {"nics_per_node", 1},
+      {"device", cfg.device == "cuda" ? "gpu" : "cpu"}};
   return predict_for_config(cfg, world_size, cluster_from_json(cluster, "<this machine>"));
 }
 

@@ -93,6 +93,8 @@ class DecoderDescription final : public ModelDescription {
                {bs, h, f / t}};
     // Causal attention computes half of the s² score matrix Megatron counts.
     w.attention_flops = 0.5 * 4 * b * double{1.0} * d_.S * d_.S * h / t;
+    w.attention = {double{1.0} * b, d_.NH / t, d_.KVH / t, double{1.0} * d_.S,
+                   double{1.0} * d_.head_size()};
     // Norms (read + write), two residual adds (2 reads, 1 write, a byte mask), bias-GELU (read
     // + write) or SwiGLU (2 reads, 1 write), the q/k/v and attention-output layout copies (read
     // + write), and the rotation of q and k (read + write).
@@ -102,10 +104,13 @@ class DecoderDescription final : public ModelDescription {
         11 * b * sl * h + activation * bs * f / t + 2 * bs * (qkv + h) / t + rope;
     w.elementwise_bwd = 2 * w.elementwise_fwd;
     // One reduction after the attention and one after the MLP (all-gather/reduce-scatter pairs
-    // with sequence parallelism); the backward's two input-gradient reductions mirror them.
+    // with sequence parallelism); the backward's two input-gradient reductions mirror them, and
+    // with sequence parallelism the two column-parallel layers gather their input again
+    // (models/layers/linear.cc): two more all-gathers, one more all-reduce's worth.
     if (r.tensor > 1) {
       w.tp_collectives_fwd = {bs * h, bs * h};
       w.tp_collectives_bwd = {bs * h, bs * h};
+      if (sp(r)) w.tp_collectives_bwd.push_back(bs * h);
     }
     return w;
   }
@@ -117,7 +122,10 @@ class DecoderDescription final : public ModelDescription {
     const double passes = d_.learned_positions ? 3 : 2;
     w.elementwise_fwd = passes * bs * h;
     w.elementwise_bwd = passes * bs * h;
-    if (r.tensor > 1) w.tp_collectives_fwd = {bs * h};  // the vocab-parallel lookup's sum
+    // The vocab-parallel lookup's sum (a reduce-scatter, half an all-reduce, with sequence
+    // parallelism, whose backward gathers the gradient back: the other half).
+    if (r.tensor > 1) w.tp_collectives_fwd = {sp(r) ? bs * h / 2 : bs * h};
+    if (sp(r)) w.tp_collectives_bwd = {bs * h / 2};
     return w;
   }
 
@@ -127,11 +135,21 @@ class DecoderDescription final : public ModelDescription {
     const double sl = seq_local(r);
     PartWork w;
     w.gemms = {{bs, vl, h}};  // the (b·s, V/t) logits
+    w.logits = bs * vl;
     // The fp32 cross-entropy reads the logits for its statistics, its target and its gradient.
     w.f32_fwd = 3 * bs * vl;
     w.f32_bwd = 3 * bs * vl;
     w.elementwise_fwd = 2 * b * sl * h;  // ln_f
     w.elementwise_bwd = 4 * b * sl * h;
+    // The vocab-parallel head: with sequence parallelism its input gathered (half an
+    // all-reduce); the loss's row max, sum of exponentials and target logit over the group
+    // (models/layers/cross_entropy.cc); backward, the input gradient's sum (with sequence
+    // parallelism a gather of the input again and a reduce-scatter).
+    if (r.tensor > 1) {
+      w.tp_collectives_fwd = {bs, bs, bs};
+      if (sp(r)) w.tp_collectives_fwd.push_back(bs * h / 2);
+      w.tp_collectives_bwd = {bs * h};
+    }
     return w;
   }
 

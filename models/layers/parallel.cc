@@ -1,5 +1,6 @@
 #include "models/layers/parallel.h"
 
+#include "runtime/behaviour.h"
 #include "runtime/check.h"
 
 namespace strata {
@@ -20,6 +21,11 @@ TensorParallel::TensorParallel(Backend& backend, Communicator* comm, int size, i
 Tensor TensorParallel::act(const Shape& s) {
   return be_.empty(s, MemCategory::kActivations, act_dtype_);
 }
+
+// Every collective here blocks until it completes: the planner prices tensor-parallel
+// communication on the critical path (runtime/behaviour.h). Overlapping it with the GEMMs
+// means changing kTensorParallelOverlap with it.
+static_assert(!behaviour::kTensorParallelOverlap, "TensorParallel's collectives are blocking");
 
 void TensorParallel::sum(Tensor& t) {
   if (size_ > 1) comm_->all_reduce(t, ReduceOp::kSum);
