@@ -1012,6 +1012,14 @@ void check_consistency(const Config& c, const Reader& r) {
                       " (the rate would drop from lr to min_lr when the warm-up ends)");
   }
 
+  // Samples during training continue a prompt: an encoder has nothing to generate.
+  if (c.log.sample_interval > 0 && architecture(m.arch).masked_lm) {
+    r.fail_latest({"log.sample_interval", "model.arch"},
+                  "samples continue a prompt with a causal language model: expected "
+                  "sample_interval 0 for arch \"" +
+                      m.arch + "\" (an encoder), got " + to_string(c.log.sample_interval));
+  }
+
   if (t.global_batch_size % t.micro_batch_size != 0) {
     r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
                   "global_batch_size " + to_string(t.global_batch_size) +
