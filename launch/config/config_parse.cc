@@ -652,7 +652,7 @@ const std::vector<Section>& schema() {
           train.one_of("precision", &T::precision, {"fp32", "bf16"},
                        "fp32, or bf16 mixed precision"),
           train.one_of("attention_backend", &T::attention_backend, {"auto", "strata", "cudnn"},
-                       "causal attention kernels: Strata's own, cuDNN's, or the faster that runs"),
+                       "attention kernels: Strata's own, cuDNN's, or the faster that runs"),
           train.optional_integer("threads", &T::threads, 1,
                                  "CPU threads per rank; null: OMP_NUM_THREADS, else cores ÷ ranks"),
           train.integer("eval_interval", &T::eval_interval, 0,

@@ -4,9 +4,6 @@
 // bidirectional: its kernels compute the whole S×S score matrix (no causal half), and the last
 // piece holds two heads (the masked-LM transform and decoder, the pooler and the 2-way
 // classifier).
-#include <map>
-#include <mutex>
-
 #include "models/bert/bert.h"
 
 namespace strata {
@@ -180,30 +177,19 @@ class BertDescription final : public ModelDescription {
   double cpu_attention_scratch_f32_per_thread() const override { return double{1.0} * d_.S * d_.S; }
 
  private:
-  struct Counts {
-    int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
-  };
   static bool sp(const RankShape& r) { return r.sequence_parallel && r.tensor > 1; }
   double seq_local(const RankShape& r) const {
     return sp(r) ? static_cast<double>(d_.S) / r.tensor : d_.S;
   }
-  Counts counts(int t) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(t);
-    if (it != cache_.end()) return it->second;
-    Counts c;
-    c.layer = BertModel::layout(d_, t, 0, false, {{0, 1, false, false}}).numel();
-    c.embedding = BertModel::layout(d_, t, 0, false, {{0, 0, true, false}}).numel();
-    // A head-only piece holds the copy of the word embeddings; the head proper is the rest.
-    const int64_t head_piece = BertModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}).numel();
-    c.tied_copy = padded_vocab(t) / t * d_.C;
-    c.head = head_piece - c.tied_copy;
-    return cache_[t] = c;
-  }
+  PartParameterCounts::Counts counts(int t) const { return counts_.at(t); }
 
   BertShape d_;
-  mutable std::mutex mu_;
-  mutable std::map<int, Counts> cache_;
+  // The decoder's copy of the word embeddings is always there on a head-only piece.
+  PartParameterCounts counts_{
+      [d = d_](int t, const std::vector<ModelPiece>& pieces) {
+        return BertModel::layout(d, t, 0, false, pieces);
+      },
+      d_.L, [d = d_](int t) -> int64_t { return pad_vocab(d.V, 128 * t) / t * d.C; }};
 };
 
 }  // namespace

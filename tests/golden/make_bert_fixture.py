@@ -34,7 +34,6 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*NumPy.*")
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from transformers import BertConfig, BertForPreTraining  # noqa: E402
 
