@@ -5,7 +5,7 @@ Written by hand (no plotting library, so the script runs anywhere): the loss of 
 faint, its 25-step moving average bold, the validation losses as dots, and the final figures
 (mean of the last 50 steps, last validation loss) in the legend, which the script also prints.
 
-Usage: plot.py 1F1B.jsonl 2BW.jsonl OUT.svg
+Usage: plot.py 1F1B.jsonl 2BW.jsonl OUT.svg [PEAK_LR]   (PEAK_LR: for the title)
 """
 import json
 import sys
@@ -35,6 +35,7 @@ def moving_average(xs, n):
 
 def main():
     a_path, b_path, out_path = sys.argv[1:4]
+    lr = sys.argv[4] if len(sys.argv) > 4 else "1e-3"
     runs = [("1f1b (flush every step)", "#1f77b4", read(a_path)),
             ("2bw (weights one batch stale)", "#d62728", read(b_path))]
     W, H, left, right, top, bottom = 760, 440, 70, 20, 40, 60
@@ -48,7 +49,7 @@ def main():
            'font-family="sans-serif" font-size="12">' % (W, H),
            '<rect width="100%" height="100%" fill="white"/>',
            '<text x="%d" y="22" font-size="14">BERT (4 layers, hidden 128) on tiny Shakespeare, '
-           'pipeline 4: 1f1b vs 2bw</text>' % left]
+           'pipeline 4, peak lr %s: 1f1b vs 2bw</text>' % (left, lr)]
     # Axes, ticks and grid.
     svg.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, H - bottom, W - right, H - bottom))
     svg.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top, left, H - bottom))
