@@ -37,6 +37,11 @@ ArchSpec bert_arch() {
     if (!m.tie_embeddings)
       throw InputError(file, "model.tie_embeddings",
                        "true for arch \"bert\" (its masked-LM decoder is the word embeddings)");
+    if (m.type_vocab_size < 2)
+      throw InputError(file, "model.type_vocab_size",
+                       "at least 2 for arch \"bert\" (its samples' segments A and B are token "
+                       "types 0 and 1), got " +
+                           std::to_string(m.type_vocab_size));
   };
   return a;
 }
