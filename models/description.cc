@@ -12,4 +12,18 @@ int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int p
   return n;
 }
 
+PartParameterCounts::Counts PartParameterCounts::at(int t) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(t);
+  if (it != cache_.end()) return it->second;
+  Counts c;
+  c.layer = layout_(t, {{0, 1, false, false}}).numel();
+  c.embedding = layout_(t, {{0, 0, true, false}}).numel();
+  // A head-only piece of a tied model holds the copy of the embedding; the head proper is the
+  // rest.
+  c.tied_copy = tied_copy_(t);
+  c.head = layout_(t, {{num_layers_, 0, false, true}}).numel() - c.tied_copy;
+  return cache_[t] = c;
+}
+
 }  // namespace strata

@@ -18,7 +18,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -137,5 +140,27 @@ class ModelDescription {
 // layers: the layers, plus the embedding on the first piece, the head on the last, and on the
 // last the copy of a tied embedding when the first piece is another.
 int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers);
+
+// The per-rank parameter counts of a description's parts (layer_parameters and the rest), taken
+// from the layouts the model declares for a one-layer piece, an embedding-only piece and a
+// head-only piece of `num_layers`, whose copy of a tied embedding (tied_copy(t) elements, 0 when
+// untied) is counted apart; cached per tensor size (the planner asks often). Thread-safe.
+class PartParameterCounts {
+ public:
+  struct Counts {
+    int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
+  };
+  using Layout = std::function<ParamLayout(int tensor, const std::vector<ModelPiece>& pieces)>;
+  PartParameterCounts(Layout layout, int num_layers, std::function<int64_t(int)> tied_copy)
+      : layout_(std::move(layout)), num_layers_(num_layers), tied_copy_(std::move(tied_copy)) {}
+  Counts at(int tensor) const;
+
+ private:
+  Layout layout_;
+  int num_layers_;
+  std::function<int64_t(int)> tied_copy_;
+  mutable std::mutex mu_;
+  mutable std::map<int, Counts> cache_;
+};
 
 }  // namespace strata

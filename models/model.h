@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/layers/params.h"
@@ -53,9 +54,25 @@ struct ModelPiece {
 
 // One micro-batch on the model's device.
 struct ModelBatch {
+  ModelBatch() = default;
+  ModelBatch(Tensor tokens_, Tensor targets_, Tensor loss_mask_ = Tensor())
+      : tokens(std::move(tokens_)),
+        targets(std::move(targets_)),
+        loss_mask(std::move(loss_mask_)) {}
+
   Tensor tokens;     // (B, S) i32, read by the embedding
   Tensor targets;    // (B, S) i32, read by the loss
   Tensor loss_mask;  // (B, S) f32: 1 where a position counts in the loss; undefined: all count
+  // Masked language modelling (an encoder's batch, runtime/data.h's SampleBatch), undefined for
+  // a decoder:
+  Tensor token_types;      // (B, S) i32: 0 for [CLS] A [SEP], 1 for B [SEP] (0 on padding)
+  Tensor key_lengths;      // (B) i32: the real tokens of each sequence; the rest is padding
+  Tensor sentence_labels;  // (B) i32: the sentence task's label of each sequence
+  // What one sequence's sentence loss weighs in the LossSum, whose count is the masked tokens:
+  // the tokens that count in the global batch per sequence of it, so that the loss of an
+  // iteration is the token loss averaged over its tokens plus the sentence loss averaged over
+  // its sequences (BERT's). The pipeline stage sets it from the data (DataSource::loss_tokens).
+  double sentence_loss_weight = 1;
 };
 
 // Σ of the token losses of a micro-batch and how many tokens they are.

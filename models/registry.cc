@@ -2,16 +2,16 @@
 
 #include <stdexcept>
 
-#include "runtime/error.h"
-
+#include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
+#include "runtime/error.h"
 
 namespace strata {
 
 // One line per architecture folder (docs/architecture.md).
 const std::vector<ArchSpec>& architectures() {
-  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch()};
+  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch(), bert_arch()};
   return all;
 }
 
@@ -47,6 +47,20 @@ ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& pa
     known += (known.empty() ? "\"" : ", \"") + a.hf.hf_model_type + "\"";
   }
   throw InputError(path, "model_type", "one of " + known + ", found \"" + type + "\"");
+}
+
+void refuse_encoder_keys(const ModelConfig& m, const std::string& file) {
+  const ModelConfig defaults;
+  if (m.type_vocab_size != defaults.type_vocab_size)
+    throw InputError(file, "model.type_vocab_size",
+                     "the default " + std::to_string(defaults.type_vocab_size) + " for arch \"" +
+                         m.arch + "\" (token types are BERT's), got " +
+                         std::to_string(m.type_vocab_size));
+  if (m.layer_norm_eps != defaults.layer_norm_eps)
+    throw InputError(file, "model.layer_norm_eps",
+                     "the default 1e-12 for arch \"" + m.arch +
+                         "\" (BERT's key: GPT-2's LayerNorm eps is 1e-5, Llama's RMSNorm takes "
+                         "model.rms_norm_eps)");
 }
 
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,

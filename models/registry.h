@@ -67,6 +67,9 @@ struct ArchSpec {
   // Refuses, with InputError(file, key, …), a config this architecture cannot build under a
   // tensor-parallel size t (sizes that do not divide, keys it does not support).
   std::function<void(const ModelConfig&, int tensor, const std::string& file)> validate;
+  // Its data is masked-LM samples (an encoder: sentence pairs, token types, padding, masked
+  // positions; runtime/data.h's SamplingShape::masked_lm) instead of next-token sequences.
+  bool masked_lm = false;
 };
 
 // Every registered architecture, in registration order.
@@ -82,6 +85,10 @@ std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
                          const std::vector<ModelPiece>& pieces);
+// For a decoder's validate: BERT's keys (model.type_vocab_size, model.layer_norm_eps) would be
+// ignored, so a value other than their default is refused (InputError naming the key).
+void refuse_encoder_keys(const ModelConfig& m, const std::string& file);
+
 // The model keys of a Hugging Face directory's config.json, by its model_type (InputError naming
 // config.json when no architecture has that class).
 ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);

@@ -60,17 +60,17 @@ void Backend::matmul_residual_forward(Tensor& out, const Tensor& inp, const Tens
 }
 
 void Backend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
-                                  const Tensor& bias) {
+                                  const Tensor& bias, GeluKind kind) {
   matmul_forward(pre, inp, w, &bias);
-  gelu_forward(out, pre);
+  gelu_forward(out, pre, kind);
 }
 
 void Backend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
-                                         const Tensor& pre) {
+                                         const Tensor& pre, GeluKind kind) {
   // d(gelu(pre)) is an activation-sized temporary, counted as the model's d(gelu) always was.
   Tensor dact = empty(pre.shape(), MemCategory::kActivations, dpre.dtype());
   matmul_backward_input(dact, dout, w);
-  gelu_backward(dpre, pre, dact);
+  gelu_backward(dpre, pre, dact, kind);
 }
 
 const Tensor& MixedPrecisionScope::in(const Tensor& t) {

@@ -36,6 +36,21 @@ namespace strata {
 
 class DeviceStaging;  // runtime/comm.h
 
+// Which GELU (gelu_forward and the ops that fuse it): kTanh, the tanh approximation GPT-2 uses
+// ("gelu_new": 0.5x(1 + tanh(√(2/π)(x + 0.044715x³)))); kErf, the exact x·Φ(x) =
+// 0.5x(1 + erf(x/√2)) BERT uses (Hugging Face's "gelu").
+enum class GeluKind { kTanh, kErf };
+
+// Which keys each query of an attention core sees. causal: query i sees keys j ≤ i (decoders);
+// else every key (encoders). key_lengths, when given: (B) i32 on the backend's device, sequence
+// b's keys [len_b, S) are padding and never attended (1 ≤ len_b ≤ S; padding at the end, as
+// BERT's batches have it). Every query row is computed, padded ones included (over the keys it
+// sees), as Hugging Face's attention_mask does.
+struct AttentionMask {
+  bool causal = true;
+  const Tensor* key_lengths = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -98,15 +113,20 @@ class Backend {
   virtual void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) = 0;
   virtual void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                                       const Tensor& inp) = 0;
-  // out, inp (N, C); mean, rstd (N). Backward: dinp (N, C) +=; dw, db (C) +=.
+  // out, inp (N, C); mean, rstd (N); eps added to the variance (GPT-2's 1e-5, BERT's 1e-12).
+  // Backward: dinp (N, C) +=; dw, db (C) +=.
   virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
-                                 const Tensor& w, const Tensor& b) = 0;
+                                 const Tensor& w, const Tensor& b, float eps = 1e-5f) = 0;
   virtual void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                                   const Tensor& inp, const Tensor& w, const Tensor& mean,
                                   const Tensor& rstd) = 0;
-  // out = gelu(inp) (tanh form); backward: dinp = gelu'(inp) · dout.
-  virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
-  virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // out = gelu(inp) (GeluKind); backward: dinp = gelu'(inp) · dout.
+  virtual void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind = GeluKind::kTanh) = 0;
+  virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout,
+                             GeluKind kind = GeluKind::kTanh) = 0;
+  // out = tanh(inp) (BERT's pooler); backward: dinp = (1 − out²) · dout, from the output.
+  virtual void tanh_forward(Tensor& out, const Tensor& inp) = 0;
+  virtual void tanh_backward(Tensor& dinp, const Tensor& out, const Tensor& dout) = 0;
 
   // A linear layer whose output joins the residual stream (the attention and MLP projections):
   // out (N, OC) = inp (N, C) · w (OC, C)^T + bias (OC) + residual (N, OC); bias may be null.
@@ -121,15 +141,15 @@ class Backend {
   // the backward needs. This default runs matmul_forward then gelu_forward; the CUDA backend
   // puts the GELU in the GEMM's epilogue where cuBLASLt has one (pre is written, not re-read).
   virtual void matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
-                                   const Tensor& bias);
+                                   const Tensor& bias, GeluKind kind = GeluKind::kTanh);
   // The input gradient of a linear layer whose input was gelu(pre), carried through the GELU:
   // dpre (N, C) = gelu'(pre) · (dout (N, OC) · w (OC, C)), assigned. This default runs
   // matmul_backward_input into a temporary, then gelu_backward; the CUDA backend does both in
   // one GEMM (cuBLASLt's DGELU epilogue: no temporary, nothing written twice).
   virtual void matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
-                                          const Tensor& pre);
+                                          const Tensor& pre, GeluKind kind = GeluKind::kTanh);
 
-  // ---- attention core (causal) ----
+  // ---- attention core (causal, or bidirectional with padded keys: AttentionMask) ----
   // Grouped-query attention: qkv (B, S, NH + 2·KVH, HS) holds per token the NH query heads, then
   // the KVH key heads, then the KVH value heads (KVH = NH: multi-head attention, the (B, S, 3, NH,
   // HS) layout; KVH = 1: multi-query). Query head h attends with key/value head h / (NH / KVH),
@@ -141,12 +161,13 @@ class Backend {
     return {B, num_heads, S, S};
   }
   virtual void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int num_heads,
-                                 int num_kv_heads) = 0;
+                                 int num_kv_heads, const AttentionMask& mask = {}) = 0;
   // dqkv (the qkv layout) = the gradient, assigned; out is the forward's output. A key/value
-  // head's gradient sums over the NH / KVH query heads that share it.
+  // head's gradient sums over the NH / KVH query heads that share it (padded keys get 0). mask:
+  // the forward's.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& out, const Tensor& saved, int num_heads,
-                                  int num_kv_heads) = 0;
+                                  int num_kv_heads, const AttentionMask& mask = {}) = 0;
 
   // ---- Llama-family ops ----
   // RMSNorm over the last dimension: out (N, C) = x · rstd · w with rstd (N, f32) =

@@ -48,6 +48,13 @@ inline AttentionDims attention_dims(const Tensor& qkv, int NH, int KVH) {
   return {qkv.size(0), qkv.size(1), width / heads};
 }
 
+// An attention mask's key lengths: (B) i32.
+inline void expect_key_lengths(const Tensor& len, int64_t B) {
+  STRATA_CHECK(len.dtype() == DType::kI32,
+               "attention key lengths are " << to_string(len.dtype()) << ", expected i32");
+  expect_numel(len, B, "attention key lengths");
+}
+
 // The sizes of a RoPE operand in the attention layout (attention_dims), checked against its
 // angle table: the head size even (the rotated pairs are (x[i], x[i + HS/2])), and cos_sin an f32
 // (S_max, HS) table with a row for every position.

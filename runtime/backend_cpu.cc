@@ -135,11 +135,11 @@ class CpuBackend final : public Backend {
     }
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
-                         const Tensor& w, const Tensor& b) override {
+                         const Tensor& w, const Tensor& b, float eps) override {
     if (!all_f32(out, mean, rstd, inp, w, b)) {
       MixedPrecisionScope mp(*this);
       return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
-                               mp.in(b));
+                               mp.in(b), eps);
     }
     const int64_t N = rows(inp), C = inp.size(-1);
     expect_numel(out, N * C, "layernorm out");
@@ -147,8 +147,8 @@ class CpuBackend final : public Backend {
     expect_numel(rstd, N, "layernorm rstd");
     expect_numel(w, C, "layernorm weight");
     expect_numel(b, C, "layernorm bias");
-    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(),
-                         as_int(N), as_int(C));
+    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), as_int(N),
+                         as_int(C), eps);
   }
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
@@ -164,43 +164,69 @@ class CpuBackend final : public Backend {
     k::layernorm_backward(dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(),
                           mean.f32(), rstd.f32(), as_int(N), as_int(C));
   }
-  void gelu_forward(Tensor& out, const Tensor& inp) override {
+  void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind) override {
     if (!all_f32(out, inp)) {
       MixedPrecisionScope mp(*this);
-      return gelu_forward(mp.out(out), mp.in(inp));
+      return gelu_forward(mp.out(out), mp.in(inp), kind);
     }
     expect_numel(out, inp.numel(), "gelu out");
-    k::gelu_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
+    const size_t n = static_cast<size_t>(inp.numel());
+    if (kind == GeluKind::kErf)
+      k::gelu_erf_forward(out.f32(), inp.f32(), n);
+    else
+      k::gelu_forward(out.f32(), inp.f32(), n);
   }
-  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, GeluKind kind) override {
     if (!all_f32(dinp, inp, dout)) {
       MixedPrecisionScope mp(*this);
-      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout));
+      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout), kind);
     }
     expect_numel(dinp, inp.numel(), "gelu dinp");
     expect_numel(dout, inp.numel(), "gelu dout");
-    k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), static_cast<size_t>(inp.numel()));
+    const size_t n = static_cast<size_t>(inp.numel());
+    if (kind == GeluKind::kErf)
+      k::gelu_erf_backward(dinp.f32(), inp.f32(), dout.f32(), n);
+    else
+      k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), n);
+  }
+  void tanh_forward(Tensor& out, const Tensor& inp) override {
+    if (!all_f32(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_forward(mp.out(out), mp.in(inp));
+    }
+    expect_numel(out, inp.numel(), "tanh out");
+    k::tanh_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
+  }
+  void tanh_backward(Tensor& dinp, const Tensor& out, const Tensor& dout) override {
+    if (!all_f32(dinp, out, dout)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_backward(mp.out(dinp), mp.in(out), mp.in(dout));
+    }
+    expect_numel(dinp, out.numel(), "tanh dinp");
+    expect_numel(dout, out.numel(), "tanh dout");
+    k::tanh_backward(dinp.f32(), out.f32(), dout.f32(), static_cast<size_t>(out.numel()));
   }
 
   void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads,
-                         int num_kv_heads) override {
+                         int num_kv_heads, const AttentionMask& mask) override {
     if (!all_f32(out, att, qkv)) {
       MixedPrecisionScope mp(*this);
-      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads, num_kv_heads);
+      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads, num_kv_heads, mask);
     }
     const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
     expect_numel(out, a.B * a.S * num_heads * a.HS, "attention out");
     expect_numel(att, a.B * num_heads * a.S * a.S, "attention probabilities");
     k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(a.B), as_int(a.S), num_heads,
-                         num_kv_heads, as_int(a.HS));
+                         num_kv_heads, as_int(a.HS), mask.causal, key_lengths(mask, a));
   }
   // The probabilities saved by the forward make `out` unnecessary here.
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& att, int num_heads, int num_kv_heads) override {
+                          const Tensor& att, int num_heads, int num_kv_heads,
+                          const AttentionMask& mask) override {
     if (!all_f32(dqkv, dout, qkv, att)) {
       MixedPrecisionScope mp(*this);
-      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att),
-                                num_heads, num_kv_heads);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att), num_heads,
+                                num_kv_heads, mask);
     }
     const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
@@ -211,8 +237,9 @@ class CpuBackend final : public Backend {
       scratch_ = Tensor();  // release before allocating the larger one
       scratch_ = empty({need}, MemCategory::kBuffers);
     }
-    k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(),
-                          as_int(a.B), as_int(a.S), num_heads, num_kv_heads, as_int(a.HS));
+    k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(), as_int(a.B),
+                          as_int(a.S), num_heads, num_kv_heads, as_int(a.HS), mask.causal,
+                          key_lengths(mask, a));
   }
 
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
@@ -481,6 +508,18 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
+  // The mask's key lengths (B) on the host, checked to lie in [1, S]; null when every key counts.
+  static const int32_t* key_lengths(const AttentionMask& mask, const AttentionDims& a) {
+    if (!mask.key_lengths) return nullptr;
+    const Tensor& len = *mask.key_lengths;
+    expect_key_lengths(len, a.B);
+    for (int64_t b = 0; b < a.B; ++b)
+      STRATA_CHECK(len.i32()[b] >= 1 && len.i32()[b] <= a.S,
+                   "attention key length " << len.i32()[b] << " of sequence " << b
+                                           << " outside [1, " << a.S << "]");
+    return len.i32();
+  }
+
   Tensor scratch_;  // attention backward scratch, (threads, S, S)
 };
 

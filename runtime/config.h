@@ -59,6 +59,10 @@ struct ModelConfig {
   double rope_theta = 10000;
   std::optional<RopeScaling> rope_scaling;
   double rms_norm_eps = 1e-5;
+  // BERT (Hugging Face's BertConfig names): segment (token type) embeddings and the LayerNorm
+  // epsilon of the encoder, its embeddings and its masked-LM head.
+  int type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
 
   // Key/value heads: num_key_value_heads, or num_heads when null.
   int kv_heads() const { return num_key_value_heads.value_or(num_heads); }
@@ -113,6 +117,17 @@ struct SyntheticDataConfig {
   uint64_t seed = 7;
 };
 
+// How a masked-LM source (an encoder's data: model.arch "bert") builds its samples from the
+// documents (runtime/data/bert_dataset.h).
+struct MaskedLmDataConfig {
+  double mask_prob = 0.15;      // positions chosen for prediction (of those 80/10/10)
+  double short_seq_prob = 0.1;  // a sample made shorter than seq_len at random
+  bool sentence_order = false;  // ALBERT's sentence order (swapped A, B) instead of NSP
+  // The special tokens; null: the last four ids of model.vocab_size ([CLS], [SEP], [MASK],
+  // [PAD] in that order), above every token of the data.
+  std::optional<int> cls_id, sep_id, mask_id, pad_id;
+};
+
 // One dataset of a blend and its share of the samples.
 struct BlendEntry {
   std::string path;  // an indexed prefix or token shards (a path or glob), as data.path
@@ -133,6 +148,7 @@ struct DataConfig {
   // A tokenizer.json or tiktoken file: text sources are tokenized with it; its vocabulary is
   // the data's.
   std::optional<std::string> tokenizer;
+  MaskedLmDataConfig masked_lm;
 };
 
 struct CheckpointConfig {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/data/corpus_source.h"
+#include "runtime/data/masked_lm_source.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/data_internal.h"
 #include "runtime/error.h"
@@ -241,10 +242,12 @@ int64_t pick(const double* cdf, int64_t n, double u) {
   return std::min(i, n - 1);
 }
 
-class SyntheticSource final : public DataSource {
+// The synthetic source's Markov chain (data_internal.h's layout): its table as cumulative rows,
+// its stationary start distribution and its entropies; sequences drawn from a key.
+class MarkovChain {
  public:
-  SyntheticSource(const SyntheticDataConfig& cfg, uint64_t seed, const std::string& config_file)
-      : vocab_(cfg.vocab_size), order_(cfg.order), seed_(seed) {
+  MarkovChain(const SyntheticDataConfig& cfg, const std::string& config_file)
+      : vocab_(cfg.vocab_size), order_(cfg.order) {
     contexts_ = 1;
     for (int i = 0; i < order_; ++i) contexts_ *= vocab_;
     top_ = contexts_ / vocab_;
@@ -271,18 +274,54 @@ class SyntheticSource final : public DataSource {
     for (int64_t c = 1; c < contexts_; ++c) start_cdf_[c] += start_cdf_[c - 1];
   }
 
-  int vocab_size() const override { return vocab_; }
+  int vocab() const { return vocab_; }
+  int order() const { return order_; }
+  const MarkovAnalysis& analysis() const { return analysis_; }
 
-  std::string describe() const override {
-    return "synthetic Markov chain: vocab " + std::to_string(vocab_) + ", order " +
-           std::to_string(order_) + ", entropy rate " + fmt("%.3f", analysis_.entropy_rate) +
-           " nats/token";
+  // x[0, n): a sequence started in the stationary distribution, every decision a word of the
+  // stream of `key`: word 0 picks the starting context (its k tokens open the sequence), word
+  // t - k + 1 picks token t for t >= k.
+  void generate(uint64_t key, int n, int32_t* x) const {
+    int64_t c = pick(start_cdf_.data(), contexts_, unit_double(stream_word(key, 0)));
+    int64_t digit = top_;
+    for (int j = 0; j < order_; ++j, digit /= vocab_) {
+      if (j < n) x[j] = static_cast<int32_t>((c / digit) % vocab_);
+    }
+    for (int t = order_; t < n; ++t) {
+      const double u = unit_double(stream_word(key, static_cast<uint64_t>(t - order_ + 1)));
+      const int64_t v = pick(&cdf_[c * vocab_], vocab_, u);
+      x[t] = static_cast<int32_t>(v);
+      c = (c % top_) * vocab_ + v;
+    }
   }
 
-  std::optional<double> entropy_rate() const override { return analysis_.entropy_rate; }
+ private:
+  int vocab_;
+  int order_;
+  int64_t contexts_;               // V^k
+  int64_t top_;                    // V^(k-1)
+  std::vector<double> cdf_;        // (V^k, V): cumulative next-token distribution per context
+  std::vector<double> start_cdf_;  // [context] cumulative stationary distribution
+  MarkovAnalysis analysis_;        // entropies only (the stationary vector lives in start_cdf_)
+};
+
+class SyntheticSource final : public DataSource {
+ public:
+  SyntheticSource(const SyntheticDataConfig& cfg, uint64_t seed, const std::string& config_file)
+      : chain_(cfg, config_file), seed_(seed) {}
+
+  int vocab_size() const override { return chain_.vocab(); }
+
+  std::string describe() const override {
+    return "synthetic Markov chain: vocab " + std::to_string(chain_.vocab()) + ", order " +
+           std::to_string(chain_.order()) + ", entropy rate " +
+           fmt("%.3f", chain_.analysis().entropy_rate) + " nats/token";
+  }
+
+  std::optional<double> entropy_rate() const override { return chain_.analysis().entropy_rate; }
 
   std::optional<double> loss_floor(int seq_len) const override {
-    return data_internal::markov_loss_floor(analysis_, seq_len);
+    return data_internal::markov_loss_floor(chain_.analysis(), seq_len);
   }
 
   void sample(Split split, uint64_t iter, int64_t first, int count, int seq_len, int32_t* inputs,
@@ -292,34 +331,64 @@ class SyntheticSource final : public DataSource {
     // (seq_len + 1): one sequence; inputs are its first seq_len tokens, targets its last.
     std::vector<int32_t> x(n);
     for (int r = 0; r < count; ++r) {
-      const uint64_t key = sequence_key(seed_, split, iter, static_cast<uint64_t>(first + r));
-      // Word 0 picks the starting context (its k tokens open the sequence); word t - k + 1
-      // picks token t for t >= k.
-      int64_t c = pick(start_cdf_.data(), contexts_, unit_double(stream_word(key, 0)));
-      int64_t digit = top_;
-      for (int j = 0; j < order_; ++j, digit /= vocab_) {
-        if (j < n) x[j] = static_cast<int32_t>((c / digit) % vocab_);
-      }
-      for (int t = order_; t < n; ++t) {
-        const double u = unit_double(stream_word(key, static_cast<uint64_t>(t - order_ + 1)));
-        const int64_t v = pick(&cdf_[c * vocab_], vocab_, u);
-        x[t] = static_cast<int32_t>(v);
-        c = (c % top_) * vocab_ + v;
-      }
+      chain_.generate(sequence_key(seed_, split, iter, static_cast<uint64_t>(first + r)), n,
+                      x.data());
       std::copy(x.begin(), x.begin() + seq_len, inputs + static_cast<int64_t>(r) * seq_len);
       std::copy(x.begin() + 1, x.end(), targets + static_cast<int64_t>(r) * seq_len);
     }
   }
 
  private:
-  int vocab_;
-  int order_;
+  MarkovChain chain_;
   uint64_t seed_;
-  int64_t contexts_;               // V^k
-  int64_t top_;                    // V^(k-1)
-  std::vector<double> cdf_;        // (V^k, V): cumulative next-token distribution per context
-  std::vector<double> start_cdf_;  // [context] cumulative stationary distribution
-  MarkovAnalysis analysis_;        // entropies only (the stationary vector lives in start_cdf_)
+};
+
+// The synthetic chain's documents for masked-LM samples: kSyntheticDocuments documents, each of
+// seq_len/2 … 2·seq_len tokens (a length and a content keyed by (seed, document)); the last
+// val_fraction of them are the validation split, as any corpus's.
+constexpr int64_t kSyntheticDocuments = 2048;
+
+class MarkovCorpus final : public TokenCorpus {
+ public:
+  MarkovCorpus(const SyntheticDataConfig& cfg, uint64_t seed, int seq_len,
+               const std::string& config_file)
+      : chain_(cfg, config_file), seed_(data_internal::mix64(seed ^ 0x444F43554D454E54ull)) {
+    const uint64_t lo = static_cast<uint64_t>(std::max(2, seq_len / 2));
+    const uint64_t span = static_cast<uint64_t>(2 * seq_len) - lo + 1;
+    start_.resize(kSyntheticDocuments + 1);
+    for (int64_t d = 0; d < kSyntheticDocuments; ++d) {
+      const uint64_t len = lo + stream_word(key(d), 1u << 30) % span;
+      start_[static_cast<size_t>(d) + 1] =
+          start_[static_cast<size_t>(d)] + static_cast<int64_t>(len);
+    }
+  }
+
+  int vocab() const { return chain_.vocab(); }
+  const MarkovAnalysis& analysis() const { return chain_.analysis(); }
+
+  std::string path() const override { return "synthetic"; }
+  int64_t num_documents() const override { return kSyntheticDocuments; }
+  int64_t document_length(int64_t d) const override {
+    return start_[static_cast<size_t>(d) + 1] - start_[static_cast<size_t>(d)];
+  }
+  int64_t num_tokens() const override { return start_.back(); }
+  int token_bytes() const override { return 4; }
+  void read(int64_t d, int64_t offset, int64_t count, int32_t* out) const override {
+    thread_local std::vector<int32_t> doc;
+    doc.resize(static_cast<size_t>(document_length(d)));
+    chain_.generate(key(d), static_cast<int>(doc.size()), doc.data());
+    std::copy_n(doc.begin() + offset, count, out);
+  }
+  std::string locate(int64_t d, int64_t offset) const override {
+    return "synthetic document " + std::to_string(d) + " token " + std::to_string(offset);
+  }
+
+ private:
+  uint64_t key(int64_t d) const { return data_internal::mix64(seed_ ^ static_cast<uint64_t>(d)); }
+
+  MarkovChain chain_;
+  uint64_t seed_;
+  std::vector<int64_t> start_;  // [d] the first token of document d; [D] = all
 };
 
 // A file's tokens (bytes of a text file or uint16 of a .bin) split into train = [0, n_train)
@@ -456,6 +525,53 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t se
                                                  std::move(description), seed);
 }
 
+// A text file's paragraphs as masked-LM documents: runs of lines separated by one or more blank
+// lines (a line holding only "\r" counts as blank), as bytes or through data.tokenizer.
+MaskedLmCorpus text_documents(const DataConfig& data, const std::string& config_file,
+                              std::string* description) {
+  const std::string& path = *data.path;
+  const std::vector<uint8_t> bytes = read_data_file(path, config_file);
+  const size_t bad = data_internal::first_invalid_utf8(bytes.data(), bytes.size());
+  if (bad != bytes.size())
+    throw InputError(path, byte_at(bad), "valid UTF-8 (data.source \"text\")");
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<std::string_view> paragraphs;
+  size_t begin = 0, line = 0;
+  bool blank_seen = false;
+  while (line < text.size()) {
+    size_t end = text.find('\n', line);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view l = text.substr(line, end - line);
+    const bool blank = l.empty() || l == "\r";
+    if (blank && !blank_seen && line > begin)
+      paragraphs.push_back(text.substr(begin, line - begin));
+    if (blank) begin = end + 1;
+    blank_seen = blank;
+    line = end + 1;
+  }
+  if (begin < text.size()) paragraphs.push_back(text.substr(begin));
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> start = {0};
+  int64_t vocab = 256;
+  if (data.tokenizer) {
+    const std::unique_ptr<Tokenizer> tok = Tokenizer::load(*data.tokenizer);
+    vocab = tok->vocab_size();
+    for (std::string_view p : paragraphs) {
+      const std::vector<int32_t> ids = tok->encode(p);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      start.push_back(static_cast<int64_t>(tokens.size()));
+    }
+  } else {
+    for (std::string_view p : paragraphs) {
+      for (char c : p) tokens.push_back(static_cast<uint8_t>(c));
+      start.push_back(static_cast<int64_t>(tokens.size()));
+    }
+  }
+  *description = "text " + path + " (" + std::to_string(bytes.size()) + " bytes" +
+                 (data.tokenizer ? ", " + *data.tokenizer : std::string()) + ") in paragraphs";
+  return {std::make_shared<MemoryCorpus>(path, std::move(tokens), std::move(start)), 1, vocab};
+}
+
 void check_synthetic(const SyntheticDataConfig& s, const std::string& config_file) {
   if (s.order < 1 || s.order > 4) {
     throw InputError(config_file, "data.synthetic.order",
@@ -496,6 +612,14 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t se
   }
   if (data.source == "synthetic") {
     check_synthetic(data.synthetic, config_file);
+    if (shape.masked_lm) {
+      auto corpus = std::make_shared<MarkovCorpus>(data.synthetic, seed, seq_len, config_file);
+      const std::string description =
+          "synthetic Markov chain documents (" + std::to_string(kSyntheticDocuments) + ", vocab " +
+          std::to_string(corpus->vocab()) + ", order " + std::to_string(data.synthetic.order) + ")";
+      return make_masked_lm_source({{corpus, 1, corpus->vocab()}}, data, seed, shape, description,
+                                   config_file);
+    }
     return std::make_unique<SyntheticSource>(data.synthetic, seed, config_file);
   }
   if (data.source != "text" && data.source != "tokens" && data.source != "indexed") {
@@ -511,8 +635,25 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t se
     throw InputError(config_file, "data.val_fraction",
                      "a number in (0, 1), found " + fmt("%g", data.val_fraction));
   }
+  if (shape.masked_lm) {
+    std::string description;
+    std::vector<MaskedLmCorpus> corpora;
+    if (data.source == "text")
+      corpora.push_back(text_documents(data, config_file, &description));
+    else
+      corpora = open_dataset_corpora(data, shape, config_file, &description);
+    return make_masked_lm_source(corpora, data, seed, shape, description, config_file);
+  }
   if (data.source == "text") return make_text_source(data, seed, seq_len, config_file);
   return make_corpus_source(data, seed, shape, config_file);
+}
+
+void DataSource::sample_batch(Split split, uint64_t iter, int64_t first, int count, int seq_len,
+                              SampleBatch* out) const {
+  const size_t n = static_cast<size_t>(count) * static_cast<size_t>(seq_len);
+  out->inputs.resize(n);
+  out->targets.resize(n);
+  sample(split, iter, first, count, seq_len, out->inputs.data(), out->targets.data());
 }
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t seed, int seq_len,

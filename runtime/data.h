@@ -20,6 +20,13 @@
 // For text the last val_fraction of the file is the validation split; for datasets the last
 // val_fraction of the documents.
 //
+// Masked language modelling (an encoder: model.arch "bert", SamplingShape::masked_lm): every
+// source's documents become BERT's samples instead (runtime/data/masked_lm_source.h): sentence
+// pairs [CLS] A [SEP] B [SEP] with token types, padding and masked positions, and a sentence
+// label per sequence (SampleBatch's masked-LM fields). Documents: the dataset's for tokens and
+// indexed, the text's paragraphs (blank-line separated), the synthetic chain's generated
+// documents.
+//
 // Errors in data files (missing, truncated, wrong magic/version, invalid UTF-8, too short for
 // one sequence) throw InputError naming the file and the byte offset.
 //
@@ -30,12 +37,23 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/config.h"
 
 namespace strata {
 
 enum class Split { kTrain = 0, kVal = 1 };
+
+// Sequences [first, first + count) of a batch as a source writes them, on the host.
+struct SampleBatch {
+  std::vector<int32_t> inputs, targets;  // (count, seq_len)
+  // A masked-LM source's (DataSource::masked_lm()), empty for the others:
+  std::vector<int32_t> token_types;      // (count, seq_len): segment A 0, B 1, padding 0
+  std::vector<float> loss_mask;          // (count, seq_len): 1 at the positions to predict
+  std::vector<int32_t> lengths;          // (count): real tokens; [length, seq_len) is padding
+  std::vector<int32_t> sentence_labels;  // (count): 1 = B is not A's next (NSP) / swapped (SOP)
+};
 
 class DataSource {
  public:
@@ -57,6 +75,12 @@ class DataSource {
   // next micro-batch on a host thread while the device computes.
   virtual void sample(Split split, uint64_t iter, int64_t first, int count, int seq_len,
                       int32_t* inputs, int32_t* targets) const = 0;
+  // The same sequences with every field the source has (sample()'s inputs and targets, and a
+  // masked-LM source's token types, loss mask, lengths and sentence labels), sized here.
+  virtual void sample_batch(Split split, uint64_t iter, int64_t first, int count, int seq_len,
+                            SampleBatch* out) const;
+  // Whether sample_batch fills the masked-LM fields (an encoder's data).
+  virtual bool masked_lm() const { return false; }
   // How many target positions of those sequences count in the loss — what the loss of a batch
   // averages over, known before any compute so that the backward can be scaled by its inverse.
   // A pure function like sample(). Language-model sources count every position; a source with
@@ -75,6 +99,9 @@ struct SamplingShape {
   int64_t global_batch = 1;
   // Token ids must be below it, checked as tokens are read (0: unchecked).
   int64_t model_vocab = 0;
+  // The model is an encoder trained on masked-LM samples (models/registry.h's
+  // ArchSpec::masked_lm): the source builds those from its documents.
+  bool masked_lm = false;
 };
 
 // Builds the source of `data`, seeded by `seed` (train.seed) for sampling. `config_file` names

@@ -26,17 +26,14 @@ import json
 import math
 import os
 import shutil
-import struct
-import subprocess
-import sys
 import tempfile
 
 import torch
 import transformers
-from safetensors.torch import load_file
+from hf_check_common import (MASK64, keyed_permutation, load_dir, mix64, run, weight_map,
+                             write_llmc_tokens)
 from transformers import LlamaConfig, LlamaForCausalLM
 
-MASK64 = (1 << 64) - 1
 SEED = 1234        # train.seed: the data stream's key
 B, S = 4, 16       # micro = global batch, seq_len
 N_TOKENS, VAL_FRACTION = 400, 0.1
@@ -44,32 +41,6 @@ SHARD = "40KB"
 
 
 # ---- the sampling of a `tokens` source (runtime/data/corpus_source.cc, gpt_dataset.cc), in Python ----
-
-def mix64(x):
-    z = (x + 0x9E3779B97F4A7C15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
-def keyed_permutation(x, n, key):
-    """gpt_dataset.cc's keyed bijection of [0, n): a 4-round Feistel network, cycle walking."""
-    if n <= 1:
-        return x
-    bits = 1
-    while (1 << bits) < n:
-        bits += 1
-    half = (bits + 1) // 2
-    mask = (1 << half) - 1
-    while True:
-        l, r = x >> half, x & mask
-        for rnd in range(4):
-            f = mix64(key ^ ((rnd * 0x9E3779B97F4A7C15) & MASK64) ^ r) & mask
-            l, r = r, l ^ f
-        x = (l << half) | r
-        if x < n:
-            return x
-
 
 def shuffle_key(seed, split, epoch, which):
     return mix64(mix64(seed ^ 0x5EED0FDA7A5E7) ^ ((split << 62) & MASK64) ^ (epoch << 1) ^ which)
@@ -97,36 +68,7 @@ def strata_batch(tokens, it):
     return t[:, :S], t[:, 1:]
 
 
-def write_llmc_tokens(path, tokens):
-    header = [20240520, 1, len(tokens)] + [0] * 253
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header))
-        f.write(struct.pack("<%dH" % len(tokens), *tokens))
-
-
 # ---- helpers ----
-
-def load_dir(d):
-    """Every tensor of a save_pretrained directory (one file or shards)."""
-    out = {}
-    for name in sorted(os.listdir(d)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(d, name)))
-    return out
-
-
-def weight_map(d):
-    p = os.path.join(d, "model.safetensors.index.json")
-    with open(p) as f:
-        return json.load(f)["weight_map"]
-
-
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit("FAILED (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stdout))
-    return r.stdout
-
 
 def random_llama(cfg, seed):
     torch.manual_seed(seed)

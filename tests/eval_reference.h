@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "launch/train/batches.h"
 #include "models/registry.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
@@ -29,20 +30,18 @@ inline double plain_val_loss(const Config& cfg, const std::vector<float>& params
   shape.seq_len = S;
   shape.global_batch = B;
   shape.model_vocab = cfg.model.vocab_size;
+  shape.masked_lm = architecture(cfg.model.arch).masked_lm;
   const std::unique_ptr<DataSource> data =
       make_data_source(cfg.data, cfg.train.seed, shape, cfg.source_file);
   double sum = 0, tokens = 0;
   for (int k = 0; k < cfg.train.eval_iters; ++k) {
-    std::vector<int32_t> in(static_cast<size_t>(B) * S), tg(in.size());
-    data->sample(Split::kVal, static_cast<uint64_t>(k), 0, B, S, in.data(), tg.data());
-    Tensor ti = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-    Tensor tt = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
-    be->upload(ti, in.data());
-    be->upload(tt, tg.data());
+    SampleBatch h;
+    data->sample_batch(Split::kVal, static_cast<uint64_t>(k), 0, B, S, &h);
+    const double counted = data->loss_tokens(Split::kVal, static_cast<uint64_t>(k), 0, B, S);
     LossSum loss;
-    model->forward(ModelBatch{ti, tt, Tensor()}, &loss);
+    model->forward(upload_batch(*be, h, B, S, counted / B), &loss);
     sum += loss.sum;
-    tokens += data->loss_tokens(Split::kVal, static_cast<uint64_t>(k), 0, B, S);
+    tokens += counted;
   }
   return sum / tokens;
 }

@@ -148,13 +148,18 @@ struct Tally {
 // swaps the tiny GPT for a tiny Llama — RMSNorm, rotary embeddings, SwiGLU, untied head and
 // grouped-query attention with `heads` query heads over heads/2 key/value heads (or
 // STRATA_TEST_KV_HEADS of them), so t = 2 and t = 4 hold several or one key/value head per rank;
-// unset or "gpt" keeps the GPT. The sets go after a test's own (they override its preset and
-// head count).
+// STRATA_TEST_ARCH=bert (the *_bert_* entries) a tiny BERT — post-norm encoder, padded
+// bidirectional attention, the tied masked-LM decoder and the sentence head — on masked-LM
+// samples of the synthetic chain's documents; unset or "gpt" keeps the GPT. The sets go after a
+// test's own (they override its preset and head count).
 inline std::vector<std::string> arch_sets(int heads) {
   const char* arch = std::getenv("STRATA_TEST_ARCH");
   if (arch == nullptr || std::string(arch) == "gpt") return {};
+  if (std::string(arch) == "bert")  // the data's 48 tokens stay below the four special ones
+    return {"model.preset=bert-tiny", "model.num_heads=" + std::to_string(heads),
+            "data.synthetic.vocab_size=48"};
   if (std::string(arch) != "llama") {
-    ADD_FAILURE() << "STRATA_TEST_ARCH: gpt or llama, got " << arch;
+    ADD_FAILURE() << "STRATA_TEST_ARCH: gpt, llama or bert, got " << arch;
     return {};
   }
   const char* kv = std::getenv("STRATA_TEST_KV_HEADS");

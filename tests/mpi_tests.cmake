@@ -178,6 +178,26 @@ set_tests_properties(mpi_parallel_llama_kv2_np2 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=llama;STRATA_TEST_KV_HEADS=2" TIMEOUT 900
   PROCESSORS 2 LABELS mpi)
 
+# The layout backbone on BERT (STRATA_TEST_ARCH=bert: post-norm encoder, bidirectional attention
+# over padded keys, the masked-LM head tied to the word embeddings, the pooler and sentence head,
+# on masked-LM samples of the synthetic chain's documents): tensor 2 and 4 with sequence
+# parallelism, data 2 and 4 with ZeRO-1, fp32 and bf16; every schedule at pipeline 2 and 4
+# (interleaved, zb-h1 with sp, recompute), 2bw against the single-process 2bw; checkpoints
+# resharded between layouts. The memory, overlap and trace tests stay GPT's and Llama's.
+foreach(target_prefix_nps_filter
+        "mpi_test_parallel;mpi_parallel_bert;Parallel.EveryLayout*:Parallel.Bf16*;2;4"
+        "mpi_test_pipeline;mpi_pipeline_bert;Pipeline.EverySchedule*:Pipeline.TwoBW*;2;4"
+        "mpi_test_checkpoint;mpi_checkpoint_bert;*;4")
+  list(POP_FRONT target_prefix_nps_filter target prefix filter)
+  foreach(np ${target_prefix_nps_filter})
+    add_test(NAME ${prefix}_np${np} COMMAND ${STRATA_MPI_RUN} -np ${np} $<TARGET_FILE:${target}>
+             --gtest_filter=${filter})
+    set_tests_properties(${prefix}_np${np} PROPERTIES
+      ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=bert" TIMEOUT 900 PROCESSORS ${np}
+      LABELS mpi)
+  endforeach()
+endforeach()
+
 # `strata generate` against transformers' greedy decoding (issue 26; tests/golden/generate/):
 # alone (mpi_generate_np1) and with the model split over two tensor-parallel ranks
 # (mpi_generate_tp2: every generate() call takes STRATA_TEST_GENERATE_SETS as --set overrides).

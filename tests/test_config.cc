@@ -97,11 +97,13 @@ class TempDir {
 // against the design alone resolves to them.
 // The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
 const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
-  "data": {"blend": null, "tokenizer": null},
+  "data": {"blend": null, "tokenizer": null,
+           "masked_lm": {"mask_prob": 0.15, "short_seq_prob": 0.1, "sentence_order": false,
+                         "cls_id": null, "sep_id": null, "mask_id": null, "pad_id": null}},
   "log": {"sample_interval": 0, "sample_prompt": null, "sample_tokens": 32},
   "checkpoint": {"async": false},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
-            "rms_norm_eps": 1e-5}})";
+            "rms_norm_eps": 1e-5, "type_vocab_size": 2, "layer_norm_eps": 1e-12}})";
 
 json design_defaults_with_additions() {
   json j = json::parse(kDesignDefaults);
@@ -407,7 +409,7 @@ TEST(ConfigErrors, DropoutNotImplemented) {
 
 TEST(ConfigErrors, BadEnums) {
   const std::map<std::string, std::string> cases = {
-      {R"({"model": {"arch": "bert"}})", "model.arch"},
+      {R"({"model": {"arch": "t5"}})", "model.arch"},
       {R"({"parallel": {"schedule": "pipedream"}})", "parallel.schedule"},
       {R"({"train": {"recompute": "some"}})", "train.recompute"},
       {R"({"train": {"precision": "fp16"}})", "train.precision"},
@@ -660,6 +662,48 @@ TEST(ConfigErrors, LlamaKeys) {
   EXPECT_EQ(ok.resolved["model"]["rope_scaling"]["factor"], 8.0);
 }
 
+// BERT's keys: refused below two token types and on the decoders; the decoder keys refused on
+// BERT; data.masked_lm's ranges; no samples from an encoder.
+TEST(ConfigErrors, BertKeys) {
+  // The architecture's checks run with the world's (validate_for_world).
+  const auto arch_error = [](const char* config) {
+    const Config c = config_from_json(json::parse(config), kFile);
+    return expect_error([&] { validate_for_world(c, 1); });
+  };
+  InputError e = arch_error(R"({"model": {"preset": "bert-tiny", "type_vocab_size": 1}})");
+  EXPECT_EQ(e.where(), "model.type_vocab_size");
+  EXPECT_TRUE(contains(e.expected(), "at least 2 for arch \"bert\"")) << e.what();
+  e = arch_error(R"({"model": {"preset": "tiny", "type_vocab_size": 3}})");
+  EXPECT_EQ(e.where(), "model.type_vocab_size");
+  EXPECT_TRUE(contains(e.expected(), "for arch \"gpt\"")) << e.what();
+  e = arch_error(R"({"model": {"preset": "llama-tiny", "layer_norm_eps": 1e-5}})");
+  EXPECT_EQ(e.where(), "model.layer_norm_eps");
+  EXPECT_TRUE(contains(e.expected(), "model.rms_norm_eps")) << e.what();
+  e = arch_error(R"({"model": {"preset": "bert-tiny", "tie_embeddings": false}})");
+  EXPECT_EQ(e.where(), "model.tie_embeddings");
+  e = arch_error(R"({"model": {"preset": "bert-tiny", "num_key_value_heads": 2}})");
+  EXPECT_EQ(e.where(), "model.num_key_value_heads");
+  e = config_error(json::parse(R"({"data": {"masked_lm": {"mask_prob": 1}}})"));
+  EXPECT_EQ(e.where(), "data.masked_lm.mask_prob");
+  e = config_error(json::parse(R"({"data": {"masked_lm": {"short_seq_prob": 1}}})"));
+  EXPECT_EQ(e.where(), "data.masked_lm.short_seq_prob");
+  e = config_error(json::parse(R"({"data": {"masked_lm": {"cls_id": -1}}})"));
+  EXPECT_EQ(e.where(), "data.masked_lm.cls_id");
+  e = config_error(json::parse(R"({"data": {"masked_lm": {"mask": 0.2}}})"));
+  EXPECT_EQ(e.where(), "data.masked_lm.mask");
+  e = config_error(
+      json::parse(R"({"model": {"preset": "bert-tiny"}, "log": {"sample_interval": 10}})"));
+  EXPECT_EQ(e.where(), "log.sample_interval");
+  EXPECT_TRUE(contains(e.expected(), "(an encoder)")) << e.what();
+  const Config ok = load_config("", {"model.preset=bert-base", "data.masked_lm.sentence_order=true",
+                                     "data.masked_lm.mask_id=7"});
+  EXPECT_EQ(ok.model.arch, "bert");
+  EXPECT_TRUE(ok.data.masked_lm.sentence_order);
+  EXPECT_EQ(ok.data.masked_lm.mask_id, 7);
+  EXPECT_FALSE(ok.data.masked_lm.cls_id.has_value());
+  EXPECT_EQ(ok.resolved["data"]["masked_lm"]["mask_id"], 7);
+}
+
 // data.blend: weights ≥ 0 summing above 0, only for tokenized sources, never beside data.path;
 // data.tokenizer only for text.
 TEST(ConfigErrors, DataBlendAndTokenizer) {
@@ -874,7 +918,8 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
   };
   // GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020, with Megatron's 16 heads for 1.3B
   // and 5120 for 13B), the test models, and Meta's published Llama 3.1/3.2 config.json files
-  // (trained at seq 8192; their 131072 positions come from rope_scaling).
+  // (trained at seq 8192; their 131072 positions come from rope_scaling), and BERT (Devlin et
+  // al. 2019: base and large with Google's 30522-token WordPiece vocabulary, seq 512).
   const std::map<std::string, Sizes> expected = {
       {"gpt2-124m", {12, 768, 12, 1024, 50257, 3072}},
       {"gpt2-350m", {24, 1024, 16, 1024, 50257, 4096}},
@@ -892,6 +937,13 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
       {"llama-3.1-8b", {32, 4096, 32, 8192, 128256, 14336, 8, false, 500000, 8}},
       {"llama-3.1-70b", {80, 8192, 64, 8192, 128256, 28672, 8, false, 500000, 8}},
       {"llama-3.1-405b", {126, 16384, 128, 8192, 128256, 53248, 8, false, 500000, 8}},
+      {"bert-tiny", {2, 64, 4, 64, 260, 256}},
+      {"bert-base", {12, 768, 12, 512, 30522, 3072}},
+      {"bert-large", {24, 1024, 16, 512, 30522, 4096}},
+  };
+  const auto arch_of = [](const std::string& name, const Sizes& s) -> std::string {
+    if (name.rfind("bert-", 0) == 0) return "bert";
+    return s.kv_heads ? "llama" : "gpt";
   };
   std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(configs_dir() + "/models")) {
@@ -905,7 +957,10 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
     const auto it = expected.find(name);
     ASSERT_NE(it, expected.end()) << "undocumented preset";
     const Sizes& s = it->second;
-    EXPECT_EQ(c.model.arch, s.kv_heads ? "llama" : "gpt");
+    EXPECT_EQ(c.model.arch, arch_of(name, s));
+    // BERT's two segments and Hugging Face's LayerNorm epsilon; the defaults elsewhere.
+    EXPECT_EQ(c.model.type_vocab_size, 2);
+    EXPECT_EQ(c.model.layer_norm_eps, 1e-12);
     EXPECT_EQ(c.model.tie_embeddings, s.tie);
     EXPECT_EQ(c.model.num_layers, s.layers);
     EXPECT_EQ(c.model.hidden_size, s.hidden);

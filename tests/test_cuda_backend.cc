@@ -230,19 +230,31 @@ TEST_F(CudaBackend, TrainingMatchesTheCpuRun) {
     EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "iteration " << i;
 }
 
-// The same for the Llama family: RMSNorm, rotary embeddings, SwiGLU and grouped-query attention
-// (4 query heads over 2 key/value heads) through the CUDA kernels, fp32 and bf16 (tolerances
-// and reasons as the GPT's, below).
-TEST_F(CudaBackend, LlamaTrainingMatchesTheCpuRun) {
+// A preset's training run on the GPU against the CPU's, fp32 within 1e-4 and bf16 within 1e-2
+// (tolerances and reasons as the GPT's, below), and learning.
+void expect_training_matches_cpu(const char* preset) {
   for (const char* precision : {"fp32", "bf16"}) {
-    const std::vector<double> cpu = training_losses("cpu", precision, "llama-tiny"),
-                              gpu = training_losses("cuda", precision, "llama-tiny");
+    const std::vector<double> cpu = training_losses("cpu", precision, preset),
+                              gpu = training_losses("cuda", precision, preset);
     ASSERT_EQ(gpu.size(), cpu.size());
     const double tol = std::string(precision) == "fp32" ? 1e-4 : 1e-2;
     for (size_t i = 0; i < cpu.size(); ++i)
-      EXPECT_NEAR(gpu[i], cpu[i], tol * cpu[i]) << precision << " iteration " << i;
-    EXPECT_LT(gpu.back(), gpu.front()) << precision;
+      EXPECT_NEAR(gpu[i], cpu[i], tol * cpu[i]) << preset << " " << precision << " iteration " << i;
+    EXPECT_LT(gpu.back(), gpu.front()) << preset << " " << precision;
   }
+}
+
+// The Llama family: RMSNorm, rotary embeddings, SwiGLU and grouped-query attention (4 query heads
+// over 2 key/value heads) through the CUDA kernels.
+TEST_F(CudaBackend, LlamaTrainingMatchesTheCpuRun) {
+  expect_training_matches_cpu("llama-tiny");
+}
+
+// BERT: bidirectional attention over padded keys, the erf GELU, tanh, token types, the tied
+// masked-LM decoder with its bias and the sentence head, on masked-LM samples of the synthetic
+// chain's documents, through the CUDA kernels.
+TEST_F(CudaBackend, BertTrainingMatchesTheCpuRun) {
+  expect_training_matches_cpu("bert-tiny");
 }
 
 // Generation over the key/value cache on the GPU picks the CPU's greedy tokens (fp32; the

@@ -264,6 +264,20 @@ TEST(KernelsGrad, LayerNormFiniteDifferences) {
   const Vec r = random_vec(N * C, 33);         // (N, C)
   Vec out(N * C), mean(N), rstd(N);            // (N, C), (N), (N)
 
+  // BERT's eps (1e-12) where the variance is small enough for it to matter at 1e-12.
+  {
+    Vec tiny = inp;
+    for (double& v : tiny) v *= 1e-5;
+    cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), tiny.data(), w.data(),
+                                   b.data(), N, C, 1e-12);
+    for (int n = 0; n < N; ++n) {
+      double s = 0, s2 = 0;
+      for (int c = 0; c < C; ++c) s += tiny[n * C + c];
+      const double mu = s / C;
+      for (int c = 0; c < C; ++c) s2 += (tiny[n * C + c] - mu) * (tiny[n * C + c] - mu);
+      EXPECT_NEAR(rstd[n] * std::sqrt(s2 / C + 1e-12), 1.0, 1e-12);
+    }
+  }
   // Forward against the textbook formula (biased variance, eps = 1e-5).
   cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
                                  b.data(), N, C);
@@ -398,6 +412,61 @@ TEST(KernelsGrad, GeluFiniteDifferences) {
   expect_close(dx, numeric_grad(x, loss), kFdTol, "gelu dinp");
 }
 
+// BERT's exact GELU x·Φ(x) and tanh (its pooler).
+TEST(KernelsGrad, GeluErfAndTanhFiniteDifferences) {
+  const size_t n = 11;
+  Vec x = random_vec(n, 55, -4.0, 4.0);  // (n)
+  const Vec r = random_vec(n, 56);       // (n)
+  Vec out(n);                            // (n)
+  // Closed forms: gelu(1) = Φ(1) = 0.8413447460685429…, gelu(−1) = −(1 − Φ(1)), tanh(0.5).
+  const double xs[] = {1.0, -1.0, 0.5};
+  double ys[3];
+  cpu::gelu_erf_forward<double>(ys, xs, 2);
+  EXPECT_NEAR(ys[0], 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(ys[1], -0.15865525393145707, 1e-15);
+  cpu::tanh_forward<double>(ys, xs + 2, 1);
+  EXPECT_NEAR(ys[0], 0.46211715726000974, 1e-15);
+
+  auto gelu_loss = [&] {
+    cpu::gelu_erf_forward<double>(out.data(), x.data(), n);
+    return dot(r, out);
+  };
+  Vec dx(n, kNaN);  // assigned, never read
+  cpu::gelu_erf_backward<double>(dx.data(), x.data(), r.data(), n);
+  expect_close(dx, numeric_grad(x, gelu_loss), kFdTol, "gelu erf dinp");
+
+  auto tanh_loss = [&] {
+    cpu::tanh_forward<double>(out.data(), x.data(), n);
+    return dot(r, out);
+  };
+  tanh_loss();
+  Vec dt(n, kNaN);
+  cpu::tanh_backward<double>(dt.data(), out.data(), r.data(), n);
+  expect_close(dt, numeric_grad(x, tanh_loss), kFdTol, "tanh dinp");
+
+  // Float against double, and the far tails stay finite.
+  const size_t m = 10007;
+  const Vec big = random_vec(m, 57, -6.0, 6.0), g = random_vec(m, 58);
+  Vec o(m), d(m);
+  cpu::gelu_erf_forward<double>(o.data(), big.data(), m);
+  cpu::gelu_erf_backward<double>(d.data(), big.data(), g.data(), m);
+  const auto fb = to_float(big), fg = to_float(g);
+  std::vector<float> fo(m), fd(m);
+  cpu::gelu_erf_forward<float>(fo.data(), fb.data(), m);
+  cpu::gelu_erf_backward<float>(fd.data(), fb.data(), fg.data(), m);
+  expect_close(fo, o, kFloatTol, "float gelu erf out");
+  expect_close(fd, d, kFloatTol, "float gelu erf dinp");
+  const float tails[] = {-1e30f, -50.f, 50.f, 1e30f};
+  float ty[4], tg[4];
+  const float ones[4] = {1.f, 1.f, 1.f, 1.f};
+  cpu::gelu_erf_forward<float>(ty, tails, 4);
+  cpu::gelu_erf_backward<float>(tg, tails, ones, 4);
+  EXPECT_EQ(ty[0], 0.f);
+  EXPECT_EQ(ty[3], 1e30f);
+  EXPECT_EQ(tg[0], 0.f);
+  EXPECT_EQ(tg[3], 1.f);
+}
+
 TEST(KernelsFloat, GeluMatchesDouble) {
   ScopedThreads threads(2);
   const size_t n = 10007;
@@ -519,19 +588,24 @@ TEST(KernelsSwiGlu, FloatExtremesAndNaN) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-// Naive causal grouped-query attention, one score at a time, straight from the definition:
-// qkv (B, S, NH + 2·KVH, HS), query head h reads key and value head h / (NH / KVH).
-void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int KVH, int HS) {
+// Naive grouped-query attention, one score at a time, straight from the definition:
+// qkv (B, S, NH + 2·KVH, HS), query head h reads key and value head h / (NH / KVH); query i of
+// sequence b sees key j when j ≤ i (causal; any j otherwise) and j < len[b] (len given).
+void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, int KVH, int HS,
+                     bool causal = true, const std::vector<int32_t>* len = nullptr) {
   const int W = (NH + 2 * KVH) * HS;  // row width of qkv
   const int group = NH / KVH;
   for (int b = 0; b < B; ++b) {
+    const int n = len ? (*len)[static_cast<size_t>(b)] : S;
+    const auto sees = [&](int i, int j) { return (!causal || j <= i) && j < n; };
     for (int h = 0; h < NH; ++h) {
       const int k_off = (NH + h / group) * HS;        // this query head's key head in a row
       const int v_off = (NH + KVH + h / group) * HS;  // and its value head
       for (int i = 0; i < S; ++i) {
         std::vector<double> p(S, 0.0);
         double mx = -std::numeric_limits<double>::infinity();
-        for (int j = 0; j <= i; ++j) {
+        for (int j = 0; j < S; ++j) {
+          if (!sees(i, j)) continue;
           double s = 0;
           for (int d = 0; d < HS; ++d) {
             s += qkv[(b * S + i) * W + h * HS + d] * qkv[(b * S + j) * W + k_off + d];
@@ -540,14 +614,14 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
           mx = std::max(mx, p[j]);
         }
         double z = 0;
-        for (int j = 0; j <= i; ++j) z += std::exp(p[j] - mx);
+        for (int j = 0; j < S; ++j) z += sees(i, j) ? std::exp(p[j] - mx) : 0.0;
         for (int j = 0; j < S; ++j) {
-          const double a = j <= i ? std::exp(p[j] - mx) / z : 0.0;
+          const double a = sees(i, j) ? std::exp(p[j] - mx) / z : 0.0;
           att[((b * NH + h) * S + i) * S + j] = a;
         }
         for (int d = 0; d < HS; ++d) {
           double o = 0;
-          for (int j = 0; j <= i; ++j) {
+          for (int j = 0; j < S; ++j) {
             o += att[((b * NH + h) * S + i) * S + j] * qkv[(b * S + j) * W + v_off + d];
           }
           out[(b * S + i) * NH * HS + h * HS + d] = o;
@@ -557,10 +631,13 @@ void naive_attention(Vec& out, Vec& att, const Vec& qkv, int B, int S, int NH, i
   }
 }
 
-void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, uint64_t seed) {
+void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, uint64_t seed,
+                          bool causal = true, const std::vector<int32_t>* len = nullptr) {
   SCOPED_TRACE("attention B=" + std::to_string(B) + " S=" + std::to_string(S) +
                " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH) +
-               " HS=" + std::to_string(HS) + " threads=" + std::to_string(threads));
+               " HS=" + std::to_string(HS) + " threads=" + std::to_string(threads) +
+               (causal ? " causal" : " bidirectional") + (len ? " padded" : ""));
+  const int32_t* kl = len ? len->data() : nullptr;
   ScopedThreads scoped(threads);
   const size_t nqkv = static_cast<size_t>(B) * S * (NH + 2 * KVH) * HS;
   const size_t nout = static_cast<size_t>(B) * S * NH * HS;
@@ -570,14 +647,15 @@ void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, ui
   const Vec r = random_vec(nout, seed + 1);     // (B, S, NH, HS)
   Vec out(nout), att(natt);                     // (B, S, NH, HS), (B, NH, S, S)
 
-  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
+  cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS, causal, kl);
   Vec want_out(nout), want_att(natt);
-  naive_attention(want_out, want_att, qkv, B, S, NH, KVH, HS);
+  naive_attention(want_out, want_att, qkv, B, S, NH, KVH, HS, causal, len);
   expect_close(out, want_out, 1e-12, "attention out");
   expect_close(att, want_att, 1e-12, "attention att");
 
   auto loss = [&] {
-    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS);
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), B, S, NH, KVH, HS, causal,
+                                   kl);
     return dot(r, out);
   };
   loss();  // att of the unperturbed input for the backward
@@ -586,7 +664,7 @@ void check_attention_grad(int B, int S, int NH, int KVH, int HS, int threads, ui
   Vec dqkv(nqkv, kNaN);
   Vec scratch(cpu::attention_scratch_elems(S), kNaN);
   cpu::attention_backward<double>(dqkv.data(), r.data(), qkv.data(), att.data(), scratch.data(), B,
-                                  S, NH, KVH, HS);
+                                  S, NH, KVH, HS, causal, kl);
   expect_close(dqkv, numeric_grad(qkv, loss), kFdTol, "attention dqkv");
 }
 
@@ -597,6 +675,22 @@ TEST(KernelsGrad, AttentionFiniteDifferences) {
   // S = 70 spans two of the kernel's 64-row causal blocks, one of them partial.
   check_attention_grad(1, 70, 1, 1, 2, 1, 62);
   check_attention_grad(1, 1, 1, 1, 4, 1, 63);  // a single position: att = 1, out = v
+}
+
+// BERT's attention: every query sees every real key of its sequence; padded keys (j ≥ len[b]) are
+// never seen and get exactly zero gradient (the finite differences of their q/k/v entries are 0,
+// and padded query rows still attend to the real keys).
+TEST(KernelsGrad, BidirectionalPaddedAttentionFiniteDifferences) {
+  check_attention_grad(2, 5, 2, 2, 3, 1, 80, /*causal=*/false);
+  const std::vector<int32_t> len = {5, 3};
+  check_attention_grad(2, 5, 2, 2, 3, 1, 81, false, &len);
+  check_attention_grad(2, 5, 2, 2, 3, 2, 82, false, &len);  // two threads
+  check_attention_grad(2, 5, 4, 2, 3, 1, 83, false, &len);  // grouped-query
+  check_attention_grad(2, 5, 2, 2, 3, 1, 84, true, &len);   // causal and padded
+  const std::vector<int32_t> one = {1, 2};                  // a single real key
+  check_attention_grad(2, 5, 2, 2, 3, 1, 85, false, &one);
+  const std::vector<int32_t> long_len = {66, 70};  // blocks of 64, one partial
+  check_attention_grad(2, 70, 1, 1, 2, 1, 86, false, &long_len);
 }
 
 // Grouped-query (KVH < NH) and multi-query (KVH = 1) attention: a key/value head's gradient sums

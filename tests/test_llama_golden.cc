@@ -28,9 +28,14 @@
 #include "runtime/backend.h"
 #include "runtime/optimizer.h"
 #include "runtime/safetensors.h"
+#include "tests/golden_compare.h"
 
 namespace strata {
 namespace {
+
+using golden::compare;
+using golden::max_abs;
+using golden::max_diff;
 
 const std::string kFixture = std::string(STRATA_TEST_DIR) + "/golden/llama_tiny.safetensors";
 
@@ -109,35 +114,6 @@ Batch batch(Backend& be, const Golden& g, int k) {
   return b;
 }
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
-
-// Mismatches of got against want beyond tol_rel × max|want| (or tol_abs when given).
-int compare(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-            double tol_rel_to_max, double tol_abs = 0) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  const double tol = tol_abs > 0 ? tol_abs : tol_rel_to_max * std::max(max_abs(want), 1e-30);
-  int bad = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i)
-    if (std::fabs(got[i] - want[i]) > tol) {
-      if (bad < 3)
-        ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
-                      << " (tolerance " << tol << ")";
-      ++bad;
-    }
-  return bad;
-}
-
 TEST(LlamaGolden, ForwardLogitsAndLossMatchTransformers) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
@@ -187,22 +163,9 @@ TEST(LlamaGolden, TenAdamWStepsMatchTorch) {
   auto be = make_backend("cpu", 1);
   DecoderModel model(llama_shape(g.m), options(), *be);
   load_weights(model, g);
-  OptimizerConfig o;
-  o.lr = g.cfg["lr"];
-  o.min_lr = g.cfg["min_lr"];
-  o.warmup_iters = g.cfg["warmup_iters"];
-  o.decay_iters = g.cfg["decay_iters"].get<int>();
-  o.decay = "cosine";
-  o.beta1 = g.cfg["beta1"];
-  o.beta2 = g.cfg["beta2"];
-  o.eps = g.cfg["eps"];
-  o.weight_decay = g.cfg["weight_decay"];
-  o.grad_clip = g.cfg["grad_clip"];
+  const OptimizerConfig o = golden::optimizer_of(g.cfg);
   const int steps = g.cfg["steps"];
-  std::vector<OptSegment> segments;
-  for (const ParamInfo& p : model.params().infos())
-    segments.push_back({p.offset, p.offset, p.numel, p.decay});
-  AdamW opt(*be, o, segments);
+  AdamW opt(*be, o, golden::whole_segments(model.params()));
   const std::vector<float> want_loss = g.f.at("steps.loss", kFixture).as_f32();
   const std::vector<float> want_norm = g.f.at("steps.grad_norm", kFixture).as_f32();
   const std::vector<float> want_lr = g.f.at("steps.lr", kFixture).as_f32();

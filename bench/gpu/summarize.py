@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side throughput table: Strata metrics JSONL files and torch_{gpt,llama}.py JSON lines.
+"""Side-by-side throughput table: Strata metrics JSONL files and torch_{gpt,llama,bert}.py JSON lines.
 
   python3 bench/gpu/summarize.py --strata gpt2-124m=OUT/strata_gpt2-124m.jsonl \\
       --strata gpt-1.3b=OUT/strata_gpt-1.3b.jsonl \\
@@ -20,7 +20,7 @@ iterations; they are matched to Strata runs by "label". Missing or unreadable in
 saying so, never a crash: this runs at the end of scripts/gpu_check, whatever failed before it.
 
 After the table: the Strata / torch.compile (and torch eager) tokens/s ratio of each --ratio-label
-(default gpt2-124m and llama-3.2-1b, those the table has), cuDNN's attention against Strata's
+(default gpt2-124m, llama-3.2-1b and bert-large, those the table has), cuDNN's attention against Strata's
 for every model, and each model's targets (TARGETS: issue 7's for GPT, the Llama issue's for
 llama-3.2-1b) met or not, for each Strata row of the model.
 """
@@ -259,7 +259,7 @@ def main():
 
     # The issue's comparison: Strata vs torch.compile, same model and batch; with cuDNN's
     # attention too, and cuDNN's against Strata's attention for every model (what "auto" picks).
-    labels = args.ratio_label or [lab for lab in ("gpt2-124m", "llama-3.2-1b")
+    labels = args.ratio_label or [lab for lab in ("gpt2-124m", "llama-3.2-1b", "bert-large")
                                   if any(r["label"] == lab for r in rows)]
     for lab in labels:
         print()

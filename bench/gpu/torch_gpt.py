@@ -31,6 +31,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_common import device_of, padded, run_modes, sync
 
 
 class Block(nn.Module):
@@ -94,17 +95,12 @@ def model_flops_per_iter(B, s, l, h, V):
     return 72.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (12.0 * l * h))
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run(args, compiled, device):
     torch.manual_seed(args.seed)
     if args.global_batch % args.micro_batch:
         sys.exit("--global-batch must be a multiple of --micro-batch")
     accum = args.global_batch // args.micro_batch
-    vp = (args.vocab + args.pad_vocab - 1) // args.pad_vocab * args.pad_vocab
+    vp = padded(args.vocab, args.pad_vocab)
     model = GPT(args.layers, args.hidden, args.heads, args.seq, args.vocab, vp).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -207,22 +203,7 @@ def main():
     if args.hidden % args.heads:
         sys.exit("--hidden must be divisible by --heads")
 
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit("torch sees no CUDA device (use --device cpu for a smoke test)")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    status = 0
-    for c in [int(x) for x in args.compile.split(",")]:
-        try:
-            run(args, bool(c), device)
-        except Exception as e:  # one failed mode (e.g. compile) must not hide the other's line
-            print(json.dumps({"impl": "torch.compile" if c else "torch-eager",
-                              "label": args.label, "compile": c, "error": repr(e)[:500]}),
-                  flush=True)
-            status = 1
-    sys.exit(status)
+    run_modes(args, run, device_of(args))
 
 
 if __name__ == "__main__":

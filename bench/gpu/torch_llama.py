@@ -43,6 +43,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_common import device_of, padded, run_modes, sync
 
 # Llama 3.2 1B's rope_scaling (configs/models/llama-3.2-1b.json): factor, low_freq_factor,
 # high_freq_factor, original_max_position_embeddings.
@@ -196,15 +197,6 @@ def model_flops_per_iter(sequences, s, l, c, heads, kv_heads, ffn, vocab):
     per_token_layer = 2.0 * (c * (heads + 2 * kv_heads) * hs + c * c + 3.0 * c * ffn) + 4.0 * s * c
     per_token_fwd = l * per_token_layer + 2.0 * c * vocab
     return 3.0 * per_token_fwd * sequences * s
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def padded(vocab, multiple):
-    return (vocab + multiple - 1) // multiple * multiple
 
 
 def build(args, device):
@@ -432,22 +424,7 @@ def main():
     if args.gqa == "auto":
         args.gqa = "sdpa" if sdpa_has_gqa() else "repeat"
 
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit("torch sees no CUDA device (use --device cpu for a smoke test)")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    status = 0
-    for c in [int(x) for x in args.compile.split(",")]:
-        try:
-            run(args, bool(c), device)
-        except Exception as e:  # one failed mode (e.g. compile) must not hide the other's line
-            print(json.dumps({"impl": "torch.compile" if c else "torch-eager",
-                              "label": args.label, "compile": c, "error": repr(e)[:500]}),
-                  flush=True)
-            status = 1
-    sys.exit(status)
+    run_modes(args, run, device_of(args))
 
 
 if __name__ == "__main__":

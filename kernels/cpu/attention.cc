@@ -19,15 +19,27 @@ namespace strata::kernels::cpu {
 
 namespace {
 
-// Rows per block of the causal attention GEMMs: a block of query rows [i0, i1) only needs key
+// Rows per block of the attention GEMMs: a block of causal query rows [i0, i1) only needs key
 // columns [0, i1), which skips about half the work of the (S, S) products for long sequences
 // while keeping each GEMM large enough for OpenBLAS to run near its peak.
 constexpr int kAttentionBlock = 64;
 
+// The keys query rows see: row i sees [0, row_keys(i)); a block of rows [i0, i1) needs the
+// columns [0, block_keys(i1)). len: the sequence's real keys.
+struct KeyRange {
+  bool causal;
+  int len;
+  int row_keys(int i) const { return causal ? std::min(i + 1, len) : len; }
+  int block_keys(int i1) const { return causal ? std::min(i1, len) : len; }
+  // The query rows that see key j: [first_query(j), S).
+  int first_query(int j) const { return causal ? j : 0; }
+};
+
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int KVH, int HS) {
+void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int KVH, int HS,
+                       bool causal, const int32_t* key_len) {
   const int ld = (NH + 2 * KVH) * HS;  // row stride of q, k, v inside qkv
   const int group = NH / KVH;          // query heads per key/value head
   const int ldo = NH * HS;     // row stride of one head inside out
@@ -44,31 +56,34 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int K
     const T* v = k + static_cast<size_t>(KVH) * HS;                                    // (S, HS)
     T* a = att + static_cast<size_t>(bh) * S * S;                                      // (S, S)
     T* o = out + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;       // (S, HS)
+    const KeyRange keys{causal, key_len ? key_len[b] : S};
     for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
       const int i1 = std::min(S, i0 + kAttentionBlock);
       const int rows = i1 - i0;
-      // scores[i0:i1, 0:i1] = q[i0:i1] · k[0:i1]^T / √HS; later keys are masked anyway.
-      gemm<T>(false, true, rows, i1, HS, scale, q + static_cast<size_t>(i0) * ld, ld, k, ld, T(0),
+      const int kn = keys.block_keys(i1);
+      // scores[i0:i1, 0:kn] = q[i0:i1] · k[0:kn]^T / √HS; keys a row does not see are masked.
+      gemm<T>(false, true, rows, kn, HS, scale, q + static_cast<size_t>(i0) * ld, ld, k, ld, T(0),
               a + static_cast<size_t>(i0) * S, S);
       for (int i = i0; i < i1; ++i) {
         T* row = a + static_cast<size_t>(i) * S;  // (S)
+        const int n = keys.row_keys(i);
         // Subtracting the row max keeps exp() ≤ 1: no overflow whatever the scores.
         T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : mx)
-        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int j = 0; j < n; ++j) mx = std::max(mx, row[j]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= i; ++j) {
+        for (int j = 0; j < n; ++j) {
           row[j] = exp_t(row[j] - mx);
           sum += row[j];
         }
         const T inv = T(1) / sum;
 #pragma omp simd
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
-        for (int j = i + 1; j < S; ++j) row[j] = T(0);
+        for (int j = 0; j < n; ++j) row[j] *= inv;
+        for (int j = n; j < S; ++j) row[j] = T(0);
       }
-      // out[i0:i1] = att[i0:i1, 0:i1] · v[0:i1]
-      gemm<T>(false, false, rows, HS, i1, T(1), a + static_cast<size_t>(i0) * S, S, v, ld, T(0),
+      // out[i0:i1] = att[i0:i1, 0:kn] · v[0:kn]
+      gemm<T>(false, false, rows, HS, kn, T(1), a + static_cast<size_t>(i0) * S, S, v, ld, T(0),
               o + static_cast<size_t>(i0) * ldo, ldo);
     }
   }
@@ -76,7 +91,7 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int K
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* scratch, int B,
-                        int S, int NH, int KVH, int HS) {
+                        int S, int NH, int KVH, int HS, bool causal, const int32_t* key_len) {
   const int ld = (NH + 2 * KVH) * HS;
   const int ldo = NH * HS;
   const int group = NH / KVH;  // query heads per key/value head
@@ -94,6 +109,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
     T* dk = dqkv + row0 + static_cast<size_t>(NH + kvh) * HS;      // (S, HS)
     T* dv = dk + static_cast<size_t>(KVH) * HS;                    // (S, HS)
     T* d = scratch + static_cast<size_t>(omp_get_thread_num()) * S * S;  // (S, S): datt, then dpre
+    const KeyRange keys{causal, key_len ? key_len[b] : S};
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
       const T beta = h == kvh * group ? T(0) : T(1);  // dk, dv: assign, then accumulate
       const T* q = qkv + row0 + static_cast<size_t>(h) * HS;                               // (S, HS)
@@ -104,37 +120,42 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
       for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
         const int i1 = std::min(S, i0 + kAttentionBlock);
         const int rows = i1 - i0;
-        // datt[i0:i1, 0:i1] = dout[i0:i1] · v[0:i1]^T
-        gemm<T>(false, true, rows, i1, HS, T(1), dy + static_cast<size_t>(i0) * ldo, ldo, v, ld,
+        const int kn = keys.block_keys(i1);
+        // datt[i0:i1, 0:kn] = dout[i0:i1] · v[0:kn]^T
+        gemm<T>(false, true, rows, kn, HS, T(1), dy + static_cast<size_t>(i0) * ldo, ldo, v, ld,
                 T(0), d + static_cast<size_t>(i0) * S, S);
-        // Softmax backward on the causal part: dpre = att ⊙ (datt − Σ_j att ⊙ datt). The rest of
-        // the row is zeroed because the dk GEMM below reads whole columns of dpre.
+        // Softmax backward over the keys the row sees: dpre = att ⊙ (datt − Σ_j att ⊙ datt).
+        // The rest of the row is zeroed because the dk GEMM below reads whole columns of dpre.
         for (int i = i0; i < i1; ++i) {
           const T* arow = a + static_cast<size_t>(i) * S;  // (S)
           T* drow = d + static_cast<size_t>(i) * S;        // (S)
+          const int n = keys.row_keys(i);
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= i; ++j) dot += arow[j] * drow[j];
-          for (int j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
-          for (int j = i + 1; j < S; ++j) drow[j] = T(0);
+          for (int j = 0; j < n; ++j) dot += arow[j] * drow[j];
+          for (int j = 0; j < n; ++j) drow[j] = arow[j] * (drow[j] - dot);
+          for (int j = n; j < S; ++j) drow[j] = T(0);
         }
-        // dq[i0:i1] = dpre[i0:i1, 0:i1] · k[0:i1] / √HS
-        gemm<T>(false, false, rows, HS, i1, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
+        // dq[i0:i1] = dpre[i0:i1, 0:kn] · k[0:kn] / √HS
+        gemm<T>(false, false, rows, HS, kn, scale, d + static_cast<size_t>(i0) * S, S, k, ld, T(0),
                 dq + static_cast<size_t>(i0) * ld, ld);
       }
-      // Key/value rows j only receive from query rows i ≥ j (att and dpre are 0 above the
-      // diagonal), so a block of key rows [j0, j1) needs query rows [j0, S) only.
+      // Key/value rows j only receive from the query rows that see them, [first_query(j), S)
+      // (att and dpre are 0 elsewhere): causal, a block of key rows [j0, j1) needs query rows
+      // [j0, S) only. Padded keys receive nothing: their rows of att and dpre are 0 (so the
+      // GEMMs assign them 0).
       for (int j0 = 0; j0 < S; j0 += kAttentionBlock) {
         const int j1 = std::min(S, j0 + kAttentionBlock);
         const int rows = j1 - j0;
-        const size_t corner = static_cast<size_t>(j0) * S + j0;  // element (j0, j0) of an (S, S)
-        // dv[j0:j1] (+)= att[j0:S, j0:j1]^T · dout[j0:S]
-        gemm<T>(true, false, rows, HS, S - j0, T(1), a + corner, S,
-                dy + static_cast<size_t>(j0) * ldo, ldo, beta, dv + static_cast<size_t>(j0) * ld,
+        const int i0 = keys.first_query(j0);
+        const size_t corner = static_cast<size_t>(i0) * S + j0;  // element (i0, j0) of an (S, S)
+        // dv[j0:j1] (+)= att[i0:S, j0:j1]^T · dout[i0:S]
+        gemm<T>(true, false, rows, HS, S - i0, T(1), a + corner, S,
+                dy + static_cast<size_t>(i0) * ldo, ldo, beta, dv + static_cast<size_t>(j0) * ld,
                 ld);
-        // dk[j0:j1] (+)= dpre[j0:S, j0:j1]^T · q[j0:S] / √HS
-        gemm<T>(true, false, rows, HS, S - j0, scale, d + corner, S,
-                q + static_cast<size_t>(j0) * ld, ld, beta, dk + static_cast<size_t>(j0) * ld, ld);
+        // dk[j0:j1] (+)= dpre[i0:S, j0:j1]^T · q[i0:S] / √HS
+        gemm<T>(true, false, rows, HS, S - i0, scale, d + corner, S,
+                q + static_cast<size_t>(i0) * ld, ld, beta, dk + static_cast<size_t>(j0) * ld, ld);
       }
     }
   }
@@ -187,10 +208,11 @@ size_t attention_scratch_elems(int S) {
 
 // Explicit instantiations: float for training, double for the finite-difference reference.
 
-#define STRATA_INSTANTIATE_CPU_ATTENTION(T)                                 \
-  template void attention_forward<T>(T*, T*, const T*, int, int, int, int, int); \
+#define STRATA_INSTANTIATE_CPU_ATTENTION(T)                                                     \
+  template void attention_forward<T>(T*, T*, const T*, int, int, int, int, int, bool,           \
+                                     const int32_t*);                                           \
   template void attention_backward<T>(T*, const T*, const T*, const T*, T*, int, int, int, int, \
-                                      int);                                                      \
+                                      int, bool, const int32_t*);                               \
   template void attention_decode<T>(T*, const T*, const T*, const T*, int, int, int, int, int,  \
                                     int, int);
 

@@ -4,6 +4,8 @@
 // a tanh (see exp_fast), and no overflow: e^(−2u) → inf gives σ = 0, e^(−2u) → 0 gives σ = 1.
 #include "kernels/cpu/gelu.h"
 
+#include <cmath>
+
 #include "kernels/cpu/util.h"
 
 namespace strata::kernels::cpu {
@@ -36,11 +38,50 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) {
   }
 }
 
+template <class T>
+void gelu_erf_forward(T* out, const T* inp, size_t n) {
+  const T r = T(0.7071067811865476);  // 1/√2
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T x = inp[i];
+    out[i] = T(0.5) * x * (T(1) + std::erf(x * r));
+  }
+}
+
+template <class T>
+void gelu_erf_backward(T* dinp, const T* inp, const T* dout, size_t n) {
+  const T r = T(0.7071067811865476);             // 1/√2
+  const T inv_sqrt_2pi = T(0.3989422804014327);  // 1/√(2π)
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T x = inp[i];
+    // Φ(x) + x·φ(x); in the tails exp(−x²/2) underflows to 0 and the product with x stays 0.
+    const T grad = T(0.5) * (T(1) + std::erf(x * r)) + x * inv_sqrt_2pi * std::exp(T(-0.5) * x * x);
+    dinp[i] = grad * dout[i];
+  }
+}
+
+template <class T>
+void tanh_forward(T* out, const T* inp, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = std::tanh(inp[i]);
+}
+
+template <class T>
+void tanh_backward(T* dinp, const T* out, const T* dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) dinp[i] = (T(1) - out[i] * out[i]) * dout[i];
+}
+
 // Explicit instantiations: float for training, double for the finite-difference reference.
 
-#define STRATA_INSTANTIATE_CPU_GELU(T)                 \
-  template void gelu_forward<T>(T*, const T*, size_t); \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t);
+#define STRATA_INSTANTIATE_CPU_GELU(T)                                \
+  template void gelu_forward<T>(T*, const T*, size_t);                \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t);     \
+  template void gelu_erf_forward<T>(T*, const T*, size_t);            \
+  template void gelu_erf_backward<T>(T*, const T*, const T*, size_t); \
+  template void tanh_forward<T>(T*, const T*, size_t);                \
+  template void tanh_backward<T>(T*, const T*, const T*, size_t);
 
 STRATA_INSTANTIATE_CPU_GELU(float)
 STRATA_INSTANTIATE_CPU_GELU(double)

@@ -14,8 +14,8 @@ namespace strata::kernels::cpu {
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C) {
-  const T eps = T(1e-5);
+                       int N, int C, double eps_d) {
+  const T eps = T(eps_d);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<size_t>(n) * C;  // (C)
@@ -98,9 +98,9 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 
 // Explicit instantiations: float for training, double for the finite-difference reference.
 
-#define STRATA_INSTANTIATE_CPU_LAYERNORM(T)                                               \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int); \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
+#define STRATA_INSTANTIATE_CPU_LAYERNORM(T)                                                       \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, double); \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, int, int);
 
 STRATA_INSTANTIATE_CPU_LAYERNORM(float)

@@ -12,11 +12,11 @@
 
 namespace strata::kernels::cpu {
 
-// LayerNorm over the last dimension with eps = 1e-5 (GPT-2's value).
+// LayerNorm over the last dimension, eps added to the variance (GPT-2's 1e-5, BERT's 1e-12).
 // out (N, C); mean, rstd (N) are saved for backward.
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C);
+                       int N, int C, double eps = 1e-5);
 // dinp (N, C) +=, dweight (C) +=, dbias (C) +=.
 template <class T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,

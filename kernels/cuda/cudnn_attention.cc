@@ -1,6 +1,6 @@
-// cudnn_attention.cc — CudnnAttention (cudnn_attention.h): the operation graphs of causal flash
-// attention written with the cuDNN backend API (cudnn_graph.h), the choice of their engine, and
-// their execution.
+// cudnn_attention.cc — CudnnAttention (cudnn_attention.h): the operation graphs of flash
+// attention (causal, or bidirectional with a key padding mask) written with the cuDNN backend API
+// (cudnn_graph.h), the choice of their engine, and their execution.
 //
 // The graphs are the decomposition that cuDNN's fused flash-attention engines recognise — the
 // one the cuDNN frontend's composite SDPA nodes expand into (learned from NVIDIA/cudnn-frontend,
@@ -13,8 +13,13 @@
 // Forward:
 //   S0  = matmul(Q, Kᵀ)                 Q (b,h,s,d) and Kᵀ (b,h,d,s): strided views of qkv
 //   S1  = S0 · scale                     scale = 1/√d, a by-value scalar
-//   S2  = causal(S1)                     keep[i][j] = row i ≥ col j (gen_index on axes 2 and 3,
-//                                        cmp_ge), binary_select(S1, mask value, keep)
+//   S2  = mask(S1)                       padded: keep[i][j] = row i < seq_q[b] and
+//                                        col j < seq_kv[b] (gen_index on axes 2 and 3, cmp_lt
+//                                        against (b,1,1,1) int32 tensors, logical_and),
+//                                        binary_select(S1, mask value, keep), as the frontend's
+//                                        padding mask; then causal: keep[i][j] = row i ≥ col j
+//                                        (cmp_ge), the same select; neither for a bidirectional
+//                                        unpadded graph
 //   M   = max_j S2                       reduction
 //   E   = exp(S2 − M);  Z = Σ_j E        pointwise sub + exp, reduction add
 //   lse = M + log Z                      cuDNN's "stats" output, (b,h,s,1) f32 = our lse
@@ -22,7 +27,7 @@
 //   O   = matmul(P, V)                   O (b,h,s,d) in the (B, S, NH, HS) layout
 // Backward (P is recomputed from lse, never stored):
 //   Dsum = (Σ_d dO ∘ O) · 1              the row sums dO·O (pointwise mul, reduction add)
-//   P    = exp(causal(S0 · scale) − lse) the mask before or after the subtraction (Style)
+//   P    = exp(mask(S0 · scale) − lse)   the mask before or after the subtraction (Style)
 //   dV   = matmul(Pᵀ, dO)                Pᵀ: a reshape of P into a bf16 transposed view
 //   dP   = matmul(dO, Vᵀ)
 //   dS   = (dP − Dsum) ∘ P · scale
@@ -66,6 +71,7 @@ namespace {
 namespace uid {
 constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, kDK = 8, kDV = 9;
 constexpr int64_t kScale = 10, kMaskValue = 11, kOne = 12, kDsum = 13, kDqAccum = 14;
+constexpr int64_t kSeqQ = 15, kSeqKv = 16;
 constexpr int64_t kFirstVirtual = 100;
 }  // namespace uid
 
@@ -316,9 +322,11 @@ class GraphBuilder {
   std::string failure_;
 };
 
-// Dimensions and strides (elements) of the graph's tensors for one shape.
+// Dimensions and strides (elements) of the graph's tensors for one shape, and its mask.
 struct Layout {
   int64_t B, S, NH, KVH, HS;
+  bool causal = true;
+  bool padded = false;  // a key padding mask (seq_len_q, seq_len_kv)
 
   int64_t token() const { return (NH + 2 * KVH) * HS; }  // token stride in qkv and dqkv
   // (b, h, s, d) views of Q (and dQ) inside qkv (B, S, NH + 2·KVH, HS).
@@ -340,6 +348,9 @@ struct Layout {
   Dims score_dims() const { return {B, NH, S, S}; }
   Dims score_strides() const { return {NH * S * S, S * S, S, 1}; }
   Dims score_t_strides() const { return {NH * S * S, S * S, 1, S}; }
+  // The per-sequence lengths of the padding mask, (b, 1, 1, 1).
+  Dims seq_dims() const { return {B, 1, 1, 1}; }
+  Dims seq_strides() const { return {1, 1, 1, 1}; }
 };
 
 // y = x where row ≥ col, else the mask value. The indices are int32, generated in f32
@@ -357,6 +368,37 @@ cudnnBackendDescriptor_t causal(GraphBuilder& g, const Layout& l, Style style,
   cudnnBackendDescriptor_t y = g.virt(CUDNN_DATA_FLOAT, d, st);
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, mask_value, keep, y);
   return y;
+}
+
+// y = x where row < seq_q[b] and col < seq_kv[b], else the mask value: the frontend's padding
+// mask (indices generated and compared in int32, the two comparisons joined by logical_and).
+cudnnBackendDescriptor_t padding(GraphBuilder& g, const Layout& l, cudnnBackendDescriptor_t x,
+                                 cudnnBackendDescriptor_t mask_value) {
+  const Dims d = l.score_dims(), st = l.score_strides();
+  const cudnnDataType_t i32 = CUDNN_DATA_INT32;
+  cudnnBackendDescriptor_t seq_q = g.tensor(uid::kSeqQ, i32, l.seq_dims(), l.seq_strides());
+  cudnnBackendDescriptor_t seq_kv = g.tensor(uid::kSeqKv, i32, l.seq_dims(), l.seq_strides());
+  cudnnBackendDescriptor_t row = g.virt(i32, d, st);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, i32, x, nullptr, nullptr, row, 2);
+  cudnnBackendDescriptor_t col = g.virt(i32, d, st);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, i32, x, nullptr, nullptr, col, 3);
+  cudnnBackendDescriptor_t row_in = g.virt(i32, d, st);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, i32, row, seq_q, nullptr, row_in);
+  cudnnBackendDescriptor_t col_in = g.virt(i32, d, st);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, i32, col, seq_kv, nullptr, col_in);
+  cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, d, st);
+  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, col_in, nullptr, keep);
+  cudnnBackendDescriptor_t y = g.virt(CUDNN_DATA_FLOAT, d, st);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, mask_value, keep, y);
+  return y;
+}
+
+// The layout's mask on scores x: the padding mask, then the causal one, each where it applies.
+cudnnBackendDescriptor_t apply_mask(GraphBuilder& g, const Layout& l, Style style,
+                                    cudnnBackendDescriptor_t x,
+                                    cudnnBackendDescriptor_t mask_value) {
+  if (l.padded) x = padding(g, l, x, mask_value);
+  return l.causal ? causal(g, l, style, x, mask_value) : x;
 }
 
 // A fresh f32 virtual tensor of the scores' shape = mode(a) or mode(a, b), b broadcast.
@@ -389,7 +431,8 @@ void build_forward(GraphBuilder& g, const Layout& l, Style style) {
   cudnnBackendDescriptor_t scale = g.scalar(uid::kScale);
   cudnnBackendDescriptor_t mask_value = g.scalar(uid::kMaskValue);
 
-  cudnnBackendDescriptor_t s2 = causal(g, l, style, scaled_scores(g, l, q, kt, scale), mask_value);
+  cudnnBackendDescriptor_t s2 =
+      apply_mask(g, l, style, scaled_scores(g, l, q, kt, scale), mask_value);
   cudnnBackendDescriptor_t m = g.virt(f32, rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
   cudnnBackendDescriptor_t centered = score_op(g, l, CUDNN_POINTWISE_SUB, s2, m);
@@ -443,11 +486,11 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
   cudnnBackendDescriptor_t dsum = current ? g.tensor(uid::kDsum, f32, rd, rs) : g.virt(f32, rd, rs);
   g.pointwise(CUDNN_POINTWISE_MUL, f32, sums, one, nullptr, dsum);
 
-  // P = exp(causal(Q·Kᵀ · scale) − lse).
+  // P = exp(mask(Q·Kᵀ · scale) − lse).
   cudnnBackendDescriptor_t s1 = scaled_scores(g, l, q, kt, scale);
   cudnnBackendDescriptor_t logits =
-      current ? causal(g, l, style, score_op(g, l, CUDNN_POINTWISE_SUB, s1, stats), mask_value)
-              : score_op(g, l, CUDNN_POINTWISE_SUB, causal(g, l, style, s1, mask_value), stats);
+      current ? apply_mask(g, l, style, score_op(g, l, CUDNN_POINTWISE_SUB, s1, stats), mask_value)
+              : score_op(g, l, CUDNN_POINTWISE_SUB, apply_mask(g, l, style, s1, mask_value), stats);
   cudnnBackendDescriptor_t p = score_op(g, l, CUDNN_POINTWISE_EXP, logits);
 
   // dV = Pᵀ · dO.
@@ -482,7 +525,15 @@ void build_backward(GraphBuilder& g, const Layout& l, Style style) {
 }  // namespace
 
 struct CudnnAttention::Plan {
+  Plan() = default;
+  ~Plan() {
+    if (seq_q) cudaFree(seq_q);
+  }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
   DescList owned;  // every descriptor below, and those they refer to
+  int32_t* seq_q = nullptr;  // padded graphs: (B) copies of S on the device, seq_len_q
   cudnnBackendDescriptor_t exec = nullptr;
   size_t cudnn_bytes = 0;  // the execution plan's own workspace, at offset 0
   size_t dq_accum_offset = 0, dq_accum_bytes = 0;  // backward: the f32 dQ accumulator
@@ -531,6 +582,18 @@ struct CudnnAttention::Plan {
       }
     }
     built->workspace_bytes = end;
+    if (l.padded) {
+      // Every query row is computed: seq_len_q is S for every sequence.
+      const std::vector<int32_t> all(static_cast<size_t>(l.B), static_cast<int32_t>(l.S));
+      cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&built->seq_q), all.size() * 4);
+      if (e == cudaSuccess)
+        e = cudaMemcpy(built->seq_q, all.data(), all.size() * 4, cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) {
+        *why = std::string("seq_len_q on the device: ") + cudaGetErrorString(e);
+        cudaGetLastError();
+        return nullptr;
+      }
+    }
     return built;
   }
 
@@ -650,9 +713,22 @@ std::string CudnnAttention::precheck(bool backward, ElemType type, int S, int HS
   return "";
 }
 
+CudnnAttention::Key CudnnAttention::key(bool backward, ElemType type, int B, int S, int NH, int KVH,
+                                        int HS, FlashMask mask) {
+  return Key{backward ? 1 : 0,
+             static_cast<int>(type),
+             mask.causal ? 1 : 0,
+             mask.key_len ? 1 : 0,
+             B,
+             S,
+             NH,
+             KVH,
+             HS};
+}
+
 CudnnAttention::Plan* CudnnAttention::plan(bool backward, ElemType type, int B, int S, int NH,
-                                           int KVH, int HS) {
-  const Key key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, KVH, HS};
+                                           int KVH, int HS, FlashMask mask) {
+  const Key key = CudnnAttention::key(backward, type, B, S, NH, KVH, HS, mask);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   std::string why = precheck(backward, type, S, HS);
@@ -660,7 +736,7 @@ CudnnAttention::Plan* CudnnAttention::plan(bool backward, ElemType type, int B, 
   if (why.empty() && status_ != CUDNN_STATUS_SUCCESS)
     why = "cudnnCreate failed: " + std::string(cudnnGetErrorString(status_));
   if (why.empty()) {
-    const Layout l{B, S, NH, KVH, HS};
+    const Layout l{B, S, NH, KVH, HS, mask.causal, mask.key_len != nullptr};
     std::string first_try, second_try;
     p = Plan::build(backward, Style::kCurrent, handle_, version_, l, &first_try);
     if (!p) p = Plan::build(backward, Style::kCudnn90, handle_, version_, l, &second_try);
@@ -699,8 +775,18 @@ cudnnStatus_t execute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan,
 
 }  // namespace
 
+// A padded graph's seq_len_q (the plan's S values) and seq_len_kv (the mask's key lengths).
+void CudnnAttention::bind_padding(const Plan& p, FlashMask mask, std::vector<int64_t>* uids,
+                                  std::vector<void*>* pointers) {
+  if (!mask.key_len) return;
+  uids->push_back(uid::kSeqQ);
+  pointers->push_back(p.seq_q);
+  uids->push_back(uid::kSeqKv);
+  pointers->push_back(const_cast<int32_t*>(mask.key_len));
+}
+
 cudnnStatus_t CudnnAttention::supports(ElemType type, int B, int S, int NH, int KVH, int HS,
-                                       std::string* why) {
+                                       std::string* why, FlashMask mask) {
   std::string reason;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   if (!valid_shape(B, S, NH, KVH, HS)) {
@@ -712,9 +798,9 @@ cudnnStatus_t CudnnAttention::supports(ElemType type, int B, int S, int NH, int 
   // plan() refuses by argument (precheck) before it needs the handle or a device.
   for (bool backward : {false, true}) {
     if (st != CUDNN_STATUS_SUCCESS) break;
-    if (!plan(backward, type, B, S, NH, KVH, HS)) {
+    if (!plan(backward, type, B, S, NH, KVH, HS, mask)) {
       st = refused(backward, type, S, HS);
-      reason = refusals_[Key{backward ? 1 : 0, static_cast<int>(type), B, S, NH, KVH, HS}];
+      reason = refusals_[key(backward, type, B, S, NH, KVH, HS, mask)];
     }
   }
   if (why) *why = reason;
@@ -727,25 +813,25 @@ cudnnStatus_t CudnnAttention::refused(bool backward, ElemType type, int S, int H
   return handle_failed ? status_ : CUDNN_STATUS_NOT_SUPPORTED;
 }
 
-size_t CudnnAttention::forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH,
-                                               int HS) {
+size_t CudnnAttention::forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS,
+                                               FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return 0;
-  const Plan* p = plan(false, type, B, S, NH, KVH, HS);
+  const Plan* p = plan(false, type, B, S, NH, KVH, HS, mask);
   return p ? p->workspace_bytes : 0;
 }
 
 size_t CudnnAttention::backward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH,
-                                                int HS) {
+                                                int HS, FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return 0;
-  const Plan* p = plan(true, type, B, S, NH, KVH, HS);
+  const Plan* p = plan(true, type, B, S, NH, KVH, HS, mask);
   return p ? p->workspace_bytes : 0;
 }
 
 cudnnStatus_t CudnnAttention::forward(void* out, float* lse, const void* qkv, ElemType type, int B,
                                       int S, int NH, int KVH, int HS, void* workspace,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return CUDNN_STATUS_BAD_PARAM;
-  Plan* p = plan(false, type, B, S, NH, KVH, HS);
+  Plan* p = plan(false, type, B, S, NH, KVH, HS, mask);
   if (!p) return refused(false, type, S, HS);
   if (!out || !lse || !qkv || (p->workspace_bytes > 0 && !workspace))
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
@@ -757,19 +843,20 @@ cudnnStatus_t CudnnAttention::forward(void* out, float* lse, const void* qkv, El
   const size_t k_at = static_cast<size_t>(NH) * HS * elem_size(type);
   const size_t v_at = static_cast<size_t>(NH + KVH) * HS * elem_size(type);
   char* base = static_cast<char*>(const_cast<void*>(qkv));
-  const std::vector<int64_t> uids = {uid::kQ,     uid::kK,     uid::kV,        uid::kO,
-                                     uid::kStats, uid::kScale, uid::kMaskValue};
-  const std::vector<void*> pointers = {base, base + k_at, base + v_at,   out,
-                                       lse,  &p->scale,   &p->mask_value};
+  std::vector<int64_t> uids = {uid::kQ,     uid::kK,     uid::kV,        uid::kO,
+                               uid::kStats, uid::kScale, uid::kMaskValue};
+  std::vector<void*> pointers = {base, base + k_at, base + v_at,   out,
+                                 lse,  &p->scale,   &p->mask_value};
+  bind_padding(*p, mask, &uids, &pointers);
   return execute(handle_, p->exec, uids, pointers, workspace);
 }
 
 cudnnStatus_t CudnnAttention::backward(void* dqkv, const void* dout, const void* qkv,
                                        const void* out, const float* lse, ElemType type, int B,
                                        int S, int NH, int KVH, int HS, void* workspace,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return CUDNN_STATUS_BAD_PARAM;
-  Plan* p = plan(true, type, B, S, NH, KVH, HS);
+  Plan* p = plan(true, type, B, S, NH, KVH, HS, mask);
   if (!p) return refused(true, type, S, HS);
   if (!dqkv || !dout || !qkv || !out || !lse || !workspace)
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
@@ -806,6 +893,7 @@ cudnnStatus_t CudnnAttention::backward(void* dqkv, const void* dout, const void*
     uids.push_back(uid::kDsum);
     pointers.push_back(ws + p->dsum_offset);
   }
+  bind_padding(*p, mask, &uids, &pointers);
   return execute(handle_, p->exec, uids, pointers, workspace);
 }
 

@@ -1,18 +1,24 @@
-// cudnn_attention.h — causal multi-head attention on cuDNN's fused flash attention (the graph
-// API's flash fprop / bprop patterns), the alternative to kernels/cuda/flash_attention.h where
-// cuDNN serves: bf16 operands, head size a multiple of 8 up to 128, sm_80 or newer, cuDNN 9.
+// cudnn_attention.h — multi-head attention on cuDNN's fused flash attention (the graph API's
+// flash fprop / bprop patterns), causal or bidirectional with a key padding mask (FlashMask), the
+// alternative to kernels/cuda/flash_attention.h where cuDNN serves: bf16 operands, head size a
+// multiple of 8 up to 128, sm_80 or newer, cuDNN 9.
 //
 // Layouts are those of flash_attention.h, so the two are interchangeable op by op (a forward of
 // one and a backward of the other give the same gradient):
 //   qkv  (B, S, NH + 2·KVH, HS)  per token: the NH query heads, then the KVH key heads, then the
 //                                KVH value heads (grouped-query attention; KVH = NH multi-head)
 //   out  (B, S, NH, HS)
-//   lse  (B, NH, S) f32     log Σ_{j ≤ i} exp(scale · q_i·k_j), scale = 1/√HS (cuDNN's "stats")
+//   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over the keys j query i sees (causal:
+//                           j ≤ i; padded: j < key_len[b]), scale = 1/√HS (cuDNN's "stats")
+// The key padding mask is the cuDNN frontend's padding mask (seq_len_q, seq_len_kv (B, 1, 1, 1)
+// int32 tensors) with seq_len_q = S for every sequence (every query row computed, as Hugging
+// Face's attention_mask does) and seq_len_kv = key_len; CudnnAttention keeps the (B) S values
+// on the device itself.
 // cuDNN reads Q, K and V in place through strides (no repacking) and writes dq, dk and dv into
 // a (B, S, NH + 2·KVH, HS) buffer the same way; K and V (and dK, dV) have KVH heads, which
 // cuDNN's SDPA broadcasts over the groups of NH / KVH query heads (dK and dV are the group sums).
 //
-// CudnnAttention builds one operation graph per (direction, B, S, NH, KVH, HS) with the cuDNN
+// CudnnAttention builds one operation graph per (direction, mask, B, S, NH, KVH, HS) with the cuDNN
 // backend API (cudnn_attention.cc lists its operations), asks cuDNN's heuristics (mode A) for
 // engine configurations, finalizes the first one that cuDNN accepts as an execution plan, and
 // caches it; later calls only bind pointers and execute. A shape cuDNN has no engine for
@@ -44,8 +50,10 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/elem_type.h"
+#include "kernels/cuda/flash_attention.h"
 
 namespace strata::kernels::cuda {
 
@@ -63,26 +71,36 @@ class CudnnAttention {
   // CUDNN_STATUS_SUCCESS, or why not, with a one-line reason in *why when why is not null
   // (say "cuDNN 8.9.7 is older than 9.0", "head size 36 is not a multiple of 8", "no engine
   // for the backward graph ...").
+  // A mask's kind (causal or not, padded or not: key_len given) selects the graph; its key_len
+  // pointer is bound at execution.
   cudnnStatus_t supports(ElemType type, int B, int S, int NH, int KVH, int HS,
-                         std::string* why = nullptr);
+                         std::string* why = nullptr, FlashMask mask = {});
 
   // Device workspace bytes each direction needs for this shape (0 when unsupported).
-  size_t forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS);
-  size_t backward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS);
+  size_t forward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS,
+                                 FlashMask mask = {});
+  size_t backward_workspace_bytes(ElemType type, int B, int S, int NH, int KVH, int HS,
+                                  FlashMask mask = {});
 
-  // out = softmax(scale · q·kᵀ, causal) · v, and lse, on `stream`.
+  // out = softmax(scale · q·kᵀ, mask) · v, and lse, on `stream`.
   cudnnStatus_t forward(void* out, float* lse, const void* qkv, ElemType type, int B, int S, int NH,
-                        int KVH, int HS, void* workspace, cudaStream_t stream);
+                        int KVH, int HS, void* workspace, cudaStream_t stream, FlashMask mask = {});
 
   // dqkv = the gradient of the forward (overwritten), given its inputs, output and lse.
   cudnnStatus_t backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                          const float* lse, ElemType type, int B, int S, int NH, int KVH, int HS,
-                         void* workspace, cudaStream_t stream);
+                         void* workspace, cudaStream_t stream, FlashMask mask = {});
 
  private:
   struct Plan;  // a finalized execution plan and its tensor uids (cudnn_attention.cc)
-  using Key = std::tuple<int, int, int, int, int, int, int>;  // direction, type, B, S, NH, KVH, HS
-  Plan* plan(bool backward, ElemType type, int B, int S, int NH, int KVH, int HS);
+  // direction, type, causal, padded, B, S, NH, KVH, HS
+  using Key = std::tuple<int, int, int, int, int, int, int, int, int>;
+  Plan* plan(bool backward, ElemType type, int B, int S, int NH, int KVH, int HS, FlashMask mask);
+  static Key key(bool backward, ElemType type, int B, int S, int NH, int KVH, int HS,
+                 FlashMask mask);
+  // Appends a padded graph's sequence-length tensors to an execution's uids and pointers.
+  static void bind_padding(const Plan& p, FlashMask mask, std::vector<int64_t>* uids,
+                           std::vector<void*>* pointers);
   // Why this shape cannot run before any graph is built ("" when it may).
   std::string precheck(bool backward, ElemType type, int S, int HS) const;
   // The status of a call whose plan is null: the handle's failure, or NOT_SUPPORTED.

@@ -16,6 +16,10 @@
 // and are stored once (no atomics between blocks); with KVH = NH the group is one head and the
 // kernels do exactly what multi-head attention does.
 //
+// Masks (FlashMask): causal, a query tile walks the key tiles up to its own; bidirectional, all
+// key tiles; with key lengths, none past the sequence's last real key, and a backward block whose
+// key tile is all padding only stores zeros.
+//
 // Forward (grid: B·NH × query tiles, the last — longest — query tiles first): the block keeps
 // its 64 query rows and walks the key tiles 0..its own (causal), with the online softmax: a
 // running row max m and sum l, rescaling the output accumulators by e^(m_old − m_new) whenever
@@ -93,7 +97,7 @@ __device__ __forceinline__ float group16_max(float v) {
 template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(float* out, float* lse, const float* qkv, int S, int NH, int KVH, int HS,
-                         float scale_log2) {
+                         float scale_log2, bool causal, const int32_t* key_len) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;  // head dims per thread
   float* smem = dynamic_shared_floats();
@@ -106,6 +110,8 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kTile;
+  const int len = key_len ? key_len[b] : S;  // keys [0, len) are real
+  const int last_kt = causal ? min(qt, (len - 1) / kTile) : (len - 1) / kTile;
   const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
   const float* tok = qkv + static_cast<int64_t>(b) * S * ld;
   const float* q_g = tok + static_cast<int64_t>(h) * HS;              // (S, HS)
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < DC; ++c) o[r][c] = 0.f;
   }
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt <= last_kt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's k_s, v_s, p_s are no longer read
     load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
@@ -151,7 +157,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int j = k0 + tx + 16 * c;
-        s[r][c] = (j <= i && j < S) ? s[r][c] * scale_log2 : -INFINITY;
+        s[r][c] = ((!causal || j <= i) && j < len) ? s[r][c] * scale_log2 : -INFINITY;
         mx = fmaxf(mx, s[r][c]);
       }
       // Key 0 is in tile 0 and visible to every row, so m is finite from the first tile on and
@@ -225,7 +231,7 @@ template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
                           const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
-                          float scale, float scale_log2) {
+                          float scale, float scale_log2, bool causal, const int32_t* key_len) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;
   float* smem = dynamic_shared_floats();
@@ -248,6 +254,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tok = static_cast<int64_t>(b) * S * ld;
   const float* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
   const float* v_g = k_g + static_cast<int64_t>(KVH) * HS;            // (S, HS), stride ld
+  float* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;      // (S, HS), stride ld
+  float* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;                // (S, HS), stride ld
+  const int len = key_len ? key_len[b] : S;                           // keys [0, len) are real
+  if (k0 >= len) {  // padding keys only: no query sees them (the whole block returns)
+    for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
+      const int j = k0 + idx / HS, d = idx % HS;
+      if (j < S) dk_g[j * ld + d] = dv_g[j * ld + d] = 0.f;
+    }
+    return;
+  }
 
   load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
   load_tile<HS_MAX>(v_s, St::kPadded, v_g, ld, k0, S, HS);
@@ -259,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < DC; ++c) dk[r][c] = dv[r][c] = 0.f;
 
   for (int h = hk * group; h < (hk + 1) * group; ++h)  // the query heads sharing this key head
-    for (int qt = kt; qt < tiles; ++qt) {
+    for (int qt = causal ? kt : 0; qt < tiles; ++qt) {
       const float* q_g = qkv + tok + static_cast<int64_t>(h) * HS;  // (S, HS), stride ld
       const float* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
       float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
@@ -305,7 +321,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int kj = tx + 16 * c, j = k0 + kj;
-          const float p = (j <= i && i < S) ? exp2f(s[r][c] * scale_log2 - lse_s[qi]) : 0.f;
+          const bool seen = (!causal || j <= i) && j < len && i < S;
+          const float p = seen ? exp2f(s[r][c] * scale_log2 - lse_s[qi]) : 0.f;
           p_s[qi * St::kScores + kj] = p;
           ds_s[qi * St::kScores + kj] = p * (dp[r][c] - d_s[qi]);
         }
@@ -357,8 +374,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-  float* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
-  float* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;            // (S, HS), stride ld
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int j = k0 + ty + 16 * r;
@@ -400,40 +415,43 @@ float log2_scale(int HS) {
 // The f32 backward's main kernel: dk, dv into dqkv, dq into dq_acc.
 cudaError_t f32_backward(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
                          const float* lse, const float* dsum, int B, int S, int NH, int KVH, int HS,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, FlashMask mask) {
   const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     return launch_opted_in(flash_backward_kernel<HS_MAX>, grid, kThreads,
                            backward_smem_bytes<HS_MAX>(), stream, dqkv, dq_acc, dout, qkv, lse,
-                           dsum, S, NH, KVH, HS, scale, log2_scale(HS));
+                           dsum, S, NH, KVH, HS, scale, log2_scale(HS), mask.causal, mask.key_len);
   });
 }
 
 }  // namespace
 
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
-                                    int S, int NH, int KVH, int HS, cudaStream_t stream) {
+                                    int S, int NH, int KVH, int HS, cudaStream_t stream,
+                                    FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, 0, stream);
+  if (type == ElemType::kBF16)
+    return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, 0, stream, mask);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     return launch_opted_in(flash_forward_kernel<HS_MAX>, grid, kThreads,
                            forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
-                           static_cast<const float*>(qkv), S, NH, KVH, HS, log2_scale(HS));
+                           static_cast<const float*>(qkv), S, NH, KVH, HS, log2_scale(HS),
+                           mask.causal, mask.key_len);
   });
 }
 
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
                                                    int S, int NH, int KVH, int HS, int warp_rows,
-                                                   cudaStream_t stream) {
+                                                   cudaStream_t stream, FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS) || (warp_rows != 16 && warp_rows != 32))
     return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, warp_rows, stream);
+  return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, warp_rows, stream, mask);
 }
 
 size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int /*KVH*/, int HS) {
@@ -443,7 +461,7 @@ size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int /*KVH*/,
 
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                      const float* lse, ElemType type, int B, int S, int NH, int KVH,
-                                     int HS, void* scratch, cudaStream_t stream) {
+                                     int HS, void* scratch, cudaStream_t stream, FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return cudaErrorInvalidValue;
   const int64_t rows = static_cast<int64_t>(B) * S * NH;
   if (rows == 0) return cudaSuccess;
@@ -458,9 +476,10 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
            static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
     cudaError_t e =
         type == ElemType::kBF16
-            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, KVH, HS, stream)
+            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, KVH, HS, stream, mask)
             : f32_backward(static_cast<float*>(dqkv), dq_acc, static_cast<const float*>(dout),
-                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, KVH, HS, stream);
+                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, KVH, HS, stream,
+                           mask);
     if (e != cudaSuccess) return e;
     const int64_t row = static_cast<int64_t>(NH) * HS;
     const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;

@@ -1,12 +1,14 @@
-// flash_attention.h — fused causal grouped-query attention (flash-style): the S×S score and
-// probability matrices are never stored, only the log-sum-exp of each score row.
+// flash_attention.h — fused grouped-query attention (flash-style), causal or bidirectional over
+// the real keys of padded sequences (FlashMask): the S×S score and probability matrices are
+// never stored, only the log-sum-exp of each score row.
 //
 // Layouts (this rank's heads; row-major), runtime/backend.h's:
 //   qkv  (B, S, NH + 2·KVH, HS)  per token: the NH query heads, then the KVH key heads, then the
 //                                KVH value heads; query head h attends with key/value head
 //                                h / (NH / KVH) (KVH = NH: multi-head, (B, S, 3, NH, HS))
 //   out  (B, S, NH, HS)
-//   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over j ≤ i, scale = 1/√HS
+//   lse  (B, NH, S) f32     log Σ_j exp(scale · q_i·k_j) over the keys j query i sees,
+//                           scale = 1/√HS
 // qkv, out, dout and dqkv share one element type (f32 or bf16); every product is summed in f32
 // and results are rounded once, at the store. f32 runs on CUDA cores in true f32
 // (flash_attention.cu); bf16 on tensor cores (flash_attention_tc.cu), where, as in
@@ -25,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda/elem_type.h"
 
@@ -32,16 +35,25 @@ namespace strata::kernels::cuda {
 
 constexpr int kFlashMaxHeadSize = 128;
 
-// out = softmax(scale · q·kᵀ, causal) · v, and the per-row log-sum-exp for the backward.
+// Which keys query i of sequence b sees: j ≤ i when causal (else every j), and j < key_len[b]
+// when key_len — (B) int32 on the device, each in [1, S] — is given (the rest is padding: never
+// attended, gradient 0). Every query row is computed, padded ones included.
+struct FlashMask {
+  bool causal = true;
+  const int32_t* key_len = nullptr;
+};
+
+// out = softmax(scale · q·kᵀ, mask) · v, and the per-row log-sum-exp for the backward.
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
-                                    int S, int NH, int KVH, int HS, cudaStream_t stream);
+                                    int S, int NH, int KVH, int HS, cudaStream_t stream,
+                                    FlashMask mask = {});
 
 // The bf16 forward with `warp_rows` query rows per warp, 16 or 32 (the default is 32 for head
 // sizes above 64, else 16: measured): the same results, for bench_cuda_kernels to measure the
 // choice side by side. Other values return cudaErrorInvalidValue.
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
                                                    int S, int NH, int KVH, int HS, int warp_rows,
-                                                   cudaStream_t stream);
+                                                   cudaStream_t stream, FlashMask mask = {});
 
 // Bytes of device scratch the backward needs: an f32 (B, S, NH, HS) accumulator for dq and the
 // (B, NH, S) row sums D = rowsum(dout ∘ out). Both are per query head, so KVH does not change
@@ -51,9 +63,11 @@ size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int KVH, int
 // dqkv (B, S, NH + 2·KVH, HS) = the gradient of the forward (assigned: never read), given its
 // inputs, its output `out` and `lse`; a key/value head's gradient is the sum over its NH / KVH
 // query heads. `scratch` holds flash_attention_backward_scratch_bytes(...) bytes, 4-byte aligned.
+// mask: the forward's.
 cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                      const float* lse, ElemType type, int B, int S, int NH, int KVH,
-                                     int HS, void* scratch, cudaStream_t stream);
+                                     int HS, void* scratch, cudaStream_t stream,
+                                     FlashMask mask = {});
 
 // Diagnostics: d (16 × 16, f32, row-major) = a · bᵀ (kABt), a · b (kAB) or aᵀ · b (kAtB), with a
 // and b 16 × 16 bf16 row-major (16-byte aligned), as two tensor-core products through the very

@@ -1,4 +1,5 @@
-// flash_attention_tc.cu — causal flash attention for bf16 on tensor cores (FlashAttention-2's
+// flash_attention_tc.cu — flash attention (causal, or bidirectional over padded keys: FlashMask)
+// for bf16 on tensor cores (FlashAttention-2's
 // work split, on mma.sync m16n8k16; kernels/cuda/mma.cuh has the fragment layouts).
 //
 // Tiling. A block is 4 warps and works on a tile of rows — queries in the forward (32 per warp,
@@ -95,7 +96,7 @@ __device__ __forceinline__ bf16* dynamic_shared_bf16() {
 template <int HS_MAX, int kM>
 __global__ void __launch_bounds__(kThreads)
     flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int S, int NH, int KVH, int HS,
-                            float scale_log2, bool vec) {
+                            float scale_log2, bool vec, bool causal, const int32_t* key_len) {
   using Sh = Shape<HS_MAX>;
   constexpr int kQ = Sh::query_tile(kM);
   bf16* q_s = dynamic_shared_bf16();  // (kQ, HS_MAX) queries of this block
@@ -106,8 +107,10 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kQ;
   const int w0 = q0 + 16 * kM * warp;  // this warp's first row
-  // Key tiles up to the one holding the block's last row (or the sequence's last key).
-  const int key_tiles = min(q0 + kQ - 1, S - 1) / kTile + 1;
+  // Key tiles up to the one holding the block's last row (causal) and the sequence's last real
+  // key.
+  const int len = key_len ? key_len[b] : S;
+  const int key_tiles = (causal ? min(q0 + kQ - 1, len - 1) : len - 1) / kTile + 1;
   const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
   const bf16* tok = qkv + static_cast<int64_t>(b) * S * ld;
   const bf16* q_g = tok + static_cast<int64_t>(h) * HS;
@@ -153,7 +156,7 @@ __global__ void __launch_bounds__(kThreads)
     // A tile that starts past this warp's last row is masked for all of it: the warp only takes
     // part in the copies and barriers. Key 0 is visible to every row, so m is finite from the
     // first tile on and a later masked element never gives −inf − −inf.
-    const bool visible = k0 <= w0 + 16 * kM - 1;
+    const bool visible = !causal || k0 <= w0 + 16 * kM - 1;
     float s[kM][kKeyFrags][4] = {};
     if (visible) {
 #pragma unroll
@@ -173,9 +176,9 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 
-      // The mask where the tile reaches past the warp's first row; keys past S lie right of
-      // every row that is stored.
-      const bool diagonal = k0 + kTile - 1 > w0;
+      // The mask where the tile reaches past the warp's first row (causal) or past the last real
+      // key; causal, keys past S lie right of every row that is stored.
+      const bool diagonal = (causal && k0 + kTile - 1 > w0) || k0 + kTile > len;
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
         float mx[2] = {-INFINITY, -INFINITY};
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int e = 0; e < 4; ++e) {
             const int col = k0 + 8 * j + 2 * t + e % 2;
             float v = s[i][j][e] * scale_log2;
-            if (diagonal && col > row[i][e / 2]) v = -INFINITY;
+            if (diagonal && ((causal && col > row[i][e / 2]) || col >= len)) v = -INFINITY;
             s[i][j][e] = v;
             mx[e / 2] = fmaxf(mx[e / 2], v);
           }
@@ -261,7 +264,8 @@ template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
     flash_tc_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv,
                              const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
-                             float scale, float scale_log2, bool vec) {
+                             float scale, float scale_log2, bool vec, bool causal,
+                             const int32_t* key_len) {
   using Sh = Shape<HS_MAX>;
   bf16* k_s = dynamic_shared_bf16();     // (kTile, HS_MAX)  this block's keys
   bf16* v_s = k_s + Sh::kRowTile;        // (kTile, HS_MAX)  this block's values
@@ -274,7 +278,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / KVH, hk = blockIdx.x % KVH, group = NH / KVH;
   const int k0 = blockIdx.y * kTile;
-  const int first = blockIdx.y, tiles = gridDim.y;
+  // Causal, the query tiles from the key tile's own; else all of them.
+  const int first = causal ? blockIdx.y : 0, tiles = gridDim.y;
   // Steps: query tiles first..tiles-1 of query head hk·group, then of the next head, and so on.
   const int per_head = tiles - first, steps = group * per_head;
   const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv and dqkv
@@ -282,6 +287,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tok = static_cast<int64_t>(b) * S * ld;
   const bf16* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;
   const bf16* v_g = k_g + static_cast<int64_t>(KVH) * HS;
+  bf16* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
+  bf16* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;
+  const int len = key_len ? key_len[b] : S;  // keys [0, len) are real
+  if (k0 >= len) {  // padding keys only: no query sees them (the whole block returns)
+    for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
+      const int j = k0 + idx / HS, d = idx % HS;
+      if (j < S) dk_g[j * ld + d] = dv_g[j * ld + d] = round_to_bf16(0.f);
+    }
+    return;
+  }
   // Step `step`'s query head and query tile.
   auto head_of = [&](int step) { return hk * group + step / per_head; };
   auto tile_of = [&](int step) { return first + step % per_head; };
@@ -343,14 +358,16 @@ __global__ void __launch_bounds__(kThreads)
         mma_16816_pair(ds[j], ds[j + 1], va, gb);
       }
     }
-    // Pᵀ and dSᵀ; a query before the key (causal) or past S contributes nothing.
-    const bool edge = qt == first || q0 + kTile > S;
+    // Pᵀ and dSᵀ; a query before the key (causal), a query past S or a padding key contributes
+    // nothing.
+    const bool edge = (causal && qt == first) || q0 + kTile > S || k0 + kTile > len;
 #pragma unroll
     for (int j = 0; j < kKeyFrags; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qi = 8 * j + 2 * t + e % 2;
-        const bool masked = edge && (q0 + qi < key[e / 2] || q0 + qi >= S);
+        const bool masked =
+            edge && ((causal && q0 + qi < key[e / 2]) || q0 + qi >= S || key[e / 2] >= len);
         const float pe = masked ? 0.f : exp2f(p[j][e] * scale_log2 - lse_s[qi]);
         p[j][e] = pe;
         ds[j][e] = pe * (ds[j][e] - d_s[qi]);
@@ -406,8 +423,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  bf16* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
-  bf16* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;
 #pragma unroll
   for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
 #pragma unroll
@@ -457,7 +472,7 @@ bool vector_loads(const void* base, int HS) {
 }  // namespace
 
 cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int KVH,
-                             int HS, int warp_rows, cudaStream_t stream) {
+                             int HS, int warp_rows, cudaStream_t stream, FlashMask mask) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   return with_head_size(HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
@@ -469,7 +484,7 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
       return launch_opted_in(flash_tc_forward_kernel<HS_MAX, kM>, grid, kThreads,
                              Sh::forward_smem(kM), stream, static_cast<bf16*>(out), lse,
                              static_cast<const bf16*>(qkv), S, NH, KVH, HS, scale_log2,
-                             vector_loads(qkv, HS));
+                             vector_loads(qkv, HS), mask.causal, mask.key_len);
     };
     switch (warp_rows == 0 ? 16 * Sh::kDefaultMTiles : warp_rows) {
       case 16:
@@ -484,7 +499,7 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
 
 cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
                               const float* lse, const float* dsum, int B, int S, int NH, int KVH,
-                              int HS, cudaStream_t stream) {
+                              int HS, cudaStream_t stream, FlashMask mask) {
   const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   const bool vec = vector_loads(qkv, HS) && vector_loads(dout, HS);
@@ -493,7 +508,7 @@ cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const
     return launch_opted_in(flash_tc_backward_kernel<HS_MAX>, grid, kThreads,
                            Shape<HS_MAX>::backward_smem, stream, static_cast<bf16*>(dqkv), dq_acc,
                            static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, dsum,
-                           S, NH, KVH, HS, scale, scale * kLog2e, vec);
+                           S, NH, KVH, HS, scale, scale * kLog2e, vec, mask.causal, mask.key_len);
   });
 }
 

@@ -1,5 +1,5 @@
-// gelu.cu — the kernels of gelu.h: the elementwise maps of map.cuh with the GELU and its
-// gradient as their ops.
+// gelu.cu — the kernels of gelu.h: the elementwise maps of map.cuh with the activations and
+// their gradients as their ops.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_util.cuh"
@@ -33,28 +33,76 @@ struct GeluBackward {  // (inp, dout) -> dinp
   __device__ float operator()(float x, float g) const { return g * gelu_grad(x); }
 };
 
-}  // namespace
+constexpr float kInvSqrt2 = 0.7071067811865476f;    // 1/√2
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/√(2π)
 
-cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream) {
+struct GeluErf {
+  __device__ float operator()(float x) const { return 0.5f * x * (1.f + erff(x * kInvSqrt2)); }
+};
+struct GeluErfBackward {  // (inp, dout) -> dinp; exp(−x²/2) underflows to 0 in the tails
+  __device__ float operator()(float x, float g) const {
+    return g * (0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x));
+  }
+};
+struct Tanh {
+  __device__ float operator()(float x) const { return tanhf(x); }
+};
+struct TanhBackward {  // (out, dout) -> dinp
+  __device__ float operator()(float y, float g) const { return (1.f - y * y) * g; }
+};
+
+template <class Op>
+cudaError_t unary(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(map_kernel<T, T, Gelu>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
-           static_cast<const T*>(inp), n, vec_aligned(out) && vec_aligned(inp), Gelu{});
+    launch(map_kernel<T, T, Op>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
+           static_cast<const T*>(inp), n, vec_aligned(out) && vec_aligned(inp), Op{});
     return cudaGetLastError();
   });
 }
 
-cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
-                          cudaStream_t stream) {
+template <class Op>
+cudaError_t binary(void* out, const void* a, const void* b, ElemType t, int64_t n,
+                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(map2_kernel<T, T, T, GeluBackward>, group_grid(n), kThreads, 0, stream,
-           static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n,
-           vec_aligned(dinp) && vec_aligned(inp) && vec_aligned(dout), GeluBackward{});
+    launch(map2_kernel<T, T, T, Op>, group_grid(n), kThreads, 0, stream, static_cast<T*>(out),
+           static_cast<const T*>(a), static_cast<const T*>(b), n,
+           vec_aligned(out) && vec_aligned(a) && vec_aligned(b), Op{});
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+
+cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream) {
+  return unary<Gelu>(out, inp, t, n, stream);
+}
+
+cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
+                          cudaStream_t stream) {
+  return binary<GeluBackward>(dinp, inp, dout, t, n, stream);
+}
+
+cudaError_t gelu_erf_forward(void* out, const void* inp, ElemType t, int64_t n,
+                             cudaStream_t stream) {
+  return unary<GeluErf>(out, inp, t, n, stream);
+}
+
+cudaError_t gelu_erf_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
+                              cudaStream_t stream) {
+  return binary<GeluErfBackward>(dinp, inp, dout, t, n, stream);
+}
+
+cudaError_t tanh_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream) {
+  return unary<Tanh>(out, inp, t, n, stream);
+}
+
+cudaError_t tanh_backward(void* dinp, const void* out, const void* dout, ElemType t, int64_t n,
+                          cudaStream_t stream) {
+  return binary<TanhBackward>(dinp, out, dout, t, n, stream);
 }
 
 }  // namespace strata::kernels::cuda

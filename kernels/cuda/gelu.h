@@ -1,5 +1,5 @@
-// gelu.h — CUDA GELU: pure functions on raw device buffers, launched on the caller's
-// stream.
+// gelu.h — CUDA activations: GELU (tanh and exact erf forms) and tanh, pure functions on raw
+// device buffers, launched on the caller's stream.
 //
 // Semantics are those of kernels/cpu/gelu.h (the reference beside them). Every buffer is f32 or
 // bf16 as t says. Every kernel computes in f32 and rounds to nearest even where it stores bf16.
@@ -22,6 +22,15 @@ namespace strata::kernels::cuda {
 // (assigned: dinp is never read).
 cudaError_t gelu_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream);
 cudaError_t gelu_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
+                          cudaStream_t stream);
+// GELU, exact: 0.5x(1 + erf(x/√2)) (BERT's); the backward (Φ(x) + x·φ(x)) · dout, assigned.
+cudaError_t gelu_erf_forward(void* out, const void* inp, ElemType t, int64_t n,
+                             cudaStream_t stream);
+cudaError_t gelu_erf_backward(void* dinp, const void* inp, const void* dout, ElemType t, int64_t n,
+                              cudaStream_t stream);
+// out = tanh(inp); dinp = (1 − out²) · dout (from the forward's output, assigned).
+cudaError_t tanh_forward(void* out, const void* inp, ElemType t, int64_t n, cudaStream_t stream);
+cudaError_t tanh_backward(void* dinp, const void* out, const void* dout, ElemType t, int64_t n,
                           cudaStream_t stream);
 
 }  // namespace strata::kernels::cuda

@@ -26,7 +26,7 @@ constexpr int64_t kLnGridTarget = 264;  // LayerNorm parameter gradients: blocks
 template <class TA, class TW>
 __global__ void __launch_bounds__(kRowWarps * 32)
     layernorm_forward_kernel(TA* out, float* mean, float* rstd, const TA* inp, const TW* w,
-                             const TW* b, int64_t N, int C, bool vec) {
+                             const TW* b, int64_t N, int C, float eps, bool vec) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
   if (row >= N) return;  // the whole warp: none of its lanes shuffles below
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     for (int e = 0; e < kGroup; ++e)
       if (e < k) q += (v[e] - m) * (v[e] - m);
   }
-  const float r = 1.f / sqrtf(warp_sum(q) / C + 1e-5f);
+  const float r = 1.f / sqrtf(warp_sum(q) / C + eps);
   STRATA_FOR_EACH_ROW_GROUP(c, lane, C) {
     const int k = group_count(c, C);
     float wv[kGroup], bv[kGroup];
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 
 cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* inp, ElemType act,
                               const void* weight, const void* bias, ElemType w_type, int64_t N,
-                              int C, cudaStream_t stream) {
+                              int C, float eps, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return dispatch(act, [&](auto ta) {
     return dispatch(w_type, [&](auto tw) {
@@ -166,7 +166,7 @@ cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* i
                        vec_aligned(bias) && rows_vec_aligned(C, sizeof(TA));
       launch(layernorm_forward_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0, stream,
              static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
-             static_cast<const TW*>(weight), static_cast<const TW*>(bias), N, C, vec);
+             static_cast<const TW*>(weight), static_cast<const TW*>(bias), N, C, eps, vec);
       return cudaGetLastError();
     });
   });

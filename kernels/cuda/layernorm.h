@@ -21,11 +21,11 @@
 
 namespace strata::kernels::cuda {
 
-// LayerNorm over the last dimension, eps = 1e-5. inp, out (N, C) of type act; weight, bias (C) of
-// type w_type; mean, rstd (N).
+// LayerNorm over the last dimension, eps added to the variance (GPT-2's 1e-5, BERT's 1e-12).
+// inp, out (N, C) of type act; weight, bias (C) of type w_type; mean, rstd (N).
 cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* inp, ElemType act,
                               const void* weight, const void* bias, ElemType w_type, int64_t N,
-                              int C, cudaStream_t stream);
+                              int C, float eps, cudaStream_t stream);
 // dinp (N, C) +=, dweight (C) +=, dbias (C) +=. dinp, dout, inp of type act; weight of w_type.
 cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
                                const void* inp, ElemType act, const void* weight, ElemType w_type,

@@ -81,7 +81,7 @@ int cmd_export(const std::vector<std::string>& args) {
           "usage: strata export --checkpoint DIR --out PATH [--max-shard-size SIZE]\n"
           "                     [--dtype fp32|bf16]\n"
           "  Writes the checkpoint's model with its Hugging Face class's names and layouts\n"
-          "  (GPT: GPT2LMHeadModel; Llama: LlamaForCausalLM).\n"
+          "  (GPT: GPT2LMHeadModel; Llama: LlamaForCausalLM; BERT: BertForPreTraining).\n"
           "  DIR:  a checkpoint (iter_<N>) or a checkpoint.dir (its newest valid checkpoint).\n"
           "  PATH: ending in .safetensors, one file of tensors; otherwise a directory that\n"
           "        transformers' from_pretrained loads: config.json and model.safetensors, or\n"

@@ -9,7 +9,8 @@
 // model.safetensors.index.json (models/hf_checkpoint.h). The tensors have the names and layouts of
 // the architecture's Hugging Face class (its adapter in models/registry.h; GPT: GPT2LMHeadModel,
 // vocabulary without padding, Conv1D weights as (in, out), the head equal to the embedding when
-// tied; Llama: LlamaForCausalLM, q/k/v and gate/up unfused). fp32 by default; bf16 rounds to
+// tied; Llama: LlamaForCausalLM, q/k/v and gate/up unfused; BERT: BertForPreTraining, q/k/v
+// unfused, the tied decoder left out). fp32 by default; bf16 rounds to
 // nearest even. Any layout the checkpoint was saved under gives the same files. model.init_from
 // reads either form back.
 //

@@ -111,6 +111,13 @@ bool parse_source_flag(const std::string& flag, const std::function<std::string(
 InferenceSession::InferenceSession(const InferenceSource& source) {
   std::string path, recorded;
   const ModelConfig model = model_of(source, &path, &recorded);
+  // Generation and scoring continue text: a causal language model's work.
+  if (architecture(model.arch).masked_lm)
+    throw InputError(path, "model.arch",
+                     "a causal language model (gpt, llama) for strata generate and eval, got \"" +
+                         model.arch +
+                         "\", an encoder (its validation loss is strata train's "
+                         "val_loss)");
   cfg_ = session_config(source, model, recorded);
   run_ = make_run_layout(cfg_, world().size == 1);
   be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);

@@ -558,6 +558,7 @@ const std::vector<Section>& schema() {
     const auto optimizer = fields([](auto& c) -> auto& { return c.optimizer; });
     const auto data = fields([](auto& c) -> auto& { return c.data; });
     const auto synthetic = fields([](auto& c) -> auto& { return c.data.synthetic; });
+    const auto masked_lm = fields([](auto& c) -> auto& { return c.data.masked_lm; });
     const auto checkpoint = fields([](auto& c) -> auto& { return c.checkpoint; });
     const auto log = fields([](auto& c) -> auto& { return c.log; });
     const auto comm = fields([](auto& c) -> auto& { return c.comm; });
@@ -618,7 +619,11 @@ const std::vector<Section>& schema() {
                        "llama: null, or Llama 3.1's {\"rope_type\": \"llama3\", \"factor\", "
                        "\"low_freq_factor\", \"high_freq_factor\", "
                        "\"original_max_position_embeddings\"}"),
-          model.number("rms_norm_eps", &M::rms_norm_eps, above(0), "llama: the RMSNorm epsilon")}},
+          model.number("rms_norm_eps", &M::rms_norm_eps, above(0), "llama: the RMSNorm epsilon"),
+          model.integer("type_vocab_size", &M::type_vocab_size, 1,
+                        "bert: token types (segments) of the token-type embeddings"),
+          model.number("layer_norm_eps", &M::layer_norm_eps, above(0),
+                       "bert: the LayerNorm epsilon")}},
         {"parallel",
          {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
           parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
@@ -647,7 +652,7 @@ const std::vector<Section>& schema() {
           train.one_of("precision", &T::precision, {"fp32", "bf16"},
                        "fp32, or bf16 mixed precision"),
           train.one_of("attention_backend", &T::attention_backend, {"auto", "strata", "cudnn"},
-                       "causal attention kernels: Strata's own, cuDNN's, or the faster that runs"),
+                       "attention kernels: Strata's own, cuDNN's, or the faster that runs"),
           train.optional_integer("threads", &T::threads, 1,
                                  "CPU threads per rank; null: OMP_NUM_THREADS, else cores ÷ ranks"),
           train.integer("eval_interval", &T::eval_interval, 0,
@@ -693,7 +698,24 @@ const std::vector<Section>& schema() {
                       "null, or [{\"path\", \"weight\"}, …]: datasets of data.source's kind "
                       "mixed by weight, instead of data.path"),
           data.path("tokenizer", &D::tokenizer,
-                    "a tokenizer.json or tiktoken file: a text source is tokenized with it")}},
+                    "a tokenizer.json or tiktoken file: a text source is tokenized with it"),
+          section("masked_lm")}},
+        {"data.masked_lm",
+         {masked_lm.number("mask_prob", &MaskedLmDataConfig::mask_prob, open_interval(0, 1),
+                           "bert: positions chosen for prediction (80% [MASK], 10% random, 10% "
+                           "kept)"),
+          masked_lm.number("short_seq_prob", &MaskedLmDataConfig::short_seq_prob, closed_open(0, 1),
+                           "bert: samples cut shorter than seq_len at random"),
+          masked_lm.boolean("sentence_order", &MaskedLmDataConfig::sentence_order,
+                            "bert: sentence order (ALBERT's SOP) instead of next sentence"),
+          masked_lm.optional_integer("cls_id", &MaskedLmDataConfig::cls_id, 0,
+                                     "bert: [CLS]; null: model.vocab_size − 4"),
+          masked_lm.optional_integer("sep_id", &MaskedLmDataConfig::sep_id, 0,
+                                     "bert: [SEP]; null: model.vocab_size − 3"),
+          masked_lm.optional_integer("mask_id", &MaskedLmDataConfig::mask_id, 0,
+                                     "bert: [MASK]; null: model.vocab_size − 2"),
+          masked_lm.optional_integer("pad_id", &MaskedLmDataConfig::pad_id, 0,
+                                     "bert: [PAD]; null: model.vocab_size − 1")}},
         {"data.synthetic",
          {synthetic.integer("vocab_size", &SyntheticDataConfig::vocab_size, 1,
                             "the Markov chain's vocabulary"),
@@ -990,6 +1012,14 @@ void check_consistency(const Config& c, const Reader& r) {
                   "expected warmup_iters <= decay_iters, got warmup_iters " +
                       to_string(o.warmup_iters) + " > decay_iters " + to_string(*o.decay_iters) +
                       " (the rate would drop from lr to min_lr when the warm-up ends)");
+  }
+
+  // Samples during training continue a prompt: an encoder has nothing to generate.
+  if (c.log.sample_interval > 0 && architecture(m.arch).masked_lm) {
+    r.fail_latest({"log.sample_interval", "model.arch"},
+                  "samples continue a prompt with a causal language model: expected "
+                  "sample_interval 0 for arch \"" +
+                      m.arch + "\" (an encoder), got " + to_string(c.log.sample_interval));
   }
 
   if (t.global_batch_size % t.micro_batch_size != 0) {

@@ -4,18 +4,27 @@ namespace strata {
 
 HostBatch sample_batch(const DataSource& data, const BatchKey& k) {
   HostBatch h;
-  h.inputs.resize(static_cast<size_t>(k.count) * static_cast<size_t>(k.seq_len));
-  h.targets.resize(h.inputs.size());
-  data.sample(k.split, k.iter, k.first, k.count, k.seq_len, h.inputs.data(), h.targets.data());
+  data.sample_batch(k.split, k.iter, k.first, k.count, k.seq_len, &h);
   return h;
 }
 
-ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len) {
+ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len,
+                        double sentence_loss_weight) {
+  const auto put = [&be](const Shape& shape, DType type, const void* host) {
+    Tensor t = be.empty(shape, MemCategory::kActivations, type);
+    be.upload(t, host);
+    return t;
+  };
   ModelBatch b;
-  b.tokens = be.empty({count, seq_len}, MemCategory::kActivations, DType::kI32);
-  b.targets = be.empty({count, seq_len}, MemCategory::kActivations, DType::kI32);
-  be.upload(b.tokens, h.inputs.data());
-  be.upload(b.targets, h.targets.data());
+  b.tokens = put({count, seq_len}, DType::kI32, h.inputs.data());
+  b.targets = put({count, seq_len}, DType::kI32, h.targets.data());
+  if (!h.token_types.empty()) {  // a masked-LM batch
+    b.token_types = put({count, seq_len}, DType::kI32, h.token_types.data());
+    b.loss_mask = put({count, seq_len}, DType::kF32, h.loss_mask.data());
+    b.key_lengths = put({count}, DType::kI32, h.lengths.data());
+    b.sentence_labels = put({count}, DType::kI32, h.sentence_labels.data());
+    b.sentence_loss_weight = sentence_loss_weight;
+  }
   return b;
 }
 

@@ -1,7 +1,8 @@
 // batches.h — micro-batches from the data source to the model's device.
 //
-// A micro-batch is sampled on the host (DataSource::sample, a pure function of its key) and
-// uploaded as the model's ModelBatch. BatchPrefetcher samples the next micro-batch on a host
+// A micro-batch is sampled on the host (DataSource::sample_batch, a pure function of its key)
+// and uploaded as the model's ModelBatch (with a masked-LM source's token types, loss mask,
+// lengths and sentence labels). BatchPrefetcher samples the next micro-batch on a host
 // thread while the device computes the current one: on a GPU, sampling on the critical path left
 // the device idle (10.9 ms of a 46 ms GPT-2 124M step on an H100, synthetic source, CUPTI
 // timeline). A prefetched batch is the batch; a guess that is not asked for next (the last batch
@@ -22,9 +23,7 @@
 namespace strata {
 
 // One micro-batch's data as the source writes it, before it goes to the device.
-struct HostBatch {
-  std::vector<int32_t> inputs, targets;  // (count, seq_len)
-};
+using HostBatch = SampleBatch;
 
 // Which sequences: slots [first, first + count) of batch `iter` of `split`.
 struct BatchKey {
@@ -39,7 +38,10 @@ struct BatchKey {
 };
 
 HostBatch sample_batch(const DataSource& data, const BatchKey& k);
-ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len);
+// The batch on the device; sentence_loss_weight: ModelBatch's (the tokens that count per
+// sequence of the global batch).
+ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len,
+                        double sentence_loss_weight = 1);
 
 class BatchPrefetcher {
  public:

@@ -316,7 +316,9 @@ const ModelBatch& ModelStage::batch(int mb) {
     old = batches_.erase(old);
   const HostBatch host = prefetcher_.take(batch_key(mb));
   prefetcher_.prefetch(batch_key(mb + 1));  // the next micro-batch, or the next batch's first
-  return batches_[mb] = upload_batch(be_, host, run_.micro, run_.seq_len);
+  // A sentence loss (BERT's) weighs the tokens that count per sequence of the global batch.
+  const double sentence_weight = loss_tokens(mb / m) / run_.global;
+  return batches_[mb] = upload_batch(be_, host, run_.micro, run_.seq_len, sentence_weight);
 }
 
 // Micro-batch mb is slot mb % m of batch iter + mb / m (2bw numbers them across batches).

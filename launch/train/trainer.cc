@@ -115,6 +115,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   sampling.seq_len = run.seq_len;
   sampling.global_batch = run.global;
   sampling.model_vocab = cfg.model.vocab_size;
+  sampling.masked_lm = architecture(cfg.model.arch).masked_lm;
   std::unique_ptr<DataSource> data =
       make_data_source(cfg.data, cfg.train.seed, sampling, cfg.source_file);
   if (data->vocab_size() > cfg.model.vocab_size) {

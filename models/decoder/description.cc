@@ -2,9 +2,6 @@
 // DecoderModel declares, FLOPs, and the work and activations of each part as
 // models/decoder/decoder.cc computes and keeps them (GPT-2 and Llama alike; docs/planner.md
 // gives the formulas).
-#include <map>
-#include <mutex>
-
 #include "models/decoder/decoder.h"
 
 namespace strata {
@@ -214,9 +211,6 @@ class DecoderDescription final : public ModelDescription {
   double cpu_attention_scratch_f32_per_thread() const override { return double{1.0} * d_.S * d_.S; }
 
  private:
-  struct Counts {
-    int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
-  };
   static bool sp(const RankShape& r) { return r.sequence_parallel && r.tensor > 1; }
   // Rows of the fused q/k/v weight: NH query and 2·KVH key/value heads.
   double qkv_width() const { return double{1.0} * (d_.NH + 2 * d_.KVH) * d_.head_size(); }
@@ -225,25 +219,14 @@ class DecoderDescription final : public ModelDescription {
   double seq_local(const RankShape& r) const {
     return sp(r) ? static_cast<double>(d_.S) / r.tensor : d_.S;
   }
-  // The per-rank counts at tensor size t, from the layouts of a one-layer piece, an
-  // embedding-only piece and a head-only piece (cached: the planner asks often).
-  Counts counts(int t) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(t);
-    if (it != cache_.end()) return it->second;
-    Counts c;
-    c.layer = DecoderModel::layout(d_, t, 0, false, {{0, 1, false, false}}).numel();
-    c.embedding = DecoderModel::layout(d_, t, 0, false, {{0, 0, true, false}}).numel();
-    // A head-only piece of a tied model holds the copy of wte; the head proper is the rest.
-    const int64_t head_piece = DecoderModel::layout(d_, t, 0, false, {{d_.L, 0, false, true}}).numel();
-    c.tied_copy = d_.tie ? padded_vocab(t) / t * d_.C : 0;
-    c.head = head_piece - c.tied_copy;
-    return cache_[t] = c;
-  }
+  PartParameterCounts::Counts counts(int t) const { return counts_.at(t); }
 
   DecoderShape d_;
-  mutable std::mutex mu_;
-  mutable std::map<int, Counts> cache_;
+  PartParameterCounts counts_{
+      [d = d_](int t, const std::vector<ModelPiece>& pieces) {
+        return DecoderModel::layout(d, t, 0, false, pieces);
+      },
+      d_.L, [d = d_](int t) -> int64_t { return d.tie ? pad_vocab(d.V, 128 * t) / t * d.C : 0; }};
 };
 
 }  // namespace

@@ -51,6 +51,7 @@ ArchSpec gpt_arch() {
     if (m.rope_scaling)
       throw InputError(file, "model.rope_scaling",
                        "null for arch \"gpt\" (learned positions, no rotary embeddings)");
+    refuse_encoder_keys(m, file);
   };
   a.hf.hf_model_type = "gpt2";
   a.hf.model_config = gpt_model_config_from_hf;

@@ -24,7 +24,7 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   s.row_max = env.stat({N});
   s.row_sumexp = env.stat({N});
   env.be.ce_row_stats(s.row_max, s.row_sumexp, logits, vocab.valid());
-  if (env.tp.size() > 1) {
+  if (over_group && env.tp.size() > 1) {
     Tensor local_max = env.stat({N});
     env.be.copy(local_max, s.row_max);
     env.tp.max(s.row_max);
@@ -33,7 +33,7 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   }
   Tensor target_logit = env.stat({N});
   env.be.ce_target_logit(target_logit, logits, targets, vocab.start, vocab.valid());
-  env.tp.sum(target_logit);
+  if (over_group) env.tp.sum(target_logit);
   Tensor losses = env.stat({N});
   // A masked position's loss is exactly 0, even where its logits are not finite.
   const Tensor mask = rows_mask(loss_mask, N);

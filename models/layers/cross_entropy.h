@@ -13,6 +13,9 @@
 // returns its sum together with the number of tokens it summed, so a caller averages over the
 // tokens that count (masked language modelling, padding) and not over B·S.
 //
+// A classifier whose logits every rank holds whole (BERT's 2-way sentence head) uses the same
+// layer with over_group false: no reduction over the group, every rank the same loss.
+//
 // Thread-safety: as the model.
 #pragma once
 
@@ -30,7 +33,8 @@ class VocabParallelCrossEntropy {
   };
 
   VocabParallelCrossEntropy() = default;
-  explicit VocabParallelCrossEntropy(const VocabShard& v) : vocab(v) {}
+  explicit VocabParallelCrossEntropy(const VocabShard& v, bool over_group_ = true)
+      : vocab(v), over_group(over_group_) {}
 
   // logits (N, V/t) of this rank's shard, targets (N) i32, loss_mask (N) f32 or undefined.
   // Returns Σ of the counted tokens' losses and how many there are.
@@ -42,6 +46,7 @@ class VocabParallelCrossEntropy {
                 const Tensor& targets, const Tensor& loss_mask, float scale) const;
 
   VocabShard vocab;
+  bool over_group = true;  // false: the logits are whole on every rank
 };
 
 }  // namespace strata

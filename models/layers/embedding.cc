@@ -1,5 +1,7 @@
 #include "models/layers/embedding.h"
 
+#include "runtime/check.h"
+
 namespace strata {
 
 int pad_vocab(int vocab, int multiple) {
@@ -34,12 +36,26 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabS
   }
 }
 
-Tensor VocabParallelEmbedding::forward(const LayerEnv& env, const Tensor& tokens) const {
-  return forward_at(env, tokens, 0);
+void VocabParallelEmbedding::add_token_types(ParamLayout& layout, int64_t n_types, int64_t C,
+                                             double std, const std::string& types_name) {
+  types = layout.add(
+      {types_name, {n_types, C}, ParamSplit::kReplicated, ParamInit::kNormal, std, -1, true, {}});
+}
+
+Tensor VocabParallelEmbedding::forward(const LayerEnv& env, const Tensor& tokens,
+                                       const Tensor& token_types) const {
+  if (!types.valid()) return forward_at(env, tokens, 0);
+  STRATA_CHECK(token_types.defined(), "an embedding with token types needs their ids");
+  return lookup(env, tokens, 0, &token_types);
 }
 
 Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tokens,
                                           int64_t pos0) const {
+  return lookup(env, tokens, pos0, nullptr);
+}
+
+Tensor VocabParallelEmbedding::lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
+                                      const Tensor* token_types) const {
   const int64_t B = tokens.size(0), S = tokens.size(1);
   const ParamInfo& t = env.params.info(table);
   Tensor x0 = env.act({B, S, t.shape[1]});
@@ -51,16 +67,26 @@ Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tok
   }
   env.be.embedding_forward(x0, tokens, env.w(table),
                            positions.valid() && env.tp.rank() == 0 ? &pos : nullptr, vocab.start);
+  if (token_types && env.tp.rank() == 0) {  // added once, as the positions
+    Tensor typed = env.act(x0.shape());
+    env.be.embedding_forward(typed, *token_types, env.w(types), nullptr, 0);
+    env.be.add_inplace(x0, typed);
+  }
   return env.tp.reduce(x0);
 }
 
-void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout,
-                                      const Tensor& tokens) const {
-  // Every rank needs the full-sequence gradient for its vocabulary rows and the positions.
+void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
+                                      const Tensor& token_types) const {
+  // Every rank needs the full-sequence gradient for its vocabulary rows, the positions and the
+  // token types (replicated: every rank computes their whole gradient).
   const Tensor dx0 = env.tp.full_sequence(dout);
   Tensor dtable = env.g(table);
   Tensor dpos = positions.valid() ? env.g(positions) : Tensor();
   env.be.embedding_backward(dtable, positions.valid() ? &dpos : nullptr, dx0, tokens, vocab.start);
+  if (types.valid()) {
+    Tensor dtypes = env.g(types);
+    env.be.embedding_backward(dtypes, nullptr, dx0, token_types, 0);
+  }
 }
 
 }  // namespace strata

@@ -1,11 +1,12 @@
 // embedding.h — the vocab-parallel token embedding (Megatron's VocabParallelEmbedding), with
-// optional learned position embeddings.
+// optional learned position embeddings and token-type (segment) embeddings (BERT's).
 //
 // The vocabulary is padded to a multiple of 128·t (Megatron's make-vocab-size-divisible-by
 // times t); rank r holds rows [r·Vp/t, (r+1)·Vp/t) of the (Vp, C) table. Padded rows start at
 // zero, are excluded from the loss and never sampled. In the forward pass each rank adds its own
-// rows' vectors (and rank 0 the positions), and the sum over the group is the embedding; with
-// sequence parallelism the sum is reduce-scattered straight to the sequence shards.
+// rows' vectors (and rank 0 the positions and token types), and the sum over the group is the
+// embedding; with sequence parallelism the sum is reduce-scattered straight to the sequence
+// shards.
 //
 // Thread-safety: as the model.
 #pragma once
@@ -38,17 +39,31 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding(ParamLayout& layout, const VocabShard& vocab, int64_t C, double std,
                          const std::string& table_name, int64_t positions,
                          const std::string& positions_name);
+  // Declares a replicated `types_name` (types, C) table, N(0, std): token_types ids select its
+  // rows in forward().
+  void add_token_types(ParamLayout& layout, int64_t types, int64_t C, double std,
+                       const std::string& types_name);
 
   // tokens (B, S) i32 → (B, S_local, C): the sum over the tensor group of each rank's rows (and
-  // the positions), reduce-scattered to this rank's sequence chunk with sequence parallelism.
-  Tensor forward(const LayerEnv& env, const Tensor& tokens) const;
+  // the positions, and the rows of token_types (B, S) i32 when the layer has a type table),
+  // reduce-scattered to this rank's sequence chunk with sequence parallelism.
+  Tensor forward(const LayerEnv& env, const Tensor& tokens,
+                 const Tensor& token_types = Tensor()) const;
   // Generation: tokens at positions pos0 … (the learned positions from row pos0).
   Tensor forward_at(const LayerEnv& env, const Tensor& tokens, int64_t pos0) const;
-  // Table (and position) gradients from the gradient of the output, dout (B, S_local, C).
-  void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens) const;
+  // Table (and position, token-type) gradients from the gradient of the output, dout
+  // (B, S_local, C).
+  void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
+                const Tensor& token_types = Tensor()) const;
 
   ParamRef table, positions;  // positions invalid without learned positions
+  ParamRef types;             // invalid without token types
   VocabShard vocab;
+
+ private:
+  // The embedding of tokens at positions pos0 … (and their types when given).
+  Tensor lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
+                const Tensor* token_types) const;
 };
 
 }  // namespace strata

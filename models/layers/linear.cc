@@ -47,11 +47,11 @@ Tensor ColumnParallelLinear::forward(const LayerEnv& env, const Tensor& x) const
 }
 
 void ColumnParallelLinear::forward_gelu(const LayerEnv& env, const Tensor& x, Tensor* pre,
-                                        Tensor* out) const {
+                                        Tensor* out, GeluKind kind) const {
   const Tensor x_full = env.tp.full_sequence(x);
   *pre = env.act({x_full.size(0), x_full.size(1), out_local});
   *out = env.act({x_full.size(0), x_full.size(1), out_local});
-  env.be.matmul_gelu_forward(*pre, *out, x_full, env.w(weight), env.w(bias));
+  env.be.matmul_gelu_forward(*pre, *out, x_full, env.w(weight), env.w(bias), kind);
 }
 
 Tensor ColumnParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, Tensor dout,
@@ -109,9 +109,60 @@ void RowParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, Tensor
 
 void RowParallelLinear::backward_through_gelu(const LayerEnv& env, BackwardPass& pass, Tensor& dpre,
                                               const Tensor& dout_full, const Tensor& pre,
-                                              const Tensor& x) const {
-  env.be.matmul_backward_input_gelu(dpre, dout_full, env.w(weight), pre);
+                                              const Tensor& x, GeluKind kind) const {
+  env.be.matmul_backward_input_gelu(dpre, dout_full, env.w(weight), pre, kind);
   backward(env, pass, nullptr, dout_full, x);
+}
+
+ReplicatedLinear::ReplicatedLinear(ParamLayout& layout, const std::string& name, int64_t in,
+                                   int64_t out, LinearInit init, bool sequence_sharded_)
+    : sequence_sharded(sequence_sharded_) {
+  weight = layout.add({name + ".weight",
+                       {out, in},
+                       ParamSplit::kReplicated,
+                       ParamInit::kNormal,
+                       init.std,
+                       -1,
+                       true,
+                       {}});
+  bias = layout.add(
+      {name + ".bias", {out}, ParamSplit::kReplicated, ParamInit::kZeros, 0, -1, false, {}});
+}
+
+namespace {
+
+// (…, out) for an input (…, in) of a layer with `out` outputs.
+Shape with_last(const Tensor& x, int64_t last) {
+  Shape s = x.shape();
+  s.back() = last;
+  return s;
+}
+
+}  // namespace
+
+Tensor ReplicatedLinear::forward(const LayerEnv& env, const Tensor& x) const {
+  const Tensor w = env.w(weight), b = env.w(bias);
+  Tensor y = env.act(with_last(x, w.size(0)));
+  env.be.matmul_forward(y, x, w, &b);
+  return y;
+}
+
+void ReplicatedLinear::forward_gelu(const LayerEnv& env, const Tensor& x, Tensor* pre, Tensor* out,
+                                    GeluKind kind) const {
+  const Tensor w = env.w(weight);
+  *pre = env.act(with_last(x, w.size(0)));
+  *out = env.act(with_last(x, w.size(0)));
+  env.be.matmul_gelu_forward(*pre, *out, x, w, env.w(bias), kind);
+}
+
+void ReplicatedLinear::backward(const LayerEnv& env, const BackwardPass& pass, Tensor* dinp,
+                                const Tensor& dout, const Tensor& x) const {
+  Tensor dw = env.g(weight), db = env.g(bias);
+  env.be.matmul_backward(dinp, dw, &db, dout, x, env.w(weight));
+  if (sequence_sharded && env.tp.sequence_parallel() && pass.last_microbatch) {
+    env.tp.sum(dw);
+    env.tp.sum(db);
+  }
 }
 
 }  // namespace strata

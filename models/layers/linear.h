@@ -49,7 +49,8 @@ class ColumnParallelLinear {
   // sequence parallelism.
   Tensor forward(const LayerEnv& env, const Tensor& x) const;
   // pre = x · Wᵀ + b and out = gelu(pre), both (B, S, out/t): the MLP's first half in one op.
-  void forward_gelu(const LayerEnv& env, const Tensor& x, Tensor* pre, Tensor* out) const;
+  void forward_gelu(const LayerEnv& env, const Tensor& x, Tensor* pre, Tensor* out,
+                    GeluKind kind = GeluKind::kTanh) const;
   // Weight gradients from dout (B, S, out/t) and the forward's local input x, and the input
   // gradient reduced over the group: (B, S_local, in). dout is taken by value and released once
   // used (unless the W pass keeps it), so a caller may hand over the last reference.
@@ -77,9 +78,36 @@ class RowParallelLinear {
   // The input x was gelu(pre): dpre = gelu'(pre) · (dout_full · W) in one op (fused where the
   // backend can), then the weight gradients from dout_full and x.
   void backward_through_gelu(const LayerEnv& env, BackwardPass& pass, Tensor& dpre,
-                             const Tensor& dout_full, const Tensor& pre, const Tensor& x) const;
+                             const Tensor& dout_full, const Tensor& pre, const Tensor& x,
+                             GeluKind kind = GeluKind::kTanh) const;
 
   ParamRef weight, bias;
+};
+
+// A linear layer every rank of the tensor group holds whole (BERT's small heads: the masked-LM
+// transform (C, C) and the pooler (C, C)), applied to the rows this rank holds. Its input is
+// either sequence-sharded (the residual stream's chunk with sequence parallelism: each rank's
+// weight gradient is a partial sum over the group, summed on the last micro-batch, as Norm's)
+// or the same on every rank (then so is every gradient: nothing to sum). Weight gradients are
+// never deferred to a zero-bubble W pass (like a norm's, they are small).
+class ReplicatedLinear {
+ public:
+  ReplicatedLinear() = default;
+  // Declares `name`.weight (out, in) and `name`.bias (out), replicated.
+  ReplicatedLinear(ParamLayout& layout, const std::string& name, int64_t in, int64_t out,
+                   LinearInit init, bool sequence_sharded);
+
+  // y (…, out) = x (…, in) · Wᵀ + b.
+  Tensor forward(const LayerEnv& env, const Tensor& x) const;
+  // pre = x · Wᵀ + b and out = gelu(pre).
+  void forward_gelu(const LayerEnv& env, const Tensor& x, Tensor* pre, Tensor* out,
+                    GeluKind kind) const;
+  // dinp (may be null) = dout · W, assigned; dW, db += (summed over the group per above).
+  void backward(const LayerEnv& env, const BackwardPass& pass, Tensor* dinp, const Tensor& dout,
+                const Tensor& x) const;
+
+  ParamRef weight, bias;
+  bool sequence_sharded = false;
 };
 
 // dinp = dout · W now (dinp may be null); dW (and db) += now or, in a zero-bubble B pass, queued

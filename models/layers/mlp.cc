@@ -13,10 +13,18 @@ MLP::MLP(ParamLayout& layout, MlpActivation activation_, const std::string& fc_n
   proj = RowParallelLinear(layout, proj_name, F, C, proj_init, bias);
 }
 
+namespace {
+
+GeluKind gelu_kind(MlpActivation a) {
+  return a == MlpActivation::kGeluErf ? GeluKind::kErf : GeluKind::kTanh;
+}
+
+}  // namespace
+
 Tensor MLP::forward(const LayerEnv& env, const Tensor& x, const Tensor& residual,
                     Saved& s) const {
-  if (activation == MlpActivation::kGelu) {
-    fc.forward_gelu(env, x, &s.pre, &s.act);
+  if (activation != MlpActivation::kSwiGlu) {
+    fc.forward_gelu(env, x, &s.pre, &s.act, gelu_kind(activation));
   } else {
     s.pre = fc.forward(env, x);
     s.act = env.act({s.pre.size(0), s.pre.size(1), hidden_local});
@@ -29,10 +37,10 @@ Tensor MLP::backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dres
                      const Tensor& x, const Saved& s) const {
   const Tensor dout_full = proj.gather_output_grad(env, dresid);
   Tensor dpre = env.act({s.pre.size(0), s.pre.size(1), fc.out_local});
-  if (activation == MlpActivation::kGelu) {
+  if (activation != MlpActivation::kSwiGlu) {
     // d(pre) straight from d(out) through the projection and the GELU (one op: fused on a
     // GPU), then the projection's weight gradients.
-    proj.backward_through_gelu(env, pass, dpre, dout_full, s.pre, s.act);
+    proj.backward_through_gelu(env, pass, dpre, dout_full, s.pre, s.act, gelu_kind(activation));
   } else {
     Tensor dact = env.act({s.pre.size(0), s.pre.size(1), hidden_local});
     proj.backward(env, pass, &dact, dout_full, s.act);

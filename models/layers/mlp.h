@@ -5,6 +5,7 @@
 // Activations:
 //   kGelu   (GPT-2): fc (F, C) with bias; act = gelu(pre), GELU (tanh form) in the GEMM's
 //           epilogue where the backend has one.
+//   kGeluErf (BERT): the same with the exact GELU 0.5x(1 + erf(x/√2)).
 //   kSwiGlu (Llama): fc is the fused [gate (F); up (F)] weight (2F, C), each block split over the
 //           group, so a rank's pre is [gate_r | up_r] (B, S, 2F/t) and act = silu(gate_r) · up_r.
 //
@@ -18,7 +19,7 @@
 
 namespace strata {
 
-enum class MlpActivation { kGelu, kSwiGlu };
+enum class MlpActivation { kGelu, kGeluErf, kSwiGlu };
 
 class MLP {
  public:

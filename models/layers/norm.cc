@@ -18,7 +18,7 @@ void Norm::forward(const LayerEnv& env, Saved& s, const Tensor& x) const {
     return;
   }
   s.mean = env.stat({B, S});
-  env.be.layernorm_forward(s.out, s.mean, s.rstd, x, env.w(weight), env.w(bias));
+  env.be.layernorm_forward(s.out, s.mean, s.rstd, x, env.w(weight), env.w(bias), eps);
 }
 
 void Norm::backward(const LayerEnv& env, const BackwardPass& pass, Tensor& dx, const Tensor& dout,

@@ -1,5 +1,6 @@
 // norm.h — the normalisation over the hidden dimension that opens each sub-layer and ends the
-// decoder: LayerNorm (GPT-2: weight and bias, eps 1e-5) or RMSNorm (Llama: weight only,
+// decoder (or closes each sub-layer of BERT's post-norm encoder): LayerNorm (weight and bias;
+// GPT-2's eps 1e-5, BERT's model.layer_norm_eps) or RMSNorm (Llama: weight only,
 // model.rms_norm_eps), its parameters replicated over the tensor group.
 //
 // With sequence parallelism each rank normalises its own sequence chunk, so its parameter
@@ -29,7 +30,7 @@ class Norm {
 
   Norm() = default;
   // Declares `name`.weight (ones) and, for LayerNorm, `name`.bias (zeros), both of size C. eps:
-  // RMSNorm's (LayerNorm's is fixed at 1e-5 by its kernels).
+  // added to the variance (LayerNorm) or the mean square (RMSNorm).
   Norm(ParamLayout& layout, NormKind kind, const std::string& name, int64_t C, double eps);
 
   void forward(const LayerEnv& env, Saved& s, const Tensor& x) const;

@@ -61,6 +61,7 @@ ArchSpec llama_arch() {
                        "an even head size for rotary embeddings: hidden_size " +
                            std::to_string(m.hidden_size) + " / num_heads " +
                            std::to_string(m.num_heads) + " = " + std::to_string(head_size));
+    refuse_encoder_keys(m, file);
   };
   a.hf.hf_model_type = "llama";
   a.hf.model_config = llama_model_config_from_hf;

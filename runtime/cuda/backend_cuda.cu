@@ -375,11 +375,11 @@ class CudaBackend final : public Backend {
   }
 
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
-                         const Tensor& w, const Tensor& b) override {
+                         const Tensor& w, const Tensor& b, float eps) override {
     if (!same_dtype(out, inp) || !same_dtype(w, b) || !all_f32(mean, rstd)) {
       MixedPrecisionScope mp(*this);
       return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
-                               mp.in(b));
+                               mp.in(b), eps);
     }
     const int64_t N = rows(inp), C = inp.size(-1);
     expect_numel(out, N * C, "layernorm out");
@@ -388,7 +388,7 @@ class CudaBackend final : public Backend {
     expect_numel(w, C, "layernorm weight");
     expect_numel(b, C, "layernorm bias");
     CUDA_CHECK(kc::layernorm_forward(out.data(), mean.f32(), rstd.f32(), inp.data(), et(inp),
-                                     w.data(), b.data(), et(w), N, as_int(C), stream_));
+                                     w.data(), b.data(), et(w), N, as_int(C), eps, stream_));
   }
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
@@ -410,107 +410,135 @@ class CudaBackend final : public Backend {
                                       et(inp), w.data(), et(w), mean.f32(), rstd.f32(), N,
                                       as_int(C), stream_));
   }
-  void gelu_forward(Tensor& out, const Tensor& inp) override {
+  void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind) override {
     if (!same_dtype(out, inp)) {
       MixedPrecisionScope mp(*this);
-      return gelu_forward(mp.out(out), mp.in(inp));
+      return gelu_forward(mp.out(out), mp.in(inp), kind);
     }
     expect_numel(out, inp.numel(), "gelu out");
-    CUDA_CHECK(kc::gelu_forward(out.data(), inp.data(), et(inp), inp.numel(), stream_));
+    CUDA_CHECK((kind == GeluKind::kErf ? kc::gelu_erf_forward : kc::gelu_forward)(
+        out.data(), inp.data(), et(inp), inp.numel(), stream_));
   }
-  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, GeluKind kind) override {
     if (!all_same_dtype(dinp, inp, dout)) {
       MixedPrecisionScope mp(*this);
-      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout));
+      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout), kind);
     }
     expect_numel(dinp, inp.numel(), "gelu dinp");
     expect_numel(dout, inp.numel(), "gelu dout");
+    CUDA_CHECK((kind == GeluKind::kErf ? kc::gelu_erf_backward : kc::gelu_backward)(
+        dinp.data(), inp.data(), dout.data(), et(inp), inp.numel(), stream_));
+  }
+  void tanh_forward(Tensor& out, const Tensor& inp) override {
+    if (!same_dtype(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_forward(mp.out(out), mp.in(inp));
+    }
+    expect_numel(out, inp.numel(), "tanh out");
+    CUDA_CHECK(kc::tanh_forward(out.data(), inp.data(), et(inp), inp.numel(), stream_));
+  }
+  void tanh_backward(Tensor& dinp, const Tensor& out, const Tensor& dout) override {
+    if (!all_same_dtype(dinp, out, dout)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_backward(mp.out(dinp), mp.in(out), mp.in(dout));
+    }
+    expect_numel(dinp, out.numel(), "tanh dinp");
+    expect_numel(dout, out.numel(), "tanh dout");
     CUDA_CHECK(
-        kc::gelu_backward(dinp.data(), inp.data(), dout.data(), et(inp), inp.numel(), stream_));
+        kc::tanh_backward(dinp.data(), out.data(), dout.data(), et(out), out.numel(), stream_));
   }
 
   // ---- linear + GELU in one GEMM (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues) ----
   // Only in bf16, the training precision: fp32 is there to match the CPU to 1e-4, and
   // cuBLASLt does not document how exactly its epilogue evaluates GELU, so fp32 keeps the
-  // separate kernels. Where cuBLASLt has no such epilogue for the shape, the Backend default
-  // runs the two ops.
+  // separate kernels. Only the tanh form (GPT-2's): cuBLASLt's GELU is not the exact erf form
+  // BERT uses, which runs the GEMM and the GELU kernel. Where cuBLASLt has no such epilogue for
+  // the shape, the Backend default runs the two ops.
 
   void matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
-                           const Tensor& bias) override {
+                           const Tensor& bias, GeluKind kind) override {
     const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
     expect_shape(w, {OC, C}, "matmul weight");
     expect_numel(pre, N * OC, "matmul pre-activation");
     expect_numel(out, N * OC, "gelu out");
     expect_numel(bias, OC, "matmul bias");
-    if (N > 0 && out.dtype() == DType::kBF16 && all_same_dtype(out, inp, w, pre, bias)) {
+    if (N > 0 && kind == GeluKind::kTanh && out.dtype() == DType::kBF16 &&
+        all_same_dtype(out, inp, w, pre, bias)) {
       kc::Gemm g = forward_gemm(out, inp, w);
       g.epilogue = kc::GemmEpilogue::kGeluAuxBias;
       g.bias = bias.data(), g.bias_type = et(bias);
       g.aux = pre.data(), g.ld_aux = g.N;
       if (run_fused(g)) return;
     }
-    Backend::matmul_gelu_forward(pre, out, inp, w, bias);
+    Backend::matmul_gelu_forward(pre, out, inp, w, bias, kind);
   }
   void matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
-                                  const Tensor& pre) override {
+                                  const Tensor& pre, GeluKind kind) override {
     const int64_t N = rows(dpre), C = dpre.size(-1), OC = w.size(0);
     expect_shape(w, {OC, C}, "matmul weight");
     expect_numel(dout, N * OC, "matmul dout");
     expect_numel(pre, N * C, "gelu pre-activation");
-    if (N > 0 && dpre.dtype() == DType::kBF16 && all_same_dtype(dpre, dout, w, pre)) {
+    if (N > 0 && kind == GeluKind::kTanh && dpre.dtype() == DType::kBF16 &&
+        all_same_dtype(dpre, dout, w, pre)) {
       kc::Gemm g = backward_input_gemm(dpre, dout, w);
       g.epilogue = kc::GemmEpilogue::kDGelu;
       g.aux = pre.data(), g.ld_aux = g.N;
       if (run_fused(g)) return;
     }
-    Backend::matmul_backward_input_gelu(dpre, dout, w, pre);
+    Backend::matmul_backward_input_gelu(dpre, dout, w, pre, kind);
   }
 
-  // ---- attention core (causal, fused) ----
+  // ---- attention core (fused; causal, or bidirectional over padded keys) ----
 
   Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override {
     return {B, num_heads, S};
   }
-  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH, int KVH) override {
+  void attention_forward(Tensor& out, Tensor& saved, const Tensor& qkv, int NH, int KVH,
+                         const AttentionMask& mask) override {
     if (!same_dtype(out, qkv) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
-      return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH, KVH);
+      return attention_forward(mp.out(out), mp.out(saved), mp.in(qkv), NH, KVH, mask);
     }
     const AttentionShape a = attention_shape(qkv, NH, KVH);
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
-    if (use_cudnn(qkv, a)) {
-      Tensor ws = workspace(cudnn_->forward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS));
+    const kc::FlashMask m = flash_mask(mask, a);
+    if (use_cudnn(qkv, a, m)) {
+      Tensor ws =
+          workspace(cudnn_->forward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, m));
       CUDNN_CHECK(cudnn_->forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S, a.NH,
-                                  a.KVH, a.HS, ws.data(), stream_));
+                                  a.KVH, a.HS, ws.data(), stream_, m));
       return;
     }
     CUDA_CHECK(kc::flash_attention_forward(out.data(), saved.f32(), qkv.data(), et(qkv), a.B, a.S,
-                                           a.NH, a.KVH, a.HS, stream_));
+                                           a.NH, a.KVH, a.HS, stream_, m));
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& saved, int NH, int KVH) override {
+                          const Tensor& saved, int NH, int KVH,
+                          const AttentionMask& mask) override {
     if (!all_same_dtype(dqkv, dout, qkv, out) || !is_f32(saved)) {
       MixedPrecisionScope mp(*this);
       return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), mp.in(out), mp.in(saved), NH,
-                                KVH);
+                                KVH, mask);
     }
     const AttentionShape a = attention_shape(qkv, NH, KVH);
     expect_numel(dqkv, qkv.numel(), "attention dqkv");
     expect_numel(dout, a.B * a.S * a.NH * a.HS, "attention dout");
     expect_numel(out, a.B * a.S * a.NH * a.HS, "attention out");
     expect_shape(saved, attention_saved_shape(a.B, a.NH, a.S), "attention saved log-sum-exp");
-    if (use_cudnn(qkv, a)) {
-      Tensor ws = workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS));
+    const kc::FlashMask m = flash_mask(mask, a);
+    if (use_cudnn(qkv, a, m)) {
+      Tensor ws =
+          workspace(cudnn_->backward_workspace_bytes(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, m));
       CUDNN_CHECK(cudnn_->backward(dqkv.data(), dout.data(), qkv.data(), out.data(), saved.f32(),
-                                   et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, ws.data(), stream_));
+                                   et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, ws.data(), stream_, m));
       return;
     }
     const size_t bytes = kc::flash_attention_backward_scratch_bytes(a.B, a.S, a.NH, a.KVH, a.HS);
     Tensor scratch = empty({static_cast<int64_t>(bytes / sizeof(float))}, MemCategory::kBuffers);
     CUDA_CHECK(kc::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
                                             saved.f32(), et(qkv), a.B, a.S, a.NH, a.KVH, a.HS,
-                                            scratch.data(), stream_));
+                                            scratch.data(), stream_, m));
   }
 
   // ---- Llama-family ops ----
@@ -895,19 +923,29 @@ class CudaBackend final : public Backend {
   // what Strata knows cuDNN cannot run, so what is left (an old cuDNN, an old GPU, no engine)
   // must be seen, not hidden. With "auto" it runs on Strata's kernels (the same saved
   // log-sum-exp, so a forward on one and a backward on the other agree).
-  bool use_cudnn(const Tensor& qkv, const AttentionShape& a) {
+  bool use_cudnn(const Tensor& qkv, const AttentionShape& a, kc::FlashMask m) {
     if (!cudnn_ || qkv.dtype() != DType::kBF16) return false;
     std::string why;
-    if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, &why) != CUDNN_STATUS_SUCCESS) {
+    if (cudnn_->supports(et(qkv), a.B, a.S, a.NH, a.KVH, a.HS, &why, m) != CUDNN_STATUS_SUCCESS) {
       if (cudnn_use_ == CudnnAttentionUse::kWhereItRuns) return false;
       throw std::runtime_error(
           "train.attention_backend \"cudnn\": cuDNN " + std::to_string(cudnnGetVersion()) +
-          " cannot run causal attention " + "B=" + std::to_string(a.B) +
-          " S=" + std::to_string(a.S) + " heads=" + std::to_string(a.NH) +
-          " kv heads=" + std::to_string(a.KVH) + " head size=" + std::to_string(a.HS) +
-          " in bf16 (" + why + "); use \"strata\"");
+          " cannot run " + (m.causal ? "causal" : "bidirectional") + (m.key_len ? " padded" : "") +
+          " attention " + "B=" + std::to_string(a.B) + " S=" + std::to_string(a.S) +
+          " heads=" + std::to_string(a.NH) + " kv heads=" + std::to_string(a.KVH) +
+          " head size=" + std::to_string(a.HS) + " in bf16 (" + why + "); use \"strata\"");
     }
     return true;
+  }
+  // The kernels' mask of an AttentionMask: key lengths (B) i32 on this device.
+  static kc::FlashMask flash_mask(const AttentionMask& mask, const AttentionShape& a) {
+    kc::FlashMask m;
+    m.causal = mask.causal;
+    if (mask.key_lengths) {
+      expect_key_lengths(*mask.key_lengths, a.B);
+      m.key_len = mask.key_lengths->i32();
+    }
+    return m;
   }
   // A device workspace of `bytes` (at least one element, so data() is never null).
   Tensor workspace(size_t bytes) {

@@ -70,9 +70,9 @@ void check_exists(const std::string& source, const std::string& path, const std:
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_corpus_source(const DataConfig& data, uint64_t seed,
-                                               const SamplingShape& shape,
-                                               const std::string& config_file) {
+std::vector<MaskedLmCorpus> open_dataset_corpora(const DataConfig& data, const SamplingShape& shape,
+                                                 const std::string& config_file,
+                                                 std::string* description) {
   std::vector<std::pair<std::string, std::string>> paths;  // (path, its config key)
   std::vector<double> weights;
   if (data.blend) {
@@ -84,9 +84,8 @@ std::unique_ptr<DataSource> make_corpus_source(const DataConfig& data, uint64_t 
     paths.push_back({*data.path, "data.path"});
     weights.push_back(1);
   }
-  std::vector<std::unique_ptr<GptDataset>> train, val;
-  std::string description = data.source == "indexed" ? "indexed" : "tokens";
-  int64_t documents = 0, tokens = 0;
+  std::vector<MaskedLmCorpus> corpora;
+  *description = data.source == "indexed" ? "indexed" : "tokens";
   for (size_t i = 0; i < paths.size(); ++i) {
     const auto& [path, key] = paths[i];
     check_exists(data.source, path, key, config_file);
@@ -103,18 +102,34 @@ std::unique_ptr<DataSource> make_corpus_source(const DataConfig& data, uint64_t 
         corpus = open_token_shards(path, chunk);
       }
     }
-    train.push_back(std::make_unique<GptDataset>(corpus, Split::kTrain, data.val_fraction,
+    corpora.push_back({corpus, weights[i], 0});
+    *description += (i ? ", " : " ") + path +
+                    (paths.size() > 1 ? " (weight " + std::to_string(weights[i]) + ")" : "");
+  }
+  return corpora;
+}
+
+std::unique_ptr<DataSource> make_corpus_source(const DataConfig& data, uint64_t seed,
+                                               const SamplingShape& shape,
+                                               const std::string& config_file) {
+  std::string description;
+  const std::vector<MaskedLmCorpus> corpora =
+      open_dataset_corpora(data, shape, config_file, &description);
+  std::vector<std::unique_ptr<GptDataset>> train, val;
+  std::vector<double> weights;
+  int64_t documents = 0, tokens = 0;
+  for (const MaskedLmCorpus& c : corpora) {
+    train.push_back(std::make_unique<GptDataset>(c.corpus, Split::kTrain, data.val_fraction,
                                                  shape.seq_len, seed, shape.model_vocab));
-    val.push_back(std::make_unique<GptDataset>(corpus, Split::kVal, data.val_fraction,
+    val.push_back(std::make_unique<GptDataset>(c.corpus, Split::kVal, data.val_fraction,
                                                shape.seq_len, seed, shape.model_vocab));
-    documents += corpus->num_documents();
-    tokens += corpus->num_tokens();
-    description += (i ? ", " : " ") + path +
-                   (paths.size() > 1 ? " (weight " + std::to_string(weights[i]) + ")" : "");
+    weights.push_back(c.weight);
+    documents += c.corpus->num_documents();
+    tokens += c.corpus->num_tokens();
   }
   description += ": " + std::to_string(documents) + " documents, " + std::to_string(tokens) +
                  " tokens; train " + std::to_string(train[0]->samples_per_epoch()) +
-                 (paths.size() > 1 ? "+" : "") + " samples per epoch";
+                 (corpora.size() > 1 ? "+" : "") + " samples per epoch";
   return std::make_unique<CorpusSource>(std::move(train), std::move(val), std::move(weights),
                                         shape.global_batch, std::move(description));
 }

@@ -17,11 +17,19 @@
 
 #include "runtime/config.h"
 #include "runtime/data.h"
+#include "runtime/data/masked_lm_source.h"
 
 namespace strata {
 
 std::unique_ptr<DataSource> make_corpus_source(const DataConfig& data, uint64_t seed,
                                                const SamplingShape& shape,
                                                const std::string& config_file);
+
+// The corpora of data.path or data.blend (tokens or indexed), opened and checked as
+// make_corpus_source opens them, for a masked-LM source; *description names them ("indexed
+// data/wiki").
+std::vector<MaskedLmCorpus> open_dataset_corpora(const DataConfig& data, const SamplingShape& shape,
+                                                 const std::string& config_file,
+                                                 std::string* description);
 
 }  // namespace strata

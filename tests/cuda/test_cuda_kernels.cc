@@ -1001,6 +1001,109 @@ TEST_P(CudaBackendOps, MatmulGelu) {
   }
 }
 
+// BERT's attention: bidirectional, over the real keys of padded sequences (key lengths on the
+// device), through the CUDA backend (Strata's flash kernels: f32 on CUDA cores, bf16 on tensor
+// cores) against the CPU backend: outputs and the assigned dqkv (padded keys get 0), for a key
+// tile entirely of padding (S = 130, 40 real keys: tiles 64..127 and 128..129 see no query),
+// a single real key, grouped-query heads, causal with padding, and no padding at all.
+TEST_P(CudaBackendOps, BidirectionalPaddedAttention) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_backend("cuda", 1);
+  auto cpu = make_backend("cpu", 1);
+  struct Case {
+    int B, S, NH, KVH, HS;
+    bool causal;
+    std::vector<int32_t> len;  // empty: no padding
+  };
+  const Case cases[] = {{2, 37, 3, 3, 32, false, {37, 20}}, {2, 130, 4, 2, 64, false, {130, 40}},
+                        {2, 130, 2, 2, 48, true, {100, 7}}, {2, 70, 2, 2, 64, false, {1, 70}},
+                        {1, 257, 8, 1, 64, false, {}},      {2, 65, 4, 4, 128, false, {65, 64}}};
+  uint64_t key = 1600;
+  for (const Case& c : cases) {
+    std::string what = " B " + std::to_string(c.B) + " S " + std::to_string(c.S) + " NH " +
+                       std::to_string(c.NH) + " KVH " + std::to_string(c.KVH) + " HS " +
+                       std::to_string(c.HS) + (c.causal ? " causal" : " bidirectional");
+    for (int32_t l : c.len) what += " " + std::to_string(l);
+    const int64_t W = static_cast<int64_t>(c.NH + 2 * c.KVH) * c.HS, O = int64_t{c.NH} * c.HS;
+    const auto qkv = host(static_cast<size_t>(c.B * c.S * W), ++key, 1.5f);
+    const auto dout = host(static_cast<size_t>(c.B * c.S * O), ++key);
+    std::vector<std::vector<float>> out(2), dqkv(2);
+    Backend* backends[] = {gpu.get(), cpu.get()};
+    for (int k = 0; k < 2; ++k) {
+      Backend& be = *backends[k];
+      Tensor Q = put(be, {c.B, c.S, W}, qkv, act()), G = put(be, {c.B, c.S, O}, dout, act());
+      Tensor Len = c.len.empty() ? Tensor() : put_i32(be, {c.B}, c.len);
+      AttentionMask mask;
+      mask.causal = c.causal;
+      mask.key_lengths = c.len.empty() ? nullptr : &Len;
+      Tensor Out = be.empty({c.B, c.S, O}, MemCategory::kActivations, act());
+      Tensor Saved = be.empty(be.attention_saved_shape(c.B, c.NH, c.S), MemCategory::kActivations);
+      // dqkv starts as NaN: it is assigned, padded keys included.
+      Tensor D = put(be, {c.B, c.S, W}, std::vector<float>(qkv.size(), NAN), act());
+      be.attention_forward(Out, Saved, Q, c.NH, c.KVH, mask);
+      be.attention_backward(D, G, Q, Out, Saved, c.NH, c.KVH, mask);
+      out[static_cast<size_t>(k)] = get(be, Out);
+      dqkv[static_cast<size_t>(k)] = get(be, D);
+    }
+    expect_close("padded attention out" + what, out[0], out[1], tol(act(), act()));
+    expect_close("padded attention dqkv" + what, dqkv[0], dqkv[1], tol(act(), act()));
+  }
+}
+
+// BERT's other ops through the CUDA backend against the CPU backend: the exact (erf) GELU alone
+// and behind a linear layer (never cuBLASLt's tanh epilogue), its input gradient through the next
+// layer, tanh and its gradient, and a LayerNorm with eps 1e-12 on rows of small variance.
+TEST_P(CudaBackendOps, GeluErfTanhAndLayerNormEps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_backend("cuda", 1);
+  auto cpu = make_backend("cpu", 1);
+  const int N = 37, C = 64, F = 96;
+  uint64_t key = 1700;
+  const auto x = host(N * C, ++key), w = host(F * C, ++key), b = host(F, ++key);
+  const auto pre = host(N * F, ++key, 3.f), dout = host(N * C, ++key), w2 = host(C * F, ++key);
+  const auto small = host(N * C, ++key, 1e-4f), lw = host(C, ++key), lb = host(C, ++key);
+  std::vector<std::vector<std::vector<float>>> r(2);
+  Backend* backends[] = {gpu.get(), cpu.get()};
+  for (int k = 0; k < 2; ++k) {
+    Backend& be = *backends[k];
+    std::vector<std::vector<float>>& o = r[static_cast<size_t>(k)];
+    Tensor X = put(be, {N, C}, x, act()), Wt = put(be, {F, C}, w, act()),
+           Bi = put(be, {F}, b, act());
+    Tensor Pre = be.empty({N, F}, MemCategory::kActivations, act());
+    Tensor Y = be.empty({N, F}, MemCategory::kActivations, act());
+    be.matmul_gelu_forward(Pre, Y, X, Wt, Bi, GeluKind::kErf);
+    o.push_back(get(be, Y));
+    Tensor P = put(be, {N, F}, pre, act()), G = put(be, {N, C}, dout, act()),
+           W2 = put(be, {C, F}, w2, act());
+    Tensor dP = put(be, {N, F}, std::vector<float>(pre.size(), NAN), act());
+    be.matmul_backward_input_gelu(dP, G, W2, P, GeluKind::kErf);
+    o.push_back(get(be, dP));
+    Tensor T = be.empty({N, F}, MemCategory::kActivations, act());
+    be.tanh_forward(T, P);
+    o.push_back(get(be, T));
+    Tensor Gf = put(be, {N, F}, pre, act());
+    Tensor dT = put(be, {N, F}, std::vector<float>(pre.size(), NAN), act());
+    be.tanh_backward(dT, T, Gf);
+    o.push_back(get(be, dT));
+    Tensor S = put(be, {N, C}, small, act()), LW = put(be, {C}, lw, act()),
+           LB = put(be, {C}, lb, act());
+    Tensor Ln = be.empty({N, C}, MemCategory::kActivations, act());
+    Tensor Mean = be.empty({N}, MemCategory::kActivations),
+           Rstd = be.empty({N}, MemCategory::kActivations);
+    be.layernorm_forward(Ln, Mean, Rstd, S, LW, LB, 1e-12f);
+    o.push_back(get(be, Ln));
+    o.push_back(get(be, Rstd));
+  }
+  const char* names[] = {"matmul_gelu erf out",
+                         "matmul_backward_input_gelu erf dpre",
+                         "tanh out",
+                         "tanh dinp",
+                         "layernorm eps 1e-12 out",
+                         "layernorm eps 1e-12 rstd"};
+  for (size_t i = 0; i < r[0].size(); ++i)
+    expect_close(names[i], r[0][i], r[1][i], i == 5 ? kTolF32 : tol(act(), act()));
+}
+
 TEST_P(CudaBackendOps, LayerNorm) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto be = make_backend("cuda", 1);

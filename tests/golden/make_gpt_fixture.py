@@ -10,7 +10,7 @@ float64 (starting from the float32 weights that are stored, upcast exactly) and 
 Gradients come from torch autograd in float64 -- the outside reference for Strata's hand-written backward.
 The hand-written attention, LayerNorm, GELU and cross-entropy are cross-checked against torch.nn.functional.
 
-The file is written by hand (struct + json), no safetensors package and no numpy.
+The file is written by hand (safetensors_io.py: struct + json), no safetensors package and no numpy.
 
 Usage:  python3 tests/golden/make_gpt_fixture.py [--out PATH]
 """
@@ -18,13 +18,12 @@ import argparse
 import json
 import math
 import os
-import struct
-import sys
 import warnings
 
 warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch warns when numpy is absent; harmless
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------
 # Configuration (keep in sync with tests/golden/README.md)
@@ -190,53 +189,6 @@ def train(p0, step_tokens):
             p[n] = p[n] - lr * (mhat / (torch.sqrt(vhat) + ADAM_EPS) + wd * p[n])
         losses.append(float(loss)); norms.append(norm); lrs.append(lr)
     return losses, norms, lrs, p
-
-
-# ----------------------------------------------------------------------------------------------------
-# safetensors, by hand
-
-DTYPES = {torch.float32: ("F32", 4), torch.int32: ("I32", 4)}
-
-
-def write_safetensors(path, tensors, metadata):
-    """tensors: list of (name, tensor) in data order. Little-endian, contiguous, no gaps."""
-    assert sys.byteorder == "little"
-    header, blobs, off = {}, [], 0
-    for name, t in tensors:
-        dt, _ = DTYPES[t.dtype]
-        raw = t.contiguous().cpu().view(torch.uint8).reshape(-1).tolist()
-        data = bytes(raw)
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    header["__metadata__"] = metadata
-    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hjson += b" " * ((-len(hjson)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hjson)))
-        f.write(hjson)
-        for data in blobs:
-            f.write(data)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        buf = f.read()
-    n = struct.unpack("<Q", buf[:8])[0]
-    assert n % 8 == 0
-    header = json.loads(buf[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__")
-    base, out, end_max = 8 + n, {}, 0
-    for name, e in header.items():
-        b, e_ = e["data_offsets"]
-        fmt = {"F32": "f", "I32": "i"}[e["dtype"]]
-        count = (e_ - b) // 4
-        vals = struct.unpack("<%d%s" % (count, fmt), buf[base + b:base + e_])
-        dtype = torch.float32 if fmt == "f" else torch.int32
-        out[name] = torch.tensor(vals, dtype=dtype).reshape(e["shape"])
-        end_max = max(end_max, e_)
-    assert base + end_max == len(buf), "trailing bytes in file"
-    return out, meta
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -25,14 +25,13 @@ import argparse
 import json
 import math
 import os
-import struct
-import sys
 import warnings
 
 warnings.filterwarnings("ignore", message=".*NumPy.*")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
+from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
@@ -241,49 +240,6 @@ def train_by_hand(params, step_inputs, step_targets):
                 wd = WEIGHT_DECAY if decays(n) else 0.0
                 p.copy_(p - lr_at(it) * (mhat / (torch.sqrt(vhat) + ADAM_EPS) + wd * p))
     return {n: named[n].detach().clone() for n, _ in param_specs()}
-
-
-# ----------------------------------------------------------------------------------------------------
-# safetensors, by hand (as make_gpt_fixture.py)
-
-DTYPES = {torch.float32: "F32", torch.int32: "I32"}
-
-
-def write_safetensors(path, tensors, metadata):
-    assert sys.byteorder == "little"
-    header, blobs, off = {}, [], 0
-    for name, t in tensors:
-        data = bytes(t.contiguous().cpu().view(torch.uint8).reshape(-1).tolist())
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    header["__metadata__"] = metadata
-    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hjson += b" " * ((-len(hjson)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hjson)))
-        f.write(hjson)
-        for data in blobs:
-            f.write(data)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        buf = f.read()
-    n = struct.unpack("<Q", buf[:8])[0]
-    header = json.loads(buf[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__")
-    base, out, end_max = 8 + n, {}, 0
-    for name, e in header.items():
-        b, e_ = e["data_offsets"]
-        fmt = {"F32": "f", "I32": "i"}[e["dtype"]]
-        vals = struct.unpack("<%d%s" % ((e_ - b) // 4, fmt), buf[base + b:base + e_])
-        dtype = torch.float32 if fmt == "f" else torch.int32
-        out[name] = torch.tensor(vals, dtype=dtype).reshape(e["shape"])
-        end_max = max(end_max, e_)
-    assert base + end_max == len(buf), "trailing bytes in file"
-    return out, meta
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -18,22 +18,24 @@ struct CudnnAttention::Plan {};
 CudnnAttention::CudnnAttention() : status_(CUDNN_STATUS_SUCCESS) {}
 CudnnAttention::~CudnnAttention() = default;
 
-cudnnStatus_t CudnnAttention::supports(ElemType, int, int, int, int, int, std::string* why) {
+cudnnStatus_t CudnnAttention::supports(ElemType, int, int, int, int, int, std::string* why,
+                                       FlashMask) {
   if (why != nullptr) *why = kNotEmulated;
   return CUDNN_STATUS_NOT_SUPPORTED;
 }
-size_t CudnnAttention::forward_workspace_bytes(ElemType, int, int, int, int, int) {
+size_t CudnnAttention::forward_workspace_bytes(ElemType, int, int, int, int, int, FlashMask) {
   return 0;
 }
-size_t CudnnAttention::backward_workspace_bytes(ElemType, int, int, int, int, int) {
+size_t CudnnAttention::backward_workspace_bytes(ElemType, int, int, int, int, int, FlashMask) {
   return 0;
 }
 cudnnStatus_t CudnnAttention::forward(void*, float*, const void*, ElemType, int, int, int, int, int,
-                                      void*, cudaStream_t) {
+                                      void*, cudaStream_t, FlashMask) {
   return CUDNN_STATUS_NOT_SUPPORTED;
 }
 cudnnStatus_t CudnnAttention::backward(void*, const void*, const void*, const void*, const float*,
-                                       ElemType, int, int, int, int, int, void*, cudaStream_t) {
+                                       ElemType, int, int, int, int, int, void*, cudaStream_t,
+                                       FlashMask) {
   return CUDNN_STATUS_NOT_SUPPORTED;
 }
 
