@@ -174,10 +174,11 @@ ranks_in() {
   done
   echo "$n"
 }
-# Mid-run: once the first checkpoint is complete.
+# Mid-run: two iterations after the first checkpoint (not inside the save's closing barrier).
 deadline=$(($(date +%s) + 120))
-until [ -e "$work/ckpt_cut/iter_$interval/metadata.json" ] || [ "$(date +%s)" -gt "$deadline" ] ||
-  ! kill -0 "$job" 2>/dev/null; do sleep 0.02; done
+until [ -e "$work/ckpt_cut/iter_$interval/metadata.json" ] &&
+  [ "$(steps "$work/cut.jsonl" | tail -1 | cut -d' ' -f1)" -ge $((interval + 2)) ] ||
+  [ "$(date +%s)" -gt "$deadline" ] || ! kill -0 "$job" 2>/dev/null; do sleep 0.02; done
 t_down=$(now)
 ip -n "$nsA" link set "$vethA" down
 echo "link down at iteration $(steps "$work/cut.jsonl" | tail -1 | cut -d' ' -f1)"
@@ -212,7 +213,10 @@ done
 grep -E "^strata-run" "$work/cut.log"
 echo "timings after the cut: ranks gone on host A ${gone_a:-never} s, on host B ${gone_b:-never} s;" \
   "job failed ${failed_at:-never} s; link up ${up_at:-} s (limit for the ranks: $limit s)"
-# A watchdog line that names a world rank on the other host; host A holds ranks 0 and 1.
+# A watchdog line that names the operation and the peer on the other host: its world rank (host A
+# holds ranks 0 and 1) for a transfer or a ring all-reduce; for another collective (a barrier,
+# a small all-reduce: MPI does not say which member is missing), a group with members on both
+# hosts (world, pp, mp, embedding; the dp pairs stay inside a host).
 names_far_peer() {  # names_far_peer R
   local text=${line_text[$1]:-} far
   [ -n "$text" ] && within "${line_at[$1]}" "$limit" || return 1
@@ -220,7 +224,8 @@ names_far_peer() {  # names_far_peer R
   for far in $([ "$1" -lt 2 ] && echo 2 3 || echo 0 1); do
     grep -q "world rank $far\b" <<<"$text" && return 0
   done
-  return 1
+  grep -qE "in [a-z_]+ \(group (world|pp|mp|embedding), [0-9]+ ranks" <<<"$text" &&
+    ! grep -q "world rank" <<<"$text"
 }
 check "a rank on host A names the operation and a peer on host B within $limit s" \
   'names_far_peer 0 || names_far_peer 1'

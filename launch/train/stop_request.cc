@@ -1,18 +1,24 @@
 #include "launch/train/stop_request.h"
 
+#include <atomic>
 #include <string>
 
 namespace strata {
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;
+// Written by the handler on whichever thread the signal is delivered to (the data prefetch
+// thread, a checkpoint writer, MPI's progress thread) and read by the training thread: a
+// lock-free atomic, which a signal handler may store to, rather than a volatile sig_atomic_t,
+// which orders nothing between threads (ThreadSanitizer's finding in StopRequest's tests).
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may use only lock-free atomics");
 
-void record(int sig) { g_signal = sig; }
+void record(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
 
 }  // namespace
 
 StopRequest::StopRequest(Communicator& world) : world_(world) {
-  g_signal = 0;
+  g_signal.store(0, std::memory_order_relaxed);
   struct sigaction sa = {};
   sa.sa_handler = record;
   sigemptyset(&sa.sa_mask);
@@ -38,7 +44,7 @@ StopRequest::Agreement StopRequest::poll(int64_t pending_save, bool writing) {
       a.saved = posted_save_;
     if (a.signal != 0) return a;
   }
-  agreed_[0] = g_signal;
+  agreed_[0] = g_signal.load(std::memory_order_relaxed);
   agreed_[1] = pending_save >= 0 && writing ? 1 : 0;
   posted_save_ = pending_save;
   exchange_ = world_.iall_reduce(agreed_, 2, DType::kI32, ReduceOp::kMax);
