@@ -120,19 +120,9 @@ class CpuBackend final : public Backend {
     const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
     expect_shape(dw, {OC, C}, "matmul dweight");
     expect_numel(dout, N * OC, "matmul dout");
-    k::gemm<float>(true, false, as_int(OC), as_int(C), as_int(N), 1.0f, dout.f32(), as_int(OC),
-                   inp.f32(), as_int(C), 1.0f, dw.f32(), as_int(C));
-    if (dbias) {
-      expect_numel(*dbias, OC, "matmul dbias");
-      float* db = dbias->f32();
-      const float* g = dout.f32();
-#pragma omp parallel for
-      for (int64_t o = 0; o < OC; ++o) {
-        double s = 0;
-        for (int64_t n = 0; n < N; ++n) s += g[n * OC + o];
-        db[o] += static_cast<float>(s);
-      }
-    }
+    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    k::matmul_backward_weight(dw.f32(), dbias ? dbias->f32() : nullptr, dout.f32(), inp.f32(),
+                              as_int(N), as_int(C), as_int(OC));
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b, float eps) override {

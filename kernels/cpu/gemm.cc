@@ -59,15 +59,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 }
 
 template <class T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int N, int C, int OC) {
-  if (dinp != nullptr) {
-    // dinp (N, C) = dout (N, OC) · weight (OC, C)
-    gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
-  }
+void matmul_backward_weight(T* dweight, T* dbias, const T* dout, const T* inp, int N, int C,
+                            int OC) {
   // dweight (OC, C) += dout^T (OC, N) · inp (N, C)
   gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias != nullptr) {
+    // Row by row over a chunk of columns: dout is read in order (summing a column at a time
+    // strides by OC and misses the cache on every element).
     const int chunks = (OC + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static)
     for (int chunk = 0; chunk < chunks; ++chunk) {
@@ -83,12 +81,23 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   }
 }
 
+template <class T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int N, int C, int OC) {
+  if (dinp != nullptr) {
+    // dinp (N, C) = dout (N, OC) · weight (OC, C)
+    gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
+  }
+  matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC);
+}
+
 // Explicit instantiations: float for training, double for the finite-difference reference.
 
 #define STRATA_INSTANTIATE_CPU_GEMM(T)                                                           \
   template void gemm<T>(bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*, int); \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);              \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int); \
+  template void matmul_backward_weight<T>(T*, T*, const T*, const T*, int, int, int);
 
 STRATA_INSTANTIATE_CPU_GEMM(float)
 STRATA_INSTANTIATE_CPU_GEMM(double)

@@ -32,4 +32,10 @@ template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int C, int OC);
 
+// The weight half of matmul_backward (the zero-bubble W pass): dweight (OC, C) += dout^T · inp;
+// dbias (OC) += Σ_n dout, summed in the same order. dbias may be null.
+template <class T>
+void matmul_backward_weight(T* dweight, T* dbias, const T* dout, const T* inp, int N, int C,
+                            int OC);
+
 }  // namespace strata::kernels::cpu
