@@ -12,6 +12,13 @@ int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int p
   return n;
 }
 
+int64_t unpadded_parameters(const ParamLayout& layout) {
+  int64_t n = 0;
+  for (const ParamInfo& p : layout.infos())
+    n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
+  return n;
+}
+
 PartParameterCounts::Counts PartParameterCounts::at(int t) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(t);

@@ -141,6 +141,10 @@ class ModelDescription {
 // last the copy of a tied embedding when the first piece is another.
 int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers);
 
+// The elements a layout's parameters hold without the vocabulary's padding rows (the count a
+// checkpoint of the unpadded model has): what parameters() reports for a whole-model layout.
+int64_t unpadded_parameters(const ParamLayout& layout);
+
 // The per-rank parameter counts of a description's parts (layer_parameters and the rest), taken
 // from the layouts the model declares for a one-layer piece, an embedding-only piece and a
 // head-only piece of `num_layers`, whose copy of a tied embedding (tied_copy(t) elements, 0 when

@@ -39,11 +39,7 @@ class BertDescription final : public ModelDescription {
   }
 
   int64_t parameters() const override {
-    int64_t n = 0;
-    const ParamLayout whole = BertModel::layout(d_, 1, 0, false, whole_model(d_.L));
-    for (const ParamInfo& p : whole.infos())  // the vocabulary without padding
-      n += p.rows_initialised >= 0 ? p.rows_initialised * p.full_shape[1] : p.numel;
-    return n;
+    return unpadded_parameters(BertModel::layout(d_, 1, 0, false, whole_model(d_.L)));
   }
   int64_t layer_parameters(int t) const override { return counts(t).layer; }
   int64_t embedding_parameters(int t) const override { return counts(t).embedding; }
