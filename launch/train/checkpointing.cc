@@ -143,7 +143,6 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
         {"micro_batch_size", cfg.train.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
-  iteration_.push_back(it);
   write_s_.push_back(0);
   stall_s_.push_back(0);
   const std::string dir = saver_->save(it, std::move(shard), std::move(rs));
@@ -167,7 +166,7 @@ bool Checkpointing::writing() const {
 }
 
 void Checkpointing::publish_saved(int64_t saved, int at) {
-  if (saved >= 0 && saved == pending()) publish(saved, at);
+  publish(saved, at);
 }
 
 void Checkpointing::finish(int at) {

@@ -82,7 +82,7 @@ class Checkpointing {
   bool lead_;
   std::unique_ptr<CheckpointSaver> saver_;     // when checkpoint.dir is set
   std::vector<double> stall_s_, write_s_;      // [save]
-  std::vector<int> iteration_, published_at_;  // [save]
+  std::vector<int> published_at_;              // [save]
 };
 
 // The model keys that fix parameter shapes, as a checkpoint records them: it loads only into the
