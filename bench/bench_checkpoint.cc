@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
   mc.vocab_size = 50257;
   RankShard shard;
   int64_t elems = 0;
-  const ParamLayout layout =
-      model_layout(mc, 1, 0, false, whole_model(mc.num_layers));
+  const ParamLayout layout = model_layout(mc, 1, 0, false, whole_model(mc.num_layers));
   for (const ParamInfo& p : layout.infos()) {
     shard.meta[p.name] = {p.full_shape, p.shape, "replicated", 0, 1};
     for (const char* kind : {"param", "m", "v"}) {

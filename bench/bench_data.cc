@@ -40,10 +40,9 @@ int write(const std::string& prefix, double mb, int vocab) {
   }
   w.finish();
   const double s = seconds_since(t0);
-  std::printf("wrote %s: %lld documents, %lld tokens (%d bytes each), %.1f MB/s\n",
-              prefix.c_str(), static_cast<long long>(w.num_documents()),
-              static_cast<long long>(w.num_tokens()), bytes,
-              static_cast<double>(w.num_tokens()) * bytes / 1e6 / s);
+  std::printf("wrote %s: %lld documents, %lld tokens (%d bytes each), %.1f MB/s\n", prefix.c_str(),
+              static_cast<long long>(w.num_documents()), static_cast<long long>(w.num_tokens()),
+              bytes, static_cast<double>(w.num_tokens()) * bytes / 1e6 / s);
   return 0;
 }
 
@@ -78,6 +77,7 @@ int main(int argc, char** argv) {
   if (a.size() >= 2 && a[0] == "read")
     return read(a[1], a.size() > 2 ? std::stoi(a[2]) : 1024, a.size() > 3 ? std::stoi(a[3]) : 32,
                 a.size() > 4 ? std::stoi(a[4]) : 200);
-  std::fprintf(stderr, "usage: bench_data write PREFIX MB [VOCAB] | read PREFIX [SEQ] [BATCH] [ITERS]\n");
+  std::fprintf(stderr,
+               "usage: bench_data write PREFIX MB [VOCAB] | read PREFIX [SEQ] [BATCH] [ITERS]\n");
   return 2;
 }

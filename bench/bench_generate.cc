@@ -58,15 +58,17 @@ int main(int argc, char** argv) {
   }
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   auto median = [&](int from, int to) {
-    std::vector<double> w(ms.begin() + std::max(0, from), ms.begin() + std::min<int>(to, ms.size()));
+    std::vector<double> w(ms.begin() + std::max(0, from),
+                          ms.begin() + std::min<int>(to, ms.size()));
     std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
     return w[w.size() / 2];
   };
   const double early = median(8, 24), late = median(new_tokens - 16, new_tokens);
   std::printf("model: %d layers, hidden %d, %d heads, vocab %d; %d thread(s)\n", m.num_layers,
               m.hidden_size, m.num_heads, m.vocab_size, threads);
-  std::printf("per-token ms: at token 16 %.3f, at token %d %.3f (ratio %.2f); decode %.1f "
-              "tokens/s over %d tokens\n",
-              early, new_tokens, late, late / early, new_tokens / total, new_tokens);
+  std::printf(
+      "per-token ms: at token 16 %.3f, at token %d %.3f (ratio %.2f); decode %.1f "
+      "tokens/s over %d tokens\n",
+      early, new_tokens, late, late / early, new_tokens / total, new_tokens);
   return 0;
 }

@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
     std::vector<float> scratch(cpu::attention_scratch_elems(S));  // (threads, S, S)
     const double flops = 4.0 * B * NH * double(S) * S * HS;
     rows.push_back({"attention fwd (dense-eq)", time_median([&] {
-                      cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH, NH,
-                                                    HS);
+                      cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, S, NH,
+                                                    NH, HS);
                     }),
                     flops, true});
     rows.push_back({"attention bwd (dense-eq)", time_median([&] {

@@ -19,12 +19,21 @@ namespace {
 
 strata::Config config(int iters, std::vector<std::string> extra) {
   // GPT with 4 layers, hidden 256, 8 heads, seq 128, vocabulary 256, global batch 16.
-  std::vector<std::string> s = {
-      "model.preset=tiny", "model.num_layers=4", "model.hidden_size=256", "model.num_heads=8",
-      "model.ffn_hidden_size=1024", "model.seq_len=128", "model.vocab_size=256",
-      "train.threads=1", "train.micro_batch_size=4", "train.global_batch_size=16",
-      "train.eval_interval=0", "train.iterations=" + std::to_string(iters),
-      "data.synthetic.vocab_size=256", "data.synthetic.order=1", "log.interval=100000"};
+  std::vector<std::string> s = {"model.preset=tiny",
+                                "model.num_layers=4",
+                                "model.hidden_size=256",
+                                "model.num_heads=8",
+                                "model.ffn_hidden_size=1024",
+                                "model.seq_len=128",
+                                "model.vocab_size=256",
+                                "train.threads=1",
+                                "train.micro_batch_size=4",
+                                "train.global_batch_size=16",
+                                "train.eval_interval=0",
+                                "train.iterations=" + std::to_string(iters),
+                                "data.synthetic.vocab_size=256",
+                                "data.synthetic.order=1",
+                                "log.interval=100000"};
   s.insert(s.end(), extra.begin(), extra.end());
   return strata::load_config("", s);
 }
@@ -57,11 +66,15 @@ int main(int argc, char** argv) {
       run_training(config(iters, {"parallel.tensor=2", "parallel.sequence_parallel=true"}), quiet)
           .tokens_per_s;
   if (w.rank == 0) {
-    std::printf("bench_parallel: GPT 4 layers, hidden 256, 8 heads, seq 128, global batch 16, "
-                "%d iterations, 1 thread per rank\n", iters);
+    std::printf(
+        "bench_parallel: GPT 4 layers, hidden 256, 8 heads, seq 128, global batch 16, "
+        "%d iterations, 1 thread per rank\n",
+        iters);
     std::printf("  1 process, 1 core      %9.0f tokens/s\n", single);
-    std::printf("  data 2   (2 ranks)     %9.0f tokens/s   efficiency %.2f\n", dp, dp / (2 * single));
-    std::printf("  tensor 2 (2 ranks)     %9.0f tokens/s   efficiency %.2f\n", tp, tp / (2 * single));
+    std::printf("  data 2   (2 ranks)     %9.0f tokens/s   efficiency %.2f\n", dp,
+                dp / (2 * single));
+    std::printf("  tensor 2 (2 ranks)     %9.0f tokens/s   efficiency %.2f\n", tp,
+                tp / (2 * single));
     std::printf("  tensor 2 + sequence    %9.0f tokens/s   efficiency %.2f\n", tpsp,
                 tpsp / (2 * single));
   }

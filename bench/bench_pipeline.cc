@@ -19,20 +19,29 @@
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "runtime/comm.h"
 #include "partitioner/cluster.h"
+#include "runtime/comm.h"
 #include "schedules/simulator.h"
 
 namespace {
 
 strata::Config config(int iters, std::vector<std::string> extra) {
   // GPT with 8 layers, hidden 256, 8 heads, seq 128, vocabulary 256, 8 micro-batches of 2.
-  std::vector<std::string> s = {
-      "model.preset=tiny", "model.num_layers=8", "model.hidden_size=256", "model.num_heads=8",
-      "model.ffn_hidden_size=1024", "model.seq_len=128", "model.vocab_size=256",
-      "train.threads=1", "train.micro_batch_size=2", "train.global_batch_size=16",
-      "train.eval_interval=0", "train.iterations=" + std::to_string(iters),
-      "data.synthetic.vocab_size=256", "data.synthetic.order=1", "log.interval=100000"};
+  std::vector<std::string> s = {"model.preset=tiny",
+                                "model.num_layers=8",
+                                "model.hidden_size=256",
+                                "model.num_heads=8",
+                                "model.ffn_hidden_size=1024",
+                                "model.seq_len=128",
+                                "model.vocab_size=256",
+                                "train.threads=1",
+                                "train.micro_batch_size=2",
+                                "train.global_batch_size=16",
+                                "train.eval_interval=0",
+                                "train.iterations=" + std::to_string(iters),
+                                "data.synthetic.vocab_size=256",
+                                "data.synthetic.order=1",
+                                "log.interval=100000"};
   s.insert(s.end(), extra.begin(), extra.end());
   return strata::load_config("", s);
 }
@@ -67,8 +76,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (w.rank == 0) {
-    std::printf("bench_pipeline: GPT 8 layers, hidden 256, seq 128, 8 micro-batches of 2, "
-                "p = 2, 1 thread per rank\n");
+    std::printf(
+        "bench_pipeline: GPT 8 layers, hidden 256, seq 128, 8 micro-batches of 2, "
+        "p = 2, 1 thread per rank\n");
     std::printf("  single process, 1 core: %.1f ms per step\n", t1 * 1e3);
     std::printf("  %-12s %10s %10s %9s %9s %9s\n", "schedule", "step ms", "ideal ms", "ratio",
                 "bubble", "theory");
@@ -102,18 +112,18 @@ int main(int argc, char** argv) {
   // 2bw against 1f1b: no flush, so a batch costs m (F + B) instead of (m + p − 1) (F + B).
   const Cluster cpu = load_cluster("cpu-local", configs_dir());
   if (w.rank == 0)
-    std::printf("\n  2bw against 1f1b (tied embeddings, optimizer.grad_clip 1.0), %d iterations;\n"
-                "  wait: mean time a stage waited at the step for the other's sums (slowest rank)\n"
-                "  %-4s %10s %10s %9s %9s %9s %11s %11s\n",
-                iters, "m", "1f1b ms", "2bw ms", "ratio", "theory", "planner", "1f1b wait",
-                "2bw wait");
+    std::printf(
+        "\n  2bw against 1f1b (tied embeddings, optimizer.grad_clip 1.0), %d iterations;\n"
+        "  wait: mean time a stage waited at the step for the other's sums (slowest rank)\n"
+        "  %-4s %10s %10s %9s %9s %9s %11s %11s\n",
+        iters, "m", "1f1b ms", "2bw ms", "ratio", "theory", "planner", "1f1b wait", "2bw wait");
   for (int m : {4, 8}) {
     double step[2] = {0, 0}, predicted[2] = {0, 0}, wait[2] = {0, 0};
     const char* kinds[2] = {"1f1b", "2bw"};
     for (int k = 0; k < 2; ++k) {
-      const Config cfg = config(iters, {std::string("parallel.schedule=") + kinds[k],
-                                        "parallel.pipeline=2", "optimizer.grad_clip=1.0",
-                                        "train.global_batch_size=" + std::to_string(2 * m)});
+      const Config cfg = config(
+          iters, {std::string("parallel.schedule=") + kinds[k], "parallel.pipeline=2",
+                  "optimizer.grad_clip=1.0", "train.global_batch_size=" + std::to_string(2 * m)});
       const TrainResult r = run_training(cfg, quiet);
       step[k] = median_step_s(r);
       predicted[k] = predict_for_config(cfg, 2, cpu).at("predicted").at("iteration_s");

@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
   const double gflops = f.model / s / 1e9;
   const double peak = sgemm_gflops(2048, 2048, 2048, 3);
   const double mlp = sgemm_gflops(B * S, 4 * 384, 384, 10);
-  std::printf("bench_train: GPT 6 layers, hidden 384, 6 heads, seq 256, vocab 256, micro-batch 8\n");
+  std::printf(
+      "bench_train: GPT 6 layers, hidden 384, 6 heads, seq 256, vocab 256, micro-batch 8\n");
   std::printf("  backend              %s\n", be->name().c_str());
   std::printf("  parameters           %lld\n", static_cast<long long>(desc->parameters()));
   std::printf("  step                 %.1f ms (mean of %d)\n", s * 1e3, iters);

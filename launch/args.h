@@ -47,8 +47,8 @@ inline void check_output_flag(const std::string& flag, const std::string& path) 
 // empty or too long value) is an InputError naming the flag.
 inline int positive_int(const std::string& flag, const std::string& text, int max = 1 << 30) {
   const std::string expected = std::string("a positive integer") +
-                               (max < (1 << 30) ? " up to " + std::to_string(max) : "") +
-                               ", got " + (text.empty() ? "\"\"" : text);
+                               (max < (1 << 30) ? " up to " + std::to_string(max) : "") + ", got " +
+                               (text.empty() ? "\"\"" : text);
   if (text.empty() || text.size() > 9) bad_flag(flag, expected);
   for (char c : text)
     if (c < '0' || c > '9') bad_flag(flag, expected);

@@ -72,7 +72,8 @@ const char* kTrainUsage =
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure,\n"
     "             3 done, but a log (log.metrics, log.trace) could not be written completely,\n"
-    "             4 stopped by SIGTERM or SIGUSR1 after saving a checkpoint (run again to resume)\n";
+    "             4 stopped by SIGTERM or SIGUSR1 after saving a checkpoint (run again to "
+    "resume)\n";
 
 // The run finished (its checkpoints and results are complete) but a log file could not be
 // written completely: a full disk, say (README's exit statuses).
@@ -112,8 +113,9 @@ int cmd_train(const std::vector<std::string>& args) {
     } else if (a == "--cluster") {
       cluster = value("--cluster");
     } else {
-      usage_error(a, "an option of strata train (--config, --set, --plan, --dry-run, --cluster, "
-                     "--help)");
+      usage_error(a,
+                  "an option of strata train (--config, --set, --plan, --dry-run, --cluster, "
+                  "--help)");
     }
   }
   if (config_path.empty()) usage_error("--config", "a config file: strata train --config FILE");
@@ -212,8 +214,8 @@ int run_cli(int argc, char** argv) {
     if (world().rank == 0) std::fprintf(stderr, "%s\n", e.what());
     status = 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(),
-                 process_host().c_str(), e.what());
+    std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(), process_host().c_str(),
+                 e.what());
     std::fflush(stderr);
     if (world().size > 1) abort_job(1);  // the other ranks may be blocked in a collective
     status = 1;

@@ -52,9 +52,9 @@ struct AttentionShape {
 struct PartWork {
   std::vector<GemmShape> gemms;
   double attention_flops =
-      0;  // attention core forward FLOPs as the kernels run them (causal: half)
-  AttentionShape attention;         // its shape (heads 0: no attention in this part)
-  double logits = 0;                // the head: logit elements the loss reads (b·s·V/t)
+      0;                     // attention core forward FLOPs as the kernels run them (causal: half)
+  AttentionShape attention;  // its shape (heads 0: no attention in this part)
+  double logits = 0;         // the head: logit elements the loss reads (b·s·V/t)
   double elementwise_fwd = 0;       // elements read + written by the other ops, forward
   double elementwise_bwd = 0;       // the same, backward
   double f32_fwd = 0, f32_bwd = 0;  // f32 elements read + written (loss over the logits)

@@ -35,7 +35,7 @@ std::unique_ptr<GenerationState> Model::start_generation(int, int64_t) {
 }
 
 Tensor Model::decode_piece(GenerationState&, int, const Tensor&, const std::vector<int32_t>&, int,
-                          std::vector<float>*) {
+                           std::vector<float>*) {
   throw std::runtime_error("this model does not generate");
 }
 
@@ -77,8 +77,8 @@ std::vector<float> decode_over_pipeline(Model& model, Backend& be, Communicator*
   }
   state.length += T;
   if (p > 1) {  // the last stage's logits to every stage
-    Tensor t = be.empty({static_cast<int64_t>(state.batch), state.vocab},
-                        MemCategory::kActivations);
+    Tensor t =
+        be.empty({static_cast<int64_t>(state.batch), state.vocab}, MemCategory::kActivations);
     if (stage == p - 1) be.upload(t, logits.data());
     pipeline->broadcast(t, p - 1);
     logits.resize(static_cast<size_t>(t.numel()));

@@ -162,7 +162,8 @@ class Model {
   // same on every rank of the tensor group. state.length is the caller's to advance, once every
   // piece has run.
   virtual Tensor decode_piece(GenerationState& state, int piece, const Tensor& input,
-                              const std::vector<int32_t>& tokens, int T, std::vector<float>* logits);
+                              const std::vector<int32_t>& tokens, int T,
+                              std::vector<float>* logits);
   // The whole model on this rank (one piece with the embedding and the head): decode_piece,
   // then state.length += T. Returns the logits.
   std::vector<float> decode(GenerationState& state, const std::vector<int32_t>& tokens, int T);

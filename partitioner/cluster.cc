@@ -80,7 +80,8 @@ Cluster cluster_from_json(const json& j, const std::string& file) {
   c.nodes = integer(j, "nodes", file);
   c.gpus_per_node = integer(j, "gpus_per_node", file);
   if (!j.contains("peak_flops") || !j.at("peak_flops").is_object() || j.at("peak_flops").empty()) {
-    throw InputError(file, "peak_flops", "an object of precision → FLOP/s, e.g. {\"bf16\": 989e12}");
+    throw InputError(file, "peak_flops",
+                     "an object of precision → FLOP/s, e.g. {\"bf16\": 989e12}");
   }
   for (auto it = j.at("peak_flops").begin(); it != j.at("peak_flops").end(); ++it) {
     static const std::vector<std::string> kPrecisions = {"bf16", "fp16", "tf32", "fp32", "fp8"};
@@ -129,8 +130,8 @@ Cluster load_cluster(const std::string& name_or_path, const std::string& configs
   std::string path = name_or_path;
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
-    const bool plain = !name_or_path.empty() &&
-                       name_or_path.find('/') == std::string::npos && name_or_path[0] != '.';
+    const bool plain = !name_or_path.empty() && name_or_path.find('/') == std::string::npos &&
+                       name_or_path[0] != '.';
     path = configs_dir + "/clusters/" + name_or_path + ".json";
     if (!plain || !fs::is_regular_file(path, ec)) {
       std::string names;

@@ -85,12 +85,13 @@ Profile load_profile(const std::string& path) {
   return profile_from_json(read_json_file(path), path);
 }
 
-void check_profile_matches(const Profile& p, const ModelDescription& m, const std::string& precision,
-                           const std::string& file) {
+void check_profile_matches(const Profile& p, const ModelDescription& m,
+                           const std::string& precision, const std::string& file) {
   if (p.seq_len != 0 && p.seq_len != m.seq_len())
-    throw InputError(file, "seq_len", "the model's sequence length " + std::to_string(m.seq_len()) +
-                                          " (profile measured at " + std::to_string(p.seq_len) +
-                                          "; run strata profile for this model)");
+    throw InputError(file, "seq_len",
+                     "the model's sequence length " + std::to_string(m.seq_len()) +
+                         " (profile measured at " + std::to_string(p.seq_len) +
+                         "; run strata profile for this model)");
   if (p.hidden_size != 0 && p.hidden_size != m.hidden_size())
     throw InputError(file, "hidden_size",
                      "the model's hidden size " + std::to_string(m.hidden_size()) +
@@ -98,8 +99,8 @@ void check_profile_matches(const Profile& p, const ModelDescription& m, const st
                          "; run strata profile for this model)");
   if (!p.precision.empty() && p.precision != precision)
     throw InputError(file, "precision",
-                     "the planned precision " + precision + " (profile measured in " +
-                         p.precision + "; pass --precision " + p.precision + " or re-profile)");
+                     "the planned precision " + precision + " (profile measured in " + p.precision +
+                         "; pass --precision " + p.precision + " or re-profile)");
 }
 
 namespace {
@@ -107,7 +108,9 @@ namespace {
 // Above this many (stage, micro-batch, chunk) forwards the steady state is extrapolated.
 constexpr int64_t kMaxSimulatedOps = 4096;
 
-double elem_bytes(const std::string& precision) { return precision == "fp32" ? 4.0 : 2.0; }
+double elem_bytes(const std::string& precision) {
+  return precision == "fp32" ? 4.0 : 2.0;
+}
 
 // Ring all-reduce (or all-gather + reduce-scatter) of `bytes` over n ranks on one link.
 double ring_allreduce(double bytes, int n, const Link& l) {
@@ -447,15 +450,16 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;
   IterationTime it;
   // [piece] times of one micro-batch.
-  std::vector<double> pf(static_cast<size_t>(pieces)), pb(pf.size()), pbi(pf.size()), pbw(pf.size());
+  std::vector<double> pf(static_cast<size_t>(pieces)), pb(pf.size()), pbi(pf.size()),
+      pbw(pf.size());
   it.comm_share_fwd.assign(pf.size(), 0.0);
   it.comm_share_bwd.assign(pf.size(), 0.0);
   for (int k = 0; k < pieces; ++k) {
     const double n = c.layers_per_piece[static_cast<size_t>(k)];
     const size_t i = static_cast<size_t>(k);
     pf[i] = n * lt.layer_fwd + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
-    pbi[i] = n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) +
-             (k == pieces - 1 ? lt.head_bwd : 0);
+    pbi[i] =
+        n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) + (k == pieces - 1 ? lt.head_bwd : 0);
     pbw[i] = n * lt.layer_bwd_weight;
     double comm_f = n * lt.tp_fwd, comm_b = n * lt.tp_bwd;
     // A runtime whose stages wait for their sends with their receives pays each transfer on
@@ -504,14 +508,20 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   so.duration = [&](int stage, const Instr& in) -> double {
     const size_t k = static_cast<size_t>(in.chunk * p + stage);
     switch (in.op) {
-      case Op::kForward: return pf[k];
-      case Op::kBackward: return pb[k];
-      case Op::kBackwardInput: return pbi[k];
-      case Op::kBackwardWeight: return pbw[k];
-      case Op::kReduceGrads: return reduce[static_cast<size_t>(stage)];
+      case Op::kForward:
+        return pf[k];
+      case Op::kBackward:
+        return pb[k];
+      case Op::kBackwardInput:
+        return pbi[k];
+      case Op::kBackwardWeight:
+        return pbw[k];
+      case Op::kReduceGrads:
+        return reduce[static_cast<size_t>(stage)];
       case Op::kOptimizerStep:
         return opt[static_cast<size_t>(stage)] + step_extra[static_cast<size_t>(stage)];
-      default: return 0.0;
+      default:
+        return 0.0;
     }
   };
   ScheduleSpec spec;
@@ -580,7 +590,8 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     double period = 0;
     for (int st = 0; st < p; ++st) {
       double per = 0;
-      for (int ch = 0; ch < v; ++ch) per += pb[static_cast<size_t>(ch * p + st)] + pf[static_cast<size_t>(ch * p + st)];
+      for (int ch = 0; ch < v; ++ch)
+        per += pb[static_cast<size_t>(ch * p + st)] + pf[static_cast<size_t>(ch * p + st)];
       period = std::max(period, per);
     }
     const double extra = (m_full - spec.microbatches) * period;
@@ -588,7 +599,8 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     double busy = 0;
     for (size_t st = 0; st < it.sim.busy.size(); ++st) {
       double per = 0;
-      for (int ch = 0; ch < v; ++ch) per += pb[static_cast<size_t>(ch * p) + st] + pf[static_cast<size_t>(ch * p) + st];
+      for (int ch = 0; ch < v; ++ch)
+        per += pb[static_cast<size_t>(ch * p) + st] + pf[static_cast<size_t>(ch * p) + st];
       it.sim.busy[st] += (m_full - spec.microbatches) * per;
       busy += it.sim.busy[st];
     }

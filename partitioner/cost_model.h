@@ -73,18 +73,17 @@ Profile load_profile(const std::string& path);
 // A profile times one model shape: InputError(file, "seq_len" / "hidden_size" / "precision")
 // when it was measured for another sequence length, hidden size or precision than `m` and
 // `precision` (0 or "" in the profile: not recorded, accepted).
-void check_profile_matches(const Profile& p, const ModelDescription& m, const std::string& precision,
-                           const std::string& file);
-
+void check_profile_matches(const Profile& p, const ModelDescription& m,
+                           const std::string& precision, const std::string& file);
 
 // Times (seconds) of the pieces of one micro-batch on one rank.
 struct LayerTimes {
-  double layer_fwd = 0, layer_bwd = 0;        // one transformer layer (recompute included)
+  double layer_fwd = 0, layer_bwd = 0;               // one transformer layer (recompute included)
   double layer_bwd_input = 0, layer_bwd_weight = 0;  // zero-bubble split of layer_bwd
-  double emb_fwd = 0, emb_bwd = 0;            // the embedding (first piece)
-  double head_fwd = 0, head_bwd = 0;          // final norm, head, loss (last piece)
-  double tp_exposed_per_layer = 0;            // of layer_fwd + layer_bwd: TP not hidden
-  double p2p = 0;                             // one activation transfer between stages
+  double emb_fwd = 0, emb_bwd = 0;                   // the embedding (first piece)
+  double head_fwd = 0, head_bwd = 0;                 // final norm, head, loss (last piece)
+  double tp_exposed_per_layer = 0;                   // of layer_fwd + layer_bwd: TP not hidden
+  double p2p = 0;                                    // one activation transfer between stages
   // Of layer_fwd and of layer_bwd_input: the exposed tensor-parallel communication (for the
   // timeline's picture).
   double tp_fwd = 0, tp_bwd = 0;
@@ -110,14 +109,14 @@ LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c);
 
 struct IterationTime {
   double iteration_s = 0;
-  double pipeline_s = 0;      // the simulated schedule (forward, backward, bubble)
+  double pipeline_s = 0;  // the simulated schedule (forward, backward, bubble)
   double bubble_fraction = 0;
   double dp_exposed_s = 0;  // gradient reduction (and ZeRO's parameter gather) not hidden
   double optimizer_s = 0;
-  double tp_exposed_s = 0;    // summed over the stage's layers and micro-batches (inside pipeline_s)
+  double tp_exposed_s = 0;  // summed over the stage's layers and micro-batches (inside pipeline_s)
   std::vector<double> stage_compute_s;  // [stage] busy time of one iteration
   std::vector<int> peak_inflight;       // [stage] from the simulation
-  SimResult sim;              // kept when asked for (traces)
+  SimResult sim;                        // kept when asked for (traces)
   // [piece] of each forward and backward (input) op: the share that is communication (exposed
   // tensor-parallel collectives, transfers both ends wait for), for the timeline's picture.
   std::vector<double> comm_share_fwd, comm_share_bwd;

@@ -6,9 +6,13 @@ namespace strata {
 
 namespace {
 
-double element_bytes(const MemoryOptions& o) { return o.precision == "fp32" ? 4.0 : 2.0; }
+double element_bytes(const MemoryOptions& o) {
+  return o.precision == "fp32" ? 4.0 : 2.0;
+}
 
-RankShape rank_shape(const PlanConfig& c) { return {c.tensor, c.sequence_parallel}; }
+RankShape rank_shape(const PlanConfig& c) {
+  return {c.tensor, c.sequence_parallel};
+}
 
 }  // namespace
 
@@ -20,7 +24,8 @@ double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c,
 }
 
 std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanConfig& c,
-                                          const MemoryOptions& o, const std::vector<int>& inflight) {
+                                          const MemoryOptions& o,
+                                          const std::vector<int>& inflight) {
   const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;
   const double eb = element_bytes(o);
   const bool bf16 = o.precision != "fp32";

@@ -67,7 +67,8 @@ struct MemoryBreakdown {
 };
 
 // Activation bytes one transformer layer keeps for the backward pass of one micro-batch.
-double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c, const MemoryOptions& o);
+double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c,
+                              const MemoryOptions& o);
 
 // [stage] bytes per rank. inflight: [stage] the most (micro-batch, chunk) pairs alive at once
 // (SimResult::peak_inflight). Precondition: c.layers_per_piece has p · v entries.

@@ -55,11 +55,16 @@ PlanFixes parse_fixes(const std::string& text) {
       throw InputError("<command line>", "--fix", "key=value pairs, got '" + item + "'");
     }
     const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    if (k == "tensor") f.tensor = to_int(k, v);
-    else if (k == "pipeline") f.pipeline = to_int(k, v);
-    else if (k == "data") f.data = to_int(k, v);
-    else if (k == "virtual_stages") f.virtual_stages = to_int(k, v);
-    else if (k == "micro_batch_size") f.micro_batch_size = to_int(k, v);
+    if (k == "tensor")
+      f.tensor = to_int(k, v);
+    else if (k == "pipeline")
+      f.pipeline = to_int(k, v);
+    else if (k == "data")
+      f.data = to_int(k, v);
+    else if (k == "virtual_stages")
+      f.virtual_stages = to_int(k, v);
+    else if (k == "micro_batch_size")
+      f.micro_batch_size = to_int(k, v);
     else if (k == "schedule") {
       ScheduleKind s;
       if (!parse_schedule_kind(v, &s)) {
@@ -74,8 +79,10 @@ PlanFixes parse_fixes(const std::string& text) {
                          "none, selective or full, got '" + v + "'");
       }
       f.recompute = r;
-    } else if (k == "sequence_parallel") f.sequence_parallel = to_bool(k, v);
-    else if (k == "distributed_optimizer") f.distributed_optimizer = to_bool(k, v);
+    } else if (k == "sequence_parallel")
+      f.sequence_parallel = to_bool(k, v);
+    else if (k == "distributed_optimizer")
+      f.distributed_optimizer = to_bool(k, v);
     else {
       throw InputError("<command line>", "--fix " + k,
                        "a plan field: tensor, pipeline, data, virtual_stages, micro_batch_size, "
@@ -112,8 +119,10 @@ std::vector<int> split_fast(int L, int pieces, double c, double first_extra, dou
     int hi = hi_n;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
-      if (covers(mid * c + e)) hi = mid;
-      else lo = mid + 1;
+      if (covers(mid * c + e))
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     if (lo < hi_n) bestT = std::min(bestT, lo * c + e);
   }
@@ -162,9 +171,15 @@ std::vector<int> closed_form_inflight(const PlanConfig& c) {
   for (int s = 0; s < p; ++s) {
     int n = 0;
     switch (c.schedule) {
-      case ScheduleKind::kGPipe: n = m; break;
-      case ScheduleKind::kInterleaved: n = std::min(m * v, 2 * (p - s - 1) + (v - 1) * p + 1); break;
-      default: n = std::min(m, p - s); break;
+      case ScheduleKind::kGPipe:
+        n = m;
+        break;
+      case ScheduleKind::kInterleaved:
+        n = std::min(m * v, 2 * (p - s - 1) + (v - 1) * p + 1);
+        break;
+      default:
+        n = std::min(m, p - s);
+        break;
     }
     out[static_cast<size_t>(s)] = n;
   }
@@ -177,18 +192,20 @@ json family_json(int t, int p, ScheduleKind k) {
 
 }  // namespace
 
-std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B, const PlanConfig& c) {
+std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
+                                const PlanConfig& c) {
   const int world = c.tensor * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
-           " × data " + std::to_string(c.data) + " = " + std::to_string(world) + " but the cluster has " +
-           std::to_string(cl.world_size()) + " GPUs";
+           " × data " + std::to_string(c.data) + " = " + std::to_string(world) +
+           " but the cluster has " + std::to_string(cl.world_size()) + " GPUs";
   }
   if (c.tensor > cl.gpus_per_node) {
     return "tensor " + std::to_string(c.tensor) + " would span nodes (" +
            std::to_string(cl.gpus_per_node) + " GPUs per node)";
   }
-  if (std::string why = m.tensor_split_reason(c.tensor, c.sequence_parallel); !why.empty()) return why;
+  if (std::string why = m.tensor_split_reason(c.tensor, c.sequence_parallel); !why.empty())
+    return why;
   if (c.pipeline * c.virtual_stages > m.num_layers()) {
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
@@ -319,7 +336,8 @@ PlanOutput search_plans(const PlanRequest& req) {
               for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
                 if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
                 for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
-                  if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
+                  if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1))
+                    continue;
                   PlanConfig c;
                   c.tensor = t;
                   c.pipeline = p;
@@ -340,8 +358,9 @@ PlanOutput search_plans(const PlanRequest& req) {
                   const LayerTimes lt = layer_times(ctx, c);
                   const double per_layer = lt.layer_fwd + lt.layer_bwd;
                   const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
-                  c.layers_per_piece = split_fast(m.num_layers(), p * v, per_layer,
-                                                  lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
+                  c.layers_per_piece =
+                      split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
+                                 lt.head_fwd + lt.head_bwd);
                   // Closed-form time: the slowest stage's compute stretched by the bubble.
                   double stage_max = 0, stage_f = 0;
                   for (int s = 0; s < p; ++s) {
@@ -349,8 +368,10 @@ PlanOutput search_plans(const PlanRequest& req) {
                     for (int ch = 0; ch < v; ++ch) {
                       const int pk = ch * p + s;
                       const double n = c.layers_per_piece[static_cast<size_t>(pk)];
-                      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) + (pk == p * v - 1 ? lt.head_fwd : 0) + p2p_op;
-                      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) + (pk == p * v - 1 ? lt.head_bwd : 0) + p2p_op;
+                      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) +
+                              (pk == p * v - 1 ? lt.head_fwd : 0) + p2p_op;
+                      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) +
+                              (pk == p * v - 1 ? lt.head_bwd : 0) + p2p_op;
                     }
                     if (fsum + bsum > stage_max) {
                       stage_max = fsum + bsum;
@@ -363,7 +384,8 @@ PlanOutput search_plans(const PlanRequest& req) {
                   spec.microbatches = c.num_microbatches;
                   spec.chunks = v;
                   spec.batches = k == ScheduleKind::kTwoBW ? 4 : 1;
-                  const double ratio = k == ScheduleKind::kTwoBW ? 0.0 : theoretical_bubble_ratio(spec);
+                  const double ratio =
+                      k == ScheduleKind::kTwoBW ? 0.0 : theoretical_bubble_ratio(spec);
                   const double compute = c.num_microbatches * stage_max;
                   Estimate e;
                   e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
@@ -417,7 +439,8 @@ PlanOutput search_plans(const PlanRequest& req) {
   }
 
   // The exact pass on the most promising estimates.
-  std::sort(fits.begin(), fits.end(), [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
+  std::sort(fits.begin(), fits.end(),
+            [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
   const size_t exact_n = std::min(fits.size(), static_cast<size_t>(std::max(32, req.top_k * 6)));
   std::vector<PlanResult> exact;
   for (size_t i = 0; i < exact_n; ++i) {
@@ -425,10 +448,10 @@ PlanOutput search_plans(const PlanRequest& req) {
     c.layers_per_piece.clear();
     PlanResult r = evaluate_plan(req, c);
     if (r.peak_memory > cl.memory_bytes) {
-      out.rejected.push_back(
-          {plan_config_json(r.config),
-           "over memory by " + fmt((r.peak_memory - cl.memory_bytes) / kGiB, 2) + " GiB on stage " +
-               std::to_string(r.peak_stage) + " with the simulated in-flight micro-batches"});
+      out.rejected.push_back({plan_config_json(r.config),
+                              "over memory by " + fmt((r.peak_memory - cl.memory_bytes) / kGiB, 2) +
+                                  " GiB on stage " + std::to_string(r.peak_stage) +
+                                  " with the simulated in-flight micro-batches"});
       continue;
     }
     exact.push_back(std::move(r));
@@ -437,13 +460,15 @@ PlanOutput search_plans(const PlanRequest& req) {
     return a.time.iteration_s < b.time.iteration_s;
   });
   const double best_time = exact.empty() ? 0 : exact.front().time.iteration_s;
-  for (size_t i = 0; i < exact.size() && static_cast<int>(i) < req.top_k; ++i) out.plans.push_back(exact[i]);
+  for (size_t i = 0; i < exact.size() && static_cast<int>(i) < req.top_k; ++i)
+    out.plans.push_back(exact[i]);
 
   // A reason for each family without a plan in the list.
   for (auto& [key, F] : fam) {
     bool shown = false;
     for (const PlanResult& r : out.plans) {
-      shown = shown || (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k);
+      shown =
+          shown || (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k);
     }
     if (shown) continue;
     std::string reason;
@@ -462,15 +487,17 @@ PlanOutput search_plans(const PlanRequest& req) {
       }
       std::string cause = "compute efficiency (smaller GEMMs or recompute)";
       if (ref != nullptr) {
-        const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s, dd = e.dp_s - ref->dp_s;
+        const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s,
+                     dd = e.dp_s - ref->dp_s;
         const double mx = std::max({db, dt, dd});
         if (mx > 0.2 * (e.time - ref->time)) {
-          cause = mx == db ? "pipeline bubble" : mx == dt ? "tensor-parallel communication"
-                                                          : "data-parallel communication";
+          cause = mx == db   ? "pipeline bubble"
+                  : mx == dt ? "tensor-parallel communication"
+                             : "data-parallel communication";
         }
       }
-      reason = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " + cause +
-               " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
+      reason = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " +
+               cause + " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
                ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
                to_string(e.config.recompute) + ")";
     } else if (F.least_over < std::numeric_limits<double>::infinity()) {
@@ -516,9 +543,12 @@ json plan_result_json(const PlanResult& r) {
   const MemoryBreakdown& m = r.memory[static_cast<size_t>(r.peak_stage)];
   json stages = json::array();
   for (const MemoryBreakdown& s : r.memory) {
-    stages.push_back({{"parameters", s.parameters}, {"gradients", s.gradients},
-                      {"optimizer", s.optimizer}, {"activations", s.activations},
-                      {"buffers", s.buffers}, {"total", s.total()}});
+    stages.push_back({{"parameters", s.parameters},
+                      {"gradients", s.gradients},
+                      {"optimizer", s.optimizer},
+                      {"activations", s.activations},
+                      {"buffers", s.buffers},
+                      {"total", s.total()}});
   }
   j["predicted"] = {{"iteration_s", r.time.iteration_s},
                     {"tflops_per_gpu", r.tflops_per_gpu},
@@ -529,9 +559,12 @@ json plan_result_json(const PlanResult& r) {
                     {"optimizer_s", r.time.optimizer_s},
                     {"peak_stage", r.peak_stage},
                     {"memory_bytes_per_gpu",
-                     {{"parameters", m.parameters}, {"gradients", m.gradients},
-                      {"optimizer", m.optimizer}, {"activations", m.activations},
-                      {"buffers", m.buffers}, {"total", m.total()}}},
+                     {{"parameters", m.parameters},
+                      {"gradients", m.gradients},
+                      {"optimizer", m.optimizer},
+                      {"activations", m.activations},
+                      {"buffers", m.buffers},
+                      {"total", m.total()}}},
                     {"memory_bytes_per_stage", stages}};
   return j;
 }
@@ -541,7 +574,8 @@ json plan_output_json(const PlanRequest& req, const PlanOutput& out) {
   json plans = json::array();
   for (const PlanResult& r : out.plans) plans.push_back(plan_result_json(r));
   json rejected = json::array();
-  for (const Rejection& r : out.rejected) rejected.push_back({{"config", r.config}, {"reason", r.reason}});
+  for (const Rejection& r : out.rejected)
+    rejected.push_back({{"config", r.config}, {"reason", r.reason}});
   json model = m.shape_json();
   model["arch"] = m.arch();
   model["parameters"] = m.parameters();

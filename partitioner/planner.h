@@ -15,11 +15,10 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "partitioner/cluster.h"
 #include "partitioner/cost_model.h"
@@ -76,7 +75,7 @@ struct Rejection {
 struct PlanOutput {
   std::vector<PlanResult> plans;  // best first
   std::vector<Rejection> rejected;
-  int64_t candidates = 0;         // points of the space costed
+  int64_t candidates = 0;  // points of the space costed
   double search_s = 0;
 };
 

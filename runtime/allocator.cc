@@ -10,17 +10,25 @@ namespace strata {
 
 const char* to_string(MemCategory c) {
   switch (c) {
-    case MemCategory::kParameters: return "parameters";
-    case MemCategory::kGradients: return "gradients";
-    case MemCategory::kOptimizer: return "optimizer";
-    case MemCategory::kActivations: return "activations";
-    case MemCategory::kBuffers: return "buffers";
-    case MemCategory::kCount: break;
+    case MemCategory::kParameters:
+      return "parameters";
+    case MemCategory::kGradients:
+      return "gradients";
+    case MemCategory::kOptimizer:
+      return "optimizer";
+    case MemCategory::kActivations:
+      return "activations";
+    case MemCategory::kBuffers:
+      return "buffers";
+    case MemCategory::kCount:
+      break;
   }
   return "?";
 }
 
-const char* to_string(Device d) { return d == Device::kCPU ? "cpu" : "cuda"; }
+const char* to_string(Device d) {
+  return d == Device::kCPU ? "cpu" : "cuda";
+}
 
 void* Allocator::allocate(size_t bytes, MemCategory category) {
   if (bytes == 0) return nullptr;
@@ -61,7 +69,9 @@ void* CpuAllocator::raw_allocate(size_t bytes) {
   return std::aligned_alloc(64, rounded);
 }
 
-void CpuAllocator::raw_free(void* ptr, size_t) { std::free(ptr); }
+void CpuAllocator::raw_free(void* ptr, size_t) {
+  std::free(ptr);
+}
 
 CpuAllocator& cpu_allocator() {
   static CpuAllocator a;

@@ -48,8 +48,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
   throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
 #else
   throw InputError("<config>", "device",
-                   "\"cpu\" or \"auto\": this build has no CUDA backend (got \"" + device +
-                       "\")");
+                   "\"cpu\" or \"auto\": this build has no CUDA backend (got \"" + device + "\")");
 #endif
 }
 

@@ -61,7 +61,8 @@ class CpuBackend final : public Backend {
     } else if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) {
       k::cast_bf16_to_f32(dst.f32(), src.bf16(), n);
     } else {
-      STRATA_CHECK(false, "cast from " << to_string(src.dtype()) << " to " << to_string(dst.dtype()));
+      STRATA_CHECK(false,
+                   "cast from " << to_string(src.dtype()) << " to " << to_string(dst.dtype()));
     }
   }
   void upload(Tensor& dst, const void* host) override {
@@ -323,12 +324,11 @@ class CpuBackend final : public Backend {
                         int NH, int KVH, int64_t pos0) override {
     if (!all_f32(out, q, k_cache, v_cache)) {
       MixedPrecisionScope mp(*this);
-      return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH,
-                              pos0);
+      return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH, pos0);
     }
     const KvCacheDims d = attention_decode_dims(out, q, k_cache, v_cache, NH, KVH, pos0);
-    k::attention_decode(out.f32(), q.f32(), k_cache.f32(), v_cache.f32(), as_int(d.B),
-                        as_int(d.T), as_int(d.S_max), NH, KVH, as_int(d.HS), as_int(pos0));
+    k::attention_decode(out.f32(), q.f32(), k_cache.f32(), v_cache.f32(), as_int(d.B), as_int(d.T),
+                        as_int(d.S_max), NH, KVH, as_int(d.HS), as_int(pos0));
   }
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
@@ -340,8 +340,8 @@ class CpuBackend final : public Backend {
     const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
     expect_numel(out, B * S * C, "embedding out");
     if (wpe) STRATA_CHECK(wpe->size(0) >= S, "sequence " << S << " > positions " << wpe->size(0));
-    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr,
-                         as_int(B), as_int(S), as_int(C), vocab_start, as_int(wte.size(0)));
+    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr, as_int(B),
+                         as_int(S), as_int(C), vocab_start, as_int(wte.size(0)));
   }
   void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           int vocab_start) override {
@@ -492,8 +492,10 @@ class CpuBackend final : public Backend {
         for (int64_t s = 0; s < Sl; ++s) {
           char* x = a + static_cast<size_t>((b * S) + r * Sl + s) * row;
           char* y = c + static_cast<size_t>((r * B + b) * Sl + s) * row;
-          if (to_chunks) std::memcpy(y, x, row);
-          else std::memcpy(x, y, row);
+          if (to_chunks)
+            std::memcpy(y, x, row);
+          else
+            std::memcpy(x, y, row);
         }
   }
 

@@ -25,8 +25,12 @@ void set_process_identity(int world_rank, int world_size) {
   g_rank = world_rank;
   g_world = world_size;
 }
-int process_rank() { return g_rank; }
-const std::string& process_host() { return host_storage(); }
+int process_rank() {
+  return g_rank;
+}
+const std::string& process_host() {
+  return host_storage();
+}
 
 void fatal(const std::string& what, const char* file, int line) {
   std::fprintf(stderr, "[rank %d host %s] fatal: %s at %s:%d\n", g_rank, process_host().c_str(),

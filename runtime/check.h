@@ -24,11 +24,11 @@ const std::string& process_host();
 }  // namespace strata
 
 // STRATA_CHECK(cond, msg): msg is anything streamable, e.g. "rows " << n << " != " << m.
-#define STRATA_CHECK(cond, msg)                                                 \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::ostringstream strata_check_os_;                                      \
-      strata_check_os_ << "check failed: " #cond ": " << msg;                   \
-      ::strata::fatal(strata_check_os_.str(), __FILE__, __LINE__);              \
-    }                                                                           \
+#define STRATA_CHECK(cond, msg)                                    \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      std::ostringstream strata_check_os_;                         \
+      strata_check_os_ << "check failed: " #cond ": " << msg;      \
+      ::strata::fatal(strata_check_os_.str(), __FILE__, __LINE__); \
+    }                                                              \
   } while (0)

@@ -58,7 +58,8 @@ uint32_t crc32_concat(uint32_t a, uint32_t b, int64_t b_bytes);
 struct ShardMeta {
   std::vector<int64_t> full_shape;
   std::vector<int64_t> shard_shape;
-  std::string split;  // "replicated", "rows", "cols", "qkv_rows" (models/layers/params.h ParamSplit)
+  std::string
+      split;  // "replicated", "rows", "cols", "qkv_rows" (models/layers/params.h ParamSplit)
   int tp_rank = 0;
   int tp = 1;
 };

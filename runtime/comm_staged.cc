@@ -85,8 +85,8 @@ class StagedCommunicator final : public Communicator {
   Request ireduce_scatterv(const void* send, void* recv, const std::vector<size_t>& counts,
                            DType dtype, ReduceOp op) override {
     STRATA_CHECK(counts.size() == static_cast<size_t>(size()),
-                 "reduce_scatterv on group " << name() << ": " << counts.size()
-                                             << " counts for " << size() << " ranks");
+                 "reduce_scatterv on group " << name() << ": " << counts.size() << " counts for "
+                                             << size() << " ranks");
     Op o(this);
     const char* hs = o.in(send, bytes(total(counts), dtype));
     char* hr = o.out(recv, bytes(counts[static_cast<size_t>(rank())], dtype));
@@ -206,7 +206,8 @@ class StagedCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> host_comm,
                                                        std::shared_ptr<DeviceStaging> staging) {
-  STRATA_CHECK(host_comm != nullptr && staging != nullptr, "make_staged_communicator: null argument");
+  STRATA_CHECK(host_comm != nullptr && staging != nullptr,
+               "make_staged_communicator: null argument");
   return std::make_unique<StagedCommunicator>(std::move(host_comm), std::move(staging));
 }
 

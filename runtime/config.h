@@ -7,11 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace strata {
 
@@ -26,8 +25,8 @@ struct RopeScaling {
   double high_freq_factor = 4;
   int original_max_position_embeddings = 8192;
   bool operator==(const RopeScaling& o) const {
-    return rope_type == o.rope_type && factor == o.factor &&
-           low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
+    return rope_type == o.rope_type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor &&
            original_max_position_embeddings == o.original_max_position_embeddings;
   }
 };
@@ -41,7 +40,7 @@ inline void to_json(nlohmann::json& j, const RopeScaling& r) {
 }
 
 struct ModelConfig {
-  std::string preset;          // "" when none
+  std::string preset;  // "" when none
   std::string arch = "gpt";
   int num_layers = 12;
   int hidden_size = 768;
@@ -102,7 +101,7 @@ struct OptimizerConfig {
   double lr = 3e-4;
   double min_lr = 3e-5;
   int warmup_iters = 10;
-  std::string decay = "cosine";  // cosine | linear | constant
+  std::string decay = "cosine";    // cosine | linear | constant
   std::optional<int> decay_iters;  // null: train.iterations
   double weight_decay = 0.1;
   double beta1 = 0.9;

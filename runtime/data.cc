@@ -513,9 +513,8 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t se
                               std::to_string(ids.size()) + " tokens of " + *data.tokenizer +
                               " (vocab " + std::to_string(tok->vocab_size()) + "; train " +
                               std::to_string(f.n_train) + ", val " + std::to_string(f.n_val) + ")";
-    return std::make_unique<WindowSource<int32_t>>(std::move(f), std::move(ids),
-                                                   tok->vocab_size(), std::move(description),
-                                                   seed);
+    return std::make_unique<WindowSource<int32_t>>(std::move(f), std::move(ids), tok->vocab_size(),
+                                                   std::move(description), seed);
   }
   split_sizes(&f, size, data.val_fraction);
   f.check_splits(seq_len);
@@ -623,9 +622,9 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, uint64_t se
     return std::make_unique<SyntheticSource>(data.synthetic, seed, config_file);
   }
   if (data.source != "text" && data.source != "tokens" && data.source != "indexed") {
-    throw InputError(config_file, "data.source",
-                     "one of \"synthetic\", \"text\", \"tokens\", \"indexed\", found \"" +
-                         data.source + "\"");
+    throw InputError(
+        config_file, "data.source",
+        "one of \"synthetic\", \"text\", \"tokens\", \"indexed\", found \"" + data.source + "\"");
   }
   if ((!data.path || data.path->empty()) && !data.blend) {
     throw InputError(config_file, "data.path",

@@ -21,7 +21,10 @@ std::vector<OptSegment> dense_segments(const std::vector<ParamSpan>& params) {
 
 GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
                          std::vector<ParamSpan> params, double bucket_mb, bool shard)
-    : be_(backend), dp_(dp), grads_(std::move(grads)), params_(std::move(params)),
+    : be_(backend),
+      dp_(dp),
+      grads_(std::move(grads)),
+      params_(std::move(params)),
       shard_(shard && dp != nullptr && dp->size() > 1) {
   const int n = static_cast<int>(params_.size());
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1048576 / 4));
@@ -32,7 +35,8 @@ GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
     b.last_param = i + 1;
     int64_t elems = 0;
     int j = i;
-    while (j >= 0 && (elems == 0 || elems + params_[static_cast<size_t>(j)].numel <= bucket_elems)) {
+    while (j >= 0 &&
+           (elems == 0 || elems + params_[static_cast<size_t>(j)].numel <= bucket_elems)) {
       elems += params_[static_cast<size_t>(j)].numel;
       --j;
     }
@@ -88,7 +92,9 @@ void GradReducer::add_norm_segment(int64_t offset, int64_t numel) {
   norm_segments_.push_back({offset, numel});
 }
 
-double GradReducer::since_begin_s() const { return now_s() - begin_; }
+double GradReducer::since_begin_s() const {
+  return now_s() - begin_;
+}
 
 void GradReducer::begin_iteration() {
   for (Bucket& b : buckets_) {
@@ -153,9 +159,8 @@ bool GradReducer::test() {
 }
 
 void GradReducer::use_grads(const Tensor& grads) {
-  STRATA_CHECK(grads.numel() == grads_.numel(), "gradient buffer of " << grads.numel()
-                                                                      << " elements for "
-                                                                      << grads_.numel());
+  STRATA_CHECK(grads.numel() == grads_.numel(),
+               "gradient buffer of " << grads.numel() << " elements for " << grads_.numel());
   for (const Bucket& b : buckets_)
     STRATA_CHECK(!b.req.pending(), "gradient buffer switched during a reduction");
   grads_ = grads;

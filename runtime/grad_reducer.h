@@ -32,9 +32,9 @@ namespace strata {
 struct ParamSpan {
   int64_t offset = 0;
   int64_t numel = 0;
-  bool decay = false;        // AdamW weight decay applies
-  bool counted = true;       // its squares count in the global gradient norm on this rank (a
-                             // parameter replicated over the tensor group counts on one rank)
+  bool decay = false;   // AdamW weight decay applies
+  bool counted = true;  // its squares count in the global gradient norm on this rank (a
+                        // parameter replicated over the tensor group counts on one rank)
 };
 
 class GradReducer {
@@ -74,12 +74,12 @@ class GradReducer {
 
  private:
   struct Bucket {
-    int64_t offset = 0, numel = 0;  // range of the flat buffer
+    int64_t offset = 0, numel = 0;        // range of the flat buffer
     int first_param = 0, last_param = 0;  // [first, last)
-    int pending = 0;                // parameters not yet ready this iteration
-    bool started = false;           // its reduction was started this iteration
-    std::vector<size_t> counts;     // ZeRO-1 chunk of each data-parallel rank
-    int64_t shard_offset = 0;       // ZeRO-1: where this rank's chunk sits in shard_grads
+    int pending = 0;                      // parameters not yet ready this iteration
+    bool started = false;                 // its reduction was started this iteration
+    std::vector<size_t> counts;           // ZeRO-1 chunk of each data-parallel rank
+    int64_t shard_offset = 0;             // ZeRO-1: where this rank's chunk sits in shard_grads
     Request req;
   };
   void start(Bucket& b);
@@ -91,9 +91,9 @@ class GradReducer {
   Tensor grads_;
   std::vector<ParamSpan> params_;
   bool shard_;
-  std::vector<Bucket> buckets_;   // in launch order (last parameters first)
-  std::vector<int> bucket_of_;    // [param] → bucket
-  Tensor shard_grads_;            // ZeRO-1: (Σ own chunks) reduced gradients
+  std::vector<Bucket> buckets_;  // in launch order (last parameters first)
+  std::vector<int> bucket_of_;   // [param] → bucket
+  Tensor shard_grads_;           // ZeRO-1: (Σ own chunks) reduced gradients
   std::vector<OptSegment> opt_segments_;
   struct NormSegment {
     int64_t offset, numel;  // in optimizer_grads()

@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
@@ -12,7 +11,9 @@ namespace strata {
 
 namespace {
 // JSON has no NaN or Infinity: a non-finite figure is written as null.
-nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nullptr; }
+nlohmann::json number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nullptr;
+}
 }  // namespace
 
 std::string metrics_json(const IterationMetrics& m) {
@@ -41,7 +42,9 @@ LogFile::LogFile(const std::string& path, bool append, const std::string& config
   if (!f_) throw InputError(config_file, key, "a writable file path, got \"" + path + "\"");
 }
 
-LogFile::~LogFile() { std::fclose(f_); }
+LogFile::~LogFile() {
+  std::fclose(f_);
+}
 
 std::string LogFile::write(const std::string& text) {
   errno = 0;
@@ -53,8 +56,7 @@ std::string LogFile::write(const std::string& text) {
   return why;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append,
-                             const std::string& config_file)
+MetricsWriter::MetricsWriter(const std::string& path, bool append, const std::string& config_file)
     : out_(path, append, config_file, "log.metrics") {}
 
 std::string MetricsWriter::write(const IterationMetrics& m) {

@@ -24,9 +24,9 @@ struct IterationMetrics {
   double grad_norm = 0;
   double step_ms = 0;
   double tokens_per_s = 0;
-  double tflops_per_gpu = 0;       // hardware FLOPs (recompute included)
-  std::optional<double> mfu;       // model FLOPs / device peak; null where the peak is unknown
-  double bubble = 0;               // measured compute-idle fraction of the step
+  double tflops_per_gpu = 0;  // hardware FLOPs (recompute included)
+  std::optional<double> mfu;  // model FLOPs / device peak; null where the peak is unknown
+  double bubble = 0;          // measured compute-idle fraction of the step
   int64_t mem_peak_bytes = 0;
   std::optional<double> val_loss;  // evaluation iterations only
   bool skipped = false;            // a non-finite step that was not applied

@@ -10,8 +10,7 @@
 namespace strata {
 namespace {
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 bool is_comm(Op op) {
   return op == Op::kRecvActivation || op == Op::kSendActivation || op == Op::kRecvGrad ||
@@ -39,8 +38,10 @@ double PipelineExecutor::compute_s() const {
 void PipelineExecutor::reap_sends(bool all, PipelineStage& stage) {
   std::vector<InFlight> still;
   for (InFlight& f : sends_) {
-    if (all) wait(std::move(f.req), stage);
-    else if (!f.req.test()) still.push_back(std::move(f));
+    if (all)
+      wait(std::move(f.req), stage);
+    else if (!f.req.test())
+      still.push_back(std::move(f));
   }
   sends_ = std::move(still);
 }
@@ -87,8 +88,8 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
       case Op::kRecvActivation:
       case Op::kRecvGrad: {
         const bool grad = in.op == Op::kRecvGrad;
-        const PieceRef from = grad ? next_piece(stage_, in.chunk, p_, v_)
-                                   : prev_piece(stage_, in.chunk, p_, v_);
+        const PieceRef from =
+            grad ? next_piece(stage_, in.chunk, p_, v_) : prev_piece(stage_, in.chunk, p_, v_);
         STRATA_CHECK(from.stage >= 0, "receive with no peer piece: " << instr_string(in));
         Tensor buf =
             be_.empty(stage.boundary_shape(), MemCategory::kActivations, stage.boundary_dtype());
@@ -101,8 +102,8 @@ const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineSta
       case Op::kSendActivation:
       case Op::kSendGrad: {
         const bool grad = in.op == Op::kSendGrad;
-        const PieceRef to = grad ? prev_piece(stage_, in.chunk, p_, v_)
-                                 : next_piece(stage_, in.chunk, p_, v_);
+        const PieceRef to =
+            grad ? prev_piece(stage_, in.chunk, p_, v_) : next_piece(stage_, in.chunk, p_, v_);
         std::map<Key, Tensor>& pending = grad ? grads_out_ : outputs_;
         auto it = pending.find(key);
         STRATA_CHECK(it != pending.end(), "send before its compute: " << instr_string(in));
@@ -182,11 +183,20 @@ void PipelineExecutor::run(const std::vector<Instr>& list, PipelineStage& stage)
         if (dinput.defined()) grads_out_[key] = dinput;
         break;
       }
-      case Op::kBackwardWeight: stage.backward_weight(in.mb, in.chunk); break;
-      case Op::kReduceGrads: stage.reduce_grads(); break;
-      case Op::kOptimizerStep: stage.optimizer_step(); break;
-      case Op::kSwitchWeights: stage.switch_weights(); break;
-      default: STRATA_CHECK(false, "unhandled instruction " << instr_string(in));
+      case Op::kBackwardWeight:
+        stage.backward_weight(in.mb, in.chunk);
+        break;
+      case Op::kReduceGrads:
+        stage.reduce_grads();
+        break;
+      case Op::kOptimizerStep:
+        stage.optimizer_step();
+        break;
+      case Op::kSwitchWeights:
+        stage.switch_weights();
+        break;
+      default:
+        STRATA_CHECK(false, "unhandled instruction " << instr_string(in));
     }
     ev.end_s = now_s() - t0;
     events_.push_back(ev);

@@ -88,7 +88,7 @@ class PipelineExecutor {
   Communicator& pp_;
   Backend& be_;
   int stage_, p_, v_;
-  std::map<Key, Tensor> inputs_, grads_in_;   // received, awaiting their compute
+  std::map<Key, Tensor> inputs_, grads_in_;    // received, awaiting their compute
   std::map<Key, Tensor> outputs_, grads_out_;  // computed, awaiting their send
   struct InFlight {
     Request req;

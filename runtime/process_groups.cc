@@ -179,8 +179,7 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name) {
   return os.str();
 }
 
-ProcessGroups make_single_process_groups(double timeout_s,
-                                         std::shared_ptr<DeviceStaging> staging) {
+ProcessGroups make_single_process_groups(double timeout_s, std::shared_ptr<DeviceStaging> staging) {
   ProcessGroups g;
   g.backend = CommBackend::kLocal;
   g.staged = staging != nullptr;

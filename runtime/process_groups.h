@@ -81,7 +81,7 @@ struct ProcessGroups {
 // How a run's tensors travel between ranks: the one choice of transport.
 struct Transport {
   CommBackend backend = CommBackend::kLocal;
-  bool staged = false;  // device tensors over a host backend (make_staged_communicator)
+  bool staged = false;              // device tensors over a host backend (make_staged_communicator)
   bool for_buffered_sends = false;  // staged although NCCL was there: the schedule needs MPI's
 };
 // Host tensors: MPI (Local for one rank). CUDA tensors: NCCL when it is built and every rank on a

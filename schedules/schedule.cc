@@ -212,9 +212,8 @@ std::vector<Step> order_2bw(const ScheduleSpec& s, int stage) {
   int steps = 0;  // batches whose step is placed
   auto place_steps_before = [&](const Step& next) {
     // The step of batch j goes before Forward((j+2)m) and before Backward((j+2)m - 1).
-    while (steps < s.batches &&
-           ((next.op == Op::kForward && next.mb >= (steps + 2) * m) ||
-            (next.op == Op::kBackward && next.mb >= (steps + 2) * m - 1))) {
+    while (steps < s.batches && ((next.op == Op::kForward && next.mb >= (steps + 2) * m) ||
+                                 (next.op == Op::kBackward && next.mb >= (steps + 2) * m - 1))) {
       out.push_back({Op::kOptimizerStep, -1, 0});
       out.push_back({Op::kSwitchWeights, -1, 0});
       ++steps;

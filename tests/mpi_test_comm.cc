@@ -482,7 +482,8 @@ TEST(Comm, StagedCarriesOnlyStagedBytes) {
     tally.add(label("staged send/recv", t, n), bad);
   }
   g_staging->xor_mask = 0;
-  tally.add("staging moved bytes", g_staging->to_host_bytes == 0 || g_staging->to_device_bytes == 0);
+  tally.add("staging moved bytes",
+            g_staging->to_host_bytes == 0 || g_staging->to_device_bytes == 0);
   tally.expect_clean("staged bytes only");
 }
 

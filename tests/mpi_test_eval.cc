@@ -73,4 +73,6 @@ TEST(Eval, BadTaskFilesAreNamed) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

@@ -96,8 +96,8 @@ TEST_P(GreedyMatchesTransformers, EachCaseAlone) {
     const std::vector<Generation> g = generate(options(arch, {c.prompt}, c.max_new_tokens));
     ASSERT_EQ(g.size(), 1u);
     EXPECT_EQ(g[0].prompt_ids, c.prompt);
-    EXPECT_EQ(g[0].ids, c.ids) << "got [" << show(g[0].ids) << "], transformers ["
-                               << show(c.ids) << "]";
+    EXPECT_EQ(g[0].ids, c.ids) << "got [" << show(g[0].ids) << "], transformers [" << show(c.ids)
+                               << "]";
   }
 }
 
@@ -119,8 +119,8 @@ TEST_P(GreedyMatchesTransformers, Batched) {
       SCOPED_TRACE(arch + ": batch of " + std::to_string(batch.size()) + ", max_new_tokens " +
                    std::to_string(n) + ", prompt " + std::to_string(i));
       EXPECT_EQ(g[i].prompt_ids, batch[i].prompt);
-      EXPECT_EQ(g[i].ids, batch[i].ids) << "got [" << show(g[i].ids) << "], transformers ["
-                                        << show(batch[i].ids) << "]";
+      EXPECT_EQ(g[i].ids, batch[i].ids)
+          << "got [" << show(g[i].ids) << "], transformers [" << show(batch[i].ids) << "]";
     }
   }
 }
@@ -161,14 +161,15 @@ struct SampleLayout {
 };
 
 TrainResult train(const std::vector<std::string>& layout, bool samples, bool solo) {
-  std::vector<std::string> sets = {
-      "model.preset=llama-tiny", "model.num_layers=4", "model.seq_len=32",
-      "train.iterations=6",      "train.micro_batch_size=1", "train.global_batch_size=4",
-      "train.eval_interval=3",   "train.threads=1",          "optimizer.lr=3e-3",
-      "log.interval=100000"};
+  std::vector<std::string> sets = {"model.preset=llama-tiny",  "model.num_layers=4",
+                                   "model.seq_len=32",         "train.iterations=6",
+                                   "train.micro_batch_size=1", "train.global_batch_size=4",
+                                   "train.eval_interval=3",    "train.threads=1",
+                                   "optimizer.lr=3e-3",        "log.interval=100000"};
   sets.insert(sets.end(), layout.begin(), layout.end());
   if (samples)
-    for (const char* s : {"log.sample_interval=3", "log.sample_tokens=9", "log.sample_prompt=5,1,4"})
+    for (const char* s :
+         {"log.sample_interval=3", "log.sample_tokens=9", "log.sample_prompt=5,1,4"})
       sets.push_back(s);
   RunContext ctx;
   ctx.verbose = false;
@@ -179,20 +180,23 @@ TrainResult train(const std::vector<std::string>& layout, bool samples, bool sol
 TEST(TrainingSamples, EveryLayoutSamplesTheSingleProcessTokens) {
   const std::vector<SampleLayout> layouts = {
       {"pipeline 2, 1f1b", 2, {"parallel.pipeline=2"}},
-      {"pipeline 2, interleaved", 2,
+      {"pipeline 2, interleaved",
+       2,
        {"parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.schedule=interleaved"}},
       {"pipeline 2, zb-h1", 2, {"parallel.pipeline=2", "parallel.schedule=zb-h1"}},
-      {"tensor 2, sequence parallel", 2,
-       {"parallel.tensor=2", "parallel.sequence_parallel=true"}},
+      {"tensor 2, sequence parallel", 2, {"parallel.tensor=2", "parallel.sequence_parallel=true"}},
       {"data 2, ZeRO-1", 2, {"parallel.distributed_optimizer=true"}},
-      {"tensor 2 sp, pipeline 2", 4,
+      {"tensor 2 sp, pipeline 2",
+       4,
        {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2"}},
-      {"pipeline 4, 1f1b", 4,
+      {"pipeline 4, 1f1b",
+       4,
        {"parallel.pipeline=4", "parallel.virtual_stages=1", "parallel.schedule=1f1b"}},
   };
   const std::vector<SampleLayout> two_bw = {
       {"2bw, pipeline 2", 2, {"parallel.schedule=2bw", "parallel.pipeline=2"}},
-      {"2bw, tensor 2, pipeline 2", 4,
+      {"2bw, tensor 2, pipeline 2",
+       4,
        {"parallel.schedule=2bw", "parallel.pipeline=2", "parallel.tensor=2"}},
   };
   if (world().size != 2 && world().size != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
@@ -226,4 +230,6 @@ TEST(TrainingSamples, EveryLayoutSamplesTheSingleProcessTokens) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

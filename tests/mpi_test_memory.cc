@@ -6,10 +6,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
@@ -44,10 +43,10 @@ TEST(MemoryModel, PredictedPeakPerStageWithinTenPercentOfMeasured) {
       {"parallel.pipeline=2", "parallel.schedule=zb-h1"},
   };
   for (const auto& layout : layouts) {
-    std::vector<std::string> sets = {"model.preset=tiny", "model.num_layers=4",
-                                     "train.threads=1", "train.iterations=2",
+    std::vector<std::string> sets = {"model.preset=tiny",        "model.num_layers=4",
+                                     "train.threads=1",          "train.iterations=2",
                                      "train.micro_batch_size=4", "train.global_batch_size=16",
-                                     "train.eval_interval=0", "log.interval=1000"};
+                                     "train.eval_interval=0",    "log.interval=1000"};
     sets.insert(sets.end(), layout.begin(), layout.end());
     const Config cfg = load_config("", sets);
     const int tpp = cfg.parallel.tensor * cfg.parallel.pipeline;
@@ -77,4 +76,6 @@ TEST(MemoryModel, PredictedPeakPerStageWithinTenPercentOfMeasured) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

@@ -32,10 +32,18 @@ constexpr int kIters = 20;
 
 std::vector<std::string> base_sets() {
   // vocab 512 so the vocabulary shard shrinks with t too (padding is to 128·t).
-  return {"model.preset=tiny",        "model.vocab_size=512",        "train.threads=1",
-          "train.iterations=20",      "train.micro_batch_size=2",    "train.global_batch_size=16",
-          "train.eval_interval=0",    "optimizer.lr=3e-3",           "optimizer.warmup_iters=5",
-          "optimizer.min_lr=3e-4",    "data.synthetic.vocab_size=64", "parallel.bucket_mb=0.05",
+  return {"model.preset=tiny",
+          "model.vocab_size=512",
+          "train.threads=1",
+          "train.iterations=20",
+          "train.micro_batch_size=2",
+          "train.global_batch_size=16",
+          "train.eval_interval=0",
+          "optimizer.lr=3e-3",
+          "optimizer.warmup_iters=5",
+          "optimizer.min_lr=3e-4",
+          "data.synthetic.vocab_size=64",
+          "parallel.bucket_mb=0.05",
           "log.interval=1000"};
 }
 
@@ -80,19 +88,18 @@ std::vector<Layout> layouts(int world) {
 TrainResult run_layout(const Layout& l) {
   RunContext ctx;
   ctx.verbose = false;
-  return run_training(make_config({"parallel.tensor=" + std::to_string(l.t),
-                                   "parallel.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
-                                   "parallel.distributed_optimizer=" +
-                                       std::string(l.zero ? "true" : "false")}),
-                      ctx);
+  return run_training(
+      make_config({"parallel.tensor=" + std::to_string(l.t),
+                   "parallel.sequence_parallel=" + std::string(l.sp ? "true" : "false"),
+                   "parallel.distributed_optimizer=" + std::string(l.zero ? "true" : "false")}),
+      ctx);
 }
 
 TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
   const TrainResult& ref = reference();
   const Config ref_cfg = make_config({});
   const std::vector<ParamInfo> full =
-      model_layout(ref_cfg.model, 1, 0, false, whole_model(ref_cfg.model.num_layers))
-          .infos();
+      model_layout(ref_cfg.model, 1, 0, false, whole_model(ref_cfg.model.num_layers)).infos();
   for (const Layout& l : layouts(world().size)) {
     const TrainResult r = run_layout(l);
     mpitest::Tally losses, norms, params;
@@ -100,14 +107,15 @@ TEST(Parallel, EveryLayoutReproducesTheSingleProcessRun) {
     for (int i = 0; i < kIters; ++i) bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
     losses.add(l.name() + " losses", bad);
     bad = 0;
-    for (int i = 0; i < kIters; ++i) bad += !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], 1e-5);
+    for (int i = 0; i < kIters; ++i)
+      bad += !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], 1e-5);
     norms.add(l.name() + " grad norms", bad);
     // This rank's shard of every parameter, cut from the reference by global index.
     const Config cfg = make_config({"parallel.tensor=" + std::to_string(l.t)});
     const int tp_rank = world().rank % l.t;
     bad = 0;
-    const ParamLayout mine = model_layout(cfg.model, l.t, tp_rank, l.sp,
-                                              whole_model(cfg.model.num_layers));
+    const ParamLayout mine =
+        model_layout(cfg.model, l.t, tp_rank, l.sp, whole_model(cfg.model.num_layers));
     for (const ParamInfo& p : mine.infos()) {
       const ParamInfo* f = nullptr;
       for (const ParamInfo& q : full)
@@ -147,8 +155,10 @@ TEST(Parallel, Bf16LayoutsMatchTheSingleProcessBf16Run) {
   const TrainResult& ref32 = reference();
   double dev32 = 0;
   for (int i = 0; i < kIters; ++i)
-    dev32 = std::max(dev32, std::fabs(ref16.losses[i] - ref32.losses[i]) / std::fabs(ref32.losses[i]));
-  if (world().rank == 0) std::printf("bf16 vs fp32 single process: max loss deviation %.2e\n", dev32);
+    dev32 =
+        std::max(dev32, std::fabs(ref16.losses[i] - ref32.losses[i]) / std::fabs(ref32.losses[i]));
+  if (world().rank == 0)
+    std::printf("bf16 vs fp32 single process: max loss deviation %.2e\n", dev32);
   EXPECT_LT(dev32, 5e-3);
   EXPECT_GT(dev32, 0.0) << "bf16 run identical to fp32: bf16 not in effect";
   for (const Layout& l : layouts(world().size)) {
@@ -189,8 +199,10 @@ TEST(Parallel, MemoryShrinksWithTheLayout) {
     const ParamLayout rank0 =
         model_layout(cfg.model, l.t, 0, false, whole_model(cfg.model.num_layers));
     for (const ParamInfo& p : rank0.infos()) {
-      if (p.split == ParamSplit::kReplicated) whole += p.numel;
-      else sharded += p.numel * l.t;
+      if (p.split == ParamSplit::kReplicated)
+        whole += p.numel;
+      else
+        sharded += p.numel * l.t;
     }
     const int64_t want_params = 4 * (sharded / l.t + whole);
     const int64_t params = r.memory.peak_of(MemCategory::kParameters);
@@ -205,12 +217,13 @@ TEST(Parallel, MemoryShrinksWithTheLayout) {
     bad += l.t > 1 && ref.memory.peak_of(MemCategory::kParameters) < 4 * (sharded + whole);
     tally.add(l.name() + " memory", bad);
     if (world().rank == 0)
-      std::printf("  %-14s params %8lld B (1 rank: %lld), optimizer %8lld B, activations peak "
-                  "%8lld B\n",
-                  l.name().c_str(), static_cast<long long>(params),
-                  static_cast<long long>(ref.memory.peak_of(MemCategory::kParameters)),
-                  static_cast<long long>(opt),
-                  static_cast<long long>(r.memory.peak_of(MemCategory::kActivations)));
+      std::printf(
+          "  %-14s params %8lld B (1 rank: %lld), optimizer %8lld B, activations peak "
+          "%8lld B\n",
+          l.name().c_str(), static_cast<long long>(params),
+          static_cast<long long>(ref.memory.peak_of(MemCategory::kParameters)),
+          static_cast<long long>(opt),
+          static_cast<long long>(r.memory.peak_of(MemCategory::kActivations)));
   }
   tally.expect_clean("memory by layout");
 
@@ -254,4 +267,6 @@ TEST(Parallel, BucketReductionsOverlapTheBackwardPass) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

@@ -8,9 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,11 +26,11 @@ constexpr int kIters = 20;
 
 std::vector<std::string> base_sets() {
   // 8 layers so that p·v = 8 pieces exist; hidden 32 with 4 heads so t = 4 still has a head.
-  return {"model.preset=tiny",         "model.num_layers=8",          "model.hidden_size=32",
-          "model.ffn_hidden_size=128", "model.seq_len=16",            "model.vocab_size=64",
-          "train.threads=1",           "train.iterations=20",         "train.micro_batch_size=1",
-          "train.global_batch_size=8", "train.eval_interval=0",       "optimizer.lr=3e-3",
-          "optimizer.warmup_iters=5",  "optimizer.min_lr=3e-4",       "log.interval=100000"};
+  return {"model.preset=tiny",         "model.num_layers=8",    "model.hidden_size=32",
+          "model.ffn_hidden_size=128", "model.seq_len=16",      "model.vocab_size=64",
+          "train.threads=1",           "train.iterations=20",   "train.micro_batch_size=1",
+          "train.global_batch_size=8", "train.eval_interval=0", "optimizer.lr=3e-3",
+          "optimizer.warmup_iters=5",  "optimizer.min_lr=3e-4", "log.interval=100000"};
 }
 
 Config make_config(std::vector<std::string> extra) {
@@ -65,8 +64,10 @@ struct Case {
            (recompute != "none" ? " recompute " + recompute : "") + (sp ? " sp" : "");
   }
   std::vector<std::string> sets() const {
-    return {"parallel.tensor=" + std::to_string(t), "parallel.pipeline=" + std::to_string(p),
-            "parallel.virtual_stages=" + std::to_string(v), "parallel.schedule=" + schedule,
+    return {"parallel.tensor=" + std::to_string(t),
+            "parallel.pipeline=" + std::to_string(p),
+            "parallel.virtual_stages=" + std::to_string(v),
+            "parallel.schedule=" + schedule,
             "train.recompute=" + recompute,
             std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")};
   }
@@ -83,9 +84,7 @@ std::vector<Case> cases(int world) {
           const bool inter = std::string(s) == "interleaved";
           if (inter && m < p) continue;
           // Recompute modes rotate over the schedules so every mode meets every layout.
-          const char* rc = (std::string(s) == "1f1b") ? "full"
-                           : inter                    ? "selective"
-                                                      : "none";
+          const char* rc = (std::string(s) == "1f1b") ? "full" : inter ? "selective" : "none";
           v.push_back({t, p, d, inter ? 2 : 1, s, rc});
           if (std::string(s) == "1f1b") v.push_back({t, p, d, 1, s, "none"});
           // The zero-bubble B pass defers the last micro-batch's weight gradients; the
@@ -103,9 +102,10 @@ TEST(Pipeline, EveryScheduleReproducesTheSingleProcessRun) {
     mpitest::Tally losses, norms;
     int64_t bad_l = 0, bad_n = 0;
     for (int i = 0; i < kIters; ++i) {
-      bad_l += !mpitest::close_rel(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
-      bad_n += !mpitest::close_rel(r.grad_norms[static_cast<size_t>(i)], ref.grad_norms[static_cast<size_t>(i)],
-                      1e-5);
+      bad_l += !mpitest::close_rel(r.losses[static_cast<size_t>(i)],
+                                   ref.losses[static_cast<size_t>(i)], 1e-5);
+      bad_n += !mpitest::close_rel(r.grad_norms[static_cast<size_t>(i)],
+                                   ref.grad_norms[static_cast<size_t>(i)], 1e-5);
     }
     losses.add(c.name() + " losses", bad_l);
     norms.add(c.name() + " grad norms", bad_n);
@@ -124,8 +124,8 @@ TEST(Pipeline, EveryScheduleReproducesTheSingleProcessRun) {
 // and match the single process.
 TEST(Pipeline, LargeActivationsDoNotDeadlock) {
   if (world().size % 4 != 0) GTEST_SKIP() << "runs on a multiple of 4 ranks";
-  const std::vector<std::string> big = {"model.hidden_size=64", "model.seq_len=64",
-                                        "model.num_layers=4", "train.micro_batch_size=8",
+  const std::vector<std::string> big = {"model.hidden_size=64",       "model.seq_len=64",
+                                        "model.num_layers=4",         "train.micro_batch_size=8",
                                         "train.global_batch_size=64", "train.iterations=3",
                                         "comm.timeout_s=60"};
   const TrainResult ref = solo(big);
@@ -136,7 +136,8 @@ TEST(Pipeline, LargeActivationsDoNotDeadlock) {
   const TrainResult r = run(sets);
   mpitest::Tally t;
   int64_t bad = 0;
-  for (size_t i = 0; i < ref.losses.size(); ++i) bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
   t.add("large activations losses", bad);
   t.expect_clean("128 KiB activations");
 }
@@ -157,8 +158,8 @@ TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
       for (size_t i = 0; i < ref.losses.size(); ++i)
         bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5) +
                !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], 1e-5);
-      const std::string name = "2bw p" + std::to_string(p) + " t" + std::to_string(t) + " d" +
-                               std::to_string(rest / t);
+      const std::string name =
+          "2bw p" + std::to_string(p) + " t" + std::to_string(t) + " d" + std::to_string(rest / t);
       tally.add(name, bad);
       if (world().rank == 0)
         std::printf("%s: final loss %.6f (single-process 2bw %.6f), bubble %.2f\n", name.c_str(),
@@ -173,10 +174,10 @@ TEST(Pipeline, TwoBWReproducesTheSingleProcessTwoBW) {
 // single-process 2bw run's final parameters (tests/eval_reference.h), within 1e-5 relative.
 TEST(Pipeline, TwoBWEvaluatesTheNewestWeights) {
   // A constant learning rate of 1e-2: consecutive weight versions differ by far more than 1e-5.
-  const std::vector<std::string> sets = {
-      "parallel.schedule=2bw",    "train.iterations=15",      "train.eval_interval=15",
-      "train.eval_iters=3",       "optimizer.lr=1e-2",        "optimizer.min_lr=1e-2",
-      "optimizer.warmup_iters=0"};
+  const std::vector<std::string> sets = {"parallel.schedule=2bw",   "train.iterations=15",
+                                         "train.eval_interval=15",  "train.eval_iters=3",
+                                         "optimizer.lr=1e-2",       "optimizer.min_lr=1e-2",
+                                         "optimizer.warmup_iters=0"};
   const TrainResult ref = solo(sets);
   const double want = testref::plain_val_loss(make_config(sets), ref.final_params);
   // Every rank reaches expect_clean (a verdict collective): no ASSERT before it.
@@ -217,8 +218,8 @@ TEST(Pipeline, TraceHasATrackPerRank) {
       bad += e.at("ph") != "X" || e.at("dur").get<double>() < 0;
     }
     bad += static_cast<int64_t>(tracks.size()) != world().size;
-    for (const char* k : {"forward", "backward", "recv-activation", "recv-grad", "reduce-grads",
-                          "optimizer-step"})
+    for (const char* k :
+         {"forward", "backward", "recv-activation", "recv-grad", "reduce-grads", "optimizer-step"})
       if (!kinds.count(k)) {
         std::printf("  no %s events in the trace (kinds:", k);
         for (const auto& x : kinds) std::printf(" %s", x.c_str());
@@ -235,12 +236,13 @@ TEST(Pipeline, TraceHasATrackPerRank) {
 TEST(Pipeline, UnevenSplitTrainsCorrectly) {
   if (world().size != 2) GTEST_SKIP() << "runs on 2 ranks";
   const TrainResult ref = solo({"model.num_layers=5"});
-  const TrainResult r = run({"model.num_layers=5", "parallel.pipeline=2",
-                             "parallel.layers_per_stage=[3,2]"});
+  const TrainResult r =
+      run({"model.num_layers=5", "parallel.pipeline=2", "parallel.layers_per_stage=[3,2]"});
   mpitest::Tally t;
   int64_t bad = 0;
   for (int i = 0; i < kIters; ++i)
-    bad += !mpitest::close_rel(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)], 1e-5);
+    bad += !mpitest::close_rel(r.losses[static_cast<size_t>(i)], ref.losses[static_cast<size_t>(i)],
+                               1e-5);
   t.add("uneven split losses", bad);
   t.expect_clean("5 layers as 3 + 2");
 }
@@ -267,12 +269,14 @@ TEST(Pipeline, StageActivationsFollowTheSchedule) {
   const double f1b_1 = peak("1f1b", 1), f1b_2 = peak("1f1b", 2);
   const double gpipe_slope = gpipe_2 - gpipe_1, f1b_slope = f1b_2 - f1b_1;
   if (world().rank == 0)
-    std::printf("activation peak growth per sequence of micro-batch: gpipe %.0f B, 1f1b %.0f B "
-                "(ratio %.2f; schedule says m/p = %d on stage 0)\n",
-                gpipe_slope, f1b_slope, gpipe_slope / f1b_slope, 8 / 2);
+    std::printf(
+        "activation peak growth per sequence of micro-batch: gpipe %.0f B, 1f1b %.0f B "
+        "(ratio %.2f; schedule says m/p = %d on stage 0)\n",
+        gpipe_slope, f1b_slope, gpipe_slope / f1b_slope, 8 / 2);
   mpitest::Tally t;
   // Stage 0 (world rank 0) holds m = 8 micro-batches under gpipe and p = 2 under 1f1b.
-  const bool ok = world().rank != 0 || (gpipe_slope / f1b_slope > 3.0 && gpipe_slope / f1b_slope < 5.0);
+  const bool ok =
+      world().rank != 0 || (gpipe_slope / f1b_slope > 3.0 && gpipe_slope / f1b_slope < 5.0);
   t.add("activations by schedule", ok ? 0 : 1);
   t.expect_clean("stage 0 activations");
 }
@@ -280,4 +284,6 @@ TEST(Pipeline, StageActivationsFollowTheSchedule) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::mpitest::run_all_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return strata::mpitest::run_all_tests(argc, argv);
+}

@@ -199,9 +199,9 @@ TEST_F(BadInput, OutputPathsAreCheckedBeforeTraining) {
 
   // What is fine: existing files are kept until written, missing directories made, and a
   // character device is a sink.
-  EXPECT_EQ(run_strata({"train", "--config", config({{"log", {{"metrics", "/dev/null"}}}})}, 60)
-                .status,
-            0);
+  EXPECT_EQ(
+      run_strata({"train", "--config", config({{"log", {{"metrics", "/dev/null"}}}})}, 60).status,
+      0);
   const std::string metrics = write("m.jsonl", "");
   const Outcome ok =
       run_strata({"train", "--config",

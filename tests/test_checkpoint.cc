@@ -707,9 +707,9 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   double worst = 0;
   for (int64_t r = 0; r < static_cast<int64_t>(B) * S; ++r)
     for (int64_t v = 0; v < d.V; ++v)
-      worst =
-          std::max(worst, std::fabs(static_cast<double>(got[static_cast<size_t>(r * vocab.Vp + v)]) -
-                                    want[static_cast<size_t>(r * d.V + v)]));
+      worst = std::max(worst,
+                       std::fabs(static_cast<double>(got[static_cast<size_t>(r * vocab.Vp + v)]) -
+                                 want[static_cast<size_t>(r * d.V + v)]));
   std::printf("logits vs transformers: max |diff| %.3g over %d tokens\n", worst, B * S);
   EXPECT_LT(worst, 1e-4);
 }

@@ -9,11 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "small_disk.h"
 
@@ -51,12 +50,14 @@ class Cli : public ::testing::Test {
   }
   // A small valid config; `extra` is merged over it.
   std::string config(const nlohmann::json& extra = nlohmann::json::object()) {
-    nlohmann::json j = {
-        {"model", {{"preset", "tiny"}}},
-        {"train", {{"micro_batch_size", 2}, {"global_batch_size", 4}, {"iterations", 3},
-                   {"eval_interval", 0}}},
-        {"data", {{"source", "synthetic"}}},
-        {"log", {{"interval", 1}}}};
+    nlohmann::json j = {{"model", {{"preset", "tiny"}}},
+                        {"train",
+                         {{"micro_batch_size", 2},
+                          {"global_batch_size", 4},
+                          {"iterations", 3},
+                          {"eval_interval", 0}}},
+                        {"data", {{"source", "synthetic"}}},
+                        {"log", {{"interval", 1}}}};
     j.merge_patch(extra);
     return write("config.json", j.dump(2));
   }
@@ -84,8 +85,8 @@ TEST_F(Cli, VersionListsBackends) {
 }
 
 TEST_F(Cli, HelpForEveryCommand) {
-  for (const char* a : {"--help", "train --help", "plan --help", "schedule --help", "profile --help",
-                        "export --help"}) {
+  for (const char* a : {"--help", "train --help", "plan --help", "schedule --help",
+                        "profile --help", "export --help"}) {
     Result r = run(a);
     EXPECT_EQ(r.status, 0) << a << "\n" << r.out;
     EXPECT_NE(r.out.find("usage: strata"), std::string::npos) << a;
@@ -110,9 +111,9 @@ TEST_F(Cli, UsageErrorsExitTwo) {
 // what was expected.
 struct BadConfig {
   const char* name;
-  const char* json;       // merged over the valid config
-  const char* path;       // the JSON path the error must name
-  const char* expected;   // a fragment of the explanation
+  const char* json;      // merged over the valid config
+  const char* path;      // the JSON path the error must name
+  const char* expected;  // a fragment of the explanation
 };
 
 TEST_F(Cli, BadConfigsNameFileKeyAndExpectation) {
@@ -156,7 +157,8 @@ TEST_F(Cli, BadDataFilesExitTwoWithOffset) {
   const int32_t header[3] = {20240520, 1, 1000};
   std::memcpy(bin.data(), header, sizeof header);
   const std::string truncated = write("short.bin", bin);
-  Result r = run("train --config " + config({{"data", {{"source", "tokens"}, {"path", truncated}}}}));
+  Result r =
+      run("train --config " + config({{"data", {{"source", "tokens"}, {"path", truncated}}}}));
   EXPECT_EQ(r.status, 2) << r.out;
   std::string line = error_line(r.out);
   EXPECT_NE(line.find(truncated), std::string::npos) << line;
@@ -173,9 +175,8 @@ TEST_F(Cli, BadDataFilesExitTwoWithOffset) {
   std::string text(5000, 'a');
   text[3000] = static_cast<char>(0xFF);  // never valid in UTF-8
   const std::string bad_utf8 = write("bad.txt", text);
-  r = run("train --config " +
-          config({{"data", {{"source", "text"}, {"path", bad_utf8}}},
-                  {"model", {{"vocab_size", 256}}}}));
+  r = run("train --config " + config({{"data", {{"source", "text"}, {"path", bad_utf8}}},
+                                      {"model", {{"vocab_size", 256}}}}));
   EXPECT_EQ(r.status, 2) << r.out;
   line = error_line(r.out);
   EXPECT_NE(line.find("byte 3000"), std::string::npos) << line;
@@ -184,8 +185,8 @@ TEST_F(Cli, BadDataFilesExitTwoWithOffset) {
 TEST_F(Cli, DryRunPrintsSizesWithoutTraining) {
   Result r = run("train --config " + config() + " --dry-run");
   EXPECT_EQ(r.status, 0) << r.out;
-  for (const char* k : {"parameters", "FLOPs per iteration", "gradients", "optimizer",
-                        "activations", "total"})
+  for (const char* k :
+       {"parameters", "FLOPs per iteration", "gradients", "optimizer", "activations", "total"})
     EXPECT_NE(r.out.find(k), std::string::npos) << k << " missing in:\n" << r.out;
   EXPECT_EQ(r.out.find("iter "), std::string::npos) << "dry run must not train";
 }
@@ -232,9 +233,9 @@ TEST_F(Cli, LogsOnAFullDiskAreReportedWithExitStatus3) {
     EXPECT_EQ(r.out.find(warning), r.out.rfind(warning)) << "one warning per log:\n" << r.out;
     EXPECT_NE(r.out.find("No space left on device; the log is incomplete"), std::string::npos)
         << r.out;
-    EXPECT_NE(r.out.find(std::string("the logs are incomplete (") + key +
-                         " /dev/full): exit status 3"),
-              std::string::npos)
+    EXPECT_NE(
+        r.out.find(std::string("the logs are incomplete (") + key + " /dev/full): exit status 3"),
+        std::string::npos)
         << r.out;
   }
   // A disk that fills during the run: the lines before are kept, the warning names the

@@ -537,11 +537,11 @@ TEST(ConfigConsistency, CudnnAttentionOnlyWhereCudnnServes) {
       R"({"device": "cuda", "train": {"precision": "fp32", "attention_backend": "cudnn"}})"));
   EXPECT_TRUE(contains(e.expected(), "bf16 only")) << e.what();
   // Head sizes 600 / 8 = 75 (not a multiple of 8) and 2048 / 8 = 256 (over 128).
-  e = config_error(json::parse("{" + gpu_bf16 +
-                               R"(, "model": {"hidden_size": 600, "num_heads": 8}})"));
+  e = config_error(
+      json::parse("{" + gpu_bf16 + R"(, "model": {"hidden_size": 600, "num_heads": 8}})"));
   EXPECT_TRUE(contains(e.expected(), "head size 75")) << e.what();
-  e = config_error(json::parse("{" + gpu_bf16 +
-                               R"(, "model": {"hidden_size": 2048, "num_heads": 8}})"));
+  e = config_error(
+      json::parse("{" + gpu_bf16 + R"(, "model": {"hidden_size": 2048, "num_heads": 8}})"));
   EXPECT_TRUE(contains(e.expected(), "head size 256")) << e.what();
 }
 
@@ -644,8 +644,8 @@ TEST(ConfigWorld, TensorDividesKeyValueHeads) {
 
 // The Llama keys' own checks: heads a multiple of key/value heads, rope_scaling's fields.
 TEST(ConfigErrors, LlamaKeys) {
-  InputError e = config_error(
-      json::parse(R"({"model": {"preset": "llama-tiny", "num_heads": 4, "num_key_value_heads": 3}})"));
+  InputError e = config_error(json::parse(
+      R"({"model": {"preset": "llama-tiny", "num_heads": 4, "num_key_value_heads": 3}})"));
   EXPECT_TRUE(contains(e.expected(), "num_heads 4 is not a multiple of num_key_value_heads 3"))
       << e.what();
   e = config_error(json::parse(R"({"model": {"rope_scaling": {"rope_type": "yarn"}}})"));
@@ -716,17 +716,18 @@ TEST(ConfigErrors, DataBlendAndTokenizer) {
   EXPECT_TRUE(contains(e.expected(), "sum to 0")) << e.what();
   e = config_error(json::parse(R"({"data": {"source": "indexed", "blend": []}})"));
   EXPECT_EQ(e.where(), "data.blend");
-  e = config_error(json::parse(
-      R"({"data": {"source": "text", "blend": [{"path": "a", "weight": 1}]}})"));
+  e = config_error(
+      json::parse(R"({"data": {"source": "text", "blend": [{"path": "a", "weight": 1}]}})"));
   EXPECT_TRUE(contains(e.expected(), "\"tokens\" or \"indexed\"")) << e.what();
   e = config_error(json::parse(
       R"({"data": {"source": "indexed", "path": "x", "blend": [{"path": "a", "weight": 1}]}})"));
   EXPECT_TRUE(contains(e.expected(), "either data.path or data.blend")) << e.what();
-  e = config_error(json::parse(R"({"data": {"source": "indexed", "path": "x", "tokenizer": "t.json"}})"));
+  e = config_error(
+      json::parse(R"({"data": {"source": "indexed", "path": "x", "tokenizer": "t.json"}})"));
   EXPECT_TRUE(contains(e.expected(), "tokenizes data.source \"text\"")) << e.what();
-  const Config ok = load_config(
-      "", {R"(data.blend=[{"path": "a", "weight": 0.7}, {"path": "b", "weight": 0.3}])",
-           "data.source=indexed"});
+  const Config ok =
+      load_config("", {R"(data.blend=[{"path": "a", "weight": 0.7}, {"path": "b", "weight": 0.3}])",
+                       "data.source=indexed"});
   ASSERT_TRUE(ok.data.blend.has_value());
   EXPECT_EQ(ok.data.blend->size(), 2u);
   EXPECT_EQ(ok.resolved["data"]["blend"][1]["weight"], 0.3);

@@ -61,10 +61,10 @@ class Datasets : public ::testing::Test {
   }
 
   std::vector<std::string> train_sets(const std::string& blend) {
-    return {"model.preset=tiny",      "model.num_layers=2",       "model.seq_len=32",
-            "train.iterations=8",     "train.micro_batch_size=2", "train.global_batch_size=4",
-            "train.eval_interval=4",  "train.eval_iters=2",       "train.threads=1",
-            "log.interval=1000",      "data.source=indexed",      "data.blend=" + blend};
+    return {"model.preset=tiny",     "model.num_layers=2",       "model.seq_len=32",
+            "train.iterations=8",    "train.micro_batch_size=2", "train.global_batch_size=4",
+            "train.eval_interval=4", "train.eval_iters=2",       "train.threads=1",
+            "log.interval=1000",     "data.source=indexed",      "data.blend=" + blend};
   }
 
   fs::path dir_;
@@ -124,9 +124,10 @@ TEST_F(Datasets, BadBlendPathsAndTokensAreNamed) {
     RunContext ctx;
     ctx.verbose = false;
     ctx.single_process = true;
-    run_training(load_config("", train_sets("[{\"path\": \"" + a + "\", \"weight\": 1}, "
-                                            "{\"path\": \"" + (dir_ / "missing").string() +
-                                            "\", \"weight\": 1}]")),
+    run_training(load_config("", train_sets("[{\"path\": \"" + a +
+                                            "\", \"weight\": 1}, "
+                                            "{\"path\": \"" +
+                                            (dir_ / "missing").string() + "\", \"weight\": 1}]")),
                  ctx);
     FAIL() << "a missing blend path trained";
   } catch (const InputError& e) {
@@ -176,8 +177,7 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
   }
   // Paragraphs of a text file, as llm.c shards: the same documents, one stream.
   ASSERT_EQ(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "in.txt").string(),
-                      "--output", out + "_llmc", "--format", "llmc", "--documents",
-                      "paragraphs"}),
+                      "--output", out + "_llmc", "--format", "llmc", "--documents", "paragraphs"}),
             0);
   const std::unique_ptr<TokenCorpus> s = open_token_shards(out + "_llmc_000000.bin");
   std::vector<int32_t> want;

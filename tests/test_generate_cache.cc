@@ -85,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GenerateCache, ::testing::Values("tiny", "llama
 // log.sample_interval: samples during training leave the run as it was — its losses, gradient
 // norms and final parameters bit for bit — and come every interval with sample_tokens tokens.
 TEST(TrainingSamples, LeaveTheRunBitIdentical) {
-  std::vector<std::string> sets = {"model.preset=llama-tiny", "train.iterations=6",
+  std::vector<std::string> sets = {"model.preset=llama-tiny",  "train.iterations=6",
                                    "train.micro_batch_size=2", "train.global_batch_size=4",
                                    "train.eval_interval=3",    "train.threads=1",
                                    "log.interval=1000"};

@@ -128,7 +128,7 @@ TEST(GptDataset, TrainAndValidationSplitByDocument) {
 }
 
 TEST(GptDataset, BadCorporaAndTokensAreInputErrors) {
-  EXPECT_THROW(GptDataset(corpus({100}), Split::kTrain, 0.1, 8, 1, 0), InputError);  // one doc
+  EXPECT_THROW(GptDataset(corpus({100}), Split::kTrain, 0.1, 8, 1, 0), InputError);   // one doc
   EXPECT_THROW(GptDataset(corpus({4, 4}), Split::kTrain, 0.5, 8, 1, 0), InputError);  // short
   GptDataset small_vocab(corpus({30, 30, 30}), Split::kTrain, 0.3, 8, 1, 1005);
   std::vector<int32_t> t(9);

@@ -15,10 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/gpt/gpt.h"
 #include "runtime/backend.h"
@@ -162,7 +161,8 @@ TEST_P(GptGoldenGrad, GradientsMatchAutograd) {
   const std::vector<int32_t> tok = g.f.at("tokens", kFixture).as_i32();
   model.params().zero_grads();
   for (int first = 0; first < B; first += micro) {
-    std::vector<int32_t> part(tok.begin() + first * (S + 1), tok.begin() + (first + micro) * (S + 1));
+    std::vector<int32_t> part(tok.begin() + first * (S + 1),
+                              tok.begin() + (first + micro) * (S + 1));
     Tensor in = be->empty({micro, S}, MemCategory::kActivations, DType::kI32);
     Tensor tg = be->empty({micro, S}, MemCategory::kActivations, DType::kI32);
     split_tokens(part, micro, S, in, tg);
@@ -176,7 +176,8 @@ TEST_P(GptGoldenGrad, GradientsMatchAutograd) {
     bad += compare("grad." + p.name, model.params().grads().f32() + p.offset, want, 1e-4);
     // Padded vocabulary rows never receive gradient.
     for (int64_t i = static_cast<int64_t>(want.size()); i < p.numel; ++i)
-      ASSERT_EQ(model.params().grads().f32()[p.offset + i], 0.0f) << p.name << " padded element " << i;
+      ASSERT_EQ(model.params().grads().f32()[p.offset + i], 0.0f)
+          << p.name << " padded element " << i;
   }
   EXPECT_EQ(bad, 0);
 }
@@ -286,8 +287,8 @@ TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
     const std::vector<float> want = g.f.at("final." + p.name, kFixture).as_f32();
     const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
     for (size_t i = 0; i < want.size(); ++i) {
-      const bool key_row = key_bias && i >= static_cast<size_t>(g.dims.C) &&
-                           i < static_cast<size_t>(2 * g.dims.C);
+      const bool key_row =
+          key_bias && i >= static_cast<size_t>(g.dims.C) && i < static_cast<size_t>(2 * g.dims.C);
       const double tol = key_row ? 1e-3 : 1e-4;
       const float got = model.params().params().f32()[p.offset + static_cast<int64_t>(i)];
       if (std::fabs(got - want[i]) > tol) {

@@ -190,8 +190,14 @@ TEST(ParamSplit, BlockRowsOfUnequalSizes) {
     std::vector<int> seen(static_cast<size_t>(16 * cols), 0);
     for (int r = 0; r < t; ++r) {
       ParamLayout layout(t, r);
-      const ParamRef w = layout.add({"qkv.weight", {16, cols}, ParamSplit::kBlockRows,
-                                     ParamInit::kZeros, 0, -1, true, blocks});
+      const ParamRef w = layout.add({"qkv.weight",
+                                     {16, cols},
+                                     ParamSplit::kBlockRows,
+                                     ParamInit::kZeros,
+                                     0,
+                                     -1,
+                                     true,
+                                     blocks});
       const ParamInfo& p = layout.info(w);
       ASSERT_EQ(p.shape[0], 16 / t);
       for (int64_t i = 0; i < p.numel; ++i) {
@@ -229,7 +235,6 @@ TEST(ParamSplit, BlockRowsOfUnequalSizes) {
 
 }  // namespace
 }  // namespace strata
-
 
 namespace strata {
 namespace {

@@ -1,5 +1,6 @@
-// Planner tests: the self-description's parameter counts against the model's layout, memory predictions against the CPU
-// allocator's measured peak, the search's guarantees, and the DP layer split.
+// Planner tests: the self-description's parameter counts against the model's layout, memory
+// predictions against the CPU allocator's measured peak, the search's guarantees, and the DP layer
+// split.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,8 +32,9 @@ TEST(PlannerMemory, ParametersMatchModelLayout) {
        {"tiny", "gpt2-124m", "llama-tiny", "llama-3.2-1b", "bert-tiny", "bert-large"}) {
     for (bool tie : {true, false}) {
       if (!tie && std::string(preset).rfind("bert", 0) == 0) continue;  // BERT's decoder is tied
-      const Config cfg = load_config("", {std::string("model.preset=") + preset,
-                                          std::string("model.tie_embeddings=") + (tie ? "true" : "false")});
+      const Config cfg =
+          load_config("", {std::string("model.preset=") + preset,
+                           std::string("model.tie_embeddings=") + (tie ? "true" : "false")});
       const std::unique_ptr<ModelDescription> spec = describe_model(cfg.model);
       const int L = cfg.model.num_layers;
       int64_t real = 0;  // the whole model without vocabulary padding
@@ -103,7 +105,8 @@ TEST(PlannerSearch, NeverReturnsAPlanOverMemory) {
     const PlanOutput out = search_plans(req);
     ASSERT_FALSE(out.plans.empty()) << preset;
     for (const PlanResult& p : out.plans) {
-      for (const MemoryBreakdown& m : p.memory) EXPECT_LE(m.total(), req.cluster.memory_bytes) << preset;
+      for (const MemoryBreakdown& m : p.memory)
+        EXPECT_LE(m.total(), req.cluster.memory_bytes) << preset;
     }
     EXPECT_FALSE(out.rejected.empty());
     for (const Rejection& r : out.rejected) EXPECT_FALSE(r.reason.empty());
@@ -151,8 +154,7 @@ TEST(PlannerSearch, EveryDividingMicroBatchSize) {
   EXPECT_TRUE(out.plans.empty());
   ASSERT_FALSE(out.rejected.empty());
   const std::string why = out.rejected.front().reason;
-  EXPECT_NE(why.find("micro_batch_size 5 does not divide the global batch 112"),
-            std::string::npos)
+  EXPECT_NE(why.find("micro_batch_size 5 does not divide the global batch 112"), std::string::npos)
       << why;
 }
 
@@ -173,8 +175,8 @@ TEST(PlannerSearch, TrillionParametersOn3072Gpus) {
   req.memory.reserve_bytes = 1 << 30;
   const PlanOutput out = search_plans(req);
   std::printf("1T parameters (%.3g), 3072 GPUs: %lld configurations in %.3f s\n",
-              static_cast<double>(req.model->parameters()),
-              static_cast<long long>(out.candidates), out.search_s);
+              static_cast<double>(req.model->parameters()), static_cast<long long>(out.candidates),
+              out.search_s);
   // The search time is printed, not asserted (a timed test fails under load); the planner's
   // bench (bench_planner_calibration) prints the slowest search beside its figures.
   ASSERT_FALSE(out.plans.empty());
@@ -189,7 +191,8 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
   auto max_piece = [&](const std::vector<int>& n) {
     double mx = 0;
     for (int k = 0; k < pieces; ++k) {
-      mx = std::max(mx, n[static_cast<size_t>(k)] * 1.0 + (k == 0 ? emb : 0) + (k == pieces - 1 ? head : 0));
+      mx = std::max(
+          mx, n[static_cast<size_t>(k)] * 1.0 + (k == 0 ? emb : 0) + (k == pieces - 1 ? head : 0));
     }
     return mx;
   };
@@ -224,10 +227,16 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
 TEST(PlannerPlan, ApplyPlanSetsTheLayout) {
   const Config cfg = load_config("", {"model.preset=tiny", "train.global_batch_size=8"});
   const nlohmann::json plan = {{"plans",
-                                {{{"tensor", 2}, {"pipeline", 2}, {"data", 1}, {"virtual_stages", 1},
-                                  {"micro_batch_size", 2}, {"num_microbatches", 4},
-                                  {"schedule", "1f1b"}, {"recompute", "full"},
-                                  {"sequence_parallel", true}, {"distributed_optimizer", false},
+                                {{{"tensor", 2},
+                                  {"pipeline", 2},
+                                  {"data", 1},
+                                  {"virtual_stages", 1},
+                                  {"micro_batch_size", 2},
+                                  {"num_microbatches", 4},
+                                  {"schedule", "1f1b"},
+                                  {"recompute", "full"},
+                                  {"sequence_parallel", true},
+                                  {"distributed_optimizer", false},
                                   {"layers_per_stage", {{1}, {1}}}}}}};
   const Config out = apply_plan(cfg, plan, "plan.json");
   EXPECT_EQ(out.parallel.tensor, 2);
@@ -356,8 +365,8 @@ TEST(PlannerPlan, ModelFileIsLabelledWithTheFile) {
   std::ofstream(file) << R"({"arch": "gpt", "num_layers": 4, "hidden_size": 256, "num_heads": 4,
                             "ffn_hidden_size": 1024, "seq_len": 256, "vocab_size": 1000})";
   ::testing::internal::CaptureStdout();
-  const int status = cmd_plan({"--model", file, "--cluster", "dgx-a100-80gb",
-                               "--global-batch-size", "64", "--top", "1"});
+  const int status = cmd_plan(
+      {"--model", file, "--cluster", "dgx-a100-80gb", "--global-batch-size", "64", "--top", "1"});
   const std::string out = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(status, 0);
   EXPECT_EQ(out.rfind("model: " + file + " (", 0), 0u) << out.substr(0, 200);

@@ -175,8 +175,8 @@ TEST(process_groups, TransportFollowsWhereTensorsLiveAndDevicesPerHost) {
       {Device::kCPU, 8, 4, 8, true, CommBackend::kMPI, false},  // CPU run on a GPU machine
       {Device::kCUDA, 1, 1, 1, true, CommBackend::kLocal, true},
       {Device::kCUDA, 16, 8, 8, true, CommBackend::kNCCL, false},
-      {Device::kCUDA, 4, 4, 1, true, CommBackend::kMPI, true},  // four ranks on one GPU
-      {Device::kCUDA, 8, 8, 4, true, CommBackend::kMPI, true},  // two per GPU
+      {Device::kCUDA, 4, 4, 1, true, CommBackend::kMPI, true},   // four ranks on one GPU
+      {Device::kCUDA, 8, 8, 4, true, CommBackend::kMPI, true},   // two per GPU
       {Device::kCUDA, 2, 2, 2, false, CommBackend::kMPI, true},  // built without NCCL
   };
   for (const Case& c : cases) {

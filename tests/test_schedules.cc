@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "launch/config/config_parse.h"
 #include "eval_reference.h"
+#include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
 
@@ -18,8 +18,8 @@ namespace strata {
 namespace {
 
 Config tiny(std::vector<std::string> sets) {
-  std::vector<std::string> base = {"model.preset=tiny", "train.threads=1",
-                                   "train.eval_interval=0", "log.interval=100000"};
+  std::vector<std::string> base = {"model.preset=tiny", "train.threads=1", "train.eval_interval=0",
+                                   "log.interval=100000"};
   base.insert(base.end(), sets.begin(), sets.end());
   return load_config("", base);
 }
@@ -33,11 +33,11 @@ RunContext quiet() {
 // A first-order chain over 32 tokens: the tiny model must reach the exact entropy rate within
 // 0.05 nats in 300 steps (measured: +0.034 nats; single-threaded, so deterministic here).
 TEST(Train, SyntheticChainReachesItsEntropyFloor) {
-  const Config c = tiny({"data.synthetic.order=1", "data.synthetic.vocab_size=32",
-                         "train.micro_batch_size=8", "train.global_batch_size=32",
-                         "train.iterations=300", "optimizer.lr=3e-3", "optimizer.min_lr=3e-4",
-                         "optimizer.warmup_iters=20", "train.eval_interval=300",
-                         "train.eval_iters=8"});
+  const Config c =
+      tiny({"data.synthetic.order=1", "data.synthetic.vocab_size=32", "train.micro_batch_size=8",
+            "train.global_batch_size=32", "train.iterations=300", "optimizer.lr=3e-3",
+            "optimizer.min_lr=3e-4", "optimizer.warmup_iters=20", "train.eval_interval=300",
+            "train.eval_iters=8"});
   const TrainResult r = run_training(c, quiet());
   ASSERT_TRUE(r.loss_floor.has_value());
   ASSERT_EQ(r.val_losses.size(), 1u);
@@ -50,8 +50,8 @@ TEST(Train, SyntheticChainReachesItsEntropyFloor) {
 }
 
 TEST(Train, SameSeedSameLossesBitForBit) {
-  const Config c = tiny({"train.iterations=5", "train.micro_batch_size=2",
-                         "train.global_batch_size=4"});
+  const Config c =
+      tiny({"train.iterations=5", "train.micro_batch_size=2", "train.global_batch_size=4"});
   const TrainResult a = run_training(c, quiet());
   const TrainResult b = run_training(c, quiet());
   ASSERT_EQ(a.losses.size(), 5u);
@@ -88,7 +88,8 @@ TEST(Train, MemoryPredictionMatchesMeasuredPeak) {
   for (const char* sets : {"train.micro_batch_size=4", "train.micro_batch_size=16"}) {
     const Config c = tiny({"train.iterations=2", sets, "train.global_batch_size=16"});
     const TrainResult r = run_training(c, quiet());
-    const nlohmann::json p = planner_prediction(c, 1).at("predicted").at("memory_bytes_per_stage")[0];
+    const nlohmann::json p =
+        planner_prediction(c, 1).at("predicted").at("memory_bytes_per_stage")[0];
     EXPECT_EQ(r.memory.peak_of(MemCategory::kParameters), p.at("parameters").get<double>());
     EXPECT_EQ(r.memory.peak_of(MemCategory::kGradients), p.at("gradients").get<double>());
     EXPECT_EQ(r.memory.peak_of(MemCategory::kOptimizer), p.at("optimizer").get<double>());
@@ -158,9 +159,9 @@ TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {
 // (selective drops the S×S attention probabilities, full keeps only each block's input).
 TEST(Train, RecomputeKeepsLossesAndLowersActivationPeak) {
   auto run = [](const char* mode) {
-    return run_training(tiny({"train.iterations=3", "model.num_layers=4",
-                              std::string("train.recompute=") + mode}),
-                        quiet());
+    return run_training(
+        tiny({"train.iterations=3", "model.num_layers=4", std::string("train.recompute=") + mode}),
+        quiet());
   };
   const TrainResult none = run("none"), selective = run("selective"), full = run("full");
   for (size_t i = 0; i < none.losses.size(); ++i) {
@@ -233,12 +234,13 @@ TEST(Train, TwoBWEvaluatesTheNewestWeights) {
 // ln 256 = 5.5), so it has learned real structure of English.
 TEST(Train, TinyShakespeareValidationLoss) {
   const std::string path = std::string(STRATA_SHARED_DATA_DIR) + "/tinyshakespeare.txt";
-  if (!std::ifstream(path)) GTEST_SKIP() << "tinyshakespeare.txt not found in " << STRATA_SHARED_DATA_DIR;
-  const Config c = tiny({"data.source=text", "data.path=" + path, "model.vocab_size=256",
-                         "train.micro_batch_size=16", "train.global_batch_size=16",
-                         "train.iterations=400", "optimizer.lr=3e-3", "optimizer.min_lr=3e-4",
-                         "optimizer.warmup_iters=20", "train.eval_interval=400",
-                         "train.eval_iters=8"});
+  if (!std::ifstream(path))
+    GTEST_SKIP() << "tinyshakespeare.txt not found in " << STRATA_SHARED_DATA_DIR;
+  const Config c =
+      tiny({"data.source=text", "data.path=" + path, "model.vocab_size=256",
+            "train.micro_batch_size=16", "train.global_batch_size=16", "train.iterations=400",
+            "optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "optimizer.warmup_iters=20",
+            "train.eval_interval=400", "train.eval_iters=8"});
   const TrainResult r = run_training(c, quiet());
   ASSERT_EQ(r.val_losses.size(), 1u);
   std::printf("tiny Shakespeare: validation loss %.4f nats/byte after 400 steps\n",

@@ -42,7 +42,7 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int K
                        bool causal, const int32_t* key_len) {
   const int ld = (NH + 2 * KVH) * HS;  // row stride of q, k, v inside qkv
   const int group = NH / KVH;          // query heads per key/value head
-  const int ldo = NH * HS;     // row stride of one head inside out
+  const int ldo = NH * HS;             // row stride of one head inside out
   const T scale = T(1) / std::sqrt(T(HS));
   // One (b, h) pair per iteration; the GEMMs inside run single-threaded (OpenMP OpenBLAS inside
   // a parallel region), so all threads work on different heads at once.
@@ -51,11 +51,11 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int K
     const int b = bh / NH;
     const int h = bh % NH;
     const T* row0 = qkv + static_cast<size_t>(b) * S * ld;
-    const T* q = row0 + static_cast<size_t>(h) * HS;                                   // (S, HS)
-    const T* k = row0 + static_cast<size_t>(NH + h / group) * HS;                      // (S, HS)
-    const T* v = k + static_cast<size_t>(KVH) * HS;                                    // (S, HS)
-    T* a = att + static_cast<size_t>(bh) * S * S;                                      // (S, S)
-    T* o = out + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;       // (S, HS)
+    const T* q = row0 + static_cast<size_t>(h) * HS;                              // (S, HS)
+    const T* k = row0 + static_cast<size_t>(NH + h / group) * HS;                 // (S, HS)
+    const T* v = k + static_cast<size_t>(KVH) * HS;                               // (S, HS)
+    T* a = att + static_cast<size_t>(bh) * S * S;                                 // (S, S)
+    T* o = out + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
     const KeyRange keys{causal, key_len ? key_len[b] : S};
     for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
       const int i1 = std::min(S, i0 + kAttentionBlock);
@@ -104,18 +104,19 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, T* s
     const int b = bkv / KVH;
     const int kvh = bkv % KVH;
     const size_t row0 = static_cast<size_t>(b) * S * ld;
-    const T* k = qkv + row0 + static_cast<size_t>(NH + kvh) * HS;  // (S, HS), row stride ld
-    const T* v = k + static_cast<size_t>(KVH) * HS;                // (S, HS)
-    T* dk = dqkv + row0 + static_cast<size_t>(NH + kvh) * HS;      // (S, HS)
-    T* dv = dk + static_cast<size_t>(KVH) * HS;                    // (S, HS)
+    const T* k = qkv + row0 + static_cast<size_t>(NH + kvh) * HS;        // (S, HS), row stride ld
+    const T* v = k + static_cast<size_t>(KVH) * HS;                      // (S, HS)
+    T* dk = dqkv + row0 + static_cast<size_t>(NH + kvh) * HS;            // (S, HS)
+    T* dv = dk + static_cast<size_t>(KVH) * HS;                          // (S, HS)
     T* d = scratch + static_cast<size_t>(omp_get_thread_num()) * S * S;  // (S, S): datt, then dpre
     const KeyRange keys{causal, key_len ? key_len[b] : S};
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-      const T beta = h == kvh * group ? T(0) : T(1);  // dk, dv: assign, then accumulate
-      const T* q = qkv + row0 + static_cast<size_t>(h) * HS;                               // (S, HS)
-      T* dq = dqkv + row0 + static_cast<size_t>(h) * HS;                                   // (S, HS)
-      const T* a = att + (static_cast<size_t>(b) * NH + h) * S * S;                        // (S, S)
-      const T* dy = dout + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
+      const T beta = h == kvh * group ? T(0) : T(1);          // dk, dv: assign, then accumulate
+      const T* q = qkv + row0 + static_cast<size_t>(h) * HS;  // (S, HS)
+      T* dq = dqkv + row0 + static_cast<size_t>(h) * HS;      // (S, HS)
+      const T* a = att + (static_cast<size_t>(b) * NH + h) * S * S;  // (S, S)
+      const T* dy =
+          dout + static_cast<size_t>(b) * S * ldo + static_cast<size_t>(h) * HS;  // (S, HS)
 
       for (int i0 = 0; i0 < S; i0 += kAttentionBlock) {
         const int i1 = std::min(S, i0 + kAttentionBlock);
@@ -171,8 +172,10 @@ void attention_decode(T* out, const T* q, const T* k, const T* v, int B, int Tn,
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       std::vector<T> p(static_cast<size_t>(pos0 + Tn));
-      const T* kb = k + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
-      const T* vb = v + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
+      const T* kb =
+          k + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
+      const T* vb =
+          v + static_cast<size_t>(b) * S_max * kv_row + static_cast<size_t>(h / group) * HS;
       for (int t = 0; t < Tn; ++t) {
         const T* qt = q + ((static_cast<size_t>(b) * Tn + t) * NH + h) * HS;
         T* o = out + ((static_cast<size_t>(b) * Tn + t) * NH + h) * HS;

@@ -24,7 +24,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
                        int C, int vocab_start, int V_local);
 // dwte += scatter of dout by token (own shard only), dwpe (S, C) += Σ_b dout. dwpe may be null.
 template <class T>
-void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int S,
-                        int C, int vocab_start, int V_local);
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int S, int C,
+                        int vocab_start, int V_local);
 
 }  // namespace strata::kernels::cpu

@@ -96,7 +96,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 #define STRATA_INSTANTIATE_CPU_GEMM(T)                                                           \
   template void gemm<T>(bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*, int); \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);              \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int); \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);     \
   template void matmul_backward_weight<T>(T*, T*, const T*, const T*, int, int, int);
 
 STRATA_INSTANTIATE_CPU_GEMM(float)

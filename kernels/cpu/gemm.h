@@ -19,8 +19,8 @@ namespace strata::kernels::cpu {
 // lda/ldb/ldc are row strides (elements), so strided sub-matrices (one head of a (B,T,3C)
 // buffer) can be used directly.
 template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
-          const T* B, int ldb, T beta, T* C, int ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+          int ldb, T beta, T* C, int ldc);
 
 // out (N, OC) = inp (N, C) · weight (OC, C)^T + bias (OC). bias may be null.
 template <class T>

@@ -532,7 +532,7 @@ struct CudnnAttention::Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  DescList owned;  // every descriptor below, and those they refer to
+  DescList owned;            // every descriptor below, and those they refer to
   int32_t* seq_q = nullptr;  // padded graphs: (B) copies of S on the device, seq_len_q
   cudnnBackendDescriptor_t exec = nullptr;
   size_t cudnn_bytes = 0;  // the execution plan's own workspace, at offset 0

@@ -90,14 +90,14 @@ __device__ __forceinline__ void load_group(const float* p, int count, bool vec,
                                            float (&v)[kGroup]) {
   if (vec && count == kGroup) {
     check_vector(p);
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    const float4 a = reinterpret_cast<const float4*>(p)[0],
+                 b = reinterpret_cast<const float4*>(p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     return;
   }
   for (int e = 0; e < kGroup; ++e) v[e] = e < count ? p[e] : 0.f;
 }
-__device__ __forceinline__ void load_group(const bf16* p, int count, bool vec,
-                                           float (&v)[kGroup]) {
+__device__ __forceinline__ void load_group(const bf16* p, int count, bool vec, float (&v)[kGroup]) {
   if (vec && count == kGroup) {
     check_vector(p);
     const uint4 raw = *reinterpret_cast<const uint4*>(p);

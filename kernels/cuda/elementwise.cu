@@ -51,8 +51,8 @@ cudaError_t add_inplace(void* y, ElemType y_type, const void* x, ElemType x_type
     return dispatch(x_type, [&](auto tx) {
       using TY = typename decltype(ty)::type;
       using TX = typename decltype(tx)::type;
-      launch(map2_kernel<TY, TY, TX, Sum>, group_grid(n), kThreads, 0, stream,
-             static_cast<TY*>(y), static_cast<const TY*>(y), static_cast<const TX*>(x), n,
+      launch(map2_kernel<TY, TY, TX, Sum>, group_grid(n), kThreads, 0, stream, static_cast<TY*>(y),
+             static_cast<const TY*>(y), static_cast<const TX*>(x), n,
              vec_aligned(y) && vec_aligned(x), Sum{});
       return cudaGetLastError();
     });

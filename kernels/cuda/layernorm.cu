@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                              const TW* b, int64_t N, int C, float eps, bool vec) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
-  if (row >= N) return;  // the whole warp: none of its lanes shuffles below
+  if (row >= N) return;         // the whole warp: none of its lanes shuffles below
   const TA* x = inp + row * C;  // (C)
   TA* y = out + row * C;        // (C)
   float v[kGroup];

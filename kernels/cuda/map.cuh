@@ -23,7 +23,7 @@ constexpr int kThreads = 256;  // elementwise blocks
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // Grid-stride loop over the groups of kGroup elements of [0, n): i is a group's first element.
-#define STRATA_FOR_EACH_GROUP(i, n)                                                          \
+#define STRATA_FOR_EACH_GROUP(i, n)                                                        \
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kGroup; \
        i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x * kGroup)
 

@@ -25,9 +25,8 @@ cudaError_t cast(void* dst, ElemType dst_type, const void* src, ElemType src_typ
     return dispatch(src_type, [&](auto ts) {
       using D = typename decltype(td)::type;
       using S = typename decltype(ts)::type;
-      launch(map_kernel<D, S, Identity>, group_grid(n), kThreads, 0, stream,
-             static_cast<D*>(dst), static_cast<const S*>(src), n,
-             vec_aligned(dst) && vec_aligned(src), Identity{});
+      launch(map_kernel<D, S, Identity>, group_grid(n), kThreads, 0, stream, static_cast<D*>(dst),
+             static_cast<const S*>(src), n, vec_aligned(dst) && vec_aligned(src), Identity{});
       return cudaGetLastError();
     });
   });

@@ -106,7 +106,8 @@ bool is_json_lines(const std::string& path) {
 class Sink {
  public:
   Sink(const Options& o, int token_bytes) : o_(o), token_bytes_(token_bytes) {
-    if (o.format == "megatron") indexed_ = std::make_unique<IndexedDatasetWriter>(o.output, token_bytes);
+    if (o.format == "megatron")
+      indexed_ = std::make_unique<IndexedDatasetWriter>(o.output, token_bytes);
   }
   void add(const std::vector<int32_t>& doc) {
     if (indexed_) {
@@ -230,11 +231,12 @@ int prepare(const std::vector<std::string>& args) {
   if (documents == 0) throw InputError(o.inputs.front(), "", "at least one document in the inputs");
   const std::string written = sink.finish();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("prepared %lld documents, %lld tokens (%s) from %.1f MB in %.2f s (%.1f MB/s, %d "
-              "threads) -> %s\n",
-              static_cast<long long>(documents), static_cast<long long>(tokens),
-              token_bytes == 2 ? "uint16" : "int32", static_cast<double>(bytes) / 1e6, s,
-              static_cast<double>(bytes) / 1e6 / s, o.threads, written.c_str());
+  std::printf(
+      "prepared %lld documents, %lld tokens (%s) from %.1f MB in %.2f s (%.1f MB/s, %d "
+      "threads) -> %s\n",
+      static_cast<long long>(documents), static_cast<long long>(tokens),
+      token_bytes == 2 ? "uint16" : "int32", static_cast<double>(bytes) / 1e6, s,
+      static_cast<double>(bytes) / 1e6 / s, o.threads, written.c_str());
   return 0;
 }
 

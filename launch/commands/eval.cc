@@ -128,8 +128,9 @@ nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
           ctx.resize(keep);
           context = s.encode(ctx, "--task");
           const std::vector<int32_t> whole = s.encode(ctx + end, "--task");
-          ending.assign(whole.begin() + static_cast<int64_t>(std::min(context.size(), whole.size())),
-                        whole.end());
+          ending.assign(
+              whole.begin() + static_cast<int64_t>(std::min(context.size(), whole.size())),
+              whole.end());
           length = static_cast<double>(utf8_chars(j["endings"][e].get<std::string>()));
         }
       } catch (const nlohmann::json::exception&) {
@@ -141,8 +142,9 @@ nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
       all_ids.insert(all_ids.end(), ending.begin(), ending.end());
       for (int32_t id : all_ids)
         if (id < 0 || id >= V)
-          throw InputError(path, at, "token ids below model.vocab_size " + std::to_string(V) +
-                                         ", got " + std::to_string(id));
+          throw InputError(path, at,
+                           "token ids below model.vocab_size " + std::to_string(V) + ", got " +
+                               std::to_string(id));
       // Inputs are all but the last token, cut from the left to the model's positions.
       const int64_t cut = std::max<int64_t>(0, static_cast<int64_t>(all_ids.size()) - 1 - S_max);
       const int S = static_cast<int>(all_ids.size()) - 1 - static_cast<int>(cut);
@@ -211,7 +213,8 @@ int cmd_eval(const std::vector<std::string>& args) {
       return 0;
     } else if (a == "--data") {
       split = "val";
-      if (i + 1 < args.size() && (args[i + 1] == "train" || args[i + 1] == "val")) split = args[++i];
+      if (i + 1 < args.size() && (args[i + 1] == "train" || args[i + 1] == "val"))
+        split = args[++i];
     } else if (a == "--task") {
       task = value();
     } else if (a == "--batches") {
@@ -235,10 +238,11 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::printf("task %s: %d examples | acc %.4f | acc_norm %.4f\n", task->c_str(),
                 r["examples"].get<int>(), r["acc"].get<double>(), r["acc_norm"].get<double>());
   } else {
-    std::printf("%s split: %.0f tokens | loss %.4f | perplexity %.3f | bits per byte %s\n",
-                split->c_str(), r["tokens"].get<double>(), r["loss"].get<double>(),
-                r["perplexity"].get<double>(),
-                r["bits_per_byte"].is_null() ? "n/a" : std::to_string(r["bits_per_byte"].get<double>()).c_str());
+    std::printf(
+        "%s split: %.0f tokens | loss %.4f | perplexity %.3f | bits per byte %s\n", split->c_str(),
+        r["tokens"].get<double>(), r["loss"].get<double>(), r["perplexity"].get<double>(),
+        r["bits_per_byte"].is_null() ? "n/a"
+                                     : std::to_string(r["bits_per_byte"].get<double>()).c_str());
   }
   return 0;
 }

@@ -53,7 +53,9 @@ class InferenceSession {
   const ProcessGroups& groups() const { return groups_; }
   // data.tokenizer's, or null (a byte model reads text as bytes: is_byte_model()).
   const Tokenizer* tokenizer() const { return tok_.get(); }
-  bool is_byte_model() const { return cfg_.model.vocab_size >= 256 && cfg_.model.vocab_size <= 257; }
+  bool is_byte_model() const {
+    return cfg_.model.vocab_size >= 256 && cfg_.model.vocab_size <= 257;
+  }
   // Text as token ids (the tokenizer, or bytes); InputError naming `what` when neither applies.
   std::vector<int32_t> encode(const std::string& text, const std::string& what) const;
   std::string decode(const std::vector<int32_t>& ids) const;  // "" without either

@@ -97,30 +97,32 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   if (out.plans.empty()) {
     os << "no plan fits; reasons by family (tensor, pipeline, schedule):\n";
   } else {
-    std::snprintf(buf, sizeof buf, "%-3s %3s %3s %5s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n",
-                  "#", "t", "p", "d", "v", "b", "m", "schedule", "recompute", "sp", "dopt",
-                  "iter_s", "TFLOP/s", "MFU", "peak_mem", "bubble");
+    std::snprintf(buf, sizeof buf,
+                  "%-3s %3s %3s %5s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n", "#",
+                  "t", "p", "d", "v", "b", "m", "schedule", "recompute", "sp", "dopt", "iter_s",
+                  "TFLOP/s", "MFU", "peak_mem", "bubble");
     os << buf;
     int i = 0;
     for (const PlanResult& r : out.plans) {
       const PlanConfig& c = r.config;
-      std::snprintf(buf, sizeof buf,
-                    "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
-                    ++i, c.tensor, c.pipeline, c.data, c.virtual_stages, c.micro_batch_size,
-                    c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
-                    c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n",
-                    r.time.iteration_s, r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(),
-                    r.time.bubble_fraction * 100);
+      std::snprintf(
+          buf, sizeof buf,
+          "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
+          ++i, c.tensor, c.pipeline, c.data, c.virtual_stages, c.micro_batch_size,
+          c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
+          c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n", r.time.iteration_s,
+          r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
       os << buf;
     }
     const PlanResult& best = out.plans.front();
     os << "\nchosen plan: " << best.placement << "\n";
     os << "  time: iteration " << best.time.iteration_s << " s (pipeline " << best.time.pipeline_s
        << " s incl. bubble " << best.time.bubble_fraction * 100 << "%, exposed TP "
-       << best.time.tp_exposed_s << " s, exposed DP " << best.time.dp_exposed_s
-       << " s, optimizer " << best.time.optimizer_s << " s)\n";
-    std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage", "layers",
-                  "parameters", "gradients", "optimizer", "activations", "buffers", "total");
+       << best.time.tp_exposed_s << " s, exposed DP " << best.time.dp_exposed_s << " s, optimizer "
+       << best.time.optimizer_s << " s)\n";
+    std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage",
+                  "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
+                  "total");
     os << buf;
     const PlanConfig& c = best.config;
     for (int s = 0; s < c.pipeline; ++s) {
@@ -150,8 +152,8 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
 
 // cpu: the CPU runtime (also for bf16, which it emulates: memory there follows fp32's layout
 // rules for attention); else a GPU.
-MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par,
-                             int threads, bool cpu) {
+MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par, int threads,
+                             bool cpu) {
   MemoryOptions o;
   o.precision = precision;
   if (cpu) {
@@ -161,7 +163,7 @@ MemoryOptions memory_options(const std::string& precision, const ParallelConfig*
   } else {
     o.flash_attention = true;
     o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
-    o.workspace_bytes = 32.0 * 1024 * 1024;       // cuBLASLt's (runtime/cuda/backend_cuda.cu)
+    o.workspace_bytes = 32.0 * 1024 * 1024;      // cuBLASLt's (runtime/cuda/backend_cuda.cu)
   }
   if (par != nullptr) o.bucket_mb = par->bucket_mb;
   return o;
@@ -175,9 +177,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   int batch = 0, nodes = 0, top = 5, seq = 0, iteration = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) {
-      return flag_value(args, i, flag, dst);
-    };
+    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
     std::string v;
     if (a == "--help" || a == "-h") {
       std::fputs(kPlanUsage, stdout);
@@ -385,11 +385,13 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
     return v->get<int>();
   };
   auto need_str = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_string()) throw InputError(file, prefix + key, "a string");
+    if (!plan->contains(key) || !(*plan)[key].is_string())
+      throw InputError(file, prefix + key, "a string");
     return (*plan)[key].get<std::string>();
   };
   auto need_bool = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_boolean()) throw InputError(file, prefix + key, "true or false");
+    if (!plan->contains(key) || !(*plan)[key].is_boolean())
+      throw InputError(file, prefix + key, "true or false");
     return (*plan)[key].get<bool>();
   };
   const int tensor = need_int("tensor"), pipeline = need_int("pipeline"), data = need_int("data");

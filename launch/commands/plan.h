@@ -11,10 +11,9 @@
 // Thread-safety: one call at a time (writes stdout and files).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "partitioner/cluster.h"
 #include "partitioner/memory_model.h"

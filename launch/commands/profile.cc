@@ -305,9 +305,7 @@ int cmd_profile(const std::vector<std::string>& args) {
   bool repeat_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) {
-      return flag_value(args, i, flag, dst);
-    };
+    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
     std::string v;
     if (a == "--help" || a == "-h") {
       std::fputs(kProfileUsage, stdout);

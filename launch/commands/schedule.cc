@@ -88,9 +88,7 @@ int cmd_schedule(const std::vector<std::string>& args) {
   bool have_stages = false, have_microbatches = false, list = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) {
-      return flag_value(args, i, flag, dst);
-    };
+    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
     std::string v;
     if (a == "--help" || a == "-h") {
       std::fputs(kScheduleUsage, stdout);

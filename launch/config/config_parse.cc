@@ -526,15 +526,15 @@ std::optional<RopeScaling> read_rope_scaling(const Reader& r, const std::string&
     } else if (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor") {
       if (!value.is_number() || !(value.get<double>() > 0))
         r.fail(p, expected + ", got " + key + " " + show(value));
-      (key == "factor" ? s.factor : key == "low_freq_factor" ? s.low_freq_factor
-                                                              : s.high_freq_factor) =
-          value.get<double>();
+      (key == "factor"            ? s.factor
+       : key == "low_freq_factor" ? s.low_freq_factor
+                                  : s.high_freq_factor) = value.get<double>();
     } else {
       r.fail(p, expected + "; unknown key \"" + key + "\"");
     }
   }
-  for (const char* need : {"factor", "low_freq_factor", "high_freq_factor",
-                           "original_max_position_embeddings"})
+  for (const char* need :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
     if (!v.contains(need)) r.fail(p, expected + "; \"" + need + "\" is missing");
   if (!(s.high_freq_factor > s.low_freq_factor))
     r.fail(p, expected + ", got high_freq_factor " + std::to_string(s.high_freq_factor) +

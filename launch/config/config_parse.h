@@ -6,10 +6,9 @@
 // naming the file, the JSON path and what was expected (exit status 2 at the command boundary).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/config.h"
 

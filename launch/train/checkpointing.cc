@@ -26,8 +26,8 @@ void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
   for (const auto& [key, value] : want.items()) {
     const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
     if (got == value) continue;
-    diff += (diff.empty() ? "" : ", ") + key + " (" + there + " " + got.dump() + ", " + what +
-            " " + value.dump() + ")";
+    diff += (diff.empty() ? "" : ", ") + key + " (" + there + " " + got.dump() + ", " + what + " " +
+            value.dump() + ")";
   }
   if (!diff.empty())
     throw InputError(file, "model", "the model shape of the " + what + "; differing keys: " + diff);

@@ -80,9 +80,9 @@ class Checkpointing {
   GradReducer& reducer_;
   Backend& be_;
   bool lead_;
-  std::unique_ptr<CheckpointSaver> saver_;     // when checkpoint.dir is set
-  std::vector<double> stall_s_, write_s_;      // [save]
-  std::vector<int> published_at_;              // [save]
+  std::unique_ptr<CheckpointSaver> saver_;  // when checkpoint.dir is set
+  std::vector<double> stall_s_, write_s_;   // [save]
+  std::vector<int> published_at_;           // [save]
 };
 
 // The model keys that fix parameter shapes, as a checkpoint records them: it loads only into the

@@ -30,7 +30,9 @@ void PendingSum::start(Backend& be, Communicator* c, double v) {
   req_ = c->iall_reduce(device_, ReduceOp::kSum);
 }
 
-bool PendingSum::test() { return alone_.has_value() || req_.test(); }
+bool PendingSum::test() {
+  return alone_.has_value() || req_.test();
+}
 
 double PendingSum::wait() {
   if (alone_) return *alone_;
@@ -152,9 +154,8 @@ void ModelStage::reduce_grads() {
     step_.loss.start(be_, groups_.pp.get(), loss_sum(b));
     for (int i = 0; i < static_cast<int>(infos.size()); ++i) {
       if (!infos[static_cast<size_t>(i)].tied) continue;
-      step_.tied.push_back(
-          tied_group(infos[static_cast<size_t>(i)])->iall_reduce(model_.params().grad(ParamRef{i}),
-                                                                 ReduceOp::kSum));
+      step_.tied.push_back(tied_group(infos[static_cast<size_t>(i)])
+                               ->iall_reduce(model_.params().grad(ParamRef{i}), ReduceOp::kSum));
       step_.tied_params.push_back(i);
     }
     ParamStore& params = model_.params();
@@ -178,8 +179,9 @@ void ModelStage::reduce_grads() {
 }
 
 Communicator* ModelStage::tied_group(const ParamInfo& p) const {
-  STRATA_CHECK(groups_.embedding && groups_.embedding->size() > 1,
-               "parameter " << p.name << " is tied across stages but this rank has no embedding group");
+  STRATA_CHECK(
+      groups_.embedding && groups_.embedding->size() > 1,
+      "parameter " << p.name << " is tied across stages but this rank has no embedding group");
   return groups_.embedding.get();
 }
 

@@ -221,8 +221,7 @@ void Reporter::summary() const {
   const int iters = res_.stopped_by_signal ? res_.stopped_at : run_.cfg->train.iterations;
   if (!lead_ || iters <= res_.start_iteration || res_.losses.empty()) return;
   std::printf("%s: %d iterations in %.1f s | final loss %.4f",
-              res_.stopped_by_signal ? "stopped" : "done", iters, res_.wall_s,
-              res_.losses.back());
+              res_.stopped_by_signal ? "stopped" : "done", iters, res_.wall_s, res_.losses.back());
   if (!res_.val_losses.empty()) std::printf(" | val %.4f", res_.val_losses.back().second);
   if (res_.loss_floor) {
     const double last =

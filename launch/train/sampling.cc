@@ -77,10 +77,9 @@ std::optional<TrainingSample> TrainingSampler::sample(int iteration) {
   std::unique_ptr<GenerationState> st = model_.start_generation(1, P + N);
   std::vector<int32_t> step = prompt_, ids;
   for (int n = 0; n < N; ++n) {
-    const std::vector<float> logits = decode_over_pipeline(model_, be_, pipeline_, *st, step,
-                                                           static_cast<int>(step.size()));
-    step = {
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    const std::vector<float> logits =
+        decode_over_pipeline(model_, be_, pipeline_, *st, step, static_cast<int>(step.size()));
+    step = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
     ids.push_back(step[0]);
   }
   if (kept.defined()) params.use_params(current);

@@ -11,9 +11,12 @@ namespace {
 // lock-free atomic, which a signal handler may store to, rather than a volatile sig_atomic_t,
 // which orders nothing between threads (ThreadSanitizer's finding in StopRequest's tests).
 std::atomic<int> g_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may use only lock-free atomics");
+static_assert(std::atomic<int>::is_always_lock_free,
+              "a signal handler may use only lock-free atomics");
 
-void record(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
+void record(int sig) {
+  g_signal.store(sig, std::memory_order_relaxed);
+}
 
 }  // namespace
 

@@ -31,18 +31,18 @@ struct RunContext {
 };
 
 struct TrainResult {
-  int start_iteration = 0;         // iterations a resumed checkpoint had already done
+  int start_iteration = 0;  // iterations a resumed checkpoint had already done
   // SIGTERM / SIGUSR1 (stop_request.h): the signal that stopped the run after iteration
   // stopped_at (its checkpoint saved when checkpoint.dir is set); 0: it ran to the end.
   int stopped_by_signal = 0;
   int stopped_at = 0;
   std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
-  std::vector<std::pair<int, double>> val_losses;  // (iteration, validation loss)
+  std::vector<std::pair<int, double>> val_losses;             // (iteration, validation loss)
   std::vector<std::pair<int, std::vector<int32_t>>> samples;  // (iteration, log.sample_* ids)
-  std::vector<bool> skipped;                       // [iteration] non-finite step not applied
-  std::optional<double> loss_floor;                // best achievable loss (synthetic data)
-  double tokens_per_s = 0;                         // over the whole run, excluding evaluation
+  std::vector<bool> skipped;         // [iteration] non-finite step not applied
+  std::optional<double> loss_floor;  // best achievable loss (synthetic data)
+  double tokens_per_s = 0;           // over the whole run, excluding evaluation
   double wall_s = 0;
   MemStats memory;                  // allocator figures at the end (peaks over the run)
   std::vector<float> final_params;  // the flat parameters at the end (this rank's shard)
@@ -50,10 +50,10 @@ struct TrainResult {
   // backward pass ended, in seconds from the start of the last micro-batch's backward.
   std::vector<double> bucket_start_s;
   double backward_end_s = 0;
-  std::vector<double> bubbles;    // [iteration] measured compute-idle fraction of the step
-  std::vector<double> step_s;     // [iteration] wall time of the step
+  std::vector<double> bubbles;      // [iteration] measured compute-idle fraction of the step
+  std::vector<double> step_s;       // [iteration] wall time of the step
   std::vector<double> step_wait_s;  // [iteration] this rank's wait at the step for other ranks
-  double theoretical_bubble = 0;  // the schedule's, with equal op times
+  double theoretical_bubble = 0;    // the schedule's, with equal op times
   int pipeline_rank = 0;
   std::vector<int> layers_per_piece;  // [piece] the split the run used (piece = chunk·p + stage)
   std::vector<ModelPiece> pieces;     // [chunk] what this rank's model held

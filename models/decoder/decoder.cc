@@ -48,7 +48,7 @@ struct DecoderModel::Acts final : PieceActs {
 };
 
 ParamLayout DecoderModel::layout(const DecoderShape& shape, int tensor, int tensor_rank, bool sp,
-                             const std::vector<ModelPiece>& pieces) {
+                                 const std::vector<ModelPiece>& pieces) {
   ModelOptions o;
   o.tensor = tensor;
   o.tensor_rank = tensor_rank;
@@ -165,7 +165,7 @@ const Tensor& DecoderModel::logits(const PieceActs& acts) {
 }
 
 PieceActsPtr DecoderModel::forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
-                                     LossSum* loss) {
+                                         LossSum* loss) {
   const LayerEnv& env = *env_;
   const ModelPiece& pc = pieces_.at(static_cast<size_t>(piece));
   const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
@@ -191,7 +191,7 @@ PieceActsPtr DecoderModel::forward_piece(int piece, const Tensor& input, const M
 }
 
 void DecoderModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int i,
-                             bool recomputing) const {
+                                 bool recomputing) const {
   const LayerEnv& env = *env_;
   Block::Saved& h = a.h[static_cast<size_t>(i)];
   blk.ln1.forward(env, h.ln1, x);
@@ -211,7 +211,7 @@ void DecoderModel::block_forward(const Block& blk, const Tensor& x, Acts& a, int
 }
 
 Tensor DecoderModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,
-                                bool last_microbatch, bool defer_weight_grads) {
+                                    bool last_microbatch, bool defer_weight_grads) {
   const LayerEnv& env = *env_;
   Acts& a = static_cast<Acts&>(acts);
   const ModelPiece& pc = pieces_[static_cast<size_t>(a.piece)];
@@ -255,8 +255,8 @@ Tensor DecoderModel::backward_piece(PieceActs& acts, const Tensor& dout, float g
   return dinput;
 }
 
-void DecoderModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
-                              Tensor& dresid) const {
+void DecoderModel::block_backward(const Block& blk, const Tensor& x, Acts& a, int i,
+                                  BackwardPass& pass, Tensor& dresid) const {
   const LayerEnv& env = *env_;
   Block::Saved& h = a.h[static_cast<size_t>(i)];
   if (options_.recompute == Recompute::kFull) block_forward(blk, x, a, i, true);
@@ -383,17 +383,16 @@ Tensor DecoderModel::decode_piece(GenerationState& state, int piece, const Tenso
     if (attn.rope) {
       const Tensor& table = attn.rope->table;  // (S, HS): rows from pos0
       const int64_t HS = table.size(1);
-      env.be.rope_forward(qkv, table.view(pos0 * HS, {table.size(0) - pos0, HS}),
-                          attn.heads_local, attn.kv_heads_local);
+      env.be.rope_forward(qkv, table.view(pos0 * HS, {table.size(0) - pos0, HS}), attn.heads_local,
+                          attn.kv_heads_local);
     }
     Tensor q = env.act({B, T, attn.heads_local, attn.head_size});
     env.be.kv_cache_append(q, k_cache, v_cache, qkv, attn.heads_local, attn.kv_heads_local, pos0);
     qkv = Tensor();
     Tensor core = env.act({B, T, attn.heads_local, attn.head_size});
-    env.be.attention_decode(core, q, k_cache, v_cache, attn.heads_local, attn.kv_heads_local,
-                            pos0);
-    const Tensor res1 = attn.proj.forward_residual(
-        env, core.reshape({B, T, attn.heads_local * attn.head_size}), x);
+    env.be.attention_decode(core, q, k_cache, v_cache, attn.heads_local, attn.kv_heads_local, pos0);
+    const Tensor res1 =
+        attn.proj.forward_residual(env, core.reshape({B, T, attn.heads_local * attn.head_size}), x);
     blk.ln2.forward(env, ln2, res1);
     MLP::Saved mlp;
     x = blk.mlp.forward(env, ln2.out, res1, mlp);

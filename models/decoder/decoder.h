@@ -139,11 +139,11 @@ class DecoderModel final : public Model {
   std::unique_ptr<LayerEnv> env_;
   std::unique_ptr<TensorParallel> decode_tp_;  // the tensor group without sequence parallelism
   std::unique_ptr<LayerEnv> decode_env_;       // generation's layer calls
-  VocabParallelEmbedding embedding_;  // when this rank holds the first piece
-  RotaryEmbedding rope_;              // without learned positions, once built on a backend
-  std::vector<Block> blocks_;         // [layer − first layer of this rank's first piece …]
-  std::unique_ptr<Head> head_;        // when this rank holds the last piece
-  std::vector<int> block_of_layer_;   // [layer] index into blocks_, -1 when not held
+  VocabParallelEmbedding embedding_;           // when this rank holds the first piece
+  RotaryEmbedding rope_;                       // without learned positions, once built on a backend
+  std::vector<Block> blocks_;        // [layer − first layer of this rank's first piece …]
+  std::unique_ptr<Head> head_;       // when this rank holds the last piece
+  std::vector<int> block_of_layer_;  // [layer] index into blocks_, -1 when not held
 };
 
 // The self-description of a decoder (models/description.h).

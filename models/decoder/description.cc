@@ -82,8 +82,8 @@ class DecoderDescription final : public ModelDescription {
     PartWork w;
     // q/k/v, the attention's output projection, the MLP's expansion ([gate; up] with SwiGLU)
     // and projection, on this rank's slice.
-    w.gemms = {{bs, qkv / t, h}, {bs, h, h / t}, {bs, (mlp_matrices() - 1) * f / t, h},
-               {bs, h, f / t}};
+    w.gemms = {
+        {bs, qkv / t, h}, {bs, h, h / t}, {bs, (mlp_matrices() - 1) * f / t, h}, {bs, h, f / t}};
     // Causal attention computes half of the s² score matrix Megatron counts.
     w.attention_flops = 0.5 * 4 * b * double{1.0} * d_.S * d_.S * h / t;
     w.attention = {double{1.0} * b, d_.NH / t, d_.KVH / t, double{1.0} * d_.S,
@@ -93,8 +93,7 @@ class DecoderDescription final : public ModelDescription {
     // + write), and the rotation of q and k (read + write).
     const double activation = d_.mlp == MlpActivation::kSwiGlu ? 3 : 2;
     const double rope = d_.learned_positions ? 0 : 2 * bs * (qkv - h / d_.NH * d_.KVH) / t;
-    w.elementwise_fwd =
-        11 * b * sl * h + activation * bs * f / t + 2 * bs * (qkv + h) / t + rope;
+    w.elementwise_fwd = 11 * b * sl * h + activation * bs * f / t + 2 * bs * (qkv + h) / t + rope;
     w.elementwise_bwd = 2 * w.elementwise_fwd;
     // One reduction after the attention and one after the MLP (all-gather/reduce-scatter pairs
     // with sequence parallelism); the backward's two input-gradient reductions mirror them, and
@@ -156,7 +155,7 @@ class DecoderDescription final : public ModelDescription {
     const double qkv = b * s * qkv_width() / t;
     // The core's saved state: the log-sum-exp per row (fused kernels) or the probabilities.
     const double probs = flash_attention ? b * a / t * s : b * a / t * s * s;
-    const double core = probs + b * s * h / t;  // plus the core's output
+    const double core = probs + b * s * h / t;          // plus the core's output
     const double mlp = b * s * mlp_matrices() * f / t;  // before ([gate | up]) and after
     // ln_1, attention, res1, ln_2, MLP, block output.
     const double full_block = 2 * layernorm + qkv + core + bsh_l + mlp + bsh_l;

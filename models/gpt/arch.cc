@@ -22,8 +22,8 @@ DecoderShape gpt_shape(const ModelConfig& m) {
   s.learned_positions = true;
   s.mlp = MlpActivation::kGelu;
   s.bias = true;
-  s.names = {"wte",       "wpe",      "h.",        "ln_1",      "attn.c_attn", "attn.c_proj",
-             "ln_2",      "mlp.c_fc", "mlp.c_proj", "ln_f",     "lm_head"};
+  s.names = {"wte",  "wpe",      "h.",         "ln_1", "attn.c_attn", "attn.c_proj",
+             "ln_2", "mlp.c_fc", "mlp.c_proj", "ln_f", "lm_head"};
   return s;
 }
 
@@ -34,7 +34,8 @@ ArchSpec gpt_arch() {
   a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
     return std::make_unique<DecoderModel>(gpt_shape(m), o, be);
   };
-  a.layout = [](const ModelConfig& m, int t, int r, bool sp, const std::vector<ModelPiece>& pieces) {
+  a.layout = [](const ModelConfig& m, int t, int r, bool sp,
+                const std::vector<ModelPiece>& pieces) {
     return DecoderModel::layout(gpt_shape(m), t, r, sp, pieces);
   };
   a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, gpt_hf_config, gpt_check_hf_config};

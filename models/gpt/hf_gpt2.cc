@@ -86,8 +86,7 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
   o["ln_f.bias"] = get("transformer.ln_f.bias", {C});
   if (!d.tie) {
     o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
-  } else if (hf.count("lm_head.weight") &&
-             get("lm_head.weight", {d.V, C}).data != o["wte"].data) {
+  } else if (hf.count("lm_head.weight") && get("lm_head.weight", {d.V, C}).data != o["wte"].data) {
     throw InputError(path, "lm_head.weight",
                      "none, or one equal to transformer.wte.weight (model.tie_embeddings is "
                      "true); it differs: an untied model needs model.tie_embeddings false");
@@ -157,9 +156,9 @@ void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const s
   // More positions than model.seq_len are fine (from_hf takes the first seq_len); fewer are not.
   const int64_t positions = hf_int(hf, "n_positions", 1024, path);
   if (positions < d.S)
-    throw InputError(path, "n_positions",
-                     "at least model.seq_len " + std::to_string(d.S) + ", found " +
-                         std::to_string(positions));
+    throw InputError(
+        path, "n_positions",
+        "at least model.seq_len " + std::to_string(d.S) + ", found " + std::to_string(positions));
   check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 50257);
   check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, true);
   check_hf_key(hf, "layer_norm_epsilon", 1e-5, "Strata's GPT LayerNorm", path, 1e-5);

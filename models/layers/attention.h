@@ -30,9 +30,9 @@ namespace strata {
 class SelfAttention {
  public:
   struct Saved {
-    Tensor qkv;  // (B, S, (NH + 2·KVH)·HS/t) [q | k | v] of this rank's heads, rotated
-    Tensor att;  // backend's saved state (Backend::attention_saved_shape), f32
-    Tensor out;  // (B, S, NH·HS/t) the core's output, the projection's input
+    Tensor qkv;          // (B, S, (NH + 2·KVH)·HS/t) [q | k | v] of this rank's heads, rotated
+    Tensor att;          // backend's saved state (Backend::attention_saved_shape), f32
+    Tensor out;          // (B, S, NH·HS/t) the core's output, the projection's input
     Tensor key_lengths;  // (B) i32: the real keys of each sequence; undefined: all S
   };
 

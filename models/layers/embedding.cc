@@ -22,8 +22,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const VocabS
                                                int64_t n_positions,
                                                const std::string& positions_name)
     : vocab(v) {
-  table =
-      layout.add({table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true, {}});
+  table = layout.add(
+      {table_name, {v.Vp, C}, ParamSplit::kRows, ParamInit::kNormal, std, v.V, true, {}});
   if (n_positions > 0) {
     positions = layout.add({positions_name,
                             {n_positions, C},

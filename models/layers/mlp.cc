@@ -21,8 +21,7 @@ GeluKind gelu_kind(MlpActivation a) {
 
 }  // namespace
 
-Tensor MLP::forward(const LayerEnv& env, const Tensor& x, const Tensor& residual,
-                    Saved& s) const {
+Tensor MLP::forward(const LayerEnv& env, const Tensor& x, const Tensor& residual, Saved& s) const {
   if (activation != MlpActivation::kSwiGlu) {
     fc.forward_gelu(env, x, &s.pre, &s.act, gelu_kind(activation));
   } else {
@@ -33,8 +32,8 @@ Tensor MLP::forward(const LayerEnv& env, const Tensor& x, const Tensor& residual
   return proj.forward_residual(env, s.act, residual);
 }
 
-Tensor MLP::backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid,
-                     const Tensor& x, const Saved& s) const {
+Tensor MLP::backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid, const Tensor& x,
+                     const Saved& s) const {
   const Tensor dout_full = proj.gather_output_grad(env, dresid);
   Tensor dpre = env.act({s.pre.size(0), s.pre.size(1), fc.out_local});
   if (activation != MlpActivation::kSwiGlu) {

@@ -31,8 +31,8 @@ class MLP {
   MLP() = default;
   // fc_name, proj_name: the two projections' parameter prefixes.
   MLP(ParamLayout& layout, MlpActivation activation, const std::string& fc_name,
-      const std::string& proj_name, int64_t C, int64_t F, LinearInit fc_init,
-      LinearInit proj_init, bool bias);
+      const std::string& proj_name, int64_t C, int64_t F, LinearInit fc_init, LinearInit proj_init,
+      bool bias);
 
   // residual + mlp(x), reduced over the group; x (B, S_local, C) the normalised input.
   Tensor forward(const LayerEnv& env, const Tensor& x, const Tensor& residual, Saved& s) const;

@@ -29,7 +29,9 @@ bool parse_param_split(const std::string& s, int64_t full_rows, ParamSplit* out,
                        std::vector<int64_t>* row_blocks) {
   row_blocks->clear();
   if (s == "replicated" || s == "rows" || s == "cols") {
-    *out = s == "rows" ? ParamSplit::kRows : s == "cols" ? ParamSplit::kCols : ParamSplit::kReplicated;
+    *out = s == "rows"   ? ParamSplit::kRows
+           : s == "cols" ? ParamSplit::kCols
+                         : ParamSplit::kReplicated;
     return true;
   }
   if (s == "qkv_rows") {
@@ -129,11 +131,12 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   if (d.split == ParamSplit::kBlockRows) {
     int64_t sum = 0;
     for (const int64_t block : d.row_blocks) {
-      STRATA_CHECK(block % tp_ == 0, d.name << ": a block of " << block << " rows over tensor " << tp_);
+      STRATA_CHECK(block % tp_ == 0,
+                   d.name << ": a block of " << block << " rows over tensor " << tp_);
       sum += block;
     }
-    STRATA_CHECK(sum == d.full_shape[0], d.name << ": blocks of " << sum << " rows, shape has "
-                                                << d.full_shape[0]);
+    STRATA_CHECK(sum == d.full_shape[0],
+                 d.name << ": blocks of " << sum << " rows, shape has " << d.full_shape[0]);
     p.row_blocks = d.row_blocks;
   }
   if (d.split == ParamSplit::kCols) {
@@ -213,9 +216,8 @@ void ParamStore::init(uint64_t seed) {
 }
 
 void ParamStore::use_grads(const Tensor& g) {
-  STRATA_CHECK(g.numel() == grads_.numel(), "gradient buffer of " << g.numel()
-                                                                  << " elements for a model of "
-                                                                  << grads_.numel());
+  STRATA_CHECK(g.numel() == grads_.numel(),
+               "gradient buffer of " << g.numel() << " elements for a model of " << grads_.numel());
   grads_ = g;
 }
 

@@ -46,7 +46,8 @@ ArchSpec llama_arch() {
   a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
     return std::make_unique<DecoderModel>(llama_shape(m), o, be);
   };
-  a.layout = [](const ModelConfig& m, int t, int r, bool sp, const std::vector<ModelPiece>& pieces) {
+  a.layout = [](const ModelConfig& m, int t, int r, bool sp,
+                const std::vector<ModelPiece>& pieces) {
     return DecoderModel::layout(llama_shape(m), t, r, sp, pieces);
   };
   a.hf = HfAdapter{"LlamaForCausalLM", llama_to_hf, llama_from_hf, llama_hf_config,

@@ -590,8 +590,8 @@ class CudaBackend final : public Backend {
     }
     const KvCacheDims a = kv_cache_append_dims(q, k_cache, v_cache, qkv, NH, KVH, pos0);
     CUDA_CHECK(kc::kv_cache_append(q.data(), k_cache.data(), v_cache.data(), qkv.data(), et(qkv),
-                                   as_int(a.B), as_int(a.T), as_int(a.S_max), NH, KVH,
-                                   as_int(a.HS), as_int(pos0), stream_));
+                                   as_int(a.B), as_int(a.T), as_int(a.S_max), NH, KVH, as_int(a.HS),
+                                   as_int(pos0), stream_));
   }
   void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         int NH, int KVH, int64_t pos0) override {

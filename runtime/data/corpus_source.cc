@@ -1,8 +1,9 @@
 #include "runtime/data/corpus_source.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <filesystem>
-#include <glob.h>
 
 #include "runtime/data/gpt_dataset.h"
 #include "runtime/data/indexed.h"
@@ -34,8 +35,8 @@ class CorpusSource final : public DataSource {
     const Blend& blend = split == Split::kTrain ? train_blend_ : val_blend_;
     std::vector<int32_t> t(static_cast<size_t>(seq_len) + 1);
     for (int r = 0; r < count; ++r) {
-      const uint64_t s = iter * static_cast<uint64_t>(global_batch_) +
-                         static_cast<uint64_t>(first + r);
+      const uint64_t s =
+          iter * static_cast<uint64_t>(global_batch_) + static_cast<uint64_t>(first + r);
       const auto [d, i] = sets.size() == 1 ? std::pair<int, uint64_t>{0, s} : blend.assign(s);
       sets[static_cast<size_t>(d)]->read_sample(i, t.data());
       std::copy(t.begin(), t.end() - 1, inputs + static_cast<int64_t>(r) * seq_len);
@@ -97,8 +98,8 @@ std::vector<MaskedLmCorpus> open_dataset_corpora(const DataConfig& data, const S
       // at least 8 samples each (a chunk boundary is where a sample may jump).
       const int64_t total = corpus->num_tokens();
       if (corpus->num_documents() < 20 && total > 0) {
-        const int64_t chunk = std::clamp<int64_t>(total / 20, 8 * (int64_t{shape.seq_len} + 1),
-                                                  kShardDocumentTokens);
+        const int64_t chunk =
+            std::clamp<int64_t>(total / 20, 8 * (int64_t{shape.seq_len} + 1), kShardDocumentTokens);
         corpus = open_token_shards(path, chunk);
       }
     }

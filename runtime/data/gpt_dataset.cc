@@ -39,8 +39,8 @@ uint64_t shuffle_key(uint64_t seed, Split split, uint64_t epoch, uint64_t which)
 
 }  // namespace
 
-GptDataset::GptDataset(std::shared_ptr<const TokenCorpus> corpus, Split split,
-                       double val_fraction, int seq_len, uint64_t seed, int64_t vocab_limit)
+GptDataset::GptDataset(std::shared_ptr<const TokenCorpus> corpus, Split split, double val_fraction,
+                       int seq_len, uint64_t seed, int64_t vocab_limit)
     : corpus_(std::move(corpus)),
       split_(split),
       seq_len_(seq_len),
@@ -103,8 +103,8 @@ void GptDataset::read_sample(uint64_t s, int32_t* tokens) const {
   const uint64_t j = keyed_permutation(s % n, n, shuffle_key(seed_, split_, e, 1));
   const std::shared_ptr<const Epoch> ep = epoch(e);
   int64_t pos = static_cast<int64_t>(j) * seq_len_;  // in the epoch's stream
-  size_t k = static_cast<size_t>(
-      std::upper_bound(ep->start.begin(), ep->start.end(), pos) - ep->start.begin() - 1);
+  size_t k = static_cast<size_t>(std::upper_bound(ep->start.begin(), ep->start.end(), pos) -
+                                 ep->start.begin() - 1);
   int64_t want = seq_len_ + 1;
   int32_t* out = tokens;
   while (want > 0) {

@@ -15,9 +15,9 @@
 //
 // Blend: several datasets by weight, Megatron's rule (build_blending_indices): sample s goes to
 // the dataset furthest behind its share (argmax_d w_d·max(s, 1) − taken_d, the first on ties) and
-// is that dataset's next sample. The assignment of s depends on s alone (and the weights); it is computed forward from
-// the last one asked for (from 0 when asked for an earlier one), so a resumed run recomputes up to
-// its first sample once.
+// is that dataset's next sample. The assignment of s depends on s alone (and the weights); it is
+// computed forward from the last one asked for (from 0 when asked for an earlier one), so a resumed
+// run recomputes up to its first sample once.
 //
 // Thread-safety: read_sample() and assign() may be called concurrently (caches under a mutex).
 #pragma once
@@ -80,8 +80,8 @@ class Blend {
  private:
   std::vector<double> weights_;
   mutable std::mutex mu_;
-  mutable uint64_t next_ = 0;             // the sample the counts below lead up to
-  mutable std::vector<uint64_t> taken_;   // [d] samples of d among [0, next_)
+  mutable uint64_t next_ = 0;            // the sample the counts below lead up to
+  mutable std::vector<uint64_t> taken_;  // [d] samples of d among [0, next_)
 };
 
 }  // namespace strata

@@ -121,7 +121,7 @@ struct Grid {
   // reading one can already write the next), and which of the two the next shuffle uses.
   std::vector<uint64_t> slots;  // [warp][parity][lane]
   std::vector<int> parity;
-  std::vector<MmaLane> mma;  // [warp][lane]: the operands of lanes waiting at a product
+  std::vector<MmaLane> mma;       // [warp][lane]: the operands of lanes waiting at a product
   std::vector<LdmatrixLane> ldm;  // [warp][lane]: the lanes waiting at an ldmatrix
   std::vector<unsigned char> smem;
   // cp.async copies land when issued (blocks 2 and 3 of every 4) instead of when waited for:
