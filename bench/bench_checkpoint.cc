@@ -30,8 +30,8 @@
 
 #include "launch/train/model_state.h"
 #include "models/registry.h"
-#include "runtime/checkpoint.h"
-#include "runtime/comm.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/comm.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace {
 

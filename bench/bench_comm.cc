@@ -25,7 +25,7 @@
 #include <functional>
 #include <vector>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data.h"
+#include "runtime/data/data_source.h"
 #include "runtime/data/indexed.h"
 
 namespace {

@@ -18,7 +18,7 @@
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
+#include "runtime/backend/backend.h"
 
 int main(int argc, char** argv) {
   using namespace strata;

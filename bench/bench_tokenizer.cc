@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/base/error.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/error.h"
 
 namespace {
 

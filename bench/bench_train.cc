@@ -14,9 +14,9 @@
 
 #include "kernels/cpu/gemm.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/optimizer.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
+#include "runtime/engine/optimizer.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
-#include "runtime/input_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/input_file.h"
 
 namespace strata {
 
@@ -37,7 +37,7 @@ inline bool flag_value(const std::vector<std::string>& args, size_t& i, const ch
 
 // Checks, before a command does its work, that the file `flag` names can be written: an
 // InputError naming the flag when it is a directory, a FIFO (whose open would block), in a
-// missing directory, or not writable (runtime/input_file.h's output_file_problem).
+// missing directory, or not writable (runtime/io/input_file.h's output_file_problem).
 inline void check_output_flag(const std::string& flag, const std::string& path) {
   const std::string why = output_file_problem(path);
   if (!why.empty()) bad_flag(flag, "a file path that can be written, got \"" + path + "\": " + why);

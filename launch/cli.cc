@@ -19,12 +19,12 @@
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "runtime/abort_hook.h"
-#include "runtime/backend.h"
-#include "runtime/check.h"
-#include "runtime/comm.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/abort_hook.h"
+#include "runtime/base/check.h"
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {

@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "models/registry.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
-#include "runtime/safetensors.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
+#include "runtime/io/safetensors.h"
 
 namespace strata {
 namespace {

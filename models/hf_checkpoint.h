@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "models/layers/params.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "models/layers/params.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/tensor.h"
+#include "runtime/backend/backend.h"
+#include "runtime/comm/comm.h"
+#include "runtime/memory/tensor.h"
 
 namespace strata {
 
@@ -63,8 +63,8 @@ struct ModelBatch {
   Tensor tokens;     // (B, S) i32, read by the embedding
   Tensor targets;    // (B, S) i32, read by the loss
   Tensor loss_mask;  // (B, S) f32: 1 where a position counts in the loss; undefined: all count
-  // Masked language modelling (an encoder's batch, runtime/data.h's SampleBatch), undefined for
-  // a decoder:
+  // Masked language modelling (an encoder's batch, runtime/data/data_source.h's SampleBatch),
+  // undefined for a decoder:
   Tensor token_types;      // (B, S) i32: 0 for [CLS] A [SEP], 1 for B [SEP] (0 on padding)
   Tensor key_lengths;      // (B) i32: the real tokens of each sequence; the rest is padding
   Tensor sentence_labels;  // (B) i32: the sentence task's label of each sequence

@@ -5,7 +5,7 @@
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

@@ -17,7 +17,7 @@
 
 #include "models/description.h"
 #include "models/model.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 
@@ -68,7 +68,8 @@ struct ArchSpec {
   // tensor-parallel size t (sizes that do not divide, keys it does not support).
   std::function<void(const ModelConfig&, int tensor, const std::string& file)> validate;
   // Its data is masked-LM samples (an encoder: sentence pairs, token types, padding, masked
-  // positions; runtime/data.h's SamplingShape::masked_lm) instead of next-token sequences.
+  // positions; runtime/data/data_source.h's SamplingShape::masked_lm) instead of next-token
+  // sequences.
   bool masked_lm = false;
 };
 

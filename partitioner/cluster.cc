@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "partitioner/json_read.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "partitioner/json_read.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

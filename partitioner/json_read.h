@@ -1,6 +1,6 @@
 // json_read.h — the checks the partitioner's JSON readers share (cluster.cc, efficiency.cc):
 // a number at a key, a set of known keys; each failure an InputError(file, json.path,
-// expected) (runtime/error.h).
+// expected) (runtime/base/error.h).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata::json_read {
 

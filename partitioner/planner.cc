@@ -8,7 +8,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

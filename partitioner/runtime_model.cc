@@ -1,6 +1,6 @@
 #include "partitioner/runtime_model.h"
 
-#include "runtime/behaviour.h"
+#include "runtime/base/behaviour.h"
 
 namespace strata {
 

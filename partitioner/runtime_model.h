@@ -3,7 +3,7 @@
 // buckets, the ZeRO parameter gather, pipeline transfers) and what it moves per parameter and
 // per logit. The cost model (cost_model.h) prices a plan through one of these.
 //
-// strata_runtime() is Strata's own, built from runtime/behaviour.h — the constants the runtime
+// strata_runtime() is Strata's own, built from runtime/base/behaviour.h — the constants the runtime
 // code itself reads or asserts — so a change in the runtime changes the prediction. Other
 // runtimes (Megatron-LM's, for scoring the planner against published runs) are described the
 // same way by bench/bench_planner_calibration.cc, each field from that runtime's code or paper.

@@ -1,5 +1,5 @@
 """What the Hugging Face round-trip checks (hf_llama_check.py, hf_bert_check.py) share: Strata's
-sampling primitives in Python (runtime/data.cc's splitmix64 finaliser, gpt_dataset.cc's keyed
+sampling primitives in Python (runtime/data/data_source.cc's splitmix64 finaliser, gpt_dataset.cc's keyed
 permutation), an llm.c token file writer, reading a save_pretrained directory, and running a
 command that must succeed."""
 import json

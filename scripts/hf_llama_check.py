@@ -13,7 +13,7 @@ llama3 rope_scaling):
       export must equal torch's bfloat16 rounding of the weights bit for bit;
   (c) the loss Strata reports for its first iteration (fp32, CPU) against transformers' loss
       on the same batch: the batch is rebuilt here from an llm.c token file this script writes
-      and from runtime/data.cc's sampling (splitmix64 keyed by seed, split, iteration, slot).
+      and from runtime/data/data_source.cc's sampling (splitmix64 keyed by seed, split, iteration, slot).
       Relative difference must be below 1e-5 (float64 and float32 references both printed).
 
 Needs torch, transformers and safetensors (pip install torch transformers safetensors) and a

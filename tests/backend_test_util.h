@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/cpu/precision.h"
-#include "runtime/backend.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
 
 namespace strata::backend_test {
 

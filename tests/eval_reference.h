@@ -8,9 +8,9 @@
 
 #include "launch/train/batches.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/config.h"
-#include "runtime/data.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/config.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 namespace testref {

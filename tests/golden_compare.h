@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "models/layers/params.h"
-#include "runtime/config.h"
-#include "runtime/optimizer.h"
+#include "runtime/base/config.h"
+#include "runtime/engine/optimizer.h"
 
 namespace strata::golden {
 

@@ -105,7 +105,7 @@ cat >"$work/config.json" <<JSON
 JSON
 # Open MPI between the two hosts: the rsh agent, TCP on the veth for the daemons and the ranks,
 # shared memory inside a host. The two "hosts" share this machine's cores, which Open MPI cannot
-# see: waits must yield (Strata follows mpi_yield_when_idle, runtime/watchdog.h). Each rank's
+# see: waits must yield (Strata follows mpi_yield_when_idle, runtime/comm/watchdog.h). Each rank's
 # output also goes to a file on its own host (--output-filename): mpirun never gets the far
 # host's lines while the link is down.
 two_hosts() {  # two_hosts TAG: strata-run's arguments for a job over both hosts

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.h"
-#include "runtime/process_groups.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/process_groups.h"
 #include "tests/mpi_test_util.h"
 
 namespace strata {

@@ -16,7 +16,7 @@
 
 #include "launch/commands/eval.h"
 #include "mpi_test_util.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -24,7 +24,7 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -15,7 +15,7 @@
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "partitioner/cluster.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace {

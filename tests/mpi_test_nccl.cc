@@ -14,7 +14,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "tests/mpi_test_util.h"
 
 namespace strata {

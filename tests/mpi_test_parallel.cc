@@ -23,7 +23,7 @@
 #include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "mpi_test_util.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace {

@@ -17,7 +17,7 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace mpitest {

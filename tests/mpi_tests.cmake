@@ -20,7 +20,7 @@
 #   mpi_watchdog_nccl        (CUDA builds) mpi_watchdog on the NCCL backend: the NCCL watchdog
 #                            thread must fire; skips without a device per rank
 #   In the CUDA emulation build the NCCL tests run on emulated devices (STRATA_EMULATED_DEVICES)
-#   over the emulated NCCL (runtime/cuda/emulation/nccl.cc), mpi_nccl_np3 too.
+#   over the emulated NCCL (runtime/comm/cuda/emulation/nccl.cc), mpi_nccl_np3 too.
 #
 # Ranks are oversubscribed (CI machines have 2 cores), with one OpenMP thread each.
 

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/comm.h"
-#include "runtime/watchdog.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/watchdog.h"
 
 #if defined(STRATA_HAVE_CUDA)
 #include <cuda_runtime.h>

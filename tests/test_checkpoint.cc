@@ -24,10 +24,10 @@
 #include "launch/train/model_state.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
-#include "runtime/backend.h"
-#include "runtime/checkpoint.h"
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/io/safetensors.h"
 #include "small_disk.h"
 
 namespace strata {

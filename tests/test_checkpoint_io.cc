@@ -24,9 +24,9 @@
 #include "launch/train/trainer.h"
 #include "models/layers/embedding.h"
 #include "models/registry.h"
-#include "runtime/checkpoint.h"
-#include "runtime/comm.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {
@@ -572,8 +572,8 @@ TEST(ConfigConsistency, WarmupWithinDecay) {
     EXPECT_NO_THROW(config_from_json(json::parse(fine), kFile)) << fine;
 }
 
-// Issue 28: docs/checkpoints.md (and runtime/checkpoint.h) say checkpoint.keep 0 keeps every
-// checkpoint; the parser refused it.
+// Issue 28: docs/checkpoints.md (and runtime/checkpoint/checkpoint.h) say checkpoint.keep 0 keeps
+// every checkpoint; the parser refused it.
 TEST(ConfigConsistency, CheckpointKeepZeroKeepsAll) {
   const Config c = config_from_json(json::parse(R"({"checkpoint": {"keep": 0}})"), kFile);
   EXPECT_EQ(c.checkpoint.keep, 0);

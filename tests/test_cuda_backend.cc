@@ -20,10 +20,10 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/error.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
+#include "runtime/base/rng.h"
+#include "runtime/comm/comm.h"
 #include "tests/backend_test_util.h"
 
 namespace strata {
@@ -425,9 +425,9 @@ TEST_F(CudaBackend, AutoAttentionIsCudnnWhereItRunsElseStrata) {
   EXPECT_NE(automatic->name().find("cuDNN where it runs"), std::string::npos) << automatic->name();
 }
 
-// The Backend contract (runtime/backend.h): an input gradient with one producer is assigned,
-// never read. Each op runs into a buffer of NaN and into a zeroed one: an op that read its
-// output (accumulated) would give NaN in the first. On the CPU backend everywhere and on the
+// The Backend contract (runtime/backend/backend.h): an input gradient with one producer is
+// assigned, never read. Each op runs into a buffer of NaN and into a zeroed one: an op that read
+// its output (accumulated) would give NaN in the first. On the CPU backend everywhere and on the
 // CUDA backend where a device (or the emulation) is there, in fp32 and bf16.
 TEST(BackendContract, SingleProducerInputGradientsAreAssigned) {
   std::vector<std::string> devices = {"cpu"};

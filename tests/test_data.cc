@@ -1,4 +1,4 @@
-// test_data.cc — the data sources of runtime/data.h.
+// test_data.cc — the data sources of runtime/data/data_source.h.
 //
 // Expected values come from outside the code under test: closed forms for the entropy rate and
 // loss floor of hand-built chains, the file bytes we wrote ourselves for text and tokens, and
@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data.h"
-#include "runtime/data_internal.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/data/data_internal.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 namespace {

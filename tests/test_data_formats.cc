@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/base/error.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/mmap_file.h"
 #include "runtime/data/token_shards.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

@@ -21,11 +21,11 @@
 #include "launch/commands/data.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "runtime/data.h"
+#include "runtime/base/error.h"
+#include "runtime/data/data_source.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

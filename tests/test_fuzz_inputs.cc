@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint.h"
-#include "runtime/json_file.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/io/json_file.h"
 #include "tests/subprocess.h"
 
 namespace strata {

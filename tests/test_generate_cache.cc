@@ -14,8 +14,8 @@
 #include "launch/train/trainer.h"
 #include "models/decoder/decoder.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/error.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/base/error.h"
 #include "runtime/data/gpt_dataset.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

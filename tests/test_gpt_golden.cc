@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "models/gpt/gpt.h"
-#include "runtime/backend.h"
-#include "runtime/optimizer.h"
-#include "runtime/safetensors.h"
+#include "runtime/backend/backend.h"
+#include "runtime/engine/optimizer.h"
+#include "runtime/io/safetensors.h"
 
 namespace strata {
 namespace {

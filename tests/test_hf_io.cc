@@ -24,8 +24,8 @@
 #include "models/hf_checkpoint.h"
 #include "models/layers/embedding.h"
 #include "models/llama/llama.h"
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
+#include "runtime/base/error.h"
+#include "runtime/io/safetensors.h"
 
 namespace strata {
 namespace {

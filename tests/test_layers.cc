@@ -23,8 +23,8 @@
 #include "models/layers/params.h"
 #include "models/layers/rope.h"
 #include "models/registry.h"
-#include "runtime/backend.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
 
 namespace strata {
 namespace {

@@ -25,9 +25,9 @@
 #include "launch/train/model_state.h"
 #include "models/layers/embedding.h"
 #include "models/llama/llama.h"
-#include "runtime/backend.h"
-#include "runtime/optimizer.h"
-#include "runtime/safetensors.h"
+#include "runtime/backend/backend.h"
+#include "runtime/engine/optimizer.h"
+#include "runtime/io/safetensors.h"
 #include "tests/golden_compare.h"
 
 namespace strata {

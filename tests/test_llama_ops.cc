@@ -1,7 +1,7 @@
-// test_llama_ops.cc — the CPU backend's Llama-family ops (RMSNorm, RoPE, SwiGLU; runtime/backend.h)
-// against the kernels of kernels/cpu they run, with every operand f32 and in the mixed-precision
-// layout (bf16 activations and compute weights, f32 statistics, parameter gradients and RoPE
-// table), plus the shape checks that refuse a wrong operand.
+// test_llama_ops.cc — the CPU backend's Llama-family ops (RMSNorm, RoPE, SwiGLU;
+// runtime/backend/backend.h) against the kernels of kernels/cpu they run, with every operand f32
+// and in the mixed-precision layout (bf16 activations and compute weights, f32 statistics,
+// parameter gradients and RoPE table), plus the shape checks that refuse a wrong operand.
 //
 // The expected values follow backend.h's contract for bf16: the inputs as the tensors hold them
 // (rounded to bf16 by put()), the f32 kernel, and one round to nearest-even where a result is
@@ -23,7 +23,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
-#include "runtime/backend.h"
+#include "runtime/backend/backend.h"
 #include "tests/backend_test_util.h"
 
 namespace strata {

@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data.h"
+#include "runtime/base/error.h"
 #include "runtime/data/bert_dataset.h"
+#include "runtime/data/data_source.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/masked_lm_source.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

@@ -10,8 +10,8 @@
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/layer_split.h"
-#include "runtime/backend.h"
-#include "runtime/error.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -1,5 +1,5 @@
-// The pipeline executor's posting (runtime/pipeline.h) on a recording communicator, one process:
-// which transfers it posts together, in what order, with which tags and peers, and which
+// The pipeline executor's posting (runtime/engine/pipeline.h) on a recording communicator, one
+// process: which transfers it posts together, in what order, with which tags and peers, and which
 // schedule step it names as the wait context while it posts (what the NCCL watchdog prints for
 // a hang). The transfers themselves and the multi-rank runs are tests/mpi_test_pipeline.cc's
 // and scripts/gpu_check's e2e_mp; here every request completes at once and the stage's compute
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/pipeline.h"
-#include "runtime/watchdog.h"
+#include "runtime/backend/backend.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/watchdog.h"
+#include "runtime/engine/pipeline.h"
 #include "schedules/schedule.h"
 
 namespace strata {

@@ -14,7 +14,7 @@
 #include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -1,7 +1,7 @@
 // The planner's device and runtime descriptions (partitioner/efficiency.h, runtime_model.h):
 // the GEMM curve and its correction against closed forms, the fit against the presets'
 // parameters, attention interpolation, the cluster JSON's checks, Strata's runtime as
-// runtime/behaviour.h states it priced as it is (blocking tensor parallelism, f32 gradients on
+// runtime/base/behaviour.h states it priced as it is (blocking tensor parallelism, f32 gradients on
 // the wire, the ZeRO gather after the step), and `strata profile --cluster-out` writing a
 // cluster the planner reads.
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
-#include "runtime/behaviour.h"
-#include "runtime/error.h"
+#include "runtime/base/behaviour.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {
@@ -112,7 +112,7 @@ TEST(PlannerEfficiency, BadEfficiencyJsonNamesThePath) {
   }
 }
 
-// Strata's runtime as runtime/behaviour.h states it.
+// Strata's runtime as runtime/base/behaviour.h states it.
 TEST(PlannerRuntime, StrataRuntimeIsWhatBehaviourSays) {
   const RuntimeModel gpu = strata_runtime(false, "bf16", 25);
   const RuntimeModel cpu = strata_runtime(true, "fp32", 25);

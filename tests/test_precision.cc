@@ -15,8 +15,8 @@
 
 #include "launch/config/config_parse.h"
 #include "models/gpt/gpt.h"
-#include "runtime/backend.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
 
 namespace strata {
 namespace {

@@ -14,11 +14,11 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/abort_hook.h"
-#include "runtime/comm.h"
-#include "runtime/error.h"
-#include "runtime/process_groups.h"
-#include "runtime/watchdog.h"
+#include "runtime/base/abort_hook.h"
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/process_groups.h"
+#include "runtime/comm/watchdog.h"
 
 namespace strata {
 namespace {

@@ -20,7 +20,7 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
 #include "partitioner/cost_model.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "launch/commands/schedule.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 

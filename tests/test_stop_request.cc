@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "launch/train/stop_request.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 namespace {

@@ -14,7 +14,7 @@
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

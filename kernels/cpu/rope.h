@@ -3,7 +3,7 @@
 //
 // Every function is a template over the scalar type T, instantiated for float (training) and
 // double (the reference that finite-difference tests evaluate). Loops use OpenMP.
-// Layout (runtime/backend.h, kernels/cpu/attention.h): qkv (B, S, NH + 2·KVH, HS) holds per
+// Layout (runtime/backend/backend.h, kernels/cpu/attention.h): qkv (B, S, NH + 2·KVH, HS) holds per
 // position the NH query heads, then the KVH key heads, then the KVH value heads. Pairs are
 // (x[i], x[i + HS/2]), i < HS/2: Hugging Face's rotate_half convention, not Meta's interleaved
 // (x[2i], x[2i+1]). HS must be even. The angles come from the caller as a table, so any

@@ -1,8 +1,8 @@
 // attention_decode.h — CUDA generation with a key/value cache: pure functions on raw device
 // buffers + shapes, launched on the caller's stream.
 //
-// Semantics are those of runtime/backend.h ("generation with a key/value cache") and, for the
-// attention, of kernels/cpu/attention.h's attention_decode (the reference beside them):
+// Semantics are those of runtime/backend/backend.h ("generation with a key/value cache") and, for
+// the attention, of kernels/cpu/attention.h's attention_decode (the reference beside them):
 // - kv_cache_append: from qkv (B, T, NH + 2·KVH, HS) of the tokens at positions pos0 … pos0 + T − 1
 //   copies the NH query heads to q (B, T, NH, HS) and the KVH key and value heads into k_cache,
 //   v_cache (B, S_max, KVH, HS) at those positions (pos0 + T ≤ S_max). A copy: exact.

@@ -2,7 +2,7 @@
 // the real keys of padded sequences (FlashMask): the S×S score and probability matrices are
 // never stored, only the log-sum-exp of each score row.
 //
-// Layouts (this rank's heads; row-major), runtime/backend.h's:
+// Layouts (this rank's heads; row-major), runtime/backend/backend.h's:
 //   qkv  (B, S, NH + 2·KVH, HS)  per token: the NH query heads, then the KVH key heads, then the
 //                                KVH value heads; query head h attends with key/value head
 //                                h / (NH / KVH) (KVH = NH: multi-head, (B, S, 3, NH, HS))

@@ -1,8 +1,9 @@
 // rmsnorm.h — CUDA RMSNorm: pure functions on raw device buffers + shapes, launched on the
 // caller's stream.
 //
-// Semantics are those of kernels/cpu/rmsnorm.h (the reference beside them) and runtime/backend.h:
-// out = x · rstd · w with rstd = 1/√(mean(x²) + eps) over each row; rmsnorm_backward ACCUMULATES
+// Semantics are those of kernels/cpu/rmsnorm.h (the reference beside them) and
+// runtime/backend/backend.h: out = x · rstd · w with rstd = 1/√(mean(x²) + eps) over each row;
+// rmsnorm_backward ACCUMULATES
 // (+=) into dinp (the residual stream's gradient) and dweight, as layernorm_backward does.
 // Activations (inp, out, dinp, dout) and the weight are f32 or bf16 as their ElemType says; rstd
 // and dweight are always f32. Every kernel computes in f32 and rounds to nearest even where it

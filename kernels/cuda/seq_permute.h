@@ -1,6 +1,6 @@
 // seq_permute.h — the sequence-parallel layout change on CUDA: a permutation of raw device
 // buffers, launched on the caller's stream. The CPU backend does the same copy in
-// runtime/backend_cpu.cc.
+// runtime/backend/backend_cpu.cc.
 //
 // Each function returns the launch's cudaError_t (cudaGetLastError after the launch) for the
 // caller to check; zero-sized calls launch nothing and return cudaSuccess.

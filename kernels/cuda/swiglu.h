@@ -1,9 +1,10 @@
 // swiglu.h — CUDA SwiGLU (the gated MLP activation of Llama-family models): pure functions on
 // raw device buffers + shapes, launched on the caller's stream.
 //
-// Semantics are those of kernels/cpu/swiglu.h (the reference beside them) and runtime/backend.h:
-// gate_up (N, 2F) holds per row [gate (F) | up (F)]; out (N, F) = silu(gate) · up with
-// silu(g) = g · sigmoid(g). swiglu_backward ASSIGNS dgate_up (N, 2F) (one producer: never read):
+// Semantics are those of kernels/cpu/swiglu.h (the reference beside them) and
+// runtime/backend/backend.h: gate_up (N, 2F) holds per row [gate (F) | up (F)]; out (N, F) =
+// silu(gate) · up with silu(g) = g · sigmoid(g). swiglu_backward ASSIGNS dgate_up (N, 2F) (one
+// producer: never read):
 //   dgate = dout · up · σ(g) · (1 + g · (1 − σ(g))),   dup = dout · silu(g).
 // Every buffer is f32 or bf16 as t says; computed in f32, each result rounded once at the store.
 //

@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "runtime/base/error.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/error.h"
-#include "runtime/input_file.h"
+#include "runtime/io/input_file.h"
 
 namespace strata {
 namespace {

@@ -7,10 +7,10 @@
 #include <optional>
 
 #include "launch/commands/inference.h"
-#include "runtime/comm.h"
-#include "runtime/data.h"
-#include "runtime/error.h"
-#include "runtime/input_file.h"
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
+#include "runtime/data/data_source.h"
+#include "runtime/io/input_file.h"
 
 namespace strata {
 namespace {

@@ -9,8 +9,8 @@
 #include "launch/config/config_parse.h"
 #include "launch/train/model_state.h"
 #include "models/registry.h"
-#include "runtime/checkpoint.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 namespace strata {
 namespace {

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/commands/inference.h"
-#include "runtime/comm.h"
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
+#include "runtime/data/data_internal.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/data_internal.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {
@@ -66,7 +66,7 @@ int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) 
   }
   double kept = 0;
   for (int i = 0; i < keep; ++i) kept += p[static_cast<size_t>(i)];
-  double u = data_internal::unit_double(data_internal::mix64(key)) * kept;
+  double u = data_internal::unit_double(mix64(key)) * kept;
   for (int i = 0; i < keep; ++i) {
     u -= p[static_cast<size_t>(i)];
     if (u < 0) return order[static_cast<size_t>(i)];
@@ -123,8 +123,7 @@ std::vector<Generation> generate(const GenerateOptions& o,
       step.assign(static_cast<size_t>(B), 0);
       for (int b = 0; b < B; ++b) {
         const size_t i = which[static_cast<size_t>(b)];
-        const uint64_t key =
-            data_internal::mix64(data_internal::mix64(o.seed ^ i) ^ static_cast<uint64_t>(n));
+        const uint64_t key = mix64(mix64(o.seed ^ i) ^ static_cast<uint64_t>(n));
         const int32_t id =
             pick({logits.begin() + int64_t{b} * V, logits.begin() + int64_t{b + 1} * V}, o, key);
         out[i].ids.push_back(id);

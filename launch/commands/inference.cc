@@ -10,10 +10,10 @@
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"
-#include "runtime/checkpoint.h"
-#include "runtime/comm.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/comm.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {

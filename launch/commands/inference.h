@@ -20,10 +20,10 @@
 
 #include "launch/train/run_layout.h"
 #include "models/model.h"
-#include "runtime/backend.h"
-#include "runtime/config.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/config.h"
+#include "runtime/comm/process_groups.h"
 #include "runtime/data/tokenizer.h"
-#include "runtime/process_groups.h"
 
 namespace strata {
 

@@ -16,8 +16,8 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
 #include "schedules/simulator.h"
 
 namespace strata {
@@ -163,7 +163,7 @@ MemoryOptions memory_options(const std::string& precision, const ParallelConfig*
   } else {
     o.flash_attention = true;
     o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
-    o.workspace_bytes = 32.0 * 1024 * 1024;      // cuBLASLt's (runtime/cuda/backend_cuda.cu)
+    o.workspace_bytes = 32.0 * 1024 * 1024;  // cuBLASLt's (runtime/backend/cuda/backend_cuda.cu)
   }
   if (par != nullptr) o.bucket_mb = par->bucket_mb;
   return o;

@@ -17,7 +17,7 @@
 
 #include "partitioner/cluster.h"
 #include "partitioner/memory_model.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

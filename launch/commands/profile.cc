@@ -18,10 +18,10 @@
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
-#include "runtime/backend.h"
-#include "runtime/error.h"
-#include "runtime/grad_reducer.h"
-#include "runtime/optimizer.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
+#include "runtime/engine/grad_reducer.h"
+#include "runtime/engine/optimizer.h"
 #include "schedules/simulator.h"
 
 namespace strata {

@@ -27,7 +27,7 @@
 
 #include "partitioner/cluster.h"
 #include "partitioner/cost_model.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

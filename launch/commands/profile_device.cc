@@ -11,7 +11,7 @@
 #include "models/registry.h"
 #include "partitioner/efficiency.h"
 #include "partitioner/runtime_model.h"
-#include "runtime/optimizer.h"
+#include "runtime/engine/optimizer.h"
 
 namespace strata {
 namespace {

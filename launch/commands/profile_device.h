@@ -15,7 +15,7 @@
 //              and backward) at the config's micro-batch and sequence: the bytes the model's
 //              description counts for them (ModelDescription::layer_work) over their time;
 //   optimizer  the step's per-parameter work (zero, norm, AdamW, bf16 copy) over a 16M-element
-//              buffer: the runtime's bytes per parameter (runtime/behaviour.h) over its time;
+//              buffer: the runtime's bytes per parameter (runtime/base/behaviour.h) over its time;
 //   kernel gap the time of an add on one element (a launch on a GPU);
 //   links      with two or more ranks (mpirun), all-reduces over the world of 64 KiB to 16 MiB
 //              fitted to the ring formula the planner uses: the "intra_node" bandwidth and
@@ -36,9 +36,9 @@
 #include <nlohmann/json.hpp>
 
 #include "partitioner/cluster.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/config.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/config.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "launch/args.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 

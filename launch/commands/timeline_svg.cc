@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "launch/args.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
 #include "schedules/schedule.h"
 
 namespace strata {

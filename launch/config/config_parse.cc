@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "models/registry.h"
-#include "runtime/error.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {

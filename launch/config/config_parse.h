@@ -1,4 +1,4 @@
-// config_parse.h — loading and validating the training configuration (runtime/config.h).
+// config_parse.h — loading and validating the training configuration (runtime/base/config.h).
 //
 // Sources, later ones overriding earlier ones: built-in defaults < the model preset named by
 // model.preset (configs/models/<name>.json) < the keys of the config file < each `--set a.b=v`.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

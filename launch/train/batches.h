@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/backend.h"
-#include "runtime/data.h"
+#include "runtime/backend/backend.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 

@@ -9,8 +9,8 @@
 
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
-#include "runtime/checkpoint.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 namespace strata {
 nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc) {

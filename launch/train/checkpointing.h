@@ -1,7 +1,7 @@
 // checkpointing.h — the run's checkpoints: resume from one (saved under any layout), start from
 // a Hugging Face file (model.init_from), and save every checkpoint.interval iterations
-// (runtime/checkpoint.h: the crash-safe format; launch/train/model_state.h: shards ↔ full
-// tensors; the architecture's Hugging Face adapter from models/registry.h).
+// (runtime/checkpoint/checkpoint.h: the crash-safe format; launch/train/model_state.h: shards ↔
+// full tensors; the architecture's Hugging Face adapter from models/registry.h).
 //
 // Thread-safety: driven from the training thread; restore() and save() are collective over the
 // host group.
@@ -15,10 +15,10 @@
 #include "launch/train/run_layout.h"
 #include "models/description.h"
 #include "models/model.h"
-#include "runtime/checkpoint.h"
-#include "runtime/grad_reducer.h"
-#include "runtime/optimizer.h"
-#include "runtime/process_groups.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/process_groups.h"
+#include "runtime/engine/grad_reducer.h"
+#include "runtime/engine/optimizer.h"
 
 namespace strata {
 

@@ -11,8 +11,8 @@
 #include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "partitioner/layer_split.h"
-#include "runtime/allocator.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/memory/allocator.h"
 
 namespace strata {
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/train/run_layout.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

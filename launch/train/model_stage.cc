@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runtime/check.h"
+#include "runtime/base/check.h"
 
 namespace strata {
 

@@ -1,6 +1,6 @@
 // model_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
-// side of the executor's instructions (runtime/pipeline.h), the loss and gradient-norm sums, the
-// reduction of gradients and the optimizer step with clipping.
+// side of the executor's instructions (runtime/engine/pipeline.h), the loss and gradient-norm sums,
+// the reduction of gradients and the optimizer step with clipping.
 //
 // Loss: the loss of an iteration is the mean over the tokens of the global batch that count
 // (DESIGN.md); their number comes from the data (DataSource::loss_tokens), known before the
@@ -37,11 +37,11 @@
 #include "launch/train/batches.h"
 #include "launch/train/run_layout.h"
 #include "models/model.h"
-#include "runtime/data.h"
-#include "runtime/grad_reducer.h"
-#include "runtime/optimizer.h"
-#include "runtime/pipeline.h"
-#include "runtime/process_groups.h"
+#include "runtime/comm/process_groups.h"
+#include "runtime/data/data_source.h"
+#include "runtime/engine/grad_reducer.h"
+#include "runtime/engine/optimizer.h"
+#include "runtime/engine/pipeline.h"
 
 namespace strata {
 

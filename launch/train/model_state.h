@@ -1,6 +1,6 @@
 // model_state.h — between a model's per-rank parameter shards (models/layers/params.h) and full
-// tensors: what a rank writes into a checkpoint (runtime/checkpoint.h), and how any layout
-// rebuilds its shards from a checkpoint written under another one (resharding). Nothing here
+// tensors: what a rank writes into a checkpoint (runtime/checkpoint/checkpoint.h), and how any
+// layout rebuilds its shards from a checkpoint written under another one (resharding). Nothing here
 // knows an architecture: it follows each parameter's ParamInfo (split, tied copy, padded rows).
 //
 // Full tensors use our layouts (weights (out, in), a vocabulary table (Vp, C) with its padded
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "models/layers/params.h"
-#include "runtime/checkpoint.h"
-#include "runtime/optimizer.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/engine/optimizer.h"
 
 namespace strata {
 

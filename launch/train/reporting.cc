@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

@@ -15,15 +15,15 @@
 #include <utility>
 #include <vector>
 
+#include "launch/train/metrics.h"
 #include "launch/train/model_stage.h"
 #include "launch/train/run_layout.h"
 #include "launch/train/trainer.h"
 #include "models/description.h"
-#include "runtime/backend.h"
-#include "runtime/data.h"
-#include "runtime/grad_reducer.h"
-#include "runtime/metrics.h"
-#include "runtime/pipeline.h"
+#include "runtime/backend/backend.h"
+#include "runtime/data/data_source.h"
+#include "runtime/engine/grad_reducer.h"
+#include "runtime/engine/pipeline.h"
 
 namespace strata {
 

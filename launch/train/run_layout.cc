@@ -4,7 +4,7 @@
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 #include "schedules/simulator.h"
 
 namespace strata {

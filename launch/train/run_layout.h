@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/config.h"
-#include "runtime/process_groups.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/config.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/process_groups.h"
 #include "schedules/schedule.h"
 
 namespace strata {

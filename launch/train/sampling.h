@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/config.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/config.h"
+#include "runtime/comm/comm.h"
 #include "runtime/data/tokenizer.h"
 
 namespace strata {

@@ -21,7 +21,7 @@
 #include <csignal>
 #include <cstdint>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 

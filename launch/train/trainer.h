@@ -17,12 +17,12 @@
 
 #include "launch/train/dry_run.h"
 #include "models/model.h"
-#include "runtime/allocator.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
+#include "runtime/memory/allocator.h"
 
 namespace strata {
 
-// The process world comes from init_world() (runtime/comm.h): without it, one process.
+// The process world comes from init_world() (runtime/comm/comm.h): without it, one process.
 struct RunContext {
   bool verbose = true;  // progress lines and summary on world rank 0
   // Train this process alone (tensor = pipeline = data = 1) even inside a multi-rank job: the

@@ -1,7 +1,7 @@
 // The "bert" entry of the model registry (models/registry.h).
 #include "models/bert/bert.h"
 #include "models/registry.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

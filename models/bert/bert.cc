@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/base/check.h"
 
 namespace strata {
 

@@ -56,7 +56,7 @@
 #include "models/layers/mlp.h"
 #include "models/layers/norm.h"
 #include "models/model.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

@@ -26,7 +26,7 @@
 
 #include "models/bert/bert.h"
 #include "models/hf_checkpoint.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

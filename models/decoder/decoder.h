@@ -40,7 +40,7 @@
 #include "models/layers/norm.h"
 #include "models/layers/rope.h"
 #include "models/model.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

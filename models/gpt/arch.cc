@@ -1,7 +1,7 @@
 // The "gpt" entry of the model registry (models/registry.h).
 #include "models/gpt/gpt.h"
 #include "models/registry.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 

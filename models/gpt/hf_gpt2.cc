@@ -12,7 +12,7 @@
 
 #include "models/gpt/gpt.h"
 #include "models/hf_checkpoint.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

@@ -1,6 +1,6 @@
 #include "models/layers/embedding.h"
 
-#include "runtime/check.h"
+#include "runtime/base/check.h"
 
 namespace strata {
 

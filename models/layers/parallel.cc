@@ -1,7 +1,7 @@
 #include "models/layers/parallel.h"
 
-#include "runtime/behaviour.h"
-#include "runtime/check.h"
+#include "runtime/base/behaviour.h"
+#include "runtime/base/check.h"
 
 namespace strata {
 
@@ -23,7 +23,7 @@ Tensor TensorParallel::act(const Shape& s) {
 }
 
 // Every collective here blocks until it completes: the planner prices tensor-parallel
-// communication on the critical path (runtime/behaviour.h). Overlapping it with the GEMMs
+// communication on the critical path (runtime/base/behaviour.h). Overlapping it with the GEMMs
 // means changing kTensorParallelOverlap with it.
 static_assert(!behaviour::kTensorParallelOverlap, "TensorParallel's collectives are blocking");
 

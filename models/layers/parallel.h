@@ -16,9 +16,9 @@
 #pragma once
 
 #include "models/layers/params.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/tensor.h"
+#include "runtime/backend/backend.h"
+#include "runtime/comm/comm.h"
+#include "runtime/memory/tensor.h"
 
 namespace strata {
 

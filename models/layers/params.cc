@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "runtime/check.h"
-#include "runtime/rng.h"
+#include "runtime/base/check.h"
+#include "runtime/base/rng.h"
 
 namespace strata {
 

@@ -28,8 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/backend.h"
-#include "runtime/tensor.h"
+#include "runtime/backend/backend.h"
+#include "runtime/memory/tensor.h"
 
 namespace strata {
 

@@ -5,7 +5,7 @@
 // i < HS/2, not Meta's interleaved (x[2i], x[2i+1]); Hugging Face's conversion of Meta's weights
 // permutes the q/k projection rows so that the two agree, and Strata takes Hugging Face's rows as
 // they are. Angle of pair i at position s: s · inv_freq[i], inv_freq[i] = theta^(−2i/HS), with
-// Llama 3.1's rope_scaling (RopeScaling in runtime/config.h) applied to inv_freq when given.
+// Llama 3.1's rope_scaling (RopeScaling in runtime/base/config.h) applied to inv_freq when given.
 //
 // The model builds one table of cos and sin per position (RotaryEmbedding) and every attention
 // layer rotates its q/k in place with it (Backend::rope_forward); the backward rotates the
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "models/layers/parallel.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

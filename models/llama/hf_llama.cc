@@ -27,7 +27,7 @@
 
 #include "models/hf_checkpoint.h"
 #include "models/llama/llama.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {
@@ -112,7 +112,7 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 nlohmann::json llama_hf_config(const ModelConfig& m) {
   const DecoderShape d = llama_shape(m);
   nlohmann::json scaling = nullptr;
-  if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/config.h's to_json
+  if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/base/config.h's to_json
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"hidden_size", d.C},

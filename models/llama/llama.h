@@ -25,7 +25,7 @@
 
 #include "models/decoder/decoder.h"
 #include "models/layers/params.h"
-#include "runtime/config.h"
+#include "runtime/base/config.h"
 
 namespace strata {
 

@@ -4,14 +4,13 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/base/error.h"
+#include "runtime/data/data_internal.h"
 #include "runtime/data/gpt_dataset.h"
-#include "runtime/data_internal.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {
 
-using data_internal::mix64;
 using data_internal::stream_word;
 using data_internal::unit_double;
 

@@ -39,12 +39,12 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/data.h"
 #include "runtime/data/corpus.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 
-// The special tokens and the masking recipe (runtime/config.h's MaskedLmDataConfig, resolved).
+// The special tokens and the masking recipe (runtime/base/config.h's MaskedLmDataConfig, resolved).
 struct MaskedLmOptions {
   int32_t cls = 0, sep = 0, mask = 0, pad = 0;
   // Random replacements are drawn from [0, random_vocab), the special tokens excluded.

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace binary_io {

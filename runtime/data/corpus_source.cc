@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "runtime/base/error.h"
 #include "runtime/data/gpt_dataset.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/config.h"
-#include "runtime/data.h"
+#include "runtime/base/config.h"
+#include "runtime/data/data_source.h"
 #include "runtime/data/masked_lm_source.h"
 
 namespace strata {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/data_internal.h"
-#include "runtime/error.h"
+#include "runtime/base/error.h"
+#include "runtime/data/data_internal.h"
 
 namespace strata {
 
@@ -19,7 +19,7 @@ uint64_t keyed_permutation(uint64_t x, uint64_t n, uint64_t key) {
   do {
     uint64_t l = x >> half, r = x & mask;
     for (uint64_t round = 0; round < 4; ++round) {
-      const uint64_t f = data_internal::mix64(key ^ (round * 0x9E3779B97F4A7C15ull) ^ r) & mask;
+      const uint64_t f = mix64(key ^ (round * 0x9E3779B97F4A7C15ull) ^ r) & mask;
       const uint64_t next_r = l ^ f;
       l = r;
       r = next_r;
@@ -33,8 +33,8 @@ namespace {
 
 // The key of one shuffle: (seed, split, epoch, which of the two orders).
 uint64_t shuffle_key(uint64_t seed, Split split, uint64_t epoch, uint64_t which) {
-  return data_internal::mix64(data_internal::mix64(seed ^ 0x5EED0FDA7A5E7ull) ^
-                              (static_cast<uint64_t>(split) << 62) ^ (epoch << 1) ^ which);
+  return mix64(mix64(seed ^ 0x5EED0FDA7A5E7ull) ^ (static_cast<uint64_t>(split) << 62) ^
+               (epoch << 1) ^ which);
 }
 
 }  // namespace

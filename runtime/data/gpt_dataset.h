@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data.h"
 #include "runtime/data/corpus.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 

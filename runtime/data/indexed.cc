@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "runtime/base/error.h"
 #include "runtime/data/mmap_file.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

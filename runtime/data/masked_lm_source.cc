@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <set>
 
-#include "runtime/check.h"
+#include "runtime/base/check.h"
+#include "runtime/base/error.h"
 #include "runtime/data/bert_dataset.h"
 #include "runtime/data/gpt_dataset.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

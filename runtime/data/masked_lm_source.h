@@ -4,7 +4,7 @@
 //
 // Documents: a tokens or indexed dataset's own (runtime/data/corpus_source.h opens them), a text
 // file's paragraphs (runs of lines between blank lines, as bytes or through data.tokenizer:
-// MemoryCorpus), the synthetic chain's generated documents (runtime/data.cc).
+// MemoryCorpus), the synthetic chain's generated documents (runtime/data/data_source.cc).
 //
 // Sample index: sequence g of the global batch of iteration `iter` is sample iter·B + g of its
 // split's stream (B = sequences per iteration), as the GPT datasets number them, so every layout
@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config.h"
-#include "runtime/data.h"
+#include "runtime/base/config.h"
 #include "runtime/data/corpus.h"
+#include "runtime/data/data_source.h"
 
 namespace strata {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-#include "runtime/error.h"
+#include "runtime/base/error.h"
 
 namespace strata {
 namespace {

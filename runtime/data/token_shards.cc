@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/base/error.h"
 #include "runtime/data/binary_io.h"
 #include "runtime/data/mmap_file.h"
-#include "runtime/error.h"
 
 namespace strata {
 namespace {

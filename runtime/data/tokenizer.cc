@@ -29,9 +29,9 @@
 #include <thread>
 #include <utility>
 
-#include "runtime/error.h"
-#include "runtime/input_file.h"
-#include "runtime/json_file.h"
+#include "runtime/base/error.h"
+#include "runtime/io/input_file.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace tokenizer_internal {

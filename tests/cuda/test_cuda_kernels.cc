@@ -51,9 +51,9 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/swiglu.h"
-#include "runtime/backend.h"
-#include "runtime/comm.h"
-#include "runtime/rng.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
+#include "runtime/comm/comm.h"
 #include "tests/backend_test_util.h"
 #include "tests/cuda/attention_reference.h"
 #include "tests/cuda/device_buffers.h"
@@ -815,7 +815,7 @@ struct DecodeCase {
   }
 };
 
-// The host reference of kv_cache_append (runtime/backend.h): a copy loop.
+// The host reference of kv_cache_append (runtime/backend/backend.h): a copy loop.
 void append_on_host(std::vector<float>& q, std::vector<float>& k, std::vector<float>& v,
                     const std::vector<float>& qkv, const DecodeCase& c) {
   const size_t HS = static_cast<size_t>(c.HS), W = static_cast<size_t>(c.width());

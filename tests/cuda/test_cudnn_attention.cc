@@ -35,7 +35,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "tests/backend_test_util.h"
 #include "tests/cuda/attention_reference.h"
 #include "tests/cuda/device_buffers.h"

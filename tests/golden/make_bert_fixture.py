@@ -213,7 +213,7 @@ def manual(p, batch):
 # ----------------------------------------------------------------------------------------------------
 # AdamW: torch.optim.AdamW with Strata's recipe, and by hand to check torch's is that formula
 
-def lr_at(it):  # 1-based, runtime/optimizer.cc's learning_rate
+def lr_at(it):  # 1-based, runtime/engine/optimizer.cc's learning_rate
     if it <= WARMUP_ITERS:
         return LR_MAX * it / WARMUP_ITERS
     ratio = (it - WARMUP_ITERS) / (DECAY_ITERS - WARMUP_ITERS)
@@ -249,7 +249,7 @@ def train_torch(params, batches, dtype):
 
 
 def train_by_hand(params, batches):
-    """Strata's formula (runtime/optimizer.h), float64: p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p)."""
+    """Strata's formula (runtime/engine/optimizer.h), float64: p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p)."""
     model = make_model(params, torch.float64)
     named = dict(model.named_parameters())
     m = {n: torch.zeros_like(named[n]) for n, _ in param_specs()}

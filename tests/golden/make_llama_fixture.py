@@ -184,7 +184,7 @@ def manual_logits(p, inputs):
 # ----------------------------------------------------------------------------------------------------
 # AdamW: torch.optim.AdamW with Strata's recipe, and by hand to check torch's is that formula
 
-def lr_at(it):  # 1-based, runtime/optimizer.cc's learning_rate
+def lr_at(it):  # 1-based, runtime/engine/optimizer.cc's learning_rate
     if it <= WARMUP_ITERS:
         return LR_MAX * it / WARMUP_ITERS
     ratio = (it - WARMUP_ITERS) / (DECAY_ITERS - WARMUP_ITERS)
@@ -210,7 +210,7 @@ def train_torch(params, step_inputs, step_targets, dtype):
         opt.zero_grad(set_to_none=True)
         _, loss = forward(model, step_inputs[k], step_targets[k])
         loss.backward()
-        # min(1, GRAD_CLIP / (norm + 1e-6)), as runtime/optimizer.cc's clip_coefficient
+        # min(1, GRAD_CLIP / (norm + 1e-6)), as runtime/engine/optimizer.cc's clip_coefficient
         norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
         for g in opt.param_groups:
             g["lr"] = lr_at(it)
@@ -221,7 +221,7 @@ def train_torch(params, step_inputs, step_targets, dtype):
 
 
 def train_by_hand(params, step_inputs, step_targets):
-    """Strata's formula (runtime/optimizer.h), float64: p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p)."""
+    """Strata's formula (runtime/engine/optimizer.h), float64: p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p)."""
     model = make_model(params, torch.float64)
     named = dict(model.named_parameters())
     m = {n: torch.zeros_like(t) for n, t in named.items()}

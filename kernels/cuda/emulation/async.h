@@ -1,5 +1,5 @@
 // async.h — work that completes after the call that issued it, in the emulation build's streams
-// (runtime.cc): the emulated NCCL's (runtime/cuda/emulation/nccl.cc) MPI requests.
+// (runtime.cc): the emulated NCCL's (runtime/comm/cuda/emulation/nccl.cc) MPI requests.
 //
 // Everything else the emulated runtime does has completed when its call returns. A PendingWork
 // enqueued on a stream is what makes the stream asynchronous: an event recorded on the stream

@@ -1,0 +1,94 @@
+// The one backend factory: the only place that decides between CPU and CUDA.
+#include "runtime/backend/backend.h"
+
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
+
+namespace strata {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads);  // backend_cpu.cc
+#ifdef STRATA_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int device, CudnnAttentionUse cudnn);  // backend_cuda.cu
+#endif
+
+std::string compiled_backends() {
+#ifdef STRATA_HAVE_CUDA
+  return "cpu, cuda, mpi, nccl";
+#else
+  return "cpu, mpi";
+#endif
+}
+
+// "auto" is the GPU where one is visible (verified on an H100, issue 7), else the CPU. The CUDA
+// emulation build keeps "auto" on the CPU: its GPU runs kernels on the CPU, for tests only.
+Device backend_device(const std::string& device) {
+  if (device == "cpu") return Device::kCPU;
+  if (device == "cuda") return Device::kCUDA;
+#if defined(STRATA_HAVE_CUDA) && !defined(STRATA_CUDA_EMULATION)
+  return cuda_device_count() > 0 ? Device::kCUDA : Device::kCPU;
+#else
+  return Device::kCPU;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads,
+                                      const std::string& attention_backend) {
+  if (backend_device(device) == Device::kCPU) {
+    if (attention_backend == "cudnn") {
+      throw InputError("<config>", "train.attention_backend",
+                       "\"auto\" or \"strata\" on the CPU: \"cudnn\" needs device \"cuda\"");
+    }
+    return make_cpu_backend(threads);
+  }
+#ifdef STRATA_HAVE_CUDA
+  const CudnnAttentionUse cudnn = attention_backend == "cudnn"  ? CudnnAttentionUse::kAlways
+                                  : attention_backend == "auto" ? CudnnAttentionUse::kWhereItRuns
+                                                                : CudnnAttentionUse::kNever;
+  if (cuda_device_count() > 0) return make_cuda_backend(local_device_index(), cudnn);
+  throw InputError("<config>", "device", "\"cpu\" or \"auto\": no CUDA device is visible");
+#else
+  throw InputError("<config>", "device",
+                   "\"cpu\" or \"auto\": this build has no CUDA backend (got \"" + device + "\")");
+#endif
+}
+
+void Backend::matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                                      const Tensor* bias, const Tensor& residual) {
+  matmul_forward(out, inp, w, bias);
+  add_inplace(out, residual);
+}
+
+void Backend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                                  const Tensor& bias, GeluKind kind) {
+  matmul_forward(pre, inp, w, &bias);
+  gelu_forward(out, pre, kind);
+}
+
+void Backend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
+                                         const Tensor& pre, GeluKind kind) {
+  // d(gelu(pre)) is an activation-sized temporary, counted as the model's d(gelu) always was.
+  Tensor dact = empty(pre.shape(), MemCategory::kActivations, dpre.dtype());
+  matmul_backward_input(dact, dout, w);
+  gelu_backward(dpre, pre, dact, kind);
+}
+
+const Tensor& MixedPrecisionScope::in(const Tensor& t) {
+  if (t.dtype() != DType::kBF16) return t;
+  temps_.push_back(std::make_unique<Tensor>(be_.empty(t.shape(), MemCategory::kBuffers)));
+  be_.cast(*temps_.back(), t);
+  return *temps_.back();
+}
+
+Tensor& MixedPrecisionScope::out(Tensor& t) {
+  if (t.dtype() != DType::kBF16) return t;
+  temps_.push_back(std::make_unique<Tensor>(be_.empty(t.shape(), MemCategory::kBuffers)));
+  be_.cast(*temps_.back(), t);
+  write_back_.emplace_back(&t, temps_.back().get());
+  return *temps_.back();
+}
+
+MixedPrecisionScope::~MixedPrecisionScope() {
+  for (auto& [dst, tmp] : write_back_) be_.cast(*dst, *tmp);
+}
+
+}  // namespace strata

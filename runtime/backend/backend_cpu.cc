@@ -1,0 +1,535 @@
+// The CPU backend: OpenBLAS GEMMs and OpenMP loops from kernels/cpu, on host memory.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cpu/precision.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/cpu/threads.h"
+#include "runtime/backend/backend.h"
+#include "runtime/backend/backend_checks.h"
+#include "runtime/base/check.h"
+#include "runtime/base/error.h"
+
+namespace strata {
+namespace {
+
+namespace k = kernels::cpu;
+
+using namespace backend_checks;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) { k::set_num_threads(threads); }
+
+  Device device() const override { return Device::kCPU; }
+  std::string name() const override {
+    return std::string("cpu (OpenBLAS ") + k::blas_parallel_mode() + ", " +
+           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+  }
+  Allocator& allocator() override { return cpu_allocator(); }
+
+  void zero(Tensor& x) override {
+    if (x.bytes()) std::memset(x.data(), 0, x.bytes());
+  }
+  void copy(Tensor& dst, const Tensor& src) override {
+    STRATA_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(),
+                 "copy " << shape_string(src.shape()) << " into " << shape_string(dst.shape()));
+    if (dst.bytes()) std::memcpy(dst.data(), src.data(), dst.bytes());
+  }
+  void cast(Tensor& dst, const Tensor& src) override {
+    expect_numel(dst, src.numel(), "cast destination");
+    const size_t n = static_cast<size_t>(src.numel());
+    if (dst.dtype() == src.dtype()) {
+      copy(dst, src);
+    } else if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32) {
+      k::cast_f32_to_bf16(dst.bf16(), src.f32(), n);
+    } else if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) {
+      k::cast_bf16_to_f32(dst.f32(), src.bf16(), n);
+    } else {
+      STRATA_CHECK(false,
+                   "cast from " << to_string(src.dtype()) << " to " << to_string(dst.dtype()));
+    }
+  }
+  void upload(Tensor& dst, const void* host) override {
+    if (dst.bytes()) std::memcpy(dst.data(), host, dst.bytes());
+  }
+  void download(void* host, const Tensor& src) override {
+    if (src.bytes()) std::memcpy(host, src.data(), src.bytes());
+  }
+  void synchronize() override {}
+
+  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                      const Tensor* bias) override {
+    if (!all_f32(out, inp, w, bias)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(out, N * OC, "matmul out");
+    if (bias) expect_numel(*bias, OC, "matmul bias");
+    k::matmul_forward(out.f32(), inp.f32(), w.f32(), bias ? bias->f32() : nullptr, as_int(N),
+                      as_int(C), as_int(OC));
+  }
+  void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& w) override {
+    if (!all_f32(dinp, dw, dbias, dout, inp, w)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward(mp.out(dinp), mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp),
+                             mp.in(w));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+    expect_numel(dout, N * OC, "matmul dout");
+    expect_shape(dw, w.shape(), "matmul dweight");
+    if (dinp) expect_numel(*dinp, N * C, "matmul dinp");
+    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    k::matmul_backward(dinp ? dinp->f32() : nullptr, dw.f32(), dbias ? dbias->f32() : nullptr,
+                       dout.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), as_int(OC));
+  }
+  void matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) override {
+    if (!all_f32(dinp, dout, w)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward_input(mp.out(dinp), mp.in(dout), mp.in(w));
+    }
+    const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
+    expect_shape(w, {OC, C}, "matmul weight");
+    expect_numel(dout, N * OC, "matmul dout");
+    k::gemm<float>(false, false, as_int(N), as_int(C), as_int(OC), 1.0f, dout.f32(), as_int(OC),
+                   w.f32(), as_int(C), 0.0f, dinp.f32(), as_int(C));
+  }
+  void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
+                              const Tensor& inp) override {
+    if (!all_f32(dw, dbias, dout, inp)) {
+      MixedPrecisionScope mp(*this);
+      return matmul_backward_weight(mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
+    expect_shape(dw, {OC, C}, "matmul dweight");
+    expect_numel(dout, N * OC, "matmul dout");
+    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    k::matmul_backward_weight(dw.f32(), dbias ? dbias->f32() : nullptr, dout.f32(), inp.f32(),
+                              as_int(N), as_int(C), as_int(OC));
+  }
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                         const Tensor& w, const Tensor& b, float eps) override {
+    if (!all_f32(out, mean, rstd, inp, w, b)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
+                               mp.in(b), eps);
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "layernorm out");
+    expect_numel(mean, N, "layernorm mean");
+    expect_numel(rstd, N, "layernorm rstd");
+    expect_numel(w, C, "layernorm weight");
+    expect_numel(b, C, "layernorm bias");
+    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), as_int(N),
+                         as_int(C), eps);
+  }
+  void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& inp, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd) override {
+    if (!all_f32(dinp, dw, db, dout, inp, w, mean, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
+                                mp.in(w), mp.in(mean), mp.in(rstd));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "layernorm dinp");
+    expect_numel(dout, N * C, "layernorm dout");
+    k::layernorm_backward(dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(),
+                          mean.f32(), rstd.f32(), as_int(N), as_int(C));
+  }
+  void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind) override {
+    if (!all_f32(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_forward(mp.out(out), mp.in(inp), kind);
+    }
+    expect_numel(out, inp.numel(), "gelu out");
+    const size_t n = static_cast<size_t>(inp.numel());
+    if (kind == GeluKind::kErf)
+      k::gelu_erf_forward(out.f32(), inp.f32(), n);
+    else
+      k::gelu_forward(out.f32(), inp.f32(), n);
+  }
+  void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, GeluKind kind) override {
+    if (!all_f32(dinp, inp, dout)) {
+      MixedPrecisionScope mp(*this);
+      return gelu_backward(mp.out(dinp), mp.in(inp), mp.in(dout), kind);
+    }
+    expect_numel(dinp, inp.numel(), "gelu dinp");
+    expect_numel(dout, inp.numel(), "gelu dout");
+    const size_t n = static_cast<size_t>(inp.numel());
+    if (kind == GeluKind::kErf)
+      k::gelu_erf_backward(dinp.f32(), inp.f32(), dout.f32(), n);
+    else
+      k::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), n);
+  }
+  void tanh_forward(Tensor& out, const Tensor& inp) override {
+    if (!all_f32(out, inp)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_forward(mp.out(out), mp.in(inp));
+    }
+    expect_numel(out, inp.numel(), "tanh out");
+    k::tanh_forward(out.f32(), inp.f32(), static_cast<size_t>(inp.numel()));
+  }
+  void tanh_backward(Tensor& dinp, const Tensor& out, const Tensor& dout) override {
+    if (!all_f32(dinp, out, dout)) {
+      MixedPrecisionScope mp(*this);
+      return tanh_backward(mp.out(dinp), mp.in(out), mp.in(dout));
+    }
+    expect_numel(dinp, out.numel(), "tanh dinp");
+    expect_numel(dout, out.numel(), "tanh dout");
+    k::tanh_backward(dinp.f32(), out.f32(), dout.f32(), static_cast<size_t>(out.numel()));
+  }
+
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int num_heads,
+                         int num_kv_heads, const AttentionMask& mask) override {
+    if (!all_f32(out, att, qkv)) {
+      MixedPrecisionScope mp(*this);
+      return attention_forward(mp.out(out), mp.out(att), mp.in(qkv), num_heads, num_kv_heads, mask);
+    }
+    const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
+    expect_numel(out, a.B * a.S * num_heads * a.HS, "attention out");
+    expect_numel(att, a.B * num_heads * a.S * a.S, "attention probabilities");
+    k::attention_forward(out.f32(), att.f32(), qkv.f32(), as_int(a.B), as_int(a.S), num_heads,
+                         num_kv_heads, as_int(a.HS), mask.causal, key_lengths(mask, a));
+  }
+  // The probabilities saved by the forward make `out` unnecessary here.
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& att, int num_heads, int num_kv_heads,
+                          const AttentionMask& mask) override {
+    if (!all_f32(dqkv, dout, qkv, att)) {
+      MixedPrecisionScope mp(*this);
+      return attention_backward(mp.out(dqkv), mp.in(dout), mp.in(qkv), out, mp.in(att), num_heads,
+                                num_kv_heads, mask);
+    }
+    const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
+    expect_numel(dqkv, qkv.numel(), "attention dqkv");
+    expect_numel(dout, a.B * a.S * num_heads * a.HS, "attention dout");
+    expect_numel(att, a.B * num_heads * a.S * a.S, "attention probabilities");
+    const int64_t need = static_cast<int64_t>(k::attention_scratch_elems(as_int(a.S)));
+    if (scratch_.numel() < need) {
+      scratch_ = Tensor();  // release before allocating the larger one
+      scratch_ = empty({need}, MemCategory::kBuffers);
+    }
+    k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(), as_int(a.B),
+                          as_int(a.S), num_heads, num_kv_heads, as_int(a.HS), mask.causal,
+                          key_lengths(mask, a));
+  }
+
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                       float eps) override {
+    if (!all_f32(out, rstd, inp, w)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_forward(mp.out(out), mp.out(rstd), mp.in(inp), mp.in(w), eps);
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(out, N * C, "rmsnorm out");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    expect_numel(w, C, "rmsnorm weight");
+    k::rmsnorm_forward(out.f32(), rstd.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), eps);
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                        const Tensor& w, const Tensor& rstd) override {
+    if (!all_f32(dinp, dw, dout, inp, w, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return rmsnorm_backward(mp.out(dinp), mp.out(dw), mp.in(dout), mp.in(inp), mp.in(w),
+                              mp.in(rstd));
+    }
+    const int64_t N = rows(inp), C = inp.size(-1);
+    expect_numel(dinp, N * C, "rmsnorm dinp");
+    expect_numel(dout, N * C, "rmsnorm dout");
+    expect_numel(w, C, "rmsnorm weight");
+    expect_numel(dw, C, "rmsnorm dweight");
+    expect_numel(rstd, N, "rmsnorm rstd");
+    k::rmsnorm_backward(dinp.f32(), dw.f32(), dout.f32(), inp.f32(), w.f32(), rstd.f32(), as_int(N),
+                        as_int(C));
+  }
+  void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads) override {
+    if (!all_f32(qkv)) {
+      MixedPrecisionScope mp(*this);
+      return rope_forward(mp.out(qkv), cos_sin, num_heads, num_kv_heads);
+    }
+    const AttentionDims a = rope_dims(qkv, cos_sin, num_heads, num_kv_heads, "rope qkv");
+    k::rope_forward(qkv.f32(), cos_sin.f32(), as_int(a.B), as_int(a.S), num_heads, num_kv_heads,
+                    as_int(a.HS));
+  }
+  void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int num_heads,
+                     int num_kv_heads) override {
+    if (!all_f32(dqkv)) {
+      MixedPrecisionScope mp(*this);
+      return rope_backward(mp.out(dqkv), cos_sin, num_heads, num_kv_heads);
+    }
+    const AttentionDims a = rope_dims(dqkv, cos_sin, num_heads, num_kv_heads, "rope dqkv");
+    k::rope_backward(dqkv.f32(), cos_sin.f32(), as_int(a.B), as_int(a.S), num_heads, num_kv_heads,
+                     as_int(a.HS));
+  }
+  void swiglu_forward(Tensor& out, const Tensor& gate_up) override {
+    if (!all_f32(out, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_forward(mp.out(out), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+    expect_numel(out, N * F, "swiglu out");
+    k::swiglu_forward(out.f32(), gate_up.f32(), as_int(N), as_int(F));
+  }
+  void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override {
+    if (!all_f32(dgate_up, dout, gate_up)) {
+      MixedPrecisionScope mp(*this);
+      return swiglu_backward(mp.out(dgate_up), mp.in(dout), mp.in(gate_up));
+    }
+    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+    expect_numel(dgate_up, gate_up.numel(), "swiglu dgate_up");
+    expect_numel(dout, N * F, "swiglu dout");
+    k::swiglu_backward(dgate_up.f32(), dout.f32(), gate_up.f32(), as_int(N), as_int(F));
+  }
+
+  void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int NH,
+                       int KVH, int64_t pos0) override {
+    if (!all_f32(q, k_cache, v_cache, qkv)) {
+      MixedPrecisionScope mp(*this);
+      return kv_cache_append(mp.out(q), mp.out(k_cache), mp.out(v_cache), mp.in(qkv), NH, KVH,
+                             pos0);
+    }
+    const KvCacheDims a = kv_cache_append_dims(q, k_cache, v_cache, qkv, NH, KVH, pos0);
+    const int64_t S_max = a.S_max;
+    const int64_t W = (NH + 2 * int64_t{KVH}) * a.HS, kv = int64_t{KVH} * a.HS,
+                  qw = int64_t{NH} * a.HS;
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* row = qkv.f32() + (b * a.T + t) * W;
+        std::copy(row, row + qw, q.f32() + (b * a.T + t) * qw);
+        const int64_t at = (b * S_max + pos0 + t) * kv;
+        std::copy(row + qw, row + qw + kv, k_cache.f32() + at);
+        std::copy(row + qw + kv, row + W, v_cache.f32() + at);
+      }
+  }
+  void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int NH, int KVH, int64_t pos0) override {
+    if (!all_f32(out, q, k_cache, v_cache)) {
+      MixedPrecisionScope mp(*this);
+      return attention_decode(mp.out(out), mp.in(q), mp.in(k_cache), mp.in(v_cache), NH, KVH, pos0);
+    }
+    const KvCacheDims d = attention_decode_dims(out, q, k_cache, v_cache, NH, KVH, pos0);
+    k::attention_decode(out.f32(), q.f32(), k_cache.f32(), v_cache.f32(), as_int(d.B), as_int(d.T),
+                        as_int(d.S_max), NH, KVH, as_int(d.HS), as_int(pos0));
+  }
+
+  void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                         int vocab_start) override {
+    if (!all_f32(out, wte, wpe)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
+    }
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
+    expect_numel(out, B * S * C, "embedding out");
+    if (wpe) STRATA_CHECK(wpe->size(0) >= S, "sequence " << S << " > positions " << wpe->size(0));
+    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr, as_int(B),
+                         as_int(S), as_int(C), vocab_start, as_int(wte.size(0)));
+  }
+  void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
+                          int vocab_start) override {
+    if (!all_f32(dwte, dwpe, dout)) {
+      MixedPrecisionScope mp(*this);
+      return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
+    }
+    const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
+    expect_numel(dout, B * S * C, "embedding dout");
+    k::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.f32(), tokens.i32(),
+                          as_int(B), as_int(S), as_int(C), vocab_start, as_int(dwte.size(0)));
+  }
+
+  // Two passes over each row (max, then Σexp): the reference the GPU's online pass is held to.
+  void ce_row_stats(Tensor& row_max, Tensor& row_sumexp, const Tensor& logits, int valid) override {
+    if (!all_f32(row_max, row_sumexp, logits)) {
+      MixedPrecisionScope mp(*this);
+      return ce_row_stats(mp.out(row_max), mp.out(row_sumexp), mp.in(logits), valid);
+    }
+    const int N = as_int(rows(logits)), ld = as_int(logits.size(-1));
+    expect_numel(row_max, N, "ce row_max");
+    expect_numel(row_sumexp, N, "ce row_sumexp");
+    k::ce_row_max(row_max.f32(), logits.f32(), N, ld, valid);
+    k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), N, ld, valid);
+  }
+  void ce_rescale_sumexp(Tensor& row_sumexp, const Tensor& local_max,
+                         const Tensor& row_max) override {
+    if (!all_f32(row_sumexp, local_max, row_max)) {
+      MixedPrecisionScope mp(*this);
+      return ce_rescale_sumexp(mp.out(row_sumexp), mp.in(local_max), mp.in(row_max));
+    }
+    const int64_t N = row_sumexp.numel();
+    expect_numel(local_max, N, "ce local_max");
+    expect_numel(row_max, N, "ce row_max");
+    k::ce_rescale_sumexp(row_sumexp.f32(), local_max.f32(), row_max.f32(), as_int(N));
+  }
+  void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                       int vocab_start, int valid) override {
+    if (!all_f32(target_logit, logits)) {
+      MixedPrecisionScope mp(*this);
+      return ce_target_logit(mp.out(target_logit), mp.in(logits), targets, vocab_start, valid);
+    }
+    expect_numel(targets, rows(logits), "cross-entropy targets");
+    k::ce_target_logit(target_logit.f32(), logits.f32(), targets.i32(), as_int(rows(logits)),
+                       as_int(logits.size(-1)), vocab_start, valid);
+  }
+  void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
+                 const Tensor& target_logit, const Tensor* weights) override {
+    expect_row_weights(weights, losses.numel(), "cross-entropy weights");
+    if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
+      MixedPrecisionScope mp(*this);
+      return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit),
+                       weights);
+    }
+    k::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
+                 weights ? weights->f32() : nullptr, as_int(losses.numel()));
+  }
+  void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
+                   const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
+                   int valid, const Tensor* weights) override {
+    expect_row_weights(weights, rows(logits), "cross-entropy weights");
+    if (!all_f32(dlogits, logits, row_max, row_sumexp)) {
+      MixedPrecisionScope mp(*this);
+      return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp), targets,
+                         scale, vocab_start, valid, weights);
+    }
+    expect_numel(dlogits, logits.numel(), "cross-entropy dlogits");
+    k::ce_backward(dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(),
+                   weights ? weights->f32() : nullptr, scale, as_int(rows(logits)),
+                   as_int(logits.size(-1)), vocab_start, valid);
+  }
+
+  void seq_interleave(Tensor& out, const Tensor& chunks, int t) override {
+    seq_permute(out, chunks, t, /*to_chunks=*/false);
+  }
+  void seq_deinterleave(Tensor& chunks, const Tensor& in, int t) override {
+    seq_permute(in, chunks, t, /*to_chunks=*/true);
+  }
+
+  void add_inplace(Tensor& y, const Tensor& x) override {
+    if (!all_f32(y, x)) {
+      MixedPrecisionScope mp(*this);
+      return add_inplace(mp.out(y), mp.in(x));
+    }
+    expect_numel(x, y.numel(), "add_inplace operand");
+    k::add_inplace(y.f32(), x.f32(), static_cast<size_t>(y.numel()));
+  }
+  void add(Tensor& out, const Tensor& a, const Tensor& b) override {
+    if (!all_f32(out, a, b)) {
+      MixedPrecisionScope mp(*this);
+      return add(mp.out(out), mp.in(a), mp.in(b));
+    }
+    expect_numel(a, out.numel(), "add operand a");
+    expect_numel(b, out.numel(), "add operand b");
+    k::add(out.f32(), a.f32(), b.f32(), static_cast<size_t>(out.numel()));
+  }
+  void scale_inplace(Tensor& y, float s) override {
+    if (!all_f32(y)) {
+      MixedPrecisionScope mp(*this);
+      return scale_inplace(mp.out(y), s);
+    }
+    k::scale_inplace(y.f32(), s, static_cast<size_t>(y.numel()));
+  }
+  double sum_squares_multi(const std::vector<Tensor>& xs) override {
+    double s = 0;
+    for (const Tensor& x : xs) {
+      MixedPrecisionScope mp(*this);  // f32 passes through; bf16 is widened
+      s += k::sum_squares(mp.in(x).f32(), static_cast<size_t>(x.numel()));
+    }
+    return s;
+  }
+  double sum(const Tensor& x) override {
+    if (!all_f32(x)) {
+      MixedPrecisionScope mp(*this);
+      return sum(mp.in(x));
+    }
+    const float* p = x.f32();
+    double s = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
+    return s;
+  }
+
+  void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) override {
+    for (const AdamWRange& r : ranges) {
+      expect_numel(r.grad, r.param.numel(), "adamw grad");
+      expect_numel(r.m, r.param.numel(), "adamw m");
+      expect_numel(r.v, r.param.numel(), "adamw v");
+      k::adamw_update(r.param.f32(), r.grad.f32(), r.m.f32(), r.v.f32(),
+                      static_cast<size_t>(r.param.numel()), h.lr, h.beta1, h.beta2, h.eps,
+                      r.decay ? h.weight_decay : 0.f, h.step, h.grad_scale);
+    }
+  }
+
+ private:
+  // bsc (B, S, C) <-> chunks (t, B, S/t, C); copies rows of C floats.
+  static void seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks) {
+    const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2), Sl = S / t;
+    STRATA_CHECK(S % t == 0, "sequence " << S << " % tensor " << t);
+    expect_numel(chunks, bsc.numel(), "sequence chunks");
+    STRATA_CHECK(bsc.dtype() == chunks.dtype(), "sequence chunks of another dtype");
+    const size_t es = dtype_size(bsc.dtype());
+    char* a = static_cast<char*>(bsc.data());
+    char* c = static_cast<char*>(chunks.data());
+    const size_t row = static_cast<size_t>(C) * es;
+#pragma omp parallel for collapse(2)
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < Sl; ++s) {
+          char* x = a + static_cast<size_t>((b * S) + r * Sl + s) * row;
+          char* y = c + static_cast<size_t>((r * B + b) * Sl + s) * row;
+          if (to_chunks)
+            std::memcpy(y, x, row);
+          else
+            std::memcpy(x, y, row);
+        }
+  }
+
+  int threads_;
+  // The mask's key lengths (B) on the host, checked to lie in [1, S]; null when every key counts.
+  static const int32_t* key_lengths(const AttentionMask& mask, const AttentionDims& a) {
+    if (!mask.key_lengths) return nullptr;
+    const Tensor& len = *mask.key_lengths;
+    expect_key_lengths(len, a.B);
+    for (int64_t b = 0; b < a.B; ++b)
+      STRATA_CHECK(len.i32()[b] >= 1 && len.i32()[b] <= a.S,
+                   "attention key length " << len.i32()[b] << " of sequence " << b
+                                           << " outside [1, " << a.S << "]");
+    return len.i32();
+  }
+
+  Tensor scratch_;  // attention backward scratch, (threads, S, S)
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+int resolve_cpu_threads(const std::optional<int>& configured, int ranks_on_node) {
+  if (configured) return *configured;
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const int per_rank = static_cast<int>(cores / std::max(1, ranks_on_node));
+  return std::max(1, per_rank);
+}
+
+}  // namespace strata
