@@ -4,10 +4,11 @@
 // The planner's cost and memory models (partitioner/), `strata train --dry-run`, the start-up
 // memory check and the training metrics (FLOPs, MFU) all read a model through this interface, so
 // the numbers they use are the model's own: parameter counts come from the parameter layout the
-// model itself declares (its layers declared into a layout that is never allocated); activation
-// counts are written beside the model, tensor by tensor as its forward keeps them, and checked
-// against the allocator's measured peak (tests/test_planner.cc, tests/mpi_test_memory.cc). An
-// architecture implements it next to its model (models/gpt/description.cc).
+// model itself declares (its layers declared into a layout that is never allocated); work,
+// collectives and activations are what each layer reports of itself (models/layers/work.h),
+// summed by the block and the model (models/transformer/description.cc: no architecture counts
+// by hand), and checked against the allocator's measured peak (tests/test_planner.cc,
+// tests/mpi_test_memory.cc).
 //
 // Parts: the model is an embedding, num_layers() identical transformer layers, and a head
 // (final norm, LM head, loss). Sizes are per micro-batch of b sequences of seq_len() tokens on
@@ -26,52 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "models/layers/work.h"
 #include "models/model.h"
 
 namespace strata {
-
-// How one rank holds its share of a layer.
-struct RankShape {
-  int tensor = 1;                  // tensor-parallel size t
-  bool sequence_parallel = false;  // activations between tensor regions sharded along S
-};
-
-// One GEMM C (m, n) = A (m, k) · B (k, n): 2·m·n·k FLOPs.
-struct GemmShape {
-  double m = 0, n = 0, k = 0;
-};
-
-// The attention core of one micro-batch on one rank: `batch` sequences, `heads` query heads of
-// this rank over `kv_heads` key/value heads, `seq` positions, head size `head_size`.
-struct AttentionShape {
-  double batch = 0, heads = 0, kv_heads = 0, seq = 0, head_size = 0;
-};
-
-// The forward work of one micro-batch through a part on one rank; the backward runs every GEMM
-// twice (input and weight gradients: (m, k, n) and (n, k, m)).
-struct PartWork {
-  std::vector<GemmShape> gemms;
-  double attention_flops =
-      0;                     // attention core forward FLOPs as the kernels run them (causal: half)
-  AttentionShape attention;  // its shape (heads 0: no attention in this part)
-  double logits = 0;         // the head: logit elements the loss reads (b·s·V/t)
-  double elementwise_fwd = 0;       // elements read + written by the other ops, forward
-  double elementwise_bwd = 0;       // the same, backward
-  double f32_fwd = 0, f32_bwd = 0;  // f32 elements read + written (loss over the logits)
-  // Tensor-group collectives of the forward and backward (all-reduce, or all-gather plus
-  // reduce-scatter with sequence parallelism): elements of each.
-  std::vector<double> tp_collectives_fwd, tp_collectives_bwd;
-};
-
-// Activation elements a part keeps from its forward to its backward (saved), and the working set
-// its backward adds on top of them (transient).
-struct ActivationElems {
-  double saved = 0;
-  double transient = 0;
-  // Of `saved`: what the head's backward frees before the layers' backward starts (the
-  // logits), so a layer's working set does not stack on it.
-  double freed_before_layers = 0;
-};
 
 // FLOPs of one training iteration in Megatron-LM's counting (matrix multiplies only; attention
 // scores over the full S×S as Megatron counts them).
@@ -123,6 +82,9 @@ class ModelDescription {
   virtual ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
                                             bool flash_attention) const = 0;
   virtual ActivationElems head_activations(int b, const RankShape& r) const = 0;
+  // What the first piece keeps of its embedding besides the piece's input (a norm's input and
+  // statistics where the embedding has one).
+  virtual ActivationElems embedding_activations(int b, const RankShape& r) const = 0;
   // What a piece keeps besides its layers: its input (the received activation or the
   // embedding's output) and the micro-batch's token ids.
   virtual double piece_input_elems(int b, const RankShape& r) const = 0;

@@ -27,12 +27,19 @@ const ArchSpec& architecture(const std::string& name) {
   throw std::invalid_argument("no model architecture named \"" + name + "\"");
 }
 
+TransformerSpec model_spec(const ModelConfig& m) {
+  const ArchSpec& a = architecture(m.arch);
+  TransformerSpec s = a.spec(m);
+  s.masked_lm = a.masked_lm;
+  return s;
+}
+
 std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m) {
-  return architecture(m.arch).describe(m);
+  return describe_transformer(model_spec(m));
 }
 
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend) {
-  return architecture(m.arch).build(m, o, backend);
+  return std::make_unique<TransformerModel>(model_spec(m), o, backend);
 }
 
 ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
@@ -65,7 +72,7 @@ void refuse_encoder_keys(const ModelConfig& m, const std::string& file) {
 
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
                          const std::vector<ModelPiece>& pieces) {
-  return architecture(m.arch).layout(m, tensor, tensor_rank, sp, pieces);
+  return TransformerModel::layout(model_spec(m), tensor, tensor_rank, sp, pieces);
 }
 
 }  // namespace strata

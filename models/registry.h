@@ -17,6 +17,7 @@
 
 #include "models/description.h"
 #include "models/model.h"
+#include "models/transformer/transformer.h"
 #include "runtime/base/config.h"
 
 namespace strata {
@@ -54,15 +55,9 @@ struct HfAdapter {
 
 struct ArchSpec {
   std::string name;  // model.arch
-  std::function<std::unique_ptr<ModelDescription>(const ModelConfig&)> describe;
-  // Builds this rank's part of the model on `backend` (parameters allocated and initialised
-  // from options.seed).
-  std::function<std::unique_ptr<Model>(const ModelConfig&, const ModelOptions&, Backend&)> build;
-  // The parameter layout of `pieces` at tensor size t, rank r (declared, never allocated): what
-  // build() would hold on that rank.
-  std::function<ParamLayout(const ModelConfig&, int tensor, int tensor_rank, bool sp,
-                            const std::vector<ModelPiece>& pieces)>
-      layout;
+  // The model of a config's keys: its embedding, block and head as a TransformerSpec
+  // (models/transformer/transformer.h), which is built, laid out and described.
+  std::function<TransformerSpec(const ModelConfig&)> spec;
   HfAdapter hf;
   // Refuses, with InputError(file, key, …), a config this architecture cannot build under a
   // tensor-parallel size t (sizes that do not divide, keys it does not support).
@@ -71,6 +66,10 @@ struct ArchSpec {
   // positions; runtime/data/data_source.h's SamplingShape::masked_lm) instead of next-token
   // sequences.
   bool masked_lm = false;
+  // Its smallest preset (configs/models/): what the layout tests (STRATA_TEST_ARCH) train.
+  std::string tiny_preset;
+  // It takes model.num_key_value_heads (grouped-query attention).
+  bool grouped_query = false;
 };
 
 // Every registered architecture, in registration order.
@@ -82,6 +81,7 @@ std::vector<std::string> architecture_names();
 const ArchSpec& architecture(const std::string& name);
 
 // Shorthands over architecture(m.arch).
+TransformerSpec model_spec(const ModelConfig& m);
 std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,

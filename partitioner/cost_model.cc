@@ -118,6 +118,29 @@ double ring_allreduce(double bytes, int n, const Link& l) {
   return 2.0 * (n - 1) / n * bytes / (l.bandwidth * l.efficiency) + 2.0 * (n - 1) * l.latency_s;
 }
 
+// The tensor-group collectives a part reports (models/layers/work.h), in elements of `eb` bytes,
+// priced as ring all-reduces: an all-gather and a reduce-scatter (sequence parallelism's pairs
+// around a tensor-parallel region) together cost one all-reduce of their mean size — on a ring
+// exactly their bytes and steps — and a lone one half an all-reduce's bytes with an all-reduce's
+// latency (the convention the calibration tables were fitted with, docs/planner.md).
+double tensor_collectives_s(const std::vector<Collective>& cs, double eb, int tensor,
+                            const Link& link) {
+  double s = 0;
+  double half = -1;  // elements of an all-gather or reduce-scatter waiting for its pair
+  for (const Collective& c : cs) {
+    if (c.kind == CollectiveKind::kAllReduce) {
+      s += ring_allreduce(c.elements * eb, tensor, link);
+    } else if (half < 0) {
+      half = c.elements;
+    } else {
+      s += ring_allreduce((half + c.elements) / 2 * eb, tensor, link);
+      half = -1;
+    }
+  }
+  if (half >= 0) s += ring_allreduce(half / 2 * eb, tensor, link);
+  return s;
+}
+
 LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured_tensor) {
   const ProfileEntry* best = nullptr;
   for (const ProfileEntry& e : prof.entries) {
@@ -231,8 +254,8 @@ PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, con
       (rt.loss_bytes_fwd > 0 && w.logits > 0 ? w.logits * rt.loss_bytes_fwd : w.f32_fwd * 4) / mem;
   t.elem_b +=
       (rt.loss_bytes_bwd > 0 && w.logits > 0 ? w.logits * rt.loss_bytes_bwd : w.f32_bwd * 4) / mem;
-  for (double n : w.tp_collectives_fwd) t.tp_f += ring_allreduce(n * d.eb, tensor, cl.intra_node);
-  for (double n : w.tp_collectives_bwd) t.tp_b += ring_allreduce(n * d.eb, tensor, cl.intra_node);
+  t.tp_f = tensor_collectives_s(w.collectives_fwd, d.eb, tensor, cl.intra_node);
+  t.tp_b = tensor_collectives_s(w.collectives_bwd, d.eb, tensor, cl.intra_node);
   return t;
 }
 

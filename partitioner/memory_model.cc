@@ -57,6 +57,8 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanC
     // on the first piece, the received activation elsewhere) and the token ids.
     const double per_pair = layer.saved * layers / v + m.piece_input_elems(b, r);
     double saved = pairs * per_pair;
+    // The first stage keeps what the embedding saves besides its output in every pair.
+    if (st == 0) saved += pairs * m.embedding_activations(b, r).saved;
     double transient = layer.transient;
     if (last) {
       const ActivationElems head = m.head_activations(b, r);

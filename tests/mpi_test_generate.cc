@@ -37,8 +37,9 @@ struct Case {
   std::vector<int32_t> ids;
 };
 
-std::string hf_dir(const std::string& arch) {
-  return kDir + (arch == "gpt2" ? "/hf_gpt2_tiny" : "/hf_llama_tiny");
+// The fixture of a Hugging Face model type ("gpt2", "llama").
+std::string hf_dir(const std::string& model_type) {
+  return kDir + "/hf_" + model_type + "_tiny";
 }
 
 std::vector<Case> cases(const std::string& arch) {

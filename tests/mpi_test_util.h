@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "models/registry.h"
 #include "runtime/comm/comm.h"
 
 namespace strata {
@@ -143,30 +144,35 @@ struct Tally {
   }
 };
 
-// |got − want| within rel of |want| (1e-6 floor), for the equivalence tests' losses and norms.
-// The model family the layout tests run on: STRATA_TEST_ARCH=llama (ctest's *_llama_* entries)
-// swaps the tiny GPT for a tiny Llama — RMSNorm, rotary embeddings, SwiGLU, untied head and
-// grouped-query attention with `heads` query heads over heads/2 key/value heads (or
-// STRATA_TEST_KV_HEADS of them), so t = 2 and t = 4 hold several or one key/value head per rank;
-// STRATA_TEST_ARCH=bert (the *_bert_* entries) a tiny BERT — post-norm encoder, padded
-// bidirectional attention, the tied masked-LM decoder and the sentence head — on masked-LM
-// samples of the synthetic chain's documents; unset or "gpt" keeps the GPT. The sets go after a
-// test's own (they override its preset and head count).
+// The model family the layout tests run on: STRATA_TEST_ARCH names an architecture of the
+// registry (ctest's *_llama_*, *_bert_* entries; unset: the tests' own GPT), trained at its tiny
+// preset with `heads` query heads. An architecture with grouped-query attention gets heads/2
+// key/value heads (or STRATA_TEST_KV_HEADS of them), so t = 2 and t = 4 hold several or one
+// key/value head per rank; a masked-LM one (BERT: post-norm encoder, padded bidirectional
+// attention, the tied masked-LM decoder and the sentence head) trains on masked-LM samples of the
+// synthetic chain's documents, whose 48 tokens stay below its four special ones. The sets go after
+// a test's own (they override its preset and head count).
 inline std::vector<std::string> arch_sets(int heads) {
-  const char* arch = std::getenv("STRATA_TEST_ARCH");
-  if (arch == nullptr || std::string(arch) == "gpt") return {};
-  if (std::string(arch) == "bert")  // the data's 48 tokens stay below the four special ones
-    return {"model.preset=bert-tiny", "model.num_heads=" + std::to_string(heads),
-            "data.synthetic.vocab_size=48"};
-  if (std::string(arch) != "llama") {
-    ADD_FAILURE() << "STRATA_TEST_ARCH: gpt, llama or bert, got " << arch;
+  const char* name = std::getenv("STRATA_TEST_ARCH");
+  if (name == nullptr) return {};
+  const std::vector<std::string> names = architecture_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    ADD_FAILURE() << "STRATA_TEST_ARCH: an architecture of the registry, got " << name;
     return {};
   }
-  const char* kv = std::getenv("STRATA_TEST_KV_HEADS");
-  return {"model.preset=llama-tiny", "model.num_heads=" + std::to_string(heads),
-          "model.num_key_value_heads=" + (kv ? std::string(kv) : std::to_string(heads / 2))};
+  const ArchSpec& arch = architecture(name);
+  std::vector<std::string> sets = {"model.preset=" + arch.tiny_preset,
+                                   "model.num_heads=" + std::to_string(heads)};
+  if (arch.grouped_query) {
+    const char* kv = std::getenv("STRATA_TEST_KV_HEADS");
+    sets.push_back("model.num_key_value_heads=" +
+                   (kv ? std::string(kv) : std::to_string(heads / 2)));
+  }
+  if (arch.masked_lm) sets.push_back("data.synthetic.vocab_size=48");
+  return sets;
 }
 
+// |got − want| within rel of |want| (1e-6 floor), for the equivalence tests' losses and norms.
 inline bool close_rel(double got, double want, double rel) {
   return std::fabs(got - want) <= rel * std::max(std::fabs(want), 1e-6);
 }

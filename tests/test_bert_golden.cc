@@ -92,13 +92,13 @@ ModelOptions options() {
   return o;
 }
 
-void load_weights(BertModel& model, const Golden& g) {
+void load_weights(TransformerModel& model, const Golden& g) {
   std::vector<float> flat(static_cast<size_t>(model.params().numel()));
   fill_params(model.params().layout(), bert_from_hf(g.m, g.hf_weights(), kFixture), flat, kFixture);
   std::copy(flat.begin(), flat.end(), model.params().params().f32());
 }
 
-FullTensors to_hf(const BertModel& model, const Golden& g, const float* flat) {
+FullTensors to_hf(const TransformerModel& model, const Golden& g, const float* flat) {
   FullTensors ours;
   for (const ParamInfo& p : model.params().infos())
     ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
@@ -153,19 +153,19 @@ bool key_bias(const std::string& name) {
 TEST(BertGolden, LogitsAndLossMatchTransformers) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  BertModel model(bert_shape(g.m), options(), *be);
+  TransformerModel model(bert_spec(g.m), options(), *be);
   load_weights(model, g);
   double masked = 0;
   const ModelBatch b = batch(*be, g, 0, &masked);
   LossSum loss;
   PieceActsPtr acts = model.forward(b, &loss);
-  const float* mlm = BertModel::mlm_logits(*acts).f32();  // (B·S, Vp)
+  const float* mlm = bert_mlm_logits(*acts).f32();  // (B·S, Vp)
   const std::vector<float> want = g.f.at("mlm_logits", kFixture).as_f32();
   std::vector<float> got(want.size());
   for (int n = 0; n < g.B * g.S; ++n)
     for (int v = 0; v < g.V; ++v) got[static_cast<size_t>(n * g.V + v)] = mlm[n * g.Vp + v];
   EXPECT_EQ(compare("mlm logits", got, want, 1e-4), 0);
-  const Tensor& nsp = BertModel::sentence_logits(*acts);
+  const Tensor& nsp = bert_sentence_logits(*acts);
   const std::vector<float> nsp_got(nsp.f32(), nsp.f32() + nsp.numel());
   const std::vector<float> nsp_want = g.f.at("nsp_logits", kFixture).as_f32();
   EXPECT_EQ(compare("nsp logits", nsp_got, nsp_want, 1e-4), 0);
@@ -182,7 +182,7 @@ TEST(BertGolden, LogitsAndLossMatchTransformers) {
 TEST(BertGolden, GradientsMatchAutograd) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  BertModel model(bert_shape(g.m), options(), *be);
+  TransformerModel model(bert_spec(g.m), options(), *be);
   load_weights(model, g);
   double masked = 0;
   const ModelBatch b = batch(*be, g, 0, &masked);
@@ -217,7 +217,7 @@ TEST(BertGolden, GradientsMatchAutograd) {
 TEST(BertGolden, TenAdamWStepsMatchTorch) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  BertModel model(bert_shape(g.m), options(), *be);
+  TransformerModel model(bert_spec(g.m), options(), *be);
   load_weights(model, g);
   const FullTensors initial = g.hf_weights();
   const OptimizerConfig o = golden::optimizer_of(g.cfg);

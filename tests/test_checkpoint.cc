@@ -24,6 +24,7 @@
 #include "launch/train/model_state.h"
 #include "launch/train/trainer.h"
 #include "models/gpt/gpt.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -680,12 +681,12 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   // The model the fixture was exported from (tests/golden/README.md: trained 3 steps with this
   // config by `strata train`, then `strata export`).
   const Config c = load_config(std::string(STRATA_TEST_DIR) + "/golden/hf_tiny_train.json", {});
-  const DecoderShape d = gpt_shape(c.model);
+  const TransformerSpec d = gpt_spec(c.model);
   const VocabShard vocab = vocab_shard(d.V, 1, 0);
   std::unique_ptr<Backend> be = make_backend("cpu", 1);
   ModelOptions o;
   o.seed = c.train.seed;
-  DecoderModel model(d, o, *be);
+  TransformerModel model(d, o, *be);
   std::vector<float> params(static_cast<size_t>(model.params().numel()));
   fill_params(model.params().layout(), gpt_from_hf(c.model, hf, path), params, path);
   be->upload(model.params().params(), params.data());
@@ -699,7 +700,7 @@ TEST(Checkpoint, LogitsMatchHuggingFaceTransformers) {
   be->upload(tg, tokens.data());  // targets only feed the loss, unused here
   LossSum loss;
   PieceActsPtr acts = model.forward(ModelBatch{tt, tg, Tensor()}, &loss);
-  const Tensor& logits = DecoderModel::logits(*acts);  // (B·S, Vp)
+  const Tensor& logits = lm_logits(*acts);  // (B·S, Vp)
   std::vector<float> got(static_cast<size_t>(logits.numel()));
   be->download(got.data(), logits);
   const std::vector<float> want = f.at("logits", path).as_f32();  // (B, S, V)

@@ -12,8 +12,8 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
-#include "models/decoder/decoder.h"
 #include "models/registry.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/error.h"
 
@@ -67,7 +67,7 @@ TEST_P(GenerateCache, GreedyTokensAreTheTrainingForwardsArgmax) {
   be->upload(targets, tg.data());
   LossSum loss;
   PieceActsPtr acts = model->forward(ModelBatch{tokens, targets, Tensor()}, &loss);
-  const Tensor& logits = DecoderModel::logits(*acts);  // (B·S, Vp)
+  const Tensor& logits = lm_logits(*acts);  // (B·S, Vp)
   for (int b = 0; b < B; ++b)
     for (int n = 0; n < N; ++n)
       EXPECT_EQ(argmax_row(logits, b * S + P - 1 + n, V), gen[b][n])

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "models/gpt/gpt.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/backend/backend.h"
 #include "runtime/engine/optimizer.h"
 #include "runtime/io/safetensors.h"
@@ -32,7 +33,7 @@ const std::string kFixture = std::string(STRATA_TEST_DIR) + "/golden/gpt_tiny.sa
 struct Golden {
   StFile f;
   nlohmann::json cfg;
-  DecoderShape dims;
+  TransformerSpec dims;
   int Vp = 0;  // the vocabulary as stored (padded to a multiple of 128)
   int B = 0;
 };
@@ -66,14 +67,14 @@ Golden load() {
   m.seq_len = g.cfg["seq_len"];
   m.vocab_size = g.cfg["vocab_size"];
   m.tie_embeddings = true;
-  g.dims = gpt_shape(m);
+  g.dims = gpt_spec(m);
   g.Vp = pad_vocab(m.vocab_size, 128);
   g.B = g.cfg["batch_size"];
   return g;
 }
 
 // Copies the fixture's weights into the model; padded vocabulary rows stay 0.
-void load_weights(DecoderModel& model, const Golden& g, const std::string& prefix = "") {
+void load_weights(TransformerModel& model, const Golden& g, const std::string& prefix = "") {
   ParamStore& ps = model.params();
   std::fill(ps.params().f32(), ps.params().f32() + ps.numel(), 0.0f);
   for (const ParamInfo& p : ps.infos()) {
@@ -129,7 +130,7 @@ int compare(const std::string& what, const float* got, const std::vector<float>&
 TEST(GptGolden, ForwardLogitsAndLoss) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(g.dims, options(), *be);
+  TransformerModel model(g.dims, options(), *be);
   load_weights(model, g);
   const int B = g.B, S = g.dims.S, V = g.dims.V, Vp = g.Vp;
   Tensor in = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
@@ -139,7 +140,7 @@ TEST(GptGolden, ForwardLogitsAndLoss) {
   auto acts = forward(model, in, tg, &loss_sum);
   const std::vector<float> want_logits = g.f.at("logits", kFixture).as_f32();
   std::vector<float> got(want_logits.size());
-  const float* logits = DecoderModel::logits(*acts).f32();
+  const float* logits = lm_logits(*acts).f32();
   for (int n = 0; n < B * S; ++n)
     for (int v = 0; v < V; ++v) got[static_cast<size_t>(n * V + v)] = logits[n * Vp + v];
   EXPECT_EQ(compare("logits", got.data(), want_logits, 1e-4), 0);
@@ -155,7 +156,7 @@ TEST_P(GptGoldenGrad, GradientsMatchAutograd) {
   const int micro = GetParam();
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(g.dims, options(), *be);
+  TransformerModel model(g.dims, options(), *be);
   load_weights(model, g);
   const int B = g.B, S = g.dims.S;
   const std::vector<int32_t> tok = g.f.at("tokens", kFixture).as_i32();
@@ -189,7 +190,7 @@ INSTANTIATE_TEST_SUITE_P(MicroBatch, GptGoldenGrad, ::testing::Values(4, 2, 1));
 class GptGoldenRecompute : public ::testing::TestWithParam<Recompute> {};
 
 // Mismatches of every parameter gradient against the fixture's autograd gradients.
-int compare_grads(DecoderModel& model, const Golden& g) {
+int compare_grads(TransformerModel& model, const Golden& g) {
   int bad = 0;
   for (const ParamInfo& p : model.params().infos())
     bad += compare("grad." + p.name, model.params().grads().f32() + p.offset,
@@ -200,7 +201,7 @@ int compare_grads(DecoderModel& model, const Golden& g) {
 TEST_P(GptGoldenRecompute, GradientsMatchAutograd) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(g.dims, options(GetParam()), *be);
+  TransformerModel model(g.dims, options(GetParam()), *be);
   load_weights(model, g);
   const FixtureBatch b = fixture_batch(*be, g);
   const int tokens = g.B * g.dims.S;
@@ -218,7 +219,7 @@ TEST_P(GptGoldenRecompute, GradientsMatchAutograd) {
 TEST(GptGolden, DeferredWeightGradientsMatchAutograd) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(g.dims, options(), *be);
+  TransformerModel model(g.dims, options(), *be);
   load_weights(model, g);
   const FixtureBatch b = fixture_batch(*be, g);
   model.params().zero_grads();
@@ -239,7 +240,7 @@ INSTANTIATE_TEST_SUITE_P(Recompute, GptGoldenRecompute,
 TEST(GptGolden, TenAdamWStepsMatchPyTorch) {
   Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(g.dims, options(), *be);
+  TransformerModel model(g.dims, options(), *be);
   load_weights(model, g);
   const int B = g.B, S = g.dims.S;
   OptimizerConfig o;

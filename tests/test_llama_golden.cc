@@ -25,6 +25,7 @@
 #include "launch/train/model_state.h"
 #include "models/layers/embedding.h"
 #include "models/llama/llama.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/backend/backend.h"
 #include "runtime/engine/optimizer.h"
 #include "runtime/io/safetensors.h"
@@ -84,7 +85,7 @@ ModelOptions options() {
 }
 
 // The fixture's initial weights, through the adapter, into the model's flat parameters.
-void load_weights(DecoderModel& model, const Golden& g) {
+void load_weights(TransformerModel& model, const Golden& g) {
   std::vector<float> flat(static_cast<size_t>(model.params().numel()));
   fill_params(model.params().layout(), llama_from_hf(g.m, g.hf_weights(), kFixture), flat,
               kFixture);
@@ -92,7 +93,7 @@ void load_weights(DecoderModel& model, const Golden& g) {
 }
 
 // A flat buffer of the model's layout (one rank: shards are whole) as HF-named tensors.
-FullTensors to_hf(const DecoderModel& model, const Golden& g, const float* flat) {
+FullTensors to_hf(const TransformerModel& model, const Golden& g, const float* flat) {
   FullTensors ours;
   for (const ParamInfo& p : model.params().infos())
     ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
@@ -117,12 +118,12 @@ Batch batch(Backend& be, const Golden& g, int k) {
 TEST(LlamaGolden, ForwardLogitsAndLossMatchTransformers) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(llama_shape(g.m), options(), *be);
+  TransformerModel model(llama_spec(g.m), options(), *be);
   load_weights(model, g);
   const Batch b = batch(*be, g, 0);
   LossSum loss;
   PieceActsPtr acts = model.forward(ModelBatch{b.in, b.tg, Tensor()}, &loss);
-  const float* logits = DecoderModel::logits(*acts).f32();  // (B·S, Vp)
+  const float* logits = lm_logits(*acts).f32();  // (B·S, Vp)
   const std::vector<float> want = g.f.at("logits", kFixture).as_f32();
   std::vector<float> got(want.size());
   for (int n = 0; n < g.B * g.S; ++n)
@@ -138,7 +139,7 @@ TEST(LlamaGolden, ForwardLogitsAndLossMatchTransformers) {
 TEST(LlamaGolden, GradientsMatchAutograd) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(llama_shape(g.m), options(), *be);
+  TransformerModel model(llama_spec(g.m), options(), *be);
   load_weights(model, g);
   const Batch b = batch(*be, g, 0);
   model.params().zero_grads();
@@ -161,7 +162,7 @@ TEST(LlamaGolden, GradientsMatchAutograd) {
 TEST(LlamaGolden, TenAdamWStepsMatchTorch) {
   const Golden g = load();
   auto be = make_backend("cpu", 1);
-  DecoderModel model(llama_shape(g.m), options(), *be);
+  TransformerModel model(llama_spec(g.m), options(), *be);
   load_weights(model, g);
   const OptimizerConfig o = golden::optimizer_of(g.cfg);
   const int steps = g.cfg["steps"];

@@ -53,9 +53,9 @@ TEST(Precision, CastRoundsToNearestEven) {
   EXPECT_EQ(f.f32()[0], 1.0f + std::ldexp(1.0f, -7));
 }
 
-DecoderShape tiny_dims() {
+TransformerSpec tiny_dims() {
   const Config cfg = load_config("", {"model.preset=tiny"});
-  return gpt_shape(cfg.model);
+  return gpt_spec(cfg.model);
 }
 
 ModelOptions precision(bool bf16) {
@@ -68,7 +68,7 @@ ModelOptions precision(bool bf16) {
 struct Batch {
   Tensor tokens, targets;
 };
-Batch random_batch(Backend& be, const DecoderShape& d, int B) {
+Batch random_batch(Backend& be, const TransformerSpec& d, int B) {
   Batch b;
   b.tokens = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
   b.targets = be.empty({B, d.S}, MemCategory::kActivations, DType::kI32);
@@ -84,9 +84,9 @@ Batch random_batch(Backend& be, const DecoderShape& d, int B) {
 // master copy as optimizer state.
 TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
   auto be = make_backend("cpu", 1);
-  const DecoderShape d = tiny_dims();
+  const TransformerSpec d = tiny_dims();
   const MemStats before = be->allocator().stats();
-  DecoderModel model(d, precision(true), *be);
+  TransformerModel model(d, precision(true), *be);
   const MemStats after = be->allocator().stats();
   const int64_t n = model.params().numel();
   // Forward only: Σ of the token losses.
@@ -115,8 +115,8 @@ TEST(Precision, ComputeCopyFollowsTheMasterWeights) {
 
 TEST(Precision, Bf16ForwardAndBackwardCloseToFp32) {
   auto be = make_backend("cpu", 1);
-  DecoderModel m32(tiny_dims(), precision(false), *be);
-  DecoderModel m16(tiny_dims(), precision(true), *be);
+  TransformerModel m32(tiny_dims(), precision(false), *be);
+  TransformerModel m16(tiny_dims(), precision(true), *be);
   const Batch b = random_batch(*be, tiny_dims(), 2);
   const float scale = 1.0f / static_cast<float>(2 * tiny_dims().S);
   LossSum s32, s16;

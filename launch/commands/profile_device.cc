@@ -144,36 +144,39 @@ json attention_table(const Config& cfg, Backend& be, const Timer& time, DType dt
 double elementwise_bandwidth(const Config& cfg, Backend& be, const Timer& time, DType dt) {
   const int64_t B = cfg.train.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
   const int64_t F = cfg.model.ffn_hidden_size, N = B * S;
-  const bool llama = cfg.model.arch == "llama";
+  // The block's own norm and MLP activation (the registry's spec of the config's model).
+  const BlockSpec block = model_spec(cfg.model).block;
+  const bool rms = block.norm.kind == NormKind::kRMSNorm;
+  const bool swiglu = block.mlp.activation == MlpActivation::kSwiGlu;
   Tensor x = filled(be, {N, C}, dt, 5), y = filled(be, {N, C}, dt, 6),
          out = filled(be, {N, C}, dt, 7);
   Tensor dx = filled(be, {N, C}, dt, 8);
   Tensor w = filled(be, {C}, dt, 9), bias = filled(be, {C}, dt, 10);
   Tensor dw = filled(be, {C}, DType::kF32, 11), db = filled(be, {C}, DType::kF32, 12);
   Tensor mean = filled(be, {N}, DType::kF32, 13), rstd = filled(be, {N}, DType::kF32, 14);
-  Tensor h = filled(be, {N, (llama ? 2 : 1) * F}, dt, 15), g = filled(be, {N, F}, dt, 16);
-  Tensor dh = filled(be, {N, (llama ? 2 : 1) * F}, dt, 17), dg = filled(be, {N, F}, dt, 18);
-  const float eps = static_cast<float>(cfg.model.rms_norm_eps);
+  Tensor h = filled(be, {N, (swiglu ? 2 : 1) * F}, dt, 15), g = filled(be, {N, F}, dt, 16);
+  Tensor dh = filled(be, {N, (swiglu ? 2 : 1) * F}, dt, 17), dg = filled(be, {N, F}, dt, 18);
+  const float eps = static_cast<float>(block.norm.eps);
   auto norm_f = [&] {
-    if (llama)
+    if (rms)
       be.rmsnorm_forward(out, rstd, x, w, eps);
     else
       be.layernorm_forward(out, mean, rstd, x, w, bias);
   };
   auto norm_b = [&] {
-    if (llama)
+    if (rms)
       be.rmsnorm_backward(dx, dw, out, x, w, rstd);
     else
       be.layernorm_backward(dx, dw, db, out, x, w, mean, rstd);
   };
   auto act_f = [&] {
-    if (llama)
+    if (swiglu)
       be.swiglu_forward(g, h);
     else
       be.gelu_forward(g, h);
   };
   auto act_b = [&] {
-    if (llama)
+    if (swiglu)
       be.swiglu_backward(dh, dg, h);
     else
       be.gelu_backward(dh, h, dg);

@@ -1,21 +1,40 @@
-// The "bert" entry of the model registry (models/registry.h).
+// The "bert" entry of the model registry (models/registry.h): BERT as a transformer spec.
 #include "models/bert/bert.h"
 #include "models/registry.h"
 #include "runtime/base/error.h"
 
 namespace strata {
 
+TransformerSpec bert_spec(const ModelConfig& m) {
+  TransformerSpec s = transformer_sizes("bert", m);
+  const NormSpec layer_norm{NormKind::kLayerNorm, m.layer_norm_eps};
+  EmbeddingSpec& e = s.embedding;
+  e.table = "embeddings.word_embeddings.weight";
+  e.positions = "embeddings.position_embeddings.weight";
+  e.types = "embeddings.token_type_embeddings.weight";
+  e.type_vocab = m.type_vocab_size;
+  e.norm = layer_norm;
+  e.norm_name = "embeddings.LayerNorm";
+  BlockSpec& b = s.block;
+  b.placement = NormPlacement::kPost;
+  b.norm = layer_norm;
+  b.attention.causal = false;
+  b.mlp.activation = MlpActivation::kGeluErf;
+  b.names = {"attention.output.LayerNorm", "attention.self.qkv", "attention.output.dense",
+             "output.LayerNorm",           "intermediate.dense", "output.dense"};
+  s.layer_prefix = "encoder.layer.";
+  s.head = std::make_shared<BertHeadSpec>(m.layer_norm_eps);
+  s.shape_keys["tie_embeddings"] = true;
+  s.shape_keys["type_vocab_size"] = m.type_vocab_size;
+  s.shape_keys["layer_norm_eps"] = m.layer_norm_eps;
+  return s;
+}
+
 ArchSpec bert_arch() {
   ArchSpec a;
   a.name = "bert";
-  a.describe = [](const ModelConfig& m) { return describe_bert(bert_shape(m)); };
-  a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
-    return std::make_unique<BertModel>(bert_shape(m), o, be);
-  };
-  a.layout = [](const ModelConfig& m, int t, int r, bool sp,
-                const std::vector<ModelPiece>& pieces) {
-    return BertModel::layout(bert_shape(m), t, r, sp, pieces);
-  };
+  a.spec = bert_spec;
+  a.tiny_preset = "bert-tiny";
   a.hf = HfAdapter{"BertForPreTraining", bert_to_hf, bert_from_hf, bert_hf_config,
                    bert_check_hf_config};
   a.hf.hf_order = bert_hf_order;

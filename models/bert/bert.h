@@ -1,8 +1,9 @@
 // bert.h — BERT (the "bert" architecture), as Hugging Face's BertForPreTraining computes it, so
-// that weights move both ways: composed of the tensor-parallel layers of models/layers/.
+// that weights move both ways: a post-norm transformer (models/transformer/) with BERT's
+// pre-training heads (models/bert/head.cc).
 //
 //   x = LayerNorm(word[tokens] + position[s] + token_type[types])            embeddings
-//   L post-norm encoder blocks of
+//   L post-norm encoder blocks (models/layers/block.h) of
 //     a = LayerNorm(x + attention.output.dense(attention(attention.self.qkv(x))))
 //     y = LayerNorm(a + output.dense(gelu(intermediate.dense(a))))
 //   attention bidirectional over the real keys of each sequence (ModelBatch::key_lengths: a
@@ -40,7 +41,7 @@
 // decoder (same name, so the same initial values; its gradient is summed with the first
 // stage's every step, as GPT's tied head).
 //
-// Thread-safety: one model per rank, driven from one thread.
+// Thread-safety: pure functions (the head: as the model).
 #pragma once
 
 #include <memory>
@@ -49,106 +50,41 @@
 #include <string>
 #include <vector>
 
-#include "models/description.h"
-#include "models/layers/attention.h"
-#include "models/layers/cross_entropy.h"
-#include "models/layers/embedding.h"
-#include "models/layers/mlp.h"
-#include "models/layers/norm.h"
-#include "models/model.h"
+#include "models/transformer/transformer.h"
 #include "runtime/base/config.h"
 
 namespace strata {
 
-// The sizes of a BERT (from the config: bert_shape).
-struct BertShape {
-  int L = 0;   // layers
-  int C = 0;   // hidden size
-  int NH = 0;  // heads
-  int F = 0;   // intermediate size
-  int S = 0;   // positions (model.seq_len: Hugging Face's max_position_embeddings)
-  int V = 0;   // vocabulary
-  int T = 2;   // token types (type_vocab_size)
-  double init_std = 0.02;
-  double ln_eps = 1e-12;
+// BERT of a config's model keys: the post-norm encoder and its pre-training heads.
+TransformerSpec bert_spec(const ModelConfig& m);
 
-  int head_size() const { return C / NH; }
-};
-
-BertShape bert_shape(const ModelConfig& m);
-
-class BertModel final : public Model {
+// BertForPreTraining's two heads (models/transformer/head.h), with LayerNorm eps `ln_eps`.
+class BertHeadSpec final : public HeadSpec {
  public:
-  BertModel(const BertShape& shape, const ModelOptions& options, Backend& backend);
-  ~BertModel() override;
-
-  ParamStore& params() override { return *store_; }
-  const ParamStore& params() const override { return *store_; }
-  const std::vector<ModelPiece>& pieces() const override { return pieces_; }
-  DType activation_dtype() const override { return options_.bf16 ? DType::kBF16 : DType::kF32; }
-  Shape boundary_shape(int micro_batch, int seq_len) const override;
-
-  PieceActsPtr forward_piece(int piece, const Tensor& input, const ModelBatch& batch,
-                             LossSum* loss) override;
-  const Tensor& piece_output(const PieceActs& acts) const override;
-  Tensor backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale, bool last_microbatch,
-                        bool defer_weight_grads) override;
-  void backward_weight_piece(PieceActs& acts, bool last_microbatch) override;
-  void rerun_selective_recompute(const PieceActs& acts) override;
-
-  const BertShape& shape() const { return shape_; }
-  // The masked-LM logits (B·S, Vp/t) and the sentence logits (B, 2) of a last-piece forward
-  // (valid until its backward consumes them).
-  static const Tensor& mlm_logits(const PieceActs& acts);
-  static const Tensor& sentence_logits(const PieceActs& acts);
-  // The two losses of a last-piece forward, unweighted: Σ over the masked tokens (with their
-  // count) and Σ over the sequences.
-  static LossSum mlm_loss(const PieceActs& acts);
-  static LossSum sentence_loss(const PieceActs& acts);
-
-  // The parameter layout of `pieces` at tensor size t, rank r (built, never allocated): what
-  // BertModel holds, and what the self-description counts.
-  static ParamLayout layout(const BertShape& shape, int tensor, int tensor_rank, bool sp,
-                            const std::vector<ModelPiece>& pieces);
+  explicit BertHeadSpec(double ln_eps) : ln_eps_(ln_eps) {}
+  bool ties_embedding() const override { return true; }
+  bool generates() const override { return false; }
+  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override;
+  // The transform on this rank's rows (with its GELU and LayerNorm), the decoder's (b·s, V/t)
+  // logits and their loss, the pooler (with its tanh) and the classifier on [CLS] and the
+  // sentence loss; with sp the [CLS] rows shared over the group.
+  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override;
+  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override;
+  // The transform and the decoder on every position; the pooler and classifier per sequence.
+  double flops_per_token(int64_t C, int V) const override;
+  double flops_per_sequence(int64_t C) const override;
 
  private:
-  struct Block;
-  struct Head;
-  struct Acts;
-  // The layers of options.pieces declared into declared_, nothing allocated (layout()).
-  BertModel(const BertShape& shape, const ModelOptions& options);
-  void declare(ParamLayout& layout);
-  void block_forward(const Block& blk, const Tensor& x, Acts& a, int i, bool recomputing) const;
-  // The gradient of the block's input from that of its output (the saved tensors consumed).
-  Tensor block_backward(const Block& blk, const Tensor& x, Acts& a, int i, BackwardPass& pass,
-                        const Tensor& dout) const;
-  void head_forward(Acts& a, LossSum* loss) const;
-  Tensor head_backward(Acts& a, BackwardPass& pass, float grad_scale) const;
-  // The [CLS] rows (B, C) of a (B, S_local, C) hidden state, on every rank of the group; and
-  // the converse: dcls added into those rows of the gradient where this rank holds them.
-  Tensor first_tokens(const Tensor& x) const;
-  void add_first_tokens(Tensor& dx, const Tensor& dcls) const;
-  const Block& block(int layer) const;
-  void report_head_ready() const;
-  void report_embedding_ready() const;
-  void report_piece_ready(int piece) const;
-
-  BertShape shape_;
-  ModelOptions options_;
-  std::vector<ModelPiece> pieces_;
-  ParamLayout declared_;  // moved into store_ once allocated
-  std::unique_ptr<TensorParallel> tp_;
-  std::unique_ptr<ParamStore> store_;
-  std::unique_ptr<LayerEnv> env_;
-  VocabParallelEmbedding embedding_;  // when this rank holds the first piece
-  Norm embedding_ln_;
-  std::vector<Block> blocks_;        // [layer − first layer of this rank's first piece …]
-  std::unique_ptr<Head> head_;       // when this rank holds the last piece
-  std::vector<int> block_of_layer_;  // [layer] index into blocks_, -1 when not held
+  double ln_eps_;
 };
 
-// The self-description of a BERT (models/description.h).
-std::unique_ptr<ModelDescription> describe_bert(const BertShape& shape);
+// The masked-LM logits (B·S, Vp/t) and the sentence logits (B, 2) of a last-piece forward
+// (valid until its backward consumes them), and its two losses, unweighted: Σ over the masked
+// tokens (with their count) and Σ over the sequences.
+const Tensor& bert_mlm_logits(const PieceActs& acts);
+const Tensor& bert_sentence_logits(const PieceActs& acts);
+LossSum bert_mlm_loss(const PieceActs& acts);
+LossSum bert_sentence_loss(const PieceActs& acts);
 
 // Hugging Face BertForPreTraining tensors (bert.* and cls.*, q/k/v separate, the vocabulary
 // unpadded, cls.predictions.decoder.weight equal to the word embeddings) from our full tensors,

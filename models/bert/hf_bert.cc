@@ -56,8 +56,8 @@ std::string layer(int64_t l) {
 }
 
 // The per-layer tensors both sides name alike (under bert.), with their shapes.
-std::vector<std::pair<std::string, std::vector<int64_t>>> same_layer_tensors(const BertShape& d) {
-  const int64_t C = d.C, F = d.F;
+std::vector<std::pair<std::string, std::vector<int64_t>>> same_layer_tensors(const ModelConfig& m) {
+  const int64_t C = m.hidden_size, F = m.ffn_hidden_size;
   return {{"attention.output.dense.weight", {C, C}},
           {"attention.output.dense.bias", {C}},
           {"attention.output.LayerNorm.weight", {C}},
@@ -71,9 +71,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> same_layer_tensors(con
 }
 
 // The tensors of the model both sides name alike outside the layers (ours, Hugging Face's name).
-std::vector<std::pair<std::string, std::vector<int64_t>>> same_tensors(const BertShape& d) {
-  const int64_t C = d.C;
-  return {{"embeddings.token_type_embeddings.weight", {d.T, C}},
+std::vector<std::pair<std::string, std::vector<int64_t>>> same_tensors(const ModelConfig& m) {
+  const int64_t C = m.hidden_size;
+  return {{"embeddings.token_type_embeddings.weight", {m.type_vocab_size, C}},
           {"embeddings.LayerNorm.weight", {C}},
           {"embeddings.LayerNorm.bias", {C}},
           {"pooler.dense.weight", {C, C}},
@@ -95,17 +95,16 @@ std::string hf_name(const std::string& ours) {
 }  // namespace
 
 FullTensors bert_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const BertShape d = bert_shape(m);
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
-  const int64_t C = d.C;
+  const int64_t C = m.hidden_size;
   FullTensors hf;
   hf["bert.embeddings.word_embeddings.weight"] =
-      hf_rows(get("embeddings.word_embeddings.weight"), 0, d.V);
+      hf_rows(get("embeddings.word_embeddings.weight"), 0, m.vocab_size);
   hf["bert.embeddings.position_embeddings.weight"] = get("embeddings.position_embeddings.weight");
-  for (const auto& [n, shape] : same_tensors(d)) hf[hf_name(n)] = get(n);
-  hf["cls.predictions.bias"] = hf_rows(get("cls.predictions.bias"), 0, d.V);
-  hf["cls.predictions.bias"].shape = {d.V};
-  for (int64_t l = 0; l < d.L; ++l) {
+  for (const auto& [n, shape] : same_tensors(m)) hf[hf_name(n)] = get(n);
+  hf["cls.predictions.bias"] = hf_rows(get("cls.predictions.bias"), 0, m.vocab_size);
+  hf["cls.predictions.bias"].shape = {m.vocab_size};
+  for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string o = layer(l), h = "bert." + o;
     const FullTensor& w = get(o + "attention.self.qkv.weight");
     const FullTensor& b = get(o + "attention.self.qkv.bias");
@@ -114,51 +113,51 @@ FullTensors bert_to_hf(const ModelConfig& m, const FullTensors& ours) {
       hf[h + "attention.self." + parts[k] + ".weight"] = hf_rows(w, k * C, C);
       hf[h + "attention.self." + parts[k] + ".bias"] = hf_slice(b, k * C, C);
     }
-    for (const auto& [n, shape] : same_layer_tensors(d)) hf[h + n] = get(o + n);
+    for (const auto& [n, shape] : same_layer_tensors(m)) hf[h + n] = get(o + n);
   }
   return hf;
 }
 
 FullTensors bert_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const BertShape d = bert_shape(m);
   const auto get = [&](const std::string& n,
                        const std::vector<int64_t>& shape) -> const FullTensor& {
     return hf_tensor(hf, n, shape, path);
   };
-  const int64_t C = d.C;
+  const int64_t C = m.hidden_size;
   FullTensors o;
-  const FullTensor& word = get("bert.embeddings.word_embeddings.weight", {d.V, C});
+  const FullTensor& word = get("bert.embeddings.word_embeddings.weight", {m.vocab_size, C});
   o["embeddings.word_embeddings.weight"] = word;
   const auto pos = hf.find("bert.embeddings.position_embeddings.weight");
   const int64_t positions =
-      pos != hf.end() && pos->second.shape.size() == 2 && pos->second.shape[0] > d.S
+      pos != hf.end() && pos->second.shape.size() == 2 && pos->second.shape[0] > m.seq_len
           ? pos->second.shape[0]
-          : d.S;
+          : m.seq_len;
   o["embeddings.position_embeddings.weight"] =
-      hf_rows(get("bert.embeddings.position_embeddings.weight", {positions, C}), 0, d.S);
-  for (const auto& [n, shape] : same_tensors(d)) o[n] = get(hf_name(n), shape);
-  for (int64_t l = 0; l < d.L; ++l) {
+      hf_rows(get("bert.embeddings.position_embeddings.weight", {positions, C}), 0, m.seq_len);
+  for (const auto& [n, shape] : same_tensors(m)) o[n] = get(hf_name(n), shape);
+  for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string p = layer(l), h = "bert." + p + "attention.self.";
     o[p + "attention.self.qkv.weight"] =
         stack_rows({&get(h + "query.weight", {C, C}), &get(h + "key.weight", {C, C}),
                     &get(h + "value.weight", {C, C})});
     o[p + "attention.self.qkv.bias"] = stack_rows(
         {&get(h + "query.bias", {C}), &get(h + "key.bias", {C}), &get(h + "value.bias", {C})});
-    for (const auto& [n, shape] : same_layer_tensors(d)) o[p + n] = get("bert." + p + n, shape);
+    for (const auto& [n, shape] : same_layer_tensors(m)) o[p + n] = get("bert." + p + n, shape);
   }
   // The decoder's bias under either of its two names (equal when both are there); its weight,
   // when the file has it, must be the word embeddings.
   const bool bias = hf.count("cls.predictions.bias") > 0;
   const bool decoder_bias = hf.count("cls.predictions.decoder.bias") > 0;
   const FullTensor& b =
-      get(bias || !decoder_bias ? "cls.predictions.bias" : "cls.predictions.decoder.bias", {d.V});
-  if (bias && decoder_bias && get("cls.predictions.decoder.bias", {d.V}).data != b.data)
+      get(bias || !decoder_bias ? "cls.predictions.bias" : "cls.predictions.decoder.bias",
+          {m.vocab_size});
+  if (bias && decoder_bias && get("cls.predictions.decoder.bias", {m.vocab_size}).data != b.data)
     throw InputError(path, "cls.predictions.decoder.bias",
                      "none, or one equal to cls.predictions.bias (they are one parameter of "
                      "BertForPreTraining); it differs");
-  o["cls.predictions.bias"] = {{d.V, 1}, b.data};
+  o["cls.predictions.bias"] = {{m.vocab_size, 1}, b.data};
   if (hf.count("cls.predictions.decoder.weight") &&
-      get("cls.predictions.decoder.weight", {d.V, C}).data != word.data)
+      get("cls.predictions.decoder.weight", {m.vocab_size, C}).data != word.data)
     throw InputError(path, "cls.predictions.decoder.weight",
                      "none, or one equal to bert.embeddings.word_embeddings.weight (Strata's BERT "
                      "ties its decoder to the word embeddings); it differs");
@@ -171,17 +170,16 @@ std::optional<std::string> bert_canonical_name(const std::string& name) {
 }
 
 std::vector<std::string> bert_hf_order(const ModelConfig& m) {
-  const BertShape d = bert_shape(m);
   std::vector<std::string> names = {
       "bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight",
       "bert.embeddings.token_type_embeddings.weight", "bert.embeddings.LayerNorm.weight",
       "bert.embeddings.LayerNorm.bias"};
-  for (int64_t l = 0; l < d.L; ++l) {
+  for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string h = "bert." + layer(l);
     for (const char* part : {"query", "key", "value"})
       for (const char* what : {".weight", ".bias"})
         names.push_back(h + "attention.self." + part + what);
-    for (const auto& [n, shape] : same_layer_tensors(d)) names.push_back(h + n);
+    for (const auto& [n, shape] : same_layer_tensors(m)) names.push_back(h + n);
   }
   for (const char* n :
        {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.predictions.bias",
@@ -194,17 +192,16 @@ std::vector<std::string> bert_hf_order(const ModelConfig& m) {
 }
 
 nlohmann::json bert_hf_config(const ModelConfig& m) {
-  const BertShape d = bert_shape(m);
   return {{"architectures", {"BertForPreTraining"}},
           {"model_type", "bert"},
-          {"hidden_size", d.C},
-          {"num_hidden_layers", d.L},
-          {"num_attention_heads", d.NH},
-          {"intermediate_size", d.F},
-          {"max_position_embeddings", d.S},
-          {"vocab_size", d.V},
-          {"type_vocab_size", d.T},
-          {"layer_norm_eps", d.ln_eps},
+          {"hidden_size", m.hidden_size},
+          {"num_hidden_layers", m.num_layers},
+          {"num_attention_heads", m.num_heads},
+          {"intermediate_size", m.ffn_hidden_size},
+          {"max_position_embeddings", m.seq_len},
+          {"vocab_size", m.vocab_size},
+          {"type_vocab_size", m.type_vocab_size},
+          {"layer_norm_eps", m.layer_norm_eps},
           {"hidden_act", "gelu"},
           {"position_embedding_type", "absolute"},
           {"hidden_dropout_prob", m.dropout},
@@ -216,25 +213,24 @@ nlohmann::json bert_hf_config(const ModelConfig& m) {
 }
 
 void bert_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path) {
-  const BertShape d = bert_shape(m);
   // Absent (or null) keys take BertConfig's defaults, as from_pretrained would.
   check_hf_key(hf, "model_type", "bert", "model.arch \"bert\"", path, "bert");
-  check_hf_key(hf, "num_hidden_layers", d.L, "model.num_layers", path, 12);
-  check_hf_key(hf, "hidden_size", d.C, "model.hidden_size", path, 768);
-  check_hf_key(hf, "num_attention_heads", d.NH, "model.num_heads", path, 12);
-  check_hf_key(hf, "intermediate_size", d.F, "model.ffn_hidden_size", path, 3072);
-  check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 30522);
-  check_hf_key(hf, "type_vocab_size", d.T, "model.type_vocab_size", path, 2);
-  check_hf_key(hf, "layer_norm_eps", d.ln_eps, "model.layer_norm_eps", path, 1e-12);
+  check_hf_key(hf, "num_hidden_layers", m.num_layers, "model.num_layers", path, 12);
+  check_hf_key(hf, "hidden_size", m.hidden_size, "model.hidden_size", path, 768);
+  check_hf_key(hf, "num_attention_heads", m.num_heads, "model.num_heads", path, 12);
+  check_hf_key(hf, "intermediate_size", m.ffn_hidden_size, "model.ffn_hidden_size", path, 3072);
+  check_hf_key(hf, "vocab_size", m.vocab_size, "model.vocab_size", path, 30522);
+  check_hf_key(hf, "type_vocab_size", m.type_vocab_size, "model.type_vocab_size", path, 2);
+  check_hf_key(hf, "layer_norm_eps", m.layer_norm_eps, "model.layer_norm_eps", path, 1e-12);
   check_hf_key(hf, "hidden_act", "gelu", "Strata's BERT, exact GELU,", path, "gelu");
   check_hf_key(hf, "position_embedding_type", "absolute", "Strata's BERT, absolute positions,",
                path, "absolute");
   check_hf_key(hf, "tie_word_embeddings", true, "Strata's BERT, its decoder tied,", path, true);
   const int positions = hf_int(hf, "max_position_embeddings", 512, path);
-  if (positions < d.S)
-    throw InputError(
-        path, "max_position_embeddings",
-        "at least model.seq_len " + std::to_string(d.S) + ", found " + std::to_string(positions));
+  if (positions < m.seq_len)
+    throw InputError(path, "max_position_embeddings",
+                     "at least model.seq_len " + std::to_string(m.seq_len) + ", found " +
+                         std::to_string(positions));
 }
 
 ModelConfig bert_model_config_from_hf(const nlohmann::json& hf, const std::string& path) {

@@ -1,43 +1,33 @@
-// The "gpt" entry of the model registry (models/registry.h).
+// The "gpt" entry of the model registry (models/registry.h): GPT-2 as a transformer spec.
+#include <cmath>
+
 #include "models/gpt/gpt.h"
 #include "models/registry.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/base/error.h"
 
 namespace strata {
 
-DecoderShape gpt_shape(const ModelConfig& m) {
-  DecoderShape s;
-  s.arch = "gpt";
-  s.L = m.num_layers;
-  s.C = m.hidden_size;
-  s.NH = m.num_heads;
-  s.KVH = m.num_heads;
-  s.F = m.ffn_hidden_size;
-  s.S = m.seq_len;
-  s.V = m.vocab_size;
-  s.tie = m.tie_embeddings;
-  s.init_std = m.init_std;
-  s.scaled_proj_init = true;
-  s.norm = NormKind::kLayerNorm;
-  s.learned_positions = true;
-  s.mlp = MlpActivation::kGelu;
-  s.bias = true;
-  s.names = {"wte",  "wpe",      "h.",         "ln_1", "attn.c_attn", "attn.c_proj",
-             "ln_2", "mlp.c_fc", "mlp.c_proj", "ln_f", "lm_head"};
+TransformerSpec gpt_spec(const ModelConfig& m) {
+  TransformerSpec s = transformer_sizes("gpt", m);
+  s.embedding.table = "wte";
+  s.embedding.positions = "wpe";
+  BlockSpec& b = s.block;
+  b.placement = NormPlacement::kPre;
+  b.norm = {NormKind::kLayerNorm, 1e-5};
+  b.mlp.activation = MlpActivation::kGelu;
+  b.names = {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"};
+  b.proj_init_std = m.init_std / std::sqrt(2.0 * m.num_layers);  // GPT-2's residual scaling
+  s.layer_prefix = "h.";
+  s.head = std::make_shared<LmHeadSpec>(b.norm, "ln_f", m.tie_embeddings, "lm_head");
   return s;
 }
 
 ArchSpec gpt_arch() {
   ArchSpec a;
   a.name = "gpt";
-  a.describe = [](const ModelConfig& m) { return describe_decoder(gpt_shape(m)); };
-  a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
-    return std::make_unique<DecoderModel>(gpt_shape(m), o, be);
-  };
-  a.layout = [](const ModelConfig& m, int t, int r, bool sp,
-                const std::vector<ModelPiece>& pieces) {
-    return DecoderModel::layout(gpt_shape(m), t, r, sp, pieces);
-  };
+  a.spec = gpt_spec;
+  a.tiny_preset = "tiny";
   a.hf = HfAdapter{"GPT2LMHeadModel", gpt_to_hf, gpt_from_hf, gpt_hf_config, gpt_check_hf_config};
   a.hf.hf_order = gpt_hf_order;
   a.hf.canonical_name = gpt_canonical_name;

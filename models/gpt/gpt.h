@@ -1,6 +1,7 @@
-// gpt.h — GPT-2 (the "gpt" architecture): the decoder of models/decoder/ with LayerNorm, learned
-// positions, a GELU MLP, biases everywhere, multi-head attention and GPT-2's residual init
-// scaling. Parameter names are GPT-2's (Hugging Face's without the `transformer.` prefix): wte,
+// gpt.h — GPT-2 (the "gpt" architecture): a pre-norm transformer (models/transformer/) with
+// LayerNorm, learned positions, a GELU MLP, biases everywhere, multi-head attention, GPT-2's
+// residual init scaling and an LM head tied to the token table unless model.tie_embeddings is
+// false. Parameter names are GPT-2's (Hugging Face's without the `transformer.` prefix): wte,
 // wpe, h.{l}.ln_1, h.{l}.attn.c_attn (rows [q; k; v]), h.{l}.attn.c_proj, h.{l}.ln_2,
 // h.{l}.mlp.c_fc, h.{l}.mlp.c_proj, ln_f, [lm_head].
 //
@@ -12,14 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "models/decoder/decoder.h"
 #include "models/layers/params.h"
+#include "models/transformer/transformer.h"
 #include "runtime/base/config.h"
 
 namespace strata {
 
-// GPT-2's decoder of a config's model keys.
-DecoderShape gpt_shape(const ModelConfig& m);
+// GPT-2 of a config's model keys.
+TransformerSpec gpt_spec(const ModelConfig& m);
 
 // Hugging Face GPT2LMHeadModel tensors (transformer.wte.weight (V, C) unpadded, Conv1D weights
 // (in, out), lm_head.weight equal to wte) from our full tensors, and the inverse, checked

@@ -31,12 +31,11 @@ FullTensor transpose(const FullTensor& t) {
 }  // namespace
 
 FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const DecoderShape d = gpt_shape(m);
   FullTensors hf;
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
-  hf["transformer.wte.weight"] = hf_rows(get("wte"), 0, d.V);
+  hf["transformer.wte.weight"] = hf_rows(get("wte"), 0, m.vocab_size);
   hf["transformer.wpe.weight"] = get("wpe");
-  for (int l = 0; l < d.L; ++l) {
+  for (int l = 0; l < m.num_layers; ++l) {
     const std::string o = "h." + std::to_string(l) + ".", h = "transformer." + o;
     for (const char* n :
          {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_attn.bias",
@@ -48,29 +47,28 @@ FullTensors gpt_to_hf(const ModelConfig& m, const FullTensors& ours) {
   }
   hf["transformer.ln_f.weight"] = get("ln_f.weight");
   hf["transformer.ln_f.bias"] = get("ln_f.bias");
-  hf["lm_head.weight"] =
-      d.tie ? hf["transformer.wte.weight"] : hf_rows(get("lm_head.weight"), 0, d.V);
+  hf["lm_head.weight"] = m.tie_embeddings ? hf["transformer.wte.weight"]
+                                          : hf_rows(get("lm_head.weight"), 0, m.vocab_size);
   return hf;
 }
 
 FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const DecoderShape d = gpt_shape(m);
   const auto get = [&](const std::string& n,
                        const std::vector<int64_t>& shape) -> const FullTensor& {
     return hf_tensor(hf, n, shape, path);
   };
-  const int64_t C = d.C, F = d.F;
+  const int64_t C = m.hidden_size, F = m.ffn_hidden_size;
   FullTensors o;
-  o["wte"] = get("transformer.wte.weight", {d.V, C});
+  o["wte"] = get("transformer.wte.weight", {m.vocab_size, C});
   // A checkpoint with more positions than model.seq_len (fine-tuning at a shorter context):
   // the first seq_len of them.
   const auto wpe = hf.find("transformer.wpe.weight");
   const int64_t positions =
-      wpe != hf.end() && wpe->second.shape.size() == 2 && wpe->second.shape[0] > d.S
+      wpe != hf.end() && wpe->second.shape.size() == 2 && wpe->second.shape[0] > m.seq_len
           ? wpe->second.shape[0]
-          : d.S;
-  o["wpe"] = hf_rows(get("transformer.wpe.weight", {positions, C}), 0, d.S);
-  for (int l = 0; l < d.L; ++l) {
+          : m.seq_len;
+  o["wpe"] = hf_rows(get("transformer.wpe.weight", {positions, C}), 0, m.seq_len);
+  for (int l = 0; l < m.num_layers; ++l) {
     const std::string p = "h." + std::to_string(l) + ".", h = "transformer." + p;
     for (const char* n : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
                           "attn.c_proj.bias", "mlp.c_proj.bias"})
@@ -84,9 +82,10 @@ FullTensors gpt_from_hf(const ModelConfig& m, const FullTensors& hf, const std::
   }
   o["ln_f.weight"] = get("transformer.ln_f.weight", {C});
   o["ln_f.bias"] = get("transformer.ln_f.bias", {C});
-  if (!d.tie) {
-    o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
-  } else if (hf.count("lm_head.weight") && get("lm_head.weight", {d.V, C}).data != o["wte"].data) {
+  if (!m.tie_embeddings) {
+    o["lm_head.weight"] = get("lm_head.weight", {m.vocab_size, C});
+  } else if (hf.count("lm_head.weight") &&
+             get("lm_head.weight", {m.vocab_size, C}).data != o["wte"].data) {
     throw InputError(path, "lm_head.weight",
                      "none, or one equal to transformer.wte.weight (model.tie_embeddings is "
                      "true); it differs: an untied model needs model.tie_embeddings false");
@@ -106,33 +105,31 @@ std::optional<std::string> gpt_canonical_name(const std::string& name) {
 }
 
 nlohmann::json gpt_hf_config(const ModelConfig& m) {
-  const DecoderShape d = gpt_shape(m);
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
-          {"n_layer", d.L},
-          {"n_embd", d.C},
-          {"n_head", d.NH},
-          {"n_inner", d.F},
-          {"n_positions", d.S},
-          {"vocab_size", d.V},
-          {"tie_word_embeddings", d.tie},
+          {"n_layer", m.num_layers},
+          {"n_embd", m.hidden_size},
+          {"n_head", m.num_heads},
+          {"n_inner", m.ffn_hidden_size},
+          {"n_positions", m.seq_len},
+          {"vocab_size", m.vocab_size},
+          {"tie_word_embeddings", m.tie_embeddings},
           {"layer_norm_epsilon", 1e-5},
           {"activation_function", "gelu_new"},
           {"resid_pdrop", m.dropout},
           {"embd_pdrop", m.dropout},
           {"attn_pdrop", m.dropout},
-          {"initializer_range", d.init_std},
+          {"initializer_range", m.init_std},
           // GPT-2's end of text is its last token (50256); a smaller vocabulary keeps it in range.
-          {"bos_token_id", d.V - 1},
-          {"eos_token_id", d.V - 1},
+          {"bos_token_id", m.vocab_size - 1},
+          {"eos_token_id", m.vocab_size - 1},
           {"dtype", "float32"},
           {"torch_dtype", "float32"}};
 }
 
 std::vector<std::string> gpt_hf_order(const ModelConfig& m) {
-  const DecoderShape d = gpt_shape(m);
   std::vector<std::string> names = {"transformer.wte.weight", "transformer.wpe.weight"};
-  for (int l = 0; l < d.L; ++l)
+  for (int l = 0; l < m.num_layers; ++l)
     for (const char* n :
          {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
           "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
@@ -144,23 +141,22 @@ std::vector<std::string> gpt_hf_order(const ModelConfig& m) {
 }
 
 void gpt_check_hf_config(const ModelConfig& m, const nlohmann::json& hf, const std::string& path) {
-  const DecoderShape d = gpt_shape(m);
   // Absent keys take GPT2Config's defaults, as from_pretrained would.
   check_hf_key(hf, "model_type", "gpt2", "model.arch \"gpt\"", path, "gpt2");
-  check_hf_key(hf, "n_layer", d.L, "model.num_layers", path, 12);
-  check_hf_key(hf, "n_embd", d.C, "model.hidden_size", path, 768);
-  check_hf_key(hf, "n_head", d.NH, "model.num_heads", path, 12);
+  check_hf_key(hf, "n_layer", m.num_layers, "model.num_layers", path, 12);
+  check_hf_key(hf, "n_embd", m.hidden_size, "model.hidden_size", path, 768);
+  check_hf_key(hf, "n_head", m.num_heads, "model.num_heads", path, 12);
   // n_inner null means 4·n_embd.
-  check_hf_key(hf, "n_inner", d.F, "model.ffn_hidden_size", path,
+  check_hf_key(hf, "n_inner", m.ffn_hidden_size, "model.ffn_hidden_size", path,
                4 * int64_t{hf_int(hf, "n_embd", 768, path)});
   // More positions than model.seq_len are fine (from_hf takes the first seq_len); fewer are not.
   const int64_t positions = hf_int(hf, "n_positions", 1024, path);
-  if (positions < d.S)
-    throw InputError(
-        path, "n_positions",
-        "at least model.seq_len " + std::to_string(d.S) + ", found " + std::to_string(positions));
-  check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 50257);
-  check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, true);
+  if (positions < m.seq_len)
+    throw InputError(path, "n_positions",
+                     "at least model.seq_len " + std::to_string(m.seq_len) + ", found " +
+                         std::to_string(positions));
+  check_hf_key(hf, "vocab_size", m.vocab_size, "model.vocab_size", path, 50257);
+  check_hf_key(hf, "tie_word_embeddings", m.tie_embeddings, "model.tie_embeddings", path, true);
   check_hf_key(hf, "layer_norm_epsilon", 1e-5, "Strata's GPT LayerNorm", path, 1e-5);
   const nlohmann::json act = hf_value(hf, "activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")

@@ -3,18 +3,18 @@
 namespace strata {
 
 SelfAttention::SelfAttention(ParamLayout& layout, const std::string& qkv_name,
-                             const std::string& proj_name, int64_t C, int heads, int kv_heads,
-                             LinearInit qkv_init, LinearInit proj_init, bool bias,
-                             const RotaryEmbedding* rope_, bool causal_)
-    : heads_local(heads / layout.tp()),
-      kv_heads_local(kv_heads / layout.tp()),
-      head_size(C / heads),
-      rope(rope_),
-      causal(causal_) {
-  const int64_t q_rows = heads * head_size, kv_rows = kv_heads * head_size;
-  qkv = ColumnParallelLinear(layout, qkv_name, C, q_rows + 2 * kv_rows, qkv_init, bias,
+                             const std::string& proj_name, int64_t C, const AttentionSpec& spec,
+                             LinearInit qkv_init, LinearInit proj_init,
+                             const RotaryEmbedding* rope_)
+    : heads_local(spec.heads / layout.tp()),
+      kv_heads_local(spec.kv_heads / layout.tp()),
+      head_size(spec.head_size),
+      rope(spec.rotary ? rope_ : nullptr),
+      causal(spec.causal) {
+  const int64_t q_rows = spec.q_width(), kv_rows = spec.kv_heads * head_size;
+  qkv = ColumnParallelLinear(layout, qkv_name, C, q_rows + 2 * kv_rows, qkv_init, spec.bias,
                              {q_rows, kv_rows, kv_rows});
-  proj = RowParallelLinear(layout, proj_name, q_rows, C, proj_init, bias);
+  proj = RowParallelLinear(layout, proj_name, q_rows, C, proj_init, spec.bias);
 }
 
 AttentionMask SelfAttention::mask(const Saved& s) const {
@@ -55,6 +55,64 @@ Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Te
   dout = Tensor();
   if (rope) rope->backward(env, dqkv, heads_local, kv_heads_local);
   return qkv.backward(env, pass, dqkv, x);
+}
+
+Tensor SelfAttention::decode(const LayerEnv& env, const Tensor& x, const Tensor& residual,
+                             Tensor& k_cache, Tensor& v_cache, int64_t pos0) const {
+  const int64_t B = x.size(0), T = x.size(1);
+  Tensor qkv_new = qkv.forward(env, x);  // (B, T, (NH + 2·KVH)·HS / t)
+  if (rope) rope->forward_at(env, qkv_new, heads_local, kv_heads_local, pos0);
+  Tensor q = env.act({B, T, heads_local, head_size});
+  env.be.kv_cache_append(q, k_cache, v_cache, qkv_new, heads_local, kv_heads_local, pos0);
+  qkv_new = Tensor();
+  Tensor core = env.act({B, T, heads_local, head_size});
+  env.be.attention_decode(core, q, k_cache, v_cache, heads_local, kv_heads_local, pos0);
+  return proj.forward_residual(env, core.reshape({B, T, heads_local * head_size}), residual);
+}
+
+PartWork SelfAttention::work(int64_t C, const AttentionSpec& a, const WorkShape& s) {
+  const double t = s.t, q = static_cast<double>(a.q_width()),
+               qkv_width = static_cast<double>(a.qkv_width());
+  PartWork w = ColumnParallelLinear::work(C, a.qkv_width(), s);
+  w.attention_flops = (a.causal ? 0.5 : 1.0) * 4 * s.b * s.S * s.S * q / t;
+  w.attention = {s.b, a.heads / t, a.kv_heads / t, s.S, static_cast<double>(a.head_size)};
+  w.elementwise(2 * s.tokens() * (qkv_width + q) / t);
+  if (a.rotary) w.elementwise(2 * s.tokens() * (qkv_width - a.kv_heads * a.head_size) / t);
+  w += RowParallelLinear::work(a.q_width(), C, s);
+  return w;
+}
+
+LayerActivations SelfAttention::activations(int64_t C, const AttentionSpec& a, const WorkShape& s,
+                                            bool flash) {
+  const double t = s.t, q = static_cast<double>(a.q_width());
+  const double probs = flash ? s.b * a.heads / t * s.S : s.b * a.heads / t * s.S * s.S;
+  LayerActivations l;
+  l.recomputed = probs + s.tokens() * q / t;  // the core's state and output
+  l.saved = s.tokens() * static_cast<double>(a.qkv_width()) / t + l.recomputed;
+  l.backward = s.tokens() * (q + static_cast<double>(a.qkv_width())) / t +
+               (s.sp ? s.tokens() * static_cast<double>(C) : 0);
+  return l;
+}
+
+double SelfAttention::scratch_f32(const AttentionSpec& a, const WorkShape& s) {
+  return s.tokens() * static_cast<double>(a.q_width()) / s.t + s.b * a.heads / s.t * s.S;
+}
+
+double SelfAttention::flops_per_token(int64_t C, const AttentionSpec& a, double S) {
+  const double c = static_cast<double>(C);
+  return 2.0 * c * static_cast<double>(a.qkv_width()) + 2.0 * static_cast<double>(a.q_width()) * c +
+         core_flops_per_token(a, S);
+}
+
+double SelfAttention::core_flops_per_token(const AttentionSpec& a, double S) {
+  return 4.0 * S * static_cast<double>(a.q_width());
+}
+
+std::string SelfAttention::split_reason(const AttentionSpec& a, int t) {
+  const std::string by = "tensor " + std::to_string(t) + " does not divide ";
+  if (t < 1 || a.heads % t != 0) return by + std::to_string(a.heads) + " heads";
+  if (a.kv_heads % t != 0) return by + std::to_string(a.kv_heads) + " key/value heads";
+  return "";
 }
 
 }  // namespace strata

@@ -5,10 +5,10 @@
 // that joins the residual stream.
 //
 // Heads: NH query heads and KVH key/value heads (KVH = NH: multi-head attention, GPT-2's; fewer:
-// grouped-query attention, Llama's; 1: multi-query), head size HS = C / NH. The q/k/v weight's
-// rows are three blocks [q (NH·HS); k (KVH·HS); v (KVH·HS)], each split over the tensor group, so
-// a rank holds NH/t query heads and the KVH/t key/value heads they use (the config refuses a KVH
-// that t does not divide: heads are never replicated or rounded).
+// grouped-query attention, Llama's; 1: multi-query), head size HS (C / NH so far). The q/k/v
+// weight's rows are three blocks [q (NH·HS); k (KVH·HS); v (KVH·HS)], each split over the tensor
+// group, so a rank holds NH/t query heads and the KVH/t key/value heads they use (the config
+// refuses a KVH that t does not divide: heads are never replicated or rounded).
 //
 // The core is causal (decoder models) or bidirectional (BERT's encoder), optionally over the real
 // keys of padded sequences (a (B) i32 tensor of key lengths given to forward()). Selective
@@ -24,8 +24,22 @@
 #include "models/layers/linear.h"
 #include "models/layers/parallel.h"
 #include "models/layers/rope.h"
+#include "models/layers/work.h"
 
 namespace strata {
+
+// The attention of a block: its heads and its options.
+struct AttentionSpec {
+  int heads = 0;          // NH query heads
+  int kv_heads = 0;       // KVH key/value heads (NH: multi-head attention)
+  int64_t head_size = 0;  // HS
+  bool causal = true;     // decoders; false: every query sees every (real) key (BERT's encoder)
+  bool rotary = false;    // q and k rotated by the model's rotary table (Llama)
+  bool bias = true;       // biases on q/k/v and on the output projection
+
+  int64_t q_width() const { return heads * head_size; }
+  int64_t qkv_width() const { return (heads + 2 * int64_t{kv_heads}) * head_size; }
+};
 
 class SelfAttention {
  public:
@@ -37,12 +51,12 @@ class SelfAttention {
   };
 
   SelfAttention() = default;
-  // qkv_name, proj_name: the two projections' parameter prefixes (`qkv_name`.weight, …). rope:
-  // the model's rotary table (null: no rotation, GPT-2's learned positions). causal: decoders'
-  // attention; false: every query sees every (real) key.
+  // qkv_name, proj_name: the two projections' parameter prefixes (`qkv_name`.weight, …) for a
+  // hidden size C. rope: the model's rotary table when spec.rotary (it may be filled after this
+  // constructor runs).
   SelfAttention(ParamLayout& layout, const std::string& qkv_name, const std::string& proj_name,
-                int64_t C, int heads, int kv_heads, LinearInit qkv_init, LinearInit proj_init,
-                bool bias, const RotaryEmbedding* rope, bool causal = true);
+                int64_t C, const AttentionSpec& spec, LinearInit qkv_init, LinearInit proj_init,
+                const RotaryEmbedding* rope);
 
   // residual + attention(x), reduced over the group; x (B, S_local, C) the layer's input.
   // key_lengths: (B) i32, sequence b's keys [len_b, S) are padding (undefined: none).
@@ -56,6 +70,36 @@ class SelfAttention {
   // the group (B, S_local, C); the saved tensors are consumed.
   Tensor backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid, const Tensor& x,
                   Saved& s) const;
+
+  // Generation: residual + attention of T new positions x (B, T, C) at positions pos0 … over
+  // the key/value caches (B, capacity, KVH/t, HS), which it appends their keys and values to.
+  Tensor decode(const LayerEnv& env, const Tensor& x, const Tensor& residual, Tensor& k_cache,
+                Tensor& v_cache, int64_t pos0) const;
+  // The shape of each of its two caches.
+  Shape cache_shape(int64_t batch, int64_t capacity) const {
+    return {batch, capacity, kv_heads_local, head_size};
+  }
+
+  // ---- self-description (models/layers/work.h), for a hidden size C ----
+  // q/k/v and the output projection, the core (causal: half the S×S scores), the q/k/v and
+  // output layout copies and the rotation of q and k (a read and a write each).
+  static PartWork work(int64_t C, const AttentionSpec& a, const WorkShape& s);
+  // Keeps q/k/v and the core's state and output (selective recompute drops and rebuilds the
+  // latter two): the (B, NH/t, S, S) probabilities, or with fused (flash) kernels the
+  // log-sum-exp of each row. Its backward holds d(core output) and d(q/k/v), and with sp the
+  // gathered input.
+  static LayerActivations activations(int64_t C, const AttentionSpec& a, const WorkShape& s,
+                                      bool flash);
+  // The fused backward's f32 scratch: the dq accumulator of the local heads and a row sum per
+  // query row (cuDNN's workspace holds the same two).
+  static double scratch_f32(const AttentionSpec& a, const WorkShape& s);
+  // Forward FLOPs per token in Megatron-LM's counting: the projections' and the scores over the
+  // full S×S (whatever the mask); and of those the core's alone (what selective recompute
+  // repeats).
+  static double flops_per_token(int64_t C, const AttentionSpec& a, double S);
+  static double core_flops_per_token(const AttentionSpec& a, double S);
+  // Why a tensor group of t cannot split it ("" when it can): heads are never replicated.
+  static std::string split_reason(const AttentionSpec& a, int t);
 
   ColumnParallelLinear qkv;
   RowParallelLinear proj;

@@ -44,6 +44,18 @@ LossSum VocabParallelCrossEntropy::forward(const LayerEnv& env, const Tensor& lo
   return l;
 }
 
+PartWork VocabParallelCrossEntropy::work(double rows, double columns, const WorkShape& s,
+                                         bool over_group) {
+  PartWork w;
+  w.logits = rows * columns;
+  w.f32_fwd = 3 * w.logits;
+  w.f32_bwd = 3 * w.logits;
+  if (over_group && s.t > 1)
+    for (int i = 0; i < 3; ++i)
+      w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, rows});
+  return w;
+}
+
 void VocabParallelCrossEntropy::backward(const LayerEnv& env, Tensor& dlogits, const Tensor& logits,
                                          const Saved& s, const Tensor& targets,
                                          const Tensor& loss_mask, float scale) const {

@@ -21,6 +21,7 @@
 
 #include "models/layers/embedding.h"
 #include "models/layers/parallel.h"
+#include "models/layers/work.h"
 #include "models/model.h"
 
 namespace strata {
@@ -44,6 +45,13 @@ class VocabParallelCrossEntropy {
   // (assigned).
   void backward(const LayerEnv& env, Tensor& dlogits, const Tensor& logits, const Saved& s,
                 const Tensor& targets, const Tensor& loss_mask, float scale) const;
+
+  // `rows` rows of `columns` logits on this rank: the fp32 loss reads them for its statistics,
+  // its target and its gradient (three passes each way), and over the group reduces three values
+  // per row (the row max, Σexp and the target logit).
+  static PartWork work(double rows, double columns, const WorkShape& s, bool over_group = true);
+  // It keeps two f32 statistics per row.
+  static double saved(double rows) { return 2 * rows; }
 
   VocabShard vocab;
   bool over_group = true;  // false: the logits are whole on every rank

@@ -75,6 +75,21 @@ Tensor VocabParallelEmbedding::lookup(const LayerEnv& env, const Tensor& tokens,
   return env.tp.reduce(x0);
 }
 
+PartWork VocabParallelEmbedding::work(int64_t C, bool positions, bool types, const WorkShape& s) {
+  PartWork w;
+  const double x = s.tokens() * static_cast<double>(C);
+  const double passes = 2 + (positions ? 1 : 0) + (types ? 2 : 0);
+  w.elementwise_fwd = passes * x;
+  w.elementwise_bwd = passes * x;
+  if (s.sp) {
+    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kReduceScatter, x});
+    w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, x});
+  } else if (s.t > 1) {
+    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, x});
+  }
+  return w;
+}
+
 void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
                                       const Tensor& token_types) const {
   // Every rank needs the full-sequence gradient for its vocabulary rows, the positions and the

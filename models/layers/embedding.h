@@ -16,6 +16,7 @@
 
 #include "models/layers/parallel.h"
 #include "models/layers/params.h"
+#include "models/layers/work.h"
 
 namespace strata {
 
@@ -55,6 +56,12 @@ class VocabParallelEmbedding {
   // (B, S_local, C).
   void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
                 const Tensor& token_types = Tensor()) const;
+
+  // One micro-batch: the gather of each token's row (a read and a write), the position add and
+  // the token-type gather and add where the layer has them (the backward scatter-adds the same
+  // elements into the tables); the sum over the group (all-reduce, or reduce-scatter with sp,
+  // whose backward gathers the gradient back).
+  static PartWork work(int64_t C, bool positions, bool types, const WorkShape& s);
 
   ParamRef table, positions;  // positions invalid without learned positions
   ParamRef types;             // invalid without token types

@@ -64,6 +64,20 @@ Tensor ColumnParallelLinear::backward(const LayerEnv& env, BackwardPass& pass, T
   return env.tp.reduce(dx_full);
 }
 
+PartWork ColumnParallelLinear::work(int64_t in, int64_t out, const WorkShape& s) {
+  PartWork w;
+  w.gemms.push_back({s.tokens(), static_cast<double>(out) / s.t, static_cast<double>(in)});
+  const double x = s.tokens() * static_cast<double>(in);  // the full-sequence input
+  if (s.sp) {
+    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, x});
+    w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, x});
+    w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kReduceScatter, x});
+  } else if (s.t > 1) {
+    w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, x});
+  }
+  return w;
+}
+
 RowParallelLinear::RowParallelLinear(ParamLayout& layout, const std::string& name, int64_t in,
                                      int64_t out, LinearInit init, bool with_bias) {
   weight = layout.add(
@@ -92,6 +106,20 @@ Tensor RowParallelLinear::forward_residual(const LayerEnv& env, const Tensor& x,
   Tensor sum = env.tp.reduce(out);
   env.be.add_inplace(sum, residual);
   return sum;
+}
+
+PartWork RowParallelLinear::work(int64_t in, int64_t out, const WorkShape& s) {
+  PartWork w;
+  w.gemms.push_back({s.tokens(), static_cast<double>(out), static_cast<double>(in) / s.t});
+  w.elementwise(3.5 * s.tokens_local() * static_cast<double>(out));
+  const double y = s.tokens() * static_cast<double>(out);  // the full-sequence output
+  if (s.sp) {
+    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kReduceScatter, y});
+    w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, y});
+  } else if (s.t > 1) {
+    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, y});
+  }
+  return w;
 }
 
 Tensor RowParallelLinear::gather_output_grad(const LayerEnv& env, const Tensor& dresid) const {
@@ -153,6 +181,12 @@ void ReplicatedLinear::forward_gelu(const LayerEnv& env, const Tensor& x, Tensor
   *pre = env.act(with_last(x, w.size(0)));
   *out = env.act(with_last(x, w.size(0)));
   env.be.matmul_gelu_forward(*pre, *out, x, w, env.w(bias), kind);
+}
+
+PartWork ReplicatedLinear::work(int64_t in, int64_t out, double rows) {
+  PartWork w;
+  w.gemms.push_back({rows, static_cast<double>(out), static_cast<double>(in)});
+  return w;
 }
 
 void ReplicatedLinear::backward(const LayerEnv& env, const BackwardPass& pass, Tensor* dinp,

@@ -25,6 +25,7 @@
 
 #include "models/layers/parallel.h"
 #include "models/layers/params.h"
+#include "models/layers/work.h"
 
 namespace strata {
 
@@ -56,6 +57,11 @@ class ColumnParallelLinear {
   // used (unless the W pass keeps it), so a caller may hand over the last reference.
   Tensor backward(const LayerEnv& env, BackwardPass& pass, Tensor dout, const Tensor& x) const;
 
+  // One micro-batch through an `in` → `out` layer: its GEMM on this rank's out/t rows; with
+  // sequence parallelism the gather of its input (forward, and again for the weight gradient);
+  // the reduction of its input gradient over the group (all-reduce, or reduce-scatter with sp).
+  static PartWork work(int64_t in, int64_t out, const WorkShape& s);
+
   ParamRef weight, bias;
   int64_t out_local = 0;  // output features on this rank
 };
@@ -81,6 +87,11 @@ class RowParallelLinear {
                              const Tensor& dout_full, const Tensor& pre, const Tensor& x,
                              GeluKind kind = GeluKind::kTanh) const;
 
+  // One micro-batch through an `in` → `out` layer: its GEMM on this rank's in/t columns, the
+  // reduction of its partial output (all-reduce, or reduce-scatter with sp), the residual join
+  // (2 reads, 1 write and a byte mask per element), and with sp the gather of its output gradient.
+  static PartWork work(int64_t in, int64_t out, const WorkShape& s);
+
   ParamRef weight, bias;
 };
 
@@ -105,6 +116,10 @@ class ReplicatedLinear {
   // dinp (may be null) = dout · W, assigned; dW, db += (summed over the group per above).
   void backward(const LayerEnv& env, const BackwardPass& pass, Tensor* dinp, const Tensor& dout,
                 const Tensor& x) const;
+
+  // `rows` rows through an `in` → `out` layer: its GEMM (the gradient sums of the last
+  // micro-batch are not per micro-batch work).
+  static PartWork work(int64_t in, int64_t out, double rows);
 
   ParamRef weight, bias;
   bool sequence_sharded = false;

@@ -2,15 +2,39 @@
 
 namespace strata {
 
-MLP::MLP(ParamLayout& layout, MlpActivation activation_, const std::string& fc_name,
-         const std::string& proj_name, int64_t C, int64_t F, LinearInit fc_init,
-         LinearInit proj_init, bool bias)
-    : activation(activation_), hidden_local(F / layout.tp()) {
+MLP::MLP(ParamLayout& layout, const MlpSpec& spec, const std::string& fc_name,
+         const std::string& proj_name, int64_t C, LinearInit fc_init, LinearInit proj_init)
+    : activation(spec.activation), hidden_local(spec.hidden / layout.tp()) {
+  const int64_t F = spec.hidden;
   if (activation == MlpActivation::kSwiGlu)
-    fc = ColumnParallelLinear(layout, fc_name, C, 2 * F, fc_init, bias, {F, F});
+    fc = ColumnParallelLinear(layout, fc_name, C, 2 * F, fc_init, spec.bias, {F, F});
   else
-    fc = ColumnParallelLinear(layout, fc_name, C, F, fc_init, bias);
-  proj = RowParallelLinear(layout, proj_name, F, C, proj_init, bias);
+    fc = ColumnParallelLinear(layout, fc_name, C, F, fc_init, spec.bias);
+  proj = RowParallelLinear(layout, proj_name, F, C, proj_init, spec.bias);
+}
+
+PartWork MLP::work(int64_t C, const MlpSpec& m, const WorkShape& s) {
+  PartWork w = ColumnParallelLinear::work(C, m.fc_rows(), s);
+  const double passes = m.activation == MlpActivation::kSwiGlu ? 3 : 2;
+  w.elementwise(passes * s.tokens() * static_cast<double>(m.hidden) / s.t);
+  w += RowParallelLinear::work(m.hidden, C, s);
+  return w;
+}
+
+LayerActivations MLP::activations(int64_t C, const MlpSpec& m, const WorkShape& s) {
+  LayerActivations a;
+  a.saved = s.tokens() * static_cast<double>(m.fc_rows() + m.hidden) / s.t;
+  a.backward = a.saved + (s.sp ? s.tokens() * static_cast<double>(C) : 0);
+  return a;
+}
+
+double MLP::flops_per_token(int64_t C, const MlpSpec& m) {
+  return 2.0 * static_cast<double>(C) * static_cast<double>(m.fc_rows() + m.hidden);
+}
+
+std::string MLP::split_reason(const MlpSpec& m, int t) {
+  if (t >= 1 && m.hidden % t == 0) return "";
+  return "tensor " + std::to_string(t) + " does not divide ffn " + std::to_string(m.hidden);
 }
 
 namespace {

@@ -16,10 +16,21 @@
 
 #include "models/layers/linear.h"
 #include "models/layers/parallel.h"
+#include "models/layers/work.h"
 
 namespace strata {
 
 enum class MlpActivation { kGelu, kGeluErf, kSwiGlu };
+
+// The MLP of a block: its activation and width.
+struct MlpSpec {
+  MlpActivation activation = MlpActivation::kGelu;
+  int64_t hidden = 0;  // F
+  bool bias = true;    // biases on both projections
+
+  // Rows of the expansion: F, or [gate; up] with SwiGLU.
+  int64_t fc_rows() const { return activation == MlpActivation::kSwiGlu ? 2 * hidden : hidden; }
+};
 
 class MLP {
  public:
@@ -29,10 +40,9 @@ class MLP {
   };
 
   MLP() = default;
-  // fc_name, proj_name: the two projections' parameter prefixes.
-  MLP(ParamLayout& layout, MlpActivation activation, const std::string& fc_name,
-      const std::string& proj_name, int64_t C, int64_t F, LinearInit fc_init, LinearInit proj_init,
-      bool bias);
+  // fc_name, proj_name: the two projections' parameter prefixes, for a hidden size C.
+  MLP(ParamLayout& layout, const MlpSpec& spec, const std::string& fc_name,
+      const std::string& proj_name, int64_t C, LinearInit fc_init, LinearInit proj_init);
 
   // residual + mlp(x), reduced over the group; x (B, S_local, C) the normalised input.
   Tensor forward(const LayerEnv& env, const Tensor& x, const Tensor& residual, Saved& s) const;
@@ -40,6 +50,17 @@ class MLP {
   // the group (B, S_local, C).
   Tensor backward(const LayerEnv& env, BackwardPass& pass, const Tensor& dresid, const Tensor& x,
                   const Saved& s) const;
+
+  // ---- self-description (models/layers/work.h), for a hidden size C ----
+  // The two projections and the activation (GELU: a read and a write; SwiGLU: two reads, one
+  // write).
+  static PartWork work(int64_t C, const MlpSpec& m, const WorkShape& s);
+  // Keeps the expansion before and after the activation; its backward holds d(pre) and
+  // d(activation) (a fused GPU GELU never holds the latter: margin for when cuBLASLt declines)
+  // and with sp the gathered input.
+  static LayerActivations activations(int64_t C, const MlpSpec& m, const WorkShape& s);
+  static double flops_per_token(int64_t C, const MlpSpec& m);  // forward, 2 per multiply-add
+  static std::string split_reason(const MlpSpec& m, int t);    // "" when t divides F
 
   MlpActivation activation = MlpActivation::kGelu;
   ColumnParallelLinear fc;

@@ -9,6 +9,18 @@ Norm::Norm(ParamLayout& layout, NormKind kind_, const std::string& name, int64_t
     bias = layout.add({name + ".bias", {C}, ParamSplit::kReplicated, ParamInit::kZeros});
 }
 
+PartWork Norm::work(int64_t C, const WorkShape& s) {
+  PartWork w;
+  w.elementwise(2 * s.tokens_local() * static_cast<double>(C));
+  return w;
+}
+
+LayerActivations Norm::activations(NormKind kind, int64_t C, const WorkShape& s) {
+  LayerActivations a;
+  a.saved = s.tokens_local() * static_cast<double>(C) + stats_per_token(kind) * s.tokens_local();
+  return a;
+}
+
 void Norm::forward(const LayerEnv& env, Saved& s, const Tensor& x) const {
   const int64_t B = x.size(0), S = x.size(1), C = x.size(2);
   s.out = env.act({B, S, C});

@@ -14,10 +14,17 @@
 
 #include "models/layers/parallel.h"
 #include "models/layers/params.h"
+#include "models/layers/work.h"
 
 namespace strata {
 
 enum class NormKind { kLayerNorm, kRMSNorm };
+
+// Which normalisation, with which epsilon.
+struct NormSpec {
+  NormKind kind = NormKind::kLayerNorm;
+  double eps = 1e-5;
+};
 
 class Norm {
  public:
@@ -32,6 +39,8 @@ class Norm {
   // Declares `name`.weight (ones) and, for LayerNorm, `name`.bias (zeros), both of size C. eps:
   // added to the variance (LayerNorm) or the mean square (RMSNorm).
   Norm(ParamLayout& layout, NormKind kind, const std::string& name, int64_t C, double eps);
+  Norm(ParamLayout& layout, const NormSpec& spec, const std::string& name, int64_t C)
+      : Norm(layout, spec.kind, name, C, spec.eps) {}
 
   void forward(const LayerEnv& env, Saved& s, const Tensor& x) const;
   // dx += the gradient through the normalisation of x (the residual stream's gradient, which
@@ -43,9 +52,12 @@ class Norm {
   // The first and last of its parameters (weight; bias for LayerNorm), for gradient reports.
   ParamRef first() const { return weight; }
   ParamRef last() const { return bias.valid() ? bias : weight; }
-  // Elements of the activations the forward keeps per token, in the activation type (out) and
-  // f32 (statistics), for the self-description.
+  // f32 statistics the forward keeps per token (mean and rstd, or rstd).
   static int stats_per_token(NormKind kind) { return kind == NormKind::kLayerNorm ? 2 : 1; }
+  // One micro-batch over the residual stream's rows: a read and a write of each element.
+  static PartWork work(int64_t C, const WorkShape& s);
+  // It keeps its output and its statistics.
+  static LayerActivations activations(NormKind kind, int64_t C, const WorkShape& s);
 
   NormKind kind = NormKind::kLayerNorm;
   float eps = 1e-5f;

@@ -53,6 +53,12 @@ void RotaryEmbedding::forward(const LayerEnv& env, Tensor& qkv, int heads, int k
   env.be.rope_forward(qkv, table, heads, kv_heads);
 }
 
+void RotaryEmbedding::forward_at(const LayerEnv& env, Tensor& qkv, int heads, int kv_heads,
+                                 int64_t pos0) const {
+  const int64_t HS = table.size(1);  // rows from pos0
+  env.be.rope_forward(qkv, table.view(pos0 * HS, {table.size(0) - pos0, HS}), heads, kv_heads);
+}
+
 void RotaryEmbedding::backward(const LayerEnv& env, Tensor& dqkv, int heads, int kv_heads) const {
   env.be.rope_backward(dqkv, table, heads, kv_heads);
 }

@@ -35,6 +35,8 @@ class RotaryEmbedding {
 
   // qkv (B, S, (heads + 2·kv_heads)·HS) in place: queries and keys rotated by position.
   void forward(const LayerEnv& env, Tensor& qkv, int heads, int kv_heads) const;
+  // Generation: T new positions from pos0 (qkv (B, T, …)) rotated in place.
+  void forward_at(const LayerEnv& env, Tensor& qkv, int heads, int kv_heads, int64_t pos0) const;
   // dqkv of the same layout in place: the gradient of the rotation's input.
   void backward(const LayerEnv& env, Tensor& dqkv, int heads, int kv_heads) const;
 

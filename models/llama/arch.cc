@@ -1,55 +1,42 @@
-// The "llama" entry of the model registry (models/registry.h).
+// The "llama" entry of the model registry (models/registry.h): the Llama family as a transformer
+// spec.
 #include "models/llama/llama.h"
 #include "models/registry.h"
+#include "models/transformer/lm_head.h"
 #include "runtime/base/error.h"
 
 namespace strata {
 
-DecoderShape llama_shape(const ModelConfig& m) {
-  DecoderShape s;
-  s.arch = "llama";
-  s.L = m.num_layers;
-  s.C = m.hidden_size;
-  s.NH = m.num_heads;
-  s.KVH = m.kv_heads();
-  s.F = m.ffn_hidden_size;
-  s.S = m.seq_len;
-  s.V = m.vocab_size;
-  s.tie = m.tie_embeddings;
-  s.init_std = m.init_std;
-  s.scaled_proj_init = false;
-  s.norm = NormKind::kRMSNorm;
-  s.norm_eps = m.rms_norm_eps;
-  s.learned_positions = false;
+TransformerSpec llama_spec(const ModelConfig& m) {
+  TransformerSpec s = transformer_sizes("llama", m);
+  s.embedding.table = "embed_tokens";
   s.rope_theta = m.rope_theta;
   s.rope_scaling = m.rope_scaling;
-  s.mlp = MlpActivation::kSwiGlu;
-  s.bias = false;
-  s.names = {"embed_tokens",
-             "",
-             "layers.",
-             "input_layernorm",
-             "self_attn.qkv_proj",
-             "self_attn.o_proj",
-             "post_attention_layernorm",
-             "mlp.gate_up_proj",
-             "mlp.down_proj",
-             "norm",
-             "lm_head"};
+  BlockSpec& b = s.block;
+  b.placement = NormPlacement::kPre;
+  b.norm = {NormKind::kRMSNorm, m.rms_norm_eps};
+  b.attention.rotary = true;
+  b.attention.bias = false;
+  b.mlp.activation = MlpActivation::kSwiGlu;
+  b.mlp.bias = false;
+  b.names = {"input_layernorm",          "self_attn.qkv_proj", "self_attn.o_proj",
+             "post_attention_layernorm", "mlp.gate_up_proj",   "mlp.down_proj"};
+  s.layer_prefix = "layers.";
+  s.head = std::make_shared<LmHeadSpec>(b.norm, "norm", m.tie_embeddings, "lm_head");
+  s.shape_keys["num_key_value_heads"] = m.kv_heads();
+  s.shape_keys["rope_theta"] = m.rope_theta;
+  s.shape_keys["rope_scaling"] =
+      m.rope_scaling ? nlohmann::json(*m.rope_scaling) : nlohmann::json();
+  s.shape_keys["rms_norm_eps"] = m.rms_norm_eps;
   return s;
 }
 
 ArchSpec llama_arch() {
   ArchSpec a;
   a.name = "llama";
-  a.describe = [](const ModelConfig& m) { return describe_decoder(llama_shape(m)); };
-  a.build = [](const ModelConfig& m, const ModelOptions& o, Backend& be) -> std::unique_ptr<Model> {
-    return std::make_unique<DecoderModel>(llama_shape(m), o, be);
-  };
-  a.layout = [](const ModelConfig& m, int t, int r, bool sp,
-                const std::vector<ModelPiece>& pieces) {
-    return DecoderModel::layout(llama_shape(m), t, r, sp, pieces);
-  };
+  a.spec = llama_spec;
+  a.tiny_preset = "llama-tiny";
+  a.grouped_query = true;
   a.hf = HfAdapter{"LlamaForCausalLM", llama_to_hf, llama_from_hf, llama_hf_config,
                    llama_check_hf_config};
   a.hf.hf_order = llama_hf_order;

@@ -32,6 +32,11 @@
 namespace strata {
 namespace {
 
+// The size of one attention head.
+int64_t head_size(const ModelConfig& m) {
+  return m.hidden_size / m.num_heads;
+}
+
 // The 2-D tensors stacked along rows, in order.
 FullTensor stack_rows(std::initializer_list<const FullTensor*> parts) {
   FullTensor o;
@@ -53,40 +58,39 @@ std::string layer(int64_t l) {
 }  // namespace
 
 FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
-  const DecoderShape d = llama_shape(m);
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
-  const int64_t q = d.NH * d.head_size(), kv = d.KVH * d.head_size();
+  const int64_t q = m.num_heads * head_size(m), kv = m.kv_heads() * head_size(m);
   FullTensors hf;
-  hf["model.embed_tokens.weight"] = hf_rows(get("embed_tokens"), 0, d.V);
-  for (int64_t l = 0; l < d.L; ++l) {
+  hf["model.embed_tokens.weight"] = hf_rows(get("embed_tokens"), 0, m.vocab_size);
+  for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string o = layer(l), h = "model." + o;
     const FullTensor& qkv = get(o + "self_attn.qkv_proj.weight");
     hf[h + "self_attn.q_proj.weight"] = hf_rows(qkv, 0, q);
     hf[h + "self_attn.k_proj.weight"] = hf_rows(qkv, q, kv);
     hf[h + "self_attn.v_proj.weight"] = hf_rows(qkv, q + kv, kv);
     const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
-    hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, d.F);
-    hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, d.F, d.F);
+    hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, m.ffn_hidden_size);
+    hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, m.ffn_hidden_size, m.ffn_hidden_size);
     for (const char* n : {"self_attn.o_proj.weight", "mlp.down_proj.weight",
                           "input_layernorm.weight", "post_attention_layernorm.weight"})
       hf[h + n] = get(o + n);
   }
   hf["model.norm.weight"] = get("norm.weight");
-  if (!d.tie) hf["lm_head.weight"] = hf_rows(get("lm_head.weight"), 0, d.V);
+  if (!m.tie_embeddings) hf["lm_head.weight"] = hf_rows(get("lm_head.weight"), 0, m.vocab_size);
   return hf;
 }
 
 FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
-  const DecoderShape d = llama_shape(m);
   const auto get = [&](const std::string& n,
                        const std::vector<int64_t>& shape) -> const FullTensor& {
     return hf_tensor(hf, n, shape, path);
   };
-  const int64_t C = d.C, F = d.F, q = d.NH * d.head_size(), kv = d.KVH * d.head_size();
+  const int64_t C = m.hidden_size, F = m.ffn_hidden_size, q = m.num_heads * head_size(m),
+                kv = m.kv_heads() * head_size(m);
   FullTensors o;
-  const FullTensor& embed = get("model.embed_tokens.weight", {d.V, C});
+  const FullTensor& embed = get("model.embed_tokens.weight", {m.vocab_size, C});
   o["embed_tokens"] = embed;
-  for (int64_t l = 0; l < d.L; ++l) {
+  for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string p = layer(l), h = "model." + p;
     o[p + "self_attn.qkv_proj.weight"] = stack_rows({&get(h + "self_attn.q_proj.weight", {q, C}),
                                                      &get(h + "self_attn.k_proj.weight", {kv, C}),
@@ -99,9 +103,10 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
     o[p + "post_attention_layernorm.weight"] = get(h + "post_attention_layernorm.weight", {C});
   }
   o["norm.weight"] = get("model.norm.weight", {C});
-  if (!d.tie) {
-    o["lm_head.weight"] = get("lm_head.weight", {d.V, C});
-  } else if (hf.count("lm_head.weight") && get("lm_head.weight", {d.V, C}).data != embed.data) {
+  if (!m.tie_embeddings) {
+    o["lm_head.weight"] = get("lm_head.weight", {m.vocab_size, C});
+  } else if (hf.count("lm_head.weight") &&
+             get("lm_head.weight", {m.vocab_size, C}).data != embed.data) {
     throw InputError(path, "lm_head.weight",
                      "none, or one equal to model.embed_tokens.weight (model.tie_embeddings is "
                      "true); it differs: an untied model needs model.tie_embeddings false");
@@ -110,23 +115,22 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
 }
 
 nlohmann::json llama_hf_config(const ModelConfig& m) {
-  const DecoderShape d = llama_shape(m);
   nlohmann::json scaling = nullptr;
   if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/base/config.h's to_json
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
-          {"hidden_size", d.C},
-          {"intermediate_size", d.F},
-          {"num_hidden_layers", d.L},
-          {"num_attention_heads", d.NH},
-          {"num_key_value_heads", d.KVH},
-          {"head_dim", d.head_size()},
+          {"hidden_size", m.hidden_size},
+          {"intermediate_size", m.ffn_hidden_size},
+          {"num_hidden_layers", m.num_layers},
+          {"num_attention_heads", m.num_heads},
+          {"num_key_value_heads", m.kv_heads()},
+          {"head_dim", head_size(m)},
           {"max_position_embeddings", m.seq_len},
-          {"vocab_size", d.V},
+          {"vocab_size", m.vocab_size},
           {"rms_norm_eps", m.rms_norm_eps},
           {"rope_theta", m.rope_theta},
           {"rope_scaling", scaling},
-          {"tie_word_embeddings", d.tie},
+          {"tie_word_embeddings", m.tie_embeddings},
           {"attention_bias", false},
           {"mlp_bias", false},
           {"attention_dropout", m.dropout},
@@ -146,34 +150,32 @@ std::optional<std::string> llama_canonical_name(const std::string& name) {
 }
 
 std::vector<std::string> llama_hf_order(const ModelConfig& m) {
-  const DecoderShape d = llama_shape(m);
   std::vector<std::string> names = {"model.embed_tokens.weight"};
-  for (int64_t l = 0; l < d.L; ++l)
+  for (int64_t l = 0; l < m.num_layers; ++l)
     for (const char* n :
          {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
           "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
           "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"})
       names.push_back("model." + layer(l) + n);
   names.push_back("model.norm.weight");
-  if (!d.tie) names.push_back("lm_head.weight");
+  if (!m.tie_embeddings) names.push_back("lm_head.weight");
   return names;
 }
 
 void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
                            const std::string& path) {
-  const DecoderShape d = llama_shape(m);
   // Absent (or null) keys take LlamaConfig's defaults, as from_pretrained would.
   check_hf_key(hf, "model_type", "llama", "model.arch \"llama\"", path, "llama");
-  check_hf_key(hf, "num_hidden_layers", d.L, "model.num_layers", path, 32);
-  check_hf_key(hf, "hidden_size", d.C, "model.hidden_size", path, 4096);
-  check_hf_key(hf, "num_attention_heads", d.NH, "model.num_heads", path, 32);
+  check_hf_key(hf, "num_hidden_layers", m.num_layers, "model.num_layers", path, 32);
+  check_hf_key(hf, "hidden_size", m.hidden_size, "model.hidden_size", path, 4096);
+  check_hf_key(hf, "num_attention_heads", m.num_heads, "model.num_heads", path, 32);
   const nlohmann::json heads = hf_value(hf, "num_attention_heads", 32);
-  check_hf_key(hf, "num_key_value_heads", d.KVH, "model.num_key_value_heads", path, heads);
-  check_hf_key(hf, "head_dim", d.head_size(), "hidden_size / num_heads", path,
+  check_hf_key(hf, "num_key_value_heads", m.kv_heads(), "model.num_key_value_heads", path, heads);
+  check_hf_key(hf, "head_dim", head_size(m), "hidden_size / num_heads", path,
                hf_int(hf, "hidden_size", 4096, path) / hf_int(hf, "num_attention_heads", 32, path));
-  check_hf_key(hf, "intermediate_size", d.F, "model.ffn_hidden_size", path, 11008);
-  check_hf_key(hf, "vocab_size", d.V, "model.vocab_size", path, 32000);
-  check_hf_key(hf, "tie_word_embeddings", d.tie, "model.tie_embeddings", path, false);
+  check_hf_key(hf, "intermediate_size", m.ffn_hidden_size, "model.ffn_hidden_size", path, 11008);
+  check_hf_key(hf, "vocab_size", m.vocab_size, "model.vocab_size", path, 32000);
+  check_hf_key(hf, "tie_word_embeddings", m.tie_embeddings, "model.tie_embeddings", path, false);
   check_hf_key(hf, "rms_norm_eps", m.rms_norm_eps, "model.rms_norm_eps", path, 1e-6);
   check_hf_key(hf, "hidden_act", "silu", "Strata's SwiGLU", path, "silu");
   check_hf_key(hf, "attention_bias", false, "Strata's Llama, without biases,", path, false);

@@ -1,9 +1,9 @@
-// llama.h — the Llama family (the "llama" architecture: Llama 2, 3, 3.1, 3.2 and their kin): the
-// decoder of models/decoder/ with RMSNorm (model.rms_norm_eps), rotary position embeddings
-// (model.rope_theta, Llama 3.1's model.rope_scaling), a SwiGLU MLP, grouped-query attention
-// (model.num_key_value_heads), no biases, and the LM head untied unless model.tie_embeddings
-// (Llama 3.2 1B/3B tie it). Initialisation is Hugging Face's: every weight N(0, init_std)
-// (initializer_range), RMSNorm weights 1.
+// llama.h — the Llama family (the "llama" architecture: Llama 2, 3, 3.1, 3.2 and their kin): a
+// pre-norm transformer (models/transformer/) with RMSNorm (model.rms_norm_eps), rotary position
+// embeddings (model.rope_theta, Llama 3.1's model.rope_scaling), a SwiGLU MLP, grouped-query
+// attention (model.num_key_value_heads), no biases, and the LM head untied unless
+// model.tie_embeddings (Llama 3.2 1B/3B tie it). Initialisation is Hugging Face's: every weight
+// N(0, init_std) (initializer_range), RMSNorm weights 1.
 //
 // Parameter names are Hugging Face's LlamaForCausalLM without the `model.` prefix, with q/k/v and
 // gate/up fused: embed_tokens, layers.{l}.input_layernorm, layers.{l}.self_attn.qkv_proj (rows
@@ -23,14 +23,14 @@
 #include <string>
 #include <vector>
 
-#include "models/decoder/decoder.h"
 #include "models/layers/params.h"
+#include "models/transformer/transformer.h"
 #include "runtime/base/config.h"
 
 namespace strata {
 
-// The Llama decoder of a config's model keys.
-DecoderShape llama_shape(const ModelConfig& m);
+// The Llama model of a config's model keys.
+TransformerSpec llama_spec(const ModelConfig& m);
 
 // Hugging Face LlamaForCausalLM tensors (model.embed_tokens.weight (V, C) unpadded, separate
 // q/k/v/o and gate/up/down projections, lm_head.weight only when untied) from our full tensors,

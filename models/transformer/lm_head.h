@@ -1,0 +1,58 @@
+// lm_head.h — a decoder's head (GPT-2's and Llama's): the final norm, the vocab-parallel LM head
+// (the token table when tied, its own (Vp, C) weight when not), and Megatron's vocab-parallel
+// cross-entropy over the next tokens.
+//
+//   logits (B·S, Vp/t) = norm(y) · Wᵀ        loss = Σ cross-entropy(logits, targets)
+//
+// Parameters, after the last layer's: `norm_name`.weight[, .bias], then `lm_head_name`.weight
+// when untied (padded rows stay 0, as the table's), or on a stage without the embedding the copy
+// of the tied table. With sequence parallelism the LM head gathers its input (a column-parallel
+// layer), so the logits cover the whole sequence on every rank.
+//
+// Thread-safety: as the model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layers/cross_entropy.h"
+#include "models/layers/linear.h"
+#include "models/layers/norm.h"
+#include "models/transformer/head.h"
+
+namespace strata {
+
+class LmHeadSpec final : public HeadSpec {
+ public:
+  LmHeadSpec(NormSpec norm, std::string norm_name, bool tie, std::string lm_head_name)
+      : norm_(norm),
+        norm_name_(std::move(norm_name)),
+        tie_(tie),
+        lm_head_name_(std::move(lm_head_name)) {}
+
+  bool ties_embedding() const override { return tie_; }
+  bool generates() const override { return true; }
+  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override;
+
+  // The norm, the (b·s, V/t) logits GEMM with its input's gather (sp) and its input gradient's
+  // reduction, the fp32 loss over the logits (its statistics, target and gradient: three passes)
+  // and its three reductions over the group (row max, Σexp, target logit).
+  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override;
+  // Keeps the norm's output and statistics, the logits and their row statistics; its backward
+  // holds d(logits) beside them, d(norm) over the full sequence and the residual gradient.
+  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override;
+  double flops_per_token(int64_t C, int V) const override;
+
+ private:
+  NormSpec norm_;
+  std::string norm_name_;
+  bool tie_;
+  std::string lm_head_name_;
+};
+
+// The logits (B·S, Vp/t) of a last-piece forward of a model with an LM head (valid until its
+// backward consumes them).
+const Tensor& lm_logits(const PieceActs& acts);
+
+}  // namespace strata
