@@ -16,7 +16,7 @@
 //   50257 real columns. The optimizer rows run over every parameter of the model (124.5M, 1.31B,
 //   padding rows included), one multi-tensor segment per parameter tensor.
 //
-// Precisions, as the model runs them (models/gpt/gpt.cc):
+// Precisions, as the model runs them (models/transformer/transformer.h):
 //   f32   every operand f32. cuBLASLt computes in true fp32 (no TF32, gemm_lt.h), so GEMMs and
 //         attention are held against the CUDA-core fp32 peak.
 //   bf16  activations and the GEMMs' weight copy bf16 with f32 accumulation; weight gradients,
@@ -336,7 +336,7 @@ struct ParamTensor {
   bool decay;  // weight matrices decay; biases and LayerNorm parameters do not
 };
 
-// The GPT parameter tensors (models/gpt/gpt.cc's layout, tied embeddings, padded vocabulary).
+// The GPT parameter tensors (models/gpt/arch.cc's layout, tied embeddings, padded vocabulary).
 std::vector<ParamTensor> param_tensors(const Model& m) {
   const int64_t C = m.C, F = m.F;
   std::vector<ParamTensor> t = {{int64_t{m.Vp} * C, true}, {int64_t{m.S} * C, true}};

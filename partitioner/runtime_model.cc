@@ -19,12 +19,12 @@ RuntimeModel strata_runtime(bool cpu, const std::string& precision, double bucke
   r.param_wire_bytes = behaviour::kParamGatherWireBytes;
   r.param_gather_overlap = behaviour::kGatherParamsDuringForward;
   r.p2p_both_ends = cpu ? behaviour::kHostSendsBlock : behaviour::kDeviceGroupsWaitForSends;
-  // DecoderModel::boundary_shape: each rank sends what it holds (its sequence chunk with
+  // TransformerModel::boundary_shape: each rank sends what it holds (its sequence chunk with
   // sequence parallelism, else the whole activation).
   r.p2p_scatter_gather = false;
   r.step_bytes_per_param =
       precision == "fp32" ? behaviour::kStepBytesPerParamF32 : behaviour::kStepBytesPerParamBf16;
-  // The kernels models/decoder/decoder.cc issues per GPT layer on the CUDA backend: forward two
+  // The kernels models/layers/block.cc issues per GPT layer on the CUDA backend: forward two
   // LayerNorms, four GEMMs (bias, GELU and residual in their epilogues) and the attention;
   // backward the GEMMs' input and weight gradients, the bias and LayerNorm column sums, two
   // LayerNorm backwards, the attention backward and the residual adds.

@@ -23,7 +23,7 @@ Training step: bf16 autocast with fp32 master weights, gradient clipping at 1.0,
 (lr 1e-4, betas (0.9, 0.999), weight decay 0.01). Timed end to end with a device synchronisation
 after each step (Strata reports the loss every step, so it syncs too).
 
-FLOPs: Strata's model FLOPs (models/bert/description.cc flops_per_iteration): per token and
+FLOPs: Strata's model FLOPs (models/transformer/description.cc flops_per_iteration): per token and
 layer 2·(4·C² + 2·C·F) + 4·S·C (the whole S×S scores, no causal half), plus 2·C² + 2·C·V for the
 masked-LM head on every position, plus per sequence 2·C² + 4·C (pooler, classifier); times 3.
 MFU = achieved model FLOP/s ÷ --peak-tflops (989: H100/H200 SXM dense bf16).

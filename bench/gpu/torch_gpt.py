@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for Strata's GPU throughput: the same GPT-2 model, optimizer and precision.
 
-Architecture (as models/gpt/gpt.cc): learned token + position embeddings, pre-LayerNorm blocks
+Architecture (as models/gpt/arch.cc specifies it): learned token + position embeddings, pre-LayerNorm blocks
 (ln_1 -> causal self-attention with a fused qkv projection -> residual, ln_2 -> MLP h->4h, tanh-GELU,
 4h->h -> residual), a final LayerNorm and a head tied to the token embedding. Every linear layer has
 a bias. The vocabulary is padded to a multiple of --pad-vocab (128, as Strata does for t=1) and the
@@ -14,7 +14,7 @@ with a device synchronisation after it (Strata reports the loss every step, so i
 
 FLOPs: Megatron's model FLOPs per iteration, 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) with V the
 unpadded vocabulary and B the sequences per iteration — the formula Strata's tflops_per_gpu uses
-(models/gpt/description.cc flops_per_iteration). MFU = achieved model FLOP/s ÷ --peak-tflops (989: H100/H200
+(models/transformer/description.cc flops_per_iteration). MFU = achieved model FLOP/s ÷ --peak-tflops (989: H100/H200
 SXM dense bf16).
 
 Prints one JSON line per run (--compile 0, 1, or both with --compile 0,1). CPU smoke test:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for Strata's GPU throughput on Llama: the same model, optimizer and precision.
 
-Architecture (as models/llama/ and models/decoder/ build model.arch "llama"): a token embedding,
+Architecture (as models/llama/arch.cc specifies model.arch "llama"): a token embedding,
 pre-RMSNorm blocks (input_layernorm -> causal self-attention with a fused [q; k; v] projection,
 grouped-query attention with --kv-heads key/value heads and rotary embeddings on q and k ->
 o_proj -> residual, post_attention_layernorm -> SwiGLU MLP with a fused [gate; up] projection,
@@ -21,7 +21,7 @@ gradient clipping at 1.0, fused AdamW (lr 3e-4, betas (0.9, 0.95), weight decay 
 tokens. The step is timed end to end with a device synchronisation after it (Strata reports the
 loss every step, so it syncs too).
 
-FLOPs: Strata's model FLOPs (models/decoder/description.cc flops_per_iteration), per token and
+FLOPs: Strata's model FLOPs (models/transformer/description.cc flops_per_iteration), per token and
 layer 2·(C·(NH + 2·KVH)·HS + C·C + 3·C·F) + 4·S·C, plus 2·C·V for the head (V unpadded), times 3
 for forward and backward, times the tokens of an iteration. MFU = achieved model FLOP/s ÷
 --peak-tflops (989: H100/H200 SXM dense bf16).
@@ -192,7 +192,7 @@ class Llama(nn.Module):
 
 
 def model_flops_per_iter(sequences, s, l, c, heads, kv_heads, ffn, vocab):
-    """Strata's model FLOPs (models/decoder/description.cc flops_per_iteration, SwiGLU)."""
+    """Strata's model FLOPs (models/transformer/description.cc flops_per_iteration, SwiGLU)."""
     hs = c // heads
     per_token_layer = 2.0 * (c * (heads + 2 * kv_heads) * hs + c * c + 3.0 * c * ffn) + 4.0 * s * c
     per_token_fwd = l * per_token_layer + 2.0 * c * vocab
