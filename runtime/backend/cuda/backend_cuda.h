@@ -231,8 +231,6 @@ class CudaBackend final : public Backend {
   GemmRun run_gemm(kc::Gemm g);
   static kc::Gemm forward_gemm(const Tensor& out, const Tensor& inp, const Tensor& w);
   static kc::Gemm backward_input_gemm(const Tensor& dinp, const Tensor& dout, const Tensor& w);
-  static int64_t check_linear(const Tensor& out, const Tensor& inp, const Tensor& w,
-                              const Tensor* bias);
   bool run_forward_gemm(kc::Gemm g, Tensor& out, const Tensor* bias);
   bool run_fused(const kc::Gemm& g);
   void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias);
@@ -251,8 +249,6 @@ class CudaBackend final : public Backend {
   void rope(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH, bool backward);
 
   // ---- the other ops (backend_cuda_ops.cu) ----
-  static int64_t swiglu_width(const Tensor& gate_up);
-  static int ce_ld(const Tensor& logits, int valid);
   void seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks);
   double read_dsum();
 

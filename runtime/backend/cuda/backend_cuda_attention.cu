@@ -162,11 +162,7 @@ void CudaBackend::rope(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH, bool
     MixedPrecisionScope mp(*this);
     return rope(qkv, mp.in(cos_sin), NH, KVH, backward);
   }
-  const AttentionDims d = attention_dims(qkv, NH, KVH);
-  STRATA_CHECK(d.HS % 2 == 0, "rope head size " << d.HS << " is not even");
-  STRATA_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == d.HS && cos_sin.size(0) >= d.S,
-               "rope cos_sin " << shape_string(cos_sin.shape()) << " for S = " << d.S
-                               << ", head size " << d.HS);
+  const AttentionDims d = rope_dims(qkv, cos_sin, NH, KVH, backward ? "rope dqkv" : "rope qkv");
   const auto run = backward ? kc::rope_backward : kc::rope_forward;
   CUDA_CHECK(run(qkv.data(), et(qkv), cos_sin.f32(), as_int(d.B), as_int(d.S), NH, KVH,
                  as_int(d.HS), stream_));

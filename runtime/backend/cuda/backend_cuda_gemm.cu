@@ -15,8 +15,7 @@ namespace strata::cuda_backend {
 
 void CudaBackend::matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                                  const Tensor* bias) {
-  const int64_t N = check_linear(out, inp, w, bias);
-  if (N == 0) return;
+  if (linear_dims(out, inp, w, bias).N == 0) return;
   if (!gemm_native(inp, w, out) || !run_forward_gemm(forward_gemm(out, inp, w), out, bias))
     matmul_forward_widened(out, inp, w, bias);
 }
@@ -24,7 +23,7 @@ void CudaBackend::matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w
 // The residual is cuBLASLt's C with beta 1 (out is its D): read once inside the GEMM.
 void CudaBackend::matmul_residual_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                                           const Tensor* bias, const Tensor& residual) {
-  const int64_t N = check_linear(out, inp, w, bias);
+  const int64_t N = linear_dims(out, inp, w, bias).N;
   expect_numel(residual, out.numel(), "matmul residual");
   if (N > 0 && gemm_native(inp, w, out) && same_dtype(out, residual)) {
     kc::Gemm g = forward_gemm(out, inp, w);
@@ -41,10 +40,7 @@ void CudaBackend::matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const
 }
 
 void CudaBackend::matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w) {
-  const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
-  expect_shape(w, {OC, C}, "matmul weight");
-  expect_numel(dout, N * OC, "matmul dout");
-  if (N == 0) return;
+  if (linear_backward_input_dims(dinp, dout, w).N == 0) return;
   if (!gemm_native(dout, w, dinp)) return matmul_backward_input_widened(dinp, dout, w);
   if (run_gemm(backward_input_gemm(dinp, dout, w)) == GemmRun::kUnsupported)
     matmul_backward_input_widened(dinp, dout, w);
@@ -52,10 +48,7 @@ void CudaBackend::matmul_backward_input(Tensor& dinp, const Tensor& dout, const 
 
 void CudaBackend::matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                                          const Tensor& inp) {
-  const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
-  expect_shape(dw, {OC, C}, "matmul dweight");
-  expect_numel(dout, N * OC, "matmul dout");
-  if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+  const auto [N, C, OC] = linear_backward_weight_dims(dw, dbias, dout, inp);
   if (N == 0) return;
   if (!gemm_native(dout, inp, dw)) return matmul_backward_weight_widened(dw, dbias, dout, inp);
   kc::Gemm g;
@@ -101,12 +94,9 @@ void CudaBackend::matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor
 
 void CudaBackend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
                                       const Tensor& bias, GeluKind kind) {
-  const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
-  expect_shape(w, {OC, C}, "matmul weight");
-  expect_numel(pre, N * OC, "matmul pre-activation");
-  expect_numel(out, N * OC, "gelu out");
-  expect_numel(bias, OC, "matmul bias");
-  if (N > 0 && kind == GeluKind::kTanh && out.dtype() == DType::kBF16 &&
+  const LinearDims d = linear_dims(pre, inp, w, &bias);  // pre: the GEMM's output
+  expect_numel(out, d.N * d.OC, "gelu out");
+  if (d.N > 0 && kind == GeluKind::kTanh && out.dtype() == DType::kBF16 &&
       all_same_dtype(out, inp, w, pre, bias)) {
     kc::Gemm g = forward_gemm(out, inp, w);
     g.epilogue = kc::GemmEpilogue::kGeluAuxBias;
@@ -119,11 +109,9 @@ void CudaBackend::matmul_gelu_forward(Tensor& pre, Tensor& out, const Tensor& in
 
 void CudaBackend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
                                              const Tensor& pre, GeluKind kind) {
-  const int64_t N = rows(dpre), C = dpre.size(-1), OC = w.size(0);
-  expect_shape(w, {OC, C}, "matmul weight");
-  expect_numel(dout, N * OC, "matmul dout");
-  expect_numel(pre, N * C, "gelu pre-activation");
-  if (N > 0 && kind == GeluKind::kTanh && dpre.dtype() == DType::kBF16 &&
+  const LinearDims d = linear_backward_input_dims(dpre, dout, w);
+  expect_numel(pre, d.N * d.C, "gelu pre-activation");
+  if (d.N > 0 && kind == GeluKind::kTanh && dpre.dtype() == DType::kBF16 &&
       all_same_dtype(dpre, dout, w, pre)) {
     kc::Gemm g = backward_input_gemm(dpre, dout, w);
     g.epilogue = kc::GemmEpilogue::kDGelu;
@@ -179,16 +167,6 @@ kc::Gemm CudaBackend::backward_input_gemm(const Tensor& dinp, const Tensor& dout
   g.ab_type = et(dout);
   g.C = dinp.data(), g.ldc = g.N, g.c_type = et(dinp);
   return g;
-}
-
-// A linear layer's shapes: w (OC, C), inp (N, C), out (N, OC), bias (OC) or null; returns N.
-int64_t CudaBackend::check_linear(const Tensor& out, const Tensor& inp, const Tensor& w,
-                                  const Tensor* bias) {
-  const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
-  expect_shape(w, {OC, C}, "matmul weight");
-  expect_numel(out, N * OC, "matmul out");
-  if (bias) expect_numel(*bias, OC, "matmul bias");
-  return N;
 }
 
 // Runs a forward GEMM g (out its C) with the bias, if any, in its epilogue, or added by a

@@ -25,12 +25,7 @@ void CudaBackend::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, con
     return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
                              mp.in(b), eps);
   }
-  const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(out, N * C, "layernorm out");
-  expect_numel(mean, N, "layernorm mean");
-  expect_numel(rstd, N, "layernorm rstd");
-  expect_numel(w, C, "layernorm weight");
-  expect_numel(b, C, "layernorm bias");
+  const auto [N, C] = layernorm_forward_dims(out, mean, rstd, inp, w, b);
   CUDA_CHECK(kc::layernorm_forward(out.data(), mean.f32(), rstd.f32(), inp.data(), et(inp),
                                    w.data(), b.data(), et(w), N, as_int(C), eps, stream_));
 }
@@ -43,14 +38,7 @@ void CudaBackend::layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const
     return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
                               mp.in(w), mp.in(mean), mp.in(rstd));
   }
-  const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(dinp, N * C, "layernorm dinp");
-  expect_numel(dout, N * C, "layernorm dout");
-  expect_numel(w, C, "layernorm weight");
-  expect_numel(dw, C, "layernorm dweight");
-  expect_numel(db, C, "layernorm dbias");
-  expect_numel(mean, N, "layernorm mean");
-  expect_numel(rstd, N, "layernorm rstd");
+  const auto [N, C] = layernorm_backward_dims(dinp, dw, db, dout, inp, w, mean, rstd);
   CUDA_CHECK(kc::layernorm_backward(dinp.data(), dw.f32(), db.f32(), dout.data(), inp.data(),
                                     et(inp), w.data(), et(w), mean.f32(), rstd.f32(), N, as_int(C),
                                     stream_));
@@ -62,10 +50,7 @@ void CudaBackend::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, 
     MixedPrecisionScope mp(*this);
     return rmsnorm_forward(mp.out(out), mp.out(rstd), mp.in(inp), mp.in(w), eps);
   }
-  const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(out, N * C, "rmsnorm out");
-  expect_numel(rstd, N, "rmsnorm rstd");
-  expect_numel(w, C, "rmsnorm weight");
+  const auto [N, C] = rmsnorm_forward_dims(out, rstd, inp, w);
   CUDA_CHECK(kc::rmsnorm_forward(out.data(), rstd.f32(), inp.data(), et(inp), w.data(), et(w), eps,
                                  N, as_int(C), stream_));
 }
@@ -77,12 +62,7 @@ void CudaBackend::rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout,
     return rmsnorm_backward(mp.out(dinp), mp.out(dw), mp.in(dout), mp.in(inp), mp.in(w),
                             mp.in(rstd));
   }
-  const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(dinp, N * C, "rmsnorm dinp");
-  expect_numel(dout, N * C, "rmsnorm dout");
-  expect_numel(w, C, "rmsnorm weight");
-  expect_numel(dw, C, "rmsnorm dweight");
-  expect_numel(rstd, N, "rmsnorm rstd");
+  const auto [N, C] = rmsnorm_backward_dims(dinp, dw, dout, inp, w, rstd);
   CUDA_CHECK(kc::rmsnorm_backward(dinp.data(), dw.f32(), dout.data(), inp.data(), et(inp), w.data(),
                                   et(w), rstd.f32(), N, as_int(C), stream_));
 }
@@ -136,8 +116,7 @@ void CudaBackend::swiglu_forward(Tensor& out, const Tensor& gate_up) {
     MixedPrecisionScope mp(*this);
     return swiglu_forward(mp.out(out), mp.in(gate_up));
   }
-  const int64_t N = rows(gate_up), F = swiglu_width(gate_up);
-  expect_numel(out, N * F, "swiglu out");
+  const auto [N, F] = swiglu_dims(out, gate_up, "swiglu out");
   CUDA_CHECK(kc::swiglu_forward(out.data(), gate_up.data(), et(gate_up), N, as_int(F), stream_));
 }
 
@@ -146,9 +125,7 @@ void CudaBackend::swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Te
     MixedPrecisionScope mp(*this);
     return swiglu_backward(mp.out(dgate_up), mp.in(dout), mp.in(gate_up));
   }
-  const int64_t N = rows(gate_up), F = swiglu_width(gate_up);
-  expect_numel(dgate_up, N * 2 * F, "swiglu dgate_up");
-  expect_numel(dout, N * F, "swiglu dout");
+  const auto [N, F] = swiglu_backward_dims(dgate_up, dout, gate_up);
   CUDA_CHECK(kc::swiglu_backward(dgate_up.data(), dout.data(), gate_up.data(), et(gate_up), N,
                                  as_int(F), stream_));
 }
@@ -161,12 +138,7 @@ void CudaBackend::embedding_forward(Tensor& out, const Tensor& tokens, const Ten
     MixedPrecisionScope mp(*this);
     return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
   }
-  const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
-  expect_numel(out, B * S * C, "embedding out");
-  if (wpe) {
-    STRATA_CHECK(wpe->size(1) == C && wpe->size(0) >= S,
-                 "wpe " << shape_string(wpe->shape()) << " for S = " << S << ", C = " << C);
-  }
+  const auto [B, S, C] = embedding_dims(out, tokens, wte, wpe, "embedding out");
   CUDA_CHECK(kc::embedding_forward(out.data(), et(out), tokens.i32(), wte.data(),
                                    wpe ? wpe->data() : nullptr, et(wte), as_int(B), as_int(S),
                                    as_int(C), vocab_start, as_int(wte.size(0)), stream_));
@@ -178,12 +150,7 @@ void CudaBackend::embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& d
     MixedPrecisionScope mp(*this);
     return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
   }
-  const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
-  expect_numel(dout, B * S * C, "embedding dout");
-  if (dwpe) {
-    STRATA_CHECK(dwpe->size(1) == C && dwpe->size(0) >= S,
-                 "dwpe " << shape_string(dwpe->shape()) << " for S = " << S << ", C = " << C);
-  }
+  const auto [B, S, C] = embedding_dims(dout, tokens, dwte, dwpe, "embedding dout");
   CUDA_CHECK(kc::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.data(), et(dout),
                                     tokens.i32(), as_int(B), as_int(S), as_int(C), vocab_start,
                                     as_int(dwte.size(0)), stream_));
@@ -198,9 +165,7 @@ void CudaBackend::ce_row_stats(Tensor& row_max, Tensor& row_sumexp, const Tensor
     MixedPrecisionScope mp(*this);
     return ce_row_stats(mp.out(row_max), mp.out(row_sumexp), logits, valid);
   }
-  const int64_t N = rows(logits);
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
+  const int64_t N = ce_row_stats_rows(row_max, row_sumexp, logits);
   CUDA_CHECK(kc::ce_row_stats(row_max.f32(), row_sumexp.f32(), logits.data(), et(logits), N,
                               ce_ld(logits, valid), valid, stream_));
 }
@@ -211,9 +176,7 @@ void CudaBackend::ce_rescale_sumexp(Tensor& row_sumexp, const Tensor& local_max,
     MixedPrecisionScope mp(*this);
     return ce_rescale_sumexp(mp.out(row_sumexp), mp.in(local_max), mp.in(row_max));
   }
-  const int64_t N = row_sumexp.numel();
-  expect_numel(local_max, N, "ce local_max");
-  expect_numel(row_max, N, "ce row_max");
+  const int64_t N = ce_rescale_rows(row_sumexp, local_max, row_max);
   CUDA_CHECK(kc::ce_rescale_sumexp(row_sumexp.f32(), local_max.f32(), row_max.f32(), N, stream_));
 }
 
@@ -223,9 +186,7 @@ void CudaBackend::ce_target_logit(Tensor& target_logit, const Tensor& logits, co
     MixedPrecisionScope mp(*this);
     return ce_target_logit(mp.out(target_logit), logits, targets, vocab_start, valid);
   }
-  const int64_t N = rows(logits);
-  expect_numel(target_logit, N, "ce target_logit");
-  expect_numel(targets, N, "ce targets");
+  const int64_t N = ce_target_rows(target_logit, logits, targets);
   CUDA_CHECK(kc::ce_target_logit(target_logit.f32(), logits.data(), et(logits), targets.i32(), N,
                                  ce_ld(logits, valid), vocab_start, valid, stream_));
 }
@@ -238,10 +199,7 @@ void CudaBackend::ce_losses(Tensor& losses, const Tensor& row_max, const Tensor&
     return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit),
                      weights);
   }
-  const int64_t N = losses.numel();
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
-  expect_numel(target_logit, N, "ce target_logit");
+  const int64_t N = ce_losses_rows(losses, row_max, row_sumexp, target_logit);
   CUDA_CHECK(kc::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
                            weights ? weights->f32() : nullptr, N, stream_));
 }
@@ -257,10 +215,7 @@ void CudaBackend::ce_backward(Tensor& dlogits, const Tensor& logits, const Tenso
     return ce_backward(dlogits, logits, mp.in(row_max), mp.in(row_sumexp), targets, scale,
                        vocab_start, valid, weights);
   }
-  expect_numel(dlogits, logits.numel(), "ce dlogits");
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
-  expect_numel(targets, N, "ce targets");
+  ce_backward_rows(dlogits, logits, row_max, row_sumexp, targets);
   CUDA_CHECK(kc::ce_backward(dlogits.data(), et(dlogits), logits.data(), et(logits), row_max.f32(),
                              row_sumexp.f32(), targets.i32(), weights ? weights->f32() : nullptr,
                              scale, N, ce_ld(logits, valid), vocab_start, valid, stream_));
@@ -326,9 +281,7 @@ void CudaBackend::adamw_update_multi(const std::vector<AdamWRange>& ranges, cons
   for (const AdamWRange& r : ranges) {
     STRATA_CHECK(all_f32(r.param, r.grad, r.m, r.v),
                  "adamw: parameters, gradients and moments are f32 (fp32 master weights)");
-    expect_numel(r.grad, r.param.numel(), "adamw grad");
-    expect_numel(r.m, r.param.numel(), "adamw m");
-    expect_numel(r.v, r.param.numel(), "adamw v");
+    expect_adamw_range(r);
     kc::AdamWSegment seg;
     seg.param = r.param.f32(), seg.grad = r.grad.f32(), seg.m = r.m.f32(), seg.v = r.v.f32();
     seg.n = r.param.numel();
@@ -343,23 +296,8 @@ void CudaBackend::adamw_update_multi(const std::vector<AdamWRange>& ranges, cons
 
 // ---- helpers ----
 
-// F of a SwiGLU input gate_up (N, 2F).
-int64_t CudaBackend::swiglu_width(const Tensor& gate_up) {
-  const int64_t w = gate_up.size(-1);
-  STRATA_CHECK(w % 2 == 0, "swiglu gate_up width " << w << " is not 2 × F");
-  return w / 2;
-}
-
-int CudaBackend::ce_ld(const Tensor& logits, int valid) {
-  const int ld = as_int(logits.size(-1));
-  STRATA_CHECK(valid >= 0 && valid <= ld, "ce valid columns " << valid << " of " << ld);
-  return ld;
-}
-
 void CudaBackend::seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks) {
-  const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2);
-  STRATA_CHECK(t > 0 && S % t == 0, "sequence " << S << " % tensor " << t);
-  expect_numel(chunks, bsc.numel(), "sequence chunks");
+  const auto [B, S, C] = seq_chunk_dims(bsc, chunks, t);
   CUDA_CHECK(kc::seq_permute(bsc.data(), chunks.data(), dtype_size(bsc.dtype()), B, S, C, t,
                              to_chunks, stream_));
 }
