@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "runtime/backend/backend.h"
 #include "runtime/base/check.h"
@@ -26,6 +27,16 @@ inline void expect_shape(const Tensor& t, const Shape& s, const char* what) {
 
 inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
   STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
+}
+
+// Each operand has n elements (its name in the message otherwise); returns n.
+struct NamedOperand {
+  const Tensor& t;
+  const char* what;
+};
+inline int64_t expect_numels(int64_t n, std::initializer_list<NamedOperand> operands) {
+  for (const NamedOperand& o : operands) expect_numel(o.t, n, o.what);
+  return n;
 }
 
 // An optional per-row weight (the cross-entropy's loss mask): (N) f32 when given.
@@ -173,23 +184,17 @@ inline NormDims layernorm_forward_dims(const Tensor& out, const Tensor& mean, co
                                        const Tensor& inp, const Tensor& w, const Tensor& b) {
   const int64_t N = rows(inp), C = inp.size(-1);
   expect_numel(out, N * C, "layernorm out");
-  expect_numel(mean, N, "layernorm mean");
-  expect_numel(rstd, N, "layernorm rstd");
-  expect_numel(w, C, "layernorm weight");
-  expect_numel(b, C, "layernorm bias");
+  expect_numels(N, {{mean, "layernorm mean"}, {rstd, "layernorm rstd"}});
+  expect_numels(C, {{w, "layernorm weight"}, {b, "layernorm bias"}});
   return {N, C};
 }
 inline NormDims layernorm_backward_dims(const Tensor& dinp, const Tensor& dw, const Tensor& db,
                                         const Tensor& dout, const Tensor& inp, const Tensor& w,
                                         const Tensor& mean, const Tensor& rstd) {
   const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(dinp, N * C, "layernorm dinp");
-  expect_numel(dout, N * C, "layernorm dout");
-  expect_numel(w, C, "layernorm weight");
-  expect_numel(dw, C, "layernorm dweight");
-  expect_numel(db, C, "layernorm dbias");
-  expect_numel(mean, N, "layernorm mean");
-  expect_numel(rstd, N, "layernorm rstd");
+  expect_numels(N * C, {{dinp, "layernorm dinp"}, {dout, "layernorm dout"}});
+  expect_numels(C, {{w, "layernorm weight"}, {dw, "layernorm dweight"}, {db, "layernorm dbias"}});
+  expect_numels(N, {{mean, "layernorm mean"}, {rstd, "layernorm rstd"}});
   return {N, C};
 }
 // RMSNorm: out (N, C), rstd (N), weight (C).
@@ -204,10 +209,8 @@ inline NormDims rmsnorm_forward_dims(const Tensor& out, const Tensor& rstd, cons
 inline NormDims rmsnorm_backward_dims(const Tensor& dinp, const Tensor& dw, const Tensor& dout,
                                       const Tensor& inp, const Tensor& w, const Tensor& rstd) {
   const int64_t N = rows(inp), C = inp.size(-1);
-  expect_numel(dinp, N * C, "rmsnorm dinp");
-  expect_numel(dout, N * C, "rmsnorm dout");
-  expect_numel(w, C, "rmsnorm weight");
-  expect_numel(dw, C, "rmsnorm dweight");
+  expect_numels(N * C, {{dinp, "rmsnorm dinp"}, {dout, "rmsnorm dout"}});
+  expect_numels(C, {{w, "rmsnorm weight"}, {dw, "rmsnorm dweight"}});
   expect_numel(rstd, N, "rmsnorm rstd");
   return {N, C};
 }
@@ -253,48 +256,32 @@ inline int ce_ld(const Tensor& logits, int valid) {
   STRATA_CHECK(valid >= 0 && valid <= ld, "ce valid columns " << valid << " of " << ld);
   return ld;
 }
-// The cross-entropy's row statistics: row_max and row_sumexp (N) of logits (N, ld); returns N.
+// The cross-entropy steps' per-row operands, for logits (N, ld); each returns N.
 inline int64_t ce_row_stats_rows(const Tensor& row_max, const Tensor& row_sumexp,
                                  const Tensor& logits) {
-  const int64_t N = rows(logits);
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
-  return N;
+  return expect_numels(rows(logits), {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}});
 }
-// ce_rescale_sumexp's local_max and row_max, one per row of row_sumexp (N); returns N.
 inline int64_t ce_rescale_rows(const Tensor& row_sumexp, const Tensor& local_max,
                                const Tensor& row_max) {
-  const int64_t N = row_sumexp.numel();
-  expect_numel(local_max, N, "ce local_max");
-  expect_numel(row_max, N, "ce row_max");
-  return N;
+  return expect_numels(row_sumexp.numel(), {{local_max, "ce local_max"}, {row_max, "ce row_max"}});
 }
-// ce_target_logit's target_logit and targets (N) for logits (N, ld); returns N.
 inline int64_t ce_target_rows(const Tensor& target_logit, const Tensor& logits,
                               const Tensor& targets) {
-  const int64_t N = rows(logits);
-  expect_numel(target_logit, N, "ce target_logit");
-  expect_numel(targets, N, "ce targets");
-  return N;
+  return expect_numels(rows(logits), {{target_logit, "ce target_logit"}, {targets, "ce targets"}});
 }
-// ce_losses' operands, one per row of losses (N); returns N.
 inline int64_t ce_losses_rows(const Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                               const Tensor& target_logit) {
-  const int64_t N = losses.numel();
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
-  expect_numel(target_logit, N, "ce target_logit");
-  return N;
+  return expect_numels(
+      losses.numel(),
+      {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}, {target_logit, "ce target_logit"}});
 }
-// ce_backward's: dlogits as logits (N, ld), the statistics and targets (N); returns N.
+// dlogits as logits.
 inline int64_t ce_backward_rows(const Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                                 const Tensor& row_sumexp, const Tensor& targets) {
-  const int64_t N = rows(logits);
   expect_numel(dlogits, logits.numel(), "ce dlogits");
-  expect_numel(row_max, N, "ce row_max");
-  expect_numel(row_sumexp, N, "ce row_sumexp");
-  expect_numel(targets, N, "ce targets");
-  return N;
+  return expect_numels(
+      rows(logits),
+      {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}, {targets, "ce targets"}});
 }
 
 // The sequence-parallel layout change between bsc (B, S, C) and chunks (t, B, S/t, C), of one
