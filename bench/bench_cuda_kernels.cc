@@ -2,7 +2,7 @@
 // GPT-2 124M and GPT 1.3B, each figure printed as a fraction of the GPU's roofline: GEMMs and
 // attention in TFLOP/s against the dense bf16 tensor-core or fp32 CUDA-core peak, memory-bound
 // ops in GB/s against the HBM bandwidth. The kernels are called directly, as the CUDA backend
-// (runtime/backend/cuda/backend_cuda.cu) calls them, without the runtime around them.
+// (runtime/backend/cuda/backend_cuda*.cu) calls them, without the runtime around them.
 //
 // Usage: bench_cuda_kernels [--models 124m,1.3b] [--types bf16,f32] [--reps N] [--json FILE]
 //                           [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--hbm-gbps GBPS]
@@ -476,8 +476,8 @@ void Bench::memcpy_reference() {
   });
 }
 
-// The linear layers of one block and the LM head, as runtime/backend/cuda/backend_cuda.cu runs
-// them:
+// The linear layers of one block and the LM head, as runtime/backend/cuda/backend_cuda_gemm.cu
+// runs them:
 //   forward          out (N, out) = inp (N, in) · wᵀ + bias        (bias epilogue)
 //   backward input   dinp (N, in) = dout (N, out) · w (out, in)     (assigned: beta 0)
 //   backward weight  dw (out, in) += doutᵀ · inp, dbias = Σ dout   (bias-gradient epilogue)

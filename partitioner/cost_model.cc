@@ -463,63 +463,104 @@ void add_reduction_tails(SimResult* r, const std::vector<double>& reduce) {
   r->bubble_ratio = busy > 0 ? (p * r->makespan - busy) / busy : 0;
 }
 
-}  // namespace
+// Seconds of one micro-batch's passes over each piece (k = chunk · p + stage), on the stage
+// holding it: the layers' times, plus the embedding on the first piece and the head on the last.
+struct PieceTimes {
+  std::vector<double> forward;          // [piece]
+  std::vector<double> backward;         // [piece] backward_input + backward_weight
+  std::vector<double> backward_input;   // [piece] the zero-bubble B pass (or all but W)
+  std::vector<double> backward_weight;  // [piece] the zero-bubble W pass
+};
 
-IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
-  const ModelDescription& m = *ctx.model;
-  const Cluster& cl = *ctx.cluster;
-  const RuntimeModel& rt = ctx.runtime;
-  const LayerTimes lt = layer_times(ctx, c);
-  const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;
-  IterationTime it;
-  // [piece] times of one micro-batch.
-  std::vector<double> pf(static_cast<size_t>(pieces)), pb(pf.size()), pbi(pf.size()),
-      pbw(pf.size());
-  it.comm_share_fwd.assign(pf.size(), 0.0);
-  it.comm_share_bwd.assign(pf.size(), 0.0);
+// Each piece's times; and it->comm_share_fwd/bwd, the share of each pass that is communication.
+PieceTimes piece_times(const LayerTimes& lt, const PlanConfig& c, const RuntimeModel& rt,
+                       IterationTime* it) {
+  const int pieces = c.pipeline * c.virtual_stages;
+  PieceTimes t;
+  t.forward.resize(static_cast<size_t>(pieces));
+  t.backward.resize(t.forward.size());
+  t.backward_input.resize(t.forward.size());
+  t.backward_weight.resize(t.forward.size());
+  it->comm_share_fwd.assign(t.forward.size(), 0.0);
+  it->comm_share_bwd.assign(t.forward.size(), 0.0);
   for (int k = 0; k < pieces; ++k) {
     const double n = c.layers_per_piece[static_cast<size_t>(k)];
     const size_t i = static_cast<size_t>(k);
-    pf[i] = n * lt.layer_fwd + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
-    pbi[i] =
+    t.forward[i] =
+        n * lt.layer_fwd + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
+    t.backward_input[i] =
         n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) + (k == pieces - 1 ? lt.head_bwd : 0);
-    pbw[i] = n * lt.layer_bwd_weight;
+    t.backward_weight[i] = n * lt.layer_bwd_weight;
     double comm_f = n * lt.tp_fwd, comm_b = n * lt.tp_bwd;
     // A runtime whose stages wait for their sends with their receives pays each transfer on
     // both ends' forward and backward; otherwise the receiver waits for it (the simulator's
     // latency, moving once the receive is posted).
     if (pieces > 1 && rt.p2p_both_ends) {
-      pf[i] += lt.p2p;
-      pbi[i] += lt.p2p;
+      t.forward[i] += lt.p2p;
+      t.backward_input[i] += lt.p2p;
       comm_f += lt.p2p;
       comm_b += lt.p2p;
     }
-    pb[i] = pbi[i] + pbw[i];
-    it.comm_share_fwd[i] = pf[i] > 0 ? comm_f / pf[i] : 0;
-    it.comm_share_bwd[i] = pbi[i] > 0 ? comm_b / pbi[i] : 0;
+    t.backward[i] = t.backward_input[i] + t.backward_weight[i];
+    it->comm_share_fwd[i] = t.forward[i] > 0 ? comm_f / t.forward[i] : 0;
+    it->comm_share_bwd[i] = t.backward_input[i] > 0 ? comm_b / t.backward_input[i] : 0;
   }
+  return t;
+}
 
-  // Data-parallel reduction and the optimizer step, per stage.
-  const std::vector<double> nparam = stage_parameters(m, c);
-  const Link dp_link = data_parallel_link(cl, c.tensor, c.data);
-  std::vector<DataParallelTimes> dp(static_cast<size_t>(p));
-  std::vector<double> reduce(static_cast<size_t>(p), 0.0), opt(static_cast<size_t>(p), 0.0);
+// Seconds of one micro-batch's forward through every piece of `stage` (its chunks in order).
+double stage_forward_s(const PieceTimes& t, int p, int v, int stage) {
+  double first_fwd = 0;
+  for (int ch = 0; ch < v; ++ch) first_fwd += t.forward[static_cast<size_t>(ch * p + stage)];
+  return first_fwd;
+}
+
+// The distributed optimizer's parameter all-gather, as much as is exposed: after the step, or
+// behind the next iteration's first forward (`first_fwd` seconds).
+double exposed_gather(const RuntimeModel& rt, const DataParallelTimes& dp, double first_fwd) {
+  return rt.param_gather_overlap ? std::max(0.0, dp.gather - first_fwd) : dp.gather;
+}
+
+// Per stage, the costs that come once per iteration: the data-parallel reduction and the
+// optimizer step (with the exposed parameter all-gather). reduce and step_extra start at 0:
+// expose_reductions sets what of the reduction the simulated schedule does not hide.
+struct StageTimes {
+  std::vector<DataParallelTimes> dp;  // [stage]
+  std::vector<double> reduce;         // [stage] exposed at ReduceGrads (flushing schedules)
+  std::vector<double> optimizer;      // [stage]
+  std::vector<double> step_extra;     // [stage] exposed at the step (2bw)
+};
+
+StageTimes stage_times(const CostContext& ctx, const PlanConfig& c, const PieceTimes& pieces) {
+  const RuntimeModel& rt = ctx.runtime;
+  const int p = c.pipeline, v = c.virtual_stages;
+  const std::vector<double> nparam = stage_parameters(*ctx.model, c);
+  const Link dp_link = data_parallel_link(*ctx.cluster, c.tensor, c.data);
+  StageTimes s;
+  s.dp.resize(static_cast<size_t>(p));
+  s.reduce.assign(static_cast<size_t>(p), 0.0);
+  s.optimizer.assign(static_cast<size_t>(p), 0.0);
+  s.step_extra.assign(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
     const size_t si = static_cast<size_t>(st);
     const double n = nparam[si];
-    dp[si] = data_parallel_times(rt, n, c.data, c.distributed_optimizer, dp_link);
+    s.dp[si] = data_parallel_times(rt, n, c.data, c.distributed_optimizer, dp_link);
     const double shard = n / (c.distributed_optimizer ? c.data : 1);
     if (ctx.profile != nullptr && !ctx.profile->empty()) {
-      opt[si] = shard * ctx.profile->entries.front().optimizer_s_per_param;
+      s.optimizer[si] = shard * ctx.profile->entries.front().optimizer_s_per_param;
     } else {
-      opt[si] = shard * rt.step_bytes_per_param / cl.efficiency.optimizer_rate();
+      s.optimizer[si] = shard * rt.step_bytes_per_param / ctx.cluster->efficiency.optimizer_rate();
     }
-    // The parameter all-gather: after the step, or behind the next iteration's first forward.
-    double first_fwd = 0;
-    for (int ch = 0; ch < v; ++ch) first_fwd += pf[static_cast<size_t>(ch * p + st)];
-    opt[si] += rt.param_gather_overlap ? std::max(0.0, dp[si].gather - first_fwd) : dp[si].gather;
+    s.optimizer[si] += exposed_gather(rt, s.dp[si], stage_forward_s(pieces, p, v, st));
   }
+  return s;
+}
 
+// The simulator's durations: each op's piece or stage time. The stage times are read when an op
+// runs, so `stages` may change between simulations (expose_reductions).
+SimOptions pipeline_options(const PlanConfig& c, const LayerTimes& lt, const RuntimeModel& rt,
+                            const PieceTimes& pieces, const StageTimes& stages) {
+  const int p = c.pipeline;
   SimOptions so;
   so.latency = p > 1 ? lt.p2p : 0;
   so.transfer_at_receive = !rt.p2p_both_ends;
@@ -527,70 +568,154 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
   // runtime makes them: blocking at the step of the flushing schedules, posted at ReduceGrads
   // and completed at the step by 2bw (launch/train/model_stage.h).
   so.collectives = true;
-  std::vector<double> step_extra(static_cast<size_t>(p), 0.0);
-  so.duration = [&](int stage, const Instr& in) -> double {
+  so.duration = [&pieces, &stages, p](int stage, const Instr& in) -> double {
     const size_t k = static_cast<size_t>(in.chunk * p + stage);
     switch (in.op) {
       case Op::kForward:
-        return pf[k];
+        return pieces.forward[k];
       case Op::kBackward:
-        return pb[k];
+        return pieces.backward[k];
       case Op::kBackwardInput:
-        return pbi[k];
+        return pieces.backward_input[k];
       case Op::kBackwardWeight:
-        return pbw[k];
+        return pieces.backward_weight[k];
       case Op::kReduceGrads:
-        return reduce[static_cast<size_t>(stage)];
+        return stages.reduce[static_cast<size_t>(stage)];
       case Op::kOptimizerStep:
-        return opt[static_cast<size_t>(stage)] + step_extra[static_cast<size_t>(stage)];
+        return stages.optimizer[static_cast<size_t>(stage)] +
+               stages.step_extra[static_cast<size_t>(stage)];
       default:
         return 0.0;
     }
   };
+  return so;
+}
+
+// The schedule to simulate: the plan's, with long runs of a non-gpipe flushing schedule cut to
+// at most kMaxSimulatedOps forwards (*extrapolate: the rest is added as steady state), and 2bw
+// over 4 batches.
+ScheduleSpec simulated_spec(const PlanConfig& c, bool* extrapolate) {
+  const int p = c.pipeline, v = c.virtual_stages;
   ScheduleSpec spec;
   spec.kind = c.schedule;
   spec.stages = p;
   spec.microbatches = c.num_microbatches;
   spec.chunks = c.schedule == ScheduleKind::kInterleaved ? v : 1;
   const bool two_bw = c.schedule == ScheduleKind::kTwoBW;
-  const bool extrapolate =
-      !two_bw && c.schedule != ScheduleKind::kGPipe &&
-      static_cast<int64_t>(p) * spec.microbatches * spec.chunks > kMaxSimulatedOps;
-  if (extrapolate) {
+  *extrapolate = !two_bw && c.schedule != ScheduleKind::kGPipe &&
+                 static_cast<int64_t>(p) * spec.microbatches * spec.chunks > kMaxSimulatedOps;
+  if (*extrapolate) {
     const int m_sim =
         std::max(2 * p, static_cast<int>(kMaxSimulatedOps / (p * spec.chunks)) / p * p);
     spec.microbatches = std::min(spec.microbatches, m_sim);
   }
   if (two_bw) spec.batches = 4;
+  return spec;
+}
+
+// With data parallelism, from the first simulation (reductions free): when each stage's
+// gradients become final and when it reaches ReduceGrads; the exposed remainder of each stage's
+// reduction goes on its ReduceGrads (flushing schedules: stages->reduce) or, for 2bw (posted at
+// ReduceGrads, completed at the step), on its step (stages->step_extra).
+void expose_reductions(const SimResult& first, const CostContext& ctx, const PlanConfig& c,
+                       const ScheduleSpec& spec, StageTimes* stages) {
+  if (c.data <= 1) return;
   PlanConfig sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
-  // A first pass with the reductions free finds, with data parallelism, when each stage's
-  // gradients become final and when it reaches ReduceGrads; the exposed remainder of each
-  // stage's reduction then goes on its ReduceGrads (flushing schedules) or, for 2bw (posted at
-  // ReduceGrads, completed at the step), on its step.
-  SimResult first = simulate(spec, so);
-  if (c.data > 1) {
-    for (int st = 0; st < p; ++st) {
-      const size_t si = static_cast<size_t>(st);
-      double reduce_at = 0, step_at = 0;
-      for (const TimelineEvent& e : first.timeline) {
-        if (e.stage != st) continue;
-        if (e.op == Op::kReduceGrads && reduce_at == 0) reduce_at = e.start;
-        if (e.op == Op::kOptimizerStep && step_at == 0) step_at = e.start;
-      }
-      if (two_bw) {
-        // Posted at ReduceGrads, all buckets at once; the step waits for what is left.
-        const double done = reduce_at + dp[si].reduce;
-        step_extra[si] = std::max(0.0, done - step_at);
-      } else {
-        const double done =
-            reduction_finish(first, rt, sim_config, m, st, dp[si].reduce, reduce_at);
-        reduce[si] = std::max(0.0, done - reduce_at);
-      }
+  for (int st = 0; st < c.pipeline; ++st) {
+    const size_t si = static_cast<size_t>(st);
+    double reduce_at = 0, step_at = 0;
+    for (const TimelineEvent& e : first.timeline) {
+      if (e.stage != st) continue;
+      if (e.op == Op::kReduceGrads && reduce_at == 0) reduce_at = e.start;
+      if (e.op == Op::kOptimizerStep && step_at == 0) step_at = e.start;
+    }
+    if (c.schedule == ScheduleKind::kTwoBW) {
+      // Posted at ReduceGrads, all buckets at once; the step waits for what is left.
+      const double done = reduce_at + stages->dp[si].reduce;
+      stages->step_extra[si] = std::max(0.0, done - step_at);
+    } else {
+      const double done = reduction_finish(first, ctx.runtime, sim_config, *ctx.model, st,
+                                           stages->dp[si].reduce, reduce_at);
+      stages->reduce[si] = std::max(0.0, done - reduce_at);
     }
   }
+}
+
+// Past the warm-up every further micro-batch adds one period of the slowest stage (steady
+// state): extends *sim (makespan, busy, bubble) from spec.microbatches simulated to the plan's
+// c.num_microbatches; returns the makespan. The in-flight counts are reached during the
+// warm-up and do not grow.
+double extrapolate_steady_state(const PlanConfig& c, const ScheduleSpec& spec, const PieceTimes& t,
+                                SimResult* sim) {
+  const int p = c.pipeline, v = c.virtual_stages;
+  const int m_full = c.num_microbatches;
+  double period = 0;
+  for (int st = 0; st < p; ++st) {
+    double per = 0;
+    for (int ch = 0; ch < v; ++ch)
+      per += t.backward[static_cast<size_t>(ch * p + st)] +
+             t.forward[static_cast<size_t>(ch * p + st)];
+    period = std::max(period, per);
+  }
+  const double extra = (m_full - spec.microbatches) * period;
+  const double makespan = sim->makespan + extra;
+  double busy = 0;
+  for (size_t st = 0; st < sim->busy.size(); ++st) {
+    double per = 0;
+    for (int ch = 0; ch < v; ++ch)
+      per += t.backward[static_cast<size_t>(ch * p) + st] +
+             t.forward[static_cast<size_t>(ch * p) + st];
+    sim->busy[st] += (m_full - spec.microbatches) * per;
+    busy += sim->busy[st];
+  }
+  sim->makespan = makespan;
+  sim->bubble_fraction = 1 - busy / (p * makespan);
+  return makespan;
+}
+
+// The iteration's exposed data-parallel time and optimizer step: the largest over the stages.
+void data_parallel_and_step(const RuntimeModel& rt, const PlanConfig& c, const PieceTimes& pieces,
+                            const StageTimes& stages, IterationTime* it) {
+  double dp_exposed = 0;
+  for (int st = 0; st < c.pipeline; ++st) {
+    const size_t si = static_cast<size_t>(st);
+    const double gather = exposed_gather(rt, stages.dp[si],
+                                         stage_forward_s(pieces, c.pipeline, c.virtual_stages, st));
+    dp_exposed = std::max(dp_exposed, stages.reduce[si] + stages.step_extra[si] + gather);
+    it->optimizer_s = std::max(it->optimizer_s, stages.optimizer[si] - gather);
+  }
+  it->dp_exposed_s = dp_exposed;
+}
+
+// The most layers any stage holds (its pieces summed).
+int most_layers_per_stage(const PlanConfig& c) {
+  const int p = c.pipeline, v = c.virtual_stages;
+  int most_layers = 0;
+  for (int st = 0; st < p; ++st) {
+    int n = 0;
+    for (int ch = 0; ch < v; ++ch) n += c.layers_per_piece[static_cast<size_t>(ch * p + st)];
+    most_layers = std::max(most_layers, n);
+  }
+  return most_layers;
+}
+
+}  // namespace
+
+IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
+  const LayerTimes lt = layer_times(ctx, c);
+  IterationTime it;
+  const PieceTimes pieces = piece_times(lt, c, ctx.runtime, &it);
+  StageTimes stages = stage_times(ctx, c, pieces);
+  const SimOptions so = pipeline_options(c, lt, ctx.runtime, pieces, stages);
+  bool extrapolate = false;
+  ScheduleSpec spec = simulated_spec(c, &extrapolate);
+  // A first pass with the reductions free; their exposed remainders then go on ReduceGrads or
+  // the step (expose_reductions).
+  SimResult first = simulate(spec, so);
+  expose_reductions(first, ctx, c, spec, &stages);
   double makespan = 0;
-  if (two_bw) {
+  if (c.schedule == ScheduleKind::kTwoBW) {
     // 2bw never flushes: the steady-state time of one batch from runs of 2 and 4 batches.
     spec.batches = 2;
     const SimResult two = simulate(spec, so);
@@ -602,55 +727,15 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     // together: the exposed reductions lengthen only that tail, so the first pass is patched
     // instead of simulated again.
     it.sim = std::move(first);
-    add_reduction_tails(&it.sim, reduce);
+    add_reduction_tails(&it.sim, stages.reduce);
     makespan = it.sim.makespan;
   }
-  if (extrapolate) {
-    // Long runs: past the warm-up every further micro-batch adds one period of the slowest
-    // stage (steady state), so fewer micro-batches were simulated; extend. The in-flight
-    // counts are reached during the warm-up and do not grow.
-    const int m_full = c.num_microbatches;
-    double period = 0;
-    for (int st = 0; st < p; ++st) {
-      double per = 0;
-      for (int ch = 0; ch < v; ++ch)
-        per += pb[static_cast<size_t>(ch * p + st)] + pf[static_cast<size_t>(ch * p + st)];
-      period = std::max(period, per);
-    }
-    const double extra = (m_full - spec.microbatches) * period;
-    makespan = it.sim.makespan + extra;
-    double busy = 0;
-    for (size_t st = 0; st < it.sim.busy.size(); ++st) {
-      double per = 0;
-      for (int ch = 0; ch < v; ++ch)
-        per += pb[static_cast<size_t>(ch * p) + st] + pf[static_cast<size_t>(ch * p) + st];
-      it.sim.busy[st] += (m_full - spec.microbatches) * per;
-      busy += it.sim.busy[st];
-    }
-    it.sim.makespan = makespan;
-    it.sim.bubble_fraction = 1 - busy / (p * makespan);
-  }
+  if (extrapolate) makespan = extrapolate_steady_state(c, spec, pieces, &it.sim);
   it.iteration_s = makespan;
   it.pipeline_s = makespan;
   it.bubble_fraction = it.sim.bubble_fraction;
-  double dp_exposed = 0;
-  for (int st = 0; st < p; ++st) {
-    const size_t si = static_cast<size_t>(st);
-    double first_fwd = 0;
-    for (int ch = 0; ch < v; ++ch) first_fwd += pf[static_cast<size_t>(ch * p + st)];
-    const double gather =
-        rt.param_gather_overlap ? std::max(0.0, dp[si].gather - first_fwd) : dp[si].gather;
-    dp_exposed = std::max(dp_exposed, reduce[si] + step_extra[si] + gather);
-    it.optimizer_s = std::max(it.optimizer_s, opt[si] - gather);
-  }
-  it.dp_exposed_s = dp_exposed;
-  int most_layers = 0;
-  for (int st = 0; st < p; ++st) {
-    int n = 0;
-    for (int ch = 0; ch < v; ++ch) n += c.layers_per_piece[static_cast<size_t>(ch * p + st)];
-    most_layers = std::max(most_layers, n);
-  }
-  it.tp_exposed_s = lt.tp_exposed_per_layer * most_layers * c.num_microbatches;
+  data_parallel_and_step(ctx.runtime, c, pieces, stages, &it);
+  it.tp_exposed_s = lt.tp_exposed_per_layer * most_layers_per_stage(c) * c.num_microbatches;
   it.stage_compute_s = it.sim.busy;
   it.peak_inflight = it.sim.peak_inflight;
   if (!keep_timeline) it.sim.timeline.clear();

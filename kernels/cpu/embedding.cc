@@ -31,11 +31,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
                         int vocab_start, int V_local) {
   // A token can repeat within the batch, so the scatter into dwte is parallel over channel
   // chunks, each thread walking every position in order (see the file comment).
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static)
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int c0 = chunk * kColumnChunk;
-    const int c1 = std::min(C, c0 + kColumnChunk);
+  for_column_chunks(C, [&](int c0, int c1) {
     for (int bs = 0; bs < B * S; ++bs) {
       const int32_t local = tokens[bs] - vocab_start;
       if (local < 0 || local >= V_local) continue;
@@ -52,7 +48,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
         }
       }
     }
-  }
+  });
 }
 
 // Explicit instantiations: float for training, double for the finite-difference reference.

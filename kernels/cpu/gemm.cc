@@ -66,18 +66,14 @@ void matmul_backward_weight(T* dweight, T* dbias, const T* dout, const T* inp, i
   if (dbias != nullptr) {
     // Row by row over a chunk of columns: dout is read in order (summing a column at a time
     // strides by OC and misses the cache on every element).
-    const int chunks = (OC + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static)
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const int o0 = chunk * kColumnChunk;
-      const int o1 = std::min(OC, o0 + kColumnChunk);
+    for_column_chunks(OC, [&](int o0, int o1) {
       T acc[kColumnChunk] = {};  // (o1 - o0)
       for (int n = 0; n < N; ++n) {
         const T* row = dout + static_cast<size_t>(n) * OC;  // (OC)
         for (int o = o0; o < o1; ++o) acc[o - o0] += row[o];
       }
       for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
-    }
+    });
   }
 }
 

@@ -72,11 +72,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     }
   }
   // dweight, dbias: sums over rows, parallel over column chunks (see the file comment).
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static)
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int c0 = chunk * kColumnChunk;
-    const int c1 = std::min(C, c0 + kColumnChunk);
+  for_column_chunks(C, [&](int c0, int c1) {
     T dw[kColumnChunk] = {};  // (c1 - c0)
     T db[kColumnChunk] = {};  // (c1 - c0)
     for (int n = 0; n < N; ++n) {
@@ -93,7 +89,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
       dweight[i] += dw[i - c0];
       dbias[i] += db[i - c0];
     }
-  }
+  });
 }
 
 // Explicit instantiations: float for training, double for the finite-difference reference.

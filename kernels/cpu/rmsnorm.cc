@@ -54,11 +54,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
     }
   }
   // dweight: a sum over rows, parallel over column chunks (see the file comment).
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static)
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int c0 = chunk * kColumnChunk;
-    const int c1 = std::min(C, c0 + kColumnChunk);
+  for_column_chunks(C, [&](int c0, int c1) {
     T dw[kColumnChunk] = {};  // (c1 - c0)
     for (int n = 0; n < N; ++n) {
       const T* x = inp + static_cast<size_t>(n) * C;    // (C)
@@ -67,7 +63,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
       for (int i = c0; i < c1; ++i) dw[i - c0] += x[i] * s * dy[i];
     }
     for (int i = c0; i < c1; ++i) dweight[i] += dw[i - c0];
-  }
+  });
 }
 
 // Explicit instantiations: float for training, double for the finite-difference reference.

@@ -8,6 +8,7 @@
 // depends on their number; what the GEMMs do is OpenBLAS's choice.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,19 @@ namespace strata::kernels::cpu {
 // Columns per task of the column-parallel reductions: wide enough that the inner loop over a
 // row's chunk vectorises, narrow enough that C = 384 still splits across several threads.
 constexpr int kColumnChunk = 64;
+
+// The column-parallel reduction's loop: columns [0, C) in chunks of kColumnChunk, one OpenMP
+// task each; sum_chunk(c0, c1) reduces columns [c0, c1) over the rows, in row order, and adds the
+// sums to its outputs (no other chunk writes them).
+template <class SumChunk>
+void for_column_chunks(int C, SumChunk&& sum_chunk) {
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for schedule(static)
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int c0 = chunk * kColumnChunk;
+    sum_chunk(c0, std::min(C, c0 + kColumnChunk));
+  }
+}
 
 // e^x for float without a library call, so that the loops calling it (softmax, GELU,
 // cross-entropy) vectorise: glibc's expf is a scalar call that blocks vectorisation unless

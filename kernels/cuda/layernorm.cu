@@ -4,7 +4,7 @@
 // reductions by warp shuffles alone — a row of 768 or 2048 columns is too short to keep a whole
 // block busy, and a warp needs no __syncthreads; the row is read from global memory once per pass
 // (L1/L2 keep it between them). The backward's parameter gradients are column sums in a kernel
-// of their own (layernorm_param_grad_kernel). Sums whose order differs from the CPU (warp
+// of their own (norm_rows.cuh, shared with RMSNorm). Sums whose order differs from the CPU (warp
 // reductions, atomics) match it to float rounding, not bit for bit.
 #include <cuda_runtime.h>
 
@@ -12,23 +12,17 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/norm_rows.cuh"
 
 namespace strata::kernels::cuda {
 namespace {
 
-constexpr int kRowWarps = 8;            // LayerNorm: one warp per row, 8 rows per block
-constexpr int64_t kLnGridTarget = 264;  // LayerNorm parameter gradients: blocks in all
-
-// One warp per row: lane l takes the groups of columns starting at 8l, 8l + 256, ...
-#define STRATA_FOR_EACH_ROW_GROUP(c, lane, C) \
-  for (int c = kGroup * (lane); c < (C); c += kGroup * 32)
-
 template <class TA, class TW>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kNormRowWarps * 32)
     layernorm_forward_kernel(TA* out, float* mean, float* rstd, const TA* inp, const TW* w,
                              const TW* b, int64_t N, int C, float eps, bool vec) {
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32;
+  const int64_t row = blockIdx.x * int64_t{kNormRowWarps} + threadIdx.x / 32;
   if (row >= N) return;         // the whole warp: none of its lanes shuffles below
   const TA* x = inp + row * C;  // (C)
   TA* y = out + row * C;        // (C)
@@ -65,14 +59,14 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 
 // The input gradient, one warp per row: dx += rstd · (g − mean(g) − xhat · mean(g · xhat)),
 // g = w · dy (dinp accumulates: it is the residual stream's gradient). The parameter gradients
-// are layernorm_param_grad_kernel's.
+// are norm_param_grad_kernel's (norm_rows.cuh).
 template <class TA, class TW>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kNormRowWarps * 32)
     layernorm_backward_kernel(TA* dinp, const TA* dout, const TA* inp, const TW* w,
                               const float* mean, const float* rstd, int64_t N, int C, bool vec) {
   const int lane = threadIdx.x % 32;
-  for (int64_t row = blockIdx.x * int64_t{kRowWarps} + threadIdx.x / 32; row < N;
-       row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+  for (int64_t row = blockIdx.x * int64_t{kNormRowWarps} + threadIdx.x / 32; row < N;
+       row += static_cast<int64_t>(gridDim.x) * kNormRowWarps) {
     const TA* x = inp + row * C;    // (C)
     const TA* dy = dout + row * C;  // (C)
     TA* dx = dinp + row * C;        // (C)
@@ -106,52 +100,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// The parameter gradients, column sums over the rows: dweight += Σ xhat·dy, dbias += Σ dy.
-// A block covers kLnColumns columns (each lane one group of kGroup, read as 16-byte vectors
-// where rows allow) and its warps take rows kRowWarps · gridDim.y apart, summing in registers;
-// the warps' sums meet in shared memory and each column adds its block's sum with one atomic.
-// (Summing them in the row kernel took two shared-memory atomics per element: 4.9 ms of a
-// 46 ms GPT-2 124M step on an H100.)
-constexpr int kLnColumns = kGroup * 32;
-template <class TA>
-__global__ void __launch_bounds__(kRowWarps * 32)
-    layernorm_param_grad_kernel(float* dweight, float* dbias, const TA* dout, const TA* inp,
-                                const float* mean, const float* rstd, int64_t N, int C, bool vec) {
-  __shared__ float part[2][kRowWarps][kLnColumns];  // [dw, db][warp][column of the tile]
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int c = blockIdx.x * kLnColumns + lane * kGroup;  // this lane's group
-  const int k = c < C ? group_count(c, C) : 0;
-  float dw[kGroup] = {}, db[kGroup] = {};
-  if (k > 0) {
-    for (int64_t row = blockIdx.y * int64_t{kRowWarps} + warp; row < N;
-         row += static_cast<int64_t>(gridDim.y) * kRowWarps) {
-      float xv[kGroup], dyv[kGroup];
-      load_group(inp + row * C + c, k, vec, xv);
-      load_group(dout + row * C + c, k, vec, dyv);
-      const float m = mean[row], r = rstd[row];
-      for (int e = 0; e < kGroup; ++e) {  // a partial group's missing dy are 0
-        dw[e] += (xv[e] - m) * r * dyv[e];
-        db[e] += dyv[e];
-      }
-    }
-  }
-  for (int e = 0; e < kGroup; ++e) {
-    part[0][warp][lane * kGroup + e] = dw[e];
-    part[1][warp][lane * kGroup + e] = db[e];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 2 * kLnColumns; i += blockDim.x) {
-    const int which = i / kLnColumns, col = i % kLnColumns;
-    const int gc = blockIdx.x * kLnColumns + col;
-    if (gc >= C) continue;
-    float sum = 0.f;
-    for (int w2 = 0; w2 < kRowWarps; ++w2) sum += part[which][w2][col];
-    atomicAdd(which == 0 ? &dweight[gc] : &dbias[gc], sum);
-  }
-}
-
-#undef STRATA_FOR_EACH_ROW_GROUP
-
 }  // namespace
 
 cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* inp, ElemType act,
@@ -164,8 +112,8 @@ cudaError_t layernorm_forward(void* out, float* mean, float* rstd, const void* i
       using TW = typename decltype(tw)::type;
       const bool vec = vec_aligned(out) && vec_aligned(inp) && vec_aligned(weight) &&
                        vec_aligned(bias) && rows_vec_aligned(C, sizeof(TA));
-      launch(layernorm_forward_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0, stream,
-             static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
+      launch(layernorm_forward_kernel<TA, TW>, grid_for(N, kNormRowWarps), kNormRowWarps * 32, 0,
+             stream, static_cast<TA*>(out), mean, rstd, static_cast<const TA*>(inp),
              static_cast<const TW*>(weight), static_cast<const TW*>(bias), N, C, eps, vec);
       return cudaGetLastError();
     });
@@ -185,18 +133,12 @@ cudaError_t layernorm_backward(void* dinp, float* dweight, float* dbias, const v
       using TW = typename decltype(tw)::type;
       const bool vec = vec_aligned(dinp) && vec_aligned(dout) && vec_aligned(inp) &&
                        vec_aligned(weight) && rows_vec_aligned(C, sizeof(TA));
-      launch(layernorm_backward_kernel<TA, TW>, grid_for(N, kRowWarps), kRowWarps * 32, 0, stream,
-             static_cast<TA*>(dinp), static_cast<const TA*>(dout), static_cast<const TA*>(inp),
-             static_cast<const TW*>(weight), mean, rstd, N, C, vec);
+      launch(layernorm_backward_kernel<TA, TW>, grid_for(N, kNormRowWarps), kNormRowWarps * 32, 0,
+             stream, static_cast<TA*>(dinp), static_cast<const TA*>(dout),
+             static_cast<const TA*>(inp), static_cast<const TW*>(weight), mean, rstd, N, C, vec);
       if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      // About two blocks per SM of a 132-SM GPU in all: more row slices only add atomics.
-      const unsigned tiles = static_cast<unsigned>((C + kLnColumns - 1) / kLnColumns);
-      const unsigned slices = static_cast<unsigned>(std::max<int64_t>(
-          1,
-          std::min<int64_t>((N + kRowWarps - 1) / kRowWarps, (kLnGridTarget + tiles - 1) / tiles)));
-      launch(layernorm_param_grad_kernel<TA>, dim3(tiles, slices), kRowWarps * 32, 0, stream,
-             dweight, dbias, static_cast<const TA*>(dout), static_cast<const TA*>(inp), mean, rstd,
-             N, C, vec);
+      launch_norm_param_grad<true>(dweight, dbias, static_cast<const TA*>(dout),
+                                   static_cast<const TA*>(inp), mean, rstd, N, C, vec, stream);
       return cudaGetLastError();
     });
   });

@@ -1,11 +1,15 @@
 // backend_checks.h — the argument checks and operand-type tests both backends run before a
-// kernel (internal to runtime/; models never include it).
+// kernel (internal to runtime/; models never include it): one function per op family checks
+// every operand's shape against the others (backend.h's layouts), so the CPU and CUDA backends
+// refuse the same calls with the same messages.
 //
 // Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
+#include "runtime/backend/backend.h"
 #include "runtime/base/check.h"
 #include "runtime/memory/tensor.h"
 
@@ -23,6 +27,16 @@ inline void expect_shape(const Tensor& t, const Shape& s, const char* what) {
 
 inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
   STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
+}
+
+// Each operand has n elements (its name in the message otherwise); returns n.
+struct NamedOperand {
+  const Tensor& t;
+  const char* what;
+};
+inline int64_t expect_numels(int64_t n, std::initializer_list<NamedOperand> operands) {
+  for (const NamedOperand& o : operands) expect_numel(o.t, n, o.what);
+  return n;
 }
 
 // An optional per-row weight (the cross-entropy's loss mask): (N) f32 when given.
@@ -127,6 +141,167 @@ inline bool is_f32(const Tensor* t) {
 template <typename... Ts>
 bool all_f32(const Ts&... ts) {
   return (is_f32(ts) && ...);
+}
+
+// ---- the shapes of each op family ----
+
+// A linear layer's operands, checked: w (OC, C), inp (N, C), out (N, OC), bias (OC) or null.
+struct LinearDims {
+  int64_t N = 0, C = 0, OC = 0;
+};
+inline LinearDims linear_dims(const Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor* bias) {
+  const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
+  expect_shape(w, {OC, C}, "matmul weight");
+  expect_numel(out, N * OC, "matmul out");
+  if (bias) expect_numel(*bias, OC, "matmul bias");
+  return {N, C, OC};
+}
+// Its input gradient's: dinp (N, C) from dout (N, OC) and w (OC, C).
+inline LinearDims linear_backward_input_dims(const Tensor& dinp, const Tensor& dout,
+                                             const Tensor& w) {
+  const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
+  expect_shape(w, {OC, C}, "matmul weight");
+  expect_numel(dout, N * OC, "matmul dout");
+  return {N, C, OC};
+}
+// Its weight gradient's: dw (OC, C) and dbias (OC) or null from dout (N, OC) and inp (N, C).
+inline LinearDims linear_backward_weight_dims(const Tensor& dw, const Tensor* dbias,
+                                              const Tensor& dout, const Tensor& inp) {
+  const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
+  expect_shape(dw, {OC, C}, "matmul dweight");
+  expect_numel(dout, N * OC, "matmul dout");
+  if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+  return {N, C, OC};
+}
+
+// A norm's rows: inp viewed as (N, C).
+struct NormDims {
+  int64_t N = 0, C = 0;
+};
+// LayerNorm: out (N, C), mean and rstd (N), weight and bias (C).
+inline NormDims layernorm_forward_dims(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& inp, const Tensor& w, const Tensor& b) {
+  const int64_t N = rows(inp), C = inp.size(-1);
+  expect_numel(out, N * C, "layernorm out");
+  expect_numels(N, {{mean, "layernorm mean"}, {rstd, "layernorm rstd"}});
+  expect_numels(C, {{w, "layernorm weight"}, {b, "layernorm bias"}});
+  return {N, C};
+}
+inline NormDims layernorm_backward_dims(const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                                        const Tensor& dout, const Tensor& inp, const Tensor& w,
+                                        const Tensor& mean, const Tensor& rstd) {
+  const int64_t N = rows(inp), C = inp.size(-1);
+  expect_numels(N * C, {{dinp, "layernorm dinp"}, {dout, "layernorm dout"}});
+  expect_numels(C, {{w, "layernorm weight"}, {dw, "layernorm dweight"}, {db, "layernorm dbias"}});
+  expect_numels(N, {{mean, "layernorm mean"}, {rstd, "layernorm rstd"}});
+  return {N, C};
+}
+// RMSNorm: out (N, C), rstd (N), weight (C).
+inline NormDims rmsnorm_forward_dims(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                                     const Tensor& w) {
+  const int64_t N = rows(inp), C = inp.size(-1);
+  expect_numel(out, N * C, "rmsnorm out");
+  expect_numel(rstd, N, "rmsnorm rstd");
+  expect_numel(w, C, "rmsnorm weight");
+  return {N, C};
+}
+inline NormDims rmsnorm_backward_dims(const Tensor& dinp, const Tensor& dw, const Tensor& dout,
+                                      const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+  const int64_t N = rows(inp), C = inp.size(-1);
+  expect_numels(N * C, {{dinp, "rmsnorm dinp"}, {dout, "rmsnorm dout"}});
+  expect_numels(C, {{w, "rmsnorm weight"}, {dw, "rmsnorm dweight"}});
+  expect_numel(rstd, N, "rmsnorm rstd");
+  return {N, C};
+}
+
+// SwiGLU's operands: gate_up (N, 2F) and out, or dout, (N, F); returns (N, F).
+struct SwigluDims {
+  int64_t N = 0, F = 0;
+};
+inline SwigluDims swiglu_dims(const Tensor& out, const Tensor& gate_up, const char* what) {
+  const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+  expect_numel(out, N * F, what);
+  return {N, F};
+}
+// Its backward's: dgate_up as gate_up, dout (N, F).
+inline SwigluDims swiglu_backward_dims(const Tensor& dgate_up, const Tensor& dout,
+                                       const Tensor& gate_up) {
+  const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
+  expect_numel(dgate_up, gate_up.numel(), "swiglu dgate_up");
+  expect_numel(dout, N * F, "swiglu dout");
+  return {N, F};
+}
+
+// The embedding's lookup (or its gradient, `act` being dout): tokens (B, S), the table (V, C),
+// act (B, S, C), the learned positions (S_max ≥ S, C) or null.
+struct EmbeddingDims {
+  int64_t B = 0, S = 0, C = 0;
+};
+inline EmbeddingDims embedding_dims(const Tensor& act, const Tensor& tokens, const Tensor& table,
+                                    const Tensor* positions, const char* what) {
+  const int64_t B = tokens.size(0), S = tokens.size(1), C = table.size(1);
+  expect_numel(act, B * S * C, what);
+  if (positions) {
+    STRATA_CHECK(
+        positions->size(1) == C && positions->size(0) >= S,
+        "positions " << shape_string(positions->shape()) << " for S = " << S << ", C = " << C);
+  }
+  return {B, S, C};
+}
+
+// The leading dimension of logits (N, ld) whose first `valid` columns are the vocabulary's.
+inline int ce_ld(const Tensor& logits, int valid) {
+  const int ld = as_int(logits.size(-1));
+  STRATA_CHECK(valid >= 0 && valid <= ld, "ce valid columns " << valid << " of " << ld);
+  return ld;
+}
+// The cross-entropy steps' per-row operands, for logits (N, ld); each returns N.
+inline int64_t ce_row_stats_rows(const Tensor& row_max, const Tensor& row_sumexp,
+                                 const Tensor& logits) {
+  return expect_numels(rows(logits), {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}});
+}
+inline int64_t ce_rescale_rows(const Tensor& row_sumexp, const Tensor& local_max,
+                               const Tensor& row_max) {
+  return expect_numels(row_sumexp.numel(), {{local_max, "ce local_max"}, {row_max, "ce row_max"}});
+}
+inline int64_t ce_target_rows(const Tensor& target_logit, const Tensor& logits,
+                              const Tensor& targets) {
+  return expect_numels(rows(logits), {{target_logit, "ce target_logit"}, {targets, "ce targets"}});
+}
+inline int64_t ce_losses_rows(const Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
+                              const Tensor& target_logit) {
+  return expect_numels(
+      losses.numel(),
+      {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}, {target_logit, "ce target_logit"}});
+}
+// dlogits as logits.
+inline int64_t ce_backward_rows(const Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
+                                const Tensor& row_sumexp, const Tensor& targets) {
+  expect_numel(dlogits, logits.numel(), "ce dlogits");
+  return expect_numels(
+      rows(logits),
+      {{row_max, "ce row_max"}, {row_sumexp, "ce row_sumexp"}, {targets, "ce targets"}});
+}
+
+// The sequence-parallel layout change between bsc (B, S, C) and chunks (t, B, S/t, C), of one
+// dtype.
+struct SeqChunkDims {
+  int64_t B = 0, S = 0, C = 0;
+};
+inline SeqChunkDims seq_chunk_dims(const Tensor& bsc, const Tensor& chunks, int t) {
+  const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2);
+  STRATA_CHECK(t > 0 && S % t == 0, "sequence " << S << " % tensor " << t);
+  expect_numel(chunks, bsc.numel(), "sequence chunks");
+  STRATA_CHECK(bsc.dtype() == chunks.dtype(), "sequence chunks of another dtype");
+  return {B, S, C};
+}
+
+// One AdamW range: gradient and moments the parameter's size.
+inline void expect_adamw_range(const Backend::AdamWRange& r) {
+  expect_numel(r.grad, r.param.numel(), "adamw grad");
+  expect_numel(r.m, r.param.numel(), "adamw m");
+  expect_numel(r.v, r.param.numel(), "adamw v");
 }
 
 }  // namespace strata::backend_checks

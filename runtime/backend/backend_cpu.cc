@@ -79,12 +79,9 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return matmul_forward(mp.out(out), mp.in(inp), mp.in(w), mp.in(bias));
     }
-    const int64_t N = rows(inp), C = inp.size(-1), OC = w.size(0);
-    expect_shape(w, {OC, C}, "matmul weight");
-    expect_numel(out, N * OC, "matmul out");
-    if (bias) expect_numel(*bias, OC, "matmul bias");
-    k::matmul_forward(out.f32(), inp.f32(), w.f32(), bias ? bias->f32() : nullptr, as_int(N),
-                      as_int(C), as_int(OC));
+    const LinearDims d = linear_dims(out, inp, w, bias);
+    k::matmul_forward(out.f32(), inp.f32(), w.f32(), bias ? bias->f32() : nullptr, as_int(d.N),
+                      as_int(d.C), as_int(d.OC));
   }
   void matmul_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) override {
@@ -106,11 +103,9 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return matmul_backward_input(mp.out(dinp), mp.in(dout), mp.in(w));
     }
-    const int64_t N = rows(dinp), C = dinp.size(-1), OC = w.size(0);
-    expect_shape(w, {OC, C}, "matmul weight");
-    expect_numel(dout, N * OC, "matmul dout");
-    k::gemm<float>(false, false, as_int(N), as_int(C), as_int(OC), 1.0f, dout.f32(), as_int(OC),
-                   w.f32(), as_int(C), 0.0f, dinp.f32(), as_int(C));
+    const LinearDims d = linear_backward_input_dims(dinp, dout, w);
+    k::gemm<float>(false, false, as_int(d.N), as_int(d.C), as_int(d.OC), 1.0f, dout.f32(),
+                   as_int(d.OC), w.f32(), as_int(d.C), 0.0f, dinp.f32(), as_int(d.C));
   }
   void matmul_backward_weight(Tensor& dw, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp) override {
@@ -118,12 +113,9 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return matmul_backward_weight(mp.out(dw), mp.out(dbias), mp.in(dout), mp.in(inp));
     }
-    const int64_t N = rows(inp), C = inp.size(-1), OC = dw.size(0);
-    expect_shape(dw, {OC, C}, "matmul dweight");
-    expect_numel(dout, N * OC, "matmul dout");
-    if (dbias) expect_numel(*dbias, OC, "matmul dbias");
+    const LinearDims d = linear_backward_weight_dims(dw, dbias, dout, inp);
     k::matmul_backward_weight(dw.f32(), dbias ? dbias->f32() : nullptr, dout.f32(), inp.f32(),
-                              as_int(N), as_int(C), as_int(OC));
+                              as_int(d.N), as_int(d.C), as_int(d.OC));
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b, float eps) override {
@@ -132,14 +124,9 @@ class CpuBackend final : public Backend {
       return layernorm_forward(mp.out(out), mp.out(mean), mp.out(rstd), mp.in(inp), mp.in(w),
                                mp.in(b), eps);
     }
-    const int64_t N = rows(inp), C = inp.size(-1);
-    expect_numel(out, N * C, "layernorm out");
-    expect_numel(mean, N, "layernorm mean");
-    expect_numel(rstd, N, "layernorm rstd");
-    expect_numel(w, C, "layernorm weight");
-    expect_numel(b, C, "layernorm bias");
-    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), as_int(N),
-                         as_int(C), eps);
+    const NormDims d = layernorm_forward_dims(out, mean, rstd, inp, w, b);
+    k::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(),
+                         as_int(d.N), as_int(d.C), eps);
   }
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
@@ -149,11 +136,9 @@ class CpuBackend final : public Backend {
       return layernorm_backward(mp.out(dinp), mp.out(dw), mp.out(db), mp.in(dout), mp.in(inp),
                                 mp.in(w), mp.in(mean), mp.in(rstd));
     }
-    const int64_t N = rows(inp), C = inp.size(-1);
-    expect_numel(dinp, N * C, "layernorm dinp");
-    expect_numel(dout, N * C, "layernorm dout");
+    const NormDims d = layernorm_backward_dims(dinp, dw, db, dout, inp, w, mean, rstd);
     k::layernorm_backward(dinp.f32(), dw.f32(), db.f32(), dout.f32(), inp.f32(), w.f32(),
-                          mean.f32(), rstd.f32(), as_int(N), as_int(C));
+                          mean.f32(), rstd.f32(), as_int(d.N), as_int(d.C));
   }
   void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind) override {
     if (!all_f32(out, inp)) {
@@ -239,11 +224,8 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return rmsnorm_forward(mp.out(out), mp.out(rstd), mp.in(inp), mp.in(w), eps);
     }
-    const int64_t N = rows(inp), C = inp.size(-1);
-    expect_numel(out, N * C, "rmsnorm out");
-    expect_numel(rstd, N, "rmsnorm rstd");
-    expect_numel(w, C, "rmsnorm weight");
-    k::rmsnorm_forward(out.f32(), rstd.f32(), inp.f32(), w.f32(), as_int(N), as_int(C), eps);
+    const NormDims d = rmsnorm_forward_dims(out, rstd, inp, w);
+    k::rmsnorm_forward(out.f32(), rstd.f32(), inp.f32(), w.f32(), as_int(d.N), as_int(d.C), eps);
   }
   void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
                         const Tensor& w, const Tensor& rstd) override {
@@ -252,14 +234,9 @@ class CpuBackend final : public Backend {
       return rmsnorm_backward(mp.out(dinp), mp.out(dw), mp.in(dout), mp.in(inp), mp.in(w),
                               mp.in(rstd));
     }
-    const int64_t N = rows(inp), C = inp.size(-1);
-    expect_numel(dinp, N * C, "rmsnorm dinp");
-    expect_numel(dout, N * C, "rmsnorm dout");
-    expect_numel(w, C, "rmsnorm weight");
-    expect_numel(dw, C, "rmsnorm dweight");
-    expect_numel(rstd, N, "rmsnorm rstd");
-    k::rmsnorm_backward(dinp.f32(), dw.f32(), dout.f32(), inp.f32(), w.f32(), rstd.f32(), as_int(N),
-                        as_int(C));
+    const NormDims d = rmsnorm_backward_dims(dinp, dw, dout, inp, w, rstd);
+    k::rmsnorm_backward(dinp.f32(), dw.f32(), dout.f32(), inp.f32(), w.f32(), rstd.f32(),
+                        as_int(d.N), as_int(d.C));
   }
   void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads) override {
     if (!all_f32(qkv)) {
@@ -285,19 +262,16 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return swiglu_forward(mp.out(out), mp.in(gate_up));
     }
-    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
-    expect_numel(out, N * F, "swiglu out");
-    k::swiglu_forward(out.f32(), gate_up.f32(), as_int(N), as_int(F));
+    const SwigluDims d = swiglu_dims(out, gate_up, "swiglu out");
+    k::swiglu_forward(out.f32(), gate_up.f32(), as_int(d.N), as_int(d.F));
   }
   void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override {
     if (!all_f32(dgate_up, dout, gate_up)) {
       MixedPrecisionScope mp(*this);
       return swiglu_backward(mp.out(dgate_up), mp.in(dout), mp.in(gate_up));
     }
-    const int64_t N = rows(gate_up), F = swiglu_width(gate_up, "swiglu gate_up");
-    expect_numel(dgate_up, gate_up.numel(), "swiglu dgate_up");
-    expect_numel(dout, N * F, "swiglu dout");
-    k::swiglu_backward(dgate_up.f32(), dout.f32(), gate_up.f32(), as_int(N), as_int(F));
+    const SwigluDims d = swiglu_backward_dims(dgate_up, dout, gate_up);
+    k::swiglu_backward(dgate_up.f32(), dout.f32(), gate_up.f32(), as_int(d.N), as_int(d.F));
   }
 
   void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int NH,
@@ -337,11 +311,9 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return embedding_forward(mp.out(out), tokens, mp.in(wte), mp.in(wpe), vocab_start);
     }
-    const int64_t B = tokens.size(0), S = tokens.size(1), C = wte.size(1);
-    expect_numel(out, B * S * C, "embedding out");
-    if (wpe) STRATA_CHECK(wpe->size(0) >= S, "sequence " << S << " > positions " << wpe->size(0));
-    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr, as_int(B),
-                         as_int(S), as_int(C), vocab_start, as_int(wte.size(0)));
+    const EmbeddingDims d = embedding_dims(out, tokens, wte, wpe, "embedding out");
+    k::embedding_forward(out.f32(), tokens.i32(), wte.f32(), wpe ? wpe->f32() : nullptr,
+                         as_int(d.B), as_int(d.S), as_int(d.C), vocab_start, as_int(wte.size(0)));
   }
   void embedding_backward(Tensor& dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           int vocab_start) override {
@@ -349,10 +321,9 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return embedding_backward(mp.out(dwte), mp.out(dwpe), mp.in(dout), tokens, vocab_start);
     }
-    const int64_t B = tokens.size(0), S = tokens.size(1), C = dwte.size(1);
-    expect_numel(dout, B * S * C, "embedding dout");
+    const EmbeddingDims d = embedding_dims(dout, tokens, dwte, dwpe, "embedding dout");
     k::embedding_backward(dwte.f32(), dwpe ? dwpe->f32() : nullptr, dout.f32(), tokens.i32(),
-                          as_int(B), as_int(S), as_int(C), vocab_start, as_int(dwte.size(0)));
+                          as_int(d.B), as_int(d.S), as_int(d.C), vocab_start, as_int(dwte.size(0)));
   }
 
   // Two passes over each row (max, then Σexp): the reference the GPU's online pass is held to.
@@ -361,9 +332,7 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return ce_row_stats(mp.out(row_max), mp.out(row_sumexp), mp.in(logits), valid);
     }
-    const int N = as_int(rows(logits)), ld = as_int(logits.size(-1));
-    expect_numel(row_max, N, "ce row_max");
-    expect_numel(row_sumexp, N, "ce row_sumexp");
+    const int N = as_int(ce_row_stats_rows(row_max, row_sumexp, logits)), ld = ce_ld(logits, valid);
     k::ce_row_max(row_max.f32(), logits.f32(), N, ld, valid);
     k::ce_row_sumexp(row_sumexp.f32(), logits.f32(), row_max.f32(), N, ld, valid);
   }
@@ -373,9 +342,7 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return ce_rescale_sumexp(mp.out(row_sumexp), mp.in(local_max), mp.in(row_max));
     }
-    const int64_t N = row_sumexp.numel();
-    expect_numel(local_max, N, "ce local_max");
-    expect_numel(row_max, N, "ce row_max");
+    const int64_t N = ce_rescale_rows(row_sumexp, local_max, row_max);
     k::ce_rescale_sumexp(row_sumexp.f32(), local_max.f32(), row_max.f32(), as_int(N));
   }
   void ce_target_logit(Tensor& target_logit, const Tensor& logits, const Tensor& targets,
@@ -384,34 +351,35 @@ class CpuBackend final : public Backend {
       MixedPrecisionScope mp(*this);
       return ce_target_logit(mp.out(target_logit), mp.in(logits), targets, vocab_start, valid);
     }
-    expect_numel(targets, rows(logits), "cross-entropy targets");
-    k::ce_target_logit(target_logit.f32(), logits.f32(), targets.i32(), as_int(rows(logits)),
-                       as_int(logits.size(-1)), vocab_start, valid);
+    const int64_t N = ce_target_rows(target_logit, logits, targets);
+    k::ce_target_logit(target_logit.f32(), logits.f32(), targets.i32(), as_int(N),
+                       ce_ld(logits, valid), vocab_start, valid);
   }
   void ce_losses(Tensor& losses, const Tensor& row_max, const Tensor& row_sumexp,
                  const Tensor& target_logit, const Tensor* weights) override {
-    expect_row_weights(weights, losses.numel(), "cross-entropy weights");
+    expect_row_weights(weights, losses.numel(), "ce weights");
     if (!all_f32(losses, row_max, row_sumexp, target_logit)) {
       MixedPrecisionScope mp(*this);
       return ce_losses(mp.out(losses), mp.in(row_max), mp.in(row_sumexp), mp.in(target_logit),
                        weights);
     }
+    const int64_t N = ce_losses_rows(losses, row_max, row_sumexp, target_logit);
     k::ce_losses(losses.f32(), row_max.f32(), row_sumexp.f32(), target_logit.f32(),
-                 weights ? weights->f32() : nullptr, as_int(losses.numel()));
+                 weights ? weights->f32() : nullptr, as_int(N));
   }
   void ce_backward(Tensor& dlogits, const Tensor& logits, const Tensor& row_max,
                    const Tensor& row_sumexp, const Tensor& targets, float scale, int vocab_start,
                    int valid, const Tensor* weights) override {
-    expect_row_weights(weights, rows(logits), "cross-entropy weights");
+    expect_row_weights(weights, rows(logits), "ce weights");
     if (!all_f32(dlogits, logits, row_max, row_sumexp)) {
       MixedPrecisionScope mp(*this);
       return ce_backward(mp.out(dlogits), mp.in(logits), mp.in(row_max), mp.in(row_sumexp), targets,
                          scale, vocab_start, valid, weights);
     }
-    expect_numel(dlogits, logits.numel(), "cross-entropy dlogits");
+    const int64_t N = ce_backward_rows(dlogits, logits, row_max, row_sumexp, targets);
     k::ce_backward(dlogits.f32(), logits.f32(), row_max.f32(), row_sumexp.f32(), targets.i32(),
-                   weights ? weights->f32() : nullptr, scale, as_int(rows(logits)),
-                   as_int(logits.size(-1)), vocab_start, valid);
+                   weights ? weights->f32() : nullptr, scale, as_int(N), ce_ld(logits, valid),
+                   vocab_start, valid);
   }
 
   void seq_interleave(Tensor& out, const Tensor& chunks, int t) override {
@@ -466,9 +434,7 @@ class CpuBackend final : public Backend {
 
   void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) override {
     for (const AdamWRange& r : ranges) {
-      expect_numel(r.grad, r.param.numel(), "adamw grad");
-      expect_numel(r.m, r.param.numel(), "adamw m");
-      expect_numel(r.v, r.param.numel(), "adamw v");
+      expect_adamw_range(r);
       k::adamw_update(r.param.f32(), r.grad.f32(), r.m.f32(), r.v.f32(),
                       static_cast<size_t>(r.param.numel()), h.lr, h.beta1, h.beta2, h.eps,
                       r.decay ? h.weight_decay : 0.f, h.step, h.grad_scale);
@@ -478,10 +444,8 @@ class CpuBackend final : public Backend {
  private:
   // bsc (B, S, C) <-> chunks (t, B, S/t, C); copies rows of C floats.
   static void seq_permute(const Tensor& bsc, const Tensor& chunks, int t, bool to_chunks) {
-    const int64_t B = bsc.size(0), S = bsc.size(1), C = bsc.size(2), Sl = S / t;
-    STRATA_CHECK(S % t == 0, "sequence " << S << " % tensor " << t);
-    expect_numel(chunks, bsc.numel(), "sequence chunks");
-    STRATA_CHECK(bsc.dtype() == chunks.dtype(), "sequence chunks of another dtype");
+    const SeqChunkDims d = seq_chunk_dims(bsc, chunks, t);
+    const int64_t B = d.B, S = d.S, C = d.C, Sl = S / t;
     const size_t es = dtype_size(bsc.dtype());
     char* a = static_cast<char*>(bsc.data());
     char* c = static_cast<char*>(chunks.data());

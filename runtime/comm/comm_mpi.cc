@@ -346,11 +346,11 @@ class RingAllReduce final : public detail::RequestImpl {
   size_t reduced_ = 0;  // segments of this reduce-scatter step reduced so far
 };
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public GroupCommunicator {
  public:
   // Takes ownership of `comm`.
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
-      : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
+      : GroupCommunicator(std::move(name), timeout_s), comm_(comm) {
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -373,16 +373,8 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   CommBackend backend() const override { return CommBackend::kMPI; }
   Device device() const override { return Device::kCPU; }
-  const std::string& name() const override { return name_; }
-  int world_rank_of(int group_rank) const override {
-    check_rank(group_rank, "rank");
-    return world_ranks_[static_cast<size_t>(group_rank)];
-  }
-  double timeout_s() const override { return timeout_s_; }
 
   Request iall_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     if (count > 0 && size_ > 1 && (size_ == 2 || count * dtype_size(dtype) >= kRingMinBytes)) {
@@ -525,26 +517,12 @@ class MpiCommunicator final : public Communicator {
     r->timeout_s = timeout_s_;
     return r;
   }
-  void check_rank(int r, const char* what) const {
-    STRATA_CHECK(r >= 0 && r < size_,
-                 what << " " << r << " on group " << name_ << " of " << size_ << " ranks");
-  }
-  void check_counts(const std::vector<size_t>& counts, const char* what) const {
-    STRATA_CHECK(counts.size() == static_cast<size_t>(size_),
-                 what << " on group " << name_ << ": " << counts.size() << " counts for " << size_
-                      << " ranks");
-  }
-
   // Below this, a ring's 2 (p - 1) message latencies cost more than MPI's fewer, larger steps
   // (except with 2 ranks, where the ring has 2 steps and still beats MPI_Iallreduce 4x at 4 KiB).
   static constexpr size_t kRingMinBytes = size_t{64} << 10;
 
   MPI_Comm comm_;
   MPI_Comm coll_ = MPI_COMM_NULL;  // the same ranks, private to ring all-reduce messages
-  int rank_ = 0, size_ = 1;
-  std::string name_;
-  std::vector<int> world_ranks_;  // [group rank]
-  double timeout_s_;
   int tag_ub_ = 32767;
   uint64_t ring_seq_ = 0;  // ring all-reduces started: the same sequence on every rank
   std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();

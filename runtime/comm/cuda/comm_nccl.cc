@@ -225,19 +225,16 @@ class NcclRequest final : public detail::RequestImpl {
   cudaStream_t compute_;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public GroupCommunicator {
  public:
   // host: an MPI communicator over the same ranks, owned; MPI_COMM_NULL for a one-rank world
   // without MPI.
   NcclCommunicator(MPI_Comm host, int rank, int size, std::vector<int> world_ranks,
                    std::string name, double timeout_s)
-      : host_(host),
-        rank_(rank),
-        size_(size),
-        world_ranks_(std::move(world_ranks)),
-        name_(std::move(name)),
-        timeout_s_(timeout_s),
-        device_(local_device_index()) {
+      : GroupCommunicator(std::move(name), timeout_s), host_(host), device_(local_device_index()) {
+    rank_ = rank;
+    size_ = size;
+    world_ranks_ = std::move(world_ranks);
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -273,16 +270,8 @@ class NcclCommunicator final : public Communicator {
     if (host_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&host_);
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   CommBackend backend() const override { return CommBackend::kNCCL; }
   Device device() const override { return Device::kCUDA; }
-  const std::string& name() const override { return name_; }
-  int world_rank_of(int group_rank) const override {
-    check_rank(group_rank, "rank");
-    return world_ranks_[static_cast<size_t>(group_rank)];
-  }
-  double timeout_s() const override { return timeout_s_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
   bool rendezvous_sends() const override { return true; }
 
@@ -302,21 +291,11 @@ class NcclCommunicator final : public Communicator {
 
   Request ireduce_scatterv(const void* send, void* recv, const std::vector<size_t>& counts,
                            DType dtype, ReduceOp op) override {
-    check_counts(counts, "reduce_scatterv");
-    const size_t es = dtype_size(dtype);
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     // NCCL has no uneven reduce-scatter: one reduce per destination, fused into one group.
-    return enqueue({"reduce_scatterv", total * es, {}}, [&] {
-      NCCL_CHECK(ncclGroupStart());
-      size_t offset = 0;
-      for (int r = 0; r < size_; ++r) {
-        if (counts[r] > 0) {
-          NCCL_CHECK(ncclReduce(static_cast<const char*>(send) + offset * es, recv, counts[r],
-                                nccl_type(dtype), nccl_op(op), r, comm_, stream_));
-        }
-        offset += counts[r];
-      }
-      NCCL_CHECK(ncclGroupEnd());
+    const size_t es = dtype_size(dtype);
+    return enqueue_per_rank("reduce_scatterv", counts, es, [&](int r, size_t offset) {
+      NCCL_CHECK(ncclReduce(static_cast<const char*>(send) + offset * es, recv, counts[r],
+                            nccl_type(dtype), nccl_op(op), r, comm_, stream_));
     });
   }
 
@@ -328,22 +307,12 @@ class NcclCommunicator final : public Communicator {
 
   Request iall_gatherv(const void* send, void* recv, const std::vector<size_t>& counts,
                        DType dtype) override {
-    check_counts(counts, "all_gatherv");
-    const size_t es = dtype_size(dtype);
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     // No uneven all-gather either: one broadcast per source into its slot, fused into one group.
-    return enqueue({"all_gatherv", total * es, {}}, [&] {
-      NCCL_CHECK(ncclGroupStart());
-      size_t offset = 0;
-      for (int r = 0; r < size_; ++r) {
-        char* slot = static_cast<char*>(recv) + offset * es;
-        if (counts[r] > 0) {
-          NCCL_CHECK(ncclBroadcast(r == rank_ ? send : slot, slot, counts[r], nccl_type(dtype), r,
-                                   comm_, stream_));
-        }
-        offset += counts[r];
-      }
-      NCCL_CHECK(ncclGroupEnd());
+    const size_t es = dtype_size(dtype);
+    return enqueue_per_rank("all_gatherv", counts, es, [&](int r, size_t offset) {
+      char* slot = static_cast<char*>(recv) + offset * es;
+      NCCL_CHECK(ncclBroadcast(r == rank_ ? send : slot, slot, counts[r], nccl_type(dtype), r,
+                               comm_, stream_));
     });
   }
 
@@ -425,22 +394,25 @@ class NcclCommunicator final : public Communicator {
     return Request(std::make_unique<NcclRequest>(
         enqueue_event(std::move(desc), std::forward<Launch>(launch)), compute_));
   }
-
-  void check_rank(int r, const char* what) const {
-    STRATA_CHECK(r >= 0 && r < size_,
-                 what << " " << r << " on group " << name_ << " of " << size_ << " ranks");
-  }
-  void check_counts(const std::vector<size_t>& counts, const char* what) const {
-    STRATA_CHECK(counts.size() == static_cast<size_t>(size_),
-                 what << " on group " << name_ << ": " << counts.size() << " counts for " << size_
-                      << " ranks");
+  // An uneven collective as one NCCL group of a call per rank r with counts[r] > 0 elements
+  // (`offset`: the elements of the ranks before r), of `es` bytes each.
+  template <class PerRank>
+  Request enqueue_per_rank(const char* op, const std::vector<size_t>& counts, size_t es,
+                           PerRank&& per_rank) {
+    check_counts(counts, op);
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    return enqueue({op, total * es, {}}, [&] {
+      NCCL_CHECK(ncclGroupStart());
+      size_t offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (counts[r] > 0) per_rank(r, offset);
+        offset += counts[r];
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
   }
 
   MPI_Comm host_;
-  int rank_, size_;
-  std::vector<int> world_ranks_;  // [group rank]
-  std::string name_;
-  double timeout_s_;
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;   // this group's communication stream

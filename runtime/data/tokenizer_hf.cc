@@ -1,0 +1,212 @@
+// tokenizer_hf.cc — the Hugging Face tokenizer.json loader (tokenizer.h lists what it takes
+// and refuses): the BPE vocabulary and merges, the pre-tokenizers (ByteLevel, Split, Sequence)
+// and the added tokens, into the Model of tokenizer_model.h.
+//
+// Thread-safety: pure (each call builds its own Model).
+#include <nlohmann/json.hpp>
+
+#include "runtime/base/error.h"
+#include "runtime/data/tokenizer_model.h"
+#include "runtime/io/input_file.h"
+#include "runtime/io/json_file.h"
+
+namespace strata::tokenizer_internal {
+namespace {
+
+using nlohmann::json;
+
+std::string escape_regex(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::strchr("\\^$.|?*+()[]{}", c) != nullptr && c != '\0') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+const json& need(const json& j, const char* key, const std::string& path, const std::string& at) {
+  auto it = j.find(key);
+  if (it == j.end()) throw InputError(path, at.empty() ? key : at + "." + key, "present");
+  return *it;
+}
+
+bool flag(const json& j, const char* key, bool dflt, const std::string& path,
+          const std::string& at) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) throw InputError(path, at + "." + key, "true or false");
+  return it->get<bool>();
+}
+
+void add_pre_tokenizer(Model& m, const json& p, const std::string& at) {
+  if (p.is_null()) return;
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+    throw InputError(m.path, at + ".type", "a pre-tokenizer type");
+  const std::string type = p["type"];
+  if (type == "Sequence") {
+    const json& list = need(p, "pretokenizers", m.path, at);
+    if (!list.is_array()) throw InputError(m.path, at + ".pretokenizers", "a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      add_pre_tokenizer(m, list[i], at + ".pretokenizers[" + std::to_string(i) + "]");
+  } else if (type == "ByteLevel") {
+    PreStep s;
+    s.add_prefix_space = flag(p, "add_prefix_space", true, m.path, at);
+    if (flag(p, "use_regex", true, m.path, at))
+      s.regex = std::make_unique<Regex>(kGpt2Pattern, m.path, at);
+    m.steps.push_back(std::move(s));
+  } else if (type == "Split") {
+    PreStep s;
+    const json& pat = need(p, "pattern", m.path, at);
+    if (pat.contains("Regex") && pat["Regex"].is_string()) {
+      s.regex =
+          std::make_unique<Regex>(pat["Regex"].get<std::string>(), m.path, at + ".pattern.Regex");
+    } else if (pat.contains("String") && pat["String"].is_string()) {
+      s.regex = std::make_unique<Regex>(escape_regex(pat["String"].get<std::string>()), m.path,
+                                        at + ".pattern.String");
+    } else {
+      throw InputError(m.path, at + ".pattern", "{\"Regex\": ...} or {\"String\": ...}");
+    }
+    const json& b = need(p, "behavior", m.path, at);
+    const std::string bs = b.is_string() ? b.get<std::string>() : "";
+    if (bs == "Isolated") {
+      s.behavior = SplitBehavior::kIsolated;
+    } else if (bs == "Removed") {
+      s.behavior = SplitBehavior::kRemoved;
+    } else if (bs == "MergedWithPrevious") {
+      s.behavior = SplitBehavior::kMergedWithPrevious;
+    } else if (bs == "MergedWithNext") {
+      s.behavior = SplitBehavior::kMergedWithNext;
+    } else if (bs == "Contiguous") {
+      s.behavior = SplitBehavior::kContiguous;
+    } else {
+      throw InputError(m.path, at + ".behavior",
+                       "Isolated, Removed, MergedWithPrevious, MergedWithNext or Contiguous");
+    }
+    if (flag(p, "invert", false, m.path, at))
+      throw InputError(m.path, at + ".invert", "false (inverted splits are not supported)");
+    m.steps.push_back(std::move(s));
+  } else {
+    throw InputError(m.path, at + ".type",
+                     "ByteLevel, Split or Sequence (got " + in_quotes(type) + ")");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_hf(const std::string& path) {
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  const json j = read_json_file(path, kMaxTokenizerFileBytes);
+  if (!j.is_object()) throw InputError(path, "", "a tokenizer.json object");
+  const json& model = need(j, "model", path, "");
+  if (!model.is_object()) throw InputError(path, "model", "an object");
+  if (model.contains("type")) {
+    const json& t = model["type"];
+    if (!t.is_string() || t.get<std::string>() != "BPE")
+      throw InputError(path, "model.type", "\"BPE\" (got " + t.dump() + ")");
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null())
+    throw InputError(path, "model.dropout", "null (BPE dropout is not supported)");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    auto it = model.find(k);
+    if (it != model.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
+      throw InputError(path, std::string("model.") + k, "null (byte-level BPE has none)");
+  }
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    throw InputError(path, "normalizer", "null (normalizers are not supported)");
+  m->whole_piece_first = flag(model, "ignore_merges", false, path, "model");
+
+  const json& vocab = need(model, "vocab", path, "model");
+  if (!vocab.is_object()) throw InputError(path, "model.vocab", "an object of token: id");
+  std::string bytes;
+  BytesMap spelled;  // byte-level spelling -> id, for the merges
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const std::string where = "model.vocab." + it.key();
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() > kMaxTokenId)
+      throw InputError(path, where, kIdExpected);
+    const int32_t id = it.value().get<int32_t>();
+    if (!m->unbyte(it.key(), bytes))
+      throw InputError(path, where, "a byte-level token (characters of GPT-2's byte alphabet)");
+    m->vocab.set(bytes, id);
+    m->set_token(id, bytes);
+    spelled.set(it.key(), id);
+  }
+  m->finish_byte_ids("model.vocab");
+
+  const json& merges = need(model, "merges", path, "model");
+  if (!merges.is_array()) throw InputError(path, "model.merges", "a list");
+  m->pairs.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string where = "model.merges[" + std::to_string(i) + "]";
+    const json& e = merges[i];
+    std::string a, b;
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size() ||
+          s.find(' ', sp + 1) != std::string::npos)
+        throw InputError(path, where, "\"left right\": two tokens separated by one space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      throw InputError(path, where, "\"left right\" or [left, right]");
+    }
+    const uint64_t* ia = spelled.find(a);
+    const uint64_t* ib = spelled.find(b);
+    if (ia == nullptr || ib == nullptr)
+      throw InputError(
+          path, where,
+          "tokens of model.vocab (" + in_quotes(ia == nullptr ? a : b) + " is not one)");
+    const uint64_t* ic = spelled.find(a + b);
+    if (ic == nullptr)
+      throw InputError(path, where,
+                       "a merge whose result " + in_quotes(a + b) + " is in model.vocab");
+    // Hugging Face collects the merges into a map: a repeated pair takes its last rank.
+    m->pairs.set(static_cast<int32_t>(*ia), static_cast<int32_t>(*ib), static_cast<uint32_t>(i),
+                 static_cast<int32_t>(*ic));
+  }
+
+  if (j.contains("pre_tokenizer")) add_pre_tokenizer(*m, j["pre_tokenizer"], "pre_tokenizer");
+
+  std::vector<int> unnormalized, normalized;
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+    const json& added = j["added_tokens"];
+    if (!added.is_array()) throw InputError(path, "added_tokens", "a list");
+    for (size_t i = 0; i < added.size(); ++i) {
+      const std::string at = "added_tokens[" + std::to_string(i) + "]";
+      const json& t = added[i];
+      if (!t.is_object()) throw InputError(path, at, "an object");
+      const json& id = need(t, "id", path, at);
+      const json& content = need(t, "content", path, at);
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
+        throw InputError(path, at + ".id", kIdExpected);
+      if (!content.is_string() || content.get<std::string>().empty())
+        throw InputError(path, at + ".content", "a non-empty string");
+      if (flag(t, "single_word", false, path, at))
+        throw InputError(path, at + ".single_word", "false (single_word is not supported)");
+      Special s;
+      s.text = content.get<std::string>();
+      s.id = id.get<int32_t>();
+      s.lstrip = flag(t, "lstrip", false, path, at);
+      s.rstrip = flag(t, "rstrip", false, path, at);
+      const bool special = flag(t, "special", false, path, at);
+      (flag(t, "normalized", !special, path, at) ? normalized : unnormalized)
+          .push_back(static_cast<int>(m->specials.size()));
+      m->set_token(s.id, s.text);
+      m->specials.push_back(std::move(s));
+    }
+  }
+  for (const auto* group : {&unnormalized, &normalized}) {
+    if (group->empty()) continue;
+    SpecialMatcher sm;
+    for (int k : *group) sm.add(m->specials[k].text, k);
+    m->special_passes.push_back(std::move(sm));
+  }
+  return m;
+}
+
+}  // namespace strata::tokenizer_internal
