@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/world_layout.h"
 #include "runtime/base/error.h"
 
 namespace strata {

@@ -4,6 +4,7 @@
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/config/world_layout.h"
 #include "runtime/base/error.h"
 #include "schedules/simulator.h"
 
