@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "partitioner/cluster.h"

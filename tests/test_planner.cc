@@ -11,6 +11,8 @@
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/plan_file.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/model_shape.h"
 #include "launch/config/world_layout.h"
-#include "launch/train/checkpointing.h"
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"

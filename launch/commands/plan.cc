@@ -1,6 +1,5 @@
 #include "launch/commands/plan.h"
 
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -11,7 +10,7 @@
 #include "launch/args.h"
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
-#include "launch/train/checkpointing.h"
+#include "launch/plan/prediction.h"
 #include "models/registry.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/layer_split.h"
@@ -150,25 +149,6 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   }
 }
 
-// cpu: the CPU runtime (also for bf16, which it emulates: memory there follows fp32's layout
-// rules for attention); else a GPU.
-MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par, int threads,
-                             bool cpu) {
-  MemoryOptions o;
-  o.precision = precision;
-  if (cpu) {
-    // The CPU runtime: unfused attention keeps the probabilities; per-thread scratch.
-    o.flash_attention = false;
-    o.cpu_threads = threads;
-  } else {
-    o.flash_attention = true;
-    o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
-    o.workspace_bytes = 32.0 * 1024 * 1024;  // cuBLASLt's (runtime/backend/cuda/backend_cuda.cu)
-  }
-  if (par != nullptr) o.bucket_mb = par->bucket_mb;
-  return o;
-}
-
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
@@ -247,7 +227,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
   req.fixes = parse_fixes(fix);
   req.top_k = top;
-  req.memory = memory_options(precision, nullptr, 1, precision == "fp32");
+  req.memory = memory_options(precision, MemoryOptions{}.bucket_mb, 1, precision == "fp32");
   Profile profile;
   if (!profile_path.empty()) {
     profile = load_profile(profile_path);
@@ -289,185 +269,6 @@ int cmd_plan(const std::vector<std::string>& args) {
     }
   }
   return 0;
-}
-
-PlanConfig plan_config_for(const Config& cfg, int world_size) {
-  PlanConfig c;
-  c.tensor = cfg.parallel.tensor;
-  c.pipeline = cfg.parallel.pipeline;
-  c.data = cfg.parallel.data.value_or(world_size / (c.tensor * c.pipeline));
-  c.virtual_stages = cfg.parallel.virtual_stages;
-  c.micro_batch_size = cfg.train.micro_batch_size;
-  // The config parser accepted only known names (InputError here would be a parser bug's).
-  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
-    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
-  }
-  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
-    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
-  }
-  c.sequence_parallel = cfg.parallel.sequence_parallel;
-  c.distributed_optimizer = cfg.parallel.distributed_optimizer;
-  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
-  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
-                                   cfg.parallel.layers_per_stage);
-  return c;
-}
-
-json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster_in) {
-  PlanRequest req;
-  req.model = describe_model(cfg.model);
-  req.model_name = cfg.model.preset.empty() ? "custom" : cfg.model.preset;
-  req.cluster = cluster_in;
-  // The prediction is for this job's ranks, whatever size the cluster description has.
-  if (world_size % req.cluster.gpus_per_node == 0) {
-    req.cluster.nodes = world_size / req.cluster.gpus_per_node;
-  } else {
-    req.cluster.nodes = 1;
-    req.cluster.gpus_per_node = world_size;
-  }
-  req.global_batch_size = cfg.train.global_batch_size;
-  req.precision = cfg.train.precision;
-  req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
-                              cfg.device != "cuda");
-  // Strata's runtime on the config's device, whatever the cluster file says.
-  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
-  const PlanConfig c = plan_config_for(cfg, world_size);
-  const PlanResult r = evaluate_plan(req, c);
-  json j = plan_result_json(r);
-  const FlopCount f = req.model->flops_per_iteration(req.global_batch_size, c.recompute);
-  j["model_flops"] = f.model;
-  j["hardware_flops"] = f.hardware;
-  return j;
-}
-
-Config apply_plan(const Config& cfg, const json& plan_in, const std::string& file) {
-  using std::to_string;
-  // A plan chooses the layout of one model and one global batch: applied to another it would
-  // train something else than the config says (its layers, its batch), so those must match.
-  if (plan_in.is_object() && plan_in.contains("model")) {
-    const json& planned = plan_in["model"];
-    if (!planned.is_object()) throw InputError(file, "model", "an object (the plan's model)");
-    const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
-    const json shape = model_shape_json(cfg.model, *desc);
-    for (const auto& [key, want] : shape.items()) {
-      const auto got = planned.find(key);
-      if (got == planned.end() || *got != want) {
-        throw InputError(file, "model." + key,
-                         "the config's model." + key + " " + want.dump() +
-                             " (a plan is made for one model), got " +
-                             (got == planned.end() ? std::string("none") : got->dump()));
-      }
-    }
-  }
-  if (plan_in.is_object() && plan_in.contains("global_batch_size")) {
-    const json& g = plan_in["global_batch_size"];
-    if (!g.is_number_integer() || g.get<int64_t>() != cfg.train.global_batch_size) {
-      throw InputError(file, "global_batch_size",
-                       "the config's train.global_batch_size " +
-                           to_string(cfg.train.global_batch_size) + ", got " + g.dump());
-    }
-  }
-  std::string prefix;
-  const json* plan = &plan_in;
-  if (plan_in.is_object() && plan_in.contains("plans")) {
-    if (!plan_in["plans"].is_array() || plan_in["plans"].empty()) {
-      throw InputError(file, "plans", "a non-empty array of plans (no plan fitted?)");
-    }
-    plan = &plan_in["plans"][0];
-    prefix = "plans[0].";
-  }
-  if (!plan->is_object()) throw InputError(file, prefix.empty() ? "" : "plans[0]", "a plan object");
-  auto need_int = [&](const char* key) {
-    const json* v = plan->contains(key) ? &(*plan)[key] : nullptr;
-    if (!v || !v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > INT_MAX) {
-      throw InputError(file, prefix + key, "a positive integer up to " + to_string(INT_MAX));
-    }
-    return v->get<int>();
-  };
-  auto need_str = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_string())
-      throw InputError(file, prefix + key, "a string");
-    return (*plan)[key].get<std::string>();
-  };
-  auto need_bool = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_boolean())
-      throw InputError(file, prefix + key, "true or false");
-    return (*plan)[key].get<bool>();
-  };
-  const int tensor = need_int("tensor"), pipeline = need_int("pipeline"), data = need_int("data");
-  const int virtual_stages = need_int("virtual_stages");
-  const std::string schedule = need_str("schedule");
-  ScheduleKind k;
-  if (!parse_schedule_kind(schedule, &k)) {
-    throw InputError(file, prefix + "schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1");
-  }
-  const int micro = need_int("micro_batch_size");
-  const std::string recompute = need_str("recompute");
-  Recompute rk;
-  if (!parse_recompute(recompute, &rk)) {
-    throw InputError(file, prefix + "recompute", "none, selective or full");
-  }
-  // Micro-batch size × micro-batches × data-parallel size is the global batch: the config's.
-  if (plan->contains("num_microbatches")) {
-    const int m = need_int("num_microbatches");
-    const int64_t global = int64_t{micro} * m * data;
-    if (global != cfg.train.global_batch_size) {
-      throw InputError(file, prefix + "num_microbatches",
-                       "micro_batch_size " + to_string(micro) + " × num_microbatches " +
-                           to_string(m) + " × data " + to_string(data) +
-                           " = the config's train.global_batch_size " +
-                           to_string(cfg.train.global_batch_size) + ", got " + to_string(global));
-    }
-  }
-  json layout = {{"tensor", tensor},
-                 {"pipeline", pipeline},
-                 {"data", data},
-                 {"virtual_stages", virtual_stages},
-                 {"schedule", schedule},
-                 {"sequence_parallel", need_bool("sequence_parallel")},
-                 {"distributed_optimizer", need_bool("distributed_optimizer")},
-                 {"layers_per_stage", nullptr}};
-  if (plan->contains("layers_per_stage") && !(*plan)["layers_per_stage"].is_null()) {
-    // [stage][chunk] in the plan; chunk-major (chunk · pipeline + stage) in the config.
-    const json& l = (*plan)["layers_per_stage"];
-    const std::string w = prefix + "layers_per_stage";
-    if (!l.is_array() || static_cast<int64_t>(l.size()) != pipeline) {
-      throw InputError(file, w, "an array of " + to_string(pipeline) + " stages");
-    }
-    for (int s = 0; s < pipeline; ++s) {
-      const json& row = l[static_cast<size_t>(s)];
-      if (!row.is_array() || static_cast<int64_t>(row.size()) != virtual_stages) {
-        throw InputError(file, w + "[" + to_string(s) + "]",
-                         "an array of " + to_string(virtual_stages) + " layer counts");
-      }
-    }
-    std::vector<int> pieces(static_cast<size_t>(pipeline) * static_cast<size_t>(virtual_stages));
-    int64_t sum = 0;
-    for (int s = 0; s < pipeline; ++s) {
-      for (int ch = 0; ch < virtual_stages; ++ch) {
-        const json& n = l[static_cast<size_t>(s)][static_cast<size_t>(ch)];
-        if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > INT_MAX) {
-          throw InputError(file, w + "[" + to_string(s) + "][" + to_string(ch) + "]",
-                           "a positive layer count");
-        }
-        pieces[static_cast<size_t>(ch) * static_cast<size_t>(pipeline) + static_cast<size_t>(s)] =
-            n.get<int>();
-        sum += n.get<int64_t>();
-      }
-    }
-    if (sum != cfg.model.num_layers) {
-      throw InputError(file, w,
-                       "layer counts summing to the config's model.num_layers " +
-                           to_string(cfg.model.num_layers) +
-                           " (every layer in exactly one stage), got " + to_string(sum));
-    }
-    layout["layers_per_stage"] = pieces;
-  }
-  // The layout is then checked as if the config had said it, against the config's other keys.
-  return config_with_layer(
-      cfg,
-      {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
-      file);
 }
 
 }  // namespace strata

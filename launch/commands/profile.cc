@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "launch/args.h"
-#include "launch/commands/plan.h"
 #include "launch/commands/profile_device.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/prediction.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
 #include "runtime/backend/backend.h"

@@ -85,12 +85,4 @@ class Checkpointing {
   std::vector<int> published_at_;           // [save]
 };
 
-// The model keys that fix parameter shapes, as a checkpoint records them: it loads only into the
-// same values.
-nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc);
-// InputError(file, "model", …) naming every key of `want` whose value `saved` (read from `file`)
-// does not have, with both values; `what` names where `want` came from ("config").
-void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
-                       const std::string& file, const std::string& what);
-
 }  // namespace strata

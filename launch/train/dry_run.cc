@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <ostream>
 
-#include "launch/commands/plan.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/reporting.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"

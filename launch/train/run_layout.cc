@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
 #include "launch/config/world_layout.h"
+#include "launch/plan/prediction.h"
 #include "runtime/base/error.h"
 #include "schedules/simulator.h"
 
