@@ -118,7 +118,7 @@ double ring_allreduce(double bytes, int n, const Link& l) {
   return 2.0 * (n - 1) / n * bytes / (l.bandwidth * l.efficiency) + 2.0 * (n - 1) * l.latency_s;
 }
 
-LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured_tensor) {
+LayerTimes profile_times(const Profile& prof, const ParallelLayout& c, int* measured_tensor) {
   const ProfileEntry* best = nullptr;
   for (const ProfileEntry& e : prof.entries) {
     auto score = [&](const ProfileEntry& x) {
@@ -244,7 +244,7 @@ double tp_exposed(const RuntimeModel& rt, double comm, double gemm, int tensor) 
 
 }  // namespace
 
-LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
+LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const RuntimeModel& rt = ctx.runtime;
@@ -346,7 +346,7 @@ DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int
   return t;
 }
 
-std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c) {
+std::vector<double> stage_parameters(const ModelDescription& m, const ParallelLayout& c) {
   const int p = c.pipeline, v = c.virtual_stages;
   std::vector<double> n(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
@@ -367,7 +367,7 @@ namespace {
 // pass with zero-bubble schedules) goes through the piece's parameters; each reduces after the
 // one before on the stage's link. `start_s`: where ReduceGrads begins (the reduction waits for
 // nothing before it when the runtime starts no bucket early). Returns the finish time.
-double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const PlanConfig& c,
+double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const ParallelLayout& c,
                         const ModelDescription& m, int stage, double reduce_s, double start_s) {
   const int p = c.pipeline, v = c.virtual_stages;
   if (!rt.dp_overlap || !rt.collectives_progress_alone) return start_s + reduce_s;
@@ -442,7 +442,7 @@ void add_reduction_tails(SimResult* r, const std::vector<double>& reduce) {
 
 }  // namespace
 
-IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
+IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bool keep_timeline) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const RuntimeModel& rt = ctx.runtime;
@@ -539,7 +539,7 @@ IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool k
     spec.microbatches = std::min(spec.microbatches, m_sim);
   }
   if (two_bw) spec.batches = 4;
-  PlanConfig sim_config = c;
+  ParallelLayout sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
   // A first pass with the reductions free finds, with data parallelism, when each stage's
   // gradients become final and when it reaches ReduceGrads; the exposed remainder of each

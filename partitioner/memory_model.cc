@@ -10,20 +10,20 @@ double element_bytes(const MemoryOptions& o) {
   return o.precision == "fp32" ? 4.0 : 2.0;
 }
 
-RankShape rank_shape(const PlanConfig& c) {
+RankShape rank_shape(const ParallelLayout& c) {
   return {c.tensor, c.sequence_parallel};
 }
 
 }  // namespace
 
-double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c,
+double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
                               const MemoryOptions& o) {
   return m.layer_activations(c.micro_batch_size, rank_shape(c), c.recompute, o.flash_attention)
              .saved *
          element_bytes(o);
 }
 
-std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanConfig& c,
+std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const ParallelLayout& c,
                                           const MemoryOptions& o,
                                           const std::vector<int>& inflight) {
   const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;

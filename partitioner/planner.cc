@@ -26,74 +26,6 @@ std::string fmt(double x, int prec = 1) {
   return os.str();
 }
 
-int to_int(const std::string& key, const std::string& v) {
-  try {
-    size_t used = 0;
-    const int x = std::stoi(v, &used);
-    if (used == v.size() && x >= 1) return x;
-  } catch (const std::exception&) {
-  }
-  throw InputError("<command line>", "--fix " + key, "a positive integer, got '" + v + "'");
-}
-
-bool to_bool(const std::string& key, const std::string& v) {
-  if (v == "true" || v == "1") return true;
-  if (v == "false" || v == "0") return false;
-  throw InputError("<command line>", "--fix " + key, "true or false, got '" + v + "'");
-}
-
-}  // namespace
-
-PlanFixes parse_fixes(const std::string& text) {
-  PlanFixes f;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      throw InputError("<command line>", "--fix", "key=value pairs, got '" + item + "'");
-    }
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    if (k == "tensor")
-      f.tensor = to_int(k, v);
-    else if (k == "pipeline")
-      f.pipeline = to_int(k, v);
-    else if (k == "data")
-      f.data = to_int(k, v);
-    else if (k == "virtual_stages")
-      f.virtual_stages = to_int(k, v);
-    else if (k == "micro_batch_size")
-      f.micro_batch_size = to_int(k, v);
-    else if (k == "schedule") {
-      ScheduleKind s;
-      if (!parse_schedule_kind(v, &s)) {
-        throw InputError("<command line>", "--fix schedule",
-                         "gpipe, 1f1b, interleaved, 2bw or zb-h1, got '" + v + "'");
-      }
-      f.schedule = s;
-    } else if (k == "recompute") {
-      Recompute r;
-      if (!parse_recompute(v, &r)) {
-        throw InputError("<command line>", "--fix recompute",
-                         "none, selective or full, got '" + v + "'");
-      }
-      f.recompute = r;
-    } else if (k == "sequence_parallel")
-      f.sequence_parallel = to_bool(k, v);
-    else if (k == "distributed_optimizer")
-      f.distributed_optimizer = to_bool(k, v);
-    else {
-      throw InputError("<command line>", "--fix " + k,
-                       "a plan field: tensor, pipeline, data, virtual_stages, micro_batch_size, "
-                       "schedule, recompute, sequence_parallel, distributed_optimizer");
-    }
-  }
-  return f;
-}
-
-namespace {
-
 // The balanced split for identical layers with end extras (exact and O(pieces · log)): the
 // smallest max piece time T such that the pieces' capacities floor((T - extra)/c) cover L.
 std::vector<int> split_fast(int L, int pieces, double c, double first_extra, double last_extra) {
@@ -140,7 +72,7 @@ std::vector<int> split_fast(int L, int pieces, double c, double first_extra, dou
   return out;
 }
 
-std::string placement_text(const Cluster& cl, const PlanConfig& c) {
+std::string placement_text(const Cluster& cl, const ParallelLayout& c) {
   std::ostringstream os;
   const int gpn = cl.gpus_per_node;
   os << "ranks r = tp + " << c.tensor << "·(dp + " << c.data << "·pp); tensor groups of "
@@ -157,7 +89,7 @@ std::string placement_text(const Cluster& cl, const PlanConfig& c) {
 }
 
 struct Estimate {
-  PlanConfig config;
+  ParallelLayout config;
   double time = 0;
   double peak_mem = 0;
   int peak_stage = 0;
@@ -165,7 +97,7 @@ struct Estimate {
 };
 
 // Megatron's in-flight (micro-batch, chunk) pairs per stage, for the closed-form pass.
-std::vector<int> closed_form_inflight(const PlanConfig& c) {
+std::vector<int> closed_form_inflight(const ParallelLayout& c) {
   const int p = c.pipeline, m = c.num_microbatches, v = c.virtual_stages;
   std::vector<int> out(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) {
@@ -193,7 +125,7 @@ json family_json(int t, int p, ScheduleKind k) {
 }  // namespace
 
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
-                                const PlanConfig& c) {
+                                const ParallelLayout& c) {
   const int world = c.tensor * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
@@ -209,6 +141,17 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
   if (c.pipeline * c.virtual_stages > m.num_layers()) {
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
+  }
+  if (!c.layers_per_piece.empty()) {
+    int64_t layers = 0;
+    for (int n : c.layers_per_piece) layers += n;
+    if (static_cast<int>(c.layers_per_piece.size()) != c.pieces() || layers != m.num_layers()) {
+      return "layers_per_stage has " + std::to_string(c.layers_per_piece.size()) + " pieces of " +
+             std::to_string(layers) + " layers in all, but pipeline " + std::to_string(c.pipeline) +
+             " × virtual_stages " + std::to_string(c.virtual_stages) + " needs " +
+             std::to_string(c.pieces()) + " pieces of the model's " +
+             std::to_string(m.num_layers()) + " layers";
+    }
   }
   if (B % (c.micro_batch_size * c.data) != 0) {
     return "global batch " + std::to_string(B) + " is not a multiple of micro-batch " +
@@ -231,7 +174,7 @@ RuntimeModel runtime_for(const PlanRequest& req) {
                      : strata_runtime(req.cluster.cpu, req.precision, req.memory.bucket_mb);
 }
 
-PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
+PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c) {
   const ModelDescription& m = *req.model;
   const std::string bad = plan_invalid_reason(m, req.cluster, req.global_batch_size, c);
   if (!bad.empty()) throw InputError("<plan>", "parallel", bad);
@@ -267,7 +210,7 @@ PlanOutput search_plans(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelDescription& m = *req.model;
   const Cluster& cl = req.cluster;
-  const PlanFixes& fx = req.fixes;
+  const PinnedLayout& fx = req.fixes;
   const int world = cl.world_size(), B = req.global_batch_size;
   const RuntimeModel rt = runtime_for(req);
   GemmMemo memo;
@@ -338,7 +281,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                 for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
                   if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1))
                     continue;
-                  PlanConfig c;
+                  ParallelLayout c;
                   c.tensor = t;
                   c.pipeline = p;
                   c.data = d;
@@ -348,6 +291,7 @@ PlanOutput search_plans(const PlanRequest& req) {
                   c.recompute = rc;
                   c.sequence_parallel = sp == 1;
                   c.distributed_optimizer = dist == 1;
+                  if (fx.layers_per_piece) c.layers_per_piece = *fx.layers_per_piece;
                   const std::string bad = plan_invalid_reason(m, cl, B, c);
                   if (!bad.empty()) {
                     if (F.invalid.empty()) F.invalid = bad;
@@ -358,9 +302,10 @@ PlanOutput search_plans(const PlanRequest& req) {
                   const LayerTimes lt = layer_times(ctx, c);
                   const double per_layer = lt.layer_fwd + lt.layer_bwd;
                   const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
-                  c.layers_per_piece =
-                      split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
-                                 lt.head_fwd + lt.head_bwd);
+                  if (c.layers_per_piece.empty())
+                    c.layers_per_piece =
+                        split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
+                                   lt.head_fwd + lt.head_bwd);
                   // Closed-form time: the slowest stage's compute stretched by the bubble.
                   double stage_max = 0, stage_f = 0;
                   for (int s = 0; s < p; ++s) {
@@ -444,8 +389,9 @@ PlanOutput search_plans(const PlanRequest& req) {
   const size_t exact_n = std::min(fits.size(), static_cast<size_t>(std::max(32, req.top_k * 6)));
   std::vector<PlanResult> exact;
   for (size_t i = 0; i < exact_n; ++i) {
-    PlanConfig c = fits[i].config;
-    c.layers_per_piece.clear();
+    ParallelLayout c = fits[i].config;
+    // The exact pass balances the split by dynamic programming, unless --fix pinned it.
+    c.layers_per_piece = fx.layers_per_piece.value_or(std::vector<int>());
     PlanResult r = evaluate_plan(req, c);
     if (r.peak_memory > cl.memory_bytes) {
       out.rejected.push_back({plan_config_json(r.config),
@@ -514,7 +460,7 @@ PlanOutput search_plans(const PlanRequest& req) {
   return out;
 }
 
-json plan_config_json(const PlanConfig& c) {
+json plan_config_json(const ParallelLayout& c) {
   json lps = json::array();
   for (int s = 0; s < c.pipeline; ++s) {
     json row = json::array();

@@ -49,7 +49,7 @@ TEST(MemoryModel, PredictedPeakPerStageWithinTenPercentOfMeasured) {
                                      "train.eval_interval=0",    "log.interval=1000"};
     sets.insert(sets.end(), layout.begin(), layout.end());
     const Config cfg = load_config("", sets);
-    const int tpp = cfg.parallel.tensor * cfg.parallel.pipeline;
+    const int tpp = cfg.layout.tensor * cfg.layout.pipeline;
     if (world_size % tpp != 0) continue;
     RunContext ctx;
     ctx.verbose = false;

@@ -83,7 +83,7 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
     it = all || named.count(it.key()) ? std::next(it) : want.erase(it);
   check_model_shape(want, model_shape_json(model, *describe_model(model)), recorded,
                     s.config.empty() ? "--set" : s.config);
-  const int data = std::max(1, world().size / std::max(1, probe.parallel.tensor));
+  const int data = std::max(1, world().size / std::max(1, probe.layout.tensor));
   sets.push_back("train.global_batch_size=" + std::to_string(data));
   Config cfg = load_config(s.config, sets);
   cfg.model = model;

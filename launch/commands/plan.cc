@@ -10,6 +10,7 @@
 #include "launch/args.h"
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
+#include "launch/config/layout_fields.h"
 #include "launch/plan/prediction.h"
 #include "models/registry.h"
 #include "partitioner/cost_model.h"
@@ -42,9 +43,11 @@ const char* kPlanUsage =
     "                         JSON file, e.g. one written by strata profile --cluster-out\n"
     "  --global-batch-size B  sequences per iteration\n"
     "  --nodes N              override the cluster's node count\n"
-    "  --fix k=v,...          pin plan fields: tensor, pipeline, data, virtual_stages,\n"
-    "                         micro_batch_size, schedule, recompute, sequence_parallel,\n"
-    "                         distributed_optimizer; the rest is searched\n"
+    "  --fix k=v,...          pin plan fields, each value as in a config: tensor, context,\n"
+    "                         expert, pipeline, data, virtual_stages, schedule,\n"
+    "                         layers_per_stage (e.g. [3,3,2]), sequence_parallel,\n"
+    "                         distributed_optimizer, micro_batch_size, recompute; the rest is\n"
+    "                         searched\n"
     "  --top K                plans to print (default 5)\n"
     "  --json OUT             write the plans and the rejected families as JSON\n"
     "  --trace OUT            write the chosen plan's simulated timeline as a Chrome trace\n"
@@ -103,7 +106,7 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
     os << buf;
     int i = 0;
     for (const PlanResult& r : out.plans) {
-      const PlanConfig& c = r.config;
+      const ParallelLayout& c = r.config;
       std::snprintf(
           buf, sizeof buf,
           "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
@@ -123,7 +126,7 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
                   "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
                   "total");
     os << buf;
-    const PlanConfig& c = best.config;
+    const ParallelLayout& c = best.config;
     for (int s = 0; s < c.pipeline; ++s) {
       std::string layers;
       for (int ch = 0; ch < c.virtual_stages; ++ch) {
@@ -225,7 +228,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   req.global_batch_size = batch;
   req.precision = precision;
   req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
-  req.fixes = parse_fixes(fix);
+  req.fixes = parse_layout_fixes(fix);
   req.top_k = top;
   req.memory = memory_options(precision, MemoryOptions{}.bucket_mb, 1, precision == "fp32");
   Profile profile;
@@ -253,7 +256,7 @@ int cmd_plan(const std::vector<std::string>& args) {
       if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
     }
     if (!svg_out.empty()) {
-      const PlanConfig& c = best.config;
+      const ParallelLayout& c = best.config;
       char title[256];
       std::snprintf(title, sizeof title,
                     "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",

@@ -15,7 +15,7 @@
 #include "launch/args.h"
 #include "launch/commands/profile_device.h"
 #include "launch/config/config_parse.h"
-#include "launch/plan/prediction.h"
+#include "launch/config/world_layout.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
 #include "runtime/backend/backend.h"
@@ -173,7 +173,7 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const ModelOptions& b
   ParamStore& params = model->params();
   std::vector<ParamSpan> spans;
   for (const ParamInfo& p : params.infos()) spans.push_back({p.offset, p.numel, p.decay, true});
-  GradReducer reducer(be, nullptr, params.grads(), spans, cfg.parallel.bucket_mb, false);
+  GradReducer reducer(be, nullptr, params.grads(), spans, cfg.comm.bucket_mb, false);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   auto step = [&]() {
     params.zero_grads();
@@ -204,7 +204,7 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const ModelOptions& b
 
 json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_batch_sizes) {
   if (repeat < 1) throw InputError("<command line>", "--repeat", "a positive integer");
-  if (cfg.parallel.tensor != 1 || cfg.parallel.sequence_parallel) {
+  if (cfg.layout.tensor != 1 || cfg.layout.sequence_parallel) {
     // One process profiles tensor rank shapes of t = 1 only.
     throw InputError(cfg.source_file, "parallel.tensor",
                      "1 for strata profile (it times one unsharded rank)");
@@ -215,7 +215,7 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
   options.bf16 = cfg.train.precision == "bf16";  // as the trainer: bf16 weights and activations
   options.seed = cfg.train.seed;
   std::vector<int> sizes = micro_batch_sizes;
-  if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);
+  if (sizes.empty()) sizes.push_back(cfg.layout.micro_batch_size);
   Profile p;
   p.device = backend->name();
   p.precision = cfg.train.precision;
@@ -243,11 +243,11 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.flash_attention = false;  // the CPU runtime keeps the probabilities
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
-  req.memory.bucket_mb = cfg.parallel.bucket_mb;
-  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
+  req.memory.bucket_mb = cfg.comm.bucket_mb;
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.comm.bucket_mb);
   check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
-  PlanConfig c = plan_config_for(cfg, 1);
+  ParallelLayout c = layout_for_world(cfg, 1);
   if (c.tensor * c.pipeline * c.data != 1) {
     throw InputError(cfg.source_file, "parallel",
                      "tensor = pipeline = data = 1 for a one-rank prediction");

@@ -117,7 +117,7 @@ TimelinePanel plan_panel(const PlanResult& plan, const IterationTime& timed, con
                          const std::string& title) {
   TimelinePanel p;
   p.title = title;
-  const PlanConfig& c = plan.config;
+  const ParallelLayout& c = plan.config;
   p.rows.resize(static_cast<size_t>(c.pipeline));
   for (int s = 0; s < c.pipeline; ++s)
     p.rows[static_cast<size_t>(s)].label = "stage " + std::to_string(s);

@@ -13,7 +13,7 @@ namespace strata {
 
 void check_consistency(const Config& c, const Reader& r) {
   const ModelConfig& m = c.model;
-  const ParallelConfig& p = c.parallel;
+  const ParallelLayout& p = c.layout;
   const TrainConfig& t = c.train;
   using std::to_string;
 
@@ -29,12 +29,12 @@ void check_consistency(const Config& c, const Reader& r) {
                       " is not a multiple of num_key_value_heads " + to_string(m.kv_heads()));
   }
 
-  if (p.virtual_stages > 1 && p.schedule != "interleaved") {
+  if (p.virtual_stages > 1 && p.schedule != ScheduleKind::kInterleaved) {
     r.fail_latest({"parallel.virtual_stages", "parallel.schedule"},
                   "virtual_stages " + to_string(p.virtual_stages) +
-                      " needs schedule \"interleaved\", got \"" + p.schedule + "\"");
+                      " needs schedule \"interleaved\", got \"" + to_string(p.schedule) + "\"");
   }
-  if (p.schedule == "interleaved" && p.pipeline < 2) {
+  if (p.schedule == ScheduleKind::kInterleaved && p.pipeline < 2) {
     r.fail_latest(
         {"parallel.schedule", "parallel.pipeline"},
         "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
@@ -43,8 +43,8 @@ void check_consistency(const Config& c, const Reader& r) {
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
                                   to_string(p.virtual_stages) + " = " + to_string(chunks);
-  if (p.layers_per_stage) {
-    const std::vector<int>& lps = *p.layers_per_stage;
+  if (!p.layers_per_piece.empty()) {
+    const std::vector<int>& lps = p.layers_per_piece;
     if (static_cast<int64_t>(lps.size()) != chunks) {
       r.fail_latest(
           {"parallel.layers_per_stage", "parallel.pipeline", "parallel.virtual_stages"},
@@ -105,10 +105,10 @@ void check_consistency(const Config& c, const Reader& r) {
                       m.arch + "\" (an encoder), got " + to_string(c.log.sample_interval));
   }
 
-  if (t.global_batch_size % t.micro_batch_size != 0) {
+  if (t.global_batch_size % p.micro_batch_size != 0) {
     r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
                   "global_batch_size " + to_string(t.global_batch_size) +
-                      " is not a multiple of micro_batch_size " + to_string(t.micro_batch_size));
+                      " is not a multiple of micro_batch_size " + to_string(p.micro_batch_size));
   }
 
   const DataConfig& d = c.data;

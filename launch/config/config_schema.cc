@@ -11,7 +11,9 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/config/json_values.h"
+#include "launch/config/layout_fields.h"
 #include "models/registry.h"
+#include "runtime/base/check.h"
 #include "runtime/base/error.h"
 
 namespace strata {
@@ -156,13 +158,6 @@ class Fields {
   Key custom(const char* name, T S::*f, Read read, const char* meaning) const {
     return leaf(name, meaning, f, read);
   }
-  // An array of positive integers, or null.
-  Key positive_array(const char* name, std::optional<std::vector<int>> S::*f,
-                     const char* meaning) const {
-    return leaf(name, meaning, f, [](const Reader& r, const std::string& p) {
-      return r.value(p, optional_positive_array_value);
-    });
-  }
 
  private:
   // `read` returns the checked value of the key at a path.
@@ -256,13 +251,27 @@ std::optional<RopeScaling> read_rope_scaling(const Reader& r, const std::string&
   return s;
 }
 
+// A key of the parallel layout: its row of layout_fields.h (its check and its meaning, shared
+// with --plan files and --fix), read into and written from Config::layout.
+Key layout_key(const char* name) {
+  const LayoutField* f = find_layout_field(name);
+  STRATA_CHECK(f != nullptr, "no layout field " << name);
+  Key k;
+  k.name = f->config_key.substr(f->config_key.rfind('.') + 1);
+  k.meaning = f->meaning;
+  k.read = [f](const Reader& r, const std::string& p, Config& c) {
+    r.value(p, [&](const nlohmann::json& v) { f->read(v, c.layout); });
+  };
+  k.write = [f](const Config& c) { return f->write(c.layout); };
+  return k;
+}
+
 }  // namespace
 
 const std::vector<Section>& schema() {
   static const std::vector<Section> sections = [] {
     const auto top = fields([](auto& c) -> auto& { return c; });
     const auto model = fields([](auto& c) -> auto& { return c.model; });
-    const auto parallel = fields([](auto& c) -> auto& { return c.parallel; });
     const auto train = fields([](auto& c) -> auto& { return c.train; });
     const auto optimizer = fields([](auto& c) -> auto& { return c.optimizer; });
     const auto data = fields([](auto& c) -> auto& { return c.data; });
@@ -272,7 +281,6 @@ const std::vector<Section>& schema() {
     const auto log = fields([](auto& c) -> auto& { return c.log; });
     const auto comm = fields([](auto& c) -> auto& { return c.comm; });
     using M = ModelConfig;
-    using P = ParallelConfig;
     using T = TrainConfig;
     using O = OptimizerConfig;
     using D = DataConfig;
@@ -334,30 +342,19 @@ const std::vector<Section>& schema() {
           model.number("layer_norm_eps", &M::layer_norm_eps, above(0),
                        "bert: the LayerNorm epsilon")}},
         {"parallel",
-         {parallel.integer("tensor", &P::tensor, 1, "tensor-parallel size t"),
-          parallel.integer("pipeline", &P::pipeline, 1, "pipeline stages p"),
-          parallel.optional_integer("data", &P::data, 1,
-                                    "data-parallel size d; null: world size / (t·p)"),
-          parallel.integer("virtual_stages", &P::virtual_stages, 1,
-                           "model chunks per stage (interleaved schedule only)"),
-          parallel.one_of("schedule", &P::schedule,
-                          {"gpipe", "1f1b", "interleaved", "2bw", "zb-h1"},
-                          "the pipeline schedule"),
-          parallel.positive_array("layers_per_stage", &P::layers_per_stage,
-                                  "explicit split: p·v entries summing to model.num_layers"),
-          parallel.boolean("sequence_parallel", &P::sequence_parallel,
-                           "shard LayerNorm/dropout regions along the sequence"),
-          parallel.boolean("distributed_optimizer", &P::distributed_optimizer, "ZeRO-1"),
-          parallel.number("bucket_mb", &P::bucket_mb, above(0),
-                          "gradient bucket size of the data-parallel reduction")}},
+         {layout_key("tensor"), layout_key("context"), layout_key("expert"), layout_key("pipeline"),
+          layout_key("data"), layout_key("virtual_stages"), layout_key("schedule"),
+          layout_key("layers_per_stage"), layout_key("sequence_parallel"),
+          layout_key("distributed_optimizer"),
+          comm.number("bucket_mb", &CommConfig::bucket_mb, above(0),
+                      "gradient bucket size of the data-parallel reduction")}},
         {"train",
-         {train.integer("micro_batch_size", &T::micro_batch_size, 1, "sequences per micro-batch"),
+         {layout_key("micro_batch_size"),
           train.integer("global_batch_size", &T::global_batch_size, 1,
                         "sequences per optimizer step = micro × micro-batches × d"),
           train.integer("iterations", &T::iterations, 0, "optimizer steps"),
           train.seed("seed", &T::seed, "the model and the data order depend on it alone"),
-          train.one_of("recompute", &T::recompute, {"none", "selective", "full"},
-                       "activation recomputation"),
+          layout_key("recompute"),
           train.one_of("precision", &T::precision, {"fp32", "bf16"},
                        "fp32, or bf16 mixed precision"),
           train.one_of("attention_backend", &T::attention_backend, {"auto", "strata", "cudnn"},

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "models/registry.h"
+#include "partitioner/layer_split.h"
 #include "runtime/base/error.h"
 
 namespace strata {
@@ -15,19 +16,20 @@ void validate_for_world(const Config& c, int world_size) {
   }
   using std::to_string;
   const std::string& file = c.source_file;
-  const ParallelConfig& p = c.parallel;
-  const int64_t tp = int64_t{p.tensor} * p.pipeline;
+  const ParallelLayout& p = c.layout;
+  const int64_t tp = int64_t{p.tensor} * p.context * p.pipeline;
   const std::string world = "world size " + to_string(world_size) + " (mpirun -np)";
-  const std::string tp_text =
-      "tensor " + to_string(p.tensor) + " × pipeline " + to_string(p.pipeline);
+  const std::string tp_text = "tensor " + to_string(p.tensor) +
+                              (p.context > 1 ? " × context " + to_string(p.context) : "") +
+                              " × pipeline " + to_string(p.pipeline);
   if (world_size % tp != 0) {
     throw InputError(file, "parallel",
                      world + " is not divisible by " + tp_text + " = " + to_string(tp));
   }
-  if (p.data && tp * *p.data != world_size) {
-    throw InputError(file, "parallel.data",
-                     world + " != " + tp_text + " × data " + to_string(*p.data) + " = " +
-                         to_string(tp * *p.data));
+  if (p.data > 0 && tp * p.data != world_size) {
+    throw InputError(
+        file, "parallel.data",
+        world + " != " + tp_text + " × data " + to_string(p.data) + " = " + to_string(tp * p.data));
   }
 
   // Tensor parallelism splits heads, the hidden dimension and the FFN across ranks.
@@ -61,25 +63,39 @@ void validate_for_world(const Config& c, int world_size) {
 
   const TrainConfig& t = c.train;
   const int64_t d = data_parallel_size(c, world_size);
-  const int64_t per_step = int64_t{t.micro_batch_size} * d;
+  const int64_t per_step = int64_t{p.micro_batch_size} * d;
   if (t.global_batch_size % per_step != 0) {
     throw InputError(file, "train.global_batch_size",
                      "global_batch_size " + to_string(t.global_batch_size) +
-                         " is not divisible by micro_batch_size " + to_string(t.micro_batch_size) +
+                         " is not divisible by micro_batch_size " + to_string(p.micro_batch_size) +
                          " × data-parallel size " + to_string(d) + " = " + to_string(per_step));
   }
 }
 
+ParallelLayout layout_for_world(const Config& c, int world_size) {
+  ParallelLayout l = c.layout;
+  l.data = data_parallel_size(c, world_size);
+  l.num_microbatches = microbatches_per_pipeline(c, world_size);
+  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
+  l.layers_per_piece =
+      layer_split(c.model.num_layers, l.pieces(),
+                  c.layout.layers_per_piece.empty()
+                      ? std::nullopt
+                      : std::optional<std::vector<int>>(c.layout.layers_per_piece));
+  return l;
+}
+
 int data_parallel_size(const Config& c, int world_size) {
-  if (c.parallel.data) return *c.parallel.data;
-  return static_cast<int>(world_size / (int64_t{c.parallel.tensor} * c.parallel.pipeline));
+  const ParallelLayout& p = c.layout;
+  if (p.data > 0) return p.data;
+  return static_cast<int>(world_size / (int64_t{p.tensor} * p.context * p.pipeline));
 }
 
 int microbatches_per_pipeline(const Config& c, int world_size) {
   const int d = data_parallel_size(c, world_size);
   // Before validate_for_world a world smaller than tensor x pipeline gives d = 0.
   if (d < 1) return 0;
-  return static_cast<int>(c.train.global_batch_size / (int64_t{c.train.micro_batch_size} * d));
+  return static_cast<int>(c.train.global_batch_size / (int64_t{c.layout.micro_batch_size} * d));
 }
 
 }  // namespace strata

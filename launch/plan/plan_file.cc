@@ -1,26 +1,29 @@
 #include "launch/plan/plan_file.h"
 
-#include <climits>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/json_values.h"
+#include "launch/config/layout_fields.h"
 #include "launch/config/model_shape.h"
 #include "models/registry.h"
 #include "runtime/base/error.h"
-#include "schedules/schedule.h"
 
 namespace strata {
+namespace {
 
-using nlohmann::json;
+using json = nlohmann::json;
+using std::to_string;
 
-Config apply_plan(const Config& cfg, const json& plan_in, const std::string& file) {
-  using std::to_string;
-  // A plan chooses the layout of one model and one global batch: applied to another it would
-  // train something else than the config says (its layers, its batch), so those must match.
-  if (plan_in.is_object() && plan_in.contains("model")) {
-    const json& planned = plan_in["model"];
+// A plan chooses the layout of one model and one global batch: applied to another it would
+// train something else than the config says (its layers, its batch), so those must match.
+void check_plan_is_for(const Config& cfg, const json& doc, const std::string& file) {
+  if (!doc.is_object()) return;
+  if (doc.contains("model")) {
+    const json& planned = doc["model"];
     if (!planned.is_object()) throw InputError(file, "model", "an object (the plan's model)");
     const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
     const json shape = model_shape_json(cfg.model, *desc);
@@ -34,115 +37,126 @@ Config apply_plan(const Config& cfg, const json& plan_in, const std::string& fil
       }
     }
   }
-  if (plan_in.is_object() && plan_in.contains("global_batch_size")) {
-    const json& g = plan_in["global_batch_size"];
+  if (doc.contains("global_batch_size")) {
+    const json& g = doc["global_batch_size"];
     if (!g.is_number_integer() || g.get<int64_t>() != cfg.train.global_batch_size) {
       throw InputError(file, "global_batch_size",
                        "the config's train.global_batch_size " +
                            to_string(cfg.train.global_batch_size) + ", got " + g.dump());
     }
   }
-  std::string prefix;
-  const json* plan = &plan_in;
-  if (plan_in.is_object() && plan_in.contains("plans")) {
-    if (!plan_in["plans"].is_array() || plan_in["plans"].empty()) {
+}
+
+// The plan entry of `doc` (a plan, or a whole document's first plan) and how errors name its
+// fields ("plans[0]." in a document).
+std::pair<const json*, std::string> plan_entry(const json& doc, const std::string& file) {
+  if (doc.is_object() && doc.contains("plans")) {
+    if (!doc["plans"].is_array() || doc["plans"].empty()) {
       throw InputError(file, "plans", "a non-empty array of plans (no plan fitted?)");
     }
-    plan = &plan_in["plans"][0];
-    prefix = "plans[0].";
+    if (!doc["plans"][0].is_object()) throw InputError(file, "plans[0]", "a plan object");
+    return {&doc["plans"][0], "plans[0]."};
   }
-  if (!plan->is_object()) throw InputError(file, prefix.empty() ? "" : "plans[0]", "a plan object");
-  auto need_int = [&](const char* key) {
-    const json* v = plan->contains(key) ? &(*plan)[key] : nullptr;
-    if (!v || !v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > INT_MAX) {
-      throw InputError(file, prefix + key, "a positive integer up to " + to_string(INT_MAX));
-    }
-    return v->get<int>();
-  };
-  auto need_str = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_string())
-      throw InputError(file, prefix + key, "a string");
-    return (*plan)[key].get<std::string>();
-  };
-  auto need_bool = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_boolean())
-      throw InputError(file, prefix + key, "true or false");
-    return (*plan)[key].get<bool>();
-  };
-  const int tensor = need_int("tensor"), pipeline = need_int("pipeline"), data = need_int("data");
-  const int virtual_stages = need_int("virtual_stages");
-  const std::string schedule = need_str("schedule");
-  ScheduleKind k;
-  if (!parse_schedule_kind(schedule, &k)) {
-    throw InputError(file, prefix + "schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1");
+  if (!doc.is_object()) throw InputError(file, "", "a plan object");
+  return {&doc, ""};
+}
+
+// Layout fields the planner does not search, so does not write, yet: a plan without them keeps
+// the config's value (1).
+bool planner_omits(const std::string& field) {
+  return field == "context" || field == "expert";
+}
+
+// A plan's layers_per_stage, [stage][chunk], as the layout's pieces (chunk · pipeline + stage),
+// covering the config's num_layers exactly.
+std::vector<int> plan_pieces(const json& l, const ParallelLayout& layout, int num_layers,
+                             const std::string& file, const std::string& w) {
+  const int pipeline = layout.pipeline, virtual_stages = layout.virtual_stages;
+  if (!l.is_array() || static_cast<int64_t>(l.size()) != pipeline) {
+    throw InputError(file, w, "an array of " + to_string(pipeline) + " stages");
   }
-  const int micro = need_int("micro_batch_size");
-  const std::string recompute = need_str("recompute");
-  Recompute rk;
-  if (!parse_recompute(recompute, &rk)) {
-    throw InputError(file, prefix + "recompute", "none, selective or full");
-  }
-  // Micro-batch size × micro-batches × data-parallel size is the global batch: the config's.
-  if (plan->contains("num_microbatches")) {
-    const int m = need_int("num_microbatches");
-    const int64_t global = int64_t{micro} * m * data;
-    if (global != cfg.train.global_batch_size) {
-      throw InputError(file, prefix + "num_microbatches",
-                       "micro_batch_size " + to_string(micro) + " × num_microbatches " +
-                           to_string(m) + " × data " + to_string(data) +
-                           " = the config's train.global_batch_size " +
-                           to_string(cfg.train.global_batch_size) + ", got " + to_string(global));
+  for (int s = 0; s < pipeline; ++s) {
+    const json& row = l[static_cast<size_t>(s)];
+    if (!row.is_array() || static_cast<int64_t>(row.size()) != virtual_stages) {
+      throw InputError(file, w + "[" + to_string(s) + "]",
+                       "an array of " + to_string(virtual_stages) + " layer counts");
     }
   }
-  json layout = {{"tensor", tensor},
-                 {"pipeline", pipeline},
-                 {"data", data},
-                 {"virtual_stages", virtual_stages},
-                 {"schedule", schedule},
-                 {"sequence_parallel", need_bool("sequence_parallel")},
-                 {"distributed_optimizer", need_bool("distributed_optimizer")},
-                 {"layers_per_stage", nullptr}};
+  std::vector<int> pieces(static_cast<size_t>(layout.pieces()));
+  int64_t sum = 0;
+  for (int s = 0; s < pipeline; ++s) {
+    for (int ch = 0; ch < virtual_stages; ++ch) {
+      const json& n = l[static_cast<size_t>(s)][static_cast<size_t>(ch)];
+      const std::string at = w + "[" + to_string(s) + "][" + to_string(ch) + "]";
+      int count = 0;
+      try {
+        count = int_value(n, 1);
+      } catch (const ValueError& e) {
+        throw InputError(file, at, e.what());
+      }
+      pieces[static_cast<size_t>(ch) * static_cast<size_t>(pipeline) + static_cast<size_t>(s)] =
+          count;
+      sum += count;
+    }
+  }
+  if (sum != num_layers) {
+    throw InputError(file, w,
+                     "layer counts summing to the config's model.num_layers " +
+                         to_string(num_layers) + " (every layer in exactly one stage), got " +
+                         to_string(sum));
+  }
+  return pieces;
+}
+
+// Micro-batch size × micro-batches × data-parallel size is the global batch: the config's.
+void check_batch(const json& plan, const ParallelLayout& l, int global_batch,
+                 const std::string& file, const std::string& prefix) {
+  if (!plan.contains("num_microbatches") || l.data == 0) return;
+  int m = 0;
+  try {
+    m = int_value(plan["num_microbatches"], 1);
+  } catch (const ValueError& e) {
+    throw InputError(file, prefix + "num_microbatches", e.what());
+  }
+  const int64_t global = int64_t{l.micro_batch_size} * m * l.data;
+  if (global != global_batch) {
+    throw InputError(file, prefix + "num_microbatches",
+                     "micro_batch_size " + to_string(l.micro_batch_size) + " × num_microbatches " +
+                         to_string(m) + " × data " + to_string(l.data) +
+                         " = the config's train.global_batch_size " + to_string(global_batch) +
+                         ", got " + to_string(global));
+  }
+}
+
+}  // namespace
+
+Config apply_plan(const Config& cfg, const json& doc, const std::string& file) {
+  check_plan_is_for(cfg, doc, file);
+  const auto [plan, prefix] = plan_entry(doc, file);
+  ParallelLayout l = cfg.layout;
+  for (const LayoutField& f : layout_fields()) {
+    if (f.name == "layers_per_stage") continue;  // in the plan's own form, below
+    const bool given = plan->contains(f.name);
+    if (!given && planner_omits(f.name)) continue;
+    try {
+      f.read(given ? (*plan)[f.name] : json(), l);
+    } catch (const ValueError& e) {
+      throw InputError(file, prefix + f.name, e.what());
+    }
+  }
+  l.layers_per_piece.clear();  // null: the even split
   if (plan->contains("layers_per_stage") && !(*plan)["layers_per_stage"].is_null()) {
-    // [stage][chunk] in the plan; chunk-major (chunk · pipeline + stage) in the config.
-    const json& l = (*plan)["layers_per_stage"];
-    const std::string w = prefix + "layers_per_stage";
-    if (!l.is_array() || static_cast<int64_t>(l.size()) != pipeline) {
-      throw InputError(file, w, "an array of " + to_string(pipeline) + " stages");
-    }
-    for (int s = 0; s < pipeline; ++s) {
-      const json& row = l[static_cast<size_t>(s)];
-      if (!row.is_array() || static_cast<int64_t>(row.size()) != virtual_stages) {
-        throw InputError(file, w + "[" + to_string(s) + "]",
-                         "an array of " + to_string(virtual_stages) + " layer counts");
-      }
-    }
-    std::vector<int> pieces(static_cast<size_t>(pipeline) * static_cast<size_t>(virtual_stages));
-    int64_t sum = 0;
-    for (int s = 0; s < pipeline; ++s) {
-      for (int ch = 0; ch < virtual_stages; ++ch) {
-        const json& n = l[static_cast<size_t>(s)][static_cast<size_t>(ch)];
-        if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > INT_MAX) {
-          throw InputError(file, w + "[" + to_string(s) + "][" + to_string(ch) + "]",
-                           "a positive layer count");
-        }
-        pieces[static_cast<size_t>(ch) * static_cast<size_t>(pipeline) + static_cast<size_t>(s)] =
-            n.get<int>();
-        sum += n.get<int64_t>();
-      }
-    }
-    if (sum != cfg.model.num_layers) {
-      throw InputError(file, w,
-                       "layer counts summing to the config's model.num_layers " +
-                           to_string(cfg.model.num_layers) +
-                           " (every layer in exactly one stage), got " + to_string(sum));
-    }
-    layout["layers_per_stage"] = pieces;
+    l.layers_per_piece = plan_pieces((*plan)["layers_per_stage"], l, cfg.model.num_layers, file,
+                                     prefix + "layers_per_stage");
   }
+  check_batch(*plan, l, cfg.train.global_batch_size, file, prefix);
   // The layout is then checked as if the config had said it, against the config's other keys.
-  return config_with_layer(
-      cfg,
-      {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
-      file);
+  json layer = json::object();
+  for (const LayoutField& f : layout_fields()) {
+    const size_t dot = f.config_key.find('.');
+    layer[f.config_key.substr(0, dot)][f.config_key.substr(dot + 1)] = f.write(l);
+  }
+  return config_with_layer(cfg, layer, file);
 }
 
 }  // namespace strata

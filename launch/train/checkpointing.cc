@@ -116,12 +116,12 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
         {"pipeline", run_.pipeline},
         {"data", run_.data},
         {"virtual_stages", run_.virtual_stages},
-        {"schedule", cfg.parallel.schedule},
-        {"sequence_parallel", cfg.parallel.sequence_parallel},
-        {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
+        {"schedule", to_string(run_.schedule)},
+        {"sequence_parallel", run_.sequence_parallel},
+        {"distributed_optimizer", run_.distributed_optimizer}}},
       {"train",
        {{"iterations", cfg.train.iterations},
-        {"micro_batch_size", cfg.train.micro_batch_size},
+        {"micro_batch_size", run_.micro},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
   write_s_.push_back(0);

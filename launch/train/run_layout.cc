@@ -4,7 +4,6 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/config/world_layout.h"
-#include "launch/plan/prediction.h"
 #include "runtime/base/error.h"
 #include "schedules/simulator.h"
 
@@ -29,19 +28,19 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.world = single_process ? &solo_world() : &world();
   const World& w = *r.world;
   validate_for_world(cfg, w.size);
-  r.tensor = cfg.parallel.tensor;
-  r.pipeline = cfg.parallel.pipeline;
+  r.tensor = cfg.layout.tensor;
+  r.pipeline = cfg.layout.pipeline;
   r.data = data_parallel_size(cfg, w.size);
-  r.virtual_stages = cfg.parallel.virtual_stages;
+  r.virtual_stages = cfg.layout.virtual_stages;
   // The schedule, recompute and split as the planner's prediction of this config sees them.
-  const PlanConfig plan = plan_config_for(cfg, w.size);
+  const ParallelLayout plan = layout_for_world(cfg, w.size);
   r.schedule = plan.schedule;
   r.recompute = plan.recompute;
   r.bf16 = cfg.train.precision == "bf16";
-  r.sequence_parallel = cfg.parallel.sequence_parallel;
-  r.distributed_optimizer = cfg.parallel.distributed_optimizer;
+  r.sequence_parallel = cfg.layout.sequence_parallel;
+  r.distributed_optimizer = cfg.layout.distributed_optimizer;
   r.threads = resolve_cpu_threads(cfg.train.threads, w.local_size);
-  r.micro = cfg.train.micro_batch_size;
+  r.micro = cfg.layout.micro_batch_size;
   r.global = cfg.train.global_batch_size;
   r.seq_len = cfg.model.seq_len;
   r.accumulation = microbatches_per_pipeline(cfg, w.size);

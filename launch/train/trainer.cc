@@ -132,8 +132,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   const std::unique_ptr<Model> model =
       build_model(cfg.model, run.model_options(groups.pp_rank, groups.tp.get()), be);
   ParamStore& params = model->params();
-  GradReducer reducer(be, groups.dp.get(), params.grads(), param_spans(params),
-                      cfg.parallel.bucket_mb, run.distributed_optimizer);
+  GradReducer reducer(be, groups.dp.get(), params.grads(), param_spans(params), cfg.comm.bucket_mb,
+                      run.distributed_optimizer);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   params.set_grad_ready_hook([&](int a, int b) { reducer.mark_ready(a, b); });
   ModelStage stage(run, *model, be, *data, groups, reducer, opt);
