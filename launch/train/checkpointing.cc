@@ -63,7 +63,7 @@ RunStart Checkpointing::restore() {
     load_params(layout, c, "param", hp);
     be_.upload(params.params(), hp.data());
     params.params_changed();
-    if (run_.two_bw()) {
+    if (!run_.flushes()) {
       // Both versions; a flushing schedule's checkpoint has one: W(k−1) = W(k), as W(−1) = W(0).
       start.previous_params = hp;
       if (c.has("param_prev")) load_params(layout, c, "param_prev", start.previous_params);
@@ -112,16 +112,16 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
       {"world_size", groups_.host->size()},
       {"model", model_shape_json(cfg.model, desc_)},
       {"parallel",
-       {{"tensor", run_.tensor},
-        {"pipeline", run_.pipeline},
-        {"data", run_.data},
-        {"virtual_stages", run_.virtual_stages},
-        {"schedule", to_string(run_.schedule)},
-        {"sequence_parallel", run_.sequence_parallel},
-        {"distributed_optimizer", run_.distributed_optimizer}}},
+       {{"tensor", run_.layout.tensor},
+        {"pipeline", run_.layout.pipeline},
+        {"data", run_.layout.data},
+        {"virtual_stages", run_.layout.virtual_stages},
+        {"schedule", to_string(run_.layout.schedule)},
+        {"sequence_parallel", run_.layout.sequence_parallel},
+        {"distributed_optimizer", run_.layout.distributed_optimizer}}},
       {"train",
        {{"iterations", cfg.train.iterations},
-        {"micro_batch_size", run_.micro},
+        {"micro_batch_size", run_.layout.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
   write_s_.push_back(0);

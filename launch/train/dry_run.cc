@@ -70,28 +70,30 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   if (!cuda) check_fits_in_memory(run, 0);
   if (run.world->rank != 0) return;
   const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
-  const int64_t per_rank = piece_parameters(*desc, run.tensor, 0, 1, desc->num_layers());
+  const int64_t per_rank = piece_parameters(*desc, run.layout.tensor, 0, 1, desc->num_layers());
   const int64_t real = desc->parameters();
-  const FlopCount f = desc->flops_per_iteration(run.global, run.recompute);
+  const FlopCount f = desc->flops_per_iteration(run.global, run.layout.recompute);
   const nlohmann::json plan = planner_prediction(cfg, run.world->size);
   const nlohmann::json& stages = plan.at("predicted").at("memory_bytes_per_stage");
-  os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.tensor) << ")\n";
+  os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.layout.tensor)
+     << ")\n";
   os << "parameters: " << real << " (" << si(static_cast<double>(real)) << "), " << per_rank
-     << " on each rank (tensor " << run.tensor << ")\n";
-  os << "parallel: tensor " << run.tensor << " × pipeline " << run.pipeline << " × data "
-     << run.data << " = " << run.world->size << " ranks"
-     << (run.sequence_parallel ? ", sequence parallel" : "")
-     << (run.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
-  if (run.pipeline > 1) {
+     << " on each rank (tensor " << run.layout.tensor << ")\n";
+  os << "parallel: tensor " << run.layout.tensor << " × pipeline " << run.layout.pipeline
+     << " × data " << run.layout.data << " = " << run.world->size << " ranks"
+     << (run.layout.sequence_parallel ? ", sequence parallel" : "")
+     << (run.layout.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
+  if (run.layout.pipeline > 1) {
     const ScheduleSpec spec = run.train_spec();
     // The training banner's words, from the same split (partitioner/layer_split.h).
-    os << "pipeline: " << to_string(spec.kind) << ", " << run.accumulation << " micro-batches, "
-       << spec.chunks << " chunk(s) per stage, layers per piece " << split_text(run.split) << "\n";
+    os << "pipeline: " << to_string(spec.kind) << ", " << run.layout.num_microbatches
+       << " micro-batches, " << spec.chunks << " chunk(s) per stage, layers per piece "
+       << split_text(run.layout.layers_per_piece) << "\n";
   }
   if (run.world->size > 1)
     os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
-  os << "batch: global " << run.global << " sequences = " << run.accumulation
-     << " micro-batches of " << run.micro << " × data " << run.data << " ("
+  os << "batch: global " << run.global << " sequences = " << run.layout.num_microbatches
+     << " micro-batches of " << run.layout.micro_batch_size << " × data " << run.layout.data << " ("
      << static_cast<int64_t>(run.global) * run.seq_len << " tokens per iteration)\n";
   os << "FLOPs per iteration: model " << si(f.model) << "FLOP, hardware " << si(f.hardware)
      << "FLOP\n";

@@ -124,7 +124,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
                          ", got " + std::to_string(cfg.model.vocab_size));
   }
   const bool lead = run.world->rank == 0 && ctx.verbose;
-  const int p = run.pipeline, v = run.virtual_stages, m = run.accumulation;
+  const int p = run.layout.pipeline, v = run.layout.virtual_stages, m = run.layout.num_microbatches;
 
   // This stage's pieces of the model, built by its architecture; gradients reduced over the
   // data group as they become final; the optimizer over what this rank updates.
@@ -133,7 +133,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
       build_model(cfg.model, run.model_options(groups.pp_rank, groups.tp.get()), be);
   ParamStore& params = model->params();
   GradReducer reducer(be, groups.dp.get(), params.grads(), param_spans(params), cfg.comm.bucket_mb,
-                      run.distributed_optimizer);
+                      run.layout.distributed_optimizer);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   params.set_grad_ready_hook([&](int a, int b) { reducer.mark_ready(a, b); });
   ModelStage stage(run, *model, be, *data, groups, reducer, opt);
@@ -144,7 +144,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   if (const std::string why = schedule_invalid_reason(spec); !why.empty())
     throw InputError(cfg.source_file, "parallel.schedule", why);
   const std::vector<Instr> train_list =
-      run.two_bw() ? std::vector<Instr>() : build_schedule(spec, groups.pp_rank);
+      !run.flushes() ? std::vector<Instr>() : build_schedule(spec, groups.pp_rank);
   const std::vector<Instr> eval_list = build_forward_only(groups.pp_rank, p, v, m);
 
   // Resume from a checkpoint, or start from model.init_from.
@@ -154,7 +154,7 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
 
   TrainResult res;
   res.pipeline_rank = groups.pp_rank;
-  res.layers_per_piece = run.split;
+  res.layers_per_piece = run.layout.layers_per_piece;
   res.pieces = model->pieces();
   res.loss_floor = data->loss_floor(run.seq_len);
   // The schedule's idle share of the step with equal op times (schedules/simulator.h).
@@ -176,12 +176,12 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   // Every eval_interval steps and after the last; 2bw never flushes: once, after the last step.
   auto eval_due = [&](int it) {
     return cfg.train.eval_interval > 0 &&
-           (it == iters || (!run.two_bw() && it % cfg.train.eval_interval == 0));
+           (it == iters || (run.flushes() && it % cfg.train.eval_interval == 0));
   };
   // log.sample_interval: greedy samples over the model's key/value caches (sampling.h); 2bw
   // keeps each sampled step's weights to sample from once its list has run.
   TrainingSampler sampler(cfg, *model, be, groups.pp.get());
-  if (run.two_bw() && cfg.log.sample_interval > 0)
+  if (!run.flushes() && cfg.log.sample_interval > 0)
     stage.set_on_step([&](int it, const Tensor& w) { sampler.keep(it, w); });
   auto finish_step = [&](const StepRecord& r, double step_s, double bubble) {
     guard.check(r);
@@ -208,8 +208,8 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
   const auto t_start = Clock::now();
   stage.set_clock(t_start);
   report.set_start(t_start);
-  if (run.two_bw()) {
-    if (start.iteration > 0) stage.resume_two_bw(start.iteration, start.previous_params);
+  if (!run.flushes()) {
+    if (start.iteration > 0) stage.resume(start.iteration, start.previous_params);
     // The pipeline never flushes between batches, except where a checkpoint is due: one
     // instruction list per stretch of batches up to the next save (or the end of the run),
     // reported when it has run.
@@ -241,19 +241,19 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
         finish_step(r, r.at_s - previous, bubble);
         previous = r.at_s;
       }
-      if (checkpoints.due(to)) checkpoints.save(to, guard.in_a_row(), &stage.previous_params());
+      if (checkpoints.due(to)) checkpoints.save(to, guard.in_a_row(), stage.previous_params());
       // Background saves publish once every rank has written (2bw: one stretch later).
       const StopRequest::Agreement agreed = stop.poll(checkpoints.pending(), checkpoints.writing());
       checkpoints.publish_saved(agreed.saved, to);
       if (const int sig = agreed.signal) {
         stopped(
-            sig, to, [&] { checkpoints.save(to, guard.in_a_row(), &stage.previous_params()); },
+            sig, to, [&] { checkpoints.save(to, guard.in_a_row(), stage.previous_params()); },
             checkpoints.due(to));
         break;
       }
       from = to;
     }
-  } else if (!run.two_bw()) {
+  } else {
     for (int it = start.iteration + 1; it <= iters; ++it) {
       maybe_kill_at(it, *run.world);
       const auto t0 = Clock::now();
