@@ -1,5 +1,6 @@
 #include "launch/train/checkpointing.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +33,12 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
 bool Checkpointing::due(int it) const {
   const CheckpointConfig& ck = run_.cfg->checkpoint;
   return ck.dir && ck.interval > 0 && it % ck.interval == 0;
+}
+
+int Checkpointing::next_save(int after, int last) const {
+  const CheckpointConfig& ck = run_.cfg->checkpoint;
+  const int every = ck.dir ? ck.interval : 0;
+  return every > 0 ? std::min(last, (after / every + 1) * every) : last;
 }
 
 RunStart Checkpointing::restore() {

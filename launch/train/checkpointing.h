@@ -44,6 +44,9 @@ class Checkpointing {
   RunStart restore();
   // Whether iteration `it` (1-based) ends with a save.
   bool due(int it) const;
+  // The first iteration after `after`, at most `last`, that ends with a save; `last` when none
+  // does (where a 2bw instruction list has to stop).
+  int next_save(int after, int last) const;
   // Saves the checkpoint of iteration `it` from the model's parameters (2bw: the newest version
   // W(it)); previous: 2bw's W(it−1), saved beside them. Collective. With checkpoint.async the
   // copy to host memory is all that holds the step: the shard is written in the background and
