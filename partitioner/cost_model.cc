@@ -502,7 +502,7 @@ IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bo
   so.transfer_at_receive = !rt.p2p_both_ends;
   // The step's sums over the pipeline (loss, gradient norm) and the tied embedding's as the
   // runtime makes them: blocking at the step of the flushing schedules, posted at ReduceGrads
-  // and completed at the step by 2bw (launch/train/model_stage.h).
+  // and completed at the step by 2bw (launch/train/pipeline_stage.h).
   so.collectives = true;
   std::vector<double> step_extra(static_cast<size_t>(p), 0.0);
   so.duration = [&](int stage, const Instr& in) -> double {

@@ -48,7 +48,7 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
     }
     mb.parameters = n * param_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     // 2bw accumulates the next batch's gradients in a second buffer while the last batch's
-    // step completes (launch/train/model_stage.h).
+    // step completes (launch/train/pipeline_stage.h).
     mb.gradients = n * grad_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     mb.optimizer = n * opt_b / (c.distributed_optimizer ? c.data : 1);
 

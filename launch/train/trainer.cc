@@ -11,7 +11,7 @@
 #include <string>
 
 #include "launch/train/checkpointing.h"
-#include "launch/train/model_stage.h"
+#include "launch/train/pipeline_stage.h"
 #include "launch/train/reporting.h"
 #include "launch/train/run_layout.h"
 #include "launch/train/sampling.h"

@@ -1,4 +1,4 @@
-// model_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
+// pipeline_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
 // side of the executor's instructions (runtime/engine/pipeline.h), the loss and gradient-norm sums,
 // the reduction of gradients and the optimizer step with clipping.
 //

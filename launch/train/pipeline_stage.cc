@@ -1,4 +1,4 @@
-#include "launch/train/model_stage.h"
+#include "launch/train/pipeline_stage.h"
 
 #include <cmath>
 
