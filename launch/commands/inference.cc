@@ -94,20 +94,11 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
 
 }  // namespace
 
-bool parse_source_flag(const std::string& flag, const std::function<std::string()>& value,
-                       InferenceSource* s) {
-  if (flag == "--checkpoint") {
-    s->checkpoint = value();
-  } else if (flag == "--hf") {
-    s->hf = value();
-  } else if (flag == "--config") {
-    s->config = value();
-  } else if (flag == "--set") {
-    s->sets.push_back(value());
-  } else {
-    return false;
-  }
-  return true;
+std::vector<Flag> source_flags(InferenceSource* s) {
+  return {value_flag("--checkpoint", [s](const std::string& v) { s->checkpoint = v; }),
+          value_flag("--hf", [s](const std::string& v) { s->hf = v; }),
+          text_flag("--config", &s->config),
+          value_flag("--set", [s](const std::string& v) { s->sets.push_back(v); })};
 }
 
 InferenceSession::InferenceSession(const InferenceSource& source) {

@@ -158,46 +158,29 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
   std::string svg_out, measured;
   int batch = 0, nodes = 0, top = 5, seq = 0, iteration = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kPlanUsage, stdout);
-      return 0;
-    } else if (value("--model", &v)) {
-      model = v;
-    } else if (value("--cluster", &v)) {
-      cluster_name = v;
-    } else if (value("--global-batch-size", &v)) {
-      batch = positive_int("--global-batch-size", v);
-    } else if (value("--nodes", &v)) {
-      nodes = positive_int("--nodes", v);
-    } else if (value("--fix", &v)) {
-      fix += (fix.empty() ? "" : ",") + v;
-    } else if (value("--top", &v)) {
-      top = positive_int("--top", v);
-    } else if (value("--json", &v)) {
-      json_out = v;
-    } else if (value("--trace", &v)) {
-      trace_out = v;
-    } else if (value("--seq-len", &v)) {
-      seq = positive_int("--seq-len", v);
-    } else if (value("--precision", &v)) {
-      if (v != "bf16" && v != "fp32") bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
-      precision = v;
-    } else if (value("--profile", &v)) {
-      profile_path = v;
-    } else if (value("--svg", &v)) {
-      svg_out = v;
-    } else if (value("--measured", &v)) {
-      measured = v;
-    } else if (value("--iteration", &v)) {
-      iteration = positive_int("--iteration", v);
-    } else {
-      bad_flag(a, "an option of strata plan (see strata plan --help)");
-    }
-  }
+  const std::vector<Flag> flags = {
+      text_flag("--model", &model),
+      text_flag("--cluster", &cluster_name),
+      positive_flag("--global-batch-size", &batch),
+      positive_flag("--nodes", &nodes),
+      value_flag("--fix", [&fix](const std::string& v) { fix += (fix.empty() ? "" : ",") + v; }),
+      positive_flag("--top", &top),
+      text_flag("--json", &json_out),
+      text_flag("--trace", &trace_out),
+      positive_flag("--seq-len", &seq),
+      value_flag("--precision",
+                 [&precision](const std::string& v) {
+                   if (v != "bf16" && v != "fp32")
+                     bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
+                   precision = v;
+                 }),
+      text_flag("--profile", &profile_path),
+      text_flag("--svg", &svg_out),
+      text_flag("--measured", &measured),
+      positive_flag("--iteration", &iteration),
+  };
+  if (!read_flags(args, flags, kPlanUsage, "an option of strata plan (see strata plan --help)"))
+    return 0;
   if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
   if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
   if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");

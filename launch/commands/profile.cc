@@ -301,48 +301,33 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::string config, out, cluster_out, cluster_base;
   std::vector<std::string> sets;
   std::vector<int> sizes;
-  int repeat = 10;
-  bool repeat_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kProfileUsage, stdout);
-      return 0;
-    } else if (value("--config", &v)) {
-      if (v.empty()) bad_flag("--config", "a config file path");
-      config = v;
-    } else if (value("--set", &v)) {
-      if (v.find('=') == std::string::npos || v.front() == '=') {
-        bad_flag("--set", "section.key=value, got '" + v + "'");
-      }
-      sets.push_back(v);
-    } else if (value("--out", &v)) {
-      if (v.empty()) bad_flag("--out", "an output file path");
-      out = v;
-    } else if (value("--repeat", &v)) {
-      repeat = positive_int("--repeat", v, 100000);
-      repeat_given = true;
-    } else if (value("--cluster-out", &v)) {
-      if (v.empty()) bad_flag("--cluster-out", "an output file path");
-      cluster_out = v;
-    } else if (value("--cluster", &v)) {
-      if (v.empty()) bad_flag("--cluster", "a cluster preset or file");
-      cluster_base = v;
-    } else if (value("--micro-batch-sizes", &v)) {
-      sizes.clear();
-      size_t start = 0;
-      while (start <= v.size()) {
-        const size_t comma = std::min(v.find(',', start), v.size());
-        sizes.push_back(
-            positive_int("--micro-batch-sizes", v.substr(start, comma - start), 1 << 20));
-        start = comma + 1;
-      }
-    } else {
-      bad_flag(a, "an option of strata profile (see strata profile --help)");
-    }
-  }
+  int repeat = 0;  // 0: not given (10 rounds for a profile, 3 for --cluster-out)
+  const std::vector<Flag> flags = {
+      path_flag("--config", &config, "a config file path"),
+      value_flag("--set",
+                 [&sets](const std::string& v) {
+                   if (v.find('=') == std::string::npos || v.front() == '=')
+                     bad_flag("--set", "section.key=value, got '" + v + "'");
+                   sets.push_back(v);
+                 }),
+      path_flag("--out", &out, "an output file path"),
+      positive_flag("--repeat", &repeat, 100000),
+      path_flag("--cluster-out", &cluster_out, "an output file path"),
+      path_flag("--cluster", &cluster_base, "a cluster preset or file"),
+      value_flag("--micro-batch-sizes",
+                 [&sizes](const std::string& v) {
+                   sizes.clear();
+                   for (size_t start = 0; start <= v.size();) {
+                     const size_t comma = std::min(v.find(',', start), v.size());
+                     sizes.push_back(positive_int("--micro-batch-sizes",
+                                                  v.substr(start, comma - start), 1 << 20));
+                     start = comma + 1;
+                   }
+                 }),
+  };
+  if (!read_flags(args, flags, kProfileUsage,
+                  "an option of strata profile (see strata profile --help)"))
+    return 0;
   if (config.empty()) bad_flag("--config", "a config: strata profile --config FILE");
   const Config cfg = load_config(config, sets);
   if (!out.empty()) check_output_flag("--out", out);
@@ -355,11 +340,12 @@ int cmd_profile(const std::vector<std::string>& args) {
       check_output_flag("--cluster-out", cluster_out);
       return "";
     });
-    write_device_cluster(cfg, cluster_base, cluster_out, repeat_given ? repeat : 3, *comm);
+    write_device_cluster(cfg, cluster_base, cluster_out, repeat > 0 ? repeat : 3, *comm);
     if (out.empty()) return 0;
   } else if (!cluster_base.empty()) {
     bad_flag("--cluster", "--cluster-out FILE with it (the base of the cluster written)");
   }
+  if (repeat == 0) repeat = 10;
   const json j = make_profile(cfg, repeat, sizes);
   if (out.empty()) {
     std::cout << j.dump(2) << "\n";
