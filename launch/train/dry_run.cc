@@ -22,7 +22,10 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-nlohmann::json planner_prediction(const Config& cfg, int world_size) {
+namespace {
+
+// This machine as one node whose memory the ranks on it share, `world_size` of them.
+Cluster this_machine(const Config& cfg, int world_size) {
   const nlohmann::json cluster = {
       {"name", "this-machine"},
       {"nodes", 1},
@@ -35,12 +38,22 @@ nlohmann::json planner_prediction(const Config& cfg, int world_size) {
       {"inter_node", {{"bandwidth", 1.25e9}, {"latency_s", 2e-5}}},
       {"nics_per_node", 1},
       {"device", cfg.device == "cuda" ? "gpu" : "cpu"}};
-  return predict_for_config(cfg, world_size, cluster_from_json(cluster, "<this machine>"));
+  return cluster_from_json(cluster, "<this machine>");
+}
+
+}  // namespace
+
+nlohmann::json planner_prediction(const Config& cfg, int world_size) {
+  return predict_for_config(cfg, world_size, this_machine(cfg, world_size));
+}
+
+nlohmann::json planner_prediction(const RunLayout& run) {
+  return predict_for_config(*run.cfg, run.layout, this_machine(*run.cfg, run.world->size));
 }
 
 void check_fits_in_memory(const RunLayout& run, int64_t device_bytes) {
   const Config& cfg = *run.cfg;
-  const nlohmann::json plan = planner_prediction(cfg, run.world->size);
+  const nlohmann::json plan = planner_prediction(run);
   double peak = 0;
   for (const auto& st : plan.at("predicted").at("memory_bytes_per_stage"))
     peak = std::max(peak, st.at("total").get<double>());
@@ -73,7 +86,7 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   const int64_t per_rank = piece_parameters(*desc, run.layout.tensor, 0, 1, desc->num_layers());
   const int64_t real = desc->parameters();
   const FlopCount f = desc->flops_per_iteration(run.global, run.layout.recompute);
-  const nlohmann::json plan = planner_prediction(cfg, run.world->size);
+  const nlohmann::json plan = planner_prediction(run);
   const nlohmann::json& stages = plan.at("predicted").at("memory_bytes_per_stage");
   os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.layout.tensor)
      << ")\n";
