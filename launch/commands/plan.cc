@@ -152,6 +152,37 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   }
 }
 
+// --trace and --svg: the chosen plan's simulated iteration as a Chrome trace and as a picture
+// (with --measured, a run's log.trace drawn below it).
+void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::string& trace_out,
+                      const std::string& svg_out, const std::string& measured, int iteration) {
+  if (out.plans.empty())
+    bad_flag(trace_out.empty() ? "--svg" : "--trace", "a plan to draw, but no plan fits");
+  CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
+  const PlanResult& best = out.plans.front();
+  const IterationTime it = iteration_time(ctx, best.config, true);
+  if (!trace_out.empty()) {
+    std::ofstream f(trace_out);
+    f << chrome_trace_json(it.sim, 1e6) << "\n";
+    if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
+  }
+  if (!svg_out.empty()) {
+    const ParallelLayout& c = best.config;
+    char title[256];
+    std::snprintf(title, sizeof title,
+                  "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
+                  req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
+                  c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
+                  best.time.iteration_s);
+    std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
+    if (!measured.empty())
+      panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
+    std::ofstream f(svg_out);
+    f << timeline_svg(panels);
+    if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
+  }
+}
+
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
@@ -227,33 +258,8 @@ int cmd_plan(const std::vector<std::string>& args) {
     f << plan_output_json(req, out).dump(2) << "\n";
     if (!f) throw InputError("<command line>", "--json", "a writable path, got " + json_out);
   }
-  if (!trace_out.empty() || !svg_out.empty()) {
-    if (out.plans.empty())
-      bad_flag(trace_out.empty() ? "--svg" : "--trace", "a plan to draw, but no plan fits");
-    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
-    const PlanResult& best = out.plans.front();
-    const IterationTime it = iteration_time(ctx, best.config, true);
-    if (!trace_out.empty()) {
-      std::ofstream f(trace_out);
-      f << chrome_trace_json(it.sim, 1e6) << "\n";
-      if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
-    }
-    if (!svg_out.empty()) {
-      const ParallelLayout& c = best.config;
-      char title[256];
-      std::snprintf(title, sizeof title,
-                    "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
-                    req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
-                    c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
-                    best.time.iteration_s);
-      std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
-      if (!measured.empty())
-        panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
-      std::ofstream f(svg_out);
-      f << timeline_svg(panels);
-      if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
-    }
-  }
+  if (!trace_out.empty() || !svg_out.empty())
+    draw_chosen_plan(req, out, trace_out, svg_out, measured, iteration);
   return 0;
 }
 

@@ -11,12 +11,11 @@
 
 namespace strata {
 
-void check_consistency(const Config& c, const Reader& r) {
-  const ModelConfig& m = c.model;
-  const ParallelLayout& p = c.layout;
-  const TrainConfig& t = c.train;
-  using std::to_string;
+namespace {
 
+using std::to_string;
+
+void check_heads(const ModelConfig& m, const Reader& r) {
   if (m.hidden_size % m.num_heads != 0) {
     r.fail_latest({"model.hidden_size", "model.num_heads"},
                   "hidden_size " + to_string(m.hidden_size) + " is not divisible by num_heads " +
@@ -28,7 +27,11 @@ void check_consistency(const Config& c, const Reader& r) {
                   "num_heads " + to_string(m.num_heads) +
                       " is not a multiple of num_key_value_heads " + to_string(m.kv_heads()));
   }
+}
 
+// The schedule's chunks, and the split: one entry per model chunk, every layer in exactly one
+// chunk, never silently dropped.
+void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r) {
   if (p.virtual_stages > 1 && p.schedule != ScheduleKind::kInterleaved) {
     r.fail_latest({"parallel.virtual_stages", "parallel.schedule"},
                   "virtual_stages " + to_string(p.virtual_stages) +
@@ -39,7 +42,6 @@ void check_consistency(const Config& c, const Reader& r) {
         {"parallel.schedule", "parallel.pipeline"},
         "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
   }
-  // One entry per model chunk; every layer in exactly one chunk, never silently dropped.
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
                                   to_string(p.virtual_stages) + " = " + to_string(chunks);
@@ -62,9 +64,13 @@ void check_consistency(const Config& c, const Reader& r) {
                   "num_layers " + to_string(m.num_layers) + " is fewer than the " + chunks_text +
                       " model chunks (each chunk needs at least one layer)");
   }
+}
 
-  // cuDNN's fused attention serves bf16 operands on a GPU, head sizes multiple of 8 up to 128;
-  // asking for it where it cannot run is an error, not a silent fallback.
+// cuDNN's fused attention serves bf16 operands on a GPU, head sizes multiple of 8 up to 128;
+// asking for it where it cannot run is an error, not a silent fallback.
+void check_attention_backend(const Config& c, const Reader& r) {
+  const TrainConfig& t = c.train;
+  const ModelConfig& m = c.model;
   if (t.attention_backend == "cudnn") {
     if (c.device != "cuda") {
       r.fail_latest({"train.attention_backend", "device"},
@@ -86,32 +92,40 @@ void check_consistency(const Config& c, const Reader& r) {
                         to_string(head_size));
     }
   }
+}
 
-  // Warm-up then decay: a warm-up longer than the decay would end on a rate the decay has
-  // already taken to min_lr, a jump nobody asks for (Megatron-LM refuses it too).
-  const OptimizerConfig& o = c.optimizer;
+// Warm-up then decay: a warm-up longer than the decay would end on a rate the decay has
+// already taken to min_lr, a jump nobody asks for (Megatron-LM refuses it too).
+void check_lr_schedule(const OptimizerConfig& o, const Reader& r) {
   if (o.decay != "constant" && o.decay_iters && o.warmup_iters > *o.decay_iters) {
     r.fail_latest({"optimizer.warmup_iters", "optimizer.decay_iters"},
                   "expected warmup_iters <= decay_iters, got warmup_iters " +
                       to_string(o.warmup_iters) + " > decay_iters " + to_string(*o.decay_iters) +
                       " (the rate would drop from lr to min_lr when the warm-up ends)");
   }
+}
 
-  // Samples during training continue a prompt: an encoder has nothing to generate.
-  if (c.log.sample_interval > 0 && architecture(m.arch).masked_lm) {
+// Samples during training continue a prompt: an encoder has nothing to generate.
+void check_samples(const Config& c, const Reader& r) {
+  if (c.log.sample_interval > 0 && architecture(c.model.arch).masked_lm) {
     r.fail_latest({"log.sample_interval", "model.arch"},
                   "samples continue a prompt with a causal language model: expected "
                   "sample_interval 0 for arch \"" +
-                      m.arch + "\" (an encoder), got " + to_string(c.log.sample_interval));
+                      c.model.arch + "\" (an encoder), got " + to_string(c.log.sample_interval));
   }
+}
 
+void check_batch(const Config& c, const Reader& r) {
+  const TrainConfig& t = c.train;
+  const ParallelLayout& p = c.layout;
   if (t.global_batch_size % p.micro_batch_size != 0) {
     r.fail_latest({"train.global_batch_size", "train.micro_batch_size"},
                   "global_batch_size " + to_string(t.global_batch_size) +
                       " is not a multiple of micro_batch_size " + to_string(p.micro_batch_size));
   }
+}
 
-  const DataConfig& d = c.data;
+void check_data(const DataConfig& d, const ModelConfig& m, const Reader& r) {
   if (d.blend && d.source != "tokens" && d.source != "indexed") {
     r.fail_latest({"data.blend", "data.source"},
                   "data.blend mixes datasets of data.source \"tokens\" or \"indexed\", got \"" +
@@ -144,12 +158,28 @@ void check_consistency(const Config& c, const Reader& r) {
                   "256, got " +
                       to_string(m.vocab_size));
   }
+}
 
-  if (c.checkpoint.interval > 0 && !c.checkpoint.dir) {
+void check_checkpoint(const CheckpointConfig& k, const Reader& r) {
+  if (k.interval > 0 && !k.dir) {
     r.fail_in(r.latest_file({"checkpoint.interval", "checkpoint.dir"}), "checkpoint.dir",
-              "checkpoint.interval " + to_string(c.checkpoint.interval) +
+              "checkpoint.interval " + to_string(k.interval) +
                   " saves checkpoints: expected a directory, got null");
   }
+}
+
+}  // namespace
+
+// In this order: the first that fails is the error reported.
+void check_consistency(const Config& c, const Reader& r) {
+  check_heads(c.model, r);
+  check_layout(c.layout, c.model, r);
+  check_attention_backend(c, r);
+  check_lr_schedule(c.optimizer, r);
+  check_samples(c, r);
+  check_batch(c, r);
+  check_data(c.data, c.model, r);
+  check_checkpoint(c.checkpoint, r);
 }
 
 }  // namespace strata
