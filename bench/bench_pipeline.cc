@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "partitioner/cluster.h"
 #include "runtime/comm/comm.h"

@@ -459,7 +459,7 @@ Summary print_table(const char* title, const std::vector<Run>& runs, const Overr
     sm.max = std::max(sm.max, std::fabs(s.error));
     ++sm.n;
     if (quiet) continue;
-    const PlanConfig& c = s.plan.config;
+    const ParallelLayout& c = s.plan.config;
     const char* unit = run.metric == Metric::kIterationS ? "s" : "";
     std::printf(
         "%-26s %3d %3d %5d %3d %3d %-9s %9.3f %6.1f%% %7.3f %7.3f %7.3f %9.4g%s %9.4g%s %+6.1f%%"

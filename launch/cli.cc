@@ -18,6 +18,8 @@
 #include "launch/commands/schedule.h"
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/plan_file.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/abort_hook.h"

@@ -29,18 +29,11 @@
 
 #include "models/layers/params.h"
 #include "runtime/backend/backend.h"
+#include "runtime/base/recompute.h"
 #include "runtime/comm/comm.h"
 #include "runtime/memory/tensor.h"
 
 namespace strata {
-
-// train.recompute: kNone keeps every activation for the backward pass; kSelective recomputes the
-// attention core (scores, softmax, weighted sum) from the saved q, k, v; kFull keeps only each
-// layer's input and re-runs the layer's forward in the backward pass.
-enum class Recompute { kNone, kSelective, kFull };
-const char* to_string(Recompute r);
-// "none", "selective", "full"; false on an unknown name.
-bool parse_recompute(const std::string& s, Recompute* out);
 
 // A contiguous piece of the model: layers [first_layer, first_layer + num_layers), plus the
 // embedding when it is the first piece and the head (final norm, LM head, loss) when it is the

@@ -141,7 +141,7 @@ double tensor_collectives_s(const std::vector<Collective>& cs, double eb, int te
   return s;
 }
 
-LayerTimes profile_times(const Profile& prof, const PlanConfig& c, int* measured_tensor) {
+LayerTimes profile_times(const Profile& prof, const ParallelLayout& c, int* measured_tensor) {
   const ProfileEntry* best = nullptr;
   for (const ProfileEntry& e : prof.entries) {
     auto score = [&](const ProfileEntry& x) {
@@ -267,7 +267,7 @@ double tp_exposed(const RuntimeModel& rt, double comm, double gemm, int tensor) 
 
 }  // namespace
 
-LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c) {
+LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const RuntimeModel& rt = ctx.runtime;
@@ -369,7 +369,7 @@ DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int
   return t;
 }
 
-std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c) {
+std::vector<double> stage_parameters(const ModelDescription& m, const ParallelLayout& c) {
   const int p = c.pipeline, v = c.virtual_stages;
   std::vector<double> n(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
@@ -390,7 +390,7 @@ namespace {
 // pass with zero-bubble schedules) goes through the piece's parameters; each reduces after the
 // one before on the stage's link. `start_s`: where ReduceGrads begins (the reduction waits for
 // nothing before it when the runtime starts no bucket early). Returns the finish time.
-double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const PlanConfig& c,
+double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const ParallelLayout& c,
                         const ModelDescription& m, int stage, double reduce_s, double start_s) {
   const int p = c.pipeline, v = c.virtual_stages;
   if (!rt.dp_overlap || !rt.collectives_progress_alone) return start_s + reduce_s;
@@ -473,7 +473,7 @@ struct PieceTimes {
 };
 
 // Each piece's times; and it->comm_share_fwd/bwd, the share of each pass that is communication.
-PieceTimes piece_times(const LayerTimes& lt, const PlanConfig& c, const RuntimeModel& rt,
+PieceTimes piece_times(const LayerTimes& lt, const ParallelLayout& c, const RuntimeModel& rt,
                        IterationTime* it) {
   const int pieces = c.pipeline * c.virtual_stages;
   PieceTimes t;
@@ -531,7 +531,7 @@ struct StageTimes {
   std::vector<double> step_extra;     // [stage] exposed at the step (2bw)
 };
 
-StageTimes stage_times(const CostContext& ctx, const PlanConfig& c, const PieceTimes& pieces) {
+StageTimes stage_times(const CostContext& ctx, const ParallelLayout& c, const PieceTimes& pieces) {
   const RuntimeModel& rt = ctx.runtime;
   const int p = c.pipeline, v = c.virtual_stages;
   const std::vector<double> nparam = stage_parameters(*ctx.model, c);
@@ -558,7 +558,7 @@ StageTimes stage_times(const CostContext& ctx, const PlanConfig& c, const PieceT
 
 // The simulator's durations: each op's piece or stage time. The stage times are read when an op
 // runs, so `stages` may change between simulations (expose_reductions).
-SimOptions pipeline_options(const PlanConfig& c, const LayerTimes& lt, const RuntimeModel& rt,
+SimOptions pipeline_options(const ParallelLayout& c, const LayerTimes& lt, const RuntimeModel& rt,
                             const PieceTimes& pieces, const StageTimes& stages) {
   const int p = c.pipeline;
   SimOptions so;
@@ -566,7 +566,7 @@ SimOptions pipeline_options(const PlanConfig& c, const LayerTimes& lt, const Run
   so.transfer_at_receive = !rt.p2p_both_ends;
   // The step's sums over the pipeline (loss, gradient norm) and the tied embedding's as the
   // runtime makes them: blocking at the step of the flushing schedules, posted at ReduceGrads
-  // and completed at the step by 2bw (launch/train/model_stage.h).
+  // and completed at the step by 2bw (launch/train/pipeline_stage.h).
   so.collectives = true;
   so.duration = [&pieces, &stages, p](int stage, const Instr& in) -> double {
     const size_t k = static_cast<size_t>(in.chunk * p + stage);
@@ -594,7 +594,7 @@ SimOptions pipeline_options(const PlanConfig& c, const LayerTimes& lt, const Run
 // The schedule to simulate: the plan's, with long runs of a non-gpipe flushing schedule cut to
 // at most kMaxSimulatedOps forwards (*extrapolate: the rest is added as steady state), and 2bw
 // over 4 batches.
-ScheduleSpec simulated_spec(const PlanConfig& c, bool* extrapolate) {
+ScheduleSpec simulated_spec(const ParallelLayout& c, bool* extrapolate) {
   const int p = c.pipeline, v = c.virtual_stages;
   ScheduleSpec spec;
   spec.kind = c.schedule;
@@ -617,10 +617,10 @@ ScheduleSpec simulated_spec(const PlanConfig& c, bool* extrapolate) {
 // gradients become final and when it reaches ReduceGrads; the exposed remainder of each stage's
 // reduction goes on its ReduceGrads (flushing schedules: stages->reduce) or, for 2bw (posted at
 // ReduceGrads, completed at the step), on its step (stages->step_extra).
-void expose_reductions(const SimResult& first, const CostContext& ctx, const PlanConfig& c,
+void expose_reductions(const SimResult& first, const CostContext& ctx, const ParallelLayout& c,
                        const ScheduleSpec& spec, StageTimes* stages) {
   if (c.data <= 1) return;
-  PlanConfig sim_config = c;
+  ParallelLayout sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
   for (int st = 0; st < c.pipeline; ++st) {
     const size_t si = static_cast<size_t>(st);
@@ -646,8 +646,8 @@ void expose_reductions(const SimResult& first, const CostContext& ctx, const Pla
 // state): extends *sim (makespan, busy, bubble) from spec.microbatches simulated to the plan's
 // c.num_microbatches; returns the makespan. The in-flight counts are reached during the
 // warm-up and do not grow.
-double extrapolate_steady_state(const PlanConfig& c, const ScheduleSpec& spec, const PieceTimes& t,
-                                SimResult* sim) {
+double extrapolate_steady_state(const ParallelLayout& c, const ScheduleSpec& spec,
+                                const PieceTimes& t, SimResult* sim) {
   const int p = c.pipeline, v = c.virtual_stages;
   const int m_full = c.num_microbatches;
   double period = 0;
@@ -675,8 +675,8 @@ double extrapolate_steady_state(const PlanConfig& c, const ScheduleSpec& spec, c
 }
 
 // The iteration's exposed data-parallel time and optimizer step: the largest over the stages.
-void data_parallel_and_step(const RuntimeModel& rt, const PlanConfig& c, const PieceTimes& pieces,
-                            const StageTimes& stages, IterationTime* it) {
+void data_parallel_and_step(const RuntimeModel& rt, const ParallelLayout& c,
+                            const PieceTimes& pieces, const StageTimes& stages, IterationTime* it) {
   double dp_exposed = 0;
   for (int st = 0; st < c.pipeline; ++st) {
     const size_t si = static_cast<size_t>(st);
@@ -689,7 +689,7 @@ void data_parallel_and_step(const RuntimeModel& rt, const PlanConfig& c, const P
 }
 
 // The most layers any stage holds (its pieces summed).
-int most_layers_per_stage(const PlanConfig& c) {
+int most_layers_per_stage(const ParallelLayout& c) {
   const int p = c.pipeline, v = c.virtual_stages;
   int most_layers = 0;
   for (int st = 0; st < p; ++st) {
@@ -702,7 +702,7 @@ int most_layers_per_stage(const PlanConfig& c) {
 
 }  // namespace
 
-IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline) {
+IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bool keep_timeline) {
   const LayerTimes lt = layer_times(ctx, c);
   IterationTime it;
   const PieceTimes pieces = piece_times(lt, c, ctx.runtime, &it);

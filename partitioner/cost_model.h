@@ -105,7 +105,7 @@ struct CostContext {
   GemmMemo* memo = nullptr;          // optional (search_plans keeps one per search)
 };
 
-LayerTimes layer_times(const CostContext& ctx, const PlanConfig& c);
+LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c);
 
 struct IterationTime {
   double iteration_s = 0;
@@ -137,10 +137,10 @@ DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int
                                       bool distributed_optimizer, const Link& link);
 
 // Parameters on the busiest rank of each stage (elements), for the DP and optimizer terms.
-std::vector<double> stage_parameters(const ModelDescription& m, const PlanConfig& c);
+std::vector<double> stage_parameters(const ModelDescription& m, const ParallelLayout& c);
 
 // The whole prediction by simulating the schedule (keep_timeline: keep sim.timeline for a
 // trace). Precondition: c is valid (sizes divide, layers_per_piece covers the model).
-IterationTime iteration_time(const CostContext& ctx, const PlanConfig& c, bool keep_timeline);
+IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bool keep_timeline);
 
 }  // namespace strata

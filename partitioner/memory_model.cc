@@ -10,20 +10,20 @@ double element_bytes(const MemoryOptions& o) {
   return o.precision == "fp32" ? 4.0 : 2.0;
 }
 
-RankShape rank_shape(const PlanConfig& c) {
+RankShape rank_shape(const ParallelLayout& c) {
   return {c.tensor, c.sequence_parallel};
 }
 
 }  // namespace
 
-double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c,
+double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
                               const MemoryOptions& o) {
   return m.layer_activations(c.micro_batch_size, rank_shape(c), c.recompute, o.flash_attention)
              .saved *
          element_bytes(o);
 }
 
-std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanConfig& c,
+std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const ParallelLayout& c,
                                           const MemoryOptions& o,
                                           const std::vector<int>& inflight) {
   const int p = c.pipeline, v = c.virtual_stages, pieces = p * v;
@@ -48,7 +48,7 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanC
     }
     mb.parameters = n * param_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     // 2bw accumulates the next batch's gradients in a second buffer while the last batch's
-    // step completes (launch/train/model_stage.h).
+    // step completes (launch/train/pipeline_stage.h).
     mb.gradients = n * grad_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     mb.optimizer = n * opt_b / (c.distributed_optimizer ? c.data : 1);
 

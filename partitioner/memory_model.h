@@ -1,5 +1,6 @@
 // memory_model.h — what the planner knows about a model and a parallel layout, and the bytes
-// each rank needs for it.
+// each rank needs for it. A point of the planner's search is a resolved ParallelLayout
+// (runtime/base/parallel_layout.h: the type the config and plans use too).
 //
 // Parameter and activation counts are the model's own (models/description.h: its layers'
 // parameter layout and saved tensors); tests/mpi_test_memory.cc and
@@ -24,25 +25,9 @@
 #include <vector>
 
 #include "models/description.h"
-#include "schedules/schedule.h"
+#include "runtime/base/parallel_layout.h"
 
 namespace strata {
-
-// One point of the search space: a full parallel layout and schedule.
-struct PlanConfig {
-  int tensor = 1;
-  int pipeline = 1;
-  int data = 1;
-  int virtual_stages = 1;  // v model chunks per stage (interleaved only)
-  int micro_batch_size = 1;
-  int num_microbatches = 1;  // per pipeline per iteration: B / (b · d)
-  ScheduleKind schedule = ScheduleKind::kOneFOneB;
-  Recompute recompute = Recompute::kNone;
-  bool sequence_parallel = false;
-  bool distributed_optimizer = false;
-  // [piece] layers, piece k = chunk · p + stage (Megatron's interleaving); p · v entries.
-  std::vector<int> layers_per_piece;
-};
 
 // Precision-dependent constants.
 struct MemoryOptions {
@@ -67,12 +52,12 @@ struct MemoryBreakdown {
 };
 
 // Activation bytes one transformer layer keeps for the backward pass of one micro-batch.
-double layer_activation_bytes(const ModelDescription& m, const PlanConfig& c,
+double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
                               const MemoryOptions& o);
 
 // [stage] bytes per rank. inflight: [stage] the most (micro-batch, chunk) pairs alive at once
 // (SimResult::peak_inflight). Precondition: c.layers_per_piece has p · v entries.
-std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const PlanConfig& c,
+std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const ParallelLayout& c,
                                           const MemoryOptions& o, const std::vector<int>& inflight);
 
 }  // namespace strata

@@ -26,74 +26,6 @@ std::string fmt(double x, int prec = 1) {
   return os.str();
 }
 
-int to_int(const std::string& key, const std::string& v) {
-  try {
-    size_t used = 0;
-    const int x = std::stoi(v, &used);
-    if (used == v.size() && x >= 1) return x;
-  } catch (const std::exception&) {
-  }
-  throw InputError("<command line>", "--fix " + key, "a positive integer, got '" + v + "'");
-}
-
-bool to_bool(const std::string& key, const std::string& v) {
-  if (v == "true" || v == "1") return true;
-  if (v == "false" || v == "0") return false;
-  throw InputError("<command line>", "--fix " + key, "true or false, got '" + v + "'");
-}
-
-}  // namespace
-
-PlanFixes parse_fixes(const std::string& text) {
-  PlanFixes f;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      throw InputError("<command line>", "--fix", "key=value pairs, got '" + item + "'");
-    }
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    if (k == "tensor")
-      f.tensor = to_int(k, v);
-    else if (k == "pipeline")
-      f.pipeline = to_int(k, v);
-    else if (k == "data")
-      f.data = to_int(k, v);
-    else if (k == "virtual_stages")
-      f.virtual_stages = to_int(k, v);
-    else if (k == "micro_batch_size")
-      f.micro_batch_size = to_int(k, v);
-    else if (k == "schedule") {
-      ScheduleKind s;
-      if (!parse_schedule_kind(v, &s)) {
-        throw InputError("<command line>", "--fix schedule",
-                         "gpipe, 1f1b, interleaved, 2bw or zb-h1, got '" + v + "'");
-      }
-      f.schedule = s;
-    } else if (k == "recompute") {
-      Recompute r;
-      if (!parse_recompute(v, &r)) {
-        throw InputError("<command line>", "--fix recompute",
-                         "none, selective or full, got '" + v + "'");
-      }
-      f.recompute = r;
-    } else if (k == "sequence_parallel")
-      f.sequence_parallel = to_bool(k, v);
-    else if (k == "distributed_optimizer")
-      f.distributed_optimizer = to_bool(k, v);
-    else {
-      throw InputError("<command line>", "--fix " + k,
-                       "a plan field: tensor, pipeline, data, virtual_stages, micro_batch_size, "
-                       "schedule, recompute, sequence_parallel, distributed_optimizer");
-    }
-  }
-  return f;
-}
-
-namespace {
-
 // The balanced split for identical layers with end extras (exact and O(pieces · log)): the
 // smallest max piece time T such that the pieces' capacities floor((T - extra)/c) cover L.
 std::vector<int> split_fast(int L, int pieces, double c, double first_extra, double last_extra) {
@@ -140,7 +72,7 @@ std::vector<int> split_fast(int L, int pieces, double c, double first_extra, dou
   return out;
 }
 
-std::string placement_text(const Cluster& cl, const PlanConfig& c) {
+std::string placement_text(const Cluster& cl, const ParallelLayout& c) {
   std::ostringstream os;
   const int gpn = cl.gpus_per_node;
   os << "ranks r = tp + " << c.tensor << "·(dp + " << c.data << "·pp); tensor groups of "
@@ -157,7 +89,7 @@ std::string placement_text(const Cluster& cl, const PlanConfig& c) {
 }
 
 struct Estimate {
-  PlanConfig config;
+  ParallelLayout config;
   double time = 0;
   double peak_mem = 0;
   int peak_stage = 0;
@@ -165,7 +97,7 @@ struct Estimate {
 };
 
 // Megatron's in-flight (micro-batch, chunk) pairs per stage, for the closed-form pass.
-std::vector<int> closed_form_inflight(const PlanConfig& c) {
+std::vector<int> closed_form_inflight(const ParallelLayout& c) {
   const int p = c.pipeline, m = c.num_microbatches, v = c.virtual_stages;
   std::vector<int> out(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) {
@@ -193,7 +125,7 @@ json family_json(int t, int p, ScheduleKind k) {
 }  // namespace
 
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
-                                const PlanConfig& c) {
+                                const ParallelLayout& c) {
   const int world = c.tensor * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
@@ -209,6 +141,17 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
   if (c.pipeline * c.virtual_stages > m.num_layers()) {
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
+  }
+  if (!c.layers_per_piece.empty()) {
+    int64_t layers = 0;
+    for (int n : c.layers_per_piece) layers += n;
+    if (static_cast<int>(c.layers_per_piece.size()) != c.pieces() || layers != m.num_layers()) {
+      return "layers_per_stage has " + std::to_string(c.layers_per_piece.size()) + " pieces of " +
+             std::to_string(layers) + " layers in all, but pipeline " + std::to_string(c.pipeline) +
+             " × virtual_stages " + std::to_string(c.virtual_stages) + " needs " +
+             std::to_string(c.pieces()) + " pieces of the model's " +
+             std::to_string(m.num_layers()) + " layers";
+    }
   }
   if (B % (c.micro_batch_size * c.data) != 0) {
     return "global batch " + std::to_string(B) + " is not a multiple of micro-batch " +
@@ -231,7 +174,7 @@ RuntimeModel runtime_for(const PlanRequest& req) {
                      : strata_runtime(req.cluster.cpu, req.precision, req.memory.bucket_mb);
 }
 
-PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
+PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c) {
   const ModelDescription& m = *req.model;
   const std::string bad = plan_invalid_reason(m, req.cluster, req.global_batch_size, c);
   if (!bad.empty()) throw InputError("<plan>", "parallel", bad);
@@ -263,41 +206,56 @@ PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c) {
   return r;
 }
 
-PlanOutput search_plans(const PlanRequest& req) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const ModelDescription& m = *req.model;
-  const Cluster& cl = req.cluster;
-  const PlanFixes& fx = req.fixes;
-  const int world = cl.world_size(), B = req.global_batch_size;
-  const RuntimeModel rt = runtime_for(req);
+namespace {
+
+// A family of the search: tensor size, pipeline size and schedule. Its best estimate, or the
+// smallest overage and why nothing fitted, become its line in the rejected list.
+struct Family {
+  int t = 1, p = 1;
+  ScheduleKind k = ScheduleKind::kOneFOneB;
+  bool any_fit = false;
+  double best_time = std::numeric_limits<double>::infinity();
+  Estimate best;
+  double least_over = std::numeric_limits<double>::infinity();
+  int over_stage = 0;
+  std::string invalid;  // the first reason one of its points could not work
+};
+using Families = std::map<std::tuple<int, int, int>, Family>;  // [(t, p, schedule)]
+
+// What every candidate of one search shares.
+struct Search {
+  explicit Search(const PlanRequest& r)
+      : req(r),
+        m(*r.model),
+        cl(r.cluster),
+        fx(r.fixes),
+        world(r.cluster.world_size()),
+        B(r.global_batch_size),
+        rt(runtime_for(r)),
+        ctx{&m, &cl, r.precision, r.profile, rt, &memo} {}
+  const PlanRequest& req;
+  const ModelDescription& m;
+  const Cluster& cl;
+  const PinnedLayout& fx;
+  const int world, B;
+  const RuntimeModel rt;
   GemmMemo memo;
-  CostContext ctx{&m, &cl, req.precision, req.profile, rt, &memo};
-  PlanOutput out;
+  CostContext ctx;
+};
 
-  // Per family (t, p, schedule): the best estimate, or the smallest overage and why not.
-  struct Family {
-    int t, p;
-    ScheduleKind k;
-    bool any_fit = false;
-    double best_time = std::numeric_limits<double>::infinity();
-    Estimate best;
-    double least_over = std::numeric_limits<double>::infinity();
-    int over_stage = 0;
-    std::string invalid;
-  };
-  std::map<std::tuple<int, int, int>, Family> fam;
-  std::vector<Estimate> fits;
-
+// Calls f(t, p, d, schedule) for every family the cluster and the pins allow, in search order.
+template <class F>
+void for_each_family(const Search& s, F f) {
   const ScheduleKind kinds[] = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
                                 ScheduleKind::kZeroBubbleH1, ScheduleKind::kGPipe,
                                 ScheduleKind::kTwoBW};
-  const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  for (int t = 1; t <= cl.gpus_per_node; t *= 2) {
+  const PinnedLayout& fx = s.fx;
+  for (int t = 1; t <= s.cl.gpus_per_node; t *= 2) {
     if (fx.tensor && *fx.tensor != t) continue;
-    for (int p = 1; p <= std::min(m.num_layers(), world / t); ++p) {
+    for (int p = 1; p <= std::min(s.m.num_layers(), s.world / t); ++p) {
       if (fx.pipeline && *fx.pipeline != p) continue;
-      if (world % (t * p) != 0) continue;
-      const int d = world / (t * p);
+      if (s.world % (t * p) != 0) continue;
+      const int d = s.world / (t * p);
       if (fx.data && *fx.data != d) continue;
       for (ScheduleKind k : kinds) {
         if (fx.schedule && *fx.schedule != k) continue;
@@ -305,153 +263,185 @@ PlanOutput search_plans(const PlanRequest& req) {
         if (p == 1 && k != ScheduleKind::kOneFOneB && !fx.schedule) continue;
         // 2bw changes the optimizer's semantics (stale weights): only when asked for.
         if (k == ScheduleKind::kTwoBW && !fx.schedule) continue;
-        Family& F = fam[{t, p, static_cast<int>(k)}];
-        F.t = t;
-        F.p = p;
-        F.k = k;
-        // Every micro-batch size that cuts the data rank's share of the batch evenly (14 of
-        // 56 as well as the powers of two).
-        std::vector<int> sizes;
-        if (B % d == 0)
-          for (int b = 1; b <= B / d; ++b)
-            if ((B / d) % b == 0 && (!fx.micro_batch_size || *fx.micro_batch_size == b))
-              sizes.push_back(b);
-        if (fx.micro_batch_size && sizes.empty() && F.invalid.empty())
-          F.invalid = "micro_batch_size " + std::to_string(*fx.micro_batch_size) +
-                      " does not divide the global batch " + std::to_string(B) + " over data " +
-                      std::to_string(d) + " (" + std::to_string(B) + " / (b · " +
-                      std::to_string(d) + ") must be a whole number of micro-batches)";
-        for (int b : sizes) {
-          std::vector<int> vs = {1};
-          if (k == ScheduleKind::kInterleaved) {
-            vs.clear();
-            for (int v = 2; v * p <= m.num_layers(); ++v) {
-              if (m.num_layers() % (v * p) == 0) vs.push_back(v);
+        f(t, p, d, k);
+      }
+    }
+  }
+}
+
+// Every micro-batch size that cuts the data rank's share of the batch evenly (14 of 56 as well
+// as the powers of two); a pinned size that does not is the family's reason.
+std::vector<int> micro_batch_sizes(const Search& s, int d, Family* F) {
+  const PinnedLayout& fx = s.fx;
+  std::vector<int> sizes;
+  if (s.B % d == 0)
+    for (int b = 1; b <= s.B / d; ++b)
+      if ((s.B / d) % b == 0 && (!fx.micro_batch_size || *fx.micro_batch_size == b))
+        sizes.push_back(b);
+  if (fx.micro_batch_size && sizes.empty() && F->invalid.empty()) {
+    const std::string B = std::to_string(s.B), dt = std::to_string(d);
+    F->invalid = "micro_batch_size " + std::to_string(*fx.micro_batch_size) +
+                 " does not divide the global batch " + B + " over data " + dt + " (" + B +
+                 " / (b · " + dt + ") must be a whole number of micro-batches)";
+  }
+  return sizes;
+}
+
+// The model chunks per stage a schedule runs: 1, or for interleaving every v ≥ 2 whose p·v
+// pieces cut the layers evenly.
+std::vector<int> chunk_counts(const Search& s, ScheduleKind k, int p) {
+  if (k != ScheduleKind::kInterleaved) return {1};
+  std::vector<int> vs;
+  for (int v = 2; v * p <= s.m.num_layers(); ++v)
+    if (s.m.num_layers() % (v * p) == 0) vs.push_back(v);
+  return vs;
+}
+
+// Calls f(c) for every point of family F (on d data ranks) the pins allow and whose sizes work:
+// every micro-batch size, chunk count, recompute, sequence parallelism (t > 1) and distributed
+// optimizer (d > 1). The first point whose sizes do not work gives the family its reason.
+template <class Fn>
+void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
+  const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  const PinnedLayout& fx = s.fx;
+  const int t = F->t, p = F->p;
+  for (int b : micro_batch_sizes(s, d, F)) {
+    for (int v : chunk_counts(s, F->k, p)) {
+      if (fx.virtual_stages && *fx.virtual_stages != v) continue;
+      for (Recompute rc : recs) {
+        if (fx.recompute && *fx.recompute != rc) continue;
+        for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
+          if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
+          for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
+            if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
+            ParallelLayout c;
+            c.tensor = t;
+            c.pipeline = p;
+            c.data = d;
+            c.virtual_stages = v;
+            c.micro_batch_size = b;
+            c.schedule = F->k;
+            c.recompute = rc;
+            c.sequence_parallel = sp == 1;
+            c.distributed_optimizer = dist == 1;
+            if (fx.layers_per_piece) c.layers_per_piece = *fx.layers_per_piece;
+            const std::string bad = plan_invalid_reason(s.m, s.cl, s.B, c);
+            if (!bad.empty()) {
+              if (F->invalid.empty()) F->invalid = bad;
+              continue;
             }
-          }
-          for (int v : vs) {
-            if (fx.virtual_stages && *fx.virtual_stages != v) continue;
-            for (Recompute rc : recs) {
-              if (fx.recompute && *fx.recompute != rc) continue;
-              for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
-                if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
-                for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
-                  if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1))
-                    continue;
-                  PlanConfig c;
-                  c.tensor = t;
-                  c.pipeline = p;
-                  c.data = d;
-                  c.virtual_stages = v;
-                  c.micro_batch_size = b;
-                  c.schedule = k;
-                  c.recompute = rc;
-                  c.sequence_parallel = sp == 1;
-                  c.distributed_optimizer = dist == 1;
-                  const std::string bad = plan_invalid_reason(m, cl, B, c);
-                  if (!bad.empty()) {
-                    if (F.invalid.empty()) F.invalid = bad;
-                    continue;
-                  }
-                  c.num_microbatches = B / (b * d);
-                  ++out.candidates;
-                  const LayerTimes lt = layer_times(ctx, c);
-                  const double per_layer = lt.layer_fwd + lt.layer_bwd;
-                  const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
-                  c.layers_per_piece =
-                      split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
-                                 lt.head_fwd + lt.head_bwd);
-                  // Closed-form time: the slowest stage's compute stretched by the bubble.
-                  double stage_max = 0, stage_f = 0;
-                  for (int s = 0; s < p; ++s) {
-                    double fsum = 0, bsum = 0;
-                    for (int ch = 0; ch < v; ++ch) {
-                      const int pk = ch * p + s;
-                      const double n = c.layers_per_piece[static_cast<size_t>(pk)];
-                      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) +
-                              (pk == p * v - 1 ? lt.head_fwd : 0) + p2p_op;
-                      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) +
-                              (pk == p * v - 1 ? lt.head_bwd : 0) + p2p_op;
-                    }
-                    if (fsum + bsum > stage_max) {
-                      stage_max = fsum + bsum;
-                      stage_f = fsum;
-                    }
-                  }
-                  ScheduleSpec spec;
-                  spec.kind = k;
-                  spec.stages = p;
-                  spec.microbatches = c.num_microbatches;
-                  spec.chunks = v;
-                  spec.batches = k == ScheduleKind::kTwoBW ? 4 : 1;
-                  const double ratio =
-                      k == ScheduleKind::kTwoBW ? 0.0 : theoretical_bubble_ratio(spec);
-                  const double compute = c.num_microbatches * stage_max;
-                  Estimate e;
-                  e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
-                  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
-                  // DP and optimizer through the same formulas as the exact pass, cheaply:
-                  // one stage with the largest parameter count.
-                  const std::vector<double> np = stage_parameters(m, c);
-                  const double nmax = *std::max_element(np.begin(), np.end());
-                  // The last micro-batch's backward (all of the stage's chunks) is the window
-                  // a runtime that reduces during the backward has; the first forward hides an
-                  // overlapped parameter gather.
-                  const DataParallelTimes dpt =
-                      data_parallel_times(rt, nmax, d, dist == 1, data_parallel_link(cl, t, d));
-                  const bool early = rt.dp_overlap && rt.collectives_progress_alone;
-                  double dp = std::max(0.0, dpt.reduce - (early ? stage_max - stage_f : 0.0));
-                  dp += rt.param_gather_overlap ? std::max(0.0, dpt.gather - stage_f) : dpt.gather;
-                  e.dp_s = dp;
-                  const double opt = nmax / (dist ? d : 1) * rt.step_bytes_per_param /
-                                     cl.efficiency.optimizer_rate();
-                  e.time = compute + e.bubble_s + dp + opt;
-                  const std::vector<MemoryBreakdown> mem =
-                      stage_memory(m, c, req.memory, closed_form_inflight(c));
-                  for (size_t s = 0; s < mem.size(); ++s) {
-                    if (mem[s].total() > e.peak_mem) {
-                      e.peak_mem = mem[s].total();
-                      e.peak_stage = static_cast<int>(s);
-                    }
-                  }
-                  e.config = c;
-                  if (e.peak_mem > cl.memory_bytes) {
-                    const double over = e.peak_mem - cl.memory_bytes;
-                    if (over < F.least_over) {
-                      F.least_over = over;
-                      F.over_stage = e.peak_stage;
-                    }
-                    continue;
-                  }
-                  F.any_fit = true;
-                  if (e.time < F.best_time) {
-                    F.best_time = e.time;
-                    F.best = e;
-                  }
-                  fits.push_back(e);
-                }
-              }
-            }
+            c.num_microbatches = s.B / (b * d);
+            f(c);
           }
         }
       }
     }
   }
+}
 
-  // The exact pass on the most promising estimates.
-  std::sort(fits.begin(), fits.end(),
-            [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
+// The closed-form estimate of c: the slowest stage's compute stretched by Megatron's bubble
+// ratio, the exposed tensor- and data-parallel communication and the optimizer step; memory
+// with Megatron's in-flight counts; the split balanced for identical layers (unless pinned).
+Estimate estimate(Search& s, ParallelLayout c) {
+  const ModelDescription& m = s.m;
+  const RuntimeModel& rt = s.rt;
+  const int p = c.pipeline, v = c.virtual_stages, d = c.data;
+  const LayerTimes lt = layer_times(s.ctx, c);
+  const double per_layer = lt.layer_fwd + lt.layer_bwd;
+  const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
+  if (c.layers_per_piece.empty())
+    c.layers_per_piece = split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
+                                    lt.head_fwd + lt.head_bwd);
+  // The slowest stage, and its forward share.
+  double stage_max = 0, stage_f = 0;
+  for (int st = 0; st < p; ++st) {
+    double fsum = 0, bsum = 0;
+    for (int ch = 0; ch < v; ++ch) {
+      const int pk = ch * p + st;
+      const double n = c.layers_per_piece[static_cast<size_t>(pk)];
+      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) + (pk == p * v - 1 ? lt.head_fwd : 0) +
+              p2p_op;
+      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) + (pk == p * v - 1 ? lt.head_bwd : 0) +
+              p2p_op;
+    }
+    if (fsum + bsum > stage_max) {
+      stage_max = fsum + bsum;
+      stage_f = fsum;
+    }
+  }
+  ScheduleSpec spec;
+  spec.kind = c.schedule;
+  spec.stages = p;
+  spec.microbatches = c.num_microbatches;
+  spec.chunks = v;
+  spec.batches = c.schedule == ScheduleKind::kTwoBW ? 4 : 1;
+  const double ratio = c.schedule == ScheduleKind::kTwoBW ? 0.0 : theoretical_bubble_ratio(spec);
+  const double compute = c.num_microbatches * stage_max;
+  Estimate e;
+  e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
+  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
+  // DP and optimizer through the same formulas as the exact pass, cheaply: one stage with the
+  // largest parameter count.
+  const std::vector<double> np = stage_parameters(m, c);
+  const double nmax = *std::max_element(np.begin(), np.end());
+  // The last micro-batch's backward (all of the stage's chunks) is the window a runtime that
+  // reduces during the backward has; the first forward hides an overlapped parameter gather.
+  const DataParallelTimes dpt = data_parallel_times(rt, nmax, d, c.distributed_optimizer,
+                                                    data_parallel_link(s.cl, c.tensor, d));
+  const bool early = rt.dp_overlap && rt.collectives_progress_alone;
+  double dp = std::max(0.0, dpt.reduce - (early ? stage_max - stage_f : 0.0));
+  dp += rt.param_gather_overlap ? std::max(0.0, dpt.gather - stage_f) : dpt.gather;
+  e.dp_s = dp;
+  const double opt = nmax / (c.distributed_optimizer ? d : 1) * rt.step_bytes_per_param /
+                     s.cl.efficiency.optimizer_rate();
+  e.time = compute + e.bubble_s + dp + opt;
+  const std::vector<MemoryBreakdown> mem =
+      stage_memory(m, c, s.req.memory, closed_form_inflight(c));
+  for (size_t st = 0; st < mem.size(); ++st) {
+    if (mem[st].total() > e.peak_mem) {
+      e.peak_mem = mem[st].total();
+      e.peak_stage = static_cast<int>(st);
+    }
+  }
+  e.config = std::move(c);
+  return e;
+}
+
+// An estimate into its family and, when it fits in `memory_bytes`, into `fits`.
+void keep_estimate(const Estimate& e, double memory_bytes, Family* F, std::vector<Estimate>* fits) {
+  if (e.peak_mem > memory_bytes) {
+    const double over = e.peak_mem - memory_bytes;
+    if (over < F->least_over) {
+      F->least_over = over;
+      F->over_stage = e.peak_stage;
+    }
+    return;
+  }
+  F->any_fit = true;
+  if (e.time < F->best_time) {
+    F->best_time = e.time;
+    F->best = e;
+  }
+  fits->push_back(e);
+}
+
+// The exact pass on the most promising estimates (`fits`, fastest first): the best top_k plans that
+// fit once the split is balanced by dynamic programming (unless pinned) and the schedule simulated;
+// those that no longer fit into `rejected`.
+std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vector<Estimate>& fits,
+                                         std::vector<Rejection>* rejected) {
+  const double memory_bytes = req.cluster.memory_bytes;
   const size_t exact_n = std::min(fits.size(), static_cast<size_t>(std::max(32, req.top_k * 6)));
   std::vector<PlanResult> exact;
   for (size_t i = 0; i < exact_n; ++i) {
-    PlanConfig c = fits[i].config;
-    c.layers_per_piece.clear();
+    ParallelLayout c = fits[i].config;
+    c.layers_per_piece = req.fixes.layers_per_piece.value_or(std::vector<int>());
     PlanResult r = evaluate_plan(req, c);
-    if (r.peak_memory > cl.memory_bytes) {
-      out.rejected.push_back({plan_config_json(r.config),
-                              "over memory by " + fmt((r.peak_memory - cl.memory_bytes) / kGiB, 2) +
-                                  " GiB on stage " + std::to_string(r.peak_stage) +
-                                  " with the simulated in-flight micro-batches"});
+    if (r.peak_memory > memory_bytes) {
+      rejected->push_back({plan_config_json(r.config),
+                           "over memory by " + fmt((r.peak_memory - memory_bytes) / kGiB, 2) +
+                               " GiB on stage " + std::to_string(r.peak_stage) +
+                               " with the simulated in-flight micro-batches"});
       continue;
     }
     exact.push_back(std::move(r));
@@ -459,62 +449,86 @@ PlanOutput search_plans(const PlanRequest& req) {
   std::sort(exact.begin(), exact.end(), [](const PlanResult& a, const PlanResult& b) {
     return a.time.iteration_s < b.time.iteration_s;
   });
-  const double best_time = exact.empty() ? 0 : exact.front().time.iteration_s;
-  for (size_t i = 0; i < exact.size() && static_cast<int>(i) < req.top_k; ++i)
-    out.plans.push_back(exact[i]);
+  if (static_cast<int>(exact.size()) > req.top_k) exact.resize(static_cast<size_t>(req.top_k));
+  return exact;
+}
 
-  // A reason for each family without a plan in the list.
-  for (auto& [key, F] : fam) {
-    bool shown = false;
-    for (const PlanResult& r : out.plans) {
-      shown =
-          shown || (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k);
-    }
-    if (shown) continue;
-    std::string reason;
-    if (F.any_fit) {
-      if (out.plans.empty()) continue;
-      const Estimate& e = F.best;
-      const double slower = (e.time / best_time - 1) * 100;
-      const Estimate* ref = nullptr;
-      for (const Estimate& x : fits) {
-        if (x.config.tensor == out.plans.front().config.tensor &&
-            x.config.pipeline == out.plans.front().config.pipeline &&
-            x.config.schedule == out.plans.front().config.schedule) {
-          ref = &x;
-          break;
-        }
+// Why family F has no plan in `plans`: slower than the best (and the cost that makes the
+// difference), over memory, or its sizes; "" when a plan of it is listed, or when nothing fits
+// at all (no best to compare with).
+std::string family_reason(const Family& F, const std::vector<Estimate>& fits,
+                          const std::vector<PlanResult>& plans) {
+  for (const PlanResult& r : plans)
+    if (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k) return "";
+  if (F.any_fit) {
+    if (plans.empty()) return "";
+    const Estimate& e = F.best;
+    const double slower = (e.time / plans.front().time.iteration_s - 1) * 100;
+    // The best family's fastest estimate (`fits` is fastest first), to tell which cost makes
+    // the difference.
+    const ParallelLayout& top = plans.front().config;
+    const Estimate* ref = nullptr;
+    for (const Estimate& x : fits) {
+      if (x.config.tensor == top.tensor && x.config.pipeline == top.pipeline &&
+          x.config.schedule == top.schedule) {
+        ref = &x;
+        break;
       }
-      std::string cause = "compute efficiency (smaller GEMMs or recompute)";
-      if (ref != nullptr) {
-        const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s,
-                     dd = e.dp_s - ref->dp_s;
-        const double mx = std::max({db, dt, dd});
-        if (mx > 0.2 * (e.time - ref->time)) {
-          cause = mx == db   ? "pipeline bubble"
-                  : mx == dt ? "tensor-parallel communication"
-                             : "data-parallel communication";
-        }
-      }
-      reason = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " +
-               cause + " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
-               ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
-               to_string(e.config.recompute) + ")";
-    } else if (F.least_over < std::numeric_limits<double>::infinity()) {
-      reason = "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
-               std::to_string(F.over_stage) + " even with its smallest configuration";
-    } else if (!F.invalid.empty()) {
-      reason = F.invalid;
-    } else {
-      reason = "no micro-batch size fits the global batch";
     }
-    out.rejected.push_back({family_json(F.t, F.p, F.k), reason});
+    std::string cause = "compute efficiency (smaller GEMMs or recompute)";
+    if (ref != nullptr) {
+      const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s,
+                   dd = e.dp_s - ref->dp_s;
+      const double mx = std::max({db, dt, dd});
+      if (mx > 0.2 * (e.time - ref->time)) {
+        cause = mx == db   ? "pipeline bubble"
+                : mx == dt ? "tensor-parallel communication"
+                           : "data-parallel communication";
+      }
+    }
+    return "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " + cause +
+           " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
+           ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
+           to_string(e.config.recompute) + ")";
+  }
+  if (F.least_over < std::numeric_limits<double>::infinity()) {
+    return "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
+           std::to_string(F.over_stage) + " even with its smallest configuration";
+  }
+  if (!F.invalid.empty()) return F.invalid;
+  return "no micro-batch size fits the global batch";
+}
+
+}  // namespace
+
+PlanOutput search_plans(const PlanRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Search s(req);
+  PlanOutput out;
+  Families families;
+  std::vector<Estimate> fits;  // the estimates that fit in memory, in search order
+  for_each_family(s, [&](int t, int p, int d, ScheduleKind k) {
+    Family& F = families[{t, p, static_cast<int>(k)}];
+    F.t = t;
+    F.p = p;
+    F.k = k;
+    for_each_candidate(s, d, &F, [&](const ParallelLayout& c) {
+      ++out.candidates;
+      keep_estimate(estimate(s, c), s.cl.memory_bytes, &F, &fits);
+    });
+  });
+  std::sort(fits.begin(), fits.end(),
+            [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
+  out.plans = best_exact_plans(req, fits, &out.rejected);
+  for (const auto& [key, F] : families) {
+    const std::string reason = family_reason(F, fits, out.plans);
+    if (!reason.empty()) out.rejected.push_back({family_json(F.t, F.p, F.k), reason});
   }
   out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 
-json plan_config_json(const PlanConfig& c) {
+json plan_config_json(const ParallelLayout& c) {
   json lps = json::array();
   for (int s = 0; s < c.pipeline; ++s) {
     json row = json::array();

@@ -27,24 +27,13 @@
 
 namespace strata {
 
-// Pinned plan fields (--fix); unset ones are searched.
-struct PlanFixes {
-  std::optional<int> tensor, pipeline, data, virtual_stages, micro_batch_size;
-  std::optional<ScheduleKind> schedule;
-  std::optional<Recompute> recompute;
-  std::optional<bool> sequence_parallel, distributed_optimizer;
-};
-// "tensor=8,pipeline=4,schedule=interleaved,..." → fixes; InputError("<command line>", "--fix",
-// ...) on an unknown key or a bad value.
-PlanFixes parse_fixes(const std::string& text);
-
 struct PlanRequest {
   std::shared_ptr<const ModelDescription> model;
   std::string model_name;  // for the header: a preset's name, "custom" for a model of a file
   Cluster cluster;
   int global_batch_size = 1;
   std::string precision = "bf16";
-  PlanFixes fixes;
+  PinnedLayout fixes;  // pinned fields (strata plan --fix); the others are searched
   int top_k = 5;
   MemoryOptions memory;
   // The runtime the plans are for; unset: Strata's own on the cluster's device
@@ -57,7 +46,7 @@ struct PlanRequest {
 RuntimeModel runtime_for(const PlanRequest& req);
 
 struct PlanResult {
-  PlanConfig config;
+  ParallelLayout config;
   IterationTime time;
   std::vector<MemoryBreakdown> memory;  // [stage]
   int peak_stage = 0;                   // the stage with the most memory
@@ -85,13 +74,13 @@ PlanOutput search_plans(const PlanRequest& req);
 
 // Evaluates one fully given configuration exactly (layers_per_piece empty: the DP split).
 // Throws InputError("<plan>", field, ...) when the sizes do not fit together.
-PlanResult evaluate_plan(const PlanRequest& req, PlanConfig c);
+PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c);
 
 // Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int global_batch,
-                                const PlanConfig& c);
+                                const ParallelLayout& c);
 
-nlohmann::json plan_config_json(const PlanConfig& c);
+nlohmann::json plan_config_json(const ParallelLayout& c);
 nlohmann::json plan_result_json(const PlanResult& r);
 // The whole `strata plan --json` document (DESIGN.md's plan schema).
 nlohmann::json plan_output_json(const PlanRequest& req, const PlanOutput& out);

@@ -308,6 +308,10 @@ bool parse_schedule_kind(const std::string& name, ScheduleKind* out) {
   return false;
 }
 
+bool flushes_every_batch(ScheduleKind k) {
+  return k != ScheduleKind::kTwoBW;
+}
+
 const char* to_string(Op op) {
   switch (op) {
     case Op::kRecvActivation:

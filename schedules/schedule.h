@@ -35,6 +35,12 @@ enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kTwoBW, kZeroBubbleH1
 const char* to_string(ScheduleKind k);
 bool parse_schedule_kind(const std::string& name, ScheduleKind* out);
 
+// Whether the schedule drains the pipeline at the end of every batch, so that each batch is an
+// instruction list of its own and one weight version is alive between batches. Every kind does
+// but 2bw: batch j runs on W(j−1) while W(j+1) is computed, so two versions are alive at any
+// moment and one list spans as many batches as the run lets it (docs/schedules.md).
+bool flushes_every_batch(ScheduleKind k);
+
 enum class Op {
   kRecvActivation,  // receive the input of forward(mb, chunk)
   kForward,         // forward(mb, chunk)

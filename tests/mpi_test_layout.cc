@@ -87,7 +87,7 @@ TEST(LayerSplit, DryRunPredictionAndTrainingUseTheSameSplit) {
     for (const char* s : {"train.threads=1", "train.iterations=0", "train.eval_interval=0"})
       sets.push_back(s);
     const Config cfg = load_config("", sets);
-    const int p = cfg.parallel.pipeline, v = cfg.parallel.virtual_stages;
+    const int p = cfg.layout.pipeline, v = cfg.layout.virtual_stages;
     RunContext ctx;
     ctx.verbose = false;
     mpitest::Tally tally;

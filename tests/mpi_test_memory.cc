@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "mpi_test_util.h"
 #include "partitioner/cluster.h"
@@ -49,7 +49,7 @@ TEST(MemoryModel, PredictedPeakPerStageWithinTenPercentOfMeasured) {
                                      "train.eval_interval=0",    "log.interval=1000"};
     sets.insert(sets.end(), layout.begin(), layout.end());
     const Config cfg = load_config("", sets);
-    const int tpp = cfg.parallel.tensor * cfg.parallel.pipeline;
+    const int tpp = cfg.layout.tensor * cfg.layout.pipeline;
     if (world_size % tpp != 0) continue;
     RunContext ctx;
     ctx.verbose = false;

@@ -1,5 +1,6 @@
 // test_config.cc — config loading: defaults, preset/file/--set layering, strict validation, the
-// world-size checks, and the shipped presets and training configs.
+// world-size checks, the parallel layout's one table (the config's keys and --fix), and the
+// shipped presets and training configs.
 //
 // Expected values come from DESIGN.md (the defaults, copied below as text) and from the
 // published model sizes (GPT-2, GPT-3 papers), never from the parser's own tables.
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/layout_fields.h"
+#include "launch/config/world_layout.h"
 #include "runtime/base/error.h"
 
 namespace strata {
@@ -96,7 +100,9 @@ class TempDir {
 // Keys added after DESIGN.md's example, with their defaults (docs/config.md): a config written
 // against the design alone resolves to them.
 // The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
-const char kAddedDefaults[] = R"({"train": {"attention_backend": "auto"},
+// parallel.context and parallel.expert are DESIGN.md's (its parallel notes), default 1.
+const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
+  "train": {"attention_backend": "auto"},
   "data": {"blend": null, "tokenizer": null,
            "masked_lm": {"mask_prob": 0.15, "short_seq_prob": 0.1, "sentence_order": false,
                          "cls_id": null, "sep_id": null, "mask_id": null, "pad_id": null}},
@@ -119,9 +125,9 @@ TEST(ConfigDefaults, EqualDesign) {
   EXPECT_EQ(c.model.num_layers, 12);
   EXPECT_EQ(c.model.ffn_hidden_size, 3072);
   EXPECT_EQ(c.model.vocab_size, 50257);
-  EXPECT_FALSE(c.parallel.data.has_value());
-  EXPECT_EQ(c.parallel.schedule, "1f1b");
-  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_EQ(c.layout.data, 0);  // null: the rest of the world
+  EXPECT_EQ(c.layout.schedule, ScheduleKind::kOneFOneB);
+  EXPECT_EQ(c.layout.micro_batch_size, 4);
   EXPECT_EQ(c.train.global_batch_size, 32);
   EXPECT_EQ(c.train.seed, 1234u);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
@@ -143,7 +149,7 @@ TEST(ConfigDefaults, EmptyObjectAndMissingSections) {
   EXPECT_EQ(config_from_json(json::object(), kFile).resolved, design_defaults_with_additions());
   const Config c = config_from_json(json::parse(R"({"train": {"iterations": 7}})"), kFile);
   EXPECT_EQ(c.train.iterations, 7);
-  EXPECT_EQ(c.train.micro_batch_size, 4);
+  EXPECT_EQ(c.layout.micro_batch_size, 4);
   EXPECT_EQ(c.resolved["train"]["iterations"], 7);
   EXPECT_EQ(c.resolved["optimizer"]["lr"], 3e-4);
 }
@@ -208,10 +214,9 @@ TEST(ConfigLayering, PresetNull) {
 TEST(ConfigSet, JsonValue) {
   const Config c = load_config("", {"train.micro_batch_size=8", "parallel.layers_per_stage=[12]",
                                     "parallel.sequence_parallel=true", "optimizer.lr=1e-3"});
-  EXPECT_EQ(c.train.micro_batch_size, 8);
-  ASSERT_TRUE(c.parallel.layers_per_stage.has_value());
-  EXPECT_EQ(*c.parallel.layers_per_stage, std::vector<int>{12});
-  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.layout.micro_batch_size, 8);
+  EXPECT_EQ(c.layout.layers_per_piece, std::vector<int>{12});
+  EXPECT_TRUE(c.layout.sequence_parallel);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
 }
 
@@ -231,9 +236,9 @@ TEST(ConfigSet, NestedPathTopLevelKeyAndSection) {
   EXPECT_EQ(c.data.synthetic.order, 3);
   EXPECT_EQ(c.data.synthetic.vocab_size, 64);
   EXPECT_EQ(c.device, "cpu");
-  EXPECT_EQ(c.parallel.tensor, 2);
-  EXPECT_EQ(c.parallel.pipeline, 2);
-  EXPECT_EQ(c.parallel.schedule, "1f1b");  // a section value merges key by key
+  EXPECT_EQ(c.layout.tensor, 2);
+  EXPECT_EQ(c.layout.pipeline, 2);
+  EXPECT_EQ(c.layout.schedule, ScheduleKind::kOneFOneB);  // a section value merges key by key
 }
 
 TEST(ConfigSet, OverridesFileAndLaterSetWins) {
@@ -350,7 +355,7 @@ TEST(ConfigErrors, IntegralFloatsAreIntegers) {
       json::parse(
           R"({"train": {"micro_batch_size": 8.0, "seed": 1e3}, "model": {"num_layers": 2e0}})"),
       kFile);
-  EXPECT_EQ(c.train.micro_batch_size, 8);
+  EXPECT_EQ(c.layout.micro_batch_size, 8);
   EXPECT_EQ(c.train.seed, 1000u);
   EXPECT_EQ(c.model.num_layers, 2);
   EXPECT_EQ(c.resolved["train"]["micro_batch_size"], 8);
@@ -451,11 +456,15 @@ TEST(ConfigConsistency, LayersPerStage) {
   // Zero-layer stages are refused as a type error.
   e = config_error(json::parse(R"({"parallel": {"pipeline": 2, "layers_per_stage": [12, 0]}})"));
   EXPECT_TRUE(contains(e.expected(), "positive integers")) << e.what();
+  // An empty split is not the even one (null).
+  e = config_error(json::parse(R"({"parallel": {"layers_per_stage": []}})"));
+  EXPECT_EQ(e.where(), "parallel.layers_per_stage");
+  EXPECT_TRUE(contains(e.expected(), "non-empty")) << e.what();
   // A consistent one, interleaved: p * v entries.
   const Config c = config_from_json(json::parse(R"({"parallel": {"pipeline": 2,
       "virtual_stages": 2, "schedule": "interleaved", "layers_per_stage": [3, 3, 3, 3]}})"),
                                     kFile);
-  EXPECT_EQ(c.parallel.layers_per_stage->size(), 4u);
+  EXPECT_EQ(c.layout.layers_per_piece.size(), 4u);
   // Without layers_per_stage, every chunk still needs a layer.
   e = config_error(json::parse(R"({"model": {"num_layers": 3}, "parallel": {"pipeline": 4}})"));
   EXPECT_TRUE(contains(e.expected(), "num_layers 3")) << e.what();
@@ -757,6 +766,83 @@ TEST(ConfigWorld, DerivedSizes) {
   EXPECT_EQ(microbatches_per_pipeline(explicit_d, 4), 2);
 }
 
+// ---- the parallel layout: one table for the config, plan files and --fix ----
+
+// DESIGN.md names parallel.context and parallel.expert; until context and expert parallelism
+// land, a value other than 1 is refused wherever a layout is written, not ignored.
+TEST(ConfigLayout, ContextAndExpertOnlyOne) {
+  const Config c = load_config("", {"parallel.context=1", "parallel.expert=1"});
+  EXPECT_EQ(c.layout.context, 1);
+  EXPECT_EQ(c.layout.expert, 1);
+  for (const std::string key : {"context", "expert"}) {
+    const InputError e = config_error(json{{"parallel", {{key, 2}}}});
+    EXPECT_EQ(e.file(), kFile);
+    EXPECT_EQ(e.where(), "parallel." + key);
+    EXPECT_TRUE(contains(e.expected(), "is not supported yet")) << e.what();
+    EXPECT_TRUE(contains(e.expected(), "got 2")) << e.what();
+    const InputError f = expect_error([&] { parse_layout_fixes(key + "=2"); });
+    EXPECT_EQ(f.file(), kCmd);
+    EXPECT_EQ(f.where(), "--fix " + key);
+    EXPECT_EQ(f.expected(), e.expected());
+  }
+}
+
+// The config's layout keys are the layout table's rows: every field is a key of the same path and
+// meaning.
+TEST(ConfigLayout, EveryLayoutFieldIsAConfigKey) {
+  const std::vector<ConfigKey> keys = config_keys();
+  for (const LayoutField& f : layout_fields()) {
+    const auto it = std::find_if(keys.begin(), keys.end(),
+                                 [&f](const ConfigKey& k) { return k.path == f.config_key; });
+    ASSERT_NE(it, keys.end()) << f.config_key;
+    EXPECT_EQ(it->meaning, f.meaning) << f.config_key;
+  }
+}
+
+// --fix reads each value as a config reads its key: the same kinds, the same checks, the same
+// words, only the place differs (the command line).
+TEST(ConfigLayout, FixesReadAsTheConfigDoes) {
+  const PinnedLayout p = parse_layout_fixes(
+      "tensor=8,schedule=interleaved,sequence_parallel=true,recompute=full,"
+      "layers_per_stage=[3,3,2],data=null");
+  EXPECT_EQ(p.tensor, 8);
+  EXPECT_EQ(p.schedule, ScheduleKind::kInterleaved);
+  EXPECT_EQ(p.sequence_parallel, true);
+  EXPECT_EQ(p.recompute, Recompute::kFull);
+  EXPECT_EQ(p.layers_per_piece, (std::vector<int>{3, 3, 2}));
+  EXPECT_FALSE(p.data.has_value());  // null leaves it to the search
+  EXPECT_FALSE(p.pipeline.has_value());
+
+  const struct {
+    const char* fix;
+    json config;  // the same value as a config's key
+  } same[] = {
+      {"tensor=0", {{"parallel", {{"tensor", 0}}}}},
+      {"tensor=99999999999", {{"parallel", {{"tensor", 99999999999LL}}}}},
+      {"pipeline=x", {{"parallel", {{"pipeline", "x"}}}}},
+      {"schedule=", {{"parallel", {{"schedule", ""}}}}},
+      {"sequence_parallel=1", {{"parallel", {{"sequence_parallel", 1}}}}},
+      {"layers_per_stage=[2,0]", {{"parallel", {{"layers_per_stage", {2, 0}}}}}},
+      {"micro_batch_size=-3", {{"train", {{"micro_batch_size", -3}}}}},
+      {"recompute=some", {{"train", {{"recompute", "some"}}}}},
+  };
+  for (const auto& c : same) {
+    const InputError fix = expect_error([&] { parse_layout_fixes(c.fix); });
+    const InputError cfg = config_error(c.config);
+    EXPECT_EQ(fix.file(), kCmd) << c.fix;
+    EXPECT_EQ(fix.where(), "--fix " + cfg.where().substr(cfg.where().find('.') + 1)) << c.fix;
+    EXPECT_EQ(fix.expected(), cfg.expected()) << c.fix;
+  }
+
+  InputError e = expect_error([] { parse_layout_fixes("nosuch=1"); });
+  EXPECT_EQ(e.where(), "--fix nosuch");
+  EXPECT_TRUE(contains(e.expected(), "tensor, context, expert, pipeline")) << e.what();
+  e = expect_error([] { parse_layout_fixes("tensor"); });
+  EXPECT_EQ(e.where(), "--fix");
+  e = expect_error([] { parse_layout_fixes("micro_batch_size=1e999"); });
+  EXPECT_EQ(e.where(), "--fix micro_batch_size");
+}
+
 // ---- files ----
 
 TEST(ConfigFiles, LoadFromDisk) {
@@ -989,7 +1075,7 @@ TEST(ConfigFiles, TrainingConfigsLoad) {
     SCOPED_TRACE(entry.path().string());
     const Config c = load_config(entry.path().string(), {});
     // Each runnable config is valid for the world its parallel sizes ask for.
-    const int world = c.parallel.tensor * c.parallel.pipeline * c.parallel.data.value_or(1);
+    const int world = c.layout.tensor * c.layout.pipeline * std::max(1, c.layout.data);
     EXPECT_NO_THROW(validate_for_world(c, world));
   }
   EXPECT_GE(found.size(), 2u);
@@ -998,10 +1084,10 @@ TEST(ConfigFiles, TrainingConfigsLoad) {
   const Config q = load_config(configs_dir() + "/train/quickstart.json", {});
   EXPECT_EQ(q.model.preset, "tiny");
   EXPECT_EQ(q.data.source, "synthetic");
-  EXPECT_EQ(q.parallel.tensor, 2);
-  EXPECT_EQ(q.parallel.pipeline, 2);
-  EXPECT_EQ(q.parallel.schedule, "interleaved");
-  EXPECT_EQ(q.parallel.virtual_stages, 2);
+  EXPECT_EQ(q.layout.tensor, 2);
+  EXPECT_EQ(q.layout.pipeline, 2);
+  EXPECT_EQ(q.layout.schedule, ScheduleKind::kInterleaved);
+  EXPECT_EQ(q.layout.virtual_stages, 2);
   EXPECT_NO_THROW(validate_for_world(q, 4));
 
   const Config s = load_config(configs_dir() + "/train/shakespeare.json", {});

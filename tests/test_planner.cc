@@ -11,6 +11,8 @@
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/plan/plan_file.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
@@ -125,7 +127,7 @@ TEST(PlannerSearch, HandCheckableSmallCase) {
   req.fixes.schedule = ScheduleKind::kOneFOneB;
   const PlanOutput out = search_plans(req);
   ASSERT_FALSE(out.plans.empty());
-  const PlanConfig& c = out.plans.front().config;
+  const ParallelLayout& c = out.plans.front().config;
   EXPECT_EQ(c.tensor, 1);
   EXPECT_EQ(c.pipeline, 1);
   EXPECT_EQ(c.data, 8);
@@ -156,6 +158,29 @@ TEST(PlannerSearch, EveryDividingMicroBatchSize) {
   const std::string why = out.rejected.front().reason;
   EXPECT_NE(why.find("micro_batch_size 5 does not divide the global batch 112"), std::string::npos)
       << why;
+}
+
+// A pinned layer split (--fix layers_per_stage) is the split both passes price; one that does not
+// cut the model into p·v pieces is the reason its families have no plan.
+TEST(PlannerSearch, PinnedLayerSplit) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 64;
+  req.fixes.pipeline = 2;
+  req.fixes.layers_per_piece = std::vector<int>{8, 4};
+  PlanOutput out = search_plans(req);
+  ASSERT_FALSE(out.plans.empty());
+  for (const PlanResult& r : out.plans)
+    EXPECT_EQ(r.config.layers_per_piece, (std::vector<int>{8, 4}));
+  req.fixes.layers_per_piece = std::vector<int>{8, 3};
+  out = search_plans(req);
+  EXPECT_TRUE(out.plans.empty());
+  ASSERT_FALSE(out.rejected.empty());
+  for (const Rejection& r : out.rejected)
+    EXPECT_NE(r.reason.find("layers_per_stage has 2 pieces of 11 layers"), std::string::npos)
+        << r.reason;
 }
 
 TEST(PlannerSearch, TrillionParametersOn3072Gpus) {
@@ -209,7 +234,7 @@ TEST(PlannerSplit, DpBalancesEmbeddingAndHeadBetterThanEven) {
   req.model = describe_model(cfg.model);
   req.cluster = h100(4);
   req.global_batch_size = 128;
-  PlanConfig c;
+  ParallelLayout c;
   c.tensor = 8;
   c.pipeline = 4;
   c.data = 1;
@@ -239,11 +264,11 @@ TEST(PlannerPlan, ApplyPlanSetsTheLayout) {
                                   {"distributed_optimizer", false},
                                   {"layers_per_stage", {{1}, {1}}}}}}};
   const Config out = apply_plan(cfg, plan, "plan.json");
-  EXPECT_EQ(out.parallel.tensor, 2);
-  EXPECT_EQ(out.parallel.pipeline, 2);
-  EXPECT_EQ(out.train.micro_batch_size, 2);
+  EXPECT_EQ(out.layout.tensor, 2);
+  EXPECT_EQ(out.layout.pipeline, 2);
+  EXPECT_EQ(out.layout.micro_batch_size, 2);
   EXPECT_EQ(out.train.global_batch_size, 8);
-  EXPECT_EQ(out.train.recompute, "full");
+  EXPECT_EQ(out.layout.recompute, Recompute::kFull);
   nlohmann::json bad = plan;
   bad["plans"][0]["tensor"] = "two";
   try {
@@ -279,7 +304,7 @@ TEST(PlannerPlan, ApplyPlanRefusesAPlanForAnotherModelOrBatch) {
   const nlohmann::json plan = {
       {"model", model}, {"global_batch_size", 8}, {"plans", nlohmann::json::array({entry})}};
   const Config ok = apply_plan(cfg, plan, "plan.json");
-  EXPECT_EQ(ok.parallel.layers_per_stage, (std::vector<int>{2, 2}));
+  EXPECT_EQ(ok.layout.layers_per_piece, (std::vector<int>{2, 2}));
   EXPECT_EQ(ok.train.global_batch_size, 8);
 
   struct Case {
@@ -318,7 +343,7 @@ TEST(PlannerPlan, ApplyPlanRefusesAPlanForAnotherModelOrBatch) {
       {"a size beyond int",
        [](nlohmann::json& p) { p["plans"][0]["tensor"] = 4294967297LL; },
        "plans[0].tensor",
-       {"up to 2147483647"}},
+       {"at most 2147483647"}},
       {"chunks without the interleaved schedule",
        [](nlohmann::json& p) {
          p["plans"][0]["virtual_stages"] = 2;
@@ -411,7 +436,7 @@ TEST(PlannerProfile, UnshardedProfileIsRescaledForTensorParallelPlans) {
   e.layer_forward_s = 1e-3;
   e.layer_backward_s = 2e-3;
   prof.entries.push_back(e);
-  PlanConfig c;
+  ParallelLayout c;
   c.tensor = 2;
   c.data = 4;
   c.micro_batch_size = 4;

@@ -136,8 +136,9 @@ TEST(PlannerRuntime, TensorParallelCollectivesArePricedBlocking) {
   const Config cfg = load_config("", {"model.preset=gpt3-1.3b"});
   const std::unique_ptr<ModelDescription> m = describe_model(cfg.model);
   const Cluster cl = load_cluster("dgx-h100", configs_dir());
-  PlanConfig c;
+  ParallelLayout c;
   c.tensor = 8;
+  c.data = 1;
   c.micro_batch_size = 2;
   const CostContext ctx{m.get(), &cl, "bf16", nullptr, strata_runtime(false, "bf16")};
   const LayerTimes lt = layer_times(ctx, c);
@@ -173,7 +174,7 @@ TEST(PlannerRuntime, DataParallelTrafficAndWhereItIsPaid) {
   req.cluster = load_cluster("dgx-h100", configs_dir());
   req.cluster.nodes = 2;
   req.global_batch_size = 64;
-  PlanConfig c;
+  ParallelLayout c;
   c.tensor = 1;
   c.pipeline = 1;
   c.data = 16;

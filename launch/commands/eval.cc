@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "launch/args.h"
 #include "launch/commands/inference.h"
 #include "runtime/base/error.h"
 #include "runtime/comm/comm.h"
@@ -24,10 +25,6 @@ const char kUsage[] =
     "  --task FILE      multiple choice in HellaSwag's shape ({\"ctx\", \"endings\", \"label\"}\n"
     "                   per line, or ctx_ids / endings_ids): acc and acc_norm\n"
     "  --json           one JSON object instead of the table\n";
-
-[[noreturn]] void bad(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected + " (see strata eval --help)");
-}
 
 // Σ of the losses of the tokens that count, and how many: one forward of `ids` (B, S + 1 rows
 // flattened), the loss counted where `mask` (B, S) is 1.
@@ -191,43 +188,19 @@ int cmd_eval(const std::vector<std::string>& args) {
   std::optional<std::string> split, task;
   int batches = 16, batch_size = 8;
   bool json = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) bad(a, "a value after " + a);
-      return args[++i];
-    };
-    auto positive = [&]() {
-      const std::string& v = value();
-      try {
-        size_t used = 0;
-        const int n = std::stoi(v, &used);
-        if (used == v.size() && n > 0) return n;
-      } catch (const std::exception&) {
-      }
-      bad(a, "a positive integer, got \"" + v + "\"");
-    };
-    if (parse_source_flag(a, value, &src)) continue;  // --checkpoint, --hf, --config, --set
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--data") {
-      split = "val";
-      if (i + 1 < args.size() && (args[i + 1] == "train" || args[i + 1] == "val"))
-        split = args[++i];
-    } else if (a == "--task") {
-      task = value();
-    } else if (a == "--batches") {
-      batches = positive();
-    } else if (a == "--batch-size") {
-      batch_size = positive();
-    } else if (a == "--json") {
-      json = true;
-    } else {
-      bad(a, "an option of strata eval");
-    }
-  }
-  if (split.has_value() == task.has_value()) bad("--data", "exactly one of --data and --task");
+  std::vector<Flag> flags = source_flags(&src);
+  flags.insert(flags.end(), {{"--data",
+                              Flag::Kind::kOptionalWord,
+                              [&split](const std::string& v) { split = v.empty() ? "val" : v; },
+                              {"train", "val"}},
+                             value_flag("--task", [&task](const std::string& v) { task = v; }),
+                             positive_flag("--batches", &batches),
+                             positive_flag("--batch-size", &batch_size),
+                             switch_flag("--json", &json)});
+  if (!read_flags(args, flags, kUsage, "an option of strata eval (see strata eval --help)"))
+    return 0;
+  if (split.has_value() == task.has_value())
+    bad_flag_of("eval", "--data", "exactly one of --data and --task");
   InferenceSession session(src);
   const nlohmann::json r =
       task ? eval_task(session, *task) : eval_data(session, *split, batches, batch_size);

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "launch/args.h"
 #include "launch/commands/inference.h"
 #include "runtime/base/error.h"
 #include "runtime/comm/comm.h"
@@ -33,7 +35,7 @@ const char kUsage[] =
     "  --json             one JSON object per prompt: {\"prompt_ids\", \"ids\", \"text\"}\n";
 
 [[noreturn]] void bad(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected + " (see strata generate --help)");
+  bad_flag_of("generate", flag, expected);
 }
 
 // The next token from one row of logits.
@@ -143,54 +145,31 @@ std::vector<Generation> generate(const GenerateOptions& o,
 int cmd_generate(const std::vector<std::string>& args) {
   GenerateOptions o;
   bool json = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) bad(a, "a value after " + a);
-      return args[++i];
-    };
-    auto number = [&](double* out) {
-      const std::string& v = value();
-      try {
-        size_t used = 0;
-        *out = std::stod(v, &used);
-        if (used == v.size()) return;
-      } catch (const std::exception&) {
-      }
-      bad(a, "a number, got \"" + v + "\"");
-    };
-    double x = 0;
-    if (parse_source_flag(a, value, &o.source)) continue;  // --checkpoint, --hf, --config, --set
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--prompt") {
-      o.prompts.push_back(value());
-    } else if (a == "--prompt-ids") {
-      std::vector<int32_t> ids;
-      const std::string& v = value();
-      if (!parse_token_ids(v, &ids)) bad(a, "comma-separated token ids, got \"" + v + "\"");
-      o.prompt_ids.push_back(ids);
-    } else if (a == "--max-new-tokens") {
-      number(&x);
-      o.max_new_tokens = static_cast<int>(x);
-      if (x != o.max_new_tokens) bad(a, "an integer");
-    } else if (a == "--temperature") {
-      number(&o.temperature);
-    } else if (a == "--top-k") {
-      number(&x);
-      o.top_k = static_cast<int>(x);
-    } else if (a == "--top-p") {
-      number(&o.top_p);
-    } else if (a == "--seed") {
-      number(&x);
-      o.seed = static_cast<uint64_t>(x);
-    } else if (a == "--json") {
-      json = true;
-    } else {
-      bad(a, "an option of strata generate");
-    }
-  }
+  std::vector<Flag> flags = source_flags(&o.source);
+  auto number = [](const std::string& flag, std::function<void(double)> take) {
+    return value_flag(flag, [flag, take](const std::string& v) { take(number_arg(flag, v)); });
+  };
+  flags.insert(flags.end(),
+               {value_flag("--prompt", [&o](const std::string& v) { o.prompts.push_back(v); }),
+                value_flag("--prompt-ids",
+                           [&o](const std::string& v) {
+                             std::vector<int32_t> ids;
+                             if (!parse_token_ids(v, &ids))
+                               bad("--prompt-ids", "comma-separated token ids, got \"" + v + "\"");
+                             o.prompt_ids.push_back(ids);
+                           }),
+                number("--max-new-tokens",
+                       [&o](double x) {
+                         o.max_new_tokens = static_cast<int>(x);
+                         if (x != o.max_new_tokens) bad("--max-new-tokens", "an integer");
+                       }),
+                number("--temperature", [&o](double x) { o.temperature = x; }),
+                number("--top-k", [&o](double x) { o.top_k = static_cast<int>(x); }),
+                number("--top-p", [&o](double x) { o.top_p = x; }),
+                number("--seed", [&o](double x) { o.seed = static_cast<uint64_t>(x); }),
+                switch_flag("--json", &json)});
+  if (!read_flags(args, flags, kUsage, "an option of strata generate (see strata generate --help)"))
+    return 0;
   const bool lead = world().rank == 0;
   const bool stream = lead && !json && o.prompt_ids.size() + o.prompts.size() == 1;
   const std::vector<Generation> gens = generate(o, [&](size_t, int32_t id) {

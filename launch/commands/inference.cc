@@ -6,7 +6,8 @@
 #include <set>
 
 #include "launch/config/config_parse.h"
-#include "launch/train/checkpointing.h"
+#include "launch/config/model_shape.h"
+#include "launch/config/world_layout.h"
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"
@@ -82,7 +83,7 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
     it = all || named.count(it.key()) ? std::next(it) : want.erase(it);
   check_model_shape(want, model_shape_json(model, *describe_model(model)), recorded,
                     s.config.empty() ? "--set" : s.config);
-  const int data = std::max(1, world().size / std::max(1, probe.parallel.tensor));
+  const int data = std::max(1, world().size / std::max(1, probe.layout.tensor));
   sets.push_back("train.global_batch_size=" + std::to_string(data));
   Config cfg = load_config(s.config, sets);
   cfg.model = model;
@@ -93,20 +94,11 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
 
 }  // namespace
 
-bool parse_source_flag(const std::string& flag, const std::function<std::string()>& value,
-                       InferenceSource* s) {
-  if (flag == "--checkpoint") {
-    s->checkpoint = value();
-  } else if (flag == "--hf") {
-    s->hf = value();
-  } else if (flag == "--config") {
-    s->config = value();
-  } else if (flag == "--set") {
-    s->sets.push_back(value());
-  } else {
-    return false;
-  }
-  return true;
+std::vector<Flag> source_flags(InferenceSource* s) {
+  return {value_flag("--checkpoint", [s](const std::string& v) { s->checkpoint = v; }),
+          value_flag("--hf", [s](const std::string& v) { s->hf = v; }),
+          text_flag("--config", &s->config),
+          value_flag("--set", [s](const std::string& v) { s->sets.push_back(v); })};
 }
 
 InferenceSession::InferenceSession(const InferenceSource& source) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/args.h"
 #include "launch/train/run_layout.h"
 #include "models/model.h"
 #include "runtime/backend/backend.h"
@@ -34,10 +35,9 @@ struct InferenceSource {
   std::vector<std::string> sets;          // --set overrides
 };
 
-// Reads the model-source flag `flag` (--checkpoint, --hf, --config, --set) into `s`, taking its
-// value from `value()`; false when `flag` is not one of them (the command's own flags).
-bool parse_source_flag(const std::string& flag, const std::function<std::string()>& value,
-                       InferenceSource* s);
+// The model-source flags (--checkpoint, --hf, --config, --set) reading into `s`, for a command's
+// flag table (launch/args.h).
+std::vector<Flag> source_flags(InferenceSource* s);
 
 class InferenceSession {
  public:

@@ -1,6 +1,5 @@
 #include "launch/commands/plan.h"
 
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -11,7 +10,8 @@
 #include "launch/args.h"
 #include "launch/commands/timeline_svg.h"
 #include "launch/config/config_parse.h"
-#include "launch/train/checkpointing.h"
+#include "launch/config/layout_fields.h"
+#include "launch/plan/prediction.h"
 #include "models/registry.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/layer_split.h"
@@ -43,9 +43,11 @@ const char* kPlanUsage =
     "                         JSON file, e.g. one written by strata profile --cluster-out\n"
     "  --global-batch-size B  sequences per iteration\n"
     "  --nodes N              override the cluster's node count\n"
-    "  --fix k=v,...          pin plan fields: tensor, pipeline, data, virtual_stages,\n"
-    "                         micro_batch_size, schedule, recompute, sequence_parallel,\n"
-    "                         distributed_optimizer; the rest is searched\n"
+    "  --fix k=v,...          pin plan fields, each value as in a config: tensor, context,\n"
+    "                         expert, pipeline, data, virtual_stages, schedule,\n"
+    "                         layers_per_stage (e.g. [3,3,2]), sequence_parallel,\n"
+    "                         distributed_optimizer, micro_batch_size, recompute; the rest is\n"
+    "                         searched\n"
     "  --top K                plans to print (default 5)\n"
     "  --json OUT             write the plans and the rejected families as JSON\n"
     "  --trace OUT            write the chosen plan's simulated timeline as a Chrome trace\n"
@@ -104,7 +106,7 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
     os << buf;
     int i = 0;
     for (const PlanResult& r : out.plans) {
-      const PlanConfig& c = r.config;
+      const ParallelLayout& c = r.config;
       std::snprintf(
           buf, sizeof buf,
           "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
@@ -124,7 +126,7 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
                   "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
                   "total");
     os << buf;
-    const PlanConfig& c = best.config;
+    const ParallelLayout& c = best.config;
     for (int s = 0; s < c.pipeline; ++s) {
       std::string layers;
       for (int ch = 0; ch < c.virtual_stages; ++ch) {
@@ -150,23 +152,35 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   }
 }
 
-// cpu: the CPU runtime (also for bf16, which it emulates: memory there follows fp32's layout
-// rules for attention); else a GPU.
-MemoryOptions memory_options(const std::string& precision, const ParallelConfig* par, int threads,
-                             bool cpu) {
-  MemoryOptions o;
-  o.precision = precision;
-  if (cpu) {
-    // The CPU runtime: unfused attention keeps the probabilities; per-thread scratch.
-    o.flash_attention = false;
-    o.cpu_threads = threads;
-  } else {
-    o.flash_attention = true;
-    o.reserve_bytes = 1024.0 * 1024.0 * 1024.0;  // CUDA context, NCCL, fragmentation
-    o.workspace_bytes = 32.0 * 1024 * 1024;  // cuBLASLt's (runtime/backend/cuda/backend_cuda.cu)
+// --trace and --svg: the chosen plan's simulated iteration as a Chrome trace and as a picture
+// (with --measured, a run's log.trace drawn below it).
+void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::string& trace_out,
+                      const std::string& svg_out, const std::string& measured, int iteration) {
+  if (out.plans.empty())
+    bad_flag(trace_out.empty() ? "--svg" : "--trace", "a plan to draw, but no plan fits");
+  CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
+  const PlanResult& best = out.plans.front();
+  const IterationTime it = iteration_time(ctx, best.config, true);
+  if (!trace_out.empty()) {
+    std::ofstream f(trace_out);
+    f << chrome_trace_json(it.sim, 1e6) << "\n";
+    if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
   }
-  if (par != nullptr) o.bucket_mb = par->bucket_mb;
-  return o;
+  if (!svg_out.empty()) {
+    const ParallelLayout& c = best.config;
+    char title[256];
+    std::snprintf(title, sizeof title,
+                  "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
+                  req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
+                  c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
+                  best.time.iteration_s);
+    std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
+    if (!measured.empty())
+      panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
+    std::ofstream f(svg_out);
+    f << timeline_svg(panels);
+    if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
+  }
 }
 
 }  // namespace
@@ -175,46 +189,29 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
   std::string svg_out, measured;
   int batch = 0, nodes = 0, top = 5, seq = 0, iteration = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kPlanUsage, stdout);
-      return 0;
-    } else if (value("--model", &v)) {
-      model = v;
-    } else if (value("--cluster", &v)) {
-      cluster_name = v;
-    } else if (value("--global-batch-size", &v)) {
-      batch = positive_int("--global-batch-size", v);
-    } else if (value("--nodes", &v)) {
-      nodes = positive_int("--nodes", v);
-    } else if (value("--fix", &v)) {
-      fix += (fix.empty() ? "" : ",") + v;
-    } else if (value("--top", &v)) {
-      top = positive_int("--top", v);
-    } else if (value("--json", &v)) {
-      json_out = v;
-    } else if (value("--trace", &v)) {
-      trace_out = v;
-    } else if (value("--seq-len", &v)) {
-      seq = positive_int("--seq-len", v);
-    } else if (value("--precision", &v)) {
-      if (v != "bf16" && v != "fp32") bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
-      precision = v;
-    } else if (value("--profile", &v)) {
-      profile_path = v;
-    } else if (value("--svg", &v)) {
-      svg_out = v;
-    } else if (value("--measured", &v)) {
-      measured = v;
-    } else if (value("--iteration", &v)) {
-      iteration = positive_int("--iteration", v);
-    } else {
-      bad_flag(a, "an option of strata plan (see strata plan --help)");
-    }
-  }
+  const std::vector<Flag> flags = {
+      text_flag("--model", &model),
+      text_flag("--cluster", &cluster_name),
+      positive_flag("--global-batch-size", &batch),
+      positive_flag("--nodes", &nodes),
+      value_flag("--fix", [&fix](const std::string& v) { fix += (fix.empty() ? "" : ",") + v; }),
+      positive_flag("--top", &top),
+      text_flag("--json", &json_out),
+      text_flag("--trace", &trace_out),
+      positive_flag("--seq-len", &seq),
+      value_flag("--precision",
+                 [&precision](const std::string& v) {
+                   if (v != "bf16" && v != "fp32")
+                     bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
+                   precision = v;
+                 }),
+      text_flag("--profile", &profile_path),
+      text_flag("--svg", &svg_out),
+      text_flag("--measured", &measured),
+      positive_flag("--iteration", &iteration),
+  };
+  if (!read_flags(args, flags, kPlanUsage, "an option of strata plan (see strata plan --help)"))
+    return 0;
   if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
   if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
   if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
@@ -245,9 +242,9 @@ int cmd_plan(const std::vector<std::string>& args) {
   req.global_batch_size = batch;
   req.precision = precision;
   req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
-  req.fixes = parse_fixes(fix);
+  req.fixes = parse_layout_fixes(fix);
   req.top_k = top;
-  req.memory = memory_options(precision, nullptr, 1, precision == "fp32");
+  req.memory = memory_options(precision, MemoryOptions{}.bucket_mb, 1, precision == "fp32");
   Profile profile;
   if (!profile_path.empty()) {
     profile = load_profile(profile_path);
@@ -261,213 +258,9 @@ int cmd_plan(const std::vector<std::string>& args) {
     f << plan_output_json(req, out).dump(2) << "\n";
     if (!f) throw InputError("<command line>", "--json", "a writable path, got " + json_out);
   }
-  if (!trace_out.empty() || !svg_out.empty()) {
-    if (out.plans.empty())
-      bad_flag(trace_out.empty() ? "--svg" : "--trace", "a plan to draw, but no plan fits");
-    CostContext ctx{req.model.get(), &req.cluster, req.precision, req.profile, runtime_for(req)};
-    const PlanResult& best = out.plans.front();
-    const IterationTime it = iteration_time(ctx, best.config, true);
-    if (!trace_out.empty()) {
-      std::ofstream f(trace_out);
-      f << chrome_trace_json(it.sim, 1e6) << "\n";
-      if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
-    }
-    if (!svg_out.empty()) {
-      const PlanConfig& c = best.config;
-      char title[256];
-      std::snprintf(title, sizeof title,
-                    "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
-                    req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
-                    c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
-                    best.time.iteration_s);
-      std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
-      if (!measured.empty())
-        panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
-      std::ofstream f(svg_out);
-      f << timeline_svg(panels);
-      if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
-    }
-  }
+  if (!trace_out.empty() || !svg_out.empty())
+    draw_chosen_plan(req, out, trace_out, svg_out, measured, iteration);
   return 0;
-}
-
-PlanConfig plan_config_for(const Config& cfg, int world_size) {
-  PlanConfig c;
-  c.tensor = cfg.parallel.tensor;
-  c.pipeline = cfg.parallel.pipeline;
-  c.data = cfg.parallel.data.value_or(world_size / (c.tensor * c.pipeline));
-  c.virtual_stages = cfg.parallel.virtual_stages;
-  c.micro_batch_size = cfg.train.micro_batch_size;
-  // The config parser accepted only known names (InputError here would be a parser bug's).
-  if (!parse_schedule_kind(cfg.parallel.schedule, &c.schedule)) {
-    throw InputError(cfg.source_file, "parallel.schedule", "a known schedule");
-  }
-  if (!parse_recompute(cfg.train.recompute, &c.recompute)) {
-    throw InputError(cfg.source_file, "train.recompute", "none, selective or full");
-  }
-  c.sequence_parallel = cfg.parallel.sequence_parallel;
-  c.distributed_optimizer = cfg.parallel.distributed_optimizer;
-  // The split training runs (partitioner/layer_split.h), not one the planner would choose.
-  c.layers_per_piece = layer_split(cfg.model.num_layers, c.pipeline * c.virtual_stages,
-                                   cfg.parallel.layers_per_stage);
-  return c;
-}
-
-json predict_for_config(const Config& cfg, int world_size, const Cluster& cluster_in) {
-  PlanRequest req;
-  req.model = describe_model(cfg.model);
-  req.model_name = cfg.model.preset.empty() ? "custom" : cfg.model.preset;
-  req.cluster = cluster_in;
-  // The prediction is for this job's ranks, whatever size the cluster description has.
-  if (world_size % req.cluster.gpus_per_node == 0) {
-    req.cluster.nodes = world_size / req.cluster.gpus_per_node;
-  } else {
-    req.cluster.nodes = 1;
-    req.cluster.gpus_per_node = world_size;
-  }
-  req.global_batch_size = cfg.train.global_batch_size;
-  req.precision = cfg.train.precision;
-  req.memory = memory_options(cfg.train.precision, &cfg.parallel, cfg.train.threads.value_or(1),
-                              cfg.device != "cuda");
-  // Strata's runtime on the config's device, whatever the cluster file says.
-  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
-  const PlanConfig c = plan_config_for(cfg, world_size);
-  const PlanResult r = evaluate_plan(req, c);
-  json j = plan_result_json(r);
-  const FlopCount f = req.model->flops_per_iteration(req.global_batch_size, c.recompute);
-  j["model_flops"] = f.model;
-  j["hardware_flops"] = f.hardware;
-  return j;
-}
-
-Config apply_plan(const Config& cfg, const json& plan_in, const std::string& file) {
-  using std::to_string;
-  // A plan chooses the layout of one model and one global batch: applied to another it would
-  // train something else than the config says (its layers, its batch), so those must match.
-  if (plan_in.is_object() && plan_in.contains("model")) {
-    const json& planned = plan_in["model"];
-    if (!planned.is_object()) throw InputError(file, "model", "an object (the plan's model)");
-    const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
-    const json shape = model_shape_json(cfg.model, *desc);
-    for (const auto& [key, want] : shape.items()) {
-      const auto got = planned.find(key);
-      if (got == planned.end() || *got != want) {
-        throw InputError(file, "model." + key,
-                         "the config's model." + key + " " + want.dump() +
-                             " (a plan is made for one model), got " +
-                             (got == planned.end() ? std::string("none") : got->dump()));
-      }
-    }
-  }
-  if (plan_in.is_object() && plan_in.contains("global_batch_size")) {
-    const json& g = plan_in["global_batch_size"];
-    if (!g.is_number_integer() || g.get<int64_t>() != cfg.train.global_batch_size) {
-      throw InputError(file, "global_batch_size",
-                       "the config's train.global_batch_size " +
-                           to_string(cfg.train.global_batch_size) + ", got " + g.dump());
-    }
-  }
-  std::string prefix;
-  const json* plan = &plan_in;
-  if (plan_in.is_object() && plan_in.contains("plans")) {
-    if (!plan_in["plans"].is_array() || plan_in["plans"].empty()) {
-      throw InputError(file, "plans", "a non-empty array of plans (no plan fitted?)");
-    }
-    plan = &plan_in["plans"][0];
-    prefix = "plans[0].";
-  }
-  if (!plan->is_object()) throw InputError(file, prefix.empty() ? "" : "plans[0]", "a plan object");
-  auto need_int = [&](const char* key) {
-    const json* v = plan->contains(key) ? &(*plan)[key] : nullptr;
-    if (!v || !v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > INT_MAX) {
-      throw InputError(file, prefix + key, "a positive integer up to " + to_string(INT_MAX));
-    }
-    return v->get<int>();
-  };
-  auto need_str = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_string())
-      throw InputError(file, prefix + key, "a string");
-    return (*plan)[key].get<std::string>();
-  };
-  auto need_bool = [&](const char* key) {
-    if (!plan->contains(key) || !(*plan)[key].is_boolean())
-      throw InputError(file, prefix + key, "true or false");
-    return (*plan)[key].get<bool>();
-  };
-  const int tensor = need_int("tensor"), pipeline = need_int("pipeline"), data = need_int("data");
-  const int virtual_stages = need_int("virtual_stages");
-  const std::string schedule = need_str("schedule");
-  ScheduleKind k;
-  if (!parse_schedule_kind(schedule, &k)) {
-    throw InputError(file, prefix + "schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1");
-  }
-  const int micro = need_int("micro_batch_size");
-  const std::string recompute = need_str("recompute");
-  Recompute rk;
-  if (!parse_recompute(recompute, &rk)) {
-    throw InputError(file, prefix + "recompute", "none, selective or full");
-  }
-  // Micro-batch size × micro-batches × data-parallel size is the global batch: the config's.
-  if (plan->contains("num_microbatches")) {
-    const int m = need_int("num_microbatches");
-    const int64_t global = int64_t{micro} * m * data;
-    if (global != cfg.train.global_batch_size) {
-      throw InputError(file, prefix + "num_microbatches",
-                       "micro_batch_size " + to_string(micro) + " × num_microbatches " +
-                           to_string(m) + " × data " + to_string(data) +
-                           " = the config's train.global_batch_size " +
-                           to_string(cfg.train.global_batch_size) + ", got " + to_string(global));
-    }
-  }
-  json layout = {{"tensor", tensor},
-                 {"pipeline", pipeline},
-                 {"data", data},
-                 {"virtual_stages", virtual_stages},
-                 {"schedule", schedule},
-                 {"sequence_parallel", need_bool("sequence_parallel")},
-                 {"distributed_optimizer", need_bool("distributed_optimizer")},
-                 {"layers_per_stage", nullptr}};
-  if (plan->contains("layers_per_stage") && !(*plan)["layers_per_stage"].is_null()) {
-    // [stage][chunk] in the plan; chunk-major (chunk · pipeline + stage) in the config.
-    const json& l = (*plan)["layers_per_stage"];
-    const std::string w = prefix + "layers_per_stage";
-    if (!l.is_array() || static_cast<int64_t>(l.size()) != pipeline) {
-      throw InputError(file, w, "an array of " + to_string(pipeline) + " stages");
-    }
-    for (int s = 0; s < pipeline; ++s) {
-      const json& row = l[static_cast<size_t>(s)];
-      if (!row.is_array() || static_cast<int64_t>(row.size()) != virtual_stages) {
-        throw InputError(file, w + "[" + to_string(s) + "]",
-                         "an array of " + to_string(virtual_stages) + " layer counts");
-      }
-    }
-    std::vector<int> pieces(static_cast<size_t>(pipeline) * static_cast<size_t>(virtual_stages));
-    int64_t sum = 0;
-    for (int s = 0; s < pipeline; ++s) {
-      for (int ch = 0; ch < virtual_stages; ++ch) {
-        const json& n = l[static_cast<size_t>(s)][static_cast<size_t>(ch)];
-        if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > INT_MAX) {
-          throw InputError(file, w + "[" + to_string(s) + "][" + to_string(ch) + "]",
-                           "a positive layer count");
-        }
-        pieces[static_cast<size_t>(ch) * static_cast<size_t>(pipeline) + static_cast<size_t>(s)] =
-            n.get<int>();
-        sum += n.get<int64_t>();
-      }
-    }
-    if (sum != cfg.model.num_layers) {
-      throw InputError(file, w,
-                       "layer counts summing to the config's model.num_layers " +
-                           to_string(cfg.model.num_layers) +
-                           " (every layer in exactly one stage), got " + to_string(sum));
-    }
-    layout["layers_per_stage"] = pieces;
-  }
-  // The layout is then checked as if the config had said it, against the config's other keys.
-  return config_with_layer(
-      cfg,
-      {{"parallel", layout}, {"train", {{"micro_batch_size", micro}, {"recompute", recompute}}}},
-      file);
 }
 
 }  // namespace strata

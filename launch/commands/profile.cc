@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "launch/args.h"
-#include "launch/commands/plan.h"
 #include "launch/commands/profile_device.h"
 #include "launch/config/config_parse.h"
+#include "launch/config/world_layout.h"
 #include "models/registry.h"
 #include "partitioner/planner.h"
 #include "runtime/backend/backend.h"
@@ -173,7 +173,7 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const ModelOptions& b
   ParamStore& params = model->params();
   std::vector<ParamSpan> spans;
   for (const ParamInfo& p : params.infos()) spans.push_back({p.offset, p.numel, p.decay, true});
-  GradReducer reducer(be, nullptr, params.grads(), spans, cfg.parallel.bucket_mb, false);
+  GradReducer reducer(be, nullptr, params.grads(), spans, cfg.comm.bucket_mb, false);
   AdamW opt(be, cfg.optimizer, reducer.optimizer_segments());
   auto step = [&]() {
     params.zero_grads();
@@ -204,7 +204,7 @@ ProfileEntry measure_entry(Backend& be, const Config& cfg, const ModelOptions& b
 
 json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_batch_sizes) {
   if (repeat < 1) throw InputError("<command line>", "--repeat", "a positive integer");
-  if (cfg.parallel.tensor != 1 || cfg.parallel.sequence_parallel) {
+  if (cfg.layout.tensor != 1 || cfg.layout.sequence_parallel) {
     // One process profiles tensor rank shapes of t = 1 only.
     throw InputError(cfg.source_file, "parallel.tensor",
                      "1 for strata profile (it times one unsharded rank)");
@@ -215,7 +215,7 @@ json make_profile(const Config& cfg, int repeat, const std::vector<int>& micro_b
   options.bf16 = cfg.train.precision == "bf16";  // as the trainer: bf16 weights and activations
   options.seed = cfg.train.seed;
   std::vector<int> sizes = micro_batch_sizes;
-  if (sizes.empty()) sizes.push_back(cfg.train.micro_batch_size);
+  if (sizes.empty()) sizes.push_back(cfg.layout.micro_batch_size);
   Profile p;
   p.device = backend->name();
   p.precision = cfg.train.precision;
@@ -243,11 +243,11 @@ json predict_with_profile(const Config& cfg, const Cluster& cluster, const Profi
     req.memory.flash_attention = false;  // the CPU runtime keeps the probabilities
     req.memory.cpu_threads = cfg.train.threads.value_or(1);
   }
-  req.memory.bucket_mb = cfg.parallel.bucket_mb;
-  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.parallel.bucket_mb);
+  req.memory.bucket_mb = cfg.comm.bucket_mb;
+  req.runtime = strata_runtime(cfg.device != "cuda", cfg.train.precision, cfg.comm.bucket_mb);
   check_profile_matches(profile, *req.model, req.precision, "<profile>");
   req.profile = &profile;
-  PlanConfig c = plan_config_for(cfg, 1);
+  ParallelLayout c = layout_for_world(cfg, 1);
   if (c.tensor * c.pipeline * c.data != 1) {
     throw InputError(cfg.source_file, "parallel",
                      "tensor = pipeline = data = 1 for a one-rank prediction");
@@ -301,48 +301,33 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::string config, out, cluster_out, cluster_base;
   std::vector<std::string> sets;
   std::vector<int> sizes;
-  int repeat = 10;
-  bool repeat_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kProfileUsage, stdout);
-      return 0;
-    } else if (value("--config", &v)) {
-      if (v.empty()) bad_flag("--config", "a config file path");
-      config = v;
-    } else if (value("--set", &v)) {
-      if (v.find('=') == std::string::npos || v.front() == '=') {
-        bad_flag("--set", "section.key=value, got '" + v + "'");
-      }
-      sets.push_back(v);
-    } else if (value("--out", &v)) {
-      if (v.empty()) bad_flag("--out", "an output file path");
-      out = v;
-    } else if (value("--repeat", &v)) {
-      repeat = positive_int("--repeat", v, 100000);
-      repeat_given = true;
-    } else if (value("--cluster-out", &v)) {
-      if (v.empty()) bad_flag("--cluster-out", "an output file path");
-      cluster_out = v;
-    } else if (value("--cluster", &v)) {
-      if (v.empty()) bad_flag("--cluster", "a cluster preset or file");
-      cluster_base = v;
-    } else if (value("--micro-batch-sizes", &v)) {
-      sizes.clear();
-      size_t start = 0;
-      while (start <= v.size()) {
-        const size_t comma = std::min(v.find(',', start), v.size());
-        sizes.push_back(
-            positive_int("--micro-batch-sizes", v.substr(start, comma - start), 1 << 20));
-        start = comma + 1;
-      }
-    } else {
-      bad_flag(a, "an option of strata profile (see strata profile --help)");
-    }
-  }
+  int repeat = 0;  // 0: not given (10 rounds for a profile, 3 for --cluster-out)
+  const std::vector<Flag> flags = {
+      path_flag("--config", &config, "a config file path"),
+      value_flag("--set",
+                 [&sets](const std::string& v) {
+                   if (v.find('=') == std::string::npos || v.front() == '=')
+                     bad_flag("--set", "section.key=value, got '" + v + "'");
+                   sets.push_back(v);
+                 }),
+      path_flag("--out", &out, "an output file path"),
+      positive_flag("--repeat", &repeat, 100000),
+      path_flag("--cluster-out", &cluster_out, "an output file path"),
+      path_flag("--cluster", &cluster_base, "a cluster preset or file"),
+      value_flag("--micro-batch-sizes",
+                 [&sizes](const std::string& v) {
+                   sizes.clear();
+                   for (size_t start = 0; start <= v.size();) {
+                     const size_t comma = std::min(v.find(',', start), v.size());
+                     sizes.push_back(positive_int("--micro-batch-sizes",
+                                                  v.substr(start, comma - start), 1 << 20));
+                     start = comma + 1;
+                   }
+                 }),
+  };
+  if (!read_flags(args, flags, kProfileUsage,
+                  "an option of strata profile (see strata profile --help)"))
+    return 0;
   if (config.empty()) bad_flag("--config", "a config: strata profile --config FILE");
   const Config cfg = load_config(config, sets);
   if (!out.empty()) check_output_flag("--out", out);
@@ -355,11 +340,12 @@ int cmd_profile(const std::vector<std::string>& args) {
       check_output_flag("--cluster-out", cluster_out);
       return "";
     });
-    write_device_cluster(cfg, cluster_base, cluster_out, repeat_given ? repeat : 3, *comm);
+    write_device_cluster(cfg, cluster_base, cluster_out, repeat > 0 ? repeat : 3, *comm);
     if (out.empty()) return 0;
   } else if (!cluster_base.empty()) {
     bad_flag("--cluster", "--cluster-out FILE with it (the base of the cluster written)");
   }
+  if (repeat == 0) repeat = 10;
   const json j = make_profile(cfg, repeat, sizes);
   if (out.empty()) {
     std::cout << j.dump(2) << "\n";

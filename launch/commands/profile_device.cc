@@ -85,8 +85,8 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
       for (double k = lo; k <= hi; k *= 4)
         if (2 * m * n * k <= max_flops) shapes.insert({m, n, k});
   const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
-  const int b = cfg.train.micro_batch_size;
-  for (int t : {1, 2, 4, cfg.parallel.tensor}) {
+  const int b = cfg.layout.micro_batch_size;
+  for (int t : {1, 2, 4, cfg.layout.tensor}) {
     if (!d->tensor_split_reason(t, false).empty()) continue;
     for (const PartWork& w :
          {d->layer_work(b, RankShape{t, false}), d->head_work(b, RankShape{t, false})}) {
@@ -114,7 +114,7 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
 }
 
 json attention_table(const Config& cfg, Backend& be, const Timer& time, DType dt) {
-  const int B = cfg.train.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
+  const int B = cfg.layout.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
   std::set<int> heads_sizes = {64, 128, C / cfg.model.num_heads};
   json fwd = json::array(), bwd = json::array();
   time.sync();
@@ -142,7 +142,7 @@ json attention_table(const Config& cfg, Backend& be, const Timer& time, DType dt
 // The layer's elementwise kernels, forward and backward, against the bytes the description
 // counts for them.
 double elementwise_bandwidth(const Config& cfg, Backend& be, const Timer& time, DType dt) {
-  const int64_t B = cfg.train.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
+  const int64_t B = cfg.layout.micro_batch_size, S = cfg.model.seq_len, C = cfg.model.hidden_size;
   const int64_t F = cfg.model.ffn_hidden_size, N = B * S;
   // The block's own norm and MLP activation (the registry's spec of the config's model).
   const BlockSpec block = model_spec(cfg.model).block;

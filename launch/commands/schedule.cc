@@ -85,44 +85,28 @@ std::string theory_formula(ScheduleKind k) {
 int cmd_schedule(const std::vector<std::string>& args) {
   std::string schedule, trace_path;
   int stages = 0, microbatches = 0, chunks = 1, batches = 1;
-  bool have_stages = false, have_microbatches = false, list = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* dst) { return flag_value(args, i, flag, dst); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kScheduleUsage, stdout);
-      return 0;
-    } else if (value("--schedule", &v)) {
-      schedule = v;
-    } else if (value("--stages", &v)) {
-      stages = positive_int("--stages", v);
-      have_stages = true;
-    } else if (value("--microbatches", &v)) {
-      microbatches = positive_int("--microbatches", v);
-      have_microbatches = true;
-    } else if (value("--chunks", &v)) {
-      chunks = positive_int("--chunks", v);
-    } else if (value("--batches", &v)) {
-      batches = positive_int("--batches", v);
-    } else if (value("--trace", &v)) {
-      if (v.empty()) bad_flag("--trace", "a file name");
-      trace_path = v;
-    } else if (a == "--list") {
-      list = true;
-    } else {
-      bad_flag(a,
-               "an option of strata schedule (--schedule, --stages, --microbatches, --chunks, "
-               "--batches, --trace, --list, --help)");
-    }
-  }
+  bool list = false;  // stages and microbatches stay 0 until given
+  const std::vector<Flag> flags = {
+      text_flag("--schedule", &schedule),
+      positive_flag("--stages", &stages),
+      positive_flag("--microbatches", &microbatches),
+      positive_flag("--chunks", &chunks),
+      positive_flag("--batches", &batches),
+      path_flag("--trace", &trace_path, "a file name"),
+      switch_flag("--list", &list),
+  };
+  if (!read_flags(args, flags, kScheduleUsage,
+                  "an option of strata schedule (--schedule, --stages, --microbatches, --chunks, "
+                  "--batches, --trace, --list, --help)"))
+    return 0;
+
   ScheduleSpec spec;
   if (schedule.empty())
     bad_flag("--schedule", "a schedule: gpipe, 1f1b, interleaved, 2bw or zb-h1");
   if (!parse_schedule_kind(schedule, &spec.kind))
     bad_flag("--schedule", "gpipe, 1f1b, interleaved, 2bw or zb-h1, got " + schedule);
-  if (!have_stages) bad_flag("--stages", "the number of pipeline stages");
-  if (!have_microbatches) bad_flag("--microbatches", "the number of micro-batches per batch");
+  if (stages == 0) bad_flag("--stages", "the number of pipeline stages");
+  if (microbatches == 0) bad_flag("--microbatches", "the number of micro-batches per batch");
   spec.stages = stages;
   spec.microbatches = microbatches;
   spec.chunks = chunks;

@@ -117,7 +117,7 @@ TimelinePanel plan_panel(const PlanResult& plan, const IterationTime& timed, con
                          const std::string& title) {
   TimelinePanel p;
   p.title = title;
-  const PlanConfig& c = plan.config;
+  const ParallelLayout& c = plan.config;
   p.rows.resize(static_cast<size_t>(c.pipeline));
   for (int s = 0; s < c.pipeline; ++s)
     p.rows[static_cast<size_t>(s)].label = "stage " + std::to_string(s);
@@ -380,22 +380,11 @@ const char* kTraceSvgUsage =
 int cmd_trace_svg(const std::vector<std::string>& args) {
   std::string trace, out;
   int iteration = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kTraceSvgUsage, stdout);
-      return 0;
-    } else if (flag_value(args, i, "--trace", &v)) {
-      trace = v;
-    } else if (flag_value(args, i, "--out", &v)) {
-      out = v;
-    } else if (flag_value(args, i, "--iteration", &v)) {
-      iteration = positive_int("--iteration", v);
-    } else {
-      bad_flag(a, "an option of strata trace-svg (see strata trace-svg --help)");
-    }
-  }
+  if (!read_flags(args,
+                  {text_flag("--trace", &trace), text_flag("--out", &out),
+                   positive_flag("--iteration", &iteration)},
+                  kTraceSvgUsage, "an option of strata trace-svg (see strata trace-svg --help)"))
+    return 0;
   if (trace.empty()) bad_flag("--trace", "a trace: strata trace-svg --trace LOG.trace --out OUT");
   if (out.empty()) bad_flag("--out", "an output file: --out OUT.svg");
   check_output_flag("--out", out);

@@ -4,6 +4,11 @@
 // model.preset (configs/models/<name>.json) < the keys of the config file < each `--set a.b=v`.
 // Unknown keys, wrong types, out-of-range values and inconsistent combinations throw InputError
 // naming the file, the JSON path and what was expected (exit status 2 at the command boundary).
+//
+// The jobs of launch/config/: config_parse.cc layers the sources (presets, --set, merging);
+// config_reader.h reads the merged JSON naming the source of each key, through json_values.h's
+// checks of one value; config_schema.cc holds the key tables; config_checks.cc the checks that
+// combine keys; world_layout.h the checks and arithmetic that need the world size.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -41,10 +46,6 @@ ModelConfig checked_model(const ModelConfig& m, const std::string& file);
 nlohmann::json load_model_preset(const std::string& name, const std::string& file,
                                  const std::string& where);
 
-// Checks that need the world size (parallel sizes dividing, batch divisibility). Throws
-// InputError naming both numbers. Called once the world size is known.
-void validate_for_world(const Config& c, int world_size);
-
 // One key of the config as the parser's tables hold it: its JSON path ("data.synthetic.order"),
 // its default in the defaults layer as JSON text (what a config that omits the key gets, before
 // any preset: model.preset is "\"gpt2-124m\""), and its meaning in one line.
@@ -56,9 +57,5 @@ struct ConfigKey {
 
 // Every leaf key, in DESIGN.md's order; docs/config.md is checked against this list.
 std::vector<ConfigKey> config_keys();
-
-// Derived sizes.
-int data_parallel_size(const Config& c, int world_size);
-int microbatches_per_pipeline(const Config& c, int world_size);  // global / (micro * d)
 
 }  // namespace strata

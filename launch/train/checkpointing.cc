@@ -1,5 +1,6 @@
 #include "launch/train/checkpointing.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -7,32 +8,13 @@
 #include <set>
 #include <sstream>
 
+#include "launch/config/model_shape.h"
 #include "launch/train/model_state.h"
 #include "models/hf_checkpoint.h"
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 
 namespace strata {
-nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc) {
-  nlohmann::json j = desc.shape_json();
-  j["arch"] = m.arch;
-  return j;
-}
-
-void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
-                       const std::string& file, const std::string& what) {
-  const std::string there = std::filesystem::path(file).filename().string();
-  std::string diff;
-  for (const auto& [key, value] : want.items()) {
-    const nlohmann::json got = saved.contains(key) ? saved.at(key) : nlohmann::json();
-    if (got == value) continue;
-    diff += (diff.empty() ? "" : ", ") + key + " (" + there + " " + got.dump() + ", " + what + " " +
-            value.dump() + ")";
-  }
-  if (!diff.empty())
-    throw InputError(file, "model", "the model shape of the " + what + "; differing keys: " + diff);
-}
-
 Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
                              ProcessGroups& groups, Model& model, AdamW& opt, GradReducer& reducer,
                              Backend& be, bool lead)
@@ -51,6 +33,12 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
 bool Checkpointing::due(int it) const {
   const CheckpointConfig& ck = run_.cfg->checkpoint;
   return ck.dir && ck.interval > 0 && it % ck.interval == 0;
+}
+
+int Checkpointing::next_save(int after, int last) const {
+  const CheckpointConfig& ck = run_.cfg->checkpoint;
+  const int every = ck.dir ? ck.interval : 0;
+  return every > 0 ? std::min(last, (after / every + 1) * every) : last;
 }
 
 RunStart Checkpointing::restore() {
@@ -82,7 +70,7 @@ RunStart Checkpointing::restore() {
     load_params(layout, c, "param", hp);
     be_.upload(params.params(), hp.data());
     params.params_changed();
-    if (run_.two_bw()) {
+    if (!run_.flushes()) {
       // Both versions; a flushing schedule's checkpoint has one: W(k−1) = W(k), as W(−1) = W(0).
       start.previous_params = hp;
       if (c.has("param_prev")) load_params(layout, c, "param_prev", start.previous_params);
@@ -131,16 +119,16 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
       {"world_size", groups_.host->size()},
       {"model", model_shape_json(cfg.model, desc_)},
       {"parallel",
-       {{"tensor", run_.tensor},
-        {"pipeline", run_.pipeline},
-        {"data", run_.data},
-        {"virtual_stages", run_.virtual_stages},
-        {"schedule", cfg.parallel.schedule},
-        {"sequence_parallel", cfg.parallel.sequence_parallel},
-        {"distributed_optimizer", cfg.parallel.distributed_optimizer}}},
+       {{"tensor", run_.layout.tensor},
+        {"pipeline", run_.layout.pipeline},
+        {"data", run_.layout.data},
+        {"virtual_stages", run_.layout.virtual_stages},
+        {"schedule", to_string(run_.layout.schedule)},
+        {"sequence_parallel", run_.layout.sequence_parallel},
+        {"distributed_optimizer", run_.layout.distributed_optimizer}}},
       {"train",
        {{"iterations", cfg.train.iterations},
-        {"micro_batch_size", cfg.train.micro_batch_size},
+        {"micro_batch_size", run_.layout.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
   write_s_.push_back(0);

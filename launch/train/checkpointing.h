@@ -44,6 +44,9 @@ class Checkpointing {
   RunStart restore();
   // Whether iteration `it` (1-based) ends with a save.
   bool due(int it) const;
+  // The first iteration after `after`, at most `last`, that ends with a save; `last` when none
+  // does (where a 2bw instruction list has to stop).
+  int next_save(int after, int last) const;
   // Saves the checkpoint of iteration `it` from the model's parameters (2bw: the newest version
   // W(it)); previous: 2bw's W(it−1), saved beside them. Collective. With checkpoint.async the
   // copy to host memory is all that holds the step: the shard is written in the background and
@@ -84,13 +87,5 @@ class Checkpointing {
   std::vector<double> stall_s_, write_s_;   // [save]
   std::vector<int> published_at_;           // [save]
 };
-
-// The model keys that fix parameter shapes, as a checkpoint records them: it loads only into the
-// same values.
-nlohmann::json model_shape_json(const ModelConfig& m, const ModelDescription& desc);
-// InputError(file, "model", …) naming every key of `want` whose value `saved` (read from `file`)
-// does not have, with both values; `what` names where `want` came from ("config").
-void check_model_shape(const nlohmann::json& want, const nlohmann::json& saved,
-                       const std::string& file, const std::string& what);
 
 }  // namespace strata

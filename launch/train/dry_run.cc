@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <ostream>
 
-#include "launch/commands/plan.h"
+#include "launch/plan/prediction.h"
 #include "launch/train/reporting.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"
@@ -22,7 +22,10 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-nlohmann::json planner_prediction(const Config& cfg, int world_size) {
+namespace {
+
+// This machine as one node whose memory the ranks on it share, `world_size` of them.
+Cluster this_machine(const Config& cfg, int world_size) {
   const nlohmann::json cluster = {
       {"name", "this-machine"},
       {"nodes", 1},
@@ -35,12 +38,22 @@ nlohmann::json planner_prediction(const Config& cfg, int world_size) {
       {"inter_node", {{"bandwidth", 1.25e9}, {"latency_s", 2e-5}}},
       {"nics_per_node", 1},
       {"device", cfg.device == "cuda" ? "gpu" : "cpu"}};
-  return predict_for_config(cfg, world_size, cluster_from_json(cluster, "<this machine>"));
+  return cluster_from_json(cluster, "<this machine>");
+}
+
+}  // namespace
+
+nlohmann::json planner_prediction(const Config& cfg, int world_size) {
+  return predict_for_config(cfg, world_size, this_machine(cfg, world_size));
+}
+
+nlohmann::json planner_prediction(const RunLayout& run) {
+  return predict_for_config(*run.cfg, run.layout, this_machine(*run.cfg, run.world->size));
 }
 
 void check_fits_in_memory(const RunLayout& run, int64_t device_bytes) {
   const Config& cfg = *run.cfg;
-  const nlohmann::json plan = planner_prediction(cfg, run.world->size);
+  const nlohmann::json plan = planner_prediction(run);
   double peak = 0;
   for (const auto& st : plan.at("predicted").at("memory_bytes_per_stage"))
     peak = std::max(peak, st.at("total").get<double>());
@@ -70,28 +83,30 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   if (!cuda) check_fits_in_memory(run, 0);
   if (run.world->rank != 0) return;
   const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
-  const int64_t per_rank = piece_parameters(*desc, run.tensor, 0, 1, desc->num_layers());
+  const int64_t per_rank = piece_parameters(*desc, run.layout.tensor, 0, 1, desc->num_layers());
   const int64_t real = desc->parameters();
-  const FlopCount f = desc->flops_per_iteration(run.global, run.recompute);
-  const nlohmann::json plan = planner_prediction(cfg, run.world->size);
+  const FlopCount f = desc->flops_per_iteration(run.global, run.layout.recompute);
+  const nlohmann::json plan = planner_prediction(run);
   const nlohmann::json& stages = plan.at("predicted").at("memory_bytes_per_stage");
-  os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.tensor) << ")\n";
+  os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.layout.tensor)
+     << ")\n";
   os << "parameters: " << real << " (" << si(static_cast<double>(real)) << "), " << per_rank
-     << " on each rank (tensor " << run.tensor << ")\n";
-  os << "parallel: tensor " << run.tensor << " × pipeline " << run.pipeline << " × data "
-     << run.data << " = " << run.world->size << " ranks"
-     << (run.sequence_parallel ? ", sequence parallel" : "")
-     << (run.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
-  if (run.pipeline > 1) {
+     << " on each rank (tensor " << run.layout.tensor << ")\n";
+  os << "parallel: tensor " << run.layout.tensor << " × pipeline " << run.layout.pipeline
+     << " × data " << run.layout.data << " = " << run.world->size << " ranks"
+     << (run.layout.sequence_parallel ? ", sequence parallel" : "")
+     << (run.layout.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
+  if (run.layout.pipeline > 1) {
     const ScheduleSpec spec = run.train_spec();
     // The training banner's words, from the same split (partitioner/layer_split.h).
-    os << "pipeline: " << to_string(spec.kind) << ", " << run.accumulation << " micro-batches, "
-       << spec.chunks << " chunk(s) per stage, layers per piece " << split_text(run.split) << "\n";
+    os << "pipeline: " << to_string(spec.kind) << ", " << run.layout.num_microbatches
+       << " micro-batches, " << spec.chunks << " chunk(s) per stage, layers per piece "
+       << split_text(run.layout.layers_per_piece) << "\n";
   }
   if (run.world->size > 1)
     os << "tensors between ranks: " << to_string(run.transport(run.tensor_device())) << "\n";
-  os << "batch: global " << run.global << " sequences = " << run.accumulation
-     << " micro-batches of " << run.micro << " × data " << run.data << " ("
+  os << "batch: global " << run.global << " sequences = " << run.layout.num_microbatches
+     << " micro-batches of " << run.layout.micro_batch_size << " × data " << run.layout.data << " ("
      << static_cast<int64_t>(run.global) * run.seq_len << " tokens per iteration)\n";
   os << "FLOPs per iteration: model " << si(f.model) << "FLOP, hardware " << si(f.hardware)
      << "FLOP\n";

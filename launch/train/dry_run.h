@@ -19,8 +19,10 @@ struct RunContext;  // trainer.h
 // Prints parameters, FLOPs per iteration, the layout and split, memory per category and stage.
 void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os);
 
-// The planner's prediction (partitioner/) for cfg on `world_size` ranks of this machine, taken as
-// one node whose memory the ranks on it share: what --dry-run prints and the memory check uses.
+// The planner's prediction (partitioner/) for a run's layout on its ranks of this machine, taken
+// as one node whose memory the ranks on it share: what --dry-run prints and the memory check
+// uses. The second form resolves cfg's layout on `world_size` ranks first.
+nlohmann::json planner_prediction(const RunLayout& run);
 nlohmann::json planner_prediction(const Config& cfg, int world_size);
 
 // Refuses, before the model is allocated, a run whose predicted peak (the largest stage's) does

@@ -67,7 +67,7 @@ Reporter::Reporter(const RunLayout& run, const ModelDescription& desc, Backend& 
       be_(be),
       lead_(lead),
       res_(result),
-      flops_(desc.flops_per_iteration(run.global, run.recompute)),
+      flops_(desc.flops_per_iteration(run.global, run.layout.recompute)),
       model_summary_(desc.summary()),
       parameters_(desc.parameters()) {
   const Config& cfg = *run_.cfg;
@@ -101,14 +101,14 @@ void Reporter::banner(const DataSource& data, const std::string& comm, const Sch
   const Config& cfg = *run_.cfg;
   std::printf("strata train: %s\n", cfg.source_file.c_str());
   std::printf("  backend  %s; %d rank(s): tensor %d × pipeline %d × data %d%s%s\n",
-              be_.name().c_str(), run_.world->size, run_.tensor, run_.pipeline, run_.data,
-              run_.sequence_parallel ? ", sequence parallel" : "",
+              be_.name().c_str(), run_.world->size, run_.layout.tensor, run_.layout.pipeline,
+              run_.layout.data, run_.layout.sequence_parallel ? ", sequence parallel" : "",
               sharded_optimizer ? ", distributed optimizer" : "");
   if (run_.world->size > 1) std::printf("  comm     %s\n", comm.c_str());
-  if (run_.pipeline > 1) {
+  if (run_.layout.pipeline > 1) {
     std::printf("  pipeline %s, %d micro-batches, %d chunk(s) per stage, layers per piece",
-                to_string(spec.kind), run_.accumulation, spec.chunks);
-    for (int n : run_.split) std::printf(" %d", n);
+                to_string(spec.kind), run_.layout.num_microbatches, spec.chunks);
+    for (int n : run_.layout.layers_per_piece) std::printf(" %d", n);
     std::printf("\n");
   }
   std::printf("  model    %s: %s parameters\n", model_summary_.c_str(),
@@ -120,7 +120,8 @@ void Reporter::banner(const DataSource& data, const std::string& comm, const Sch
   std::printf(
       "  batch    %d sequences × %d tokens = %d micro-batches of %d × data %d; "
       "%d iterations\n",
-      run_.global, run_.seq_len, run_.accumulation, run_.micro, run_.data, cfg.train.iterations);
+      run_.global, run_.seq_len, run_.layout.num_microbatches, run_.layout.micro_batch_size,
+      run_.layout.data, cfg.train.iterations);
   std::fflush(stdout);
 }
 
@@ -167,7 +168,7 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
         it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
         si(mt.tokens_per_s).c_str(), si(flops_.hardware / step_s).c_str(),
         format_bytes(mt.mem_peak_bytes).c_str());
-    if (run_.pipeline > 1)
+    if (run_.layout.pipeline > 1)
       std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
     if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
     std::printf("\n");

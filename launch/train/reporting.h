@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "launch/train/metrics.h"
-#include "launch/train/model_stage.h"
+#include "launch/train/pipeline_stage.h"
 #include "launch/train/run_layout.h"
 #include "launch/train/trainer.h"
 #include "models/description.h"

@@ -2,8 +2,7 @@
 
 #include <algorithm>
 
-#include "launch/commands/plan.h"
-#include "launch/config/config_parse.h"
+#include "launch/config/world_layout.h"
 #include "runtime/base/error.h"
 #include "schedules/simulator.h"
 
@@ -28,48 +27,37 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.world = single_process ? &solo_world() : &world();
   const World& w = *r.world;
   validate_for_world(cfg, w.size);
-  r.tensor = cfg.parallel.tensor;
-  r.pipeline = cfg.parallel.pipeline;
-  r.data = data_parallel_size(cfg, w.size);
-  r.virtual_stages = cfg.parallel.virtual_stages;
-  // The schedule, recompute and split as the planner's prediction of this config sees them.
-  const PlanConfig plan = plan_config_for(cfg, w.size);
-  r.schedule = plan.schedule;
-  r.recompute = plan.recompute;
+  r.layout = layout_for_world(cfg, w.size);
   r.bf16 = cfg.train.precision == "bf16";
-  r.sequence_parallel = cfg.parallel.sequence_parallel;
-  r.distributed_optimizer = cfg.parallel.distributed_optimizer;
   r.threads = resolve_cpu_threads(cfg.train.threads, w.local_size);
-  r.micro = cfg.train.micro_batch_size;
   r.global = cfg.train.global_batch_size;
   r.seq_len = cfg.model.seq_len;
-  r.accumulation = microbatches_per_pipeline(cfg, w.size);
   // This rank's coordinates, from the group layout (the same formula as the groups).
-  r.coord = group_layout(r.tensor, r.pipeline, r.data).coord(w.rank);
-  r.split = plan.layers_per_piece;
+  r.coord = group_layout(r.layout.tensor, r.layout.pipeline, r.layout.data).coord(w.rank);
   return r;
 }
 
 std::vector<ModelPiece> RunLayout::stage_pieces(int stage) const {
+  const std::vector<int>& split = layout.layers_per_piece;
   std::vector<int> first(split.size() + 1, 0);
   for (size_t k = 0; k < split.size(); ++k) first[k + 1] = first[k] + split[k];
   std::vector<ModelPiece> pieces;
-  for (int c = 0; c < virtual_stages; ++c) {
-    const int k = c * pipeline + stage;
+  for (int c = 0; c < layout.virtual_stages; ++c) {
+    const int k = c * layout.pipeline + stage;
     pieces.push_back({first[static_cast<size_t>(k)], split[static_cast<size_t>(k)], k == 0,
-                      k == this->pieces() - 1});
+                      k == layout.pieces() - 1});
   }
   return pieces;
 }
 
 ModelOptions RunLayout::model_options(int stage, Communicator* tensor_group) const {
   ModelOptions o;
-  o.tensor = tensor;
+  o.tensor = layout.tensor;
   o.tensor_rank = coord.tp;
   o.tensor_group = tensor_group;
-  o.sequence_parallel = sequence_parallel;
+  o.sequence_parallel = layout.sequence_parallel;
   o.bf16 = bf16;
-  o.recompute = recompute;
+  o.recompute = layout.recompute;
   o.pieces = stage_pieces(stage);
   o.seed = cfg->train.seed;
   return o;
@@ -77,12 +65,14 @@ ModelOptions RunLayout::model_options(int stage, Communicator* tensor_group) con
 
 ScheduleSpec RunLayout::train_spec() const {
   ScheduleSpec spec;
-  spec.kind =
-      pipeline == 1 && schedule == ScheduleKind::kInterleaved ? ScheduleKind::kOneFOneB : schedule;
-  spec.stages = pipeline;
-  spec.microbatches = accumulation;
-  spec.chunks = spec.kind == ScheduleKind::kInterleaved ? virtual_stages : 1;
-  spec.batches = two_bw() ? std::max(1, cfg->train.iterations) : 1;
+  // One stage runs every schedule as the same loop; interleaving needs a second stage.
+  spec.kind = layout.pipeline == 1 && layout.schedule == ScheduleKind::kInterleaved
+                  ? ScheduleKind::kOneFOneB
+                  : layout.schedule;
+  spec.stages = layout.pipeline;
+  spec.microbatches = layout.num_microbatches;
+  spec.chunks = spec.kind == ScheduleKind::kInterleaved ? layout.virtual_stages : 1;
+  spec.batches = flushes() ? 1 : std::max(1, cfg->train.iterations);
   return spec;
 }
 
@@ -92,8 +82,8 @@ Device RunLayout::tensor_device() const {
 
 Transport RunLayout::transport(Device d) const {
   const ScheduleSpec spec = train_spec();
-  const bool buffered =
-      pipeline > 1 && schedule_invalid_reason(spec).empty() && !runs_on_rendezvous_sends(spec);
+  const bool buffered = layout.pipeline > 1 && schedule_invalid_reason(spec).empty() &&
+                        !runs_on_rendezvous_sends(spec);
   return choose_transport(d, world->size, world->local_size, cuda_device_count(),
                           backend_available(CommBackend::kNCCL), buffered);
 }
@@ -102,15 +92,15 @@ ProcessGroups RunLayout::groups(Backend& be) const {
   const std::shared_ptr<DeviceStaging> staging = be.comm_staging();
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s, staging);
   const Transport t = transport(be.device());
-  ProcessGroups g = make_process_groups(tensor, pipeline, data, t.backend, cfg->comm.timeout_s,
-                                        t.staged ? staging : nullptr);
+  ProcessGroups g = make_process_groups(layout.tensor, layout.pipeline, layout.data, t.backend,
+                                        cfg->comm.timeout_s, t.staged ? staging : nullptr);
   g.set_compute_stream(be.compute_stream());
   return g;
 }
 
 ProcessGroups RunLayout::host_groups() const {
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s);
-  return make_process_groups(tensor, pipeline, data,
+  return make_process_groups(layout.tensor, layout.pipeline, layout.data,
                              world->size > 1 ? CommBackend::kMPI : CommBackend::kLocal,
                              cfg->comm.timeout_s);
 }

@@ -1,10 +1,12 @@
 // run_layout.h — everything about a training run's shape, computed once from the config: the
-// world and this rank's place in it, the parallel sizes, the schedule, recompute and precision as
-// typed values, the batch arithmetic and the layer split. The flow (trainer.cc) and its units take
-// a RunLayout instead of re-reading the config.
+// world and this rank's place in it, the parallel layout resolved for that world (sizes,
+// schedule, recompute, micro-batches, the layer split: runtime/base/parallel_layout.h), the
+// precision and the threads. The flow (trainer.cc) and its units read the layout from here,
+// never from the config; the config's other sections (data, optimizer, checkpoint, log, comm)
+// they still take from `cfg`.
 //
-// The layer split comes from partitioner/layer_split.h, the same function the dry run, the
-// start-up memory check and the planner's prediction for a config use.
+// The layout is launch/config/world_layout.h's, the same the dry run, the start-up memory check
+// and the planner's prediction of the config use.
 //
 // Thread-safety: a value, built once per run.
 #pragma once
@@ -16,43 +18,36 @@
 #include "models/model.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/config.h"
+#include "runtime/base/parallel_layout.h"
 #include "runtime/comm/comm.h"
 #include "runtime/comm/process_groups.h"
 #include "schedules/schedule.h"
 
 namespace strata {
 
-struct RunContext;  // trainer.h
-
 struct RunLayout {
-  const Config* cfg = nullptr;
+  const Config* cfg = nullptr;   // the sections that are not the layout
   const World* world = nullptr;  // the job's, or a world of one (RunContext::single_process)
   bool single_process = false;
 
-  int tensor = 1, pipeline = 1, data = 1;
-  int virtual_stages = 1;
-  ScheduleKind schedule = ScheduleKind::kOneFOneB;  // as configured
-  Recompute recompute = Recompute::kNone;
+  // The config's layout on this world: data, num_microbatches and layers_per_piece resolved.
+  ParallelLayout layout;
   bool bf16 = false;
-  bool sequence_parallel = false;
-  bool distributed_optimizer = false;
   int threads = 1;  // CPU threads of this rank
-
-  int micro = 0;   // sequences per micro-batch
-  int global = 0;  // sequences per iteration
+  int global = 0;   // sequences per iteration
   int seq_len = 0;
-  int accumulation = 0;    // micro-batches per pipeline per iteration
-  RankCoord coord;         // this rank's (tp, dp, pp)
-  std::vector<int> split;  // [piece] layers, piece = chunk·p + stage
+  RankCoord coord;  // this rank's (tp, dp, pp)
 
-  bool two_bw() const { return schedule == ScheduleKind::kTwoBW; }
-  int pieces() const { return pipeline * virtual_stages; }
+  // Whether the schedule drains the pipeline after every batch (schedules/schedule.h): all but
+  // 2bw, whose instruction lists span batches and which keeps two weight versions.
+  bool flushes() const { return flushes_every_batch(layout.schedule); }
   double tokens_per_iteration() const { return static_cast<double>(global) * seq_len; }
   // The model pieces pipeline stage `stage` holds: chunk c is piece c·p + stage.
   std::vector<ModelPiece> stage_pieces(int stage) const;
   // How this rank builds its part of the model (the tensor group is the caller's).
   ModelOptions model_options(int stage, Communicator* tensor_group) const;
-  // The pipeline schedule of a training batch (2bw: of the whole run, which never flushes).
+  // The run's pipeline schedule: one batch, or for a schedule that does not flush every batch of
+  // the run (its instruction lists are stretches of it).
   ScheduleSpec train_spec() const;
   // Where the run's tensors live: the device make_backend() picks for cfg.device.
   Device tensor_device() const;

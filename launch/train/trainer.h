@@ -1,9 +1,13 @@
 // trainer.h — `strata train`: the flow of a training run. The layout is computed once from the
 // config (run_layout.h); the model is built through its architecture's registry entry
-// (models/registry.h) for this stage's pieces; the pipeline stage (model_stage.h) runs the
+// (models/registry.h) for this stage's pieces; the pipeline stage (pipeline_stage.h) runs the
 // schedule's instructions through the executor; checkpointing.h resumes, starts from Hugging
 // Face weights and saves; reporting.h prints and writes metrics and the trace; dry_run.h is
 // --dry-run and the start-up memory check. docs/architecture.md draws the picture.
+//
+// One loop runs the training as instruction lists: a batch each for a schedule that flushes, for
+// 2bw (which never does: schedules/schedule.h's flushes_every_batch) a stretch of batches up to
+// the next checkpoint or the end; checkpoints, signals and evaluation happen between lists.
 //
 // Thread-safety: one run per process.
 #pragma once

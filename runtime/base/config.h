@@ -1,7 +1,9 @@
 // config.h — the training configuration as plain values: every key of ../shared/DESIGN.md.
 //
-// Parsing, presets, overrides and validation live in launch/config/config_parse.h; the runtime, the
-// models and the partitioner only read these structs.
+// A struct per section, but for the parallel layout (runtime/base/parallel_layout.h), whose keys
+// sit in two sections (parallel.*, train.micro_batch_size, train.recompute) and which plans and the
+// planner share. Parsing, presets, overrides and validation live in launch/config/config_parse.h;
+// the runtime, the models and the partitioner only read these structs.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -11,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "runtime/base/parallel_layout.h"
 
 namespace strata {
 
@@ -67,24 +71,11 @@ struct ModelConfig {
   int kv_heads() const { return num_key_value_heads.value_or(num_heads); }
 };
 
-struct ParallelConfig {
-  int tensor = 1;
-  int pipeline = 1;
-  std::optional<int> data;  // null: world_size / (tensor * pipeline)
-  int virtual_stages = 1;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | 2bw | zb-h1
-  std::optional<std::vector<int>> layers_per_stage;
-  bool sequence_parallel = false;
-  bool distributed_optimizer = false;
-  double bucket_mb = 25;
-};
-
+// The train section but for train.micro_batch_size and train.recompute, which are the layout's.
 struct TrainConfig {
-  int micro_batch_size = 4;
   int global_batch_size = 32;
   int iterations = 100;
   uint64_t seed = 1234;
-  std::string recompute = "none";  // none | selective | full
   std::string precision = "fp32";  // fp32 | bf16
   // Which causal-attention kernels run: auto | strata | cudnn. "strata": Strata's own (the CPU
   // reference, the flash-style CUDA kernels); "cudnn": cuDNN's fused flash attention for the
@@ -173,11 +164,16 @@ struct LogConfig {
 
 struct CommConfig {
   double timeout_s = 300;
+  // The data-parallel reduction's gradient buckets (the key parallel.bucket_mb: the communication
+  // of a layout, not the layout).
+  double bucket_mb = 25;
 };
 
 struct Config {
   ModelConfig model;
-  ParallelConfig parallel;
+  // parallel.* (but bucket_mb), train.micro_batch_size and train.recompute as typed values: the
+  // data-parallel size and the layer split stay open (0, empty) where the config leaves them null.
+  ParallelLayout layout;
   TrainConfig train;
   OptimizerConfig optimizer;
   DataConfig data;

@@ -1,7 +1,7 @@
 // pipeline.h — the pipeline executor: runs one stage's schedule instructions (schedules/) with
 // non-blocking transfers through the Communicator.
 //
-// The executor knows nothing of the model: a PipelineStage (launch/train/model_stage.h, over
+// The executor knows nothing of the model: a PipelineStage (launch/train/pipeline_stage.h, over
 // any model) does the compute of forward(mb, chunk) / backward(mb, chunk) and the step-level
 // work, and the executor moves tensors between stages as the instructions say:
 //   - receives post an irecv and wait for it (under the watchdog, with the instruction as the

@@ -1,4 +1,4 @@
-// model_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
+// pipeline_stage.h — one pipeline stage of any model (models/model.h) on this rank: the compute
 // side of the executor's instructions (runtime/engine/pipeline.h), the loss and gradient-norm sums,
 // the reduction of gradients and the optimizer step with clipping.
 //
@@ -6,7 +6,8 @@
 // (DESIGN.md); their number comes from the data (DataSource::loss_tokens), known before the
 // compute, so the backward is scaled by its inverse and the summed gradient is that of the mean.
 //
-// PipeDream-2BW (two_bw): micro-batches are numbered across batches (batch b = mb / m) and batch
+// PipeDream-2BW (a schedule that does not flush: schedules/schedule.h's flushes_every_batch):
+// micro-batches are numbered across batches (batch b = mb / m) and batch
 // b runs forward and backward on weight version W(max(b−1, 0)); step j computes
 // W(j+1) = W(j) − update(∇f at W(j−1)) into the buffer of W(j−1), which no micro-batch uses any
 // more. Version k lives in versions_[k % 2]: at most two versions are ever held. Evaluation
@@ -102,10 +103,17 @@ class ModelStage final : public PipelineStage {
   void set_clock(std::chrono::steady_clock::time_point t0) { t0_ = t0; }
   // The newest weights (what evaluation and the final parameters use).
   const Tensor& newest_params() const { return versions_[steps_ % 2]; }
-  // 2bw after at least one step: the older version W(steps − 1), which the next batch runs on.
-  const Tensor& previous_params() const { return versions_[(steps_ + 1) % 2]; }
-  // 2bw resuming after `steps` steps: the model holds W(steps); `previous` is W(steps − 1).
-  void resume_two_bw(int steps, const std::vector<float>& previous);
+  // Points the model at the newest weights once a list has run (2bw ends a list with the model
+  // on an older version; a flushing schedule has only one).
+  void use_newest_weights();
+  // 2bw after at least one step: the older version W(steps − 1), which the next batch runs on,
+  // saved beside the newest; null for a flushing schedule (one version).
+  const Tensor* previous_params() const {
+    return two_versions_ ? &versions_[(steps_ + 1) % 2] : nullptr;
+  }
+  // Resuming after `steps` steps, the model holding W(steps): 2bw gets back `previous`,
+  // W(steps − 1); a flushing schedule needs nothing more.
+  void resume(int steps, const std::vector<float>& previous);
   // Called after each optimizer step with its iteration (1-based) and the weights it wrote.
   void set_on_step(std::function<void(int, const Tensor&)> f) { on_step_ = std::move(f); }
 
@@ -123,8 +131,10 @@ class ModelStage final : public PipelineStage {
   bool progress() override;
 
  private:
-  int piece_index(int chunk) const { return chunk * run_.pipeline + groups_.pp_rank; }
-  bool last_of_batch(int mb) const { return mb % run_.accumulation == run_.accumulation - 1; }
+  int piece_index(int chunk) const { return chunk * run_.layout.pipeline + groups_.pp_rank; }
+  bool last_of_batch(int mb) const {
+    return mb % run_.layout.num_microbatches == run_.layout.num_microbatches - 1;
+  }
   void use_version_of(int mb);
   float grad_scale(int mb) const;
   const ModelBatch& batch(int mb);
@@ -143,6 +153,7 @@ class ModelStage final : public PipelineStage {
   ProcessGroups& groups_;
   GradReducer& reducer_;
   AdamW& opt_;
+  const bool two_versions_;  // 2bw: the schedule does not flush, two weight versions are alive
   Split split_ = Split::kTrain;
   uint64_t iter_ = 0;
   bool training_ = true;

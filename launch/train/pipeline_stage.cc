@@ -1,4 +1,4 @@
-#include "launch/train/model_stage.h"
+#include "launch/train/pipeline_stage.h"
 
 #include <cmath>
 
@@ -59,11 +59,13 @@ ModelStage::ModelStage(const RunLayout& run, Model& model, Backend& be, const Da
       data_(data),
       groups_(groups),
       reducer_(reducer),
-      opt_(opt) {
+      opt_(opt),
+      two_versions_(!run.flushes()) {
   versions_[0] = model_.params().params();
 }
 
-void ModelStage::resume_two_bw(int steps, const std::vector<float>& previous) {
+void ModelStage::resume(int steps, const std::vector<float>& previous) {
+  if (!two_versions_) return;  // the model holds W(steps), all a flushing schedule needs
   const Tensor newest = model_.params().params();
   Tensor prev = be_.empty({newest.numel()}, MemCategory::kParameters);
   STRATA_CHECK(static_cast<int64_t>(previous.size()) == newest.numel(),
@@ -92,7 +94,7 @@ double ModelStage::loss_tokens(int b) const {
 }
 
 Shape ModelStage::boundary_shape() const {
-  return model_.boundary_shape(run_.micro, run_.seq_len);
+  return model_.boundary_shape(run_.layout.micro_batch_size, run_.seq_len);
 }
 
 Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
@@ -101,10 +103,10 @@ Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
   const ModelBatch& b = batch(mb);
   LossSum loss;
   PieceActsPtr acts = model_.forward_piece(chunk, input, b, &loss);
-  LossSum& sum = loss_by_batch_[mb / run_.accumulation];
+  LossSum& sum = loss_by_batch_[mb / run_.layout.num_microbatches];
   sum.sum += loss.sum;
   sum.count += loss.count;
-  const bool last_piece = piece_index(chunk) == run_.pieces() - 1;
+  const bool last_piece = piece_index(chunk) == run_.layout.pieces() - 1;
   Tensor out = last_piece ? Tensor() : model_.piece_output(*acts);
   if (training_) acts_[{mb, chunk}] = std::move(acts);
   return out;
@@ -143,7 +145,7 @@ void ModelStage::backward_weight(int mb, int chunk) {
 
 void ModelStage::reduce_grads() {
   const std::vector<ParamInfo>& infos = model_.params().infos();
-  if (run_.two_bw()) {
+  if (two_versions_) {
     // Start what the step of this batch needs from other stages and ranks, and run on: the
     // next batch accumulates into the other gradient buffer (docs/schedules.md).
     STRATA_CHECK(step_.phase == DeferredStep::Phase::kIdle,
@@ -187,7 +189,7 @@ Communicator* ModelStage::tied_group(const ParamInfo& p) const {
 
 void ModelStage::check_loss_tokens(int b) const {
   if (!model_.pieces().back().head) return;
-  const int per_rank = run_.global / run_.data;
+  const int per_rank = run_.global / run_.layout.data;
   const double mine =
       data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
                         static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
@@ -245,7 +247,7 @@ void ModelStage::optimizer_step() {
   r.batch = static_cast<int>(iter_) + steps_in_list_;
   const int b = steps_in_list_;
   const auto waiting = std::chrono::steady_clock::now();
-  if (run_.two_bw()) {
+  if (two_versions_) {
     // Complete what reduce_grads() started (mostly done by now, while the pipeline ran).
     STRATA_CHECK(step_.phase != DeferredStep::Phase::kIdle && step_.batch == b,
                  "2bw: the step of batch " << b << " before its ReduceGrads");
@@ -267,7 +269,7 @@ void ModelStage::optimizer_step() {
   // W(j+1) goes into the buffer of W(j−1) (2bw), or over W(j) (flushing schedules).
   Tensor& current = versions_[steps_ % 2];
   Tensor* next = &current;
-  if (run_.two_bw()) {
+  if (two_versions_) {
     Tensor& other = versions_[(steps_ + 1) % 2];
     if (!other.defined()) other = be_.empty({current.numel()}, MemCategory::kParameters);
     be_.copy(other, current);
@@ -281,7 +283,7 @@ void ModelStage::optimizer_step() {
     params.params_changed();  // bf16: the compute copy follows the master weights
   }
   if (on_step_) on_step_(r.batch + 1, *next);
-  if (run_.two_bw()) {
+  if (two_versions_) {
     ++steps_;
     // The reducer takes the buffer the next batch has been accumulating into.
     reducer_.use_grads(params.grads());
@@ -295,40 +297,46 @@ void ModelStage::optimizer_step() {
 
 // 2bw: point the model at W(max(b−1, 0)) for micro-batch mb of training batch b; evaluation
 // runs on the newest weights (iter_ is then the validation batch's index, not a step).
+void ModelStage::use_newest_weights() {
+  if (two_versions_) model_.params().use_params(newest_params());
+}
+
 void ModelStage::use_version_of(int mb) {
-  if (!run_.two_bw()) return;
+  if (!two_versions_) return;
   if (!training_) {
     model_.params().use_params(newest_params());
     return;
   }
-  const int b = static_cast<int>(iter_) + mb / run_.accumulation;
+  const int b = static_cast<int>(iter_) + mb / run_.layout.num_microbatches;
   model_.params().use_params(versions_[std::max(b - 1, 0) % 2]);
 }
 
 float ModelStage::grad_scale(int mb) const {
-  return static_cast<float>(1.0 / loss_tokens(mb / run_.accumulation));
+  return static_cast<float>(1.0 / loss_tokens(mb / run_.layout.num_microbatches));
 }
 
 const ModelBatch& ModelStage::batch(int mb) {
   auto it = batches_.find(mb);
   if (it != batches_.end()) return it->second;
   // Earlier micro-batches of this rank are done with their data once a later batch starts.
-  const int m = run_.accumulation;
+  const int m = run_.layout.num_microbatches;
   for (auto old = batches_.begin(); old != batches_.end() && old->first / m < mb / m - 1;)
     old = batches_.erase(old);
   const HostBatch host = prefetcher_.take(batch_key(mb));
   prefetcher_.prefetch(batch_key(mb + 1));  // the next micro-batch, or the next batch's first
   // A sentence loss (BERT's) weighs the tokens that count per sequence of the global batch.
   const double sentence_weight = loss_tokens(mb / m) / run_.global;
-  return batches_[mb] = upload_batch(be_, host, run_.micro, run_.seq_len, sentence_weight);
+  return batches_[mb] =
+             upload_batch(be_, host, run_.layout.micro_batch_size, run_.seq_len, sentence_weight);
 }
 
 // Micro-batch mb is slot mb % m of batch iter + mb / m (2bw numbers them across batches).
 BatchKey ModelStage::batch_key(int mb) const {
-  const int m = run_.accumulation;
-  const int64_t first = static_cast<int64_t>(groups_.dp_rank) * (run_.global / run_.data) +
-                        static_cast<int64_t>(mb % m) * run_.micro;
-  return {split_, iter_ + static_cast<uint64_t>(mb / m), first, run_.micro, run_.seq_len};
+  const int m = run_.layout.num_microbatches;
+  const int64_t first = static_cast<int64_t>(groups_.dp_rank) * (run_.global / run_.layout.data) +
+                        static_cast<int64_t>(mb % m) * run_.layout.micro_batch_size;
+  return {split_, iter_ + static_cast<uint64_t>(mb / m), first, run_.layout.micro_batch_size,
+          run_.seq_len};
 }
 
 }  // namespace strata
