@@ -128,7 +128,8 @@ SimResult simulate(const ScheduleSpec& spec, const SimOptions& opt = SimOptions(
 // Megatron's micro-batch groups of p (m a multiple of p) and with some other m; 2bw never (its
 // step, a collective over the pipeline, falls between a grouped send and its receive), and is
 // answered without simulating its run-long list. Where false, a run on GPUs keeps the
-// pipeline's transfers on MPI's buffered sends (launch/trainer.cc, docs/schedules.md).
+// pipeline's transfers on MPI's buffered sends (RunLayout::transport in launch/train/run_layout.cc,
+// docs/schedules.md).
 bool runs_on_rendezvous_sends(const ScheduleSpec& spec);
 
 // Megatron's closed form for the bubble ratio of `spec` with equal op times (idle over ideal

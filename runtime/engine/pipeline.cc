@@ -70,7 +70,8 @@ void PipelineExecutor::wait(Request r, PipelineStage& stage) {
 // schedules pair every send with the receive its peer posts at the same point (interleaved
 // by receiving a round ahead); runs_on_rendezvous_sends (simulator.h) proves it per schedule
 // with rendezvous sends and the step's collectives, and the trainer runs the ones it cannot
-// prove (2bw, interleaved with groups larger than p) over MPI instead (launch/trainer.cc).
+// prove (2bw, interleaved with groups larger than p) over MPI instead (RunLayout::transport,
+// launch/train/run_layout.cc).
 const Instr* PipelineExecutor::post(const std::vector<Instr>& group, PipelineStage& stage) {
   // What the planner prices (runtime/base/behaviour.h): on MPI the sends go alone, non-blocking; on
   // NCCL a group waits for its sends with its receives.
