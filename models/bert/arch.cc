@@ -23,7 +23,7 @@ TransformerSpec bert_spec(const ModelConfig& m) {
   b.names = {"attention.output.LayerNorm", "attention.self.qkv", "attention.output.dense",
              "output.LayerNorm",           "intermediate.dense", "output.dense"};
   s.layer_prefix = "encoder.layer.";
-  s.head = std::make_shared<BertHeadSpec>(m.layer_norm_eps);
+  s.head = bert_head_spec(m.layer_norm_eps);
   s.shape_keys["tie_embeddings"] = true;
   s.shape_keys["type_vocab_size"] = m.type_vocab_size;
   s.shape_keys["layer_norm_eps"] = m.layer_norm_eps;

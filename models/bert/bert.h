@@ -58,25 +58,12 @@ namespace strata {
 // BERT of a config's model keys: the post-norm encoder and its pre-training heads.
 TransformerSpec bert_spec(const ModelConfig& m);
 
-// BertForPreTraining's two heads (models/transformer/head.h), with LayerNorm eps `ln_eps`.
-class BertHeadSpec final : public HeadSpec {
- public:
-  explicit BertHeadSpec(double ln_eps) : ln_eps_(ln_eps) {}
-  bool ties_embedding() const override { return true; }
-  bool generates() const override { return false; }
-  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override;
-  // The transform on this rank's rows (with its GELU and LayerNorm), the decoder's (b·s, V/t)
-  // logits and their loss, the pooler (with its tanh) and the classifier on [CLS] and the
-  // sentence loss; with sp the [CLS] rows shared over the group.
-  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override;
-  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override;
-  // The transform and the decoder on every position; the pooler and classifier per sequence.
-  double flops_per_token(int64_t C, int V) const override;
-  double flops_per_sequence(int64_t C) const override;
-
- private:
-  double ln_eps_;
-};
+// BertForPreTraining's two heads (models/transformer/head.h), with LayerNorm eps `ln_eps`. Its
+// self-description: the transform on this rank's rows (with its GELU and LayerNorm), the
+// decoder's (b·s, V/t) logits and their loss, the pooler (with its tanh) and the classifier on
+// [CLS] and the sentence loss, with sp the [CLS] rows shared over the group; FLOPs: the transform
+// and the decoder on every position, the pooler and classifier per sequence.
+std::shared_ptr<const HeadSpec> bert_head_spec(double ln_eps);
 
 // The masked-LM logits (B·S, Vp/t) and the sentence logits (B, 2) of a last-piece forward
 // (valid until its backward consumes them), and its two losses, unweighted: Σ over the masked

@@ -128,78 +128,90 @@ const BertHead::Acts& acts_of(const PieceActs& acts) {
   return static_cast<const BertHead::Acts&>(TransformerModel::head_acts(acts));
 }
 
+class BertHeadSpec final : public HeadSpec {
+ public:
+  explicit BertHeadSpec(double ln_eps) : ln_eps_(ln_eps) {}
+  bool ties_embedding() const override { return true; }
+  bool generates() const override { return false; }
+
+  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override {
+    auto h = std::make_unique<BertHead>();
+    const int64_t C = ctx.C;
+    const LinearInit w{ctx.init_std};
+    const ParamRef table = declare_tied_table(layout, ctx);
+    h->pooler = ReplicatedLinear(layout, "pooler.dense", C, C, w, /*sequence_sharded=*/false);
+    h->transform = ReplicatedLinear(layout, "cls.predictions.transform.dense", C, C, w,
+                                    /*sequence_sharded=*/true);
+    h->transform_ln =
+        Norm(layout, NormKind::kLayerNorm, "cls.predictions.transform.LayerNorm", C, ln_eps_);
+    h->decoder = ColumnParallelLinear::tied_to(table, ctx.vocab.local);
+    // The decoder's own bias, a (Vp, 1) column so that it is padded, split and resharded with
+    // the vocabulary exactly as the tables' rows are (its padded entries stay 0: no gradient
+    // reaches them).
+    h->decoder.bias = layout.add({"cls.predictions.bias",
+                                  {ctx.vocab.Vp, 1},
+                                  ParamSplit::kRows,
+                                  ParamInit::kZeros,
+                                  0,
+                                  ctx.vocab.V,
+                                  false,
+                                  {}});
+    h->classifier =
+        ReplicatedLinear(layout, "cls.seq_relationship", C, 2, w, /*sequence_sharded=*/false);
+    h->mlm_loss = VocabParallelCrossEntropy(ctx.vocab);
+    h->sentence_loss = VocabParallelCrossEntropy(vocab_shard(2, 1, 0), /*over_group=*/false);
+    return h;
+  }
+
+  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override {
+    const double c = static_cast<double>(C);
+    PartWork w = ReplicatedLinear::work(C, C, s.tokens_local());
+    w.elementwise(2 * s.tokens_local() * c);  // the transform's GELU
+    w += Norm::work(C, s);
+    w += ColumnParallelLinear::work(C, Vp, s);
+    w += VocabParallelCrossEntropy::work(s.tokens(), static_cast<double>(Vp) / s.t, s);
+    if (s.sp)  // the [CLS] rows shared over the group
+      w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, s.b * c});
+    w += ReplicatedLinear::work(C, C, s.b);
+    w.elementwise(2 * s.b * c);  // the pooler's tanh
+    w += ReplicatedLinear::work(C, 2, s.b);
+    w += VocabParallelCrossEntropy::work(s.b, 2, s, /*over_group=*/false);
+    return w;
+  }
+
+  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override {
+    const double c = static_cast<double>(C), tl = s.tokens_local();
+    const double logits = s.tokens() * static_cast<double>(Vp) / s.t;
+    ActivationElems e;
+    // The transform before and after the GELU, its LayerNorm, the logits and their row
+    // statistics; [CLS], the pooled rows, the sentence logits and their statistics.
+    e.saved = 2 * tl * c + Norm::activations(NormKind::kLayerNorm, C, s).saved + logits +
+              VocabParallelCrossEntropy::saved(s.tokens()) + 2 * s.b * c + 2 * s.b +
+              VocabParallelCrossEntropy::saved(s.b);
+    // d(logits) beside the logits, d(LayerNorm) over the full sequence, d(act), d(pre) and the
+    // hidden state's gradient.
+    e.transient = logits + s.tokens() * c + 3 * tl * c;
+    e.freed_before_layers = logits;
+    return e;
+  }
+
+  double flops_per_token(int64_t C, int V) const override {
+    const double c = static_cast<double>(C);
+    return 2.0 * c * c + 2.0 * c * V;
+  }
+  double flops_per_sequence(int64_t C) const override {
+    const double c = static_cast<double>(C);
+    return 2.0 * c * c + 2.0 * c * 2;
+  }
+
+ private:
+  double ln_eps_;
+};
+
 }  // namespace
 
-std::unique_ptr<ModelHead> BertHeadSpec::declare(ParamLayout& layout,
-                                                 const HeadContext& ctx) const {
-  auto h = std::make_unique<BertHead>();
-  const int64_t C = ctx.C;
-  const LinearInit w{ctx.init_std};
-  const ParamRef table = declare_tied_table(layout, ctx);
-  h->pooler = ReplicatedLinear(layout, "pooler.dense", C, C, w, /*sequence_sharded=*/false);
-  h->transform = ReplicatedLinear(layout, "cls.predictions.transform.dense", C, C, w,
-                                  /*sequence_sharded=*/true);
-  h->transform_ln =
-      Norm(layout, NormKind::kLayerNorm, "cls.predictions.transform.LayerNorm", C, ln_eps_);
-  h->decoder = ColumnParallelLinear::tied_to(table, ctx.vocab.local);
-  // The decoder's own bias, a (Vp, 1) column so that it is padded, split and resharded with the
-  // vocabulary exactly as the tables' rows are (its padded entries stay 0: no gradient reaches
-  // them).
-  h->decoder.bias = layout.add({"cls.predictions.bias",
-                                {ctx.vocab.Vp, 1},
-                                ParamSplit::kRows,
-                                ParamInit::kZeros,
-                                0,
-                                ctx.vocab.V,
-                                false,
-                                {}});
-  h->classifier =
-      ReplicatedLinear(layout, "cls.seq_relationship", C, 2, w, /*sequence_sharded=*/false);
-  h->mlm_loss = VocabParallelCrossEntropy(ctx.vocab);
-  h->sentence_loss = VocabParallelCrossEntropy(vocab_shard(2, 1, 0), /*over_group=*/false);
-  return h;
-}
-
-PartWork BertHeadSpec::work(int64_t C, int64_t Vp, const WorkShape& s) const {
-  const double c = static_cast<double>(C);
-  PartWork w = ReplicatedLinear::work(C, C, s.tokens_local());
-  w.elementwise(2 * s.tokens_local() * c);  // the transform's GELU
-  w += Norm::work(C, s);
-  w += ColumnParallelLinear::work(C, Vp, s);
-  w += VocabParallelCrossEntropy::work(s.tokens(), static_cast<double>(Vp) / s.t, s);
-  if (s.sp)  // the [CLS] rows shared over the group
-    w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, s.b * c});
-  w += ReplicatedLinear::work(C, C, s.b);
-  w.elementwise(2 * s.b * c);  // the pooler's tanh
-  w += ReplicatedLinear::work(C, 2, s.b);
-  w += VocabParallelCrossEntropy::work(s.b, 2, s, /*over_group=*/false);
-  return w;
-}
-
-ActivationElems BertHeadSpec::activations(int64_t C, int64_t Vp, const WorkShape& s) const {
-  const double c = static_cast<double>(C), tl = s.tokens_local();
-  const double logits = s.tokens() * static_cast<double>(Vp) / s.t;
-  ActivationElems e;
-  // The transform before and after the GELU, its LayerNorm, the logits and their row
-  // statistics; [CLS], the pooled rows, the sentence logits and their statistics.
-  e.saved = 2 * tl * c + Norm::activations(NormKind::kLayerNorm, C, s).saved + logits +
-            VocabParallelCrossEntropy::saved(s.tokens()) + 2 * s.b * c + 2 * s.b +
-            VocabParallelCrossEntropy::saved(s.b);
-  // d(logits) beside the logits, d(LayerNorm) over the full sequence, d(act), d(pre) and the
-  // hidden state's gradient.
-  e.transient = logits + s.tokens() * c + 3 * tl * c;
-  e.freed_before_layers = logits;
-  return e;
-}
-
-double BertHeadSpec::flops_per_token(int64_t C, int V) const {
-  const double c = static_cast<double>(C);
-  return 2.0 * c * c + 2.0 * c * V;
-}
-
-double BertHeadSpec::flops_per_sequence(int64_t C) const {
-  const double c = static_cast<double>(C);
-  return 2.0 * c * c + 2.0 * c * 2;
+std::shared_ptr<const HeadSpec> bert_head_spec(double ln_eps) {
+  return std::make_shared<BertHeadSpec>(ln_eps);
 }
 
 const Tensor& bert_mlm_logits(const PieceActs& acts) {

@@ -19,7 +19,7 @@ TransformerSpec gpt_spec(const ModelConfig& m) {
   b.names = {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"};
   b.proj_init_std = m.init_std / std::sqrt(2.0 * m.num_layers);  // GPT-2's residual scaling
   s.layer_prefix = "h.";
-  s.head = std::make_shared<LmHeadSpec>(b.norm, "ln_f", m.tie_embeddings, "lm_head");
+  s.head = lm_head_spec(b.norm, "ln_f", m.tie_embeddings, "lm_head");
   return s;
 }
 

@@ -22,7 +22,7 @@ TransformerSpec llama_spec(const ModelConfig& m) {
   b.names = {"input_layernorm",          "self_attn.qkv_proj", "self_attn.o_proj",
              "post_attention_layernorm", "mlp.gate_up_proj",   "mlp.down_proj"};
   s.layer_prefix = "layers.";
-  s.head = std::make_shared<LmHeadSpec>(b.norm, "norm", m.tie_embeddings, "lm_head");
+  s.head = lm_head_spec(b.norm, "norm", m.tie_embeddings, "lm_head");
   s.shape_keys["num_key_value_heads"] = m.kv_heads();
   s.shape_keys["rope_theta"] = m.rope_theta;
   s.shape_keys["rope_scaling"] =

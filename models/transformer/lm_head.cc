@@ -77,46 +77,69 @@ class LmHead final : public ModelHead {
   bool own_weight = false;  // an untied lm_head.weight
 };
 
+class LmHeadSpec final : public HeadSpec {
+ public:
+  LmHeadSpec(NormSpec norm, std::string norm_name, bool tie, std::string lm_head_name)
+      : norm_(norm),
+        norm_name_(std::move(norm_name)),
+        tie_(tie),
+        lm_head_name_(std::move(lm_head_name)) {}
+
+  bool ties_embedding() const override { return tie_; }
+  bool generates() const override { return true; }
+
+  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override {
+    auto h = std::make_unique<LmHead>();
+    h->vocab = ctx.vocab;
+    h->norm = Norm(layout, norm_, norm_name_, ctx.C);
+    if (!tie_) {
+      h->lm_head = ColumnParallelLinear(layout, lm_head_name_, ctx.C, ctx.vocab.Vp,
+                                        LinearInit{ctx.init_std}, /*bias=*/false);
+      // Padded vocabulary rows stay zero, as in the embedding.
+      layout.infos()[static_cast<size_t>(h->lm_head.weight.index)].rows_initialised = ctx.vocab.V;
+      h->own_weight = true;
+    } else {
+      h->lm_head = ColumnParallelLinear::tied_to(declare_tied_table(layout, ctx), ctx.vocab.local);
+    }
+    h->ce = VocabParallelCrossEntropy(ctx.vocab);
+    return h;
+  }
+
+  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override {
+    PartWork w = Norm::work(C, s);
+    w += ColumnParallelLinear::work(C, Vp, s);
+    w += VocabParallelCrossEntropy::work(s.tokens(), static_cast<double>(Vp) / s.t, s);
+    return w;
+  }
+
+  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override {
+    const double logits = s.tokens() * static_cast<double>(Vp) / s.t;
+    const double c = static_cast<double>(C);
+    ActivationElems e;
+    e.saved = Norm::activations(norm_.kind, C, s).saved + logits +
+              VocabParallelCrossEntropy::saved(s.tokens());
+    // A layer's backward comes after the logits are freed.
+    e.transient = logits + s.tokens() * c + s.tokens_local() * c;
+    e.freed_before_layers = logits;
+    return e;
+  }
+
+  double flops_per_token(int64_t C, int V) const override {
+    return 2.0 * static_cast<double>(C) * V;
+  }
+
+ private:
+  NormSpec norm_;
+  std::string norm_name_;
+  bool tie_;
+  std::string lm_head_name_;
+};
+
 }  // namespace
 
-std::unique_ptr<ModelHead> LmHeadSpec::declare(ParamLayout& layout, const HeadContext& ctx) const {
-  auto h = std::make_unique<LmHead>();
-  h->vocab = ctx.vocab;
-  h->norm = Norm(layout, norm_, norm_name_, ctx.C);
-  if (!tie_) {
-    h->lm_head = ColumnParallelLinear(layout, lm_head_name_, ctx.C, ctx.vocab.Vp,
-                                      LinearInit{ctx.init_std}, /*bias=*/false);
-    // Padded vocabulary rows stay zero, as in the embedding.
-    layout.infos()[static_cast<size_t>(h->lm_head.weight.index)].rows_initialised = ctx.vocab.V;
-    h->own_weight = true;
-  } else {
-    h->lm_head = ColumnParallelLinear::tied_to(declare_tied_table(layout, ctx), ctx.vocab.local);
-  }
-  h->ce = VocabParallelCrossEntropy(ctx.vocab);
-  return h;
-}
-
-PartWork LmHeadSpec::work(int64_t C, int64_t Vp, const WorkShape& s) const {
-  PartWork w = Norm::work(C, s);
-  w += ColumnParallelLinear::work(C, Vp, s);
-  w += VocabParallelCrossEntropy::work(s.tokens(), static_cast<double>(Vp) / s.t, s);
-  return w;
-}
-
-ActivationElems LmHeadSpec::activations(int64_t C, int64_t Vp, const WorkShape& s) const {
-  const double logits = s.tokens() * static_cast<double>(Vp) / s.t;
-  const double c = static_cast<double>(C);
-  ActivationElems e;
-  e.saved = Norm::activations(norm_.kind, C, s).saved + logits +
-            VocabParallelCrossEntropy::saved(s.tokens());
-  // A layer's backward comes after the logits are freed.
-  e.transient = logits + s.tokens() * c + s.tokens_local() * c;
-  e.freed_before_layers = logits;
-  return e;
-}
-
-double LmHeadSpec::flops_per_token(int64_t C, int V) const {
-  return 2.0 * static_cast<double>(C) * V;
+std::shared_ptr<const HeadSpec> lm_head_spec(NormSpec norm, std::string norm_name, bool tie,
+                                             std::string lm_head_name) {
+  return std::make_shared<LmHeadSpec>(norm, std::move(norm_name), tie, std::move(lm_head_name));
 }
 
 const Tensor& lm_logits(const PieceActs& acts) {

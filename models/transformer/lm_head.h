@@ -23,33 +23,15 @@
 
 namespace strata {
 
-class LmHeadSpec final : public HeadSpec {
- public:
-  LmHeadSpec(NormSpec norm, std::string norm_name, bool tie, std::string lm_head_name)
-      : norm_(norm),
-        norm_name_(std::move(norm_name)),
-        tie_(tie),
-        lm_head_name_(std::move(lm_head_name)) {}
-
-  bool ties_embedding() const override { return tie_; }
-  bool generates() const override { return true; }
-  std::unique_ptr<ModelHead> declare(ParamLayout& layout, const HeadContext& ctx) const override;
-
-  // The norm, the (b·s, V/t) logits GEMM with its input's gather (sp) and its input gradient's
-  // reduction, the fp32 loss over the logits (its statistics, target and gradient: three passes)
-  // and its three reductions over the group (row max, Σexp, target logit).
-  PartWork work(int64_t C, int64_t Vp, const WorkShape& s) const override;
-  // Keeps the norm's output and statistics, the logits and their row statistics; its backward
-  // holds d(logits) beside them, d(norm) over the full sequence and the residual gradient.
-  ActivationElems activations(int64_t C, int64_t Vp, const WorkShape& s) const override;
-  double flops_per_token(int64_t C, int V) const override;
-
- private:
-  NormSpec norm_;
-  std::string norm_name_;
-  bool tie_;
-  std::string lm_head_name_;
-};
+// The head of a decoder: its final norm (`norm`, named `norm_name`), the LM head (tied to the
+// token table, or its own weight `lm_head_name`) and the loss. Its self-description: the norm, the
+// (b·s, V/t) logits GEMM with its input's gather (sp) and its input gradient's reduction, the fp32
+// loss over the logits (its statistics, target and gradient: three passes) and its three
+// reductions over the group (row max, Σexp, target logit); it keeps the norm's output and
+// statistics, the logits and their row statistics, and its backward holds d(logits) beside them,
+// d(norm) over the full sequence and the residual gradient.
+std::shared_ptr<const HeadSpec> lm_head_spec(NormSpec norm, std::string norm_name, bool tie,
+                                             std::string lm_head_name);
 
 // The logits (B·S, Vp/t) of a last-piece forward of a model with an LM head (valid until its
 // backward consumes them).

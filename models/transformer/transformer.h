@@ -5,7 +5,7 @@
 //
 //   x = embed(tokens) [+ learned positions] [+ token types] [then a norm]
 //   L blocks (BlockSpec: norm placement, attention, MLP)
-//   the head: the loss of the micro-batch (LmHeadSpec: final norm, LM head, cross-entropy)
+//   the head: the loss of the micro-batch (lm_head_spec: final norm, LM head, cross-entropy)
 //
 // Parameters, in the flat buffers' order: the embedding (table, positions, token types, norm),
 // layer 0 … L−1 (each "<layer_prefix><l>." + the block's names), the head's. Initialisation:
