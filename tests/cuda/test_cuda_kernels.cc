@@ -1528,6 +1528,43 @@ TEST_P(CudaBackendOps, RmsNorm) {
   }
 }
 
+// The per-head RMSNorm of the query and key heads through the backend, in place: activations and
+// weights of the parameter's type, rstd and the weight gradients f32; Qwen3's head size (128) and
+// an odd one.
+TEST_P(CudaBackendOps, QkRmsNorm) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const AttentionCase cases[] = {{2, 37, 4, 2, 128}, {1, 19, 3, 1, 45}};
+  const float eps = 1e-6f;
+  uint64_t key = 3450;
+  for (const AttentionCase& c : cases) {
+    const std::string what = " " + c.str();
+    const int N = static_cast<int>(c.tokens()), W = static_cast<int>(c.width());
+    const int64_t heads = static_cast<int64_t>(N) * (c.NH + c.KVH);
+    const size_t n = c.tokens() * c.width();
+    const auto x = host(n, ++key, 2.f), g = host(n, ++key);
+    const auto qw = host(c.HS, ++key), kw = host(c.HS, ++key);
+    auto dq = random(c.HS, ++key), dk = random(c.HS, ++key);  // f32, accumulated into
+    Tensor Qkv = put(*be, {c.B, c.S, W}, x, act()), Pre = put(*be, {c.B, c.S, W}, x, act());
+    Tensor D = put(*be, {c.B, c.S, W}, g, act());
+    Tensor Qw = put(*be, {c.HS}, qw, act()), Kw = put(*be, {c.HS}, kw, act());
+    Tensor Rstd = be->empty({heads}, MemCategory::kActivations);
+    Tensor dQ = put(*be, {c.HS}, dq, DType::kF32), dK = put(*be, {c.HS}, dk, DType::kF32);
+    be->qk_rmsnorm_forward(Qkv, Rstd, Qw, Kw, c.NH, c.KVH, eps);
+    be->qk_rmsnorm_backward(D, dQ, dK, Pre, Qw, Kw, Rstd, c.NH, c.KVH);
+    std::vector<float> y = x, rstd(static_cast<size_t>(heads)), dx = g;
+    kcpu::qk_rmsnorm_forward<float>(y.data(), rstd.data(), qw.data(), kw.data(), N, c.NH, c.KVH,
+                                    c.HS, eps);
+    kcpu::qk_rmsnorm_backward<float>(dx.data(), dq.data(), dk.data(), x.data(), qw.data(),
+                                     kw.data(), rstd.data(), N, c.NH, c.KVH, c.HS);
+    expect_close("qk_rmsnorm qkv" + what, get(*be, Qkv), y, tol(act(), act()));
+    expect_close("qk_rmsnorm rstd" + what, get(*be, Rstd), rstd, tol(DType::kF32, act()));
+    expect_close("qk_rmsnorm dqkv" + what, get(*be, D), dx, tol(act(), act()));
+    expect_close("qk_rmsnorm dq_weight" + what, get(*be, dQ), dq, tol(DType::kF32, act()));
+    expect_close("qk_rmsnorm dk_weight" + what, get(*be, dK), dk, tol(DType::kF32, act()));
+  }
+}
+
 // RoPE through the backend on a grouped-query qkv, with an f32 table (as the model keeps it) and
 // a bf16 one (widened by the backend).
 TEST_P(CudaBackendOps, Rope) {
