@@ -663,7 +663,8 @@ void Bench::attention(const Model& m, ElemType t) {
   });
 }
 
-// RMSNorm, RoPE and SwiGLU of a Llama-family layer: memory-bound.
+// RMSNorm, RoPE, the query and key heads' RMSNorm (Qwen3) and SwiGLU of a Llama-family layer:
+// memory-bound.
 void Bench::llama_rowwise(const Model& m, ElemType t) {
   const int64_t N = m.N();
   const int C = m.C, F = m.F, NH = m.NH, KVH = m.KVH, HS = m.HS();
@@ -715,6 +716,34 @@ void Bench::llama_rowwise(const Model& m, ElemType t) {
     measure(r, [&] {
       return cuda_error(
           kc::rope_backward(qkv.get(), t, cos_sin.f32(), m.B, m.S, NH, KVH, HS, stream_));
+    });
+    // Qwen3's q_norm and k_norm on the same heads, in place: N·(NH + KVH) rows of HS, their f32
+    // rstd, the two (HS) weights in t and their f32 gradients. Forward: heads read and written,
+    // rstd written. Backward: dqkv's heads read and written, x's heads read, rstd read, the
+    // weight gradients read and written (the least a kernel must move; the weight-gradient
+    // kernels read dqkv and x once more).
+    const double stats = double(N) * (NH + KVH);
+    DeviceBuffer x(bytes_of(N * (NH + 2 * KVH) * HS, t));  // (B, S, NH + 2·KVH, HS)
+    DeviceBuffer qk_rstd(bytes_of(N * (NH + KVH), ElemType::kF32));
+    DeviceBuffer qw(bytes_of(HS, t)), kw(bytes_of(HS, t));                              // (HS)
+    DeviceBuffer dqw(bytes_of(HS, ElemType::kF32)), dkw(bytes_of(HS, ElemType::kF32));  // (HS)
+    fill(x.get(), t, N * (NH + 2 * KVH) * HS, 57, 1.f, stream_);
+    fill(qw.get(), t, HS, 58, 1.f, stream_);
+    fill(kw.get(), t, HS, 59, 1.f, stream_);
+    zero(dqw, stream_);
+    zero(dkw, stream_);
+    r = row(m, "qk_rmsnorm fwd", t, shape);
+    bytes(r, 2 * rotated * e + stats * f4 + 2 * HS * e);
+    measure(r, [&] {
+      return cuda_error(kc::qk_rmsnorm_forward(qkv.get(), t, qk_rstd.f32(), qw.get(), kw.get(), t,
+                                               1e-6f, N, NH, KVH, HS, stream_));
+    });
+    r = row(m, "qk_rmsnorm bwd", t, shape);
+    bytes(r, 3 * rotated * e + stats * f4 + 2 * HS * e + 4 * HS * f4);
+    measure(r, [&] {
+      return cuda_error(kc::qk_rmsnorm_backward(qkv.get(), dqw.f32(), dkw.f32(), x.get(), t,
+                                                qw.get(), kw.get(), t, qk_rstd.f32(), N, NH, KVH,
+                                                HS, stream_));
     });
   }
   {

@@ -207,6 +207,40 @@ TEST_F(CudaBackend, LlamaOpsAndGroupedQueryAttentionMatchTheCpuBackend) {
   for (size_t i = 0; i < out[0].size(); ++i) expect_close(names[i], out[1][i], out[0][i], 1e-4);
 }
 
+// The per-head RMSNorm of the query and key heads (Qwen3's q_norm and k_norm) on the GPU against
+// the CPU backend, forward then backward in place, grouped-query, in f32 (1e-4, as above) and in
+// bf16 activations and weights with f32 statistics and weight gradients: there both backends
+// compute in f32 from the same bf16 inputs and round each stored result once, so they differ by
+// at most about one bf16 ulp (2^-8 relative) where their f32 sums differ in the last bits: 1e-2
+// of the largest magnitude; rstd and the weight gradients, f32 sums, 1e-4.
+TEST_F(CudaBackend, QkRmsNormMatchesTheCpuBackend) {
+  Pair p;
+  const int B = 2, S = 19, NH = 4, KVH = 2, HS = 24, W = (NH + 2 * KVH) * HS, N = B * S;
+  const auto x = random(N * W, 60, 2.f), g = random(N * W, 61);
+  const auto qw = random(HS, 62), kw = random(HS, 63);
+  for (const DType t : {DType::kF32, DType::kBF16}) {
+    std::vector<std::vector<float>> out[2];
+    Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+    for (int k = 0; k < 2; ++k) {
+      Backend& be = *bes[k];
+      const MemCategory a = MemCategory::kActivations;
+      Tensor Q = put(be, {B, S, W}, x, t), X = put(be, {B, S, W}, x, t);
+      Tensor G = put(be, {B, S, W}, g, t), Qw = put(be, {HS}, qw, t), Kw = put(be, {HS}, kw, t);
+      Tensor R = be.empty({N * (NH + KVH)}, a), dQw = be.zeros({HS}, a), dKw = be.zeros({HS}, a);
+      be.qk_rmsnorm_forward(Q, R, Qw, Kw, NH, KVH, 1e-6f);
+      be.qk_rmsnorm_backward(G, dQw, dKw, X, Qw, Kw, R, NH, KVH);
+      out[k] = {get(be, Q), get(be, R), get(be, G), get(be, dQw), get(be, dKw)};
+    }
+    const char* names[] = {"qkv", "rstd", "dqkv", "dq_weight", "dk_weight"};
+    const bool bf16 = t == DType::kBF16;
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      const bool rounded_to_bf16 = bf16 && (i == 0 || i == 2);
+      expect_close(std::string("qk_rmsnorm ") + names[i] + " " + to_string(t), out[1][i], out[0][i],
+                   rounded_to_bf16 ? 1e-2 : 1e-4);
+    }
+  }
+}
+
 // The losses of a 20-iteration training run of a tiny model (`preset`) on `device` in
 // `precision`.
 std::vector<double> training_losses(const std::string& device, const std::string& precision,

@@ -5,7 +5,8 @@
 //   * the FLOAT instantiation against the DOUBLE one on larger shapes;
 //   * properties and closed forms: softmax rows, CE padding, vocab sharding (embedding and CE),
 //     AdamW, GEMM transposes against a naive triple loop, grouped-query attention as multi-head
-//     attention on repeated key/value heads, RoPE's inverse and its relative-position property.
+//     attention on repeated key/value heads, RoPE's inverse and its relative-position property,
+//     the per-head RMSNorm of the query and key heads against a naive loop over the heads.
 //
 // Tolerances used throughout:
 //   kFdTol = 1e-6, relative to the largest |gradient| of the tensor checked. With h = 1e-5 the
@@ -387,6 +388,96 @@ TEST(KernelsFloat, RmsNormMatchesDouble) {
   expect_close(frstd, rstd, kFloatTol, "float rmsnorm rstd");
   expect_close(fdinp, dinp, kFloatTol, "float rmsnorm dinp");
   expect_close(fdw, dw, kFloatTol, "float rmsnorm dweight");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-head RMSNorm of the query and key heads (Qwen3's q_norm and k_norm)
+
+void check_qk_rmsnorm(int N, int NH, int KVH, int HS, uint64_t seed) {
+  SCOPED_TRACE("qk_rmsnorm N=" + std::to_string(N) + " NH=" + std::to_string(NH) +
+               " KVH=" + std::to_string(KVH) + " HS=" + std::to_string(HS));
+  const int W = (NH + 2 * KVH) * HS, heads = NH + KVH;
+  const double eps = 1e-5;
+  Vec x = random_vec(static_cast<size_t>(N) * W, seed, -2.0, 2.0);  // (N, NH + 2·KVH, HS)
+  Vec qw = random_vec(HS, seed + 1, 0.5, 1.5), kw = random_vec(HS, seed + 2, 0.5, 1.5);  // (HS)
+  const Vec r = random_vec(x.size(), seed + 3);  // (N, NH + 2·KVH, HS)
+
+  // Forward against a naive loop over the heads: x / √(mean(x²) + eps) · (q or k weight).
+  Vec y = x, rstd(static_cast<size_t>(N) * heads);  // (N, NH + 2·KVH, HS), (N, NH + KVH)
+  cpu::qk_rmsnorm_forward<double>(y.data(), rstd.data(), qw.data(), kw.data(), N, NH, KVH, HS, eps);
+  Vec want = x;
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < heads; ++h) {
+      const double* head = &x[static_cast<size_t>(n) * W + h * HS];
+      double s2 = 0;
+      for (int d = 0; d < HS; ++d) s2 += head[d] * head[d];
+      const double rms = std::sqrt(s2 / HS + eps);
+      EXPECT_NEAR(rstd[n * heads + h], 1 / rms, 1e-12) << "position " << n << " head " << h;
+      const Vec& w = h < NH ? qw : kw;
+      for (int d = 0; d < HS; ++d)
+        want[static_cast<size_t>(n) * W + h * HS + d] = head[d] / rms * w[d];
+    }
+  }
+  expect_close(y, want, 1e-12, "qk_rmsnorm_forward");
+  for (int n = 0; n < N; ++n)  // the value heads bit for bit as they were
+    for (int e = (NH + KVH) * HS; e < W; ++e)
+      ASSERT_EQ(y[n * W + e], x[n * W + e]) << "value element " << e << " of position " << n;
+
+  // L = Σ r ⊙ qk_rmsnorm(x): the value heads pass through, so their gradient is r, which the
+  // backward leaves in dqkv.
+  Vec buf(x.size()), rstd_buf(rstd.size());
+  auto loss = [&] {
+    buf = x;
+    cpu::qk_rmsnorm_forward<double>(buf.data(), rstd_buf.data(), qw.data(), kw.data(), N, NH, KVH,
+                                    HS, eps);
+    return dot(r, buf);
+  };
+  // The weight gradients start from random values (the backward accumulates into them); the
+  // pre-norm x's value heads are NaN (the backward must not read them).
+  const Vec dq0 = random_vec(HS, seed + 4), dk0 = random_vec(HS, seed + 5);
+  Vec dqkv = r, dq = dq0, dk = dk0, x_read = x;
+  for (int n = 0; n < N; ++n)
+    for (int e = (NH + KVH) * HS; e < W; ++e) x_read[n * W + e] = kNaN;
+  cpu::qk_rmsnorm_backward<double>(dqkv.data(), dq.data(), dk.data(), x_read.data(), qw.data(),
+                                   kw.data(), rstd.data(), N, NH, KVH, HS);
+  for (int n = 0; n < N; ++n)
+    for (int e = (NH + KVH) * HS; e < W; ++e)
+      ASSERT_EQ(dqkv[n * W + e], r[n * W + e]) << "value element " << e << " of position " << n;
+  expect_close(dqkv, numeric_grad(x, loss), kFdTol, "qk_rmsnorm dqkv");
+  expect_close(minus(dq, dq0), numeric_grad(qw, loss), kFdTol, "qk_rmsnorm dq_weight");
+  expect_close(minus(dk, dk0), numeric_grad(kw, loss), kFdTol, "qk_rmsnorm dk_weight");
+}
+
+TEST(KernelsGrad, QkRmsNormFiniteDifferences) {
+  check_qk_rmsnorm(3, 4, 2, 6, 190);  // grouped-query, HS even
+  check_qk_rmsnorm(2, 3, 3, 5, 191);  // multi-head (NH = KVH), HS odd
+  check_qk_rmsnorm(3, 4, 1, 7, 192);  // multi-query (KVH = 1), HS odd
+  check_qk_rmsnorm(2, 2, 1, 8, 193);  // KVH = 1, HS even
+}
+
+TEST(KernelsFloat, QkRmsNormMatchesDouble) {
+  ScopedThreads threads(2);
+  const int N = 37, NH = 8, KVH = 2, HS = 128, W = (NH + 2 * KVH) * HS;  // Qwen3's head size
+  const size_t n = static_cast<size_t>(N) * W;
+  const Vec x = random_vec(n, 195, -3.0, 3.0), dy = random_vec(n, 196);
+  const Vec qw = random_vec(HS, 197, 0.5, 1.5), kw = random_vec(HS, 198, 0.5, 1.5);
+  Vec y = x, rstd(static_cast<size_t>(N) * (NH + KVH)), dx = dy, dq(HS, 0.0), dk(HS, 0.0);
+  cpu::qk_rmsnorm_forward<double>(y.data(), rstd.data(), qw.data(), kw.data(), N, NH, KVH, HS,
+                                  1e-6);
+  cpu::qk_rmsnorm_backward<double>(dx.data(), dq.data(), dk.data(), x.data(), qw.data(), kw.data(),
+                                   rstd.data(), N, NH, KVH, HS);
+  const auto fx = to_float(x), fqw = to_float(qw), fkw = to_float(kw);
+  auto fy = fx, fdx = to_float(dy);
+  std::vector<float> frstd(rstd.size()), fdq(HS, 0.f), fdk(HS, 0.f);
+  cpu::qk_rmsnorm_forward<float>(fy.data(), frstd.data(), fqw.data(), fkw.data(), N, NH, KVH, HS,
+                                 1e-6f);
+  cpu::qk_rmsnorm_backward<float>(fdx.data(), fdq.data(), fdk.data(), fx.data(), fqw.data(),
+                                  fkw.data(), frstd.data(), N, NH, KVH, HS);
+  expect_close(fy, y, kFloatTol, "float qk_rmsnorm out");
+  expect_close(frstd, rstd, kFloatTol, "float qk_rmsnorm rstd");
+  expect_close(fdx, dx, kFloatTol, "float qk_rmsnorm dqkv");
+  expect_close(fdq, dq, kFloatTol, "float qk_rmsnorm dq_weight");
+  expect_close(fdk, dk, kFloatTol, "float qk_rmsnorm dk_weight");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-// test_llama_ops.cc — the CPU backend's Llama-family ops (RMSNorm, RoPE, SwiGLU;
-// runtime/backend/backend.h) against the kernels of kernels/cpu they run, with every operand f32
-// and in the mixed-precision layout (bf16 activations and compute weights, f32 statistics,
-// parameter gradients and RoPE table), plus the shape checks that refuse a wrong operand.
+// test_llama_ops.cc — the CPU backend's Llama-family ops (RMSNorm, the per-head RMSNorm of the
+// query and key heads, RoPE, SwiGLU; runtime/backend/backend.h) against the kernels of
+// kernels/cpu they run, with every operand f32 and in the mixed-precision layout (bf16
+// activations and compute weights, f32 statistics, parameter gradients and RoPE table), plus the
+// shape checks that refuse a wrong operand.
 //
 // The expected values follow backend.h's contract for bf16: the inputs as the tensors hold them
 // (rounded to bf16 by put()), the f32 kernel, and one round to nearest-even where a result is
@@ -123,6 +124,37 @@ TEST_P(CpuLlamaOps, RopeMatchesKernels) {
   expect_same(get(*be_, dqkv), stored(want_d, act_), "rope dqkv");
 }
 
+TEST_P(CpuLlamaOps, QkRmsNormMatchesKernels) {
+  const int64_t B = 2, S = 5, NH = 4, KVH = 2, HS = 16, W = (NH + 2 * KVH) * HS, N = B * S;
+  const float eps = 1e-6f;
+  const auto x = stored(random(N * W, 30, 2.f), act_);    // (B, S, NH + 2·KVH, HS)
+  const auto qw = stored(random(HS, 31, 0.5f), act_);     // (HS)
+  const auto kw = stored(random(HS, 32, 0.5f), act_);     // (HS)
+  const auto dy = stored(random(N * W, 33), act_);        // (B, S, NH + 2·KVH, HS)
+  const auto dq0 = random(HS, 34), dk0 = random(HS, 35);  // (HS) f32: accumulated into
+  const Tensor q_weight = put(*be_, {HS}, qw, act_), k_weight = put(*be_, {HS}, kw, act_);
+  Tensor qkv = put(*be_, {B, S, W}, x, act_);
+  Tensor rstd = be_->empty({N * (NH + KVH)}, MemCategory::kActivations);
+  be_->qk_rmsnorm_forward(qkv, rstd, q_weight, k_weight, NH, KVH, eps);
+  std::vector<float> want = x, want_rstd(N * (NH + KVH));
+  cpu::qk_rmsnorm_forward<float>(want.data(), want_rstd.data(), qw.data(), kw.data(), N, NH, KVH,
+                                 HS, eps);
+  expect_same(get(*be_, qkv), stored(want, act_), "qk_rmsnorm qkv");  // value heads included
+  expect_same(get(*be_, rstd), want_rstd, "qk_rmsnorm rstd");
+
+  // The backward of the pre-norm x, in place on dqkv.
+  const Tensor pre = put(*be_, {B, S, W}, x, act_);
+  Tensor dqkv = put(*be_, {B, S, W}, dy, act_);
+  Tensor dq = put(*be_, {HS}, dq0), dk = put(*be_, {HS}, dk0);
+  be_->qk_rmsnorm_backward(dqkv, dq, dk, pre, q_weight, k_weight, rstd, NH, KVH);
+  std::vector<float> want_d = dy, want_dq = dq0, want_dk = dk0;
+  cpu::qk_rmsnorm_backward<float>(want_d.data(), want_dq.data(), want_dk.data(), x.data(),
+                                  qw.data(), kw.data(), want_rstd.data(), N, NH, KVH, HS);
+  expect_same(get(*be_, dqkv), stored(want_d, act_), "qk_rmsnorm dqkv");
+  expect_same(get(*be_, dq), want_dq, "qk_rmsnorm dq_weight");
+  expect_same(get(*be_, dk), want_dk, "qk_rmsnorm dk_weight");
+}
+
 TEST_P(CpuLlamaOps, SwiGluMatchesKernels) {
   const int64_t B = 2, S = 5, F = 24, N = B * S;
   const auto gu = stored(random(N * 2 * F, 20, 3.f), act_);  // (N, 2F): [gate | up]
@@ -177,6 +209,27 @@ TEST(CpuLlamaOpsDeathTest, RefusesMisshapenOperands) {
   Tensor dw = be->zeros({6}, a);
   EXPECT_DEATH(be->rmsnorm_backward(x, dw, x, x, be->zeros({6}, a), be->zeros({3}, a)),
                "rmsnorm rstd has 3 elements, expected 2");
+
+  // qk_rmsnorm on qkv (1, 2, (1 + 2·1)·4): 2 positions of a query and a key head, rstd (4).
+  Tensor qk_rstd = be->zeros({4}, a), dq = be->zeros({4}, a), dk = be->zeros({4}, a);
+  const Tensor w4 = be->zeros({4}, a);
+  EXPECT_DEATH(be->qk_rmsnorm_forward(qkv, qk_rstd, be->zeros({3}, a), w4, 1, 1, 1e-6f),
+               "qk_rmsnorm q_weight has 3 elements, expected 4");
+  EXPECT_DEATH(be->qk_rmsnorm_forward(qkv, qk_rstd, w4, be->zeros({5}, a), 1, 1, 1e-6f),
+               "qk_rmsnorm k_weight has 5 elements, expected 4");
+  Tensor rstd6 = be->zeros({6}, a);  // the value heads' too: one per head
+  EXPECT_DEATH(be->qk_rmsnorm_forward(qkv, rstd6, w4, w4, 1, 1, 1e-6f),
+               "qk_rmsnorm rstd has 6 elements, expected 4");
+  Tensor rstd_i32 = be->zeros({4}, a, DType::kI32);
+  EXPECT_DEATH(be->qk_rmsnorm_forward(qkv, rstd_i32, w4, w4, 1, 1, 1e-6f),
+               "qk_rmsnorm rstd is i32, expected f32 or bf16");
+  EXPECT_DEATH(be->qk_rmsnorm_forward(qkv, qk_rstd, w4, w4, 3, 1, 1e-6f),
+               "attention qkv width 12 is not");
+  EXPECT_DEATH(
+      be->qk_rmsnorm_backward(qkv, dq, dk, be->zeros({1, 1, 12}, a), w4, w4, qk_rstd, 1, 1),
+      "qk_rmsnorm x has 12 elements, expected 24");
+  EXPECT_DEATH(be->qk_rmsnorm_backward(qkv, dq, rstd6, qkv, w4, w4, qk_rstd, 1, 1),
+               "qk_rmsnorm dk_weight has 6 elements, expected 4");
 }
 
 }  // namespace

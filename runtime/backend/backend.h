@@ -177,6 +177,21 @@ class Backend {
                                float eps) = 0;
   virtual void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
                                 const Tensor& w, const Tensor& rstd) = 0;
+  // Per-head RMSNorm of the query and key heads of a q/k/v tensor in the attention layout
+  // (B, S, NH + 2·KVH, HS), in place (Qwen3's q_norm and k_norm): each query head's HS values
+  // x ← x · rstd · q_weight, each key head's x ← x · rstd · k_weight, rstd = 1/√(mean(x²) + eps);
+  // the value heads are left as they are. rstd (B·S·(NH + KVH), f32): per position its query heads
+  // then its key heads. q_weight, k_weight (HS).
+  virtual void qk_rmsnorm_forward(Tensor& qkv, Tensor& rstd, const Tensor& q_weight,
+                                  const Tensor& k_weight, int num_heads, int num_kv_heads,
+                                  float eps) = 0;
+  // Backward, in place on dqkv (the gradient of the normalised q/k/v, same layout): its query and
+  // key heads become the gradient of the pre-norm values (assigned); its value heads are left.
+  // dq_weight, dk_weight (HS, f32) +=. x: the pre-norm q/k/v (its value heads are not read); rstd:
+  // the forward's.
+  virtual void qk_rmsnorm_backward(Tensor& dqkv, Tensor& dq_weight, Tensor& dk_weight,
+                                   const Tensor& x, const Tensor& q_weight, const Tensor& k_weight,
+                                   const Tensor& rstd, int num_heads, int num_kv_heads) = 0;
   // Rotary position embeddings, in place on the query and key heads of a qkv tensor in the
   // attention layout above (B, S, NH + 2·KVH, HS); the value heads are left as they are.
   // Position s of every sequence rotates each pair (x[i], x[i + HS/2]), i < HS/2 (Hugging Face's

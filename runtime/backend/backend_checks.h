@@ -87,6 +87,44 @@ inline AttentionDims rope_dims(const Tensor& qkv, const Tensor& cos_sin, int NH,
   return a;
 }
 
+// A float operand (f32 or bf16: backend.h's ops accept any mix of the two), named otherwise.
+inline void expect_float(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+               what << " is " << to_string(t.dtype()) << ", expected f32 or bf16");
+}
+
+// The sizes of the per-head RMSNorm of the query and key heads (qk_rmsnorm_forward and
+// _backward) on `qkv` (named `what`), a q/k/v or its gradient in the attention layout
+// (attention_dims), checked: every operand a float, rstd B·S·(NH + KVH) statistics and each weight
+// HS values.
+inline AttentionDims qk_rmsnorm_dims(const Tensor& qkv, const Tensor& rstd, const Tensor& q_weight,
+                                     const Tensor& k_weight, int NH, int KVH, const char* what) {
+  const AttentionDims a = attention_dims(qkv, NH, KVH);
+  for (const NamedOperand& o : {NamedOperand{qkv, what},
+                                {rstd, "qk_rmsnorm rstd"},
+                                {q_weight, "qk_rmsnorm q_weight"},
+                                {k_weight, "qk_rmsnorm k_weight"}})
+    expect_float(o.t, o.what);
+  expect_numel(rstd, a.B * a.S * (NH + int64_t{KVH}), "qk_rmsnorm rstd");
+  expect_numels(a.HS, {{q_weight, "qk_rmsnorm q_weight"}, {k_weight, "qk_rmsnorm k_weight"}});
+  return a;
+}
+// The backward's: dqkv and the pre-norm x as qkv, the weight gradients as the weights.
+inline AttentionDims qk_rmsnorm_backward_dims(const Tensor& dqkv, const Tensor& dq_weight,
+                                              const Tensor& dk_weight, const Tensor& x,
+                                              const Tensor& q_weight, const Tensor& k_weight,
+                                              const Tensor& rstd, int NH, int KVH) {
+  const AttentionDims a =
+      qk_rmsnorm_dims(dqkv, rstd, q_weight, k_weight, NH, KVH, "qk_rmsnorm dqkv");
+  for (const NamedOperand& o : {NamedOperand{x, "qk_rmsnorm x"},
+                                {dq_weight, "qk_rmsnorm dq_weight"},
+                                {dk_weight, "qk_rmsnorm dk_weight"}})
+    expect_float(o.t, o.what);
+  expect_numel(x, dqkv.numel(), "qk_rmsnorm x");
+  expect_numels(a.HS, {{dq_weight, "qk_rmsnorm dq_weight"}, {dk_weight, "qk_rmsnorm dk_weight"}});
+  return a;
+}
+
 // F of a SwiGLU input gate_up (N, 2F), checked: its last dimension must be even.
 inline int64_t swiglu_width(const Tensor& gate_up, const char* what) {
   const int64_t width = gate_up.size(-1);

@@ -238,6 +238,33 @@ class CpuBackend final : public Backend {
     k::rmsnorm_backward(dinp.f32(), dw.f32(), dout.f32(), inp.f32(), w.f32(), rstd.f32(),
                         as_int(d.N), as_int(d.C));
   }
+  void qk_rmsnorm_forward(Tensor& qkv, Tensor& rstd, const Tensor& q_weight, const Tensor& k_weight,
+                          int num_heads, int num_kv_heads, float eps) override {
+    const AttentionDims a =
+        qk_rmsnorm_dims(qkv, rstd, q_weight, k_weight, num_heads, num_kv_heads, "qk_rmsnorm qkv");
+    if (!all_f32(qkv, rstd, q_weight, k_weight)) {
+      MixedPrecisionScope mp(*this);
+      return qk_rmsnorm_forward(mp.out(qkv), mp.out(rstd), mp.in(q_weight), mp.in(k_weight),
+                                num_heads, num_kv_heads, eps);
+    }
+    k::qk_rmsnorm_forward(qkv.f32(), rstd.f32(), q_weight.f32(), k_weight.f32(), as_int(a.B * a.S),
+                          num_heads, num_kv_heads, as_int(a.HS), eps);
+  }
+  void qk_rmsnorm_backward(Tensor& dqkv, Tensor& dq_weight, Tensor& dk_weight, const Tensor& x,
+                           const Tensor& q_weight, const Tensor& k_weight, const Tensor& rstd,
+                           int num_heads, int num_kv_heads) override {
+    const AttentionDims a = qk_rmsnorm_backward_dims(dqkv, dq_weight, dk_weight, x, q_weight,
+                                                     k_weight, rstd, num_heads, num_kv_heads);
+    if (!all_f32(dqkv, dq_weight, dk_weight, x, q_weight, k_weight, rstd)) {
+      MixedPrecisionScope mp(*this);
+      return qk_rmsnorm_backward(mp.out(dqkv), mp.out(dq_weight), mp.out(dk_weight), mp.in(x),
+                                 mp.in(q_weight), mp.in(k_weight), mp.in(rstd), num_heads,
+                                 num_kv_heads);
+    }
+    k::qk_rmsnorm_backward(dqkv.f32(), dq_weight.f32(), dk_weight.f32(), x.f32(), q_weight.f32(),
+                           k_weight.f32(), rstd.f32(), as_int(a.B * a.S), num_heads, num_kv_heads,
+                           as_int(a.HS));
+  }
   void rope_forward(Tensor& qkv, const Tensor& cos_sin, int num_heads, int num_kv_heads) override {
     if (!all_f32(qkv)) {
       MixedPrecisionScope mp(*this);

@@ -717,6 +717,79 @@ TEST(CudaKernels, RmsNormMatchesCpu) {
             cudaSuccess);
 }
 
+// The per-head RMSNorm of the query and key heads, forward and backward in place, against
+// kernels/cpu/rmsnorm.h: grouped-query, multi-head and multi-query layouts; head sizes that move
+// as 16-byte vectors (128, 64) and that do not (45, 6, 7: partial groups, rows not 16-byte
+// aligned); many rows per warp of the weight-gradient kernels (B·S = 2·300 positions); weights of
+// the other type. dq_weight and dk_weight start non-zero (they accumulate). The value heads must
+// come back bit for bit, in the forward's qkv and in the backward's dqkv.
+TEST(CudaKernels, QkRmsNormMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  using ET = kc::ElemType;
+  struct Case {
+    AttentionCase a;
+    ET act, w;
+  };
+  const Case cases[] = {
+      {{2, 37, 4, 2, 128}, ET::kBF16, ET::kBF16}, {{2, 37, 4, 2, 128}, ET::kF32, ET::kF32},
+      {{2, 300, 8, 1, 64}, ET::kBF16, ET::kF32},  {{1, 19, 3, 3, 45}, ET::kF32, ET::kBF16},
+      {{3, 5, 2, 1, 6}, ET::kBF16, ET::kBF16},    {{1, 1, 1, 1, 7}, ET::kF32, ET::kF32},
+  };
+  const float eps = 1e-6f;
+  uint64_t key = 3150;
+  for (const Case& c : cases) {
+    const AttentionCase& a = c.a;
+    const std::string what =
+        std::string("qk_rmsnorm ") + a.str() + " " + name(c.act) + "/" + name(c.w);
+    const int N = static_cast<int>(a.tokens()), W = static_cast<int>(a.width());
+    const size_t n = a.tokens() * a.width(), stats = a.tokens() * (a.NH + a.KVH);
+    const bool ab = is_bf16(c.act), wb = is_bf16(c.w);
+    const auto x = rounded(random(n, ++key, 2.f), ab), dy = rounded(random(n, ++key), ab);
+    const auto qw = rounded(random(a.HS, ++key), wb), kw = rounded(random(a.HS, ++key), wb);
+    const auto dq0 = random(a.HS, ++key), dk0 = random(a.HS, ++key);
+    DeviceArray Qkv(x, c.act), Pre(x, c.act), D(dy, c.act), Qw(qw, c.w), Kw(kw, c.w);
+    DeviceArray Rstd(std::vector<float>(stats, 0.f), ET::kF32);
+    DeviceArray dQ(dq0, ET::kF32), dK(dk0, ET::kF32);
+    ASSERT_EQ(kc::qk_rmsnorm_forward(Qkv.get(), c.act, Rstd.f32(), Qw.get(), Kw.get(), c.w, eps, N,
+                                     a.NH, a.KVH, a.HS, nullptr),
+              cudaSuccess)
+        << what;
+    ASSERT_EQ(kc::qk_rmsnorm_backward(D.get(), dQ.f32(), dK.f32(), Pre.get(), c.act, Qw.get(),
+                                      Kw.get(), c.w, Rstd.f32(), N, a.NH, a.KVH, a.HS, nullptr),
+              cudaSuccess)
+        << what;
+    std::vector<float> y = x, rstd(stats), dx = dy, dq = dq0, dk = dk0;
+    kcpu::qk_rmsnorm_forward<float>(y.data(), rstd.data(), qw.data(), kw.data(), N, a.NH, a.KVH,
+                                    a.HS, eps);
+    kcpu::qk_rmsnorm_backward<float>(dx.data(), dq.data(), dk.data(), x.data(), qw.data(),
+                                     kw.data(), rstd.data(), N, a.NH, a.KVH, a.HS);
+    const auto got_y = Qkv.host(), got_dx = D.host();
+    int moved = 0;  // value-head elements that differ from what they were
+    for (int t = 0; t < N; ++t)
+      for (int e = (a.NH + a.KVH) * a.HS; e < W; ++e) {
+        const size_t i = static_cast<size_t>(t) * W + e;
+        moved += (got_y[i] != x[i]) + (got_dx[i] != dy[i]);
+      }
+    EXPECT_EQ(moved, 0) << what << ": value heads changed";
+    // qkv and dqkv are rounded to act; rstd and the weight gradients are f32 sums of act-type
+    // inputs (tolerances as RmsNormMatchesCpu's).
+    const double stat_tol = ab ? kTolF32FromBf16 : kTolF32;
+    const double act_tol = ab ? kTolBf16 : wb ? kTolF32FromBf16 : kTolF32;
+    expect_close(what + " qkv", got_y, y, act_tol);
+    expect_close(what + " rstd", Rstd.host(), rstd, stat_tol);
+    expect_close(what + " dqkv", got_dx, dx, act_tol);
+    expect_close(what + " dq_weight", dQ.host(), dq, stat_tol);
+    expect_close(what + " dk_weight", dK.host(), dk, stat_tol);
+  }
+  // No positions: nothing runs; a layout without key heads is refused.
+  EXPECT_EQ(kc::qk_rmsnorm_forward(nullptr, ET::kBF16, nullptr, nullptr, nullptr, ET::kBF16, eps, 0,
+                                   4, 2, 128, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(kc::qk_rmsnorm_backward(nullptr, nullptr, nullptr, nullptr, ET::kBF16, nullptr, nullptr,
+                                    ET::kBF16, nullptr, 5, 4, 0, 128, nullptr),
+            cudaErrorInvalidValue);
+}
+
 // The (S_max, HS) table of backend.h: row s = [cos(s·θ_i) | sin(s·θ_i)], θ_i = 10000^(−2i/HS).
 std::vector<float> rope_table(int S_max, int HS) {
   std::vector<float> t(static_cast<size_t>(S_max) * HS);
@@ -1452,6 +1525,43 @@ TEST_P(CudaBackendOps, RmsNorm) {
     expect_close("rmsnorm rstd" + shape, get(*be, Rstd), rstd, tol(DType::kF32, act()));
     expect_close("rmsnorm dinp" + shape, get(*be, dX), dx, tol(act(), act()));
     expect_close("rmsnorm dweight" + shape, get(*be, dW), dw, tol(DType::kF32, act()));
+  }
+}
+
+// The per-head RMSNorm of the query and key heads through the backend, in place: activations and
+// weights of the parameter's type, rstd and the weight gradients f32; Qwen3's head size (128) and
+// an odd one.
+TEST_P(CudaBackendOps, QkRmsNorm) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = make_backend("cuda", 1);
+  const AttentionCase cases[] = {{2, 37, 4, 2, 128}, {1, 19, 3, 1, 45}};
+  const float eps = 1e-6f;
+  uint64_t key = 3450;
+  for (const AttentionCase& c : cases) {
+    const std::string what = " " + c.str();
+    const int N = static_cast<int>(c.tokens()), W = static_cast<int>(c.width());
+    const int64_t heads = static_cast<int64_t>(N) * (c.NH + c.KVH);
+    const size_t n = c.tokens() * c.width();
+    const auto x = host(n, ++key, 2.f), g = host(n, ++key);
+    const auto qw = host(c.HS, ++key), kw = host(c.HS, ++key);
+    auto dq = random(c.HS, ++key), dk = random(c.HS, ++key);  // f32, accumulated into
+    Tensor Qkv = put(*be, {c.B, c.S, W}, x, act()), Pre = put(*be, {c.B, c.S, W}, x, act());
+    Tensor D = put(*be, {c.B, c.S, W}, g, act());
+    Tensor Qw = put(*be, {c.HS}, qw, act()), Kw = put(*be, {c.HS}, kw, act());
+    Tensor Rstd = be->empty({heads}, MemCategory::kActivations);
+    Tensor dQ = put(*be, {c.HS}, dq, DType::kF32), dK = put(*be, {c.HS}, dk, DType::kF32);
+    be->qk_rmsnorm_forward(Qkv, Rstd, Qw, Kw, c.NH, c.KVH, eps);
+    be->qk_rmsnorm_backward(D, dQ, dK, Pre, Qw, Kw, Rstd, c.NH, c.KVH);
+    std::vector<float> y = x, rstd(static_cast<size_t>(heads)), dx = g;
+    kcpu::qk_rmsnorm_forward<float>(y.data(), rstd.data(), qw.data(), kw.data(), N, c.NH, c.KVH,
+                                    c.HS, eps);
+    kcpu::qk_rmsnorm_backward<float>(dx.data(), dq.data(), dk.data(), x.data(), qw.data(),
+                                     kw.data(), rstd.data(), N, c.NH, c.KVH, c.HS);
+    expect_close("qk_rmsnorm qkv" + what, get(*be, Qkv), y, tol(act(), act()));
+    expect_close("qk_rmsnorm rstd" + what, get(*be, Rstd), rstd, tol(DType::kF32, act()));
+    expect_close("qk_rmsnorm dqkv" + what, get(*be, D), dx, tol(act(), act()));
+    expect_close("qk_rmsnorm dq_weight" + what, get(*be, dQ), dq, tol(DType::kF32, act()));
+    expect_close("qk_rmsnorm dk_weight" + what, get(*be, dK), dk, tol(DType::kF32, act()));
   }
 }
 

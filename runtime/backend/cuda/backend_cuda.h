@@ -196,6 +196,11 @@ class CudaBackend final : public Backend {
                        float eps) override;
   void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
                         const Tensor& w, const Tensor& rstd) override;
+  void qk_rmsnorm_forward(Tensor& qkv, Tensor& rstd, const Tensor& q_weight, const Tensor& k_weight,
+                          int NH, int KVH, float eps) override;
+  void qk_rmsnorm_backward(Tensor& dqkv, Tensor& dq_weight, Tensor& dk_weight, const Tensor& x,
+                           const Tensor& q_weight, const Tensor& k_weight, const Tensor& rstd,
+                           int NH, int KVH) override;
   void gelu_forward(Tensor& out, const Tensor& inp, GeluKind kind) override;
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, GeluKind kind) override;
   void tanh_forward(Tensor& out, const Tensor& inp) override;

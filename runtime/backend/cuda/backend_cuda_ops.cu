@@ -1,8 +1,9 @@
 // backend_cuda_ops.cu — the CUDA backend's other ops (backend_cuda.h), each a kernel of
-// kernels/cuda (one header per op family): LayerNorm and RMSNorm, GELU, tanh and SwiGLU, the
-// embedding, the vocab-parallel cross-entropy steps, the sequence-parallel layout changes,
-// elementwise ops and reductions, and the multi-tensor AdamW. An op whose operands are not the
-// types its kernel reads and writes goes through MixedPrecisionScope (widened to f32).
+// kernels/cuda (one header per op family): LayerNorm and RMSNorm (over rows, and over the query
+// and key heads of a q/k/v), GELU, tanh and SwiGLU, the embedding, the vocab-parallel
+// cross-entropy steps, the sequence-parallel layout changes, elementwise ops and reductions, and
+// the multi-tensor AdamW. An op whose operands are not the types its kernel reads and writes goes
+// through MixedPrecisionScope (widened to f32).
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
@@ -65,6 +66,38 @@ void CudaBackend::rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout,
   const auto [N, C] = rmsnorm_backward_dims(dinp, dw, dout, inp, w, rstd);
   CUDA_CHECK(kc::rmsnorm_backward(dinp.data(), dw.f32(), dout.data(), inp.data(), et(inp), w.data(),
                                   et(w), rstd.f32(), N, as_int(C), stream_));
+}
+
+// The query and key heads of qkv (B, S, NH + 2·KVH, HS), in place. The kernels read the
+// activations in one type and both weights in one type, rstd and the weight gradients in f32; any
+// other mix is widened.
+void CudaBackend::qk_rmsnorm_forward(Tensor& qkv, Tensor& rstd, const Tensor& q_weight,
+                                     const Tensor& k_weight, int NH, int KVH, float eps) {
+  const AttentionDims d = qk_rmsnorm_dims(qkv, rstd, q_weight, k_weight, NH, KVH, "qk_rmsnorm qkv");
+  if (!same_dtype(q_weight, k_weight) || !is_f32(rstd)) {
+    MixedPrecisionScope mp(*this);
+    return qk_rmsnorm_forward(mp.out(qkv), mp.out(rstd), mp.in(q_weight), mp.in(k_weight), NH, KVH,
+                              eps);
+  }
+  CUDA_CHECK(kc::qk_rmsnorm_forward(qkv.data(), et(qkv), rstd.f32(), q_weight.data(),
+                                    k_weight.data(), et(q_weight), eps, d.B * d.S, NH, KVH,
+                                    as_int(d.HS), stream_));
+}
+
+void CudaBackend::qk_rmsnorm_backward(Tensor& dqkv, Tensor& dq_weight, Tensor& dk_weight,
+                                      const Tensor& x, const Tensor& q_weight,
+                                      const Tensor& k_weight, const Tensor& rstd, int NH, int KVH) {
+  const AttentionDims d =
+      qk_rmsnorm_backward_dims(dqkv, dq_weight, dk_weight, x, q_weight, k_weight, rstd, NH, KVH);
+  if (!same_dtype(dqkv, x) || !same_dtype(q_weight, k_weight) ||
+      !all_f32(dq_weight, dk_weight, rstd)) {
+    MixedPrecisionScope mp(*this);
+    return qk_rmsnorm_backward(mp.out(dqkv), mp.out(dq_weight), mp.out(dk_weight), mp.in(x),
+                               mp.in(q_weight), mp.in(k_weight), mp.in(rstd), NH, KVH);
+  }
+  CUDA_CHECK(kc::qk_rmsnorm_backward(dqkv.data(), dq_weight.f32(), dk_weight.f32(), x.data(), et(x),
+                                     q_weight.data(), k_weight.data(), et(q_weight), rstd.f32(),
+                                     d.B * d.S, NH, KVH, as_int(d.HS), stream_));
 }
 
 // ---- activations ----
