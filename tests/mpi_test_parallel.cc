@@ -21,6 +21,7 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
+#include "models/llama/llama.h"
 #include "models/registry.h"
 #include "mpi_test_util.h"
 #include "runtime/comm/comm.h"
@@ -262,6 +263,110 @@ TEST(Parallel, BucketReductionsOverlapTheBackwardPass) {
   EXPECT_GE(r.bucket_start_s.size(), 3u);
   EXPECT_GE(early, static_cast<int>(r.bucket_start_s.size()) - 2)
       << "every bucket but the last two must start before the backward pass ends";
+}
+
+// QK-norm (AttentionSpec::qk_norm, Qwen3's per-head q/k RMSNorm) on a tensor group of the whole
+// world: each rank normalises only its heads, so the replicated norm weights' gradients are
+// partial sums the layer reduces over the group. One forward and backward of a Llama-shaped model
+// with QK-norm (8 query heads over t key/value heads, t = world size), with and without sequence
+// parallelism, against the same model on one rank: the loss (1e-5 relative), this rank's shard of
+// every gradient (1e-4 of its tensor's scale: only summation order differs; a norm weight's
+// gradient left a partial sum over the heads is off by tens of percent) and the logits of
+// greedy decoding.
+TEST(QkNorm, TensorParallelGradientsAndDecodingMatchOneRank) {
+  const int t = world().size, rank = world().rank;
+  const ModelConfig m = load_config("", {"model.preset=llama-tiny", "model.num_heads=8",
+                                         "model.num_key_value_heads=" + std::to_string(t),
+                                         "model.init_std=0.3", "model.seq_len=16"})
+                            .model;
+  TransformerSpec spec = llama_spec(m);
+  spec.block.attention.qk_norm = true;
+  spec.block.names.q_norm = "self_attn.q_norm";
+  spec.block.names.k_norm = "self_attn.k_norm";
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  // Norm weights away from their initial ones, the same on every rank (they are replicated).
+  const auto spread = [](ParamStore& store) {
+    for (const ParamInfo& p : store.infos())
+      if (p.name.find("_norm.weight") != std::string::npos &&
+          p.name.find("self_attn") != std::string::npos)
+        for (int64_t i = 0; i < p.numel; ++i)
+          store.params().f32()[p.offset + i] = static_cast<float>(1 + 0.4 * std::sin(0.9 * i));
+    store.params_changed();
+  };
+  const int B = 2, S = 16;
+  Tensor tokens = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
+  Tensor targets = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
+  for (int i = 0; i < B * S; ++i) {
+    tokens.i32()[i] = (7 * i + 3) % m.vocab_size;
+    targets.i32()[i] = (5 * i + 1) % m.vocab_size;
+  }
+  // Runs forward and backward (scale 1) and greedy decoding; returns the loss sum.
+  const auto run = [&](TransformerModel& model, std::vector<float>* logits) {
+    spread(model.params());
+    model.params().zero_grads();
+    LossSum l;
+    PieceActsPtr acts = model.forward(ModelBatch{tokens, targets}, &l);
+    model.backward(*acts, 1.0f);
+    std::unique_ptr<GenerationState> st = model.start_generation(1, 8);
+    std::vector<int32_t> step = {5, 9, 2};
+    for (int n = 0; n < 4; ++n) {
+      const std::vector<float> out = model.decode(*st, step, static_cast<int>(step.size()));
+      logits->insert(logits->end(), out.begin(), out.end());
+      step = {static_cast<int32_t>(std::max_element(out.begin(), out.end()) - out.begin())};
+    }
+    return l.sum;
+  };
+  ModelOptions one;
+  one.seed = 3;
+  TransformerModel ref(spec, one, *be);
+  std::vector<float> ref_logits;
+  const double ref_loss = run(ref, &ref_logits);
+  const std::vector<ParamInfo>& full = ref.params().infos();
+  const float* ref_grads = ref.params().grads().f32();
+  std::unique_ptr<Communicator> group = make_world_communicator(CommBackend::kMPI, 60);
+  for (bool sp : {false, true}) {
+    ModelOptions o = one;
+    o.tensor = t;
+    o.tensor_rank = rank;
+    o.tensor_group = group.get();
+    o.sequence_parallel = sp;
+    TransformerModel par(spec, o, *be);
+    std::vector<float> logits;
+    const double loss = run(par, &logits);
+    const std::string name = std::string("t") + std::to_string(t) + (sp ? " sp" : "");
+    mpitest::Tally losses, grads, decoded;
+    losses.add(name + " loss", !mpitest::close_rel(loss, ref_loss, 1e-5));
+    int64_t bad = 0;
+    const float* got = par.params().grads().f32();
+    for (const ParamInfo& p : par.params().infos()) {
+      const ParamInfo* f = nullptr;
+      for (const ParamInfo& q : full)
+        if (q.name == p.name) f = &q;
+      // Elements of one gradient sum many terms of both signs: layouts that add them in another
+      // order agree to float rounding of the tensor's scale (its RMS), not of each element.
+      double rms = 0;
+      for (int64_t g = 0; g < f->numel; ++g)
+        rms += double{ref_grads[f->offset + g]} * ref_grads[f->offset + g];
+      rms = std::sqrt(rms / static_cast<double>(f->numel));
+      const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
+      for (int64_t i = 0; i < p.numel; ++i) {
+        const int64_t g = global_index(p, i, rank, t);
+        // Padded vocabulary rows beyond the one-rank padding get no gradient.
+        const bool padded = p.rows_initialised >= 0 && g / row_len >= f->numel / row_len;
+        const double want = padded ? 0.0 : ref_grads[f->offset + g];
+        if (std::fabs(got[p.offset + i] - want) > 1e-4 * (std::fabs(want) + rms)) ++bad;
+      }
+    }
+    grads.add(name + " gradients", bad);
+    bad = logits.size() != ref_logits.size();
+    for (size_t i = 0; i < std::min(logits.size(), ref_logits.size()); ++i)
+      bad += std::fabs(logits[i] - ref_logits[i]) > 1e-5 * (1 + std::fabs(ref_logits[i]));
+    decoded.add(name + " decoding", bad);
+    if (rank == 0) std::printf("QK-norm %s:\n", name.c_str());
+    losses.expect_clean("loss");
+    grads.expect_clean("gradients");
+    decoded.expect_clean("decoding logits");
+  }
 }
 
 }  // namespace

@@ -2,9 +2,8 @@
 
 namespace strata {
 
-SelfAttention::SelfAttention(ParamLayout& layout, const std::string& qkv_name,
-                             const std::string& proj_name, int64_t C, const AttentionSpec& spec,
-                             LinearInit qkv_init, LinearInit proj_init,
+SelfAttention::SelfAttention(ParamLayout& layout, const AttentionNames& names, int64_t C,
+                             const AttentionSpec& spec, LinearInit qkv_init, LinearInit proj_init,
                              const RotaryEmbedding* rope_)
     : heads_local(spec.heads / layout.tp()),
       kv_heads_local(spec.kv_heads / layout.tp()),
@@ -12,9 +11,23 @@ SelfAttention::SelfAttention(ParamLayout& layout, const std::string& qkv_name,
       rope(spec.rotary ? rope_ : nullptr),
       causal(spec.causal) {
   const int64_t q_rows = spec.q_width(), kv_rows = spec.kv_heads * head_size;
-  qkv = ColumnParallelLinear(layout, qkv_name, C, q_rows + 2 * kv_rows, qkv_init, spec.bias,
+  qkv = ColumnParallelLinear(layout, names.qkv, C, q_rows + 2 * kv_rows, qkv_init, spec.bias,
                              {q_rows, kv_rows, kv_rows});
-  proj = RowParallelLinear(layout, proj_name, q_rows, C, proj_init, spec.bias);
+  if (spec.qk_norm) {
+    q_norm = layout.add(
+        {names.q_norm + ".weight", {head_size}, ParamSplit::kReplicated, ParamInit::kOnes});
+    k_norm = layout.add(
+        {names.k_norm + ".weight", {head_size}, ParamSplit::kReplicated, ParamInit::kOnes});
+    qk_norm_eps = static_cast<float>(spec.qk_norm_eps);
+  }
+  proj = RowParallelLinear(layout, names.proj, q_rows, C, proj_init, spec.bias);
+}
+
+void SelfAttention::normalise_qk(const LayerEnv& env, Tensor& qkv_t, Tensor& rstd) const {
+  const int64_t rows = qkv_t.numel() / qkv.out_local * (heads_local + kv_heads_local);
+  rstd = env.stat({rows});
+  env.be.qk_rmsnorm_forward(qkv_t, rstd, env.w(q_norm), env.w(k_norm), heads_local, kv_heads_local,
+                            qk_norm_eps);
 }
 
 AttentionMask SelfAttention::mask(const Saved& s) const {
@@ -28,6 +41,11 @@ Tensor SelfAttention::forward(const LayerEnv& env, const Tensor& x, const Tensor
                               Saved& s, const Tensor& key_lengths) const {
   s.key_lengths = key_lengths;
   s.qkv = qkv.forward(env, x);
+  if (q_norm.valid()) {
+    s.qkv_raw = env.act(s.qkv.shape());
+    env.be.copy(s.qkv_raw, s.qkv);
+    normalise_qk(env, s.qkv, s.qk_rstd);
+  }
   if (rope) rope->forward(env, s.qkv, heads_local, kv_heads_local);
   recompute_core(env, s);
   return proj.forward_residual(env, s.out, residual);
@@ -54,6 +72,17 @@ Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Te
   env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local, mask(s));
   dout = Tensor();
   if (rope) rope->backward(env, dqkv, heads_local, kv_heads_local);
+  if (q_norm.valid()) {
+    Tensor dq = env.g(q_norm), dk = env.g(k_norm);
+    env.be.qk_rmsnorm_backward(dqkv, dq, dk, s.qkv_raw, env.w(q_norm), env.w(k_norm), s.qk_rstd,
+                               heads_local, kv_heads_local);
+    s.qkv_raw = Tensor();
+    // Each rank normalised its own heads: the replicated weights' gradients are partial sums.
+    if (env.tp.size() > 1 && pass.last_microbatch) {
+      env.tp.sum(dq);
+      env.tp.sum(dk);
+    }
+  }
   return qkv.backward(env, pass, dqkv, x);
 }
 
@@ -61,6 +90,10 @@ Tensor SelfAttention::decode(const LayerEnv& env, const Tensor& x, const Tensor&
                              Tensor& k_cache, Tensor& v_cache, int64_t pos0) const {
   const int64_t B = x.size(0), T = x.size(1);
   Tensor qkv_new = qkv.forward(env, x);  // (B, T, (NH + 2·KVH)·HS / t)
+  if (q_norm.valid()) {
+    Tensor rstd;
+    normalise_qk(env, qkv_new, rstd);
+  }
   if (rope) rope->forward_at(env, qkv_new, heads_local, kv_heads_local, pos0);
   Tensor q = env.act({B, T, heads_local, head_size});
   env.be.kv_cache_append(q, k_cache, v_cache, qkv_new, heads_local, kv_heads_local, pos0);
@@ -77,7 +110,9 @@ PartWork SelfAttention::work(int64_t C, const AttentionSpec& a, const WorkShape&
   w.attention_flops = (a.causal ? 0.5 : 1.0) * 4 * s.b * s.S * s.S * q / t;
   w.attention = {s.b, a.heads / t, a.kv_heads / t, s.S, static_cast<double>(a.head_size)};
   w.elementwise(2 * s.tokens() * (qkv_width + q) / t);
-  if (a.rotary) w.elementwise(2 * s.tokens() * (qkv_width - a.kv_heads * a.head_size) / t);
+  const double qk = qkv_width - a.kv_heads * a.head_size;               // q and k of every head
+  if (a.qk_norm) w.elementwise(2 * s.tokens() * (qkv_width + qk) / t);  // the copy, the norm
+  if (a.rotary) w.elementwise(2 * s.tokens() * qk / t);
   w += RowParallelLinear::work(a.q_width(), C, s);
   return w;
 }
@@ -89,6 +124,8 @@ LayerActivations SelfAttention::activations(int64_t C, const AttentionSpec& a, c
   LayerActivations l;
   l.recomputed = probs + s.tokens() * q / t;  // the core's state and output
   l.saved = s.tokens() * static_cast<double>(a.qkv_width()) / t + l.recomputed;
+  if (a.qk_norm)  // q/k/v before the norm, a statistic per head
+    l.saved += s.tokens() * (static_cast<double>(a.qkv_width()) + a.heads + a.kv_heads) / t;
   l.backward = s.tokens() * (q + static_cast<double>(a.qkv_width())) / t +
                (s.sp ? s.tokens() * static_cast<double>(C) : 0);
   return l;

@@ -10,6 +10,12 @@
 // group, so a rank holds NH/t query heads and the KVH/t key/value heads they use (the config
 // refuses a KVH that t does not divide: heads are never replicated or rounded).
 //
+// QK-norm (Qwen3's q_norm / k_norm, AttentionSpec::qk_norm): before the rotation each query head
+// and each key head is RMS-normalised over its HS values, with one weight (HS) for all query heads
+// and one for all key heads (Backend::qk_rmsnorm_forward). The weights are replicated over the
+// tensor group, but each rank normalises only its heads: their gradients are partial sums, summed
+// over the group on the last micro-batch (never deferred to a zero-bubble W pass).
+//
 // The core is causal (decoder models) or bidirectional (BERT's encoder), optionally over the real
 // keys of padded sequences (a (B) i32 tensor of key lengths given to forward()). Selective
 // recompute (Korthikanti et al.) drops what the core saves — the (B, NH/t, S, S) probabilities on
@@ -36,26 +42,36 @@ struct AttentionSpec {
   bool causal = true;     // decoders; false: every query sees every (real) key (BERT's encoder)
   bool rotary = false;    // q and k rotated by the model's rotary table (Llama)
   bool bias = true;       // biases on q/k/v and on the output projection
+  bool qk_norm = false;   // per-head RMSNorm of q and k before the rotation (Qwen3)
+  double qk_norm_eps = 1e-6;
 
   int64_t q_width() const { return heads * head_size; }
   int64_t qkv_width() const { return (heads + 2 * int64_t{kv_heads}) * head_size; }
+};
+
+// Parameter names (prefixes of `name`.weight, …) of an attention layer.
+struct AttentionNames {
+  std::string qkv, proj;
+  std::string q_norm, k_norm;  // with AttentionSpec::qk_norm
 };
 
 class SelfAttention {
  public:
   struct Saved {
     Tensor qkv;          // (B, S, (NH + 2·KVH)·HS/t) [q | k | v] of this rank's heads, rotated
+    Tensor qkv_raw;      // with QK-norm: q/k/v before the norm (the same shape)
+    Tensor qk_rstd;      // with QK-norm: (B·S·(NH + KVH)/t) f32, each head's 1/rms
     Tensor att;          // backend's saved state (Backend::attention_saved_shape), f32
     Tensor out;          // (B, S, NH·HS/t) the core's output, the projection's input
     Tensor key_lengths;  // (B) i32: the real keys of each sequence; undefined: all S
   };
 
   SelfAttention() = default;
-  // qkv_name, proj_name: the two projections' parameter prefixes (`qkv_name`.weight, …) for a
-  // hidden size C. rope: the model's rotary table when spec.rotary (it may be filled after this
-  // constructor runs).
-  SelfAttention(ParamLayout& layout, const std::string& qkv_name, const std::string& proj_name,
-                int64_t C, const AttentionSpec& spec, LinearInit qkv_init, LinearInit proj_init,
+  // Declares the layer's parameters (`names`) for a hidden size C: q/k/v, with spec.qk_norm the
+  // two norm weights (ones), the output projection. rope: the model's rotary table when
+  // spec.rotary (it may be filled after this constructor runs).
+  SelfAttention(ParamLayout& layout, const AttentionNames& names, int64_t C,
+                const AttentionSpec& spec, LinearInit qkv_init, LinearInit proj_init,
                 const RotaryEmbedding* rope);
 
   // residual + attention(x), reduced over the group; x (B, S_local, C) the layer's input.
@@ -82,12 +98,13 @@ class SelfAttention {
 
   // ---- self-description (models/layers/work.h), for a hidden size C ----
   // q/k/v and the output projection, the core (causal: half the S×S scores), the q/k/v and
-  // output layout copies and the rotation of q and k (a read and a write each).
+  // output layout copies, QK-norm (the copy of q/k/v it keeps, the norm of q and k) and the
+  // rotation of q and k (a read and a write each).
   static PartWork work(int64_t C, const AttentionSpec& a, const WorkShape& s);
-  // Keeps q/k/v and the core's state and output (selective recompute drops and rebuilds the
-  // latter two): the (B, NH/t, S, S) probabilities, or with fused (flash) kernels the
-  // log-sum-exp of each row. Its backward holds d(core output) and d(q/k/v), and with sp the
-  // gathered input.
+  // Keeps q/k/v (with QK-norm also before the norm, and each head's statistic) and the core's
+  // state and output (selective recompute drops and rebuilds the latter two): the (B, NH/t, S, S)
+  // probabilities, or with fused (flash) kernels the log-sum-exp of each row. Its backward holds
+  // d(core output) and d(q/k/v), and with sp the gathered input.
   static LayerActivations activations(int64_t C, const AttentionSpec& a, const WorkShape& s,
                                       bool flash);
   // The fused backward's f32 scratch: the dq accumulator of the local heads and a row sum per
@@ -102,6 +119,8 @@ class SelfAttention {
   static std::string split_reason(const AttentionSpec& a, int t);
 
   ColumnParallelLinear qkv;
+  ParamRef q_norm, k_norm;  // (HS) each, with QK-norm
+  float qk_norm_eps = 0;
   RowParallelLinear proj;
   int heads_local = 0;     // NH / t
   int kv_heads_local = 0;  // KVH / t
@@ -112,6 +131,8 @@ class SelfAttention {
  private:
   // The backend's mask for the saved key lengths.
   AttentionMask mask(const Saved& s) const;
+  // QK-norm of fresh q/k/v in place; rstd receives each head's statistic.
+  void normalise_qk(const LayerEnv& env, Tensor& qkv, Tensor& rstd) const;
 };
 
 }  // namespace strata

@@ -15,8 +15,9 @@ TransformerBlock::TransformerBlock(ParamLayout& layout, const BlockSpec& spec, i
   };
   // Declared in forward order, so that the block's parameters are one range.
   if (placement_ == NormPlacement::kPre) declare_norm(norm_1_, n.norm_1);
-  attn_ =
-      SelfAttention(layout, prefix + n.qkv, prefix + n.attn_proj, C, spec.attention, w, proj, rope);
+  attn_ = SelfAttention(
+      layout, {prefix + n.qkv, prefix + n.attn_proj, prefix + n.q_norm, prefix + n.k_norm}, C,
+      spec.attention, w, proj, rope);
   declare_norm(placement_ == NormPlacement::kPre ? norm_2_ : norm_1_,
                placement_ == NormPlacement::kPre ? n.norm_2 : n.norm_1);
   mlp_ = MLP(layout, spec.mlp, prefix + n.mlp_fc, prefix + n.mlp_proj, C, w, proj);

@@ -41,6 +41,7 @@ enum class NormPlacement { kPre, kPost };
 // Parameter names of a block's layers, after the layer's prefix.
 struct BlockNames {
   std::string norm_1, qkv, attn_proj, norm_2, mlp_fc, mlp_proj;
+  std::string q_norm = {}, k_norm = {};  // with AttentionSpec::qk_norm
 };
 
 struct BlockSpec {
