@@ -539,6 +539,8 @@ json plan_config_json(const ParallelLayout& c) {
     lps.push_back(row);
   }
   return {{"tensor", c.tensor},
+          {"context", c.context},
+          {"expert", c.expert},
           {"pipeline", c.pipeline},
           {"data", c.data},
           {"virtual_stages", c.virtual_stages},

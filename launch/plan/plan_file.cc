@@ -61,7 +61,7 @@ std::pair<const json*, std::string> plan_entry(const json& doc, const std::strin
   return {&doc, ""};
 }
 
-// Layout fields the planner does not search, so does not write, yet: a plan without them keeps
+// Layout fields plans written before the planner recorded them lack: a plan without them keeps
 // the config's value (1).
 bool planner_omits(const std::string& field) {
   return field == "context" || field == "expert";
