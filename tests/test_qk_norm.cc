@@ -126,11 +126,14 @@ struct QkModel {
   }
 };
 
-// d(loss sum)/d(w) by the backward against central differences, for every element of layer 0's
-// and layer 1's q_norm and k_norm weights and a few of a q/k/v weight. f32 forward: steps of 1e-2
-// on weights near 1 keep the truncation error near 1e-4 relative, and the loss sum (~100) is
-// resolved to ~1e-5, so 1e-2 relative (or 1e-3 absolute) separates a right gradient from a wrong
-// one.
+// d(loss sum)/d(w) by the backward against finite differences, for every element of layer 0's
+// and layer 1's q_norm and k_norm weights and a few of a q/k/v weight. The model is strongly
+// curved (init_std 0.3: central differences at h = 1e-2 are off by up to 4e-3 on gradients near 3)
+// and its f32 loss sum carries ~2e-5 of rounding noise, which differs between builds (the
+// sanitizer build's code rounds differently). The fourth-order stencil at h = 2e-2 removes the
+// curvature; what remains is the noise, measured at up to 1.0e-3 absolute in the Release and the
+// sanitizer builds. 2e-2 relative plus 2e-3 absolute is twice that and still far below what a
+// wrong gradient moves (gradients from 0.03 to 3).
 TEST(QkNorm, GradientsMatchFiniteDifferences) {
   QkModel m;
   ParamStore& store = m.model->params();
@@ -151,19 +154,19 @@ TEST(QkNorm, GradientsMatchFiniteDifferences) {
     for (int64_t i = 0; i < info.numel; i += step) {
       float& w = store.params().f32()[info.offset + i];
       const float w0 = w;
-      const double h = 1e-2;
-      w = static_cast<float>(w0 + h);
-      store.params_changed();
-      const double up = m.loss();
-      w = static_cast<float>(w0 - h);
-      store.params_changed();
-      const double down = m.loss();
+      const double h = 2e-2;
+      auto loss_at = [&](double d) {
+        w = static_cast<float>(w0 + d);
+        store.params_changed();
+        return m.loss();
+      };
+      const double fd =
+          (8 * (loss_at(h) - loss_at(-h)) - (loss_at(2 * h) - loss_at(-2 * h))) / (12 * h);
       w = w0;
       store.params_changed();
-      const double fd = (up - down) / (2 * h);
       const double g = grads[static_cast<size_t>(info.offset + i)];
       ++checked;
-      if (std::fabs(g - fd) > 1e-2 * std::fabs(fd) + 1e-3) {
+      if (std::fabs(g - fd) > 2e-2 * std::fabs(fd) + 2e-3) {
         ++bad;
         ADD_FAILURE() << info.name << "[" << i << "]: backward " << g << ", differences " << fd;
       }
