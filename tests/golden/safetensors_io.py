@@ -1,7 +1,8 @@
 """safetensors written and read by hand (struct + json), for the golden fixture scripts
-(make_gpt_fixture.py, make_llama_fixture.py, make_bert_fixture.py): little-endian, tensors back
-to back in the order given, the header padded with spaces to a multiple of 8, metadata under
-"__metadata__"; F32 and I32 only. Reading checks that the data ends where the last tensor does."""
+(make_gpt_fixture.py, make_llama_fixture.py, make_moe_fixture.py, make_bert_fixture.py):
+little-endian, tensors back to back in the order given, the header padded with spaces to a multiple
+of 8, metadata under "__metadata__"; F32 and I32 only. Reading checks that the data ends where the
+last tensor does."""
 import json
 import struct
 import sys
