@@ -209,6 +209,79 @@ class Backend {
   virtual void swiglu_forward(Tensor& out, const Tensor& gate_up) = 0;
   virtual void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) = 0;
 
+  // ---- mixture of experts (Mixtral's and Qwen3-MoE's sparse block) ----
+  // N tokens, E experts (≤ 1024), k experts per token (1 ≤ k ≤ E), C hidden; an assignment
+  // (n, j) is token n's j-th choice. Routing weights and statistics (probs, topk_w, their
+  // gradients, sums) are f32 in both precisions, token rows (x, y, out and their gradients) the
+  // activations' type; index tensors i32. Every output is ASSIGNED. Results do not depend on the
+  // thread count or the launch (no float atomics): a run repeats bit for bit.
+  //
+  // moe_route: probs (N, E) = softmax of each logits (N, E) row, in f32, max-subtracted;
+  // topk_idx (N, k) the experts of the k largest probabilities in descending order, equal
+  // probabilities by the LOWER expert index; topk_w (N, k) those probabilities, divided by their
+  // sum when `renormalize` (Mixtral always, Qwen3-MoE with norm_topk_prob): Hugging Face's
+  // MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock routing.
+  virtual void moe_route(Tensor& probs, Tensor& topk_idx, Tensor& topk_w, const Tensor& logits,
+                         int k, bool renormalize) = 0;
+  // Its backward: dlogits (N, E) from dtopk_w (N, k) and dprobs_expert (E), a gradient on the
+  // probabilities that is the same for every token (the load-balancing loss's), added to every
+  // row; an undefined Tensor where there is none. Per row, with p its probabilities and S its
+  // selected experts: dp_j = (dtopk_w_j − Σ_i dtopk_w_i·topk_w_i) / Σ_S p for j ∈ S when
+  // renormalized, dtopk_w_j when not, 0 for the others; dp += dprobs_expert; dlogits =
+  // p ⊙ (dp − Σ_e p_e·dp_e). probs and topk_idx: the forward's.
+  virtual void moe_route_backward(Tensor& dlogits, const Tensor& dtopk_w,
+                                  const Tensor& dprobs_expert, const Tensor& probs,
+                                  const Tensor& topk_idx, bool renormalize) = 0;
+  // The dispatch plan: which row of the expert-sorted layout each assignment takes. routed (E):
+  // assignments per expert; counts (E): those kept (routed when dropless); dest_row (N, k): the
+  // row of assignment (n, j), or −1 where it was dropped. The layout: experts in order, expert e's
+  // rows [offset_e, offset_e + counts_e) with offset the exclusive prefix sum of counts, and within
+  // an expert its kept assignments in (token n, then slot j) order; so R = Σ counts rows in all,
+  // each the destination of exactly one assignment.
+  // capacity < 0: dropless, nothing dropped. capacity ≥ 0 (Megatron-LM's "probs" drop policy):
+  // an expert routed more than `capacity` assignments keeps the `capacity` of largest topk_w
+  // (equal weights: the lower token index first) — still laid out in token order — and drops the
+  // rest. topk_idx (N, k): moe_route's (every entry in [0, E): the CPU checks, the GPU trusts);
+  // topk_w (N, k): the weights the drop ranks by.
+  virtual void moe_dispatch_plan(Tensor& dest_row, Tensor& counts, Tensor& routed,
+                                 const Tensor& topk_idx, const Tensor& topk_w, int num_experts,
+                                 int64_t capacity) = 0;
+  // Token rows into the expert-sorted layout: xp (R, C)[dest_row[n, j]] = x (N, C)[n] for every
+  // dest_row ≥ 0 (R: xp's rows; dest_row as moe_dispatch_plan makes it, every row of xp named
+  // once). Backward: dx (N, C) = Σ_j dxp[dest_row[n, j]] over j with dest_row ≥ 0, summed in f32
+  // in j order (0 where every assignment of the token was dropped).
+  virtual void moe_permute(Tensor& xp, const Tensor& x, const Tensor& dest_row) = 0;
+  virtual void moe_permute_backward(Tensor& dx, const Tensor& dxp, const Tensor& dest_row) = 0;
+  // The experts' rows back to the tokens, weighted: out (N, C) = Σ_j topk_w[n, j] ·
+  // y (R, C)[dest_row[n, j]] over j with dest_row ≥ 0, summed in f32 in j order. Backward:
+  // dy (R, C)[dest_row[n, j]] = topk_w[n, j] · dout[n] (every row of dy is some assignment's);
+  // dtopk_w (N, k) = dout[n] · y[dest_row[n, j]] in f32 (0 for a dropped assignment).
+  virtual void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& dest_row,
+                             const Tensor& topk_w) = 0;
+  virtual void moe_unpermute_backward(Tensor& dy, Tensor& dtopk_w, const Tensor& dout,
+                                      const Tensor& y, const Tensor& dest_row,
+                                      const Tensor& topk_w) = 0;
+  // sums (E) = Σ_n probs (N, E)[n, e]: the load-balancing loss's mean probability per expert
+  // (times N). Summed in double on the CPU, in a fixed order on the GPU.
+  virtual void moe_prob_sums(Tensor& sums, const Tensor& probs) = 0;
+
+  // Grouped GEMM over experts: rows grouped by expert as moe_dispatch_plan lays them out.
+  // rows (G): each group's row count, Σ rows = R; group g's rows [Σ_{h<g} rows_h, + rows_g) of
+  // inp (R, I) are multiplied by w[g] of w (G, O, I) (contiguous): out (R, O) = inp_g · w[g]ᵀ.
+  // Types as matmul_forward's (any f32/bf16 mix; in bf16 the weights' compute copy is bf16).
+  // These defaults run matmul_forward / matmul_backward_input / matmul_backward_weight per group on
+  // views, skipping groups of no rows; the CUDA backend runs one cuBLAS grouped GEMM where its
+  // toolkit has one and the operands are of one type.
+  virtual void grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                                      const std::vector<int64_t>& rows);
+  // dinp (R, I) = dout_g (rows_g, O) · w[g], assigned (a group of no rows has no rows to write).
+  virtual void grouped_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w,
+                                             const std::vector<int64_t>& rows);
+  // dw (G, O, I)[g] += dout_gᵀ · inp_g (accumulated, as matmul_backward_weight; f32 in bf16 runs,
+  // the main gradient); a group of no rows adds nothing.
+  virtual void grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, const Tensor& inp,
+                                              const std::vector<int64_t>& rows);
+
   // ---- generation with a key/value cache ----
   // kv_cache_append: from qkv (B, T, NH + 2·KVH, HS) (the attention layout above) of the tokens
   // at positions pos0 … pos0 + T − 1, copies the queries to q (B, T, NH, HS) and the key and

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "runtime/backend/backend.h"
 #include "runtime/base/check.h"
@@ -333,6 +334,142 @@ inline SeqChunkDims seq_chunk_dims(const Tensor& bsc, const Tensor& chunks, int 
   expect_numel(chunks, bsc.numel(), "sequence chunks");
   STRATA_CHECK(bsc.dtype() == chunks.dtype(), "sequence chunks of another dtype");
   return {B, S, C};
+}
+
+// ---- mixture of experts (backend.h) ----
+
+// An index operand: i32, named otherwise.
+inline void expect_i32(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.dtype() == DType::kI32,
+               what << " is " << to_string(t.dtype()) << ", expected i32");
+}
+
+// The most experts a layer may have (the CUDA routing kernel keeps a warp's experts in 32-bit
+// masks of 32 per lane).
+constexpr int kMaxExperts = 1024;
+
+// N tokens, E experts, k per token.
+struct MoeDims {
+  int64_t N = 0;
+  int E = 0, k = 0;
+};
+inline MoeDims moe_dims(int64_t N, int64_t E, int64_t k) {
+  STRATA_CHECK(E >= 1 && E <= kMaxExperts,
+               "moe experts " << E << " outside [1, " << kMaxExperts << "]");
+  STRATA_CHECK(k >= 1 && k <= E, "moe experts per token " << k << " outside [1, " << E << "]");
+  return {N, static_cast<int>(E), static_cast<int>(k)};
+}
+
+// moe_route: logits (N, E) and probs (N, E) floats, topk_idx (N, k) i32, topk_w (N, k) float.
+inline MoeDims moe_route_dims(const Tensor& probs, const Tensor& topk_idx, const Tensor& topk_w,
+                              const Tensor& logits, int k) {
+  const MoeDims d = moe_dims(rows(logits), logits.size(-1), k);
+  for (const NamedOperand& o : {NamedOperand{logits, "moe_route logits"},
+                                {probs, "moe_route probs"},
+                                {topk_w, "moe_route topk_w"}})
+    expect_float(o.t, o.what);
+  expect_i32(topk_idx, "moe_route topk_idx");
+  expect_numel(probs, d.N * d.E, "moe_route probs");
+  expect_numels(d.N * d.k, {{topk_idx, "moe_route topk_idx"}, {topk_w, "moe_route topk_w"}});
+  return d;
+}
+// Its backward: probs and dlogits (N, E), topk_idx and dtopk_w (N, k), dprobs_expert (E) or
+// undefined.
+inline MoeDims moe_route_backward_dims(const Tensor& dlogits, const Tensor& dtopk_w,
+                                       const Tensor& dprobs_expert, const Tensor& probs,
+                                       const Tensor& topk_idx) {
+  const MoeDims d = moe_dims(rows(probs), probs.size(-1), topk_idx.size(-1));
+  for (const NamedOperand& o : {NamedOperand{dlogits, "moe_route dlogits"},
+                                {dtopk_w, "moe_route dtopk_w"},
+                                {probs, "moe_route probs"}})
+    expect_float(o.t, o.what);
+  expect_i32(topk_idx, "moe_route topk_idx");
+  expect_numel(dlogits, d.N * d.E, "moe_route dlogits");
+  expect_numels(d.N * d.k, {{topk_idx, "moe_route topk_idx"}, {dtopk_w, "moe_route dtopk_w"}});
+  if (dprobs_expert.defined()) {
+    expect_float(dprobs_expert, "moe_route dprobs_expert");
+    expect_numel(dprobs_expert, d.E, "moe_route dprobs_expert");
+  }
+  return d;
+}
+// moe_dispatch_plan: topk_idx, topk_w and dest_row (N, k), counts and routed (E).
+inline MoeDims moe_dispatch_dims(const Tensor& dest_row, const Tensor& counts, const Tensor& routed,
+                                 const Tensor& topk_idx, const Tensor& topk_w, int num_experts) {
+  const MoeDims d = moe_dims(rows(topk_idx), num_experts, topk_idx.size(-1));
+  for (const NamedOperand& o : {NamedOperand{dest_row, "moe_dispatch_plan dest_row"},
+                                {counts, "moe_dispatch_plan counts"},
+                                {routed, "moe_dispatch_plan routed"},
+                                {topk_idx, "moe_dispatch_plan topk_idx"}})
+    expect_i32(o.t, o.what);
+  expect_float(topk_w, "moe_dispatch_plan topk_w");
+  STRATA_CHECK(d.N * d.k <= INT32_MAX,
+               "moe_dispatch_plan: " << d.N << " tokens × " << d.k << " exceed the i32 rows");
+  expect_numels(d.N * d.k,
+                {{dest_row, "moe_dispatch_plan dest_row"}, {topk_w, "moe_dispatch_plan topk_w"}});
+  expect_numels(d.E, {{counts, "moe_dispatch_plan counts"}, {routed, "moe_dispatch_plan routed"}});
+  return d;
+}
+
+// Token rows (N, C) and expert-sorted rows (R, C) with the plan's dest_row (N, k) between them:
+// `tokens` and `sorted` named by the caller.
+struct MoeRowDims {
+  int64_t N = 0, R = 0, C = 0;
+  int k = 0;
+};
+inline MoeRowDims moe_row_dims(const Tensor& tokens, const Tensor& sorted, const Tensor& dest_row,
+                               const char* tokens_name, const char* sorted_name) {
+  expect_i32(dest_row, "moe dest_row");
+  expect_float(tokens, tokens_name);
+  expect_float(sorted, sorted_name);
+  const int64_t C = tokens.size(-1), N = rows(tokens), k = dest_row.size(-1);
+  STRATA_CHECK(k >= 1, "moe dest_row " << shape_string(dest_row.shape()) << " has no slots");
+  expect_numel(dest_row, N * k, "moe dest_row");
+  STRATA_CHECK(sorted.size(-1) == C, sorted_name << " has shape " << shape_string(sorted.shape())
+                                                 << ", expected rows of " << C << " like "
+                                                 << tokens_name);
+  return {N, rows(sorted), C, static_cast<int>(k)};
+}
+// moe_unpermute's and its backward's weights: topk_w (N, k) as dest_row.
+inline void expect_moe_weights(const Tensor& topk_w, const MoeRowDims& d, const char* what) {
+  expect_float(topk_w, what);
+  expect_numel(topk_w, d.N * d.k, what);
+}
+
+// moe_prob_sums: probs (N, E), sums (E).
+inline MoeDims moe_prob_sums_dims(const Tensor& sums, const Tensor& probs) {
+  const MoeDims d = moe_dims(rows(probs), probs.size(-1), 1);
+  expect_float(probs, "moe_prob_sums probs");
+  expect_float(sums, "moe_prob_sums sums");
+  expect_numel(sums, d.E, "moe_prob_sums sums");
+  return d;
+}
+
+// A grouped GEMM's operands: w (G, O, I), rows (G) of Σ = R, inp or dinp (R, I), out or dout
+// (R, O); returns (G, R, I, O).
+struct GroupedDims {
+  int64_t G = 0, R = 0, I = 0, O = 0;
+};
+inline GroupedDims grouped_matmul_dims(const Tensor& w, const std::vector<int64_t>& rows_per_group,
+                                       const Tensor& in, const Tensor& out, const char* w_name,
+                                       const char* in_name, const char* out_name) {
+  STRATA_CHECK(w.dim() == 3,
+               w_name << " has shape " << shape_string(w.shape()) << ", expected (groups, O, I)");
+  const GroupedDims d{w.size(0), rows(in), w.size(2), w.size(1)};
+  STRATA_CHECK(static_cast<int64_t>(rows_per_group.size()) == d.G,
+               "grouped matmul: " << rows_per_group.size() << " row counts for " << d.G
+                                  << " groups of " << w_name);
+  int64_t total = 0;
+  for (const int64_t r : rows_per_group) {
+    STRATA_CHECK(r >= 0, "grouped matmul: a group of " << r << " rows");
+    total += r;
+  }
+  STRATA_CHECK(in.size(-1) == d.I, in_name << " has shape " << shape_string(in.shape())
+                                           << ", expected rows of " << d.I << " (" << w_name << " "
+                                           << shape_string(w.shape()) << ")");
+  STRATA_CHECK(total == d.R, "grouped matmul: the groups' rows sum to " << total << ", " << in_name
+                                                                        << " has " << d.R);
+  expect_numel(out, d.R * d.O, out_name);
+  return d;
 }
 
 // One AdamW range: gradient and moments the parameter's size.

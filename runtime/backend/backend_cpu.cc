@@ -14,6 +14,7 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cpu/precision.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -301,6 +302,99 @@ class CpuBackend final : public Backend {
     k::swiglu_backward(dgate_up.f32(), dout.f32(), gate_up.f32(), as_int(d.N), as_int(d.F));
   }
 
+  // ---- mixture of experts ----
+  // (top_k: `k` names the kernels here.)
+  void moe_route(Tensor& probs, Tensor& topk_idx, Tensor& topk_w, const Tensor& logits, int top_k,
+                 bool renormalize) override {
+    const MoeDims d = moe_route_dims(probs, topk_idx, topk_w, logits, top_k);
+    if (!all_f32(probs, topk_w, logits)) {
+      MixedPrecisionScope mp(*this);
+      return moe_route(mp.out(probs), topk_idx, mp.out(topk_w), mp.in(logits), top_k, renormalize);
+    }
+    k::moe_route(probs.f32(), topk_idx.i32(), topk_w.f32(), logits.f32(), d.N, d.E, d.k,
+                 renormalize);
+  }
+  void moe_route_backward(Tensor& dlogits, const Tensor& dtopk_w, const Tensor& dprobs_expert,
+                          const Tensor& probs, const Tensor& topk_idx, bool renormalize) override {
+    const MoeDims d = moe_route_backward_dims(dlogits, dtopk_w, dprobs_expert, probs, topk_idx);
+    const bool expert_f32 = !dprobs_expert.defined() || is_f32(dprobs_expert);
+    if (!all_f32(dlogits, dtopk_w, probs) || !expert_f32) {
+      MixedPrecisionScope mp(*this);
+      return moe_route_backward(mp.out(dlogits), mp.in(dtopk_w),
+                                dprobs_expert.defined() ? mp.in(dprobs_expert) : dprobs_expert,
+                                mp.in(probs), topk_idx, renormalize);
+    }
+    expect_expert_indices(topk_idx, d.E, "moe_route topk_idx");
+    k::moe_route_backward(dlogits.f32(), dtopk_w.f32(),
+                          dprobs_expert.defined() ? dprobs_expert.f32() : nullptr, probs.f32(),
+                          topk_idx.i32(), d.N, d.E, d.k, renormalize);
+  }
+  void moe_dispatch_plan(Tensor& dest_row, Tensor& counts, Tensor& routed, const Tensor& topk_idx,
+                         const Tensor& topk_w, int num_experts, int64_t capacity) override {
+    const MoeDims d = moe_dispatch_dims(dest_row, counts, routed, topk_idx, topk_w, num_experts);
+    if (!all_f32(topk_w)) {
+      MixedPrecisionScope mp(*this);
+      return moe_dispatch_plan(dest_row, counts, routed, topk_idx, mp.in(topk_w), num_experts,
+                               capacity);
+    }
+    expect_expert_indices(topk_idx, d.E, "moe_dispatch_plan topk_idx");
+    k::moe_dispatch_plan(dest_row.i32(), counts.i32(), routed.i32(), topk_idx.i32(), topk_w.f32(),
+                         d.N, d.k, d.E, capacity);
+  }
+  void moe_permute(Tensor& xp, const Tensor& x, const Tensor& dest_row) override {
+    const MoeRowDims d = moe_row_dims(x, xp, dest_row, "moe_permute x", "moe_permute xp");
+    if (xp.dtype() != x.dtype()) {  // a copy within one type moves bits; a mix is widened
+      MixedPrecisionScope mp(*this);
+      return moe_permute(mp.out(xp), mp.in(x), dest_row);
+    }
+    expect_dest_rows(dest_row, d.R);
+    k::moe_permute(xp.data(), x.data(), dtype_size(x.dtype()), dest_row.i32(), d.N, d.k, d.C);
+  }
+  void moe_permute_backward(Tensor& dx, const Tensor& dxp, const Tensor& dest_row) override {
+    const MoeRowDims d = moe_row_dims(dx, dxp, dest_row, "moe_permute dx", "moe_permute dxp");
+    if (!all_f32(dx, dxp)) {
+      MixedPrecisionScope mp(*this);
+      return moe_permute_backward(mp.out(dx), mp.in(dxp), dest_row);
+    }
+    expect_dest_rows(dest_row, d.R);
+    k::moe_permute_backward(dx.f32(), dxp.f32(), dest_row.i32(), d.N, d.k, d.C);
+  }
+  void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& dest_row,
+                     const Tensor& topk_w) override {
+    const MoeRowDims d = moe_row_dims(out, y, dest_row, "moe_unpermute out", "moe_unpermute y");
+    expect_moe_weights(topk_w, d, "moe_unpermute topk_w");
+    if (!all_f32(out, y, topk_w)) {
+      MixedPrecisionScope mp(*this);
+      return moe_unpermute(mp.out(out), mp.in(y), dest_row, mp.in(topk_w));
+    }
+    expect_dest_rows(dest_row, d.R);
+    k::moe_unpermute(out.f32(), y.f32(), dest_row.i32(), topk_w.f32(), d.N, d.k, d.C);
+  }
+  void moe_unpermute_backward(Tensor& dy, Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
+                              const Tensor& dest_row, const Tensor& topk_w) override {
+    const MoeRowDims d = moe_row_dims(dout, y, dest_row, "moe_unpermute dout", "moe_unpermute y");
+    expect_moe_weights(topk_w, d, "moe_unpermute topk_w");
+    expect_moe_weights(dtopk_w, d, "moe_unpermute dtopk_w");
+    expect_float(dy, "moe_unpermute dy");
+    expect_numel(dy, y.numel(), "moe_unpermute dy");
+    if (!all_f32(dy, dtopk_w, dout, y, topk_w)) {
+      MixedPrecisionScope mp(*this);
+      return moe_unpermute_backward(mp.out(dy), mp.out(dtopk_w), mp.in(dout), mp.in(y), dest_row,
+                                    mp.in(topk_w));
+    }
+    expect_dest_rows(dest_row, d.R);
+    k::moe_unpermute_backward(dy.f32(), dtopk_w.f32(), dout.f32(), y.f32(), dest_row.i32(),
+                              topk_w.f32(), d.N, d.k, d.C);
+  }
+  void moe_prob_sums(Tensor& sums, const Tensor& probs) override {
+    const MoeDims d = moe_prob_sums_dims(sums, probs);
+    if (!all_f32(sums, probs)) {
+      MixedPrecisionScope mp(*this);
+      return moe_prob_sums(mp.out(sums), mp.in(probs));
+    }
+    k::moe_prob_sums(sums.f32(), probs.f32(), d.N, d.E);
+  }
+
   void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int NH,
                        int KVH, int64_t pos0) override {
     if (!all_f32(q, k_cache, v_cache, qkv)) {
@@ -501,6 +595,22 @@ class CpuBackend final : public Backend {
                    "attention key length " << len.i32()[b] << " of sequence " << b
                                            << " outside [1, " << a.S << "]");
     return len.i32();
+  }
+
+  // Every expert index in [0, E): the kernels index by them (the GPU trusts them instead of
+  // reading them back).
+  static void expect_expert_indices(const Tensor& idx, int E, const char* what) {
+    const int32_t* p = idx.i32();
+    for (int64_t i = 0; i < idx.numel(); ++i)
+      STRATA_CHECK(p[i] >= 0 && p[i] < E,
+                   what << " [" << i << "] = " << p[i] << " outside [0, " << E << ")");
+  }
+  // Every destination row −1 (dropped) or in [0, R).
+  static void expect_dest_rows(const Tensor& dest_row, int64_t R) {
+    const int32_t* p = dest_row.i32();
+    for (int64_t i = 0; i < dest_row.numel(); ++i)
+      STRATA_CHECK(p[i] >= -1 && p[i] < R,
+                   "moe dest_row [" << i << "] = " << p[i] << " outside [-1, " << R << ")");
   }
 
   Tensor scratch_;  // attention backward scratch, (threads, S, S)

@@ -155,6 +155,9 @@ inline float atomicAdd(float* address, float v) {
 inline double atomicAdd(double* address, double v) {
   return strata::cuda_emulation::atomic_add(address, v);
 }
+inline int atomicAdd(int* address, int v) {
+  return strata::cuda_emulation::atomic_add(address, v);
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, sizeof u);

@@ -97,6 +97,7 @@ CudaBackend::CudaBackend(int device, CudnnAttentionUse cudnn_use)
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);  // nothing in flight may outlive its buffers
   cudnn_.reset();
+  grouped_.reset();
   gemm_.reset();
   workspace_ = Tensor();
   cudaFree(dsum_);

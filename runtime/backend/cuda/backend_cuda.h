@@ -3,11 +3,14 @@
 //   backend_cuda.cu            the device, stream, caching allocator, memory ops, staging for the
 //                              host transports, and the factory (with what runs where, and why)
 //   backend_cuda_gemm.cu       the linear layers' GEMMs on cuBLASLt (bias, residual and GELU in
-//                              the epilogues where cuBLASLt has them, else widened or unfused)
+//                              the epilogues where cuBLASLt has them, else widened or unfused);
+//                              the experts' grouped GEMMs on cuBLAS
 //   backend_cuda_attention.cu  attention (Strata's flash kernels or cuDNN), RoPE, the decode
 //                              attention and key/value cache
 //   backend_cuda_ops.cu        norms, activations, embedding, cross-entropy, sequence-parallel
 //                              layout changes, elementwise ops and reductions, AdamW
+//   backend_cuda_moe.cu        mixture-of-experts routing, dispatch plan, permutations and
+//                              probability sums
 //
 // Thread-safety: as Backend (one training thread); the allocator is mutex-guarded. Every op
 // runs on the one compute stream (stream_), in the order called.
@@ -27,6 +30,7 @@
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/elem_type.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gemm_grouped.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "runtime/backend/backend.h"
 #include "runtime/backend/backend_checks.h"
@@ -172,6 +176,12 @@ class CudaBackend final : public Backend {
                            const Tensor& bias, GeluKind kind) override;
   void matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const Tensor& w,
                                   const Tensor& pre, GeluKind kind) override;
+  void grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                              const std::vector<int64_t>& rows) override;
+  void grouped_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w,
+                                     const std::vector<int64_t>& rows) override;
+  void grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, const Tensor& inp,
+                                      const std::vector<int64_t>& rows) override;
 
   // ---- attention, RoPE, decoding (backend_cuda_attention.cu) ----
   Shape attention_saved_shape(int64_t B, int num_heads, int64_t S) const override;
@@ -230,6 +240,21 @@ class CudaBackend final : public Backend {
   double sum(const Tensor& x) override;
   void adamw_update_multi(const std::vector<AdamWRange>& ranges, const AdamWHyper& h) override;
 
+  // ---- mixture of experts (backend_cuda_moe.cu) ----
+  void moe_route(Tensor& probs, Tensor& topk_idx, Tensor& topk_w, const Tensor& logits, int k,
+                 bool renormalize) override;
+  void moe_route_backward(Tensor& dlogits, const Tensor& dtopk_w, const Tensor& dprobs_expert,
+                          const Tensor& probs, const Tensor& topk_idx, bool renormalize) override;
+  void moe_dispatch_plan(Tensor& dest_row, Tensor& counts, Tensor& routed, const Tensor& topk_idx,
+                         const Tensor& topk_w, int num_experts, int64_t capacity) override;
+  void moe_permute(Tensor& xp, const Tensor& x, const Tensor& dest_row) override;
+  void moe_permute_backward(Tensor& dx, const Tensor& dxp, const Tensor& dest_row) override;
+  void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& dest_row,
+                     const Tensor& topk_w) override;
+  void moe_unpermute_backward(Tensor& dy, Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
+                              const Tensor& dest_row, const Tensor& topk_w) override;
+  void moe_prob_sums(Tensor& sums, const Tensor& probs) override;
+
  private:
   // ---- GEMMs (backend_cuda_gemm.cu) ----
   enum class GemmRun { kDone, kWithoutEpilogue, kUnsupported };
@@ -242,6 +267,7 @@ class CudaBackend final : public Backend {
   void matmul_backward_input_widened(Tensor& dinp, const Tensor& dout, const Tensor& w);
   void matmul_backward_weight_widened(Tensor& dw, Tensor* dbias, const Tensor& dout,
                                       const Tensor& inp);
+  bool run_grouped(const kc::GroupedGemm& g);
 
   // ---- attention (backend_cuda_attention.cu) ----
   struct AttentionShape {
@@ -261,9 +287,10 @@ class CudaBackend final : public Backend {
   CudaAllocator alloc_;
   std::shared_ptr<StreamStaging> staging_;
   cudaStream_t stream_ = nullptr;
-  double* dsum_ = nullptr;            // sum / sum_squares result
-  Tensor workspace_;                  // cuBLASLt workspace (kBuffers)
-  std::unique_ptr<kc::GemmLt> gemm_;  // uses workspace_ and stream_
+  double* dsum_ = nullptr;                    // sum / sum_squares result
+  Tensor workspace_;                          // cuBLASLt workspace (kBuffers)
+  std::unique_ptr<kc::GemmLt> gemm_;          // uses workspace_ and stream_
+  std::unique_ptr<kc::GemmGrouped> grouped_;  // the grouped GEMMs' cuBLAS handle, made on first use
   CudnnAttentionUse cudnn_use_;
   std::unique_ptr<kc::CudnnAttention> cudnn_;  // train.attention_backend "cudnn"/"auto", else null
 };

@@ -121,6 +121,85 @@ void CudaBackend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, c
   Backend::matmul_backward_input_gelu(dpre, dout, w, pre, kind);
 }
 
+// ---- grouped GEMMs over experts (cuBLAS's grouped GEMM) ----
+// One cublasGemmGroupedBatchedEx call for every group with rows, where A, B and C are of one type
+// (cuBLAS's rule; in bf16 runs the weight gradient is f32 from bf16 operands, and goes to the
+// Backend default: a cuBLASLt GEMM per group). A toolkit without the grouped GEMM runs the
+// default too. Groups are views of the operands, shapes checked as the default does.
+
+void CudaBackend::grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
+                                         const std::vector<int64_t>& rows) {
+  const GroupedDims d = grouped_matmul_dims(w, rows, inp, out, "grouped matmul weight",
+                                            "grouped matmul inp", "grouped matmul out");
+  if (all_same_dtype(out, inp, w)) {
+    kc::GroupedGemm g;
+    g.trans_b = true, g.ab_type = g.c_type = et(out);
+    const size_t es = dtype_size(out.dtype());
+    for (int64_t i = 0, r0 = 0; i < d.G; r0 += rows[i], ++i)
+      if (rows[i] > 0)
+        g.groups.push_back({as_int(rows[i]), as_int(d.O), as_int(d.I),
+                            static_cast<const char*>(inp.data()) + r0 * d.I * es, as_int(d.I),
+                            static_cast<const char*>(w.data()) + i * d.O * d.I * es, as_int(d.I),
+                            static_cast<char*>(out.data()) + r0 * d.O * es, as_int(d.O)});
+    if (g.groups.empty() || run_grouped(g)) return;
+  }
+  Backend::grouped_matmul_forward(out, inp, w, rows);
+}
+
+void CudaBackend::grouped_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w,
+                                                const std::vector<int64_t>& rows) {
+  const GroupedDims d = grouped_matmul_dims(w, rows, dinp, dout, "grouped matmul weight",
+                                            "grouped matmul dinp", "grouped matmul dout");
+  if (all_same_dtype(dinp, dout, w)) {
+    kc::GroupedGemm g;
+    g.ab_type = g.c_type = et(dinp);
+    const size_t es = dtype_size(dinp.dtype());
+    for (int64_t i = 0, r0 = 0; i < d.G; r0 += rows[i], ++i)
+      if (rows[i] > 0)
+        g.groups.push_back({as_int(rows[i]), as_int(d.I), as_int(d.O),
+                            static_cast<const char*>(dout.data()) + r0 * d.O * es, as_int(d.O),
+                            static_cast<const char*>(w.data()) + i * d.O * d.I * es, as_int(d.I),
+                            static_cast<char*>(dinp.data()) + r0 * d.I * es, as_int(d.I)});
+    if (g.groups.empty() || run_grouped(g)) return;
+  }
+  Backend::grouped_matmul_backward_input(dinp, dout, w, rows);
+}
+
+void CudaBackend::grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, const Tensor& inp,
+                                                 const std::vector<int64_t>& rows) {
+  const GroupedDims d = grouped_matmul_dims(dw, rows, inp, dout, "grouped matmul dweight",
+                                            "grouped matmul inp", "grouped matmul dout");
+  if (all_same_dtype(dw, dout, inp)) {
+    kc::GroupedGemm g;
+    g.trans_a = true, g.beta = 1.f, g.ab_type = g.c_type = et(dw);
+    const size_t es = dtype_size(dw.dtype());
+    for (int64_t i = 0, r0 = 0; i < d.G; r0 += rows[i], ++i)
+      if (rows[i] > 0)
+        g.groups.push_back({as_int(d.O), as_int(d.I), as_int(rows[i]),
+                            static_cast<const char*>(dout.data()) + r0 * d.O * es, as_int(d.O),
+                            static_cast<const char*>(inp.data()) + r0 * d.I * es, as_int(d.I),
+                            static_cast<char*>(dw.data()) + i * d.O * d.I * es, as_int(d.I)});
+    if (g.groups.empty() || run_grouped(g)) return;
+  }
+  Backend::grouped_matmul_backward_weight(dw, dout, inp, rows);
+}
+
+// Runs g: true when it ran, false when cuBLAS has no grouped GEMM for it (nothing ran: the
+// caller takes the per-group default); any other status is fatal.
+bool CudaBackend::run_grouped(const kc::GroupedGemm& g) {
+  if (!grouped_) {
+    grouped_ = std::make_unique<kc::GemmGrouped>();
+    CUBLAS_CHECK(grouped_->status());
+  }
+  const cublasStatus_t st = grouped_->run(g, stream_);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  STRATA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS grouped GEMM ("
+                                                << g.groups.size()
+                                                << " groups) failed: " << cublasLtGetStatusName(st)
+                                                << ": " << cublasLtGetStatusString(st));
+  return true;
+}
+
 // ---- GEMM helpers ----
 
 // Runs g. When cuBLASLt has no kernel for g's epilogue, runs it without (kWithoutEpilogue:
