@@ -241,6 +241,189 @@ TEST_F(CudaBackend, QkRmsNormMatchesTheCpuBackend) {
   }
 }
 
+// ---- mixture of experts: every op against the CPU backend ----
+// Integer results (top-k indices, the dispatch plan) must be equal; f32 results of f32 inputs
+// within 1e-4 as above (the GPU sums over lanes in another order), bf16 results within 1e-2 (one
+// rounding of the stored result), f32 results of bf16 inputs within 1e-3.
+
+std::vector<int32_t> get_i32(Backend& be, const Tensor& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  be.download(v.data(), t);
+  return v;
+}
+
+// k distinct experts per token, from the key.
+std::vector<int32_t> moe_choices(int N, int k, int E, uint64_t key) {
+  std::vector<int32_t> idx;
+  for (int n = 0; n < N; ++n) {
+    std::vector<int32_t> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    for (int j = 0; j < k; ++j) {
+      std::swap(all[j], all[j + mix64(key + static_cast<uint64_t>(n) * 977 + j) % (E - j)]);
+      idx.push_back(all[j]);
+    }
+  }
+  return idx;
+}
+
+// Routing forward and backward: expert counts below, at and above a warp's 32 lanes (E = 9, 40,
+// 128 as Qwen3-MoE), renormalized or not, rows of tied logits, logits in f32 and bf16.
+TEST_F(CudaBackend, MoeRoutingMatchesTheCpuBackend) {
+  Pair p;
+  struct Case {
+    int N, E, k;
+  };
+  for (const Case c : {Case{37, 9, 2}, Case{21, 40, 5}, Case{13, 128, 8}})
+    for (const DType t : {DType::kF32, DType::kBF16})
+      for (const bool renormalize : {true, false}) {
+        const std::string what = "N " + std::to_string(c.N) + " E " + std::to_string(c.E) + " k " +
+                                 std::to_string(c.k) + " " + to_string(t) +
+                                 (renormalize ? " renormalized" : "");
+        auto logits = random(static_cast<size_t>(c.N) * c.E, 8000 + c.E, 2.f);
+        for (int e = 0; e < c.E; ++e) logits[e] = 0.25f;  // row 0 all tied
+        logits[c.E + c.E - 1] = logits[c.E + 3] = 9.f;    // row 1: the largest tied
+        const auto dw = random(static_cast<size_t>(c.N) * c.k, 8100), de = random(c.E, 8101);
+        std::vector<std::vector<float>> out[2];
+        std::vector<int32_t> idx[2];
+        Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+        for (int b = 0; b < 2; ++b) {
+          Backend& be = *bes[b];
+          const MemCategory a = MemCategory::kActivations;
+          Tensor L = put(be, {c.N, c.E}, logits, t), P = be.empty({c.N, c.E}, a);
+          Tensor I = be.empty({c.N, c.k}, a, DType::kI32), W = be.empty({c.N, c.k}, a);
+          be.moe_route(P, I, W, L, c.k, renormalize);
+          Tensor dW = put(be, {c.N, c.k}, dw), dE = put(be, {c.E}, de);
+          Tensor dL = put(be, {c.N, c.E}, std::vector<float>(logits.size(), NAN), t);
+          out[b] = {get(be, P), get(be, W)};
+          idx[b] = get_i32(be, I);
+          be.moe_route_backward(dL, dW, dE, P, I, renormalize);
+          out[b].push_back(get(be, dL));
+        }
+        EXPECT_EQ(idx[1], idx[0]) << what;
+        expect_close(what + " probs", out[1][0], out[0][0], t == DType::kBF16 ? 1e-3 : 1e-4);
+        expect_close(what + " topk_w", out[1][1], out[0][1], t == DType::kBF16 ? 1e-3 : 1e-4);
+        expect_close(what + " dlogits", out[1][2], out[0][2], t == DType::kBF16 ? 1e-2 : 1e-4);
+        EXPECT_EQ(idx[1][0], 0) << what;  // ties: the lower expert first
+        EXPECT_EQ(idx[1][c.k], 3) << what;
+        EXPECT_EQ(idx[1][c.k + 1], c.E - 1) << what;
+      }
+}
+
+// The plan, dropless and with capacities that drop (weights with many ties: the token order
+// decides), capacity 0; N·k from one chunk of the plan's counting to several, and to chunks of
+// several steps (N·k > 256 · 512).
+TEST_F(CudaBackend, MoeDispatchPlanMatchesTheCpuBackend) {
+  Pair p;
+  struct Case {
+    int N, k, E;
+  };
+  for (const Case c : {Case{5, 2, 4}, Case{700, 2, 7}, Case{333, 8, 64}, Case{70001, 2, 16}}) {
+    const std::vector<int32_t> idx = moe_choices(c.N, c.k, c.E, 8200 + c.N);
+    auto w = random(idx.size(), 8300 + c.N);
+    for (float& v : w) v = std::round(std::fabs(v) * 8) / 8;
+    const int64_t fair = static_cast<int64_t>(c.N) * c.k / c.E;
+    for (const int64_t capacity : {int64_t{-1}, fair, fair / 2 + 1, int64_t{0}}) {
+      const std::string what = "N " + std::to_string(c.N) + " k " + std::to_string(c.k) + " E " +
+                               std::to_string(c.E) + " capacity " + std::to_string(capacity);
+      std::vector<int32_t> got[2][3];
+      Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+      for (int b = 0; b < 2; ++b) {
+        Backend& be = *bes[b];
+        const MemCategory a = MemCategory::kActivations;
+        Tensor I = put_i32(be, {c.N, c.k}, idx), W = put(be, {c.N, c.k}, w);
+        Tensor D = be.empty({c.N, c.k}, a, DType::kI32);
+        Tensor C = be.empty({c.E}, a, DType::kI32), R = be.empty({c.E}, a, DType::kI32);
+        be.moe_dispatch_plan(D, C, R, I, W, c.E, capacity);
+        got[b][0] = get_i32(be, D), got[b][1] = get_i32(be, C), got[b][2] = get_i32(be, R);
+      }
+      EXPECT_EQ(got[1][0], got[0][0]) << what << " dest_row";
+      EXPECT_EQ(got[1][1], got[0][1]) << what << " counts";
+      EXPECT_EQ(got[1][2], got[0][2]) << what << " routed";
+    }
+  }
+}
+
+// Permute, unpermute and their backwards on a plan that drops, in f32 and bf16, with rows that
+// move as 16-byte vectors (C = 64) and rows that do not (C = 13).
+TEST_F(CudaBackend, MoePermutationsMatchTheCpuBackend) {
+  Pair p;
+  const int N = 53, k = 3, E = 6;
+  const std::vector<int32_t> idx = moe_choices(N, k, E, 8400);
+  auto w = random(idx.size(), 8401);
+  for (float& v : w) v = std::fabs(v);
+  for (const int C : {64, 13})
+    for (const DType t : {DType::kF32, DType::kBF16}) {
+      const std::string what = "C " + std::to_string(C) + " " + to_string(t);
+      const auto x = random(static_cast<size_t>(N) * C, 8402), g = random(x.size(), 8403);
+      std::vector<std::vector<float>> out[2];
+      std::vector<int32_t> dest[2];
+      Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+      for (int b = 0; b < 2; ++b) {
+        Backend& be = *bes[b];
+        const MemCategory a = MemCategory::kActivations;
+        Tensor I = put_i32(be, {N, k}, idx), W = put(be, {N, k}, w);
+        Tensor D = be.empty({N, k}, a, DType::kI32);
+        Tensor Cn = be.empty({E}, a, DType::kI32), Rt = be.empty({E}, a, DType::kI32);
+        be.moe_dispatch_plan(D, Cn, Rt, I, W, E, 20);
+        dest[b] = get_i32(be, D);
+        const std::vector<int32_t> counts = get_i32(be, Cn);
+        int64_t R = 0;
+        for (const int32_t n : counts) R += n;
+        Tensor X = put(be, {N, C}, x, t), G = put(be, {N, C}, g, t);
+        Tensor XP = be.empty({R, C}, a, t), Out = be.empty({N, C}, a, t);
+        Tensor dY = put(be, {R, C}, std::vector<float>(R * C, NAN), t);
+        Tensor dW = put(be, {N, k}, std::vector<float>(idx.size(), NAN));
+        Tensor dX = put(be, {N, C}, std::vector<float>(x.size(), NAN), t);
+        be.moe_permute(XP, X, D);
+        be.moe_unpermute(Out, XP, D, W);
+        be.moe_unpermute_backward(dY, dW, G, XP, D, W);
+        be.moe_permute_backward(dX, dY, D);
+        out[b] = {get(be, XP), get(be, Out), get(be, dY), get(be, dW), get(be, dX)};
+      }
+      EXPECT_EQ(dest[1], dest[0]) << what;
+      EXPECT_EQ(out[1][0], out[0][0]) << what << ": xp is a copy";
+      const bool bf16 = t == DType::kBF16;
+      const char* names[] = {"xp", "out", "dy", "dtopk_w", "dx"};
+      for (int i = 1; i < 5; ++i)
+        expect_close(what + " " + names[i], out[1][i], out[0][i],
+                     i == 3 ? (bf16 ? 1e-3 : 1e-4) : (bf16 ? 1e-2 : 1e-4));
+    }
+}
+
+TEST_F(CudaBackend, MoeProbSumsAndGroupedMatmulMatchTheCpuBackend) {
+  Pair p;
+  const int N = 1001, E = 70, I = 24, O = 40;
+  const auto probs = random(static_cast<size_t>(N) * E, 8500);
+  const std::vector<int64_t> rows = {9, 0, 17, 3, 0};
+  const int G = static_cast<int>(rows.size());
+  const int64_t R = 29;
+  const auto x = random(R * I, 8501), w = random(static_cast<size_t>(G) * O * I, 8502);
+  const auto g = random(R * O, 8503), dw0 = random(w.size(), 8504);
+  for (const DType t : {DType::kF32, DType::kBF16}) {
+    std::vector<std::vector<float>> out[2];
+    Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      Backend& be = *bes[b];
+      const MemCategory a = MemCategory::kActivations;
+      Tensor P = put(be, {N, E}, probs), S = be.empty({E}, a);
+      be.moe_prob_sums(S, P);
+      Tensor X = put(be, {R, I}, x, t), Wt = put(be, {G, O, I}, w, t), Gr = put(be, {R, O}, g, t);
+      Tensor Out = be.empty({R, O}, a, t), dX = be.empty({R, I}, a, t);
+      Tensor dW = put(be, {G, O, I}, dw0);
+      be.grouped_matmul_forward(Out, X, Wt, rows);
+      be.grouped_matmul_backward_input(dX, Gr, Wt, rows);
+      be.grouped_matmul_backward_weight(dW, Gr, X, rows);
+      out[b] = {get(be, S), get(be, Out), get(be, dX), get(be, dW)};
+    }
+    const bool bf16 = t == DType::kBF16;
+    const std::string ty = std::string(" ") + to_string(t);
+    expect_close("prob sums" + ty, out[1][0], out[0][0], 1e-5);
+    expect_close("grouped out" + ty, out[1][1], out[0][1], bf16 ? 1e-2 : 1e-4);
+    expect_close("grouped dinp" + ty, out[1][2], out[0][2], bf16 ? 1e-2 : 1e-4);
+    expect_close("grouped dweight" + ty, out[1][3], out[0][3], bf16 ? 1e-3 : 1e-4);
+  }
+}
+
 // The losses of a 20-iteration training run of a tiny model (`preset`) on `device` in
 // `precision`.
 std::vector<double> training_losses(const std::string& device, const std::string& precision,
