@@ -4,6 +4,7 @@
 // must hold the expected rows: a row per pipeline stage for the plan, a row per rank for the
 // trace, the memory bars of every stage, and bars of the expected kinds.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -37,8 +38,10 @@ std::string parse_svg(const std::string& svg) {
       "bars = sorted({r.get('class') for g in groups if g.get('class') == 'row'\n"
       "               for r in g.iter(ns + 'rect') if r.get('class') != 'idle'})\n"
       "print(' '.join(rows) + '|' + ' '.join(mem) + '|' + ' '.join(bars))\n";
-  const std::string dir = ::testing::TempDir();
-  const std::string py = dir + "/check_svg.py", file = dir + "/checked.svg";
+  // Names of this process's own: ctest -j runs the tests of this file side by side, in one
+  // temporary directory.
+  const std::string dir = ::testing::TempDir(), tag = std::to_string(::getpid());
+  const std::string py = dir + "/check_svg_" + tag + ".py", file = dir + "/checked_" + tag + ".svg";
   std::ofstream(py) << script;
   std::ofstream(file) << svg;
   FILE* p = ::popen(("python3 " + py + " " + file).c_str(), "r");
