@@ -72,6 +72,11 @@ struct ModelBatch {
 struct LossSum {
   double sum = 0;
   double count = 0;
+  // A mixture of experts (on the piece that holds its MoE layers): the load-balancing term of
+  // the micro-batch, times its coefficient (added to the objective, not to `sum`), and the
+  // worst layer's max / mean assignments per expert.
+  double aux = 0;
+  double expert_load = 0;
 };
 
 // What a piece's forward keeps for its backward (each architecture derives its own).

@@ -5,13 +5,16 @@
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
+#include "models/mixtral/mixtral.h"
+#include "models/qwen3_moe/qwen3_moe.h"
 #include "runtime/base/error.h"
 
 namespace strata {
 
 // One line per architecture folder (docs/architecture.md).
 const std::vector<ArchSpec>& architectures() {
-  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch(), bert_arch()};
+  static const std::vector<ArchSpec> all = {gpt_arch(), llama_arch(), bert_arch(), mixtral_arch(),
+                                            qwen3_moe_arch()};
   return all;
 }
 
@@ -68,6 +71,49 @@ void refuse_encoder_keys(const ModelConfig& m, const std::string& file) {
                      "the default 1e-12 for arch \"" + m.arch +
                          "\" (BERT's key: GPT-2's LayerNorm eps is 1e-5, Llama's RMSNorm takes "
                          "model.rms_norm_eps)");
+}
+
+void refuse_moe_keys(const ModelConfig& m, const std::string& file) {
+  const ModelConfig d;
+  const auto refuse = [&](bool differs, const std::string& key, const std::string& given) {
+    if (differs)
+      throw InputError(
+          file, "model." + key,
+          "the default for arch \"" + m.arch +
+              "\" (a mixture-of-experts key: arch \"mixtral\" or \"qwen3_moe\"), got " + given);
+  };
+  refuse(m.num_experts != d.num_experts, "num_experts", std::to_string(m.num_experts));
+  refuse(m.num_experts_per_tok != d.num_experts_per_tok, "num_experts_per_tok",
+         std::to_string(m.num_experts_per_tok));
+  refuse(m.moe_intermediate_size.has_value(), "moe_intermediate_size",
+         std::to_string(m.moe_intermediate_size.value_or(0)));
+  refuse(m.norm_topk_prob != d.norm_topk_prob, "norm_topk_prob", "false");
+  refuse(m.router_aux_loss_coef != d.router_aux_loss_coef, "router_aux_loss_coef",
+         nlohmann::json(m.router_aux_loss_coef).dump());
+  refuse(m.moe_capacity_factor.has_value(), "moe_capacity_factor",
+         nlohmann::json(m.moe_capacity_factor.value_or(0)).dump());
+  refuse(m.head_dim.has_value(), "head_dim", std::to_string(m.head_dim.value_or(0)));
+}
+
+void validate_moe(const ModelConfig& m, int tensor, const std::string& file) {
+  const std::string arch = "arch \"" + m.arch + "\"";
+  if (m.num_experts < 1)
+    throw InputError(file, "model.num_experts",
+                     "at least 1 expert for " + arch + ", got " + std::to_string(m.num_experts));
+  if (m.num_experts_per_tok > m.num_experts)
+    throw InputError(file, "model.num_experts_per_tok",
+                     "at most num_experts " + std::to_string(m.num_experts) + ", got " +
+                         std::to_string(m.num_experts_per_tok));
+  if (m.expert_hidden() % tensor != 0)
+    throw InputError(
+        file, m.moe_intermediate_size ? "model.moe_intermediate_size" : "model.ffn_hidden_size",
+        "an expert width that parallel.tensor " + std::to_string(tensor) + " divides, got " +
+            std::to_string(m.expert_hidden()));
+  if (m.head_size() % 2 != 0)
+    throw InputError(
+        file, m.head_dim ? "model.head_dim" : "model.hidden_size",
+        "an even head size for rotary embeddings, got " + std::to_string(m.head_size()));
+  refuse_encoder_keys(m, file);
 }
 
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,

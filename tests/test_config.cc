@@ -99,7 +99,8 @@ class TempDir {
 
 // Keys added after DESIGN.md's example, with their defaults (docs/config.md): a config written
 // against the design alone resolves to them.
-// The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults.
+// The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults;
+// so are the mixtures of experts' (0 experts: a dense MLP).
 // parallel.context and parallel.expert are DESIGN.md's (its parallel notes), default 1.
 const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
   "train": {"attention_backend": "auto"},
@@ -109,7 +110,10 @@ const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
   "log": {"sample_interval": 0, "sample_prompt": null, "sample_tokens": 32},
   "checkpoint": {"async": false},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
-            "rms_norm_eps": 1e-5, "type_vocab_size": 2, "layer_norm_eps": 1e-12}})";
+            "rms_norm_eps": 1e-5, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+            "num_experts": 0, "num_experts_per_tok": 2, "moe_intermediate_size": null,
+            "norm_topk_prob": true, "router_aux_loss_coef": 0.001,
+            "moe_capacity_factor": null, "head_dim": null}})";
 
 json design_defaults_with_additions() {
   json j = json::parse(kDesignDefaults);
@@ -1001,7 +1005,8 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
     int layers, hidden, heads, seq, vocab, ffn;
     int kv_heads = 0;  // 0: multi-head (GPT)
     bool tie = true;
-    double rope_theta = 10000, rope_factor = 0;  // factor 0: no rope_scaling
+    double rope_theta = 10000, rope_factor = 0;                // factor 0: no rope_scaling
+    int experts = 0, top_k = 2, expert_ffn = 0, head_dim = 0;  // 0 experts: dense
   };
   // GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020, with Megatron's 16 heads for 1.3B
   // and 5120 for 13B), the test models, and Meta's published Llama 3.1/3.2 config.json files
@@ -1027,9 +1032,17 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
       {"bert-tiny", {2, 64, 4, 64, 260, 256}},
       {"bert-base", {12, 768, 12, 512, 30522, 3072}},
       {"bert-large", {24, 1024, 16, 512, 30522, 4096}},
+      // Mixtral-8x7B-v0.1 and Qwen3-30B-A3B / Qwen3-235B-A22B's config.json (trained here at seq
+      // 4096 of their 32768 / 40960 positions).
+      {"mixtral-tiny", {2, 64, 4, 64, 64, 96, 2, false, 1e6, 0, 4, 2, 96}},
+      {"mixtral-8x7b", {32, 4096, 32, 4096, 32000, 14336, 8, false, 1e6, 0, 8, 2, 14336}},
+      {"qwen3-moe-tiny", {2, 64, 4, 64, 64, 96, 2, false, 1e6, 0, 8, 2, 48, 32}},
+      {"qwen3-30b-a3b", {48, 2048, 32, 4096, 151936, 6144, 4, false, 1e6, 0, 128, 8, 768, 128}},
+      {"qwen3-235b-a22b", {94, 4096, 64, 4096, 151936, 12288, 4, false, 1e6, 0, 128, 8, 1536, 128}},
   };
   const auto arch_of = [](const std::string& name, const Sizes& s) -> std::string {
     if (name.rfind("bert-", 0) == 0) return "bert";
+    if (s.experts) return s.head_dim ? "qwen3_moe" : "mixtral";
     return s.kv_heads ? "llama" : "gpt";
   };
   std::vector<std::string> found;
@@ -1058,6 +1071,12 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
     EXPECT_EQ(c.model.ffn_hidden_size, s.ffn);
     EXPECT_EQ(c.model.rope_theta, s.rope_theta);
     EXPECT_EQ(c.model.rope_scaling.has_value(), s.rope_factor > 0);
+    EXPECT_EQ(c.model.num_experts, s.experts);
+    if (s.experts) {
+      EXPECT_EQ(c.model.num_experts_per_tok, s.top_k);
+      EXPECT_EQ(c.model.expert_hidden(), s.expert_ffn);
+      EXPECT_EQ(c.model.head_size(), s.head_dim ? s.head_dim : s.hidden / s.heads);
+    }
     if (c.model.rope_scaling) {
       EXPECT_EQ(c.model.rope_scaling->factor, s.rope_factor);
       EXPECT_EQ(c.model.rope_scaling->low_freq_factor, 1);

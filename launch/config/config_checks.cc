@@ -43,6 +43,14 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
         "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
   }
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
+  // A mixture's load-balancing loss couples every MoE layer of a micro-batch (moe.h): its
+  // expert counts do not travel between pipeline stages yet.
+  if (m.num_experts > 0 && m.router_aux_loss_coef > 0 && chunks > 1) {
+    r.fail_latest({"parallel.pipeline", "model.router_aux_loss_coef", "parallel.virtual_stages"},
+                  "one model chunk for a mixture of experts with a load-balancing loss (its "
+                  "expert counts over all layers do not cross pipeline stages yet), got " +
+                      to_string(chunks) + " chunks; set model.router_aux_loss_coef 0 to split it");
+  }
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
                                   to_string(p.virtual_stages) + " = " + to_string(chunks);
   if (!p.layers_per_piece.empty()) {
@@ -84,7 +92,7 @@ void check_attention_backend(const Config& c, const Reader& r) {
                     "fp32 kernels): expected precision \"bf16\", got \"" +
                         t.precision + "\"");
     }
-    const int head_size = m.num_heads > 0 ? m.hidden_size / m.num_heads : 0;
+    const int head_size = m.head_size();
     if (head_size % 8 != 0 || head_size > 128) {
       r.fail_latest({"train.attention_backend", "model.hidden_size", "model.num_heads"},
                     "attention_backend \"cudnn\" needs a head size that is a multiple of 8 up "

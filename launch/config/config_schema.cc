@@ -94,6 +94,17 @@ class Fields {
       return r.value(p, [min](const json& v) { return optional_int_value(v, min); });
     });
   }
+  // A number in `range`, or null.
+  Key optional_number(const char* name, std::optional<double> S::*f, Range range,
+                      const char* meaning) const {
+    return leaf(name, meaning, f,
+                [range](const Reader& r, const std::string& p) -> std::optional<double> {
+                  if (r.at(p).is_null()) return std::nullopt;
+                  const double v = r.value(p, number_value);
+                  r.require(range.contains(v), p, range.expected());
+                  return v;
+                });
+  }
   // A non-negative integer below 2^64.
   Key seed(const char* name, uint64_t S::*f, const char* meaning) const {
     return leaf(name, meaning, f,
@@ -340,7 +351,24 @@ const std::vector<Section>& schema() {
           model.integer("type_vocab_size", &M::type_vocab_size, 1,
                         "bert: token types (segments) of the token-type embeddings"),
           model.number("layer_norm_eps", &M::layer_norm_eps, above(0),
-                       "bert: the LayerNorm epsilon")}},
+                       "bert: the LayerNorm epsilon"),
+          model.integer("num_experts", &M::num_experts, 0,
+                        "mixtral, qwen3_moe: experts per MoE layer (0: a dense MLP)"),
+          model.integer("num_experts_per_tok", &M::num_experts_per_tok, 1,
+                        "mixtral, qwen3_moe: experts each token is routed to (top-k)"),
+          model.optional_integer("moe_intermediate_size", &M::moe_intermediate_size, 1,
+                                 "mixtral, qwen3_moe: each expert's width; null: ffn_hidden_size"),
+          model.boolean("norm_topk_prob", &M::norm_topk_prob,
+                        "qwen3_moe: the top-k routing weights divided by their sum (mixtral: "
+                        "always)"),
+          model.number("router_aux_loss_coef", &M::router_aux_loss_coef, at_least(0),
+                       "mixtral, qwen3_moe: weight of the load-balancing loss (Hugging Face's)"),
+          model.optional_number("moe_capacity_factor", &M::moe_capacity_factor, above(0),
+                                "mixtral, qwen3_moe: null routes dropless; cf keeps ⌈cf·k·N/E⌉ "
+                                "assignments per expert, those of the largest weights"),
+          model.optional_integer("head_dim", &M::head_dim, 1,
+                                 "qwen3_moe: the attention's head size; null: hidden_size / "
+                                 "num_heads")}},
         {"parallel",
          {layout_key("tensor"), layout_key("context"), layout_key("expert"), layout_key("pipeline"),
           layout_key("data"), layout_key("virtual_stages"), layout_key("schedule"),

@@ -29,6 +29,8 @@ std::string metrics_json(const IterationMetrics& m) {
   j["bubble"] = m.bubble;
   j["mem_peak_bytes"] = m.mem_peak_bytes;
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
+  if (m.aux_loss) j["aux_loss"] = number(*m.aux_loss);
+  if (m.expert_load) j["expert_load"] = number(*m.expert_load);
   if (m.sample_ids) j["sample"] = {{"ids", *m.sample_ids}, {"text", m.sample_text}};
   if (m.skipped) j["skipped"] = true;
   // A sample's text may hold bytes that are not UTF-8 (a byte model mid-character): replaced

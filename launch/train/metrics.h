@@ -2,7 +2,8 @@
 //
 // Rank 0 writes one JSON object per optimizer step to log.metrics with the keys fixed by
 // DESIGN.md: iter, loss, lr, grad_norm, step_ms, tokens_per_s, tflops_per_gpu, mfu, bubble,
-// mem_peak_bytes, plus val_loss on evaluation iterations and skipped: true on a skipped step.
+// mem_peak_bytes, plus val_loss on evaluation iterations and skipped: true on a skipped step; a
+// mixture of experts adds aux_loss and expert_load.
 // Keys may be added, never renamed. A line that cannot be written (a full disk) is reported to
 // the caller, which warns and ends the run with exit status 3 (launch/train/reporting.h).
 //
@@ -29,7 +30,9 @@ struct IterationMetrics {
   double bubble = 0;          // measured compute-idle fraction of the step
   int64_t mem_peak_bytes = 0;
   std::optional<double> val_loss;  // evaluation iterations only
-  bool skipped = false;            // a non-finite step that was not applied
+  // A mixture of experts: coef × the load-balancing loss and the worst layer's expert load.
+  std::optional<double> aux_loss, expert_load;
+  bool skipped = false;  // a non-finite step that was not applied
   // log.sample_interval steps: the greedy sample's new tokens and their text ("" if none).
   std::optional<std::vector<int32_t>> sample_ids;
   std::string sample_text;

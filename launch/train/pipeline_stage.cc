@@ -1,7 +1,9 @@
 #include "launch/train/pipeline_stage.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "models/registry.h"
 #include "runtime/base/check.h"
 
 namespace strata {
@@ -12,7 +14,13 @@ double sum_over(Backend& be, Communicator* c, double v) {
   return s.wait();
 }
 
-void PendingSum::start(Backend& be, Communicator* c, double v) {
+double max_over(Backend& be, Communicator* c, double v) {
+  PendingSum s;
+  s.start(be, c, v, ReduceOp::kMax);
+  return s.wait();
+}
+
+void PendingSum::start(Backend& be, Communicator* c, double v, ReduceOp op) {
   be_ = &be;
   alone_.reset();
   device_ = Tensor();
@@ -22,12 +30,12 @@ void PendingSum::start(Backend& be, Communicator* c, double v) {
   }
   host_ = static_cast<float>(v);
   if (c->device() == Device::kCPU) {
-    req_ = c->iall_reduce(&host_, 1, DType::kF32, ReduceOp::kSum);
+    req_ = c->iall_reduce(&host_, 1, DType::kF32, op);
     return;
   }
   device_ = be.empty({1}, MemCategory::kBuffers);
   be.upload(device_, &host_);
-  req_ = c->iall_reduce(device_, ReduceOp::kSum);
+  req_ = c->iall_reduce(device_, op);
 }
 
 bool PendingSum::test() {
@@ -60,7 +68,8 @@ ModelStage::ModelStage(const RunLayout& run, Model& model, Backend& be, const Da
       groups_(groups),
       reducer_(reducer),
       opt_(opt),
-      two_versions_(!run.flushes()) {
+      two_versions_(!run.flushes()),
+      moe_(model_spec(run.cfg->model).block.mlp.is_moe()) {
   versions_[0] = model_.params().params();
 }
 
@@ -106,6 +115,8 @@ Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
   LossSum& sum = loss_by_batch_[mb / run_.layout.num_microbatches];
   sum.sum += loss.sum;
   sum.count += loss.count;
+  sum.aux += loss.aux;
+  sum.expert_load = std::max(sum.expert_load, loss.expert_load);
   const bool last_piece = piece_index(chunk) == run_.layout.pieces() - 1;
   Tensor out = last_piece ? Tensor() : model_.piece_output(*acts);
   if (training_) acts_[{mb, chunk}] = std::move(acts);
@@ -261,6 +272,17 @@ void ModelStage::optimizer_step() {
     double sq = reducer_.local_sum_squares();
     if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
     r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
+  }
+  if (moe_) {
+    // A mixture of experts: the balancing term averaged over the global batch's micro-batches,
+    // the worst layer's load over every micro-batch (the piece holding the MoE layers reports
+    // them; other pieces add 0).
+    const auto it = loss_by_batch_.find(b);
+    const LossSum mine = it == loss_by_batch_.end() ? LossSum{} : it->second;
+    r.aux_loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), mine.aux)) /
+                 (run_.layout.num_microbatches * run_.layout.data);
+    r.expert_load =
+        max_over(be_, groups_.dp.get(), max_over(be_, groups_.pp.get(), mine.expert_load));
   }
   r.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   r.lr = learning_rate(run_.cfg->optimizer, run_.cfg->train.iterations, r.batch + 1);

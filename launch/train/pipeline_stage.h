@@ -53,6 +53,9 @@ struct StepRecord {
   double norm = 0;  // global gradient norm before clipping
   double lr = 0;
   bool finite = true;
+  // A mixture of experts: coef × the load-balancing loss, the mean over the batch's
+  // micro-batches, and the worst layer's max / mean assignments per expert.
+  std::optional<double> aux_loss, expert_load;
   double at_s = 0;  // when the step finished, seconds from set_clock()
   // Seconds the step waited for its sums over other stages and ranks (2bw: completing what
   // ReduceGrads started; flushing schedules: the blocking loss and norm sums).
@@ -63,12 +66,14 @@ struct StepRecord {
 // squared norms, for which float's 1e-7 relative rounding is far inside 1e-5). A group of device
 // tensors (NCCL, staged) takes the value through a one-element tensor of the backend.
 double sum_over(Backend& be, Communicator* c, double v);
+// The maximum, the same way.
+double max_over(Backend& be, Communicator* c, double v);
 
 // sum_over started now and read later: the same float all-reduce, non-blocking. Its buffer is
 // a member: the object stays where it is while a sum is in flight.
 class PendingSum {
  public:
-  void start(Backend& be, Communicator* c, double v);
+  void start(Backend& be, Communicator* c, double v, ReduceOp op = ReduceOp::kSum);
   bool test();    // never blocks; true once the sum is there
   double wait();  // the sum (the value itself over no group)
 
@@ -154,6 +159,7 @@ class ModelStage final : public PipelineStage {
   GradReducer& reducer_;
   AdamW& opt_;
   const bool two_versions_;  // 2bw: the schedule does not flush, two weight versions are alive
+  const bool moe_;           // the model's MLPs are mixtures of experts (StepRecord's figures)
   Split split_ = Split::kTrain;
   uint64_t iter_ = 0;
   bool training_ = true;

@@ -146,6 +146,8 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   mt.mem_peak_bytes = be_.allocator().stats().total_peak;
   mt.skipped = !r.finite;
   mt.val_loss = val_loss;
+  mt.aux_loss = r.aux_loss;
+  mt.expert_load = r.expert_load;
   if (val_loss) res_.val_losses.emplace_back(it, *val_loss);
   if (sample) {
     mt.sample_ids = sample->first;
@@ -171,6 +173,7 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
     if (run_.layout.pipeline > 1)
       std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
     if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
+    if (mt.aux_loss) std::printf(" | aux %.4f | load %.2f", *mt.aux_loss, *mt.expert_load);
     std::printf("\n");
   }
   if (lead_ && sample) {

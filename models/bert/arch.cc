@@ -61,6 +61,7 @@ ArchSpec bert_arch() {
                        "at least 2 for arch \"bert\" (its samples' segments A and B are token "
                        "types 0 and 1), got " +
                            std::to_string(m.type_vocab_size));
+    refuse_moe_keys(m, file);
   };
   return a;
 }

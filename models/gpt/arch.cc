@@ -43,6 +43,7 @@ ArchSpec gpt_arch() {
       throw InputError(file, "model.rope_scaling",
                        "null for arch \"gpt\" (learned positions, no rotary embeddings)");
     refuse_encoder_keys(m, file);
+    refuse_moe_keys(m, file);
   };
   a.hf.hf_model_type = "gpt2";
   a.hf.model_config = gpt_model_config_from_hf;

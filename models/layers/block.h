@@ -1,7 +1,8 @@
 // block.h — the transformer block, composed once from slots: where the norms sit (before or
 // after each sub-layer), the attention (AttentionSpec: grouped-query, rotary, causal or
-// bidirectional over padded keys) and the MLP (MlpSpec: GELU, exact GELU, SwiGLU). GPT-2, Llama
-// and BERT are values of BlockSpec, not classes; the mixture-of-experts MLP is the next slot.
+// bidirectional over padded keys) and the MLP (MlpSpec: GELU, exact GELU, SwiGLU, or a mixture of
+// SwiGLU experts, models/layers/moe.h). GPT-2, Llama, BERT, Mixtral and Qwen3-MoE are values of
+// BlockSpec, not classes.
 //
 // The block is two sub-layers, k = 1 (attention) and k = 2 (MLP), each a norm and a function f
 // that adds its result to a residual:
@@ -39,9 +40,12 @@ namespace strata {
 enum class NormPlacement { kPre, kPost };
 
 // Parameter names of a block's layers, after the layer's prefix.
+// A mixture of experts names its experts' fused [gate; up] weights mlp_fc, their down weights
+// mlp_proj and its router `router`.
 struct BlockNames {
   std::string norm_1, qkv, attn_proj, norm_2, mlp_fc, mlp_proj;
   std::string q_norm = {}, k_norm = {};  // with AttentionSpec::qk_norm
+  std::string router = {};               // with MlpSpec::is_moe()
 };
 
 struct BlockSpec {
@@ -59,10 +63,14 @@ class TransformerBlock {
   // What the forward keeps. Shapes: B micro-batch, S sequence, Sl = S/t with sequence
   // parallelism (else S), C hidden.
   struct Saved {
-    Norm::Saved norm_1, norm_2;  // (B, Sl, C) and statistics
-    SelfAttention::Saved attn;   // q/k/v (B, S, (NH + 2·KVH)·HS/t), the core's state and output
-    MLP::Saved mlp;              // (B, S, F/t or 2F/t) before and (B, S, F/t) after the activation
-    Tensor res_1, res_2;         // (B, Sl, C) the residual sums
+    Norm::Saved norm_1, norm_2;   // (B, Sl, C) and statistics
+    SelfAttention::Saved attn;    // q/k/v (B, S, (NH + 2·KVH)·HS/t), the core's state and output
+    MLP::Saved mlp;               // (B, S, F/t or 2F/t) before and (B, S, F/t) after the activation
+    MixtureOfExperts::Saved moe;  // with a mixture of experts instead of mlp
+    Tensor res_1, res_2;          // (B, Sl, C) the residual sums
+    // What the mixture's forward (not a recompute) reported of its routing; it outlives full
+    // recompute's drop, as moe.aux_grad (set by the model before the backward) does.
+    MixtureOfExperts::Stats moe_stats;
   };
 
   TransformerBlock() = default;
@@ -90,6 +98,7 @@ class TransformerBlock {
   Tensor decode(const LayerEnv& env, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
                 int64_t pos0) const;
   const SelfAttention& attention() const { return attn_; }
+  bool is_moe() const { return moe_.spec.experts > 0; }
 
   ParamRef first, last;  // the block's parameters [first, last] in the flat buffers
 
@@ -106,11 +115,12 @@ class TransformerBlock {
 
  private:
   // Sub-layer k (1: attention, 2: MLP) on `in`; returns x_k.
+  // record: not a recompute (a mixture reports its routing in s.moe_stats).
   Tensor sublayer_forward(const LayerEnv& env, int k, const Tensor& in, const Tensor& key_lengths,
-                          bool drop_core, Saved& s) const;
+                          bool drop_core, bool record, Saved& s) const;
   // f_k of `in` plus `residual`.
   Tensor branch_forward(const LayerEnv& env, int k, const Tensor& in, const Tensor& residual,
-                        const Tensor& key_lengths, Saved& s) const;
+                        const Tensor& key_lengths, bool record, Saved& s) const;
   // The gradient of f_k's input from that of its output dresid.
   Tensor branch_backward(const LayerEnv& env, BackwardPass& pass, int k, const Tensor& dresid,
                          const Tensor& in, Saved& s) const;
@@ -120,6 +130,7 @@ class TransformerBlock {
   Norm norm_1_, norm_2_;
   SelfAttention attn_;
   MLP mlp_;
+  MixtureOfExperts moe_;  // instead of mlp_ when the spec's MLP is a mixture
 };
 
 }  // namespace strata

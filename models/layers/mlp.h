@@ -15,6 +15,7 @@
 #include <string>
 
 #include "models/layers/linear.h"
+#include "models/layers/moe.h"
 #include "models/layers/parallel.h"
 #include "models/layers/work.h"
 
@@ -22,11 +23,15 @@ namespace strata {
 
 enum class MlpActivation { kGelu, kGeluErf, kSwiGlu };
 
-// The MLP of a block: its activation and width.
+// The MLP of a block: its activation and width, or a mixture of SwiGLU experts (moe.experts >
+// 0: models/layers/moe.h, which then replaces the dense MLP).
 struct MlpSpec {
   MlpActivation activation = MlpActivation::kGelu;
   int64_t hidden = 0;  // F
   bool bias = true;    // biases on both projections
+  MoeSpec moe;
+
+  bool is_moe() const { return moe.experts > 0; }
 
   // Rows of the expansion: F, or [gate; up] with SwiGLU.
   int64_t fc_rows() const { return activation == MlpActivation::kSwiGlu ? 2 * hidden : hidden; }

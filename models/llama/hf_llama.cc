@@ -34,13 +34,24 @@ namespace {
 
 // The size of one attention head.
 int64_t head_size(const ModelConfig& m) {
-  return m.hidden_size / m.num_heads;
+  return m.head_size();
+}
+
+// Rows [e·rows, (e+1)·rows) of a 2-D tensor of E blocks (an expert of a fused experts weight).
+FullTensor block_rows(const FullTensor& t, int64_t e, int64_t rows) {
+  return hf_rows(t, e * rows, rows);
+}
+
+// Hugging Face's name of expert e's projection `which` (0 gate, 1 up, 2 down) in layer prefix h.
+std::string expert_name(const LlamaFamily& f, const std::string& h, int64_t e, int which) {
+  return h + f.moe + ".experts." + std::to_string(e) + "." + f.experts[static_cast<size_t>(which)] +
+         ".weight";
 }
 
 // The 2-D tensors stacked along rows, in order.
-FullTensor stack_rows(std::initializer_list<const FullTensor*> parts) {
+FullTensor stack_rows(const std::vector<const FullTensor*>& parts) {
   FullTensor o;
-  o.shape = {0, (*parts.begin())->shape[1]};
+  o.shape = {0, parts.front()->shape[1]};
   size_t n = 0;
   for (const FullTensor* p : parts) n += p->data.size();
   o.data.reserve(n);
@@ -57,7 +68,8 @@ std::string layer(int64_t l) {
 
 }  // namespace
 
-FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
+FullTensors llama_family_to_hf(const LlamaFamily& f, const ModelConfig& m,
+                               const FullTensors& ours) {
   const auto get = [&](const std::string& n) -> const FullTensor& { return ours.at(n); };
   const int64_t q = m.num_heads * head_size(m), kv = m.kv_heads() * head_size(m);
   FullTensors hf;
@@ -68,11 +80,27 @@ FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
     hf[h + "self_attn.q_proj.weight"] = hf_rows(qkv, 0, q);
     hf[h + "self_attn.k_proj.weight"] = hf_rows(qkv, q, kv);
     hf[h + "self_attn.v_proj.weight"] = hf_rows(qkv, q + kv, kv);
-    const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
-    hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, m.ffn_hidden_size);
-    hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, m.ffn_hidden_size, m.ffn_hidden_size);
-    for (const char* n : {"self_attn.o_proj.weight", "mlp.down_proj.weight",
-                          "input_layernorm.weight", "post_attention_layernorm.weight"})
+    if (f.qk_norm)
+      for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        hf[h + n] = get(o + n);
+    if (f.moe.empty()) {
+      const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
+      hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, m.ffn_hidden_size);
+      hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, m.ffn_hidden_size, m.ffn_hidden_size);
+      hf[h + "mlp.down_proj.weight"] = get(o + "mlp.down_proj.weight");
+    } else {
+      const int64_t F = m.expert_hidden(), C = m.hidden_size;
+      hf[h + f.moe + ".gate.weight"] = get(o + f.moe + ".gate.weight");
+      const FullTensor& gate_up = get(o + f.moe + ".experts.gate_up_proj.weight");
+      const FullTensor& down = get(o + f.moe + ".experts.down_proj.weight");
+      for (int64_t e = 0; e < m.num_experts; ++e) {
+        hf[expert_name(f, h, e, 0)] = block_rows(gate_up, 2 * e, F);
+        hf[expert_name(f, h, e, 1)] = block_rows(gate_up, 2 * e + 1, F);
+        hf[expert_name(f, h, e, 2)] = block_rows(down, e, C);
+      }
+    }
+    for (const char* n :
+         {"self_attn.o_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"})
       hf[h + n] = get(o + n);
   }
   hf["model.norm.weight"] = get("norm.weight");
@@ -80,7 +108,12 @@ FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
   return hf;
 }
 
-FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
+FullTensors llama_to_hf(const ModelConfig& m, const FullTensors& ours) {
+  return llama_family_to_hf(llama_family(), m, ours);
+}
+
+FullTensors llama_family_from_hf(const LlamaFamily& f, const ModelConfig& m, const FullTensors& hf,
+                                 const std::string& path) {
   const auto get = [&](const std::string& n,
                        const std::vector<int64_t>& shape) -> const FullTensor& {
     return hf_tensor(hf, n, shape, path);
@@ -96,9 +129,25 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
                                                      &get(h + "self_attn.k_proj.weight", {kv, C}),
                                                      &get(h + "self_attn.v_proj.weight", {kv, C})});
     o[p + "self_attn.o_proj.weight"] = get(h + "self_attn.o_proj.weight", {C, q});
-    o[p + "mlp.gate_up_proj.weight"] = stack_rows(
-        {&get(h + "mlp.gate_proj.weight", {F, C}), &get(h + "mlp.up_proj.weight", {F, C})});
-    o[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight", {C, F});
+    if (f.qk_norm)
+      for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        o[p + n] = get(h + n, {head_size(m)});
+    if (f.moe.empty()) {
+      o[p + "mlp.gate_up_proj.weight"] = stack_rows(
+          {&get(h + "mlp.gate_proj.weight", {F, C}), &get(h + "mlp.up_proj.weight", {F, C})});
+      o[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight", {C, F});
+    } else {
+      const int64_t E = m.num_experts, Fe = m.expert_hidden();
+      o[p + f.moe + ".gate.weight"] = get(h + f.moe + ".gate.weight", {E, C});
+      std::vector<const FullTensor*> gate_up, down;
+      for (int64_t e = 0; e < E; ++e) {
+        gate_up.push_back(&get(expert_name(f, h, e, 0), {Fe, C}));
+        gate_up.push_back(&get(expert_name(f, h, e, 1), {Fe, C}));
+        down.push_back(&get(expert_name(f, h, e, 2), {C, Fe}));
+      }
+      o[p + f.moe + ".experts.gate_up_proj.weight"] = stack_rows(gate_up);
+      o[p + f.moe + ".experts.down_proj.weight"] = stack_rows(down);
+    }
     o[p + "input_layernorm.weight"] = get(h + "input_layernorm.weight", {C});
     o[p + "post_attention_layernorm.weight"] = get(h + "post_attention_layernorm.weight", {C});
   }
@@ -114,30 +163,63 @@ FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std
   return o;
 }
 
-nlohmann::json llama_hf_config(const ModelConfig& m) {
+FullTensors llama_from_hf(const ModelConfig& m, const FullTensors& hf, const std::string& path) {
+  return llama_family_from_hf(llama_family(), m, hf, path);
+}
+
+nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m) {
   nlohmann::json scaling = nullptr;
   if (m.rope_scaling) scaling = *m.rope_scaling;  // runtime/base/config.h's to_json
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", m.hidden_size},
-          {"intermediate_size", m.ffn_hidden_size},
-          {"num_hidden_layers", m.num_layers},
-          {"num_attention_heads", m.num_heads},
-          {"num_key_value_heads", m.kv_heads()},
-          {"head_dim", head_size(m)},
-          {"max_position_embeddings", m.seq_len},
-          {"vocab_size", m.vocab_size},
-          {"rms_norm_eps", m.rms_norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", scaling},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"attention_dropout", m.dropout},
-          {"hidden_act", "silu"},
-          {"initializer_range", m.init_std},
-          {"dtype", "float32"},  // transformers ≥ 4.56 reads "dtype", earlier "torch_dtype"
-          {"torch_dtype", "float32"}};
+  nlohmann::json c = {
+      {"architectures", {f.hf_class}},
+      {"model_type", f.model_type},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.ffn_hidden_size},
+      {"num_hidden_layers", m.num_layers},
+      {"num_attention_heads", m.num_heads},
+      {"num_key_value_heads", m.kv_heads()},
+      {"head_dim", head_size(m)},
+      {"max_position_embeddings", m.seq_len},
+      {"vocab_size", m.vocab_size},
+      {"rms_norm_eps", m.rms_norm_eps},
+      {"rope_theta", m.rope_theta},
+      {"rope_scaling", scaling},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"attention_bias", false},
+      {"attention_dropout", m.dropout},
+      {"hidden_act", "silu"},
+      {"initializer_range", m.init_std},
+      {"dtype", "float32"},  // transformers ≥ 4.56 reads "dtype", earlier "torch_dtype"
+      {"torch_dtype", "float32"}};
+  if (f.moe.empty()) {
+    c["mlp_bias"] = false;
+    return c;
+  }
+  // What the mixture adds; from_pretrained returns the router's logits and adds the balancing
+  // loss when output_router_logits is true, as Strata's training objective does with a
+  // coefficient above 0.
+  c["num_experts_per_tok"] = m.num_experts_per_tok;
+  c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  c["output_router_logits"] = m.router_aux_loss_coef > 0;
+  c["sliding_window"] = nullptr;
+  if (f.always_renormalise) {  // MixtralConfig: the experts' width is intermediate_size
+    c["num_local_experts"] = m.num_experts;
+    c["intermediate_size"] = m.expert_hidden();
+    c["router_jitter_noise"] = 0.0;
+  } else {  // Qwen3MoeConfig: every layer sparse
+    c["num_experts"] = m.num_experts;
+    c["moe_intermediate_size"] = m.expert_hidden();
+    c["norm_topk_prob"] = m.norm_topk_prob;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = nlohmann::json::array();
+    c["use_sliding_window"] = false;
+    c["max_window_layers"] = m.num_layers;
+  }
+  return c;
+}
+
+nlohmann::json llama_hf_config(const ModelConfig& m) {
+  return llama_family_hf_config(llama_family(), m);
 }
 
 std::optional<std::string> llama_canonical_name(const std::string& name) {
@@ -149,31 +231,91 @@ std::optional<std::string> llama_canonical_name(const std::string& name) {
   return name;
 }
 
-std::vector<std::string> llama_hf_order(const ModelConfig& m) {
+std::vector<std::string> llama_family_hf_order(const LlamaFamily& f, const ModelConfig& m) {
   std::vector<std::string> names = {"model.embed_tokens.weight"};
-  for (int64_t l = 0; l < m.num_layers; ++l)
-    for (const char* n :
-         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-          "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"})
-      names.push_back("model." + layer(l) + n);
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const std::string h = "model." + layer(l);
+    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "self_attn.o_proj.weight"})
+      names.push_back(h + n);
+    if (f.qk_norm)
+      for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        names.push_back(h + n);
+    if (f.moe.empty()) {
+      for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+        names.push_back(h + n);
+    } else {
+      names.push_back(h + f.moe + ".gate.weight");
+      for (int64_t e = 0; e < m.num_experts; ++e)
+        for (int which : f.expert_order) names.push_back(expert_name(f, h, e, which));
+    }
+    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+      names.push_back(h + n);
+  }
   names.push_back("model.norm.weight");
   if (!m.tie_embeddings) names.push_back("lm_head.weight");
   return names;
 }
 
-void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
-                           const std::string& path) {
-  // Absent (or null) keys take LlamaConfig's defaults, as from_pretrained would.
-  check_hf_key(hf, "model_type", "llama", "model.arch \"llama\"", path, "llama");
+std::vector<std::string> llama_hf_order(const ModelConfig& m) {
+  return llama_family_hf_order(llama_family(), m);
+}
+
+namespace {
+
+// The mixture's keys of a Mixtral or Qwen3-MoE config.json against the model config. Absent keys
+// take the class's defaults.
+void check_moe_keys(const LlamaFamily& f, const ModelConfig& m, const nlohmann::json& hf,
+                    const std::string& path) {
+  if (f.always_renormalise) {  // MixtralConfig
+    const nlohmann::json local = hf_value(hf, "num_local_experts", hf_value(hf, "num_experts", 8));
+    check_hf_key(hf, hf.contains("num_local_experts") ? "num_local_experts" : "num_experts",
+                 m.num_experts, "model.num_experts", path, local);
+    check_hf_key(hf, "intermediate_size", m.expert_hidden(), "model.moe_intermediate_size", path,
+                 14336);
+    check_hf_key(hf, "router_jitter_noise", 0.0, "Strata's router, without jitter,", path, 0.0);
+  } else {  // Qwen3MoeConfig
+    check_hf_key(hf, "num_experts", m.num_experts, "model.num_experts", path, 128);
+    check_hf_key(hf, "moe_intermediate_size", m.expert_hidden(), "model.moe_intermediate_size",
+                 path, 768);
+    check_hf_key(hf, "norm_topk_prob", m.norm_topk_prob, "model.norm_topk_prob", path, false);
+    check_hf_key(hf, "decoder_sparse_step", 1, "every layer sparse, as Strata's", path, 1);
+    const nlohmann::json dense = hf_value(hf, "mlp_only_layers", nlohmann::json::array());
+    if (!dense.is_array() || !dense.empty())
+      throw InputError(path, "mlp_only_layers",
+                       "[] (every layer sparse: Strata has no dense layers in a mixture), found " +
+                           dense.dump());
+    check_hf_key(hf, "use_sliding_window", false, "Strata's full attention", path, false);
+  }
+  check_hf_key(hf, "num_experts_per_tok", m.num_experts_per_tok, "model.num_experts_per_tok", path,
+               f.always_renormalise ? 2 : 8);
+  const nlohmann::json window = hf_value(hf, "sliding_window", nullptr);
+  if (f.always_renormalise && !window.is_null() &&
+      !(window.is_number_integer() && window.get<int64_t>() >= m.seq_len))
+    throw InputError(path, "sliding_window",
+                     "null or at least model.seq_len " + std::to_string(m.seq_len) +
+                         " (Strata's attention sees every earlier position), found " +
+                         window.dump());
+}
+
+}  // namespace
+
+void llama_family_check_hf_config(const LlamaFamily& f, const ModelConfig& m,
+                                  const nlohmann::json& hf, const std::string& path) {
+  // Absent (or null) keys take the class's defaults (LlamaConfig's), as from_pretrained would.
+  check_hf_key(hf, "model_type", f.model_type, "model.arch \"" + f.arch + "\"", path, f.model_type);
   check_hf_key(hf, "num_hidden_layers", m.num_layers, "model.num_layers", path, 32);
   check_hf_key(hf, "hidden_size", m.hidden_size, "model.hidden_size", path, 4096);
   check_hf_key(hf, "num_attention_heads", m.num_heads, "model.num_heads", path, 32);
   const nlohmann::json heads = hf_value(hf, "num_attention_heads", 32);
   check_hf_key(hf, "num_key_value_heads", m.kv_heads(), "model.num_key_value_heads", path, heads);
-  check_hf_key(hf, "head_dim", head_size(m), "hidden_size / num_heads", path,
+  check_hf_key(hf, "head_dim", head_size(m),
+               m.head_dim ? "model.head_dim" : "hidden_size / num_heads", path,
                hf_int(hf, "hidden_size", 4096, path) / hf_int(hf, "num_attention_heads", 32, path));
-  check_hf_key(hf, "intermediate_size", m.ffn_hidden_size, "model.ffn_hidden_size", path, 11008);
+  if (f.moe.empty())
+    check_hf_key(hf, "intermediate_size", m.ffn_hidden_size, "model.ffn_hidden_size", path, 11008);
+  else
+    check_moe_keys(f, m, hf, path);
   check_hf_key(hf, "vocab_size", m.vocab_size, "model.vocab_size", path, 32000);
   check_hf_key(hf, "tie_word_embeddings", m.tie_embeddings, "model.tie_embeddings", path, false);
   check_hf_key(hf, "rms_norm_eps", m.rms_norm_eps, "model.rms_norm_eps", path, 1e-6);
@@ -229,9 +371,15 @@ void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
   check("original_max_position_embeddings", r.original_max_position_embeddings);
 }
 
-ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
+void llama_check_hf_config(const ModelConfig& m, const nlohmann::json& hf,
+                           const std::string& path) {
+  llama_family_check_hf_config(llama_family(), m, hf, path);
+}
+
+ModelConfig llama_family_model_config_from_hf(const LlamaFamily& f, const nlohmann::json& hf,
+                                              const std::string& path) {
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = f.arch;
   m.preset = "";
   m.num_layers = hf_int(hf, "num_hidden_layers", 32, path);
   m.hidden_size = hf_int(hf, "hidden_size", 4096, path);
@@ -261,8 +409,26 @@ ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::stri
         hf_int(scaling, "original_max_position_embeddings", 8192, path);
     m.rope_scaling = r;
   }
-  llama_check_hf_config(m, hf, path);  // what Strata's Llama does not do (biases, other RoPE, …)
+  const int head_dim = hf_int(hf, "head_dim", m.hidden_size / m.num_heads, path);
+  if (head_dim != m.hidden_size / m.num_heads) m.head_dim = head_dim;
+  if (!f.moe.empty()) {
+    const bool mixtral = f.always_renormalise;
+    m.num_experts = mixtral && hf.contains("num_local_experts")
+                        ? hf_int(hf, "num_local_experts", 8, path)
+                        : hf_int(hf, "num_experts", mixtral ? 8 : 128, path);
+    m.num_experts_per_tok = hf_int(hf, "num_experts_per_tok", mixtral ? 2 : 8, path);
+    m.moe_intermediate_size =
+        mixtral ? m.ffn_hidden_size : hf_int(hf, "moe_intermediate_size", 768, path);
+    m.norm_topk_prob = mixtral || hf_bool(hf, "norm_topk_prob", false, path);
+    m.router_aux_loss_coef = hf_number(hf, "router_aux_loss_coef", 0.001, path);
+  }
+  // What Strata's model does not do (biases, other RoPE, dense layers in a mixture, …).
+  llama_family_check_hf_config(f, m, hf, path);
   return m;
+}
+
+ModelConfig llama_model_config_from_hf(const nlohmann::json& hf, const std::string& path) {
+  return llama_family_model_config_from_hf(llama_family(), hf, path);
 }
 
 }  // namespace strata

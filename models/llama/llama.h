@@ -18,6 +18,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,8 +30,34 @@
 
 namespace strata {
 
-// The Llama model of a config's model keys.
+// What a Llama-family Hugging Face class changes of LlamaForCausalLM: Mixtral and Qwen3-MoE are
+// Llama's block with a mixture of experts for its MLP (models/layers/moe.h), Qwen3 adds QK-norm.
+// One spec builder and one Hugging Face adapter serve the family.
+struct LlamaFamily {
+  std::string arch = "llama";  // model.arch
+  std::string model_type = "llama", hf_class = "LlamaForCausalLM";
+  bool qk_norm = false;  // self_attn.q_norm / self_attn.k_norm (Qwen3), epsilon rms_norm_eps
+  // A mixture of experts: its module's name in a layer ("block_sparse_moe" for Mixtral, "mlp"
+  // for Qwen3-MoE; "" a dense MLP), and Hugging Face's names of expert e's gate, up and down
+  // projections under <moe>.experts.<e>. (Mixtral: w1, w3, w2).
+  std::string moe;
+  std::vector<std::string> experts;
+  // The order an expert's module declares its projections in (save_pretrained's order), as
+  // indices into `experts` (Mixtral's w1, w2, w3 are gate, down, up).
+  std::vector<int> expert_order = {0, 1, 2};
+  // The top-k weights are always renormalised (Mixtral), not as model.norm_topk_prob says.
+  bool always_renormalise = false;
+};
+LlamaFamily llama_family();
+
+// The Llama model of a config's model keys; llama_family_spec: a family member's.
 TransformerSpec llama_spec(const ModelConfig& m);
+TransformerSpec llama_family_spec(const LlamaFamily& f, const ModelConfig& m);
+// The registry entry of a family member whose spec is `spec`: its Hugging Face adapter (the
+// functions below bound to f) and its validation.
+struct ArchSpec;
+ArchSpec llama_family_arch(const LlamaFamily& f,
+                           std::function<TransformerSpec(const ModelConfig&)> spec);
 
 // Hugging Face LlamaForCausalLM tensors (model.embed_tokens.weight (V, C) unpadded, separate
 // q/k/v/o and gate/up/down projections, lm_head.weight only when untied) from our full tensors,
@@ -50,8 +77,20 @@ std::vector<std::string> llama_hf_order(const ModelConfig& m);
 // are.
 std::optional<std::string> llama_canonical_name(const std::string& name);
 
+// The family's adapter (llama_* above are llama_family()'s): per-expert Hugging Face tensors
+// <moe>.experts.<e>.<gate|up|down> ↔ our fused experts_gate_up / experts_down, QK-norm weights
+// as they are; the config.json of f.hf_class, its check and its model keys.
+FullTensors llama_family_to_hf(const LlamaFamily& f, const ModelConfig& m, const FullTensors& ours);
+FullTensors llama_family_from_hf(const LlamaFamily& f, const ModelConfig& m, const FullTensors& hf,
+                                 const std::string& path);
+nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m);
+void llama_family_check_hf_config(const LlamaFamily& f, const ModelConfig& m,
+                                  const nlohmann::json& hf, const std::string& path);
+ModelConfig llama_family_model_config_from_hf(const LlamaFamily& f, const nlohmann::json& hf,
+                                              const std::string& path);
+std::vector<std::string> llama_family_hf_order(const LlamaFamily& f, const ModelConfig& m);
+
 // The registry entry (models/registry.h).
-struct ArchSpec;
 ArchSpec llama_arch();
 
 }  // namespace strata

@@ -1,5 +1,6 @@
 #include "models/transformer/transformer.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -17,7 +18,7 @@ TransformerSpec transformer_sizes(const std::string& arch, const ModelConfig& m)
   s.init_std = m.init_std;
   s.block.attention.heads = m.num_heads;
   s.block.attention.kv_heads = m.kv_heads();
-  s.block.attention.head_size = m.hidden_size / m.num_heads;
+  s.block.attention.head_size = m.head_size();
   s.block.mlp.hidden = m.ffn_hidden_size;
   s.block.init_std = m.init_std;
   s.block.proj_init_std = m.init_std;
@@ -61,7 +62,50 @@ struct TransformerModel::Acts final : PieceActs {
   Tensor input;                            // (B, Sl, C) the piece's input: embedding or received
   std::vector<TransformerBlock::Saved> h;  // [layer − first layer of the piece]
   std::unique_ptr<HeadActs> head;          // last piece
+  // A mixture of experts with a load-balancing loss: its gradient on every token's routing
+  // probabilities, per expert, before the backward's scale (moe.h).
+  std::vector<float> aux_grad;
 };
+
+namespace {
+
+// The load-balancing loss of Hugging Face's load_balancing_loss_func over the MoE layers of one
+// micro-batch (moe.h), times its coefficient, into loss->aux, with its gradient per expert, and
+// the worst layer's load into loss->expert_load.
+void moe_balance(const MoeSpec& m, const std::vector<TransformerBlock::Saved>& h, LossSum* loss,
+                 std::vector<float>* aux_grad) {
+  const size_t E = static_cast<size_t>(m.experts);
+  std::vector<double> f(E, 0.0), P(E, 0.0);
+  double layers = 0, tokens = 0;
+  for (const TransformerBlock::Saved& s : h) {
+    const MixtureOfExperts::Stats& st = s.moe_stats;
+    if (st.routed.empty()) continue;
+    ++layers;
+    tokens = static_cast<double>(st.tokens);
+    double total = 0, most = 0;
+    for (size_t e = 0; e < E; ++e) {
+      f[e] += st.routed[e];
+      P[e] += st.prob_sum[e];
+      total += st.routed[e];
+      most = std::max(most, st.routed[e]);
+    }
+    if (total > 0) loss->expert_load = std::max(loss->expert_load, most * E / total);
+  }
+  if (layers == 0 || m.aux_coef == 0) return;
+  const double n = layers * tokens;
+  double aux = 0;
+  for (size_t e = 0; e < E; ++e) aux += (f[e] / n) * (P[e] / n);
+  loss->aux = m.aux_coef * static_cast<double>(E) * aux;
+  // The objective holds coef · aux · N (a sum over the micro-batch's N tokens, as its token
+  // losses are, so that the scale 1 / tokens of the global batch makes it the mean over the
+  // micro-batches of coef · aux, as gradient accumulation over Hugging Face's loss does):
+  // d(coef · aux · N)/d p_ne = coef · E · f_e · N / (L·N) = coef · E · f_e / L.
+  aux_grad->resize(E);
+  for (size_t e = 0; e < E; ++e)
+    (*aux_grad)[e] = static_cast<float>(m.aux_coef * static_cast<double>(E) * (f[e] / n) / layers);
+}
+
+}  // namespace
 
 ParamLayout TransformerModel::layout(const TransformerSpec& spec, int tensor, int tensor_rank,
                                      bool sp, const std::vector<ModelPiece>& pieces) {
@@ -207,6 +251,12 @@ PieceActsPtr TransformerModel::forward_piece(int piece, const Tensor& input,
         .forward(env, block_input(*a, i), batch.key_lengths, options_.recompute, false,
                  a->h[static_cast<size_t>(i)]);
   if (pc.head) a->head = head_->forward(env, piece_output(*a), a->batch, loss);
+  if (spec_.block.mlp.is_moe()) {
+    STRATA_CHECK(
+        spec_.block.mlp.moe.aux_coef == 0 || (pc.first_layer == 0 && pc.num_layers == spec_.L),
+        "the load-balancing loss of a mixture of experts needs every MoE layer in one piece");
+    moe_balance(spec_.block.mlp.moe, a->h, loss, &a->aux_grad);
+  }
   return a;
 }
 
@@ -230,8 +280,16 @@ Tensor TransformerModel::backward_piece(PieceActs& acts, const Tensor& dout, flo
   } else {
     dy = dout;
   }
+  Tensor aux_grad;  // the load-balancing loss's gradient per expert, scaled
+  if (!a.aux_grad.empty()) {
+    std::vector<float> g(a.aux_grad);
+    for (float& x : g) x *= grad_scale;
+    aux_grad = env.stat({static_cast<int64_t>(g.size())});
+    env.be.upload(aux_grad, g.data());
+  }
   for (int i = pc.num_layers - 1; i >= 0; --i) {
     const TransformerBlock& blk = block(pc.first_layer + i);
+    a.h[static_cast<size_t>(i)].moe.aux_grad = aux_grad;
     dy = blk.backward(env, pass, block_input(a, i), a.batch.key_lengths, options_.recompute,
                       a.h[static_cast<size_t>(i)], dy);
     store_->report_ready(blk.first, blk.last);

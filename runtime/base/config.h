@@ -66,9 +66,26 @@ struct ModelConfig {
   // epsilon of the encoder, its embeddings and its masked-LM head.
   int type_vocab_size = 2;
   double layer_norm_eps = 1e-12;
+  // Mixtures of experts (mixtral, qwen3_moe; Hugging Face's names, models/layers/moe.h): every
+  // block's MLP is num_experts SwiGLU experts of moe_intermediate_size (null: ffn_hidden_size),
+  // num_experts_per_tok of them per token; 0 experts is a dense MLP. norm_topk_prob divides the
+  // top-k weights by their sum (Mixtral always does); router_aux_loss_coef weighs the
+  // load-balancing loss; moe_capacity_factor null routes dropless. head_dim: the attention's
+  // head size, null: hidden_size / num_heads (Qwen3's differs).
+  int num_experts = 0;
+  int num_experts_per_tok = 2;
+  std::optional<int> moe_intermediate_size;
+  bool norm_topk_prob = true;
+  double router_aux_loss_coef = 0.001;
+  std::optional<double> moe_capacity_factor;
+  std::optional<int> head_dim;
 
   // Key/value heads: num_key_value_heads, or num_heads when null.
   int kv_heads() const { return num_key_value_heads.value_or(num_heads); }
+  // The attention's head size: head_dim, or hidden_size / num_heads when null.
+  int head_size() const { return head_dim.value_or(num_heads > 0 ? hidden_size / num_heads : 0); }
+  // An expert's width: moe_intermediate_size, or ffn_hidden_size when null.
+  int expert_hidden() const { return moe_intermediate_size.value_or(ffn_hidden_size); }
 };
 
 // The train section but for train.micro_batch_size and train.recompute, which are the layout's.

@@ -1,0 +1,31 @@
+// The "qwen3_moe" entry of the model registry (models/registry.h): Qwen3-MoE as a transformer
+// spec, Llama's with QK-norm and a mixture of experts for its MLP.
+#include "models/llama/llama.h"
+#include "models/qwen3_moe/qwen3_moe.h"
+#include "models/registry.h"
+
+namespace strata {
+
+// Qwen3MoeForCausalLM's names of what differs from LlamaForCausalLM (models/llama/llama.h).
+LlamaFamily qwen3_moe_family() {
+  LlamaFamily f;
+  f.arch = "qwen3_moe";
+  f.model_type = "qwen3_moe";
+  f.hf_class = "Qwen3MoeForCausalLM";
+  f.qk_norm = true;
+  f.moe = "mlp";
+  f.experts = {"gate_proj", "up_proj", "down_proj"};
+  return f;
+}
+
+TransformerSpec qwen3_moe_spec(const ModelConfig& m) {
+  return llama_family_spec(qwen3_moe_family(), m);
+}
+
+ArchSpec qwen3_moe_arch() {
+  ArchSpec a = llama_family_arch(qwen3_moe_family(), qwen3_moe_spec);
+  a.tiny_preset = "qwen3-moe-tiny";
+  return a;
+}
+
+}  // namespace strata

@@ -1,0 +1,423 @@
+// The mixture-of-experts MLP (models/layers/moe.h) and the models made of it (mixtral, qwen3_moe)
+// on one rank, against references that do not share its code path:
+//   * the layer's output against the definition computed here in double from its weights —
+//     router softmax, top-k with ties to the lower expert, renormalised or not, SwiGLU experts,
+//     the weighted sum — dropless and with a capacity factor (the assignments of the largest
+//     weights kept per expert, ties to the lower token);
+//   * the gradients of a whole model's objective (token losses plus coef · the load-balancing
+//     loss · tokens, moe.h) by the backward against finite differences: the router, both expert
+//     weights, q_norm (Qwen3-MoE) and an embedding row, with a coefficient large enough that a
+//     missing load-balancing gradient shows;
+//   * greedy decoding over the cache against the training forward;
+//   * the Hub's per-expert tensors and config.json, there and back, and their refusals;
+//   * the refusals of bad mixture keys (one line naming the key).
+// The backend ops are test_moe_ops's; Hugging Face's own numbers (the load-balancing loss
+// included) are test_moe_golden's; the
+// tensor and data layouts mpi_test_parallel's (STRATA_TEST_ARCH=mixtral, qwen3_moe).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "launch/config/config_parse.h"
+#include "launch/config/world_layout.h"
+#include "models/layers/moe.h"
+#include "models/mixtral/mixtral.h"
+#include "models/qwen3_moe/qwen3_moe.h"
+#include "models/registry.h"
+#include "models/transformer/lm_head.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/error.h"
+
+namespace strata {
+namespace {
+
+struct LayerCase {
+  bool renormalize = true;
+  std::optional<double> capacity;
+};
+
+// One MoE layer on a (B, S, C) input: its output against the definition in double.
+void check_layer(const LayerCase& c) {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  MoeSpec m;
+  m.experts = 4;
+  m.top_k = 2;
+  m.hidden = 6;
+  m.renormalize = c.renormalize;
+  m.capacity_factor = c.capacity;
+  const int64_t C = 8, B = 2, S = 5, N = B * S, E = m.experts, F = m.hidden, k = m.top_k;
+  ParamLayout layout(1, 0);
+  const MixtureOfExperts moe(layout, m, {"router", "gate_up", "down"}, C, 0.5, 0.5);
+  ParamStore store(std::move(layout), *be, false, 3);
+  TensorParallel tp(*be, nullptr, 1, 0, false, DType::kF32);
+  const LayerEnv env{*be, store, tp, DType::kF32};
+  Tensor x = be->empty({B, S, C}, MemCategory::kActivations);
+  Tensor residual = be->empty({B, S, C}, MemCategory::kActivations);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.f32()[i] = static_cast<float>(std::sin(0.37 * i + 0.2) * 1.5);
+    residual.f32()[i] = static_cast<float>(std::cos(0.11 * i));
+  }
+  MixtureOfExperts::Saved s;
+  MixtureOfExperts::Stats stats;
+  const Tensor out = moe.forward(env, x, residual, s, &stats);
+
+  const float* wr = store.params().f32() + store.info(moe.router).offset;
+  const float* wgu = store.params().f32() + store.info(moe.gate_up).offset;
+  const float* wd = store.params().f32() + store.info(moe.down).offset;
+  std::vector<double> want(static_cast<size_t>(N * C), 0.0);
+  std::vector<std::vector<std::pair<double, int64_t>>> kept(static_cast<size_t>(E));  // (w, n)
+  std::vector<std::vector<double>> weights(static_cast<size_t>(N));
+  std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(N));
+  std::vector<double> routed(static_cast<size_t>(E), 0.0), prob_sum(static_cast<size_t>(E), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x.f32() + n * C;
+    std::vector<double> p(static_cast<size_t>(E));
+    double mx = -1e300;
+    for (int64_t e = 0; e < E; ++e) {
+      double l = 0;
+      for (int64_t i = 0; i < C; ++i) l += double{wr[e * C + i]} * xn[i];
+      p[e] = l;
+      mx = std::max(mx, l);
+    }
+    double z = 0;
+    for (double& v : p) z += (v = std::exp(v - mx));
+    for (int64_t e = 0; e < E; ++e) prob_sum[e] += (p[e] /= z);
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      chosen[n].push_back(order[j]);
+      weights[n].push_back(c.renormalize ? p[order[j]] / sum : p[order[j]]);
+      routed[order[j]] += 1;
+      kept[order[j]].push_back({weights[n].back(), n});
+    }
+  }
+  // The capacity: per expert the assignments of the largest weights, ties to the lower token.
+  const int64_t cap = m.capacity(N);
+  std::vector<std::vector<bool>> keep(static_cast<size_t>(N), std::vector<bool>(k, true));
+  int64_t dropped = 0;
+  if (cap >= 0) {
+    for (int64_t e = 0; e < E; ++e) {
+      auto& list = kept[e];
+      std::stable_sort(list.begin(), list.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (size_t i = static_cast<size_t>(cap); i < list.size(); ++i) {
+        const int64_t n = list[i].second;
+        for (int64_t j = 0; j < k; ++j)
+          if (chosen[n][j] == e) keep[n][j] = false;
+        ++dropped;
+      }
+    }
+    EXPECT_GT(dropped, 0) << "the capacity case should drop something";
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x.f32() + n * C;
+    for (int64_t j = 0; j < k; ++j) {
+      if (!keep[n][j]) continue;
+      const int64_t e = chosen[n][j];
+      std::vector<double> act(static_cast<size_t>(F));
+      for (int64_t f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int64_t i = 0; i < C; ++i) {
+          g += double{wgu[(e * 2 * F + f) * C + i]} * xn[i];
+          u += double{wgu[(e * 2 * F + F + f) * C + i]} * xn[i];
+        }
+        act[f] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t o = 0; o < C; ++o) {
+        double y = 0;
+        for (int64_t f = 0; f < F; ++f) y += double{wd[(e * C + o) * F + f]} * act[f];
+        want[n * C + o] += weights[n][j] * y;
+      }
+    }
+  }
+  int bad = 0;
+  for (int64_t i = 0; i < N * C; ++i) {
+    const double w = want[i] + residual.f32()[i];
+    if (std::fabs(out.f32()[i] - w) > 1e-5 * (1 + std::fabs(w))) ++bad;
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(stats.tokens, N);
+  EXPECT_EQ(stats.dropped, dropped);
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(stats.routed[e], routed[e]) << "expert " << e;
+    EXPECT_NEAR(stats.prob_sum[e], prob_sum[e], 1e-5) << "expert " << e;
+  }
+}
+
+TEST(Moe, LayerFollowsTheDefinitionRenormalised) {
+  check_layer({true, std::nullopt});
+}
+
+TEST(Moe, LayerFollowsTheDefinitionWithoutRenormalising) {
+  check_layer({false, std::nullopt});
+}
+
+TEST(Moe, LayerDropsPastTheCapacityByWeight) {
+  check_layer({true, 0.5});
+}
+
+// A tiny model of `arch` with a load-balancing coefficient large enough to matter.
+struct MoeModel {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  ModelConfig cfg;
+  TransformerSpec spec;
+  std::unique_ptr<TransformerModel> model;
+  Tensor tokens, targets;
+  int64_t B = 2, S = 8;
+  explicit MoeModel(const std::string& preset, std::vector<std::string> sets = {}) {
+    sets.insert(sets.begin(), {"model.preset=" + preset, "model.init_std=0.2", "model.seq_len=8",
+                               "model.router_aux_loss_coef=0.5"});
+    cfg = load_config("", sets).model;
+    spec = model_spec(cfg);
+    ModelOptions o;
+    o.seed = 5;
+    model = std::make_unique<TransformerModel>(spec, o, *be);
+    tokens = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
+    targets = be->empty({B, S}, MemCategory::kActivations, DType::kI32);
+    for (int i = 0; i < B * S; ++i) {
+      tokens.i32()[i] = (11 * i + 3) % spec.V;
+      targets.i32()[i] = (7 * i + 1) % spec.V;
+    }
+  }
+  // The objective whose gradient the backward computes at scale 1: Σ token losses plus
+  // coef · aux · tokens (moe.h).
+  double objective() {
+    LossSum l;
+    model->forward(ModelBatch{tokens, targets}, &l);
+    return l.sum + l.aux * static_cast<double>(B * S);
+  }
+};
+
+// Every element of a few weights: backward against a fourth-order finite-difference stencil.
+void check_gradients(MoeModel& m, const std::vector<std::string>& names, int per_tensor) {
+  ParamStore& store = m.model->params();
+  store.zero_grads();
+  {
+    LossSum l;
+    PieceActsPtr acts = m.model->forward(ModelBatch{m.tokens, m.targets}, &l);
+    EXPECT_GT(l.aux, 0);
+    m.model->backward(*acts, 1.0f);
+  }
+  const std::vector<float> grads(store.grads().f32(), store.grads().f32() + store.numel());
+  int checked = 0, bad = 0, kinks = 0;
+  for (const std::string& name : names) {
+    const ParamRef ref = store.layout().find(name);
+    ASSERT_TRUE(ref.valid()) << name;
+    const ParamInfo& info = store.info(ref);
+    const int64_t step = std::max<int64_t>(1, info.numel / per_tensor);
+    for (int64_t i = 0; i < info.numel; i += step) {
+      float& w = store.params().f32()[info.offset + i];
+      const float w0 = w;
+      const double h = 1e-2;
+      auto at = [&](double d) {
+        w = static_cast<float>(w0 + d);
+        store.params_changed();
+        return m.objective();
+      };
+      const double up = at(h), down = at(-h), up2 = at(2 * h), down2 = at(-2 * h);
+      const double half = (at(h / 2) - at(-h / 2)) / h;
+      w = w0;
+      store.params_changed();
+      // Top-k routing is piecewise: a step that moves a token across a tie between experts
+      // swaps an expert (a jump), where no difference quotient is a derivative. Central
+      // differences at h/2, h and 2h then disagree by far more than their truncation; such an
+      // element is skipped (and counted: at most one in five).
+      const double central = (up - down) / (2 * h), wide = (up2 - down2) / (4 * h);
+      const auto apart = [](double a, double b) {
+        return std::fabs(a - b) > 0.1 * std::fabs(b) + 0.05;
+      };
+      if (apart(central, half) || apart(wide, half)) {
+        ++kinks;
+        continue;
+      }
+      const double fd = (8 * (up - down) - (up2 - down2)) / (12 * h);
+      const double g = grads[static_cast<size_t>(info.offset + i)];
+      ++checked;
+      if (std::fabs(g - fd) > 2e-2 * std::fabs(fd) + 2e-3) {
+        ++bad;
+        ADD_FAILURE() << name << "[" << i << "]: backward " << g << ", differences " << fd;
+      }
+    }
+  }
+  std::printf("%d elements checked, %d skipped at a routing jump\n", checked, kinks);
+  EXPECT_LE(kinks, checked / 5);
+  EXPECT_GE(checked, static_cast<int>(names.size()) * 4);
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Moe, MixtralGradientsMatchFiniteDifferences) {
+  MoeModel m("mixtral-tiny");
+  check_gradients(m,
+                  {"layers.0.block_sparse_moe.gate.weight", "layers.1.block_sparse_moe.gate.weight",
+                   "layers.0.block_sparse_moe.experts.gate_up_proj.weight",
+                   "layers.1.block_sparse_moe.experts.down_proj.weight", "embed_tokens"},
+                  24);
+}
+
+TEST(Moe, Qwen3MoeGradientsMatchFiniteDifferences) {
+  MoeModel m("qwen3-moe-tiny", {"model.norm_topk_prob=false"});
+  check_gradients(m,
+                  {"layers.0.mlp.gate.weight", "layers.1.mlp.experts.gate_up_proj.weight",
+                   "layers.0.mlp.experts.down_proj.weight", "layers.1.self_attn.q_norm.weight"},
+                  24);
+}
+
+// Greedy decoding over the key/value cache (the router per new token) picks the training
+// forward's argmax at every position.
+TEST(Moe, DecodingOverTheCacheFollowsTheTrainingForward) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    SCOPED_TRACE(preset);
+    MoeModel m(preset);
+    const int V = m.spec.V, P = 3, N = 5;
+    std::unique_ptr<GenerationState> st = m.model->start_generation(1, P + N);
+    std::vector<int32_t> seq = {5, 9, 2};
+    std::vector<int32_t> step = seq;
+    for (int n = 0; n < N; ++n) {
+      const std::vector<float> logits = m.model->decode(*st, step, static_cast<int>(step.size()));
+      step = {static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) -
+                                   logits.begin())};
+      seq.push_back(step[0]);
+    }
+    const int S = static_cast<int>(seq.size()) - 1;
+    Tensor tokens = m.be->empty({1, S}, MemCategory::kActivations, DType::kI32);
+    Tensor targets = m.be->empty({1, S}, MemCategory::kActivations, DType::kI32);
+    for (int i = 0; i < S; ++i) {
+      tokens.i32()[i] = seq[static_cast<size_t>(i)];
+      targets.i32()[i] = 0;
+    }
+    LossSum l;
+    PieceActsPtr acts = m.model->forward(ModelBatch{tokens, targets}, &l);
+    const Tensor& logits = lm_logits(*acts);
+    for (int i = P - 1; i < S; ++i) {
+      const float* row = logits.f32() + int64_t{i} * logits.size(1);
+      EXPECT_EQ(std::max_element(row, row + V) - row, seq[static_cast<size_t>(i) + 1])
+          << "position " << i;
+    }
+  }
+}
+
+// Our fused experts to the Hub's per-expert tensors and back, exactly; config.json written for
+// the class and read back to the same model keys; a directory without one expert's tensor, or
+// with dense layers (Qwen3-MoE's mlp_only_layers), refused naming the tensor or the key.
+TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    SCOPED_TRACE(preset);
+    const ModelConfig m = load_config("", {std::string("model.preset=") + preset}).model;
+    const ArchSpec& arch = architecture(m.arch);
+    const ParamLayout layout = model_layout(m, 1, 0, false, whole_model(m.num_layers));
+    FullTensors ours;
+    float x = 0.5f;
+    for (const ParamInfo& p : layout.infos()) {
+      FullTensor t{p.full_shape, std::vector<float>(static_cast<size_t>(p.numel))};
+      for (float& v : t.data) v = (x = std::fmod(x * 1.37f + 0.11f, 2.0f)) - 1.0f;
+      ours[p.name] = std::move(t);
+    }
+    const FullTensors hf = arch.hf.to_hf(m, ours);
+    const std::string moe = m.arch == "mixtral" ? "block_sparse_moe" : "mlp";
+    const std::string down = m.arch == "mixtral" ? "w2" : "down_proj";
+    const std::string expert = "model.layers.1." + moe + ".experts.3." + down + ".weight";
+    ASSERT_TRUE(hf.count(expert)) << expert;
+    EXPECT_EQ(hf.at(expert).shape, (Shape{m.hidden_size, m.expert_hidden()}));
+    // Every name of the state-dict order is there, and nothing else.
+    const std::vector<std::string> order = arch.hf.hf_order(m);
+    EXPECT_EQ(order.size(), hf.size());
+    for (const std::string& n : order) EXPECT_TRUE(hf.count(n)) << n;
+    const FullTensors back = arch.hf.from_hf(m, hf, "d");
+    ASSERT_EQ(back.size(), ours.size());
+    for (const auto& [name, t] : ours) {
+      ASSERT_TRUE(back.count(name)) << name;
+      // The vocabulary comes back without its padding rows (the model pads it on loading).
+      const FullTensor& b = back.at(name);
+      EXPECT_EQ(b.shape.back(), t.shape.back()) << name;
+      EXPECT_TRUE(std::equal(b.data.begin(), b.data.end(), t.data.begin())) << name;
+      if (name != "embed_tokens" && name != "lm_head.weight") {
+        EXPECT_EQ(b.data.size(), t.data.size()) << name;
+      }
+    }
+    FullTensors missing = hf;
+    missing.erase(expert);
+    try {
+      arch.hf.from_hf(m, missing, "dir/model.safetensors");
+      ADD_FAILURE() << "a missing expert was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(expert), std::string::npos) << e.what();
+    }
+    const nlohmann::json c = arch.hf.hf_config(m);
+    EXPECT_NO_THROW(arch.hf.check_hf_config(m, c, "d/config.json"));
+    const ModelConfig read = arch.hf.model_config(c, "d/config.json");
+    EXPECT_EQ(read.num_experts, m.num_experts);
+    EXPECT_EQ(read.num_experts_per_tok, m.num_experts_per_tok);
+    EXPECT_EQ(read.expert_hidden(), m.expert_hidden());
+    EXPECT_EQ(read.head_size(), m.head_size());
+    EXPECT_EQ(read.norm_topk_prob, m.norm_topk_prob);
+    EXPECT_EQ(read.router_aux_loss_coef, m.router_aux_loss_coef);
+    nlohmann::json other = c;
+    other[m.arch == "mixtral" ? "num_local_experts" : "num_experts"] = m.num_experts + 1;
+    EXPECT_THROW(arch.hf.check_hf_config(m, other, "d/config.json"), InputError);
+    if (m.arch == "qwen3_moe") {
+      nlohmann::json dense = c;
+      dense["mlp_only_layers"] = {0};
+      try {
+        arch.hf.model_config(dense, "d/config.json");
+        ADD_FAILURE() << "dense layers were accepted";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("mlp_only_layers"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// The line a config of `sets` is refused with, on a world of its tensor × pipeline ranks ("" when
+// it is not).
+std::string refusal(const std::vector<std::string>& sets) {
+  try {
+    const Config c = load_config("", sets);
+    validate_for_world(c, c.layout.tensor * c.layout.pipeline);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Moe, BadKeysAreRefusedNamingTheKey) {
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "model.num_experts_per_tok=5"})
+                .find("model.num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "model.num_experts=0"}).find("model.num_experts"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "model.num_experts_per_tok=0"})
+                .find("model.num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "model.moe_capacity_factor=0"})
+                .find("model.moe_capacity_factor"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "model.norm_topk_prob=false"})
+                .find("model.norm_topk_prob"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=llama-tiny", "model.num_experts=4"}).find("model.num_experts"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "parallel.pipeline=2"}).find("parallel.pipeline"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=qwen3-moe-tiny", "model.moe_intermediate_size=49",
+                     "parallel.tensor=2"})
+                .find("model.moe_intermediate_size"),
+            std::string::npos);
+  EXPECT_EQ(
+      refusal({"model.preset=mixtral-tiny", "parallel.pipeline=2", "model.router_aux_loss_coef=0"}),
+      "");
+  EXPECT_EQ(refusal({"model.preset=qwen3-moe-tiny", "parallel.tensor=2",
+                     "parallel.sequence_parallel=true"}),
+            "");
+}
+
+}  // namespace
+}  // namespace strata
