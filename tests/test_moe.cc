@@ -376,6 +376,40 @@ TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
   }
 }
 
+// The self-description: every expert's parameters counted (Mixtral-8x7B is 46.7B), the active
+// experts' FLOPs only (a dense model of the same shape with k experts' width, plus the router),
+// and a pipeline split refused while the balancing loss couples the layers.
+TEST(Moe, DescriptionCountsEveryExpertAndTheActiveFlops) {
+  const ModelConfig big = load_config("", {"model.preset=mixtral-8x7b"}).model;
+  EXPECT_EQ(describe_model(big)->parameters(), 46702792704);  // Mixtral-8x7B-v0.1's count
+  const ModelConfig m = load_config("", {"model.preset=mixtral-tiny"}).model;
+  const int64_t C = m.hidden_size, E = m.num_experts, F = m.expert_hidden(), L = m.num_layers;
+  ModelConfig dense = load_config("", {"model.preset=llama-tiny"}).model;
+  dense.hidden_size = m.hidden_size;
+  dense.num_heads = m.num_heads;
+  dense.num_key_value_heads = m.num_key_value_heads;
+  dense.num_layers = m.num_layers;
+  dense.seq_len = m.seq_len;
+  dense.vocab_size = m.vocab_size;
+  dense.rope_theta = m.rope_theta;
+  dense.ffn_hidden_size = m.num_experts_per_tok * F;
+  const auto moe = describe_model(m), same = describe_model(dense);
+  // Parameters: E experts of 3·F·C and a router of E·C per layer instead of one MLP of 3·F·C.
+  EXPECT_EQ(moe->parameters() - same->parameters(),
+            L * (E * 3 * F * C + E * C - int64_t{m.num_experts_per_tok} * 3 * F * C));
+  // FLOPs: the router's 2·C·E per token (×3 forward and backward) on top of the dense model's.
+  const double tokens = 4.0 * m.seq_len;
+  EXPECT_NEAR(moe->flops_per_iteration(4, Recompute::kNone).model -
+                  same->flops_per_iteration(4, Recompute::kNone).model,
+              3 * 2.0 * C * E * tokens * L,
+              1e-6 * moe->flops_per_iteration(4, Recompute::kNone).model);
+  EXPECT_NE(moe->pipeline_split_reason(2), "");
+  EXPECT_EQ(moe->pipeline_split_reason(1), "");
+  ModelConfig no_aux = m;
+  no_aux.router_aux_loss_coef = 0;
+  EXPECT_EQ(describe_model(no_aux)->pipeline_split_reason(2), "");
+}
+
 // The line a config of `sets` is refused with, on a world of its tensor × pipeline ranks ("" when
 // it is not).
 std::string refusal(const std::vector<std::string>& sets) {
