@@ -55,6 +55,10 @@ TransformerSpec llama_family_spec(const LlamaFamily& f, const ModelConfig& m) {
     s.shape_keys["num_experts_per_tok"] = m.num_experts_per_tok;
     s.shape_keys["moe_intermediate_size"] = m.expert_hidden();
     s.shape_keys["head_dim"] = m.head_size();
+    // Not shapes, but what the model computes and trains on, which an export's config.json
+    // carries.
+    s.shape_keys["norm_topk_prob"] = m.norm_topk_prob;
+    s.shape_keys["router_aux_loss_coef"] = m.router_aux_loss_coef;
   }
   return s;
 }
