@@ -24,10 +24,17 @@ class TransformerDescription final : public ModelDescription {
     const AttentionSpec& a = attention();
     const std::string kv =
         a.kv_heads != a.heads ? " (" + std::to_string(a.kv_heads) + " key/value)" : std::string();
+    const MoeSpec& moe = d_.block.mlp.moe;
+    const std::string mlp = moe.experts > 0 ? std::to_string(moe.experts) + " experts of ffn " +
+                                                  std::to_string(moe.hidden) + ", " +
+                                                  std::to_string(moe.top_k) + " per token"
+                                            : "ffn " + std::to_string(d_.block.mlp.hidden);
+    const std::string head_size =
+        a.head_size * a.heads != d_.C ? " of " + std::to_string(a.head_size) : std::string();
     return std::to_string(d_.L) + " layers, hidden " + std::to_string(d_.C) + ", " +
-           std::to_string(a.heads) + " heads" + kv + ", ffn " +
-           std::to_string(d_.block.mlp.hidden) + ", seq " + std::to_string(d_.S) + ", vocab " +
-           std::to_string(d_.V) + (a.causal ? "" : " (encoder)");
+           std::to_string(a.heads) + " heads" + head_size + kv + ", " + mlp + ", seq " +
+           std::to_string(d_.S) + ", vocab " + std::to_string(d_.V) +
+           (a.causal ? "" : " (encoder)");
   }
   std::string tensor_split_reason(int t, bool sequence_parallel) const override {
     const std::string why = TransformerBlock::split_reason(d_.block, t);
