@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/train/model_state.h"
 #include "models/layers/params.h"
 #include "runtime/base/config.h"
 #include "runtime/engine/optimizer.h"
@@ -72,6 +73,23 @@ inline std::vector<OptSegment> whole_segments(const ParamStore& params) {
   for (const ParamInfo& p : params.infos())
     segments.push_back({p.offset, p.offset, p.numel, p.decay});
   return segments;
+}
+
+// A one-rank model's flat buffer (parameters or gradients) as our full tensors, by name.
+inline FullTensors full_tensors(const ParamStore& params, const float* flat) {
+  FullTensors ours;
+  for (const ParamInfo& p : params.infos())
+    ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
+  return ours;
+}
+
+// Our full tensors (an adapter's from_hf of a fixture's weights) into a one-rank model's
+// parameters; `path` names the fixture in errors.
+inline void load_full_tensors(ParamStore& params, const FullTensors& ours,
+                              const std::string& path) {
+  std::vector<float> flat(static_cast<size_t>(params.numel()));
+  fill_params(params.layout(), ours, flat, path);
+  std::copy(flat.begin(), flat.end(), params.params().f32());
 }
 
 }  // namespace strata::golden

@@ -93,16 +93,11 @@ ModelOptions options() {
 }
 
 void load_weights(TransformerModel& model, const Golden& g) {
-  std::vector<float> flat(static_cast<size_t>(model.params().numel()));
-  fill_params(model.params().layout(), bert_from_hf(g.m, g.hf_weights(), kFixture), flat, kFixture);
-  std::copy(flat.begin(), flat.end(), model.params().params().f32());
+  golden::load_full_tensors(model.params(), bert_from_hf(g.m, g.hf_weights(), kFixture), kFixture);
 }
 
 FullTensors to_hf(const TransformerModel& model, const Golden& g, const float* flat) {
-  FullTensors ours;
-  for (const ParamInfo& p : model.params().infos())
-    ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
-  return bert_to_hf(g.m, ours);
+  return bert_to_hf(g.m, golden::full_tensors(model.params(), flat));
 }
 
 // Step k's batch (k = 0: the fixture's logits, loss and gradients are of it), as ModelBatch;

@@ -86,18 +86,11 @@ ModelOptions options() {
 
 // The fixture's initial weights, through the adapter, into the model's flat parameters.
 void load_weights(TransformerModel& model, const Golden& g) {
-  std::vector<float> flat(static_cast<size_t>(model.params().numel()));
-  fill_params(model.params().layout(), llama_from_hf(g.m, g.hf_weights(), kFixture), flat,
-              kFixture);
-  std::copy(flat.begin(), flat.end(), model.params().params().f32());
+  golden::load_full_tensors(model.params(), llama_from_hf(g.m, g.hf_weights(), kFixture), kFixture);
 }
 
-// A flat buffer of the model's layout (one rank: shards are whole) as HF-named tensors.
 FullTensors to_hf(const TransformerModel& model, const Golden& g, const float* flat) {
-  FullTensors ours;
-  for (const ParamInfo& p : model.params().infos())
-    ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
-  return llama_to_hf(g.m, ours);
+  return llama_to_hf(g.m, golden::full_tensors(model.params(), flat));
 }
 
 struct Batch {

@@ -90,17 +90,12 @@ ModelOptions options() {
 }
 
 void load_weights(TransformerModel& model, const Golden& g) {
-  std::vector<float> flat(static_cast<size_t>(model.params().numel()));
-  fill_params(model.params().layout(), g.arch().hf.from_hf(g.m, g.hf_weights(), g.path), flat,
-              g.path);
-  std::copy(flat.begin(), flat.end(), model.params().params().f32());
+  golden::load_full_tensors(model.params(), g.arch().hf.from_hf(g.m, g.hf_weights(), g.path),
+                            g.path);
 }
 
 FullTensors to_hf(const TransformerModel& model, const Golden& g, const float* flat) {
-  FullTensors ours;
-  for (const ParamInfo& p : model.params().infos())
-    ours[p.name] = {p.full_shape, std::vector<float>(flat + p.offset, flat + p.offset + p.numel)};
-  return g.arch().hf.to_hf(g.m, ours);
+  return g.arch().hf.to_hf(g.m, golden::full_tensors(model.params(), flat));
 }
 
 struct Batch {

@@ -20,9 +20,9 @@
 #include "launch/config/config_parse.h"
 #include "models/layers/attention.h"
 #include "models/llama/llama.h"
-#include "models/transformer/lm_head.h"
 #include "models/transformer/transformer.h"
 #include "runtime/backend/backend.h"
+#include "tests/decode_check.h"
 
 namespace strata {
 namespace {
@@ -204,31 +204,7 @@ TEST(QkNorm, ParametersAreCountedInTheLayoutAndTheDescription) {
 // Greedy decoding over the cache picks the training forward's argmax at every position.
 TEST(QkNorm, DecodingOverTheCacheFollowsTheTrainingForward) {
   QkModel m;
-  const int V = m.spec.V, P = 3, N = 8;
-  std::unique_ptr<GenerationState> st = m.model->start_generation(1, P + N);
-  std::vector<int32_t> seq = {5, 9, 2};
-  std::vector<int32_t> step = seq;
-  for (int n = 0; n < N; ++n) {
-    const std::vector<float> logits = m.model->decode(*st, step, static_cast<int>(step.size()));
-    step = {static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) -
-                                 logits.begin())};
-    seq.push_back(step[0]);
-  }
-  const int S = static_cast<int>(seq.size()) - 1;
-  Tensor tokens = m.be->empty({1, S}, MemCategory::kActivations, DType::kI32);
-  Tensor targets = m.be->empty({1, S}, MemCategory::kActivations, DType::kI32);
-  for (int i = 0; i < S; ++i) {
-    tokens.i32()[i] = seq[static_cast<size_t>(i)];
-    targets.i32()[i] = 0;
-  }
-  LossSum l;
-  PieceActsPtr acts = m.model->forward(ModelBatch{tokens, targets}, &l);
-  const Tensor& logits = lm_logits(*acts);
-  for (int i = P - 1; i < S; ++i) {
-    const float* row = logits.f32() + int64_t{i} * logits.size(1);
-    EXPECT_EQ(std::max_element(row, row + V) - row, seq[static_cast<size_t>(i) + 1])
-        << "position " << i;
-  }
+  expect_decoding_follows_forward(*m.model, *m.be, m.spec.V, {5, 9, 2}, 8);
 }
 
 }  // namespace

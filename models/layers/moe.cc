@@ -57,14 +57,14 @@ Tensor MixtureOfExperts::forward(const LayerEnv& env, const Tensor& x, const Ten
   logits = Tensor();
 
   // Lay the assignments out expert by expert; the grouped GEMMs need the rows per expert here.
+  // counts and routed side by side, so that one download (one device sync) brings both.
   s.dest = be.empty({N, k}, MemCategory::kActivations, DType::kI32);
-  Tensor counts = be.empty({E}, MemCategory::kActivations, DType::kI32);
-  Tensor routed = be.empty({E}, MemCategory::kActivations, DType::kI32);
+  const Tensor both = be.empty({2 * E}, MemCategory::kActivations, DType::kI32);
+  Tensor counts = both.view(0, {E}), routed = both.view(E, {E});
   be.moe_dispatch_plan(s.dest, counts, routed, s.topk_idx, s.topk_w, static_cast<int>(E),
                        spec.capacity(N));
   std::vector<int32_t> host(static_cast<size_t>(2 * E));
-  be.download(host.data(), counts);
-  be.download(host.data() + E, routed);
+  be.download(host.data(), both);
   s.rows.assign(host.begin(), host.begin() + E);
   int64_t R = 0;
   for (int64_t r : s.rows) R += r;
@@ -72,11 +72,10 @@ Tensor MixtureOfExperts::forward(const LayerEnv& env, const Tensor& x, const Ten
   if (stats) {
     Tensor psum = env.stat({E});
     be.moe_prob_sums(psum, s.probs);
-    stats->prob_sum.assign(static_cast<size_t>(E), 0.0);
     std::vector<float> ps(static_cast<size_t>(E));
     be.download(ps.data(), psum);
+    stats->prob_sum.assign(ps.begin(), ps.end());
     stats->routed.assign(host.begin() + E, host.end());
-    for (int64_t e = 0; e < E; ++e) stats->prob_sum[static_cast<size_t>(e)] = ps[e];
     stats->tokens = N;
     stats->dropped = N * k - R;
   }

@@ -73,44 +73,48 @@ void Backend::matmul_backward_input_gelu(Tensor& dpre, const Tensor& dout, const
   gelu_backward(dpre, pre, dact, kind);
 }
 
+namespace {
+
+// Calls f(g, first row, rows) for every group with rows, in order.
+template <class F>
+void for_each_group(const std::vector<int64_t>& rows, F f) {
+  int64_t r0 = 0;
+  for (size_t g = 0; g < rows.size(); r0 += rows[g], ++g)
+    if (rows[g] > 0) f(static_cast<int64_t>(g), r0, rows[g]);
+}
+
+}  // namespace
+
 // The grouped GEMMs as one matmul per group on views of the group's rows and its weight.
 void Backend::grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w,
                                      const std::vector<int64_t>& rows) {
   const auto d = backend_checks::grouped_matmul_dims(w, rows, inp, out, "grouped matmul weight",
                                                      "grouped matmul inp", "grouped matmul out");
-  int64_t r0 = 0;
-  for (int64_t g = 0; g < d.G; r0 += rows[g], ++g) {
-    if (rows[g] == 0) continue;
-    Tensor o = out.view(r0 * d.O, {rows[g], d.O});
-    matmul_forward(o, inp.view(r0 * d.I, {rows[g], d.I}), w.view(g * d.O * d.I, {d.O, d.I}),
-                   nullptr);
-  }
+  for_each_group(rows, [&](int64_t g, int64_t r0, int64_t n) {
+    Tensor o = out.view(r0 * d.O, {n, d.O});
+    matmul_forward(o, inp.view(r0 * d.I, {n, d.I}), w.view(g * d.O * d.I, {d.O, d.I}), nullptr);
+  });
 }
 
 void Backend::grouped_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Tensor& w,
                                             const std::vector<int64_t>& rows) {
   const auto d = backend_checks::grouped_matmul_dims(w, rows, dinp, dout, "grouped matmul weight",
                                                      "grouped matmul dinp", "grouped matmul dout");
-  int64_t r0 = 0;
-  for (int64_t g = 0; g < d.G; r0 += rows[g], ++g) {
-    if (rows[g] == 0) continue;
-    Tensor di = dinp.view(r0 * d.I, {rows[g], d.I});
-    matmul_backward_input(di, dout.view(r0 * d.O, {rows[g], d.O}),
-                          w.view(g * d.O * d.I, {d.O, d.I}));
-  }
+  for_each_group(rows, [&](int64_t g, int64_t r0, int64_t n) {
+    Tensor di = dinp.view(r0 * d.I, {n, d.I});
+    matmul_backward_input(di, dout.view(r0 * d.O, {n, d.O}), w.view(g * d.O * d.I, {d.O, d.I}));
+  });
 }
 
 void Backend::grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, const Tensor& inp,
                                              const std::vector<int64_t>& rows) {
   const auto d = backend_checks::grouped_matmul_dims(dw, rows, inp, dout, "grouped matmul dweight",
                                                      "grouped matmul inp", "grouped matmul dout");
-  int64_t r0 = 0;
-  for (int64_t g = 0; g < d.G; r0 += rows[g], ++g) {
-    if (rows[g] == 0) continue;
+  for_each_group(rows, [&](int64_t g, int64_t r0, int64_t n) {
     Tensor dwg = dw.view(g * d.O * d.I, {d.O, d.I});
-    matmul_backward_weight(dwg, nullptr, dout.view(r0 * d.O, {rows[g], d.O}),
-                           inp.view(r0 * d.I, {rows[g], d.I}));
-  }
+    matmul_backward_weight(dwg, nullptr, dout.view(r0 * d.O, {n, d.O}),
+                           inp.view(r0 * d.I, {n, d.I}));
+  });
 }
 
 const Tensor& MixedPrecisionScope::in(const Tensor& t) {
