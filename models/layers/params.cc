@@ -56,22 +56,45 @@ bool parse_param_split(const std::string& s, int64_t full_rows, ParamSplit* out,
   return sum == full_rows;
 }
 
+namespace {
+// The rows of the full tensor that a rank's expert run covers (all of them without an expert
+// split): the run's first row, its row count, and the row blocks [b0, b1) inside it.
+struct ExpertRun {
+  int64_t row0 = 0, rows = 0, row_len = 1;
+  size_t b0 = 0, b1 = 0;
+};
+ExpertRun expert_run(const ParamInfo& p) {
+  ExpertRun r;
+  const int64_t full_rows = p.full_shape.empty() ? 1 : p.full_shape[0];
+  r.row_len = p.full_shape.size() > 1 ? shape_numel(p.full_shape) / std::max<int64_t>(full_rows, 1)
+                                      : 1;
+  r.rows = full_rows / p.expert;
+  r.row0 = p.expert_rank * r.rows;
+  const size_t nb = p.row_blocks.size() / static_cast<size_t>(p.expert);
+  r.b0 = static_cast<size_t>(p.expert_rank) * nb;
+  r.b1 = r.b0 + nb;
+  return r;
+}
+}  // namespace
+
 int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
+  const ExpertRun run = expert_run(p);
+  const int64_t base = run.row0 * run.row_len;  // the run's first element in the full tensor
   switch (p.split) {
     case ParamSplit::kReplicated:
-      return local;
+      return base + local;
     case ParamSplit::kRows:
-      return local + tp_rank * p.numel;  // row-major: shard is contiguous
+      return base + local + tp_rank * p.numel;  // row-major: shard is contiguous
     case ParamSplit::kCols: {
       const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
-      return (local / cols) * full_cols + tp_rank * cols + local % cols;
+      return base + (local / cols) * full_cols + tp_rank * cols + local % cols;
     }
     case ParamSplit::kBlockRows: {
       // Local rows: block 0's rows of this rank, then block 1's, …
       const int64_t row = p.shape[0] > 0 ? p.numel / p.shape[0] : 0;  // elements per row
-      int64_t r = local / row, full_start = 0;
-      for (const int64_t block : p.row_blocks) {
-        const int64_t local_rows = block / tp;
+      int64_t r = local / row, full_start = run.row0;
+      for (size_t b = run.b0; b < run.b1; ++b) {
+        const int64_t block = p.row_blocks[b], local_rows = block / tp;
         if (r < local_rows) return (full_start + tp_rank * local_rows + r) * row + local % row;
         r -= local_rows;
         full_start += block;
@@ -83,7 +106,10 @@ int64_t global_index(const ParamInfo& p, int64_t local, int tp_rank, int tp) {
 }
 
 int64_t local_index(const ParamInfo& p, int64_t global, int tp_rank, int tp) {
-  if (global < 0) return -1;
+  const ExpertRun run = expert_run(p);
+  // Into the expert run (the whole tensor without an expert split).
+  global -= run.row0 * run.row_len;
+  if (global < 0 || global >= run.rows * run.row_len) return -1;
   switch (p.split) {
     case ParamSplit::kReplicated:
       return global < p.numel ? global : -1;
@@ -101,8 +127,8 @@ int64_t local_index(const ParamInfo& p, int64_t global, int tp_rank, int tp) {
       if (row == 0) return -1;
       const int64_t r = global / row;
       int64_t full_start = 0, local_start = 0;
-      for (const int64_t block : p.row_blocks) {
-        const int64_t local_rows = block / tp;
+      for (size_t b = run.b0; b < run.b1; ++b) {
+        const int64_t block = p.row_blocks[b], local_rows = block / tp;
         if (r < full_start + block) {
           const int64_t in_block = r - full_start - tp_rank * local_rows;
           if (in_block < 0 || in_block >= local_rows) return -1;
@@ -123,6 +149,17 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   p.full_shape = d.full_shape;
   p.split = d.split;
   p.shape = d.full_shape;
+  if (d.expert) {
+    STRATA_CHECK(!p.shape.empty() && p.shape[0] % ep_ == 0,
+                 d.name << ": " << (p.shape.empty() ? 0 : p.shape[0]) << " rows over expert "
+                        << ep_);
+    STRATA_CHECK(d.row_blocks.size() % static_cast<size_t>(ep_) == 0,
+                 d.name << ": " << d.row_blocks.size() << " row blocks over expert " << ep_);
+    p.experts = true;
+    p.expert = ep_;
+    p.expert_rank = ep_rank_;
+    p.shape[0] /= ep_;
+  }
   if (d.split == ParamSplit::kRows || d.split == ParamSplit::kBlockRows) {
     STRATA_CHECK(p.shape[0] % tp_ == 0,
                  d.name << ": " << p.shape[0] << " rows over tensor " << tp_);
@@ -137,6 +174,7 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
     }
     STRATA_CHECK(sum == d.full_shape[0],
                  d.name << ": blocks of " << sum << " rows, shape has " << d.full_shape[0]);
+    STRATA_CHECK(!d.expert || sum % ep_ == 0, d.name << ": blocks over expert " << ep_);
     p.row_blocks = d.row_blocks;
   }
   if (d.split == ParamSplit::kCols) {

@@ -15,6 +15,11 @@
 // tensor group (ParamSplit) and this rank holds its shard; global_index() maps a shard element to
 // its place in the full tensor (initialisation, checkpoints and resharding use it).
 //
+// Expert parallelism: a parameter declared `expert` (the experts' weights of a mixture, one block
+// of rows per expert) is first cut into e equal runs of whole rows over the expert group — rank j
+// holds experts [j·E/e, (j+1)·E/e) — and that run is then divided over the tensor group by its
+// ParamSplit as a whole parameter would be.
+//
 // Initialisation is a pure function of (seed, parameter name, global element index), so every
 // backend and every layout starts from the same model (DESIGN.md).
 //
@@ -70,6 +75,11 @@ struct ParamInfo {
   // The second holder of a tied parameter (the last stage's copy): the same parameter again, so
   // it is neither counted twice in the gradient norm nor written twice into a checkpoint.
   bool tied_copy = false;
+  // Declared expert-split (ParamDecl::expert): the rows are cut into `expert` equal runs over the
+  // expert group and this rank holds run `expert_rank` (then its tensor shard of that run). Its
+  // gradient is summed over the expert-data-parallel group, not the data-parallel one.
+  bool experts = false;
+  int expert = 1, expert_rank = 0;
 };
 
 // Index in the full parameter of element `local` of the shard that rank `tp_rank` of `tp` holds.
@@ -95,18 +105,23 @@ struct ParamDecl {
   int64_t rows_initialised = -1;
   bool decay = false;
   std::vector<int64_t> row_blocks = {};  // kBlockRows: each block's full row count
+  bool expert = false;  // rows cut over the expert group first (one run of whole experts a rank)
 };
 
 // The ordered parameter entries of one rank (the order is the flat buffers' order).
 class ParamLayout {
  public:
-  // tp: the tensor-parallel size and this rank's place in it.
-  explicit ParamLayout(int tp = 1, int tp_rank = 0) : tp_(tp), tp_rank_(tp_rank) {}
+  // tp: the tensor-parallel size and this rank's place in it; ep: the expert-parallel size and
+  // this rank's place in the expert group.
+  explicit ParamLayout(int tp = 1, int tp_rank = 0, int ep = 1, int ep_rank = 0)
+      : tp_(tp), tp_rank_(tp_rank), ep_(ep), ep_rank_(ep_rank) {}
 
   ParamRef add(const ParamDecl& d);
 
   int tp() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
+  int ep() const { return ep_; }
+  int ep_rank() const { return ep_rank_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   std::vector<ParamInfo>& infos() { return infos_; }  // flags set after declaration (tied)
   const ParamInfo& info(ParamRef r) const { return infos_.at(static_cast<size_t>(r.index)); }
@@ -115,7 +130,7 @@ class ParamLayout {
   ParamRef find(const std::string& name) const;
 
  private:
-  int tp_, tp_rank_;
+  int tp_, tp_rank_, ep_, ep_rank_;
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_;
   int64_t numel_ = 0;

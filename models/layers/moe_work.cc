@@ -1,0 +1,60 @@
+// moe_work.cc — the mixture of experts' self-description (models/layers/work.h): its GEMMs,
+// collectives, activations and FLOPs as the planner, the dry run and the metrics read them.
+#include "models/layers/moe.h"
+
+namespace strata {
+
+PartWork MixtureOfExperts::work(int64_t C, const MoeSpec& m, const WorkShape& s) {
+  PartWork w;
+  const double N = s.tokens(), c = static_cast<double>(C), E = m.experts;
+  const double rows = N * m.top_k;  // routed rows, spread evenly (dropless)
+  const double Fl = static_cast<double>(m.hidden) / s.t;
+  // The router (replicated: every rank routes the whole micro-batch).
+  w.gemms.push_back({N, E, c});
+  // The experts as one grouped GEMM each way: the rows are the assignments.
+  w.gemms.push_back({rows, 2 * Fl, c});
+  w.gemms.push_back({rows, c, Fl});
+  // Softmax and top-k over (N, E); permute and combine (read + write each row); SwiGLU.
+  w.elementwise(3 * N * E + 4 * rows * c + 3 * rows * Fl);
+  if (s.t > 1) {
+    if (s.sp) {
+      w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, N * c});
+      w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kReduceScatter, N * c});
+      w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllGather, N * c});
+      w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, rows});
+      w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kReduceScatter, N * c});
+    } else {
+      w.collectives_fwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, N * c});
+      w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, rows});
+      w.collectives_bwd.push_back({CommGroup::kTensor, CollectiveKind::kAllReduce, N * c});
+    }
+  }
+  return w;
+}
+
+LayerActivations MixtureOfExperts::activations(int64_t C, const MoeSpec& m, const WorkShape& s) {
+  const double N = s.tokens(), c = static_cast<double>(C), E = m.experts;
+  const double rows = N * m.top_k, Fl = static_cast<double>(m.hidden) / s.t;
+  LayerActivations a;
+  // The input (its gather with sp), the probabilities (f32, counted as two elements), the
+  // routing (index, weight, row: three per assignment), and per row its input, [gate | up],
+  // activation and output.
+  a.saved = (s.sp ? N * c : 0) + 2 * N * E + 3 * rows + rows * (c + 2 * Fl + Fl + c);
+  // The backward's working set: the rows' gradients (output, activation, [gate | up], input),
+  // the full-sequence gradient and the router's logits' gradient.
+  a.backward = rows * (c + Fl + 2 * Fl + c) + N * c + N * E;
+  return a;
+}
+
+double MixtureOfExperts::flops_per_token(int64_t C, const MoeSpec& m) {
+  const double c = static_cast<double>(C), F = static_cast<double>(m.hidden);
+  return 2.0 * c * m.experts + m.top_k * 2.0 * c * 3 * F;
+}
+
+std::string MixtureOfExperts::split_reason(const MoeSpec& m, int t) {
+  if (t >= 1 && m.hidden % t == 0) return "";
+  return "tensor " + std::to_string(t) + " does not divide moe_intermediate_size " +
+         std::to_string(m.hidden);
+}
+
+}  // namespace strata
