@@ -91,6 +91,11 @@ struct ModelOptions {
   int tensor = 1;                        // tensor-parallel size t
   int tensor_rank = 0;                   // this rank's place in the tensor group
   Communicator* tensor_group = nullptr;  // null when t = 1
+  // Expert parallelism (a mixture of experts): the size e of the expert group, this rank's place
+  // in it, and the group (null when e = 1). A rank holds experts [rank·E/e, (rank+1)·E/e).
+  int expert = 1;
+  int expert_rank = 0;
+  Communicator* expert_group = nullptr;
   bool sequence_parallel = false;
   // Mixed precision: activations, their gradients and a compute copy of the weights are bf16;
   // the fp32 parameters stay the master copy and gradients stay fp32.

@@ -49,6 +49,10 @@ class RecordingComm : public Communicator {
   Request iall_gatherv(const void*, void*, const std::vector<size_t>&, DType) override {
     return unused();
   }
+  Request iall_to_allv(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
+                       DType) override {
+    return unused();
+  }
   Request ibroadcast(void*, size_t, DType, int) override { return unused(); }
   Request isend(const void* buf, size_t count, DType dtype, int peer, int tag) override {
     return ibatch({P2POp::send(buf, count, dtype, peer, tag)});

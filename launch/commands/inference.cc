@@ -61,6 +61,7 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
   for (const char* k :
        {"parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
         "parallel.sequence_parallel=false", "parallel.layers_per_stage=null", "parallel.data=null",
+        "parallel.expert=1",
         "train.micro_batch_size=1"})
     sets.push_back(k);
   const Config probe = load_config(s.config, sets);
@@ -115,7 +116,7 @@ InferenceSession::InferenceSession(const InferenceSource& source) {
   run_ = make_run_layout(cfg_, world().size == 1);
   be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);
   groups_ = run_.groups(*be_);
-  model_ = build_model(cfg_.model, run_.model_options(0, groups_.tp.get()), *be_);
+  model_ = build_model(cfg_.model, run_.model_options(0, groups_), *be_);
   ParamStore& ps = model_->params();
   std::vector<float> host(static_cast<size_t>(ps.numel()));
   if (source.hf) {

@@ -42,6 +42,17 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
         {"parallel.schedule", "parallel.pipeline"},
         "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
   }
+  // Expert parallelism spreads a mixture's experts: it needs experts, a whole number per rank.
+  if (p.expert > 1 && m.num_experts == 0) {
+    r.fail_latest({"parallel.expert", "model.num_experts"},
+                  "expert " + to_string(p.expert) +
+                      " needs a mixture of experts (model.num_experts > 0), got a dense model");
+  }
+  if (p.expert > 1 && m.num_experts > 0 && m.num_experts % p.expert != 0) {
+    r.fail_latest({"parallel.expert", "model.num_experts"},
+                  "num_experts " + to_string(m.num_experts) + " is not divisible by expert " +
+                      to_string(p.expert) + " (each rank of the expert group holds as many)");
+  }
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
   // A mixture's load-balancing loss couples every MoE layer of a micro-batch (moe.h): its
   // expert counts do not travel between pipeline stages yet.

@@ -123,8 +123,10 @@ const std::vector<LayoutField>& table() {
         positive("tensor", "parallel.tensor", "tensor-parallel size t", tensor),
         only_one("context", "parallel.context", "context parallelism",
                  "ranks each sequence is split over (ring attention); only 1 for now", context),
-        only_one("expert", "parallel.expert", "expert parallelism",
-                 "data ranks each MoE layer's experts are spread over; only 1 for now", expert),
+        positive("expert", "parallel.expert",
+                 "data ranks each MoE layer's experts are spread over (divides data and "
+                 "num_experts)",
+                 expert),
         positive("pipeline", "parallel.pipeline", "pipeline stages p", pipeline),
         // 0 in the layout is the config's null: what the world leaves after t·c·p.
         row(

@@ -63,6 +63,12 @@ void validate_for_world(const Config& c, int world_size) {
 
   const TrainConfig& t = c.train;
   const int64_t d = data_parallel_size(c, world_size);
+  // Expert groups are runs of consecutive data ranks.
+  if (d % p.expert != 0) {
+    throw InputError(file, "parallel.expert",
+                     "expert " + to_string(p.expert) + " does not divide the data-parallel size " +
+                         to_string(d) + " (" + world + " / (" + tp_text + "))");
+  }
   const int64_t per_step = int64_t{p.micro_batch_size} * d;
   if (t.global_batch_size % per_step != 0) {
     throw InputError(file, "train.global_batch_size",

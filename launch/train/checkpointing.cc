@@ -131,6 +131,8 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
         {"micro_batch_size", run_.layout.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
+  // Expert parallelism, recorded where it was used (run states before it have no key).
+  if (run_.layout.expert > 1) rs["parallel"]["expert"] = run_.layout.expert;
   write_s_.push_back(0);
   stall_s_.push_back(0);
   const std::string dir = saver_->save(it, std::move(shard), std::move(rs));

@@ -37,7 +37,34 @@ ShardMeta meta_of(const ParamInfo& p, const ParamLayout& l) {
   m.split = split_spelling(p.split, p.row_blocks);
   m.tp_rank = p.split == ParamSplit::kReplicated ? 0 : l.tp_rank();
   m.tp = p.split == ParamSplit::kReplicated ? 1 : l.tp();
+  m.expert = p.expert;
+  m.expert_rank = p.expert_rank;
   return m;
+}
+
+// The parameter as a shard of another layout saved it (its metadata).
+ParamInfo saved_info(const std::string& name, const ShardMeta& m, const std::string& path) {
+  ParamInfo saved;
+  saved.name = name;
+  saved.shape = m.shard_shape;
+  saved.full_shape = m.full_shape;
+  split_from(m.split, path, saved);
+  saved.numel = shape_numel(m.shard_shape);
+  saved.experts = m.expert > 1;
+  saved.expert = m.expert;
+  saved.expert_rank = m.expert_rank;
+  if (m.expert > 1 && saved.row_blocks.size() % static_cast<size_t>(m.expert) != 0)
+    throw InputError(path, "meta:" + name,
+                     "row blocks that divide over expert " + std::to_string(m.expert) + ", got " +
+                         m.split);
+  return saved;
+}
+
+// Whether this data-parallel rank writes the parameter's values (and, without ZeRO-1, its
+// optimizer state): the first replica of it — data rank 0, or for an expert-split parameter the
+// first of its expert-data-parallel group (the data ranks of one expert run).
+bool first_replica(const ParamInfo& p, int dp_rank) {
+  return (p.experts ? dp_rank / p.expert : dp_rank) == 0;
 }
 
 // Checks that a full tensor of `shape` can serve `p`: the same shape, or (vocabulary padding)
@@ -88,12 +115,7 @@ int64_t read_shard_range(const ParamInfo& p, int tp_rank, int tp, int64_t lo, in
     const ShardMeta& m = *ck.meta(pc.rank, p.name);  // the reader checked every piece has one
     check_compatible(p, m.full_shape, ck.path());
     saved_rows = m.full_shape[0];
-    ParamInfo saved;
-    saved.name = p.name;
-    saved.shape = m.shard_shape;
-    saved.full_shape = m.full_shape;
-    split_from(m.split, ck.path(), saved);
-    saved.numel = shape_numel(m.shard_shape);
+    const ParamInfo saved = saved_info(p.name, m, ck.path());
     // The saved piece's element i lies in full row row_of(i), nondecreasing in i.
     const auto row_of = [&](int64_t i) {
       return global_index(saved, pc.local_begin + i, m.tp_rank, m.tp) / row;
@@ -152,7 +174,7 @@ RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& s
   // blocks of that kind only.
   std::vector<ShardPiece> prev, ms, vs;
   for (const ParamInfo& p : layout.infos()) {
-    if (!is_writer(p, layout.tp_rank()) || dp_rank != 0) continue;
+    if (!is_writer(p, layout.tp_rank()) || !first_replica(p, dp_rank)) continue;
     s.meta[p.name] = meta_of(p, layout);
     s.pieces.push_back(piece("param", p.name, 0, p.offset, p.numel));
     if (previous) prev.push_back(piece("param_prev", p.name, 0, p.offset, p.numel));
@@ -160,7 +182,7 @@ RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& s
   for (const OptSegment& g : segments) {
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);
     // Without ZeRO-1 the state is replicated over the data group.
-    if (!is_writer(p, layout.tp_rank()) || (!sharded && dp_rank != 0)) continue;
+    if (!is_writer(p, layout.tp_rank()) || (!sharded && !first_replica(p, dp_rank))) continue;
     s.meta[p.name] = meta_of(p, layout);
     ms.push_back(piece("m", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
     vs.push_back(piece("v", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
@@ -207,12 +229,7 @@ FullTensors assemble_full(const std::vector<RankShard>& shards, const std::strin
     for (const ShardPiece& piece : s.pieces) {
       if (piece.kind != kind || (!names.empty() && !names.count(piece.name))) continue;
       const ShardMeta& m = s.meta.at(piece.name);
-      ParamInfo p;
-      p.name = piece.name;
-      p.shape = m.shard_shape;
-      p.full_shape = m.full_shape;
-      split_from(m.split, path, p);
-      p.numel = shape_numel(m.shard_shape);
+      const ParamInfo p = saved_info(piece.name, m, path);
       FullTensor& f = full[piece.name];
       if (f.data.empty()) {
         f.shape = m.full_shape;

@@ -54,7 +54,7 @@ std::vector<ParamSpan> param_spans(const ParamStore& params) {
   const int tp_rank = params.layout().tp_rank();
   for (const ParamInfo& p : params.infos()) {
     const bool counted = (p.split != ParamSplit::kReplicated || tp_rank == 0) && !p.tied_copy;
-    s.push_back({p.offset, p.numel, p.decay, counted});
+    s.push_back({p.offset, p.numel, p.decay, counted, p.experts});
   }
   return s;
 }
@@ -236,7 +236,7 @@ bool ModelStage::advance_step(bool block) {
     if (!block && !reducer_.test()) return true;
     reducer_.finish();
     const double sq = reducer_.local_sum_squares();
-    const bool shard = reducer_.sharded();
+    const bool shard = reducer_.norm_sums_over_data();
     d.sq.start(be_, shard ? groups_.dp.get() : groups_.mp.get(), sq);
     d.phase = shard ? Phase::kShardNorm : Phase::kNorm;
   }
@@ -270,7 +270,7 @@ void ModelStage::optimizer_step() {
     r.loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), loss_sum(b))) /
              loss_tokens(b);
     double sq = reducer_.local_sum_squares();
-    if (reducer_.sharded()) sq = sum_over(be_, groups_.dp.get(), sq);
+    if (reducer_.norm_sums_over_data()) sq = sum_over(be_, groups_.dp.get(), sq);
     r.norm = std::sqrt(sum_over(be_, groups_.mp.get(), sq));
   }
   if (moe_) {

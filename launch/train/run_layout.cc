@@ -33,7 +33,8 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.global = cfg.train.global_batch_size;
   r.seq_len = cfg.model.seq_len;
   // This rank's coordinates, from the group layout (the same formula as the groups).
-  r.coord = group_layout(r.layout.tensor, r.layout.pipeline, r.layout.data).coord(w.rank);
+  r.coord = group_layout(r.layout.tensor, r.layout.pipeline, r.layout.data, r.layout.expert)
+                .coord(w.rank);
   return r;
 }
 
@@ -50,11 +51,14 @@ std::vector<ModelPiece> RunLayout::stage_pieces(int stage) const {
   return pieces;
 }
 
-ModelOptions RunLayout::model_options(int stage, Communicator* tensor_group) const {
+ModelOptions RunLayout::model_options(int stage, const ProcessGroups& groups) const {
   ModelOptions o;
   o.tensor = layout.tensor;
   o.tensor_rank = coord.tp;
-  o.tensor_group = tensor_group;
+  o.tensor_group = groups.tp.get();
+  o.expert = groups.expert;
+  o.expert_rank = groups.ep_rank;
+  o.expert_group = groups.ep.get();
   o.sequence_parallel = layout.sequence_parallel;
   o.bf16 = bf16;
   o.recompute = layout.recompute;
@@ -93,7 +97,8 @@ ProcessGroups RunLayout::groups(Backend& be) const {
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s, staging);
   const Transport t = transport(be.device());
   ProcessGroups g = make_process_groups(layout.tensor, layout.pipeline, layout.data, t.backend,
-                                        cfg->comm.timeout_s, t.staged ? staging : nullptr);
+                                        cfg->comm.timeout_s, t.staged ? staging : nullptr,
+                                        layout.expert);
   g.set_compute_stream(be.compute_stream());
   return g;
 }
@@ -102,7 +107,7 @@ ProcessGroups RunLayout::host_groups() const {
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s);
   return make_process_groups(layout.tensor, layout.pipeline, layout.data,
                              world->size > 1 ? CommBackend::kMPI : CommBackend::kLocal,
-                             cfg->comm.timeout_s);
+                             cfg->comm.timeout_s, nullptr, layout.expert);
 }
 
 }  // namespace strata

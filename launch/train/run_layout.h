@@ -44,8 +44,8 @@ struct RunLayout {
   double tokens_per_iteration() const { return static_cast<double>(global) * seq_len; }
   // The model pieces pipeline stage `stage` holds: chunk c is piece c·p + stage.
   std::vector<ModelPiece> stage_pieces(int stage) const;
-  // How this rank builds its part of the model (the tensor group is the caller's).
-  ModelOptions model_options(int stage, Communicator* tensor_group) const;
+  // How this rank builds its part of the model (the tensor and expert groups are the caller's).
+  ModelOptions model_options(int stage, const ProcessGroups& groups) const;
   // The run's pipeline schedule: one batch, or for a schedule that does not flush every batch of
   // the run (its instruction lists are stretches of it).
   ScheduleSpec train_spec() const;

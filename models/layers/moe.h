@@ -36,6 +36,21 @@
 // rows [gate_e (F); up_e (F)] (ParamSplit::kBlockRows over 2E blocks of F); `experts_down`.weight
 // (E·C, F), expert e's rows [e·C, (e+1)·C) (ParamSplit::kCols). No biases.
 //
+// Expert parallelism (Megatron-Core's all-to-all dispatcher; LayerEnv::ep, e ranks): a rank holds
+// experts [j·E/e, (j+1)·E/e) of every MoE layer (ParamDecl::expert) and routes its own tokens.
+// After the dispatch plan, the rows of the experts of rank j are one contiguous run of the
+// expert-major layout; the counts per expert travel first (an all-to-all of E/e counts per
+// peer), then the rows (an uneven all-to-all), and the rows received — source rank after source
+// rank, expert after expert within each — are sorted expert after expert (source rank order
+// within an expert) for the grouped GEMMs. The outputs are unsorted and travel back the same way
+// before the combine. The backward sends the combine's row gradients along the same path and the
+// experts' input gradients back. With tensor parallelism each tensor rank exchanges with its own
+// expert group (the same tensor rank of the other data ranks) the whole routed rows and computes
+// its F/t slice of its experts, so the two compose as Megatron-Core's expert tensor parallelism
+// equal to the tensor size does. Routing, capacity drops and the balancing loss are per
+// micro-batch on the rank that holds the tokens, as without expert parallelism, so every layout
+// computes the same function of the same micro-batches.
+//
 // Zero-bubble schedules: the experts' and router's weight gradients are computed in the B pass
 // (not deferred to the W pass).
 //
@@ -78,11 +93,16 @@ class MixtureOfExperts {
     Tensor probs;               // (N, E) f32 softmax of the router's logits
     Tensor topk_idx, topk_w;    // (N, k) i32 and f32
     Tensor dest;                // (N, k) i32 the row of each assignment, −1 dropped
-    std::vector<int64_t> rows;  // [E] rows per expert (after drops)
-    Tensor xp;                  // (R, C) the tokens in expert order
+    std::vector<int64_t> rows;  // [E_l] rows per expert of this rank (after drops)
+    Tensor xp;                  // (R, C) the rows the experts of this rank compute, expert order
     Tensor h;                   // (R, 2F_l) [gate | up] of each row
     Tensor act;                 // (R, F_l)
-    Tensor y;                   // (R, C) each row's expert output (a partial sum over the group)
+    Tensor y;  // (R_d, C) each routed row's expert output, in the dispatch order (a partial sum
+               // over the tensor group); R_d = R without expert parallelism
+    // Expert parallelism only: the rows sent to and received from each rank of the expert group
+    // (in rows), and where each received row sits in the expert order of xp ((R, 1) i32).
+    std::vector<size_t> sent, received;
+    Tensor sort;
     // Set by the model before the backward: the load-balancing loss's gradient on every
     // token's p, per expert (E) f32; undefined when the loss is off.
     Tensor aux_grad;
@@ -116,7 +136,23 @@ class MixtureOfExperts {
   MoeSpec spec;
   ParamRef router, gate_up, down;
   int64_t C = 0;
-  int64_t hidden_local = 0;  // F / t
+  int64_t hidden_local = 0;   // F / t
+  int ep = 1;                 // the expert group's size e
+  int64_t experts_local = 0;  // E / e, this rank's experts
+
+ private:
+  // Expert parallelism: the routed rows xd (R_d, C) in dispatch order, sent_counts (E) of them
+  // per expert, to the ranks holding their experts (received_counts (E): from source i, rows for
+  // this rank's expert l at i·E_l + l); fills s.sent, s.received,
+  // s.rows and s.sort and returns the rows received, sorted expert after expert.
+  Tensor dispatch(const LayerEnv& env, const Tensor& xd, const std::vector<int32_t>& sent_counts,
+                  const std::vector<int32_t>& received_counts, Saved& s) const;
+  // The converse of dispatch for rows of the experts' order (R, C): unsorted and sent back to
+  // the ranks that routed them, in their dispatch order (R_d, C).
+  Tensor combine_rows(const LayerEnv& env, const Tensor& rows, const Saved& s) const;
+  // Rows of the dispatch order (R_d, C) to the experts' ranks, sorted (the path of dispatch,
+  // with its counts known).
+  Tensor send_rows(const LayerEnv& env, const Tensor& rows, const Saved& s) const;
 };
 
 }  // namespace strata

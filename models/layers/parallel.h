@@ -59,12 +59,16 @@ class TensorParallel {
   DType act_dtype_;
 };
 
-// The environment of every layer call: backend, parameters (handles resolve here), tensor group.
+// The environment of every layer call: backend, parameters (handles resolve here), tensor group
+// and expert group.
 struct LayerEnv {
   Backend& be;
   ParamStore& params;
   TensorParallel& tp;
   DType act_dtype;  // activations and their gradients (bf16 in mixed precision)
+  // The expert group a mixture's tokens travel over by all-to-all; null without expert
+  // parallelism.
+  Communicator* ep = nullptr;
 
   Tensor act(const Shape& s) const {  // an activation
     return be.empty(s, MemCategory::kActivations, act_dtype);

@@ -108,10 +108,13 @@ void moe_balance(const MoeSpec& m, const std::vector<TransformerBlock::Saved>& h
 }  // namespace
 
 ParamLayout TransformerModel::layout(const TransformerSpec& spec, int tensor, int tensor_rank,
-                                     bool sp, const std::vector<ModelPiece>& pieces) {
+                                     bool sp, const std::vector<ModelPiece>& pieces, int expert,
+                                     int expert_rank) {
   ModelOptions o;
   o.tensor = tensor;
   o.tensor_rank = tensor_rank;
+  o.expert = expert;
+  o.expert_rank = expert_rank;
   o.sequence_parallel = sp;
   o.pieces = pieces;
   TransformerModel declared_only(spec, o);
@@ -122,7 +125,7 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
     : spec_(spec),
       options_(options),
       pieces_(options.pieces.empty() ? whole_model(spec.L) : options.pieces),
-      declared_(options.tensor, options.tensor_rank) {
+      declared_(options.tensor, options.tensor_rank, options.expert, options.expert_rank) {
   declare(declared_);
 }
 
@@ -139,13 +142,15 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
                                          activation_dtype());
   store_ =
       std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
-  env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype()});
+  env_ = std::make_unique<LayerEnv>(
+      LayerEnv{backend, *store_, *tp_, activation_dtype(), options_.expert_group});
   // Decoding runs the tensor-parallel layers without sequence parallelism (a step may be one
   // position): the same weights, whole-sequence activations on every rank of the group.
   decode_tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                                 options_.tensor_rank, false, activation_dtype());
   decode_env_ =
-      std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *decode_tp_, activation_dtype()});
+      std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *decode_tp_, activation_dtype(),
+                                          options_.expert_group});
   if (a.rotary)
     rope_ = RotaryEmbedding(backend, spec_.S, static_cast<int>(a.head_size), spec_.rope_theta,
                             spec_.rope_scaling);

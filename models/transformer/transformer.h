@@ -102,10 +102,11 @@ class TransformerModel final : public Model {
   // What the head of a last-piece forward keeps (lm_head.h's lm_logits, BERT's accessors).
   static const HeadActs& head_acts(const PieceActs& acts);
 
-  // The parameter layout of `pieces` at tensor size t, rank r (built, never allocated): what
-  // the model holds on that rank, and what its self-description counts.
+  // The parameter layout of `pieces` at tensor size t, rank r, expert size e, rank j (built,
+  // never allocated): what the model holds on that rank, and what its self-description counts.
   static ParamLayout layout(const TransformerSpec& spec, int tensor, int tensor_rank, bool sp,
-                            const std::vector<ModelPiece>& pieces);
+                            const std::vector<ModelPiece>& pieces, int expert = 1,
+                            int expert_rank = 0);
 
  private:
   struct Embedding;

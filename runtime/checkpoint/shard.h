@@ -31,6 +31,10 @@ struct ShardMeta {
       split;  // "replicated", "rows", "cols", "qkv_rows" (models/layers/params.h ParamSplit)
   int tp_rank = 0;
   int tp = 1;
+  // An expert-split parameter (models/layers/params.h): the shard is tensor shard tp_rank of
+  // run expert_rank of `expert` equal runs of whole rows. Written only when expert > 1.
+  int expert_rank = 0;
+  int expert = 1;
 };
 
 // A run of consecutive elements [local_begin, +values.size()) of one rank's shard.

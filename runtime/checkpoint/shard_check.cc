@@ -145,24 +145,39 @@ ShardHeader read_shard_header(const std::string& file, const FileRecord& rec, in
     try {
       j = json::parse(value);
     } catch (const json::exception&) {
-      throw InputError(file, where, "a JSON object (full_shape, shard_shape, split, tp_rank, tp)");
+      throw InputError(file, where,
+                       "a JSON object (full_shape, shard_shape, split, tp_rank, tp[, expert_rank, "
+                       "expert])");
     }
-    exact_object(j, {"full_shape", "shard_shape", "split", "tp_rank", "tp"}, file, where);
+    const bool expert_split = j.is_object() && (j.contains("expert") || j.contains("expert_rank"));
+    if (expert_split)
+      exact_object(j, {"full_shape", "shard_shape", "split", "tp_rank", "tp", "expert_rank", "expert"},
+                   file, where);
+    else
+      exact_object(j, {"full_shape", "shard_shape", "split", "tp_rank", "tp"}, file, where);
     ShardMeta m;
     m.full_shape = shape_field(j, "full_shape", file, where);
     m.shard_shape = shape_field(j, "shard_shape", file, where);
     m.split = string_field(j, "split", file, where + ".");
     m.tp = static_cast<int>(int_field(j, "tp", 1, 1 << 20, file, where + "."));
     m.tp_rank = static_cast<int>(int_field(j, "tp_rank", 0, m.tp - 1, file, where + "."));
-    // A shard is 1/tp of the full tensor (a replicated parameter is written with tp 1).
+    if (expert_split) {
+      m.expert = static_cast<int>(int_field(j, "expert", 2, 1 << 20, file, where + "."));
+      m.expert_rank =
+          static_cast<int>(int_field(j, "expert_rank", 0, m.expert - 1, file, where + "."));
+    }
+    // A shard is 1/(tp·expert) of the full tensor (a replicated parameter is written with tp 1),
+    // its rows a whole number of expert runs.
+    const int64_t parts = static_cast<int64_t>(m.tp) * m.expert;
     if (m.full_shape.size() != m.shard_shape.size() ||
-        numel_of(m.full_shape) / m.tp != numel_of(m.shard_shape) ||
-        numel_of(m.full_shape) % m.tp != 0)
+        numel_of(m.full_shape) / parts != numel_of(m.shard_shape) ||
+        numel_of(m.full_shape) % parts != 0 ||
+        (m.expert > 1 && (m.full_shape.empty() || m.full_shape[0] % m.expert != 0)))
       throw InputError(file, where,
                        "a shard_shape with full_shape's number of dimensions and 1/" +
-                           std::to_string(m.tp) + " of its elements (tp " + std::to_string(m.tp) +
-                           "), got full_shape " + show(j.at("full_shape")) + ", shard_shape " +
-                           show(j.at("shard_shape")));
+                           std::to_string(parts) + " of its elements (tp " + std::to_string(m.tp) +
+                           ", expert " + std::to_string(m.expert) + "), got full_shape " +
+                           show(j.at("full_shape")) + ", shard_shape " + show(j.at("shard_shape")));
     s.meta[key.substr(5)] = m;
   }
   if (format >= 2) {

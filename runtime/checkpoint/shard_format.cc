@@ -71,12 +71,16 @@ std::string shard_header(const RankShard& s, uint32_t* data_crc) {
   nlohmann::ordered_json j;
   nlohmann::json meta = nlohmann::json::object();
   for (const auto& [name, m] : s.meta) {
-    meta["meta:" + name] = nlohmann::json{
-        {"full_shape", m.full_shape},
-        {"shard_shape", m.shard_shape},
-        {"split", m.split},
-        {"tp_rank", m.tp_rank},
-        {"tp", m.tp}}.dump();
+    nlohmann::json one{{"full_shape", m.full_shape},
+                       {"shard_shape", m.shard_shape},
+                       {"split", m.split},
+                       {"tp_rank", m.tp_rank},
+                       {"tp", m.tp}};
+    if (m.expert > 1) {
+      one["expert_rank"] = m.expert_rank;
+      one["expert"] = m.expert;
+    }
+    meta["meta:" + name] = one.dump();
   }
   // The data's block CRC-32s (format 2): computed from the pieces before a byte is written.
   int64_t data_bytes = 0;

@@ -174,6 +174,14 @@ class Communicator {
   // send == recv + (sum of counts before rank()).
   virtual Request iall_gatherv(const void* send, void* recv, const std::vector<size_t>& counts,
                                DType dtype) = 0;
+  // All-to-all with uneven chunks: send holds send_counts[r] elements for rank r, chunks in rank
+  // order; recv receives recv_counts[r] elements from rank r, chunks in rank order. Each rank's
+  // recv_counts[r] must equal rank r's send_counts[rank()] (exchange the counts first, with an
+  // even all-to-all of one count per rank: the mixture of experts' dispatch does). Out of place
+  // only. NCCL: one group of sends and receives (NCCL has no uneven all-to-all).
+  virtual Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts,
+                               void* recv, const std::vector<size_t>& recv_counts,
+                               DType dtype) = 0;
   // buf (count) of `root` is copied to every rank.
   virtual Request ibroadcast(void* buf, size_t count, DType dtype, int root) = 0;
 
@@ -216,6 +224,10 @@ class Communicator {
   }
   void all_gatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype) {
     iall_gatherv(send, recv, counts, dtype).wait();
+  }
+  void all_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                   const std::vector<size_t>& recv_counts, DType dtype) {
+    iall_to_allv(send, send_counts, recv, recv_counts, dtype).wait();
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) {
     ibroadcast(buf, count, dtype, root).wait();

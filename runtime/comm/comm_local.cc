@@ -107,6 +107,15 @@ class LocalCommunicator final : public Communicator {
     copy_elems(recv, send, counts[0], dtype);
     return {};
   }
+  Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType dtype) override {
+    STRATA_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 &&
+                     send_counts[0] == recv_counts[0],
+                 "all_to_allv on group " << name_ << ": counts for one rank must be one each, "
+                                         << "equal");
+    copy_elems(recv, send, send_counts[0], dtype);
+    return {};
+  }
   Request ibroadcast(void*, size_t, DType, int root) override {
     check_rank(root, "broadcast root");
     return {};

@@ -443,6 +443,34 @@ class MpiCommunicator final : public GroupCommunicator {
     return Request(std::move(r));
   }
 
+  Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType dtype) override {
+    check_counts(send_counts, "all_to_allv");
+    check_counts(recv_counts, "all_to_allv");
+    const size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), size_t{0});
+    const size_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), size_t{0});
+    to_int(sent, "all_to_allv", name_);
+    to_int(received, "all_to_allv", name_);
+    auto r = collective("all_to_allv", std::max(sent, received) * dtype_size(dtype));
+    // ints = send counts, send displacements, receive counts, receive displacements (size each),
+    // read by MPI until completion.
+    const size_t n = static_cast<size_t>(size_);
+    r->ints.resize(4 * n);
+    int so = 0, ro = 0;
+    for (size_t i = 0; i < n; ++i) {
+      r->ints[i] = static_cast<int>(send_counts[i]);
+      r->ints[n + i] = so;
+      r->ints[2 * n + i] = static_cast<int>(recv_counts[i]);
+      r->ints[3 * n + i] = ro;
+      so += r->ints[i];
+      ro += r->ints[2 * n + i];
+    }
+    MPI_CHECK(MPI_Ialltoallv(send, r->ints.data(), r->ints.data() + n, mpi_type(dtype), recv,
+                             r->ints.data() + 2 * n, r->ints.data() + 3 * n, mpi_type(dtype),
+                             comm_, r->reqs.data()));
+    return Request(std::move(r));
+  }
+
   Request ibroadcast(void* buf, size_t count, DType dtype, int root) override {
     check_rank(root, "broadcast root");
     auto r = collective("broadcast", count * dtype_size(dtype));

@@ -106,6 +106,19 @@ class StagedCommunicator final : public Communicator {
     return gather(send, recv, counts, dtype, /*even=*/false);
   }
 
+  Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType dtype) override {
+    STRATA_CHECK(send_counts.size() == static_cast<size_t>(size()) &&
+                     recv_counts.size() == static_cast<size_t>(size()),
+                 "all_to_allv on group " << name() << ": " << send_counts.size() << " and "
+                                         << recv_counts.size() << " counts for " << size()
+                                         << " ranks");
+    Op o(this);
+    const char* hs = o.in(send, bytes(total(send_counts), dtype));
+    char* hr = o.out(recv, bytes(total(recv_counts), dtype));
+    return o.start(inner_->iall_to_allv(hs, send_counts, hr, recv_counts, dtype));
+  }
+
   Request ibroadcast(void* buf, size_t count, DType dtype, int root) override {
     Op o(this);
     // Only the root's bytes matter; the others receive into an uninitialised host buffer.

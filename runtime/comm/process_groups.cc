@@ -40,13 +40,28 @@ int GroupLayout::embedding_group_of(int r) const {
   return c.tp + tensor * c.dp;
 }
 
-GroupLayout group_layout(int t, int p, int d) {
-  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1,
-               "parallel sizes must be >= 1: tensor " << t << ", pipeline " << p << ", data " << d);
+int GroupLayout::ep_group_of(int r) const {
+  const RankCoord c = coord(r);
+  return (c.tp + tensor * c.pp) * (data / expert) + c.dp / expert;
+}
+int GroupLayout::edp_group_of(int r) const {
+  const RankCoord c = coord(r);
+  return (c.tp + tensor * c.pp) * expert + c.dp % expert;
+}
+
+GroupLayout group_layout(int t, int p, int d, int e) {
+  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && d % e == 0,
+               "parallel sizes must be >= 1 and expert must divide data: tensor "
+                   << t << ", pipeline " << p << ", data " << d << ", expert " << e);
   GroupLayout g;
   g.tensor = t;
   g.pipeline = p;
   g.data = d;
+  g.expert = e;
+  if (e > 1) {
+    g.ep_groups.assign(static_cast<size_t>(t * p * (d / e)), {});
+    g.edp_groups.assign(static_cast<size_t>(t * p * e), {});
+  }
   g.tp_groups.assign(static_cast<size_t>(d * p), {});
   g.dp_groups.assign(static_cast<size_t>(t * p), {});
   g.pp_groups.assign(static_cast<size_t>(t * d), {});
@@ -62,6 +77,10 @@ GroupLayout group_layout(int t, int p, int d) {
         g.pp_groups[tp + t * dp].push_back(r);
         g.mp_groups[dp][tp + t * pp] = r;
         if (pp == 0 || pp == p - 1) g.embedding_groups[tp + t * dp].push_back(r);
+        if (e > 1) {
+          g.ep_groups[static_cast<size_t>(g.ep_group_of(r))].push_back(r);
+          g.edp_groups[static_cast<size_t>(g.edp_group_of(r))].push_back(r);
+        }
       }
     }
   }
@@ -69,7 +88,7 @@ GroupLayout group_layout(int t, int p, int d) {
 }
 
 void ProcessGroups::set_compute_stream(void* stream) {
-  for (auto* c : {&world, &tp, &dp, &pp, &mp, &embedding}) {
+  for (auto* c : {&world, &tp, &dp, &pp, &mp, &embedding, &ep, &edp}) {
     if (*c) (*c)->set_compute_stream(stream);
   }
 }
@@ -100,7 +119,7 @@ std::string to_string(const Transport& t) {
 }
 
 ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s,
-                                  std::shared_ptr<DeviceStaging> staging) {
+                                  std::shared_ptr<DeviceStaging> staging, int e) {
   const World& w = world();
   if (t < 1 || p < 1 || d < 1 || t * p * d != w.size) {
     std::ostringstream os;
@@ -108,12 +127,17 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
        << " ranks, but the world has " << w.size << " ranks";
     throw InputError("<command line>", "parallel", os.str());
   }
+  if (e < 1 || d % e != 0) {
+    throw InputError("<command line>", "parallel.expert",
+                     "expert " + std::to_string(e) + " must divide data " + std::to_string(d));
+  }
   ProcessGroups g;
   g.tensor = t;
   g.pipeline = p;
   g.data = d;
+  g.expert = e;
   g.backend = backend;
-  g.layout = group_layout(t, p, d);
+  g.layout = group_layout(t, p, d, e);
   const RankCoord c = g.layout.coord(w.rank);
   g.tp_rank = c.tp;
   g.dp_rank = c.dp;
@@ -137,6 +161,13 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
   g.pp = all.split(g.layout.pp_group_of(w.rank), c.pp, "pp");
   g.mp = all.split(g.layout.mp_group_of(w.rank), c.tp + t * c.pp, "mp");
   g.embedding = all.split(g.layout.embedding_group_of(w.rank), c.pp, "embedding");
+  g.ep_rank = c.dp % e;
+  if (e > 1) {
+    g.ep = all.split(g.layout.ep_group_of(w.rank), c.dp % e, "ep");
+    g.edp = all.split(g.layout.edp_group_of(w.rank), c.dp / e, "edp");
+    STRATA_CHECK(g.ep->size() == e && g.ep->rank() == c.dp % e,
+                 "ep group of world rank " << w.rank);
+  }
 
   STRATA_CHECK(g.tp->size() == t && g.tp->rank() == c.tp, "tp group of world rank " << w.rank);
   STRATA_CHECK(g.dp->size() == d && g.dp->rank() == c.dp, "dp group of world rank " << w.rank);

@@ -8,6 +8,15 @@
 // pp groups {0,4} {1,5} {2,6} {3,7}. Inside every group, group rank = the rank's coordinate of
 // that kind (the tp group rank is tp, the pp group rank is pp, ...).
 //
+// Expert parallelism (a mixture of experts, parallel.expert = e dividing d): the data ranks are
+// cut into runs of e consecutive ones (DESIGN.md: expert groups are consecutive data ranks).
+//   ep   (expert)       e members: dp ranks [b·e, (b+1)·e) of one dp group; group rank = dp % e.
+//                       A MoE layer's experts are spread over it; its tokens travel by all-to-all.
+//   edp  (expert-data)  d/e members: dp ranks {j, j+e, j+2e, …}; group rank = dp / e. The expert
+//                       weights' gradients are summed over it (each rank of an ep group holds other
+//                       experts), as the dense weights' are over dp.
+// With e = 1 there are no such groups (ep and edp are nullptr): the dense reduction covers all.
+//
 // Besides tp, dp and pp, two groups the training step needs:
 //   mp        (model parallel) the t·p ranks holding one full model replica, same dp: the gradient
 //             norm is summed over it; group rank = tp + t · pp.
@@ -34,6 +43,7 @@ struct RankCoord {
 
 struct GroupLayout {
   int tensor = 1, pipeline = 1, data = 1;
+  int expert = 1;  // e, dividing data
 
   int world_size() const { return tensor * pipeline * data; }
   int world_rank(int tp, int dp, int pp) const { return tp + tensor * (dp + data * pp); }
@@ -46,20 +56,26 @@ struct GroupLayout {
   std::vector<std::vector<int>> pp_groups;         // [tp + t·dp]: p members, by pp
   std::vector<std::vector<int>> mp_groups;         // [dp]: t·p members, by tp + t·pp
   std::vector<std::vector<int>> embedding_groups;  // [tp + t·dp]: stages 0, p-1 (one if p = 1)
+  // Empty when expert = 1.
+  std::vector<std::vector<int>> ep_groups;   // [(tp + t·pp)·(d/e) + dp/e]: e members, by dp % e
+  std::vector<std::vector<int>> edp_groups;  // [(tp + t·pp)·e + dp%e]: d/e members, by dp / e
 
   int tp_group_of(int world_rank) const;
   int dp_group_of(int world_rank) const;
   int pp_group_of(int world_rank) const;
   int mp_group_of(int world_rank) const;
   int embedding_group_of(int world_rank) const;  // -1 on middle pipeline stages
+  int ep_group_of(int world_rank) const;
+  int edp_group_of(int world_rank) const;
 };
 
-// The layout of t·p·d ranks (each ≥ 1).
-GroupLayout group_layout(int t, int p, int d);
+// The layout of t·p·d ranks (each ≥ 1), with expert groups of e (dividing d).
+GroupLayout group_layout(int t, int p, int d, int e = 1);
 
 struct ProcessGroups {
-  int tensor = 1, pipeline = 1, data = 1;
+  int tensor = 1, pipeline = 1, data = 1, expert = 1;
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int ep_rank = 0;  // dp_rank % expert: which run of experts this rank holds
   int prev_stage_rank = -1, next_stage_rank = -1;  // world ranks; -1 at the pipeline's ends
   CommBackend backend = CommBackend::kLocal;
   bool staged = false;  // device tensors carried over `backend` through host copies
@@ -68,6 +84,11 @@ struct ProcessGroups {
   // Communicators on `backend` (device buffers for NCCL). In pp, the neighbours are group ranks
   // pp_rank - 1 and pp_rank + 1. embedding is nullptr on middle stages.
   std::unique_ptr<Communicator> world, tp, dp, pp, mp, embedding;
+  // Expert parallelism (expert > 1 only; nullptr otherwise): the expert group and the
+  // expert-data-parallel group.
+  std::unique_ptr<Communicator> ep, edp;
+  // The group an expert weight's gradient is summed over: edp, or dp without expert parallelism.
+  Communicator* expert_data() const { return edp ? edp.get() : dp.get(); }
   // The world on host buffers (MPI, or Local for one rank) for control messages: the rank table,
   // logging, agreeing on a decision. Same as `world` in kind when backend is not NCCL.
   std::unique_ptr<Communicator> host;
@@ -96,10 +117,11 @@ Transport choose_transport(Device tensors, int world_size, int ranks_per_host, i
 std::string to_string(const Transport& t);
 
 // Builds every group for this rank. Collective over the world; needs init_world(). Throws
-// InputError when t·p·d differs from the world size (naming both numbers). With `staging`, every
-// group but `host` carries device tensors over `backend` (a host backend) through host copies.
+// InputError when t·p·d differs from the world size (naming both numbers) or e does not divide d.
+// With `staging`, every group but `host` carries device tensors over `backend` (a host backend)
+// through host copies.
 ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s,
-                                  std::shared_ptr<DeviceStaging> staging = nullptr);
+                                  std::shared_ptr<DeviceStaging> staging = nullptr, int e = 1);
 
 // The dry-run table, one line per world rank: rank → (tp, dp, pp), host, device. device_name is
 // this rank's device ("cpu", "cuda:0"). Collective over g.host; the text on world rank 0, ""

@@ -20,9 +20,11 @@ std::vector<OptSegment> dense_segments(const std::vector<ParamSpan>& params) {
 }
 
 GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
-                         std::vector<ParamSpan> params, double bucket_mb, bool shard)
+                         std::vector<ParamSpan> params, double bucket_mb, bool shard,
+                         Communicator* edp)
     : be_(backend),
       dp_(dp),
+      edp_(edp),
       grads_(std::move(grads)),
       params_(std::move(params)),
       shard_(shard && dp != nullptr && dp->size() > 1) {
@@ -35,12 +37,16 @@ GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
     b.last_param = i + 1;
     int64_t elems = 0;
     int j = i;
+    // With expert parallelism a bucket holds expert weights or dense ones, never both.
+    const bool expert = edp_ != nullptr && params_[static_cast<size_t>(i)].expert;
     while (j >= 0 &&
-           (elems == 0 || elems + params_[static_cast<size_t>(j)].numel <= bucket_elems)) {
+           (elems == 0 || elems + params_[static_cast<size_t>(j)].numel <= bucket_elems) &&
+           (edp_ == nullptr || params_[static_cast<size_t>(j)].expert == expert)) {
       elems += params_[static_cast<size_t>(j)].numel;
       --j;
     }
     b.first_param = j + 1;
+    b.comm = expert ? edp_ : dp_;
     b.offset = params_[static_cast<size_t>(b.first_param)].offset;
     b.numel = elems;
     for (int k = b.first_param; k < b.last_param; ++k)
@@ -51,16 +57,21 @@ GradReducer::GradReducer(Backend& backend, Communicator* dp, Tensor grads,
 
   if (!shard_) {
     opt_segments_ = dense_segments(params_);
-    for (const ParamSpan& p : params_)
-      if (p.counted) add_norm_segment(p.offset, p.numel);
+    for (const ParamSpan& p : params_) {
+      // With expert parallelism the norm is summed over the data group: each weight counts on
+      // the first rank of the group it was reduced over.
+      const bool first =
+          edp_ == nullptr || (p.expert ? edp_->rank() == 0 : dp_ == nullptr || dp_->rank() == 0);
+      if (p.counted && first) add_norm_segment(p.offset, p.numel);
+    }
     return;
   }
-  // ZeRO-1: this rank owns chunk `rank` of every bucket; intersect the chunks with the
-  // parameters to get optimizer and norm segments over the compact shard buffer.
-  const int r = dp_->rank();
+  // ZeRO-1: this rank owns chunk `rank` of every bucket (in the bucket's group); intersect the
+  // chunks with the parameters to get optimizer and norm segments over the compact shard buffer.
   int64_t compact = 0;
   for (Bucket& b : buckets_) {
-    b.counts = chunk_counts(static_cast<size_t>(b.numel), dp_->size());
+    const int r = b.comm->rank();
+    b.counts = chunk_counts(static_cast<size_t>(b.numel), b.comm->size());
     int64_t before = 0;
     for (int k = 0; k < r; ++k) before += static_cast<int64_t>(b.counts[static_cast<size_t>(k)]);
     const int64_t lo = b.offset + before;
@@ -111,12 +122,19 @@ void GradReducer::start(Bucket& b) {
   b.started = true;
   start_s_[static_cast<size_t>(&b - buckets_.data())] = now_s() - begin_;
   float* g = grads_.f32() + b.offset;
-  if (!dp_ || dp_->size() == 1) return;
+  if (!b.comm || b.comm->size() == 1) {
+    // A group of one (the expert-data group when expert = data): the chunk is the whole bucket.
+    if (shard_ && b.numel > 0) {
+      Tensor chunk = shard_grads_.view(b.shard_offset, {b.numel});
+      be_.copy(chunk, grads_.view(b.offset, {b.numel}));
+    }
+    return;
+  }
   if (shard_) {
-    b.req = dp_->ireduce_scatterv(g, shard_grads_.f32() + b.shard_offset, b.counts, DType::kF32,
-                                  ReduceOp::kSum);
+    b.req = b.comm->ireduce_scatterv(g, shard_grads_.f32() + b.shard_offset, b.counts,
+                                     DType::kF32, ReduceOp::kSum);
   } else {
-    b.req = dp_->iall_reduce(g, static_cast<size_t>(b.numel), DType::kF32, ReduceOp::kSum);
+    b.req = b.comm->iall_reduce(g, static_cast<size_t>(b.numel), DType::kF32, ReduceOp::kSum);
   }
 }
 
@@ -180,12 +198,13 @@ void GradReducer::gather_params(Tensor& params) {
                 "the f32 parameter shards are all-gathered after the step and waited for");
   if (!shard_) return;
   std::vector<Request> reqs;
-  const int r = dp_->rank();
   for (Bucket& b : buckets_) {
+    if (b.comm->size() == 1) continue;  // the whole bucket was this rank's chunk
+    const int r = b.comm->rank();
     int64_t before = 0;
     for (int k = 0; k < r; ++k) before += static_cast<int64_t>(b.counts[static_cast<size_t>(k)]);
     float* base = params.f32() + b.offset;
-    reqs.push_back(dp_->iall_gatherv(base + before, base, b.counts, DType::kF32));
+    reqs.push_back(b.comm->iall_gatherv(base + before, base, b.counts, DType::kF32));
   }
   wait_all(reqs);
 }

@@ -16,6 +16,11 @@
 // buffer (shard_grads), updates only those parameters with optimizer state for them only, and
 // gather_params() all-gathers the updated parameters bucket by bucket.
 //
+// Expert parallelism: an expert weight's gradient is summed over the expert-data-parallel group
+// (edp, the data ranks holding the same experts), a dense one over dp. A bucket holds parameters
+// of one kind only and reduces (or, with ZeRO-1, reduce-scatters and all-gathers) over its own
+// group; the optimizer's shard of an expert weight is then 1/|edp| of it.
+//
 // Thread-safety: driven from the training thread.
 #pragma once
 
@@ -35,13 +40,16 @@ struct ParamSpan {
   bool decay = false;   // AdamW weight decay applies
   bool counted = true;  // its squares count in the global gradient norm on this rank (a
                         // parameter replicated over the tensor group counts on one rank)
+  bool expert = false;  // an expert weight: summed over the expert-data-parallel group
 };
 
 class GradReducer {
  public:
   // dp may be null (data-parallel size 1). grads is the flat gradient buffer the spans index.
+  // edp: the expert-data-parallel group, null without expert parallelism (expert weights then
+  // reduce over dp as every other).
   GradReducer(Backend& backend, Communicator* dp, Tensor grads, std::vector<ParamSpan> params,
-              double bucket_mb, bool shard);
+              double bucket_mb, bool shard, Communicator* edp = nullptr);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -61,8 +69,13 @@ class GradReducer {
   Tensor& optimizer_grads() { return shard_ ? shard_grads_ : grads_; }
   const std::vector<OptSegment>& optimizer_segments() const { return opt_segments_; }
   // Σ g² over what this rank must count (its shard with ZeRO-1), in double. Sum it over the
-  // data-parallel group (ZeRO-1 only) and the model-parallel group for the global norm.
+  // data-parallel group when norm_sums_over_data() and then over the model-parallel group for
+  // the global norm.
   double local_sum_squares();
+  // Whether the data ranks hold different parts of the gradient norm: with ZeRO-1 (each its
+  // chunks), or with expert parallelism (each rank of an expert group its experts; a dense
+  // weight then counts on data rank 0 and an expert weight on the first rank of its edp group).
+  bool norm_sums_over_data() const { return shard_ || edp_ != nullptr; }
   // ZeRO-1: all-gathers the updated parameter shards; no-op otherwise.
   void gather_params(Tensor& params);
 
@@ -80,6 +93,7 @@ class GradReducer {
     bool started = false;                 // its reduction was started this iteration
     std::vector<size_t> counts;           // ZeRO-1 chunk of each data-parallel rank
     int64_t shard_offset = 0;             // ZeRO-1: where this rank's chunk sits in shard_grads
+    Communicator* comm = nullptr;         // dp, or edp for a bucket of expert weights
     Request req;
   };
   void start(Bucket& b);
@@ -88,6 +102,7 @@ class GradReducer {
 
   Backend& be_;
   Communicator* dp_;
+  Communicator* edp_;
   Tensor grads_;
   std::vector<ParamSpan> params_;
   bool shard_;

@@ -316,6 +316,37 @@ class NcclCommunicator final : public GroupCommunicator {
     });
   }
 
+  Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType dtype) override {
+    STRATA_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
+                     recv_counts.size() == static_cast<size_t>(size_),
+                 "all_to_allv on group " << name_ << ": " << send_counts.size() << " and "
+                                         << recv_counts.size() << " counts for " << size_
+                                         << " ranks");
+    const size_t es = dtype_size(dtype);
+    size_t bytes = 0;
+    for (size_t c : send_counts) bytes += c * es;
+    // NCCL has no uneven all-to-all: one group of a send and a receive per peer (self included),
+    // which progress together.
+    return enqueue({"all_to_allv", bytes, {}}, [&] {
+      NCCL_CHECK(ncclGroupStart());
+      size_t so = 0, ro = 0;
+      for (int r = 0; r < size_; ++r) {
+        const size_t sc = send_counts[static_cast<size_t>(r)];
+        const size_t rc = recv_counts[static_cast<size_t>(r)];
+        if (sc > 0)
+          NCCL_CHECK(ncclSend(static_cast<const char*>(send) + so * es, sc, nccl_type(dtype), r,
+                              comm_, stream_));
+        if (rc > 0)
+          NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + ro * es, rc, nccl_type(dtype), r, comm_,
+                              stream_));
+        so += sc;
+        ro += rc;
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   Request ibroadcast(void* buf, size_t count, DType dtype, int root) override {
     check_rank(root, "broadcast root");
     return enqueue({"broadcast", count * dtype_size(dtype), {}}, [&] {
