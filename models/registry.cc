@@ -117,8 +117,9 @@ void validate_moe(const ModelConfig& m, int tensor, const std::string& file) {
 }
 
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
-                         const std::vector<ModelPiece>& pieces) {
-  return TransformerModel::layout(model_spec(m), tensor, tensor_rank, sp, pieces);
+                         const std::vector<ModelPiece>& pieces, int expert, int expert_rank) {
+  return TransformerModel::layout(model_spec(m), tensor, tensor_rank, sp, pieces, expert,
+                                  expert_rank);
 }
 
 }  // namespace strata

@@ -84,8 +84,10 @@ const ArchSpec& architecture(const std::string& name);
 TransformerSpec model_spec(const ModelConfig& m);
 std::unique_ptr<ModelDescription> describe_model(const ModelConfig& m);
 std::unique_ptr<Model> build_model(const ModelConfig& m, const ModelOptions& o, Backend& backend);
+// The parameters a rank holds at tensor (size, rank) and expert (size, rank).
 ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool sp,
-                         const std::vector<ModelPiece>& pieces);
+                         const std::vector<ModelPiece>& pieces, int expert = 1,
+                         int expert_rank = 0);
 // For a decoder's validate: BERT's keys (model.type_vocab_size, model.layer_norm_eps) would be
 // ignored, so a value other than their default is refused (InputError naming the key).
 void refuse_encoder_keys(const ModelConfig& m, const std::string& file);

@@ -240,6 +240,46 @@ TEST(Comm, AllGatherUneven) {
   tally.expect_clean("all_gatherv");
 }
 
+// Uneven all-to-all (the mixture of experts' dispatch): rank r sends (r + 2·q + i) % 5 elements
+// to rank q (zero counts among them), each element naming its source, destination and place;
+// every receive lands in source order.
+TEST(Comm, AllToAllUneven) {
+  Tally tally;
+  const int me = g_comm->rank(), p = g_comm->size();
+  const auto count = [](int from, int to, int i) {
+    return static_cast<size_t>((from + 2 * to + i) % 5) * static_cast<size_t>(i + 1);
+  };
+  uint64_t seed = kSeed + 4500;
+  for (DType t : kTypes) {
+    for (int i = 0; i < 3; ++i) {
+      ++seed;
+      std::vector<size_t> sc(p), rc(p);
+      for (int q = 0; q < p; ++q) {
+        sc[q] = count(me, q, i);
+        rc[q] = count(q, me, i);
+      }
+      // The element for rank q at place j is value(seed, me, q·1000 + j).
+      size_t sent = 0, received = 0;
+      for (int q = 0; q < p; ++q) {
+        sent += sc[q];
+        received += rc[q];
+      }
+      Buf send(t, sent), recv(t, received);
+      size_t at = 0;
+      for (int q = 0; q < p; ++q)
+        for (size_t j = 0; j < sc[q]; ++j) send.set(at++, value(seed, me, 1000 * q + j));
+      g_comm->all_to_allv(send.data(), sc, recv.data(), rc, t);
+      int64_t bad = 0;
+      at = 0;
+      for (int q = 0; q < p; ++q)
+        for (size_t j = 0; j < rc[q]; ++j)
+          bad += recv.get(at++) != value(seed, q, 1000 * static_cast<size_t>(me) + j);
+      tally.add(label("all_to_allv", t, received), bad);
+    }
+  }
+  tally.expect_clean("all_to_allv");
+}
+
 TEST(Comm, BroadcastFromEveryRoot) {
   Tally tally;
   const int me = g_comm->rank(), p = g_comm->size();
@@ -361,7 +401,11 @@ TEST(Comm, ProcessGroupsOfEveryFactorisation) {
       const int d = n / (t * p);
       const std::string cfg =
           "t=" + std::to_string(t) + " p=" + std::to_string(p) + " d=" + std::to_string(d);
-      ProcessGroups g = make_process_groups(t, p, d, CommBackend::kMPI, kTimeoutS, g_staging);
+      // Expert groups of the largest divisor of d below it (2 when d = 4), or none.
+      int ex = 1;
+      for (int c = 2; c < d; ++c)
+        if (d % c == 0) ex = c;
+      ProcessGroups g = make_process_groups(t, p, d, CommBackend::kMPI, kTimeoutS, g_staging, ex);
       const int me = world().rank;
       const GroupLayout& L = g.layout;
       struct Kind {
@@ -375,6 +419,15 @@ TEST(Comm, ProcessGroupsOfEveryFactorisation) {
                                  {"pp", g.pp.get(), &L.pp_groups[L.pp_group_of(me)]},
                                  {"mp", g.mp.get(), &L.mp_groups[L.mp_group_of(me)]}};
       if (e >= 0) kinds.push_back({"embedding", g.embedding.get(), &L.embedding_groups[e]});
+      if (ex > 1) {
+        kinds.push_back({"ep", g.ep.get(), &L.ep_groups[L.ep_group_of(me)]});
+        kinds.push_back({"edp", g.edp.get(), &L.edp_groups[L.edp_group_of(me)]});
+        // An expert group is a run of consecutive data ranks; its expert-data group strides it.
+        const RankCoord c = L.coord(me);
+        tally.add(cfg + " ep rank", g.ep_rank != c.dp % ex || g.ep->rank() != c.dp % ex ||
+                                        g.edp->rank() != c.dp / ex);
+      }
+      tally.add(cfg + " expert groups", (ex > 1) != (g.ep != nullptr));
       tally.add(cfg + " embedding membership", (g.embedding != nullptr) != (e >= 0));
       for (const Kind& k : kinds) {
         int64_t bad = k.comm->size() != static_cast<int>(k.members->size());

@@ -192,6 +192,10 @@ set_tests_properties(mpi_parallel_llama_kv2_np2 PROPERTIES
 # the gradient norm after 18 steps (measured: 1.4e-7 at 0.1), which is the conditioning of that
 # model, not a layout difference.
 set(moe_sets "model.router_aux_loss_coef=0,model.init_std=0.1")
+# Expert parallelism (mpi_test_expert.cc) on 4 ranks: expert 2 and 4 alone, with ZeRO-1, with
+# tensor 2 and sequence parallelism, bf16, every schedule at pipeline 2, checkpoints resharded
+# across expert sizes.
+strata_mpi_executable(mpi_test_expert)
 foreach(arch mixtral qwen3_moe)
   add_test(NAME mpi_parallel_${arch}_np2
            COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_parallel>
@@ -204,6 +208,9 @@ foreach(arch mixtral qwen3_moe)
   set_tests_properties(mpi_pipeline_${arch}_np2 PROPERTIES
     ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=${arch};STRATA_TEST_SETS=${moe_sets}"
     TIMEOUT 900 PROCESSORS 2 LABELS mpi)
+  add_test(NAME mpi_expert_${arch}_np4 COMMAND ${STRATA_MPI_RUN} -np 4 $<TARGET_FILE:mpi_test_expert>)
+  set_tests_properties(mpi_expert_${arch}_np4 PROPERTIES
+    ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=${arch}" TIMEOUT 900 PROCESSORS 4 LABELS mpi)
   add_test(NAME mpi_checkpoint_${arch}_np4
            COMMAND ${STRATA_MPI_RUN} -np 4 $<TARGET_FILE:mpi_test_checkpoint>)
   set_tests_properties(mpi_checkpoint_${arch}_np4 PROPERTIES

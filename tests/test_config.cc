@@ -774,21 +774,29 @@ TEST(ConfigWorld, DerivedSizes) {
 
 // DESIGN.md names parallel.context and parallel.expert; until context and expert parallelism
 // land, a value other than 1 is refused wherever a layout is written, not ignored.
-TEST(ConfigLayout, ContextAndExpertOnlyOne) {
+TEST(ConfigLayout, ContextOnlyOneExpertAnyPositive) {
   const Config c = load_config("", {"parallel.context=1", "parallel.expert=1"});
   EXPECT_EQ(c.layout.context, 1);
   EXPECT_EQ(c.layout.expert, 1);
-  for (const std::string key : {"context", "expert"}) {
-    const InputError e = config_error(json{{"parallel", {{key, 2}}}});
+  {
+    const InputError e = config_error(json{{"parallel", {{"context", 2}}}});
     EXPECT_EQ(e.file(), kFile);
-    EXPECT_EQ(e.where(), "parallel." + key);
+    EXPECT_EQ(e.where(), "parallel.context");
     EXPECT_TRUE(contains(e.expected(), "is not supported yet")) << e.what();
     EXPECT_TRUE(contains(e.expected(), "got 2")) << e.what();
-    const InputError f = expect_error([&] { parse_layout_fixes(key + "=2"); });
+    const InputError f = expect_error([&] { parse_layout_fixes("context=2"); });
     EXPECT_EQ(f.file(), kCmd);
-    EXPECT_EQ(f.where(), "--fix " + key);
+    EXPECT_EQ(f.where(), "--fix context");
     EXPECT_EQ(f.expected(), e.expected());
   }
+  // Expert parallelism takes any positive size here; what it must divide is checked with the
+  // model and the world (tests/test_moe.cc).
+  EXPECT_EQ(parse_layout_fixes("expert=4").expert.value_or(0), 4);
+  const InputError e = config_error(json{{"parallel", {{"expert", 0}}}});
+  EXPECT_EQ(e.where(), "parallel.expert");
+  const InputError f = expect_error([&] { parse_layout_fixes("expert=0"); });
+  EXPECT_EQ(f.where(), "--fix expert");
+  EXPECT_EQ(f.expected(), e.expected());
 }
 
 // The config's layout keys are the layout table's rows: every field is a key of the same path and

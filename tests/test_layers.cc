@@ -298,4 +298,56 @@ TEST(ParamSplit, LocalIndexInvertsGlobalIndex) {
 }
 
 }  // namespace
+// An expert-split parameter (a mixture's experts under expert parallelism): the rows are cut into
+// e runs of whole experts first, then each run split over the tensor group as its ParamSplit
+// says. Over every (expert rank, tensor rank), each element of the full parameter is held exactly
+// once, global_index and local_index agree, and expert rank j's elements lie in rows [j·R/e,
+// (j+1)·R/e) — for the experts' [gate; up] blocks (block_rows) and their down projection (cols).
+TEST(ParamSplit, ExpertRunsThenTensorShards) {
+  struct Case {
+    ParamSplit split;
+    Shape shape;
+    std::vector<int64_t> blocks;
+  };
+  const int64_t E = 4, F = 4, C = 6;
+  const std::vector<Case> cases = {
+      {ParamSplit::kBlockRows, {E * 2 * F, C}, std::vector<int64_t>(2 * E, F)},
+      {ParamSplit::kCols, {E * C, F}, {}},
+      {ParamSplit::kRows, {E * F, C}, {}},
+      {ParamSplit::kReplicated, {E * F, C}, {}}};
+  for (const Case& c : cases)
+    for (int e : {1, 2, 4})
+      for (int t : {1, 2}) {
+        const int64_t full = c.shape[0] * c.shape[1], row = c.shape[1];
+        std::vector<int> holders(static_cast<size_t>(full), 0);
+        for (int j = 0; j < e; ++j)
+          for (int r = 0; r < t; ++r) {
+            ParamLayout layout(t, r, e, j);
+            const ParamRef w =
+                layout.add({"w", c.shape, c.split, ParamInit::kZeros, 0, -1, true, c.blocks, true});
+            const ParamInfo& p = layout.info(w);
+            EXPECT_EQ(p.expert, e);
+            EXPECT_EQ(p.expert_rank, j);
+            const int copies = c.split == ParamSplit::kReplicated ? t : 1;
+            EXPECT_EQ(p.numel * e * t / copies, full) << split_spelling(c.split, c.blocks);
+            for (int64_t l = 0; l < p.numel; ++l) {
+              const int64_t g = global_index(p, l, r, t);
+              ASSERT_GE(g, 0);
+              ASSERT_LT(g, full);
+              EXPECT_GE(g / row, j * c.shape[0] / e);
+              EXPECT_LT(g / row, (j + 1) * c.shape[0] / e);
+              EXPECT_EQ(local_index(p, g, r, t), l) << split_spelling(c.split, c.blocks);
+              if (r == 0 || c.split != ParamSplit::kReplicated) ++holders[static_cast<size_t>(g)];
+            }
+            // Another expert run's first element is not this rank's.
+            const int64_t other = ((j + 1) % e) * (c.shape[0] / e) * row;
+            if (e > 1) {
+              EXPECT_EQ(local_index(p, other, r, t), -1);
+            }
+          }
+        for (int n : holders)
+          EXPECT_EQ(n, 1) << split_spelling(c.split, c.blocks) << " e " << e << " t " << t;
+      }
+}
+
 }  // namespace strata

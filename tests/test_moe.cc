@@ -388,10 +388,10 @@ TEST(Moe, DescriptionCountsEveryExpertAndTheActiveFlops) {
 
 // The line a config of `sets` is refused with, on a world of its tensor × pipeline ranks ("" when
 // it is not).
-std::string refusal(const std::vector<std::string>& sets) {
+std::string refusal(const std::vector<std::string>& sets, int data = 1) {
   try {
     const Config c = load_config("", sets);
-    validate_for_world(c, c.layout.tensor * c.layout.pipeline);
+    validate_for_world(c, c.layout.tensor * c.layout.pipeline * data);
   } catch (const InputError& e) {
     return e.what();
   }
@@ -426,6 +426,23 @@ TEST(Moe, BadKeysAreRefusedNamingTheKey) {
       "");
   EXPECT_EQ(refusal({"model.preset=qwen3-moe-tiny", "parallel.tensor=2",
                      "parallel.sequence_parallel=true"}),
+            "");
+  // Expert parallelism: it divides num_experts and the data-parallel size, and needs experts.
+  const std::string three = refusal({"model.preset=mixtral-tiny", "parallel.expert=3"}, 6);
+  EXPECT_NE(three.find("parallel.expert"), std::string::npos) << three;
+  EXPECT_NE(three.find("num_experts 4"), std::string::npos) << three;
+  const std::string data = refusal({"model.preset=mixtral-tiny", "parallel.expert=4",
+                                    "train.global_batch_size=8", "train.micro_batch_size=1"},
+                                   2);
+  EXPECT_NE(data.find("parallel.expert"), std::string::npos) << data;
+  EXPECT_NE(data.find("data-parallel size 2"), std::string::npos) << data;
+  EXPECT_NE(refusal({"model.preset=llama-tiny", "parallel.expert=2"}, 2).find("parallel.expert"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.preset=mixtral-tiny", "parallel.expert=0"}).find("parallel.expert"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"model.preset=mixtral-tiny", "parallel.expert=2", "parallel.tensor=2",
+                     "train.global_batch_size=8", "train.micro_batch_size=1"},
+                    4),
             "");
 }
 

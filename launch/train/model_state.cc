@@ -54,9 +54,9 @@ ParamInfo saved_info(const std::string& name, const ShardMeta& m, const std::str
   saved.expert = m.expert;
   saved.expert_rank = m.expert_rank;
   if (m.expert > 1 && saved.row_blocks.size() % static_cast<size_t>(m.expert) != 0)
-    throw InputError(path, "meta:" + name,
-                     "row blocks that divide over expert " + std::to_string(m.expert) + ", got " +
-                         m.split);
+    throw InputError(
+        path, "meta:" + name,
+        "row blocks that divide over expert " + std::to_string(m.expert) + ", got " + m.split);
   return saved;
 }
 

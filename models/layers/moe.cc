@@ -168,7 +168,8 @@ Tensor MixtureOfExperts::dispatch(const LayerEnv& env, const Tensor& xd,
   // place in the expert order (expert after expert, source after source within an expert).
   std::vector<int64_t> next(static_cast<size_t>(El), 0);
   for (int64_t l = 1; l < El; ++l)
-    next[static_cast<size_t>(l)] = next[static_cast<size_t>(l - 1)] + s.rows[static_cast<size_t>(l - 1)];
+    next[static_cast<size_t>(l)] =
+        next[static_cast<size_t>(l - 1)] + s.rows[static_cast<size_t>(l - 1)];
   const int64_t R = static_cast<int64_t>(total(s.received));
   std::vector<int32_t> sort(static_cast<size_t>(R));
   size_t at = 0;

@@ -66,8 +66,8 @@ struct ExpertRun {
 ExpertRun expert_run(const ParamInfo& p) {
   ExpertRun r;
   const int64_t full_rows = p.full_shape.empty() ? 1 : p.full_shape[0];
-  r.row_len = p.full_shape.size() > 1 ? shape_numel(p.full_shape) / std::max<int64_t>(full_rows, 1)
-                                      : 1;
+  r.row_len =
+      p.full_shape.size() > 1 ? shape_numel(p.full_shape) / std::max<int64_t>(full_rows, 1) : 1;
   r.rows = full_rows / p.expert;
   r.row0 = p.expert_rank * r.rows;
   const size_t nb = p.row_blocks.size() / static_cast<size_t>(p.expert);
@@ -150,9 +150,9 @@ ParamRef ParamLayout::add(const ParamDecl& d) {
   p.split = d.split;
   p.shape = d.full_shape;
   if (d.expert) {
-    STRATA_CHECK(!p.shape.empty() && p.shape[0] % ep_ == 0,
-                 d.name << ": " << (p.shape.empty() ? 0 : p.shape[0]) << " rows over expert "
-                        << ep_);
+    STRATA_CHECK(
+        !p.shape.empty() && p.shape[0] % ep_ == 0,
+        d.name << ": " << (p.shape.empty() ? 0 : p.shape[0]) << " rows over expert " << ep_);
     STRATA_CHECK(d.row_blocks.size() % static_cast<size_t>(ep_) == 0,
                  d.name << ": " << d.row_blocks.size() << " row blocks over expert " << ep_);
     p.experts = true;

@@ -148,9 +148,8 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
   // position): the same weights, whole-sequence activations on every rank of the group.
   decode_tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                                 options_.tensor_rank, false, activation_dtype());
-  decode_env_ =
-      std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *decode_tp_, activation_dtype(),
-                                          options_.expert_group});
+  decode_env_ = std::make_unique<LayerEnv>(
+      LayerEnv{backend, *store_, *decode_tp_, activation_dtype(), options_.expert_group});
   if (a.rotary)
     rope_ = RotaryEmbedding(backend, spec_.S, static_cast<int>(a.head_size), spec_.rope_theta,
                             spec_.rope_scaling);

@@ -207,9 +207,12 @@ json read_run_state(const std::string& path, const Manifest& m) {
   if (!model.is_object()) throw InputError(file, "model", "expected an object of model keys");
   string_field(model, "arch", file, "model.");
   const json& par = rs.at("parallel");
-  std::vector<std::string> par_keys = {"tensor",           "pipeline",
-                                       "data",             "virtual_stages",
-                                       "schedule",         "sequence_parallel",
+  std::vector<std::string> par_keys = {"tensor",
+                                       "pipeline",
+                                       "data",
+                                       "virtual_stages",
+                                       "schedule",
+                                       "sequence_parallel",
                                        "distributed_optimizer"};
   if (par.is_object() && par.contains("expert")) par_keys.push_back("expert");  // expert > 1 only
   exact_object(par, par_keys, file, "parallel");
@@ -224,9 +227,9 @@ json read_run_state(const std::string& path, const Manifest& m) {
   if (par.contains("expert")) {
     const int64_t e = int_field(par, "expert", 2, INT_MAX, file, "parallel.");
     if (par.at("data").get<int64_t>() % e != 0)
-      throw InputError(file, "parallel.expert",
-                       "a divisor of parallel.data " + par.at("data").dump() + ", got " +
-                           std::to_string(e));
+      throw InputError(
+          file, "parallel.expert",
+          "a divisor of parallel.data " + par.at("data").dump() + ", got " + std::to_string(e));
   }
   string_field(par, "schedule", file, "parallel.");
   for (const char* k : {"sequence_parallel", "distributed_optimizer"})

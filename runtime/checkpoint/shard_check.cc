@@ -151,7 +151,8 @@ ShardHeader read_shard_header(const std::string& file, const FileRecord& rec, in
     }
     const bool expert_split = j.is_object() && (j.contains("expert") || j.contains("expert_rank"));
     if (expert_split)
-      exact_object(j, {"full_shape", "shard_shape", "split", "tp_rank", "tp", "expert_rank", "expert"},
+      exact_object(j,
+                   {"full_shape", "shard_shape", "split", "tp_rank", "tp", "expert_rank", "expert"},
                    file, where);
     else
       exact_object(j, {"full_shape", "shard_shape", "split", "tp_rank", "tp"}, file, where);

@@ -179,9 +179,8 @@ class Communicator {
   // recv_counts[r] must equal rank r's send_counts[rank()] (exchange the counts first, with an
   // even all-to-all of one count per rank: the mixture of experts' dispatch does). Out of place
   // only. NCCL: one group of sends and receives (NCCL has no uneven all-to-all).
-  virtual Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts,
-                               void* recv, const std::vector<size_t>& recv_counts,
-                               DType dtype) = 0;
+  virtual Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                               const std::vector<size_t>& recv_counts, DType dtype) = 0;
   // buf (count) of `root` is copied to every rank.
   virtual Request ibroadcast(void* buf, size_t count, DType dtype, int root) = 0;
 

@@ -109,10 +109,10 @@ class LocalCommunicator final : public Communicator {
   }
   Request iall_to_allv(const void* send, const std::vector<size_t>& send_counts, void* recv,
                        const std::vector<size_t>& recv_counts, DType dtype) override {
-    STRATA_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 &&
-                     send_counts[0] == recv_counts[0],
-                 "all_to_allv on group " << name_ << ": counts for one rank must be one each, "
-                                         << "equal");
+    STRATA_CHECK(
+        send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0],
+        "all_to_allv on group " << name_ << ": counts for one rank must be one each, "
+                                << "equal");
     copy_elems(recv, send, send_counts[0], dtype);
     return {};
   }

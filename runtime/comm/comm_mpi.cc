@@ -466,8 +466,8 @@ class MpiCommunicator final : public GroupCommunicator {
       ro += r->ints[2 * n + i];
     }
     MPI_CHECK(MPI_Ialltoallv(send, r->ints.data(), r->ints.data() + n, mpi_type(dtype), recv,
-                             r->ints.data() + 2 * n, r->ints.data() + 3 * n, mpi_type(dtype),
-                             comm_, r->reqs.data()));
+                             r->ints.data() + 2 * n, r->ints.data() + 3 * n, mpi_type(dtype), comm_,
+                             r->reqs.data()));
     return Request(std::move(r));
   }
 

@@ -131,8 +131,8 @@ void GradReducer::start(Bucket& b) {
     return;
   }
   if (shard_) {
-    b.req = b.comm->ireduce_scatterv(g, shard_grads_.f32() + b.shard_offset, b.counts,
-                                     DType::kF32, ReduceOp::kSum);
+    b.req = b.comm->ireduce_scatterv(g, shard_grads_.f32() + b.shard_offset, b.counts, DType::kF32,
+                                     ReduceOp::kSum);
   } else {
     b.req = b.comm->iall_reduce(g, static_cast<size_t>(b.numel), DType::kF32, ReduceOp::kSum);
   }
