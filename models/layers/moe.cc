@@ -29,13 +29,16 @@ MixtureOfExperts::MixtureOfExperts(ParamLayout& layout, const MoeSpec& m, const 
                         init_std,
                         -1,
                         true,
-                        std::vector<int64_t>(static_cast<size_t>(2 * E), F)});
+                        std::vector<int64_t>(static_cast<size_t>(2 * E), F),
+                        true});
   down = layout.add({names.experts_down + ".weight",
                      {E * C, F},
                      ParamSplit::kCols,
                      ParamInit::kNormal,
                      proj_init_std,
                      -1,
+                     true,
+                     {},
                      true});
 }
 
