@@ -9,7 +9,8 @@
 //   1. Megatron-Core's H100 weak scaling (Megatron-LM README, r0.8.0);
 //   2. Megatron-LM's 2021 A100 weak scaling (Narayanan et al. 2021, Table 1, layouts from the
 //      paper's own scripts, examples/academic_paper_scripts/sc21/run_table_1.sh);
-//   3. runs the planner was never fitted to: other models, sizes, years and runtimes.
+//   3. runs the planner was never fitted to: other models, sizes, years and runtimes, a mixture
+//      of experts with expert parallelism among them (GPT-OSS-120B, Megatron-Bridge).
 // Each table is priced with one device description per GPU (configs/clusters/*.json, whose
 // curves come from published single-kernel measurements) and a description of the runtime the
 // run used (RuntimeModel, below, each field from that runtime's code or paper). One figure per
@@ -29,6 +30,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launch/config/config_parse.h"
@@ -136,14 +138,34 @@ RuntimeModel megatron_core_2024(int data) {
   return r;
 }
 
+// Megatron-Core as Megatron-Bridge's performance recipes run a mixture of experts (the 26.02
+// GPT-OSS 120B H100 recipe, scripts/performance/configs/gpt_oss/ at commit c0b9a000 of
+// NVIDIA-NeMo/Megatron-Bridge, on recipes/gpt_oss/gpt_oss.py): r0.8's overlaps (grad reduce,
+// param gather, the distributed optimizer, bf16 gradients: grad_reduce_in_fp32 False), with
+// - the alltoall token dispatcher without moe_a2a_overlap: its all-to-alls block, as Strata's;
+// - pipeline 4 without virtual stages: the non-interleaved 1F1B, whose sends and receives both
+//   ends wait for (--overlap-p2p-communication applies to interleaving only);
+// - cross_entropy_loss_fusion True: a fused cross-entropy, priced as the model's own passes.
+RuntimeModel megatron_core_moe(int data) {
+  RuntimeModel r = megatron_core_2024(data);
+  r.name = "megatron-core (megatron-bridge 26.02)";
+  r.p2p_both_ends = true;
+  r.loss_bytes_fwd = 0;
+  r.loss_bytes_bwd = 0;
+  return r;
+}
+
 // ---- the published runs ----
 
-enum class Metric { kModelTflops, kHardwareTflops, kIterationS };
+enum class Metric { kModelTflops, kHardwareTflops, kIterationS, kTokensPerGpu };
 
 struct Shape {
   const char* arch;
   int layers, hidden, heads, kv_heads, ffn, seq, vocab;
   bool tied;
+  // A mixture of experts: experts per layer, per token, each one's width, the head size
+  // (0: hidden / heads).
+  int experts = 0, top_k = 0, expert_ffn = 0, head_dim = 0;
 };
 
 // 0 (or "" for recompute) where the source leaves a field open: the planner searches it.
@@ -152,6 +174,10 @@ struct Layout {
   const char* schedule;   // "1f1b", "interleaved"
   const char* recompute;  // "none", "selective", "full", "" searched
   bool sp, dist_opt;
+  int expert = 1;  // expert-parallel size
+  // The layers split evenly over the stages, as the run did (Megatron-Core without
+  // account_for_embedding/loss_in_pipeline_split); false: the planner's balanced split.
+  bool even_split = false;
 };
 
 struct Run {
@@ -333,6 +359,35 @@ std::vector<Run> unseen_table() {
                Metric::kIterationS,
                0.5286,
                "one H100"});
+  // GPT-OSS-120B pre-training on 64 H100s, bf16, Megatron-Bridge's performance summary
+  // (docs/performance-summary-archive.md of NVIDIA-NeMo/Megatron-Bridge): TP 1, PP 4, EP 8,
+  // CP 1, no virtual stages, seq 4096; tokens/s/GPU. 26.02: GBS 1280, MBS 1, 5993 (26.02.01
+  // 5984, 26.04 5810, 26.04.01 5824); 25.11: GBS 512, MBS 4, 5630. Selective recompute of the
+  // norms and the experts' activation (recompute_modules ["layernorm", "moe_act"]), which
+  // Strata's recompute options do not have: priced as none (their forward passes are
+  // memory-bound, a few percent of the layer); at MBS 4 the activations Strata's memory model
+  // counts do not fit without recompute, so that row's recompute is searched (full fits).
+  // Force-balanced routing (the planner's even spread), dropless. The shape as the mixtral arch
+  // (softmax over the top-k logits is Mixtral's renormalised top-k): 36 layers, hidden 2880, 64
+  // heads of 64 over 8 key/value heads, 128 experts of 2880, top 4, vocab 201088, untied; no
+  // load-balancing loss (the run forces the balance). Megatron splits the layers evenly, 9 per
+  // stage (the embedding and the loss not counted in the split). Not described: attention sinks,
+  // the sliding window (128) of every other layer (priced as full causal attention), the biases,
+  // the clamped SwiGLU.
+  auto moe = [](int d) { return megatron_core_moe(d); };
+  const Shape gpt_oss = {"mixtral", 36, 2880, 64, 8, 2880, 4096, 201088, false, 128, 4, 2880, 64};
+  for (const auto& [batch, micro, tokens, release, recompute] :
+       std::vector<std::tuple<int, int, double, const char*, const char*>>{
+           {1280, 1, 5993, "26.02", "none"}, {512, 4, 5630, "25.11", ""}}) {
+    r.push_back({std::string("GPT-OSS-120B, ") + release,
+                 "dgx-h100",
+                 gpt_oss,
+                 {1, 4, 64, batch, micro, 1, "1f1b", recompute, false, true, 8, true},
+                 moe,
+                 Metric::kTokensPerGpu,
+                 tokens,
+                 "tokens/s/GPU, expert 8"});
+  }
   return r;
 }
 
@@ -379,6 +434,13 @@ Scored score(const Run& run, const Overrides& ov) {
   m.seq_len = sh.seq;
   m.vocab_size = sh.vocab;
   m.tie_embeddings = sh.tied;
+  if (sh.experts > 0) {
+    m.num_experts = sh.experts;
+    m.num_experts_per_tok = sh.top_k;
+    m.moe_intermediate_size = sh.expert_ffn;
+    m.router_aux_loss_coef = 0;
+  }
+  if (sh.head_dim > 0) m.head_dim = sh.head_dim;
   PlanRequest req;
   req.model = describe_model(m);
   req.model_name = run.name;
@@ -394,7 +456,9 @@ Scored score(const Run& run, const Overrides& ov) {
   req.memory.flash_attention = rt.fused_attention;
   req.runtime = rt;
   req.fixes.tensor = lay.t;
+  req.fixes.expert = lay.expert;
   req.fixes.pipeline = lay.p;
+  if (lay.even_split) req.fixes.layers_per_piece = split_layers_even(sh.layers, lay.p);
   req.fixes.micro_batch_size = lay.micro;
   if (lay.v > 0) req.fixes.virtual_stages = lay.v;
   ScheduleKind k;
@@ -427,6 +491,9 @@ Scored score(const Run& run, const Overrides& ov) {
       break;
     case Metric::kIterationS:
       s.predicted = s.plan.time.iteration_s;
+      break;
+    case Metric::kTokensPerGpu:
+      s.predicted = static_cast<double>(lay.batch) * sh.seq / s.plan.time.iteration_s / lay.gpus;
       break;
   }
   // Error of the predicted throughput: for times, the throughput is their inverse.
@@ -461,6 +528,12 @@ Summary print_table(const char* title, const std::vector<Run>& runs, const Overr
     if (quiet) continue;
     const ParallelLayout& c = s.plan.config;
     const char* unit = run.metric == Metric::kIterationS ? "s" : "";
+    std::string note = run.note;
+    if (c.expert > 1) {
+      char a2a[64];
+      std::snprintf(a2a, sizeof a2a, ", all-to-all %.3f s", s.plan.time.ep_exposed_s);
+      note += a2a;
+    }
     std::printf(
         "%-26s %3d %3d %5d %3d %3d %-9s %9.3f %6.1f%% %7.3f %7.3f %7.3f %9.4g%s %9.4g%s %+6.1f%%"
         "%s%s\n",
@@ -468,7 +541,7 @@ Summary print_table(const char* title, const std::vector<Run>& runs, const Overr
         c.micro_batch_size, to_string(c.recompute), s.plan.time.iteration_s,
         s.plan.time.bubble_fraction * 100, s.plan.time.tp_exposed_s, s.plan.time.dp_exposed_s,
         s.plan.time.optimizer_s, s.predicted, unit, run.published, unit, s.error,
-        run.note.empty() ? "" : "  ", run.note.c_str());
+        note.empty() ? "" : "  ", note.c_str());
   }
   if (sm.n > 0) sm.mae /= sm.n;
   if (!quiet)

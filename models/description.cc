@@ -12,6 +12,15 @@ int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int p
   return n;
 }
 
+RankParameters rank_parameters(const ModelDescription& d, int tensor, int expert, int piece,
+                               int pieces, int layers) {
+  const int64_t experts = int64_t{layers} * d.layer_expert_parameters(tensor);
+  RankParameters n;
+  n.dense = piece_parameters(d, tensor, piece, pieces, layers) - experts;
+  n.expert = experts / expert;
+  return n;
+}
+
 int64_t unpadded_parameters(const ParamLayout& layout) {
   int64_t n = 0;
   for (const ParamInfo& p : layout.infos())
@@ -24,7 +33,10 @@ PartParameterCounts::Counts PartParameterCounts::at(int t) const {
   auto it = cache_.find(t);
   if (it != cache_.end()) return it->second;
   Counts c;
-  c.layer = layout_(t, {{0, 1, false, false}}).numel();
+  const ParamLayout layer = layout_(t, {{0, 1, false, false}});
+  c.layer = layer.numel();
+  for (const ParamInfo& p : layer.infos())
+    if (p.experts) c.layer_experts += p.numel;
   c.embedding = layout_(t, {{0, 0, true, false}}).numel();
   // A head-only piece of a tied model holds the copy of the embedding; the head proper is the
   // rest.

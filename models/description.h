@@ -12,8 +12,12 @@
 //
 // Parts: the model is an embedding, num_layers() identical transformer layers, and a head
 // (final norm, LM head, loss). Sizes are per micro-batch of b sequences of seq_len() tokens on
-// one rank of a tensor group of t (RankShape); "elements" are counted in the activation type
-// unless a field says f32.
+// one rank of a tensor group of t and an expert group of e (RankShape); "elements" are counted
+// in the activation type unless a field says f32.
+//
+// Expert parallelism: a mixture's expert weights are declared expert-split (ParamDecl::expert);
+// a rank of an expert group of e holds E/e experts of each, 1/e of their elements
+// (layer_expert_parameters), every other parameter as without it (rank_parameters).
 //
 // Thread-safety: const methods, callable from any thread.
 #pragma once
@@ -49,6 +53,8 @@ class ModelDescription {
   virtual int hidden_size() const = 0;
   virtual int num_heads() const = 0;
   virtual int vocab_size() const = 0;
+  // The experts of each MoE layer (E), 0 for a dense model.
+  virtual int num_experts() const = 0;
   // The vocabulary rows as stored on t ranks (padded to a multiple of 128·t).
   virtual int64_t padded_vocab(int tensor) const = 0;
   // One line for banners: "12 layers, hidden 768, 12 heads, seq 1024, vocab 50257".
@@ -72,6 +78,9 @@ class ModelDescription {
   virtual int64_t embedding_parameters(int tensor) const = 0;
   virtual int64_t head_parameters(int tensor) const = 0;
   virtual int64_t tied_copy_parameters(int tensor) const = 0;
+  // Of layer_parameters(t): the experts' weights (all E experts' share of this tensor rank), the
+  // elements an expert group of e divides by e; 0 for a dense model.
+  virtual int64_t layer_expert_parameters(int tensor) const = 0;
 
   virtual FlopCount flops_per_iteration(double sequences, Recompute recompute) const = 0;
 
@@ -106,6 +115,18 @@ class ModelDescription {
 // last the copy of a tied embedding when the first piece is another.
 int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers);
 
+// Elements on one rank by the group their gradients are summed over: `dense` over the
+// data-parallel group (d ranks), `expert` (the E/e experts of each MoE layer a rank of an expert
+// group of e holds) over the expert-data-parallel group (d/e ranks). At e = 1, total() is
+// piece_parameters.
+struct RankParameters {
+  int64_t dense = 0, expert = 0;
+  int64_t total() const { return dense + expert; }
+};
+// piece_parameters at tensor size t and expert size e. Precondition: e divides the experts.
+RankParameters rank_parameters(const ModelDescription& d, int tensor, int expert, int piece,
+                               int pieces, int layers);
+
 // The elements a layout's parameters hold without the vocabulary's padding rows (the count a
 // checkpoint of the unpadded model has): what parameters() reports for a whole-model layout.
 int64_t unpadded_parameters(const ParamLayout& layout);
@@ -118,6 +139,7 @@ class PartParameterCounts {
  public:
   struct Counts {
     int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
+    int64_t layer_experts = 0;  // of `layer`: the parameters declared expert-split
   };
   using Layout = std::function<ParamLayout(int tensor, const std::vector<ModelPiece>& pieces)>;
   PartParameterCounts(Layout layout, int num_layers, std::function<int64_t(int)> tied_copy)

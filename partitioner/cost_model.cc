@@ -128,6 +128,7 @@ double tensor_collectives_s(const std::vector<Collective>& cs, double eb, int te
   double s = 0;
   double half = -1;  // elements of an all-gather or reduce-scatter waiting for its pair
   for (const Collective& c : cs) {
+    if (c.group != CommGroup::kTensor) continue;
     if (c.kind == CollectiveKind::kAllReduce) {
       s += ring_allreduce(c.elements * eb, tensor, link);
     } else if (half < 0) {
@@ -138,6 +139,15 @@ double tensor_collectives_s(const std::vector<Collective>& cs, double eb, int te
     }
   }
   if (half >= 0) s += ring_allreduce(half / 2 * eb, tensor, link);
+  return s;
+}
+
+// The expert-group all-to-alls a part reports, each rank sending `elements` of `eb` bytes.
+double expert_collectives_s(const std::vector<Collective>& cs, double eb, int expert,
+                            const Link& link) {
+  double s = 0;
+  for (const Collective& c : cs)
+    if (c.group == CommGroup::kExpert) s += all_to_all_s(c.elements * eb, expert, link);
   return s;
 }
 
@@ -205,6 +215,7 @@ struct PartTimes {
   double attn_f = 0, attn_b = 0;            // the attention core (recomputed by selective)
   double elem_f = 0, elem_b = 0;            // memory-bound passes
   double tp_f = 0, tp_b = 0;                // tensor-group collectives
+  double ep_f = 0, ep_b = 0;                // expert-group all-to-alls
 };
 
 // The attention core of one micro-batch: a fused kernel, or the unfused batched GEMMs and
@@ -238,7 +249,8 @@ void attention_times(const PartWork& w, const Pricing& d, const RuntimeModel& rt
 }
 
 PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, const RuntimeModel& rt,
-                     int tensor) {
+                     const ParallelLayout& c) {
+  const int tensor = c.tensor;
   const double mem = d.eff->memory_bandwidth;
   PartTimes t;
   for (const GemmShape& g : w.gemms) {
@@ -256,6 +268,11 @@ PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, con
       (rt.loss_bytes_bwd > 0 && w.logits > 0 ? w.logits * rt.loss_bytes_bwd : w.f32_bwd * 4) / mem;
   t.tp_f = tensor_collectives_s(w.collectives_fwd, d.eb, tensor, cl.intra_node);
   t.tp_b = tensor_collectives_s(w.collectives_bwd, d.eb, tensor, cl.intra_node);
+  if (c.expert > 1) {
+    const Link ep = expert_link(cl, c.tensor, c.context, c.expert);
+    t.ep_f = expert_collectives_s(w.collectives_fwd, d.eb, c.expert, ep);
+    t.ep_b = expert_collectives_s(w.collectives_bwd, d.eb, c.expert, ep);
+  }
   return t;
 }
 
@@ -274,7 +291,7 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
   const Pricing dev = pricing_for(ctx);
   const double eb = dev.eb;
   const int b = c.micro_batch_size;
-  const RankShape rs{c.tensor, c.sequence_parallel};
+  const RankShape rs{c.tensor, c.sequence_parallel, c.expert};
   const double t = c.tensor;
 
   // Point-to-point between stages: what each rank holds of the boundary activation (its
@@ -293,7 +310,7 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
       p2p_link.latency_s + sent / (p2p_link.bandwidth * p2p_link.efficiency) +
       (scatter ? (t - 1) / t * held / (cl.intra_node.bandwidth * cl.intra_node.efficiency) : 0);
 
-  const PartTimes layer = part_times(m.layer_work(b, rs), dev, cl, rt, c.tensor);
+  const PartTimes layer = part_times(m.layer_work(b, rs), dev, cl, rt, c);
   const double exp_f = tp_exposed(rt, layer.tp_f, layer.gemm_f, c.tensor);
   const double exp_b = rt.tp_overlap_backward && !rt.tp_overlap
                            ? std::max(0.0, layer.tp_b - layer.dgrad - layer.wgrad)
@@ -306,31 +323,49 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
   lt.layer_bwd_input = layer.dgrad + layer.attn_b + layer.elem_b + exp_b + launch_b;
   lt.tp_fwd = exp_f;
   lt.tp_bwd = exp_b;
+  // The all-to-alls block (the experts wait for their rows, the combine for the outputs).
+  if (c.expert > 1) {
+    lt.layer_fwd += layer.ep_f;
+    lt.layer_bwd_input += layer.ep_b;
+    lt.ep_fwd = layer.ep_f;
+    lt.ep_bwd = layer.ep_b;
+  }
   if (c.recompute == Recompute::kFull) {
     lt.layer_bwd_input += lt.layer_fwd;
     lt.tp_bwd += exp_f;
+    lt.ep_bwd += lt.ep_fwd;
   }
   if (c.recompute == Recompute::kSelective) lt.layer_bwd_input += layer.attn_f;
   lt.layer_bwd = lt.layer_bwd_input + lt.layer_bwd_weight;
   lt.tp_exposed_per_layer = exp_f + exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
+  lt.ep_exposed_per_layer = lt.ep_fwd + lt.ep_bwd;
 
   // Embedding: its lookup (and with t > 1 the sum of the vocab-parallel lookup), the
   // scatter-add into the table in the backward pass.
-  const PartTimes emb = part_times(m.embedding_work(b, rs), dev, cl, rt, c.tensor);
+  const PartTimes emb = part_times(m.embedding_work(b, rs), dev, cl, rt, c);
   lt.emb_fwd = emb.gemm_f + emb.elem_f + emb.tp_f;
   lt.emb_bwd = emb.dgrad + emb.wgrad + emb.elem_b + emb.tp_b;
   // Head: final norm, the logits GEMM, the loss over the logits.
-  const PartTimes head = part_times(m.head_work(b, rs), dev, cl, rt, c.tensor);
+  const PartTimes head = part_times(m.head_work(b, rs), dev, cl, rt, c);
   lt.head_fwd = head.gemm_f + head.elem_f + head.tp_f;
   lt.head_bwd = head.dgrad + head.wgrad + head.elem_b + head.tp_b;
   if (ctx.profile == nullptr || ctx.profile->empty()) return lt;
 
   // A measured profile replaces the compute. An entry of the plan's width t already contains
   // its all-reduces; one of another width is rescaled (profile_times) and gets the modelled
-  // exposed tensor-parallel communication added.
+  // exposed tensor-parallel communication added. A profile is measured on one unsharded rank:
+  // the all-to-alls of expert parallelism are added as modelled.
   int measured_t = 0;
   LayerTimes pt = profile_times(*ctx.profile, c, &measured_t);
   pt.p2p = lt.p2p;
+  if (c.expert > 1) {
+    pt.layer_fwd += lt.ep_fwd;
+    pt.layer_bwd_input += lt.ep_bwd;
+    pt.layer_bwd += lt.ep_bwd;
+    pt.ep_fwd = lt.ep_fwd;
+    pt.ep_bwd = lt.ep_bwd;
+    pt.ep_exposed_per_layer = lt.ep_exposed_per_layer;
+  }
   if (measured_t != c.tensor) {
     const double bwd_extra = exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
     pt.layer_fwd += exp_f;
@@ -354,6 +389,16 @@ Link data_parallel_link(const Cluster& cl, int tensor, int data) {
           cl.inter_node.latency_s, 1.0};
 }
 
+Link expert_link(const Cluster& cl, int tensor, int context, int expert) {
+  if (cl.gpus_per_node % (tensor * context * expert) == 0) return cl.intra_node;
+  return {cl.inter_node_bandwidth_per_gpu(), cl.inter_node.latency_s, cl.inter_node.efficiency};
+}
+
+double all_to_all_s(double bytes, int n, const Link& l) {
+  if (n <= 1) return 0;
+  return (n - 1.0) / n * bytes / (l.bandwidth * l.efficiency) + (n - 1) * l.latency_s;
+}
+
 DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int data,
                                       bool distributed_optimizer, const Link& l) {
   DataParallelTimes t;
@@ -369,17 +414,41 @@ DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int
   return t;
 }
 
-std::vector<double> stage_parameters(const ModelDescription& m, const ParallelLayout& c) {
+std::vector<RankParameters> stage_parameters(const ModelDescription& m, const ParallelLayout& c) {
   const int p = c.pipeline, v = c.virtual_stages;
-  std::vector<double> n(static_cast<size_t>(p), 0.0);
+  std::vector<RankParameters> n(static_cast<size_t>(p));
   for (int st = 0; st < p; ++st) {
     for (int ch = 0; ch < v; ++ch) {
       const int k = ch * p + st;
-      n[static_cast<size_t>(st)] += static_cast<double>(
-          piece_parameters(m, c.tensor, k, p * v, c.layers_per_piece[static_cast<size_t>(k)]));
+      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, k, p * v,
+                                                   c.layers_per_piece[static_cast<size_t>(k)]);
+      n[static_cast<size_t>(st)].dense += piece.dense;
+      n[static_cast<size_t>(st)].expert += piece.expert;
     }
   }
   return n;
+}
+
+DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& rt,
+                                        const ParallelLayout& c, const RankParameters& n) {
+  const Link dp_link = data_parallel_link(cl, c.tensor, c.data);
+  // Without expert parallelism the experts' gradients are summed with the rest.
+  if (c.expert == 1)
+    return data_parallel_times(rt, static_cast<double>(n.total()), c.data, c.distributed_optimizer,
+                               dp_link);
+  const DataParallelTimes dense = data_parallel_times(rt, static_cast<double>(n.dense), c.data,
+                                                      c.distributed_optimizer, dp_link);
+  const DataParallelTimes experts = data_parallel_times(
+      rt, static_cast<double>(n.expert), c.data / c.expert, c.distributed_optimizer,
+      data_parallel_link(cl, c.tensor * c.context * c.expert, c.data / c.expert));
+  return {dense.reduce + experts.reduce, dense.gather + experts.gather};
+}
+
+double optimizer_shard(const ParallelLayout& c, const RankParameters& n) {
+  // The distributed optimizer shards the experts' state over d/e ranks: e times a rank's E/e
+  // experts over d, as much per rank as without expert parallelism.
+  if (!c.distributed_optimizer) return static_cast<double>(n.total());
+  return static_cast<double>(n.dense + n.expert * c.expert) / c.data;
 }
 
 namespace {
@@ -410,7 +479,8 @@ double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const Para
   for (int ch = 0; ch < v; ++ch) {
     const int k = ch * p + stage;
     params[static_cast<size_t>(ch)] = static_cast<double>(
-        piece_parameters(m, c.tensor, k, p * v, c.layers_per_piece[static_cast<size_t>(k)]));
+        rank_parameters(m, c.tensor, c.expert, k, p * v, c.layers_per_piece[static_cast<size_t>(k)])
+            .total());
     total += params[static_cast<size_t>(ch)];
   }
   if (total <= 0) return start_s + reduce_s;
@@ -491,7 +561,7 @@ PieceTimes piece_times(const LayerTimes& lt, const ParallelLayout& c, const Runt
     t.backward_input[i] =
         n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) + (k == pieces - 1 ? lt.head_bwd : 0);
     t.backward_weight[i] = n * lt.layer_bwd_weight;
-    double comm_f = n * lt.tp_fwd, comm_b = n * lt.tp_bwd;
+    double comm_f = n * (lt.tp_fwd + lt.ep_fwd), comm_b = n * (lt.tp_bwd + lt.ep_bwd);
     // A runtime whose stages wait for their sends with their receives pays each transfer on
     // both ends' forward and backward; otherwise the receiver waits for it (the simulator's
     // latency, moving once the receive is posted).
@@ -534,8 +604,7 @@ struct StageTimes {
 StageTimes stage_times(const CostContext& ctx, const ParallelLayout& c, const PieceTimes& pieces) {
   const RuntimeModel& rt = ctx.runtime;
   const int p = c.pipeline, v = c.virtual_stages;
-  const std::vector<double> nparam = stage_parameters(*ctx.model, c);
-  const Link dp_link = data_parallel_link(*ctx.cluster, c.tensor, c.data);
+  const std::vector<RankParameters> nparam = stage_parameters(*ctx.model, c);
   StageTimes s;
   s.dp.resize(static_cast<size_t>(p));
   s.reduce.assign(static_cast<size_t>(p), 0.0);
@@ -543,9 +612,8 @@ StageTimes stage_times(const CostContext& ctx, const ParallelLayout& c, const Pi
   s.step_extra.assign(static_cast<size_t>(p), 0.0);
   for (int st = 0; st < p; ++st) {
     const size_t si = static_cast<size_t>(st);
-    const double n = nparam[si];
-    s.dp[si] = data_parallel_times(rt, n, c.data, c.distributed_optimizer, dp_link);
-    const double shard = n / (c.distributed_optimizer ? c.data : 1);
+    s.dp[si] = stage_reduction_times(*ctx.cluster, rt, c, nparam[si]);
+    const double shard = optimizer_shard(c, nparam[si]);
     if (ctx.profile != nullptr && !ctx.profile->empty()) {
       s.optimizer[si] = shard * ctx.profile->entries.front().optimizer_s_per_param;
     } else {
@@ -736,6 +804,7 @@ IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bo
   it.bubble_fraction = it.sim.bubble_fraction;
   data_parallel_and_step(ctx.runtime, c, pieces, stages, &it);
   it.tp_exposed_s = lt.tp_exposed_per_layer * most_layers_per_stage(c) * c.num_microbatches;
+  it.ep_exposed_s = lt.ep_exposed_per_layer * most_layers_per_stage(c) * c.num_microbatches;
   it.stage_compute_s = it.sim.busy;
   it.peak_inflight = it.sim.peak_inflight;
   if (!keep_timeline) it.sim.timeline.clear();

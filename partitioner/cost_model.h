@@ -16,13 +16,18 @@
 //              where it counts its own) at memory bandwidth; the kernel gap per kernel;
 //   TP         ring collectives over NVLink at the link's efficiency, blocking or pipelined
 //              with the GEMMs as the runtime does;
+//   EP         a mixture's all-to-alls over its expert group (e > 1), blocking: (e−1)/e of the
+//              bytes a rank sends over the group's link (NVLink when the group lies in a node,
+//              else the node's NICs) plus a latency per peer;
 // or, with a measured profile (profile JSON), the measured layer times.
 // Per stage: layers · layer time + the embedding (first piece) and the head (last piece).
 // Pipeline: the schedule is simulated (schedules/simulator.h) with these per-stage, per-chunk
 // durations; a transfer of b·s·h/t elements costs the receiver (or both ends) its time. Data
 // parallel: each stage's gradient buckets reduce as the runtime starts them (during the last
 // micro-batch's backward, or at ReduceGrads), one after another on the stage's link; what is
-// not done when the stage reaches ReduceGrads is exposed there. The distributed optimizer's
+// not done when the stage reaches ReduceGrads is exposed there. With expert parallelism the
+// experts' gradients are summed over the expert-data-parallel group (d/e ranks, on its own
+// link), the rest over the data-parallel group. The distributed optimizer's
 // parameter all-gather after the step, or behind the next forward. The optimizer step: the
 // runtime's bytes per parameter at the device's optimizer bandwidth.
 //
@@ -83,10 +88,12 @@ struct LayerTimes {
   double emb_fwd = 0, emb_bwd = 0;                   // the embedding (first piece)
   double head_fwd = 0, head_bwd = 0;                 // final norm, head, loss (last piece)
   double tp_exposed_per_layer = 0;                   // of layer_fwd + layer_bwd: TP not hidden
+  double ep_exposed_per_layer = 0;                   // of layer_fwd + layer_bwd: the all-to-alls
   double p2p = 0;                                    // one activation transfer between stages
-  // Of layer_fwd and of layer_bwd_input: the exposed tensor-parallel communication (for the
-  // timeline's picture).
+  // Of layer_fwd and of layer_bwd_input: the exposed tensor-parallel communication and the
+  // expert-parallel all-to-alls (for the timeline's picture).
   double tp_fwd = 0, tp_bwd = 0;
+  double ep_fwd = 0, ep_bwd = 0;
 };
 
 // GEMM times already priced, by (M, N, K, batch): a search prices the same shapes for many
@@ -114,6 +121,7 @@ struct IterationTime {
   double dp_exposed_s = 0;  // gradient reduction (and ZeRO's parameter gather) not hidden
   double optimizer_s = 0;
   double tp_exposed_s = 0;  // summed over the stage's layers and micro-batches (inside pipeline_s)
+  double ep_exposed_s = 0;  // the all-to-alls, the same way (inside pipeline_s)
   std::vector<double> stage_compute_s;  // [stage] busy time of one iteration
   std::vector<int> peak_inflight;       // [stage] from the simulation
   SimResult sim;                        // kept when asked for (traces)
@@ -136,8 +144,27 @@ struct DataParallelTimes {
 DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int data,
                                       bool distributed_optimizer, const Link& link);
 
-// Parameters on the busiest rank of each stage (elements), for the DP and optimizer terms.
-std::vector<double> stage_parameters(const ModelDescription& m, const ParallelLayout& c);
+// The link an all-to-all over an expert group of `expert` ranks takes, its members
+// tensor · context ranks apart: NVLink when the group's tensor · context · expert consecutive
+// ranks lie in one node (that span divides the GPUs per node), else the node's NICs, each GPU
+// its share of them (every GPU of the node runs its own all-to-all at once).
+Link expert_link(const Cluster& cl, int tensor, int context, int expert);
+// Seconds of an all-to-all in which each of n ranks sends `bytes` (its own share included):
+// (n−1)/n · bytes / (bandwidth · efficiency) + (n−1) · latency (one message per peer).
+double all_to_all_s(double bytes, int n, const Link& link);
+
+// Parameters on the busiest rank of each stage (elements), dense and expert-split (at the plan's
+// t and e), for the DP and optimizer terms.
+std::vector<RankParameters> stage_parameters(const ModelDescription& m, const ParallelLayout& c);
+// The gradient reduction (and ZeRO's parameter gather) of a stage holding `n`: the dense
+// parameters over the d data ranks on data_parallel_link, the experts' (e > 1) over the d/e
+// ranks of the expert-data-parallel group (t·c·e ranks apart) on its own link, one after the
+// other.
+DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& rt,
+                                        const ParallelLayout& c, const RankParameters& n);
+// Elements of a stage's optimizer state on one rank: all of `n`, or with the distributed
+// optimizer the dense parameters' 1/d and the experts' 1/(d/e).
+double optimizer_shard(const ParallelLayout& c, const RankParameters& n);
 
 // The whole prediction by simulating the schedule (keep_timeline: keep sim.timeline for a
 // trace). Precondition: c is valid (sizes divide, layers_per_piece covers the model).

@@ -11,7 +11,7 @@ double element_bytes(const MemoryOptions& o) {
 }
 
 RankShape rank_shape(const ParallelLayout& c) {
-  return {c.tensor, c.sequence_parallel};
+  return {c.tensor, c.sequence_parallel, c.expert};
 }
 
 }  // namespace
@@ -36,21 +36,27 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
   std::vector<MemoryBreakdown> out(static_cast<size_t>(p));
   for (int st = 0; st < p; ++st) {
     MemoryBreakdown& mb = out[static_cast<size_t>(st)];
-    double n = 0;
+    RankParameters held;
     int layers = 0;
     bool last = false;
     for (int ch = 0; ch < v; ++ch) {
       const int k = ch * p + st;
       const int nl = c.layers_per_piece[static_cast<size_t>(k)];
-      n += static_cast<double>(piece_parameters(m, c.tensor, k, pieces, nl));
+      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, k, pieces, nl);
+      held.dense += piece.dense;
+      held.expert += piece.expert;
       layers += nl;
       last = last || k == pieces - 1;
     }
+    const double n = static_cast<double>(held.total());
     mb.parameters = n * param_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
     // 2bw accumulates the next batch's gradients in a second buffer while the last batch's
     // step completes (launch/train/pipeline_stage.h).
     mb.gradients = n * grad_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
-    mb.optimizer = n * opt_b / (c.distributed_optimizer ? c.data : 1);
+    // ZeRO-1 shards the dense parameters' state over d ranks, the experts' over the d/e of the
+    // expert-data-parallel group.
+    const int64_t sharded = held.dense + held.expert * (c.distributed_optimizer ? c.expert : 1);
+    mb.optimizer = static_cast<double>(sharded) * opt_b / (c.distributed_optimizer ? c.data : 1);
 
     const int pairs = std::max(1, inflight.empty() ? 1 : inflight[static_cast<size_t>(st)]);
     // A pair holds one chunk: 1/v of the stage's layers, plus its input (the embedding output

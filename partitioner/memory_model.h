@@ -12,7 +12,9 @@
 //   bf16:  parameters 2 (bf16 weights), gradients 4 (fp32 main grads), optimizer 12 (fp32
 //          master weights + Adam m, v): Megatron's 18 bytes per parameter;
 //   the distributed optimizer (ZeRO-1) divides the optimizer bytes by d; 2bw keeps a second
-//   weight copy (parameter bytes once more).
+//   weight copy (parameter bytes once more). Expert parallelism of e: a rank holds E/e experts'
+//   weights, gradients and optimizer state; ZeRO-1 shards the experts' state over the d/e ranks
+//   of the expert-data-parallel group.
 // Activations are counted tensor by tensor as the runtime saves them (element size = the
 // precision's; fp32 on the CPU), times the (micro-batch, chunk) pairs in flight on the stage
 // from the schedule simulator, plus the backward pass's working set.

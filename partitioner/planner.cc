@@ -85,6 +85,11 @@ std::string placement_text(const Cluster& cl, const ParallelLayout& c) {
     os << "; each data group spans " << (per_stage + gpn - 1) / gpn
        << " nodes (InfiniBand); pipeline stages on different nodes";
   }
+  if (c.expert > 1) {
+    const int span = c.tensor * c.context * c.expert;
+    os << "; expert groups of " << c.expert << " consecutive data ranks (" << c.tensor * c.context
+       << " apart) " << (gpn % span == 0 ? "inside a node (NVLink)" : "across nodes (InfiniBand)");
+  }
   return os.str();
 }
 
@@ -93,7 +98,7 @@ struct Estimate {
   double time = 0;
   double peak_mem = 0;
   int peak_stage = 0;
-  double bubble_s = 0, tp_s = 0, dp_s = 0;
+  double bubble_s = 0, tp_s = 0, dp_s = 0, ep_s = 0;
 };
 
 // Megatron's in-flight (micro-batch, chunk) pairs per stage, for the closed-form pass.
@@ -124,6 +129,17 @@ json family_json(int t, int p, ScheduleKind k) {
 
 }  // namespace
 
+std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayout& c) {
+  const int e = c.expert, E = m.num_experts();
+  if (e == 1) return "";
+  const std::string es = "expert " + std::to_string(e);
+  if (e < 1) return es + " must be at least 1";
+  if (E == 0) return es + " for a model without experts (a dense MLP: expert must be 1)";
+  if (E % e != 0) return es + " does not divide num_experts " + std::to_string(E);
+  if (c.data % e != 0) return es + " does not divide data " + std::to_string(c.data);
+  return "";
+}
+
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
                                 const ParallelLayout& c) {
   const int world = c.tensor * c.pipeline * c.data;
@@ -138,6 +154,7 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
   }
   if (std::string why = m.tensor_split_reason(c.tensor, c.sequence_parallel); !why.empty())
     return why;
+  if (std::string why = expert_invalid_reason(m, c); !why.empty()) return why;
   if (c.pipeline * c.virtual_stages > m.num_layers()) {
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
@@ -299,41 +316,57 @@ std::vector<int> chunk_counts(const Search& s, ScheduleKind k, int p) {
   return vs;
 }
 
+// The expert-parallel sizes to search on d data ranks: every divisor of d that divides the
+// model's experts (only 1 for a dense model), or the pinned size (refused, if it does not
+// divide, by plan_invalid_reason with both numbers).
+std::vector<int> expert_sizes(const Search& s, int d) {
+  if (s.fx.expert) return {*s.fx.expert};
+  const int E = s.m.num_experts();
+  std::vector<int> sizes = {1};
+  for (int e = 2; e <= d && E > 0; ++e)
+    if (d % e == 0 && E % e == 0) sizes.push_back(e);
+  return sizes;
+}
+
 // Calls f(c) for every point of family F (on d data ranks) the pins allow and whose sizes work:
-// every micro-batch size, chunk count, recompute, sequence parallelism (t > 1) and distributed
-// optimizer (d > 1). The first point whose sizes do not work gives the family its reason.
+// every micro-batch size, expert size, chunk count, recompute, sequence parallelism (t > 1) and
+// distributed optimizer (d > 1). The first point whose sizes do not work gives the family its
+// reason.
 template <class Fn>
 void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
   const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   const PinnedLayout& fx = s.fx;
   const int t = F->t, p = F->p;
   for (int b : micro_batch_sizes(s, d, F)) {
-    for (int v : chunk_counts(s, F->k, p)) {
-      if (fx.virtual_stages && *fx.virtual_stages != v) continue;
-      for (Recompute rc : recs) {
-        if (fx.recompute && *fx.recompute != rc) continue;
-        for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
-          if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
-          for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
-            if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
-            ParallelLayout c;
-            c.tensor = t;
-            c.pipeline = p;
-            c.data = d;
-            c.virtual_stages = v;
-            c.micro_batch_size = b;
-            c.schedule = F->k;
-            c.recompute = rc;
-            c.sequence_parallel = sp == 1;
-            c.distributed_optimizer = dist == 1;
-            if (fx.layers_per_piece) c.layers_per_piece = *fx.layers_per_piece;
-            const std::string bad = plan_invalid_reason(s.m, s.cl, s.B, c);
-            if (!bad.empty()) {
-              if (F->invalid.empty()) F->invalid = bad;
-              continue;
+    for (int e : expert_sizes(s, d)) {
+      for (int v : chunk_counts(s, F->k, p)) {
+        if (fx.virtual_stages && *fx.virtual_stages != v) continue;
+        for (Recompute rc : recs) {
+          if (fx.recompute && *fx.recompute != rc) continue;
+          for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
+            if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
+            for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
+              if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
+              ParallelLayout c;
+              c.tensor = t;
+              c.expert = e;
+              c.pipeline = p;
+              c.data = d;
+              c.virtual_stages = v;
+              c.micro_batch_size = b;
+              c.schedule = F->k;
+              c.recompute = rc;
+              c.sequence_parallel = sp == 1;
+              c.distributed_optimizer = dist == 1;
+              if (fx.layers_per_piece) c.layers_per_piece = *fx.layers_per_piece;
+              const std::string bad = plan_invalid_reason(s.m, s.cl, s.B, c);
+              if (!bad.empty()) {
+                if (F->invalid.empty()) F->invalid = bad;
+                continue;
+              }
+              c.num_microbatches = s.B / (b * d);
+              f(c);
             }
-            c.num_microbatches = s.B / (b * d);
-            f(c);
           }
         }
       }
@@ -347,7 +380,7 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
 Estimate estimate(Search& s, ParallelLayout c) {
   const ModelDescription& m = s.m;
   const RuntimeModel& rt = s.rt;
-  const int p = c.pipeline, v = c.virtual_stages, d = c.data;
+  const int p = c.pipeline, v = c.virtual_stages;
   const LayerTimes lt = layer_times(s.ctx, c);
   const double per_layer = lt.layer_fwd + lt.layer_bwd;
   const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
@@ -382,20 +415,22 @@ Estimate estimate(Search& s, ParallelLayout c) {
   Estimate e;
   e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
   e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
+  e.ep_s = lt.ep_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
   // DP and optimizer through the same formulas as the exact pass, cheaply: one stage with the
   // largest parameter count.
-  const std::vector<double> np = stage_parameters(m, c);
-  const double nmax = *std::max_element(np.begin(), np.end());
+  const std::vector<RankParameters> np = stage_parameters(m, c);
+  const RankParameters nmax = *std::max_element(
+      np.begin(), np.end(),
+      [](const RankParameters& a, const RankParameters& b) { return a.total() < b.total(); });
   // The last micro-batch's backward (all of the stage's chunks) is the window a runtime that
   // reduces during the backward has; the first forward hides an overlapped parameter gather.
-  const DataParallelTimes dpt = data_parallel_times(rt, nmax, d, c.distributed_optimizer,
-                                                    data_parallel_link(s.cl, c.tensor, d));
+  const DataParallelTimes dpt = stage_reduction_times(s.cl, rt, c, nmax);
   const bool early = rt.dp_overlap && rt.collectives_progress_alone;
   double dp = std::max(0.0, dpt.reduce - (early ? stage_max - stage_f : 0.0));
   dp += rt.param_gather_overlap ? std::max(0.0, dpt.gather - stage_f) : dpt.gather;
   e.dp_s = dp;
-  const double opt = nmax / (c.distributed_optimizer ? d : 1) * rt.step_bytes_per_param /
-                     s.cl.efficiency.optimizer_rate();
+  const double opt =
+      optimizer_shard(c, nmax) * rt.step_bytes_per_param / s.cl.efficiency.optimizer_rate();
   e.time = compute + e.bubble_s + dp + opt;
   const std::vector<MemoryBreakdown> mem =
       stage_memory(m, c, s.req.memory, closed_form_inflight(c));
@@ -458,8 +493,8 @@ std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vect
 // Why family F has no plan in `plans`: slower than the best (and the cost that makes the
 // difference), over memory, or its sizes; "" when a plan of it is listed, or when nothing fits
 // at all (no best to compare with).
-std::string family_reason(const Family& F, const std::vector<Estimate>& fits,
-                          const std::vector<PlanResult>& plans) {
+std::string family_reason(const ModelDescription& m, const Family& F,
+                          const std::vector<Estimate>& fits, const std::vector<PlanResult>& plans) {
   for (const PlanResult& r : plans)
     if (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k) return "";
   if (F.any_fit) {
@@ -480,16 +515,20 @@ std::string family_reason(const Family& F, const std::vector<Estimate>& fits,
     std::string cause = "compute efficiency (smaller GEMMs or recompute)";
     if (ref != nullptr) {
       const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s,
-                   dd = e.dp_s - ref->dp_s;
+                   dd = e.dp_s - ref->dp_s, de = e.ep_s - ref->ep_s;
       const double mx = std::max({db, dt, dd});
-      if (mx > 0.2 * (e.time - ref->time)) {
+      if (de > 0 && de > mx && de > 0.2 * (e.time - ref->time)) {
+        cause = "expert-parallel all-to-all";
+      } else if (mx > 0.2 * (e.time - ref->time)) {
         cause = mx == db   ? "pipeline bubble"
                 : mx == dt ? "tensor-parallel communication"
                            : "data-parallel communication";
       }
     }
+    const std::string expert =
+        m.num_experts() > 0 ? ", e=" + std::to_string(e.config.expert) : std::string();
     return "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " + cause +
-           " (best of family: b=" + std::to_string(e.config.micro_batch_size) +
+           " (best of family: b=" + std::to_string(e.config.micro_batch_size) + expert +
            ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
            to_string(e.config.recompute) + ")";
   }
@@ -523,7 +562,7 @@ PlanOutput search_plans(const PlanRequest& req) {
             [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
   out.plans = best_exact_plans(req, fits, &out.rejected);
   for (const auto& [key, F] : families) {
-    const std::string reason = family_reason(F, fits, out.plans);
+    const std::string reason = family_reason(s.m, F, fits, out.plans);
     if (!reason.empty()) out.rejected.push_back({family_json(F.t, F.p, F.k), reason});
   }
   out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -574,6 +613,7 @@ json plan_result_json(const PlanResult& r) {
                     {"bubble_fraction", r.time.bubble_fraction},
                     {"dp_exposed_s", r.time.dp_exposed_s},
                     {"tp_exposed_s", r.time.tp_exposed_s},
+                    {"ep_exposed_s", r.time.ep_exposed_s},
                     {"optimizer_s", r.time.optimizer_s},
                     {"peak_stage", r.peak_stage},
                     {"memory_bytes_per_gpu",

@@ -1,4 +1,4 @@
-// planner.h — the search behind `strata plan`: every (t, p, d, v, b, schedule, recompute,
+// planner.h — the search behind `strata plan`: every (t, p, d, e, v, b, schedule, recompute,
 // sequence parallel, distributed optimizer) the cluster and the batch allow, each costed by
 // cost_model.h and sized by memory_model.h; the best plans first, and a reason for every
 // family (t, p, schedule) that produced none of them.
@@ -79,6 +79,9 @@ PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c);
 // Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int global_batch,
                                 const ParallelLayout& c);
+// Why c's expert size cannot work for m ("" when it can): expert e spreads each MoE layer's
+// experts over e data ranks, so it must divide both num_experts and data; a dense model takes 1.
+std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayout& c);
 
 nlohmann::json plan_config_json(const ParallelLayout& c);
 nlohmann::json plan_result_json(const PlanResult& r);

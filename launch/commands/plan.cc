@@ -31,10 +31,11 @@ const char* kPlanUsage =
     "                   [--seq-len S] [--precision bf16|fp32] [--profile PROFILE.json]\n"
     "                   [--svg OUT [--measured LOG.trace [--iteration N]]]\n"
     "\n"
-    "Searches tensor, pipeline and data parallel sizes, virtual stages, micro-batch size,\n"
-    "schedule, recomputation, sequence parallelism and the distributed optimizer for the\n"
-    "fastest layout that fits in memory; prints the best plans, then the chosen plan's\n"
-    "per-stage layers and memory. Cost and memory model: docs/planner.md.\n"
+    "Searches tensor, pipeline, data and (for a mixture of experts) expert parallel sizes,\n"
+    "virtual stages, micro-batch size, schedule, recomputation, sequence parallelism and the\n"
+    "distributed optimizer for the fastest layout that fits in memory; prints the best\n"
+    "plans, then the chosen plan's per-stage layers and memory. Cost and memory model:\n"
+    "docs/planner.md.\n"
     "\n"
     "options:\n"
     "  --model M              a preset (gpt2-124m, gpt3-175b, ...), a JSON model object, or\n"
@@ -96,32 +97,43 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << mf
      << " (hardware FLOPs add the recomputed forward passes)\n";
   os << "searched " << out.candidates << " configurations in " << out.search_s * 1e3 << " ms\n\n";
+  // A mixture's plans add the expert size e after d (a dense model's table is as before).
+  const bool moe = model.num_experts() > 0;
+  auto expert_column = [moe](const std::string& text) {
+    char col[16];
+    std::snprintf(col, sizeof col, " %3s", text.c_str());
+    return moe ? std::string(col) : std::string();
+  };
   if (out.plans.empty()) {
     os << "no plan fits; reasons by family (tensor, pipeline, schedule):\n";
   } else {
     std::snprintf(buf, sizeof buf,
-                  "%-3s %3s %3s %5s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n", "#",
-                  "t", "p", "d", "v", "b", "m", "schedule", "recompute", "sp", "dopt", "iter_s",
-                  "TFLOP/s", "MFU", "peak_mem", "bubble");
+                  "%-3s %3s %3s %5s%s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n", "#",
+                  "t", "p", "d", expert_column("e").c_str(), "v", "b", "m", "schedule", "recompute",
+                  "sp", "dopt", "iter_s", "TFLOP/s", "MFU", "peak_mem", "bubble");
     os << buf;
     int i = 0;
     for (const PlanResult& r : out.plans) {
       const ParallelLayout& c = r.config;
       std::snprintf(
           buf, sizeof buf,
-          "%-3d %3d %3d %5d %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
-          ++i, c.tensor, c.pipeline, c.data, c.virtual_stages, c.micro_batch_size,
-          c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
-          c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n", r.time.iteration_s,
-          r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
+          "%-3d %3d %3d %5d%s %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
+          ++i, c.tensor, c.pipeline, c.data, expert_column(std::to_string(c.expert)).c_str(),
+          c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
+          to_string(c.recompute), c.sequence_parallel ? "y" : "n",
+          c.distributed_optimizer ? "y" : "n", r.time.iteration_s, r.tflops_per_gpu, r.mfu * 100,
+          gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
       os << buf;
     }
     const PlanResult& best = out.plans.front();
     os << "\nchosen plan: " << best.placement << "\n";
     os << "  time: iteration " << best.time.iteration_s << " s (pipeline " << best.time.pipeline_s
        << " s incl. bubble " << best.time.bubble_fraction * 100 << "%, exposed TP "
-       << best.time.tp_exposed_s << " s, exposed DP " << best.time.dp_exposed_s << " s, optimizer "
-       << best.time.optimizer_s << " s)\n";
+       << best.time.tp_exposed_s << " s, "
+       << (best.config.expert > 1 ? "all-to-all " + std::to_string(best.time.ep_exposed_s) + " s, "
+                                  : std::string())
+       << "exposed DP " << best.time.dp_exposed_s << " s, optimizer " << best.time.optimizer_s
+       << " s)\n";
     std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage",
                   "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
                   "total");

@@ -83,7 +83,9 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   if (!cuda) check_fits_in_memory(run, 0);
   if (run.world->rank != 0) return;
   const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
-  const int64_t per_rank = piece_parameters(*desc, run.layout.tensor, 0, 1, desc->num_layers());
+  const int e = run.layout.expert;
+  const int64_t per_rank =
+      rank_parameters(*desc, run.layout.tensor, e, 0, 1, desc->num_layers()).total();
   const int64_t real = desc->parameters();
   const FlopCount f = desc->flops_per_iteration(run.global, run.layout.recompute);
   const nlohmann::json plan = planner_prediction(run);
@@ -91,9 +93,14 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   os << "model: " << desc->summary() << " (padded " << desc->padded_vocab(run.layout.tensor)
      << ")\n";
   os << "parameters: " << real << " (" << si(static_cast<double>(real)) << "), " << per_rank
-     << " on each rank (tensor " << run.layout.tensor << ")\n";
+     << " on each rank (tensor " << run.layout.tensor
+     << (e > 1 ? ", expert " + std::to_string(e) : "") << ")\n";
+  if (desc->num_experts() > 0)
+    os << "experts per rank: " << desc->num_experts() / e << " of " << desc->num_experts()
+       << " (expert " << e << ")\n";
   os << "parallel: tensor " << run.layout.tensor << " × pipeline " << run.layout.pipeline
      << " × data " << run.layout.data << " = " << run.world->size << " ranks"
+     << (e > 1 ? ", expert groups of " + std::to_string(e) + " data ranks" : "")
      << (run.layout.sequence_parallel ? ", sequence parallel" : "")
      << (run.layout.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
   if (run.layout.pipeline > 1) {

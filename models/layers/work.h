@@ -13,7 +13,8 @@
 //   - an elementwise pass counts the elements it reads and writes; a layer's backward reads and
 //     writes twice what its forward does (the gradients of its inputs and outputs);
 //   - a collective counts the elements of the whole tensor it moves (an all-gather's output, a
-//     reduce-scatter's input); the cost model prices each by its kind on its group's link.
+//     reduce-scatter's input, the rows an all-to-all sends from this rank, its own share
+//     included); the cost model prices each by its kind on its group's link.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -26,17 +27,24 @@ namespace strata {
 struct RankShape {
   int tensor = 1;                  // tensor-parallel size t
   bool sequence_parallel = false;  // activations between tensor regions sharded along S
+  int expert = 1;                  // expert-parallel size e: a mixture's experts over e data ranks
 };
 
-// One micro-batch on one rank: b sequences of S positions, a tensor group of t.
+// One micro-batch on one rank: b sequences of S positions, a tensor group of t, an expert group
+// of e.
 struct WorkShape {
   double b = 1;
   double S = 0;
   int t = 1;
   bool sp = false;  // sequence parallelism (only with t > 1)
+  int e = 1;        // expert parallelism: each rank holds E/e experts of a mixture
 
   WorkShape(int micro_batch, int seq_len, const RankShape& r)
-      : b(micro_batch), S(seq_len), t(r.tensor), sp(r.sequence_parallel && r.tensor > 1) {}
+      : b(micro_batch),
+        S(seq_len),
+        t(r.tensor),
+        sp(r.sequence_parallel && r.tensor > 1),
+        e(r.expert) {}
   double tokens() const { return b * S; }                  // b·S: a column-parallel region's rows
   double seq_local() const { return sp ? S / t : S; }      // S/t with sequence parallelism
   double tokens_local() const { return b * seq_local(); }  // the residual stream's rows
@@ -53,9 +61,13 @@ struct AttentionShape {
   double batch = 0, heads = 0, kv_heads = 0, seq = 0, head_size = 0;
 };
 
-// The process group a collective runs on (its size and link come from the layout).
-enum class CommGroup { kTensor };
-enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter };
+// The process group a collective runs on (its size and link come from the layout): the tensor
+// group (t consecutive ranks), or the expert group (e consecutive data ranks of one tensor
+// coordinate, t·c world ranks apart).
+enum class CommGroup { kTensor, kExpert };
+// An all-to-all sends each member its share of this rank's `elements` (a mixture's routed rows
+// to the ranks holding their experts, and back).
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 
 struct Collective {
   CommGroup group = CommGroup::kTensor;

@@ -19,6 +19,7 @@ class TransformerDescription final : public ModelDescription {
   int hidden_size() const override { return static_cast<int>(d_.C); }
   int num_heads() const override { return attention().heads; }
   int vocab_size() const override { return d_.V; }
+  int num_experts() const override { return d_.block.mlp.moe.experts; }
   int64_t padded_vocab(int tensor) const override { return pad_vocab(d_.V, 128 * tensor); }
   std::string summary() const override {
     const AttentionSpec& a = attention();
@@ -60,6 +61,7 @@ class TransformerDescription final : public ModelDescription {
   int64_t embedding_parameters(int t) const override { return counts_.at(t).embedding; }
   int64_t head_parameters(int t) const override { return counts_.at(t).head; }
   int64_t tied_copy_parameters(int t) const override { return counts_.at(t).tied_copy; }
+  int64_t layer_expert_parameters(int t) const override { return counts_.at(t).layer_experts; }
 
   FlopCount flops_per_iteration(double sequences, Recompute recompute) const override {
     const double per_token_layer = TransformerBlock::flops_per_token(d_.block, d_.C, d_.S);
