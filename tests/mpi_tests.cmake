@@ -13,6 +13,9 @@
 #                            and every rank gone within comm.timeout_s + 5 s; strata-run's
 #                            restart completes the job once the link is back (skipped without root)
 #   mpi_layout_np4           --dry-run, the planner and training use one layer split
+#   mpi_expert_{mixtral,qwen3_moe}_np4  expert parallelism against the single process (every
+#                            layout with expert 2 and 4, schedules, bf16, checkpoints across
+#                            expert sizes)
 #   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
 #                            alone and at tensor 2 (tests/golden/generate/); with
 #                            mpi_training_samples_np4, samples during training at every layout
