@@ -62,9 +62,6 @@ class ModelDescription {
   // Why the model cannot be split over a tensor group of t ranks ("" when it can): the sizes
   // tensor parallelism divides (heads, MLP width, with sequence parallelism the sequence).
   virtual std::string tensor_split_reason(int tensor, bool sequence_parallel) const = 0;
-  // Why the model cannot be cut into `pieces` pipeline chunks ("" when it can): a mixture of
-  // experts with a load-balancing loss stays in one (its counts do not cross stages yet).
-  virtual std::string pipeline_split_reason(int pieces) const { return ""; }
   // The model's keys as the plan's "model" object and checkpoints record them (the keys that fix
   // parameter shapes, DESIGN.md's names).
   virtual nlohmann::json shape_json() const = 0;

@@ -147,6 +147,25 @@ class Model {
                                 bool last_microbatch, bool defer_weight_grads = false) = 0;
   virtual void backward_weight_piece(PieceActs& acts, bool last_microbatch) = 0;
 
+  // ---- what crosses a pipeline boundary beside the activation: a mixture of experts'
+  // load-balancing loss couples every MoE layer of a micro-batch (models/layers/moe.h), so its
+  // routing statistics travel forward with the activations and its gradient back with theirs
+  // (launch/train/pipeline_stage.cc appends them to the boundary tensors) ----
+  // Doubles carried beside each boundary tensor; 0 when nothing is (a dense model, no balancing
+  // loss, or one piece).
+  virtual int boundary_stats() const { return 0; }
+  // After forward_piece: `in` the statistics of the pieces before (nullptr on the first piece);
+  // `out` (boundary_stats() doubles) receives those for the next piece. On the last piece the
+  // loss is completed (loss->aux) and out is unused.
+  virtual void forward_stats(PieceActs& acts, const double* in, double* out, LossSum* loss) {
+    (void)acts, (void)in, (void)out, (void)loss;
+  }
+  // Before backward_piece: `in` what the next piece sent back (nullptr on the last piece);
+  // `out` (boundary_stats() doubles) receives what the previous piece needs.
+  virtual void backward_stats(PieceActs& acts, const double* in, double* out) {
+    (void)acts, (void)in, (void)out;
+  }
+
   // Runs again, on the activations of a forward_piece, what selective recompute repeats in the
   // backward pass of the piece's layers (`strata profile` times it); the result is dropped.
   virtual void rerun_selective_recompute(const PieceActs& acts) = 0;

@@ -159,8 +159,6 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
   }
-  if (std::string why = m.pipeline_split_reason(c.pipeline * c.virtual_stages); !why.empty())
-    return why;
   if (!c.layers_per_piece.empty()) {
     int64_t layers = 0;
     for (int n : c.layers_per_piece) layers += n;

@@ -2,9 +2,9 @@
 // ranks, for the mixture named by STRATA_TEST_ARCH (mixtral, qwen3_moe): every layout with
 // expert 2 and 4 reproduces the single-process losses, gradient norms and (this rank's experts of)
 // the final parameters within 1e-5 relative (DESIGN.md), dropless, with the load-balancing loss;
-// composed with tensor and sequence parallelism, ZeRO-1, bf16, and every pipeline schedule
-// (without the balancing loss, whose counts do not cross stages yet); checkpoints reshard across
-// expert sizes, and resume bit for bit under the layout that saved them.
+// composed with tensor and sequence parallelism, ZeRO-1, bf16, and every pipeline schedule (the
+// balancing loss's statistics crossing the stages); checkpoints reshard across expert sizes, and
+// resume bit for bit under the layout that saved them.
 //
 // AdamW's eps is 1e-6 here, not 1e-8: an expert group sums an expert's rows of several data
 // ranks in one GEMM, so a near-zero gradient element (|g| ~ eps, an o_proj element of layer 0
@@ -196,10 +196,10 @@ TEST(Expert, Bf16LayoutsMatchTheirLayoutWithoutExpertParallelism) {
 }
 
 // Pipeline 2 × data 2 × expert 2 under every flushing schedule, and 2bw against the
-// single-process 2bw run; without the balancing loss (config_checks refuses it across chunks).
+// single-process 2bw run, with the balancing loss (its statistics cross the stages beside the
+// activations: Model::boundary_stats).
 TEST(Expert, EveryScheduleReproducesTheSingleProcessRun) {
   SKIP_UNLESS_MIXTURE_ON_4();
-  const std::string no_aux = "model.router_aux_loss_coef=0";
   std::vector<Layout> flushing;
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
     Layout l;
@@ -210,11 +210,9 @@ TEST(Expert, EveryScheduleReproducesTheSingleProcessRun) {
     l.zero = l.schedule == "1f1b";
     flushing.push_back(l);
   }
-  const TrainResult ref = train({no_aux}, true);
+  const TrainResult ref = train({}, true);
   for (const Layout& l : flushing) {
-    std::vector<std::string> sets = l.sets();
-    sets.push_back(no_aux);
-    const TrainResult r = train(sets);
+    const TrainResult r = train(l.sets());
     mpitest::Tally tally;
     tally.add(l.name() + " losses and grad norms", count_off(r, ref, 1e-5));
     if (world().rank == 0)
@@ -222,14 +220,12 @@ TEST(Expert, EveryScheduleReproducesTheSingleProcessRun) {
                   ref.losses.back());
     tally.expect_clean(l.name().c_str());
   }
-  const TrainResult ref2bw = train({no_aux, "parallel.schedule=2bw"}, true);
+  const TrainResult ref2bw = train({"parallel.schedule=2bw"}, true);
   Layout tw;
   tw.p = 2;
   tw.e = 2;
   tw.schedule = "2bw";
-  std::vector<std::string> sets = tw.sets();
-  sets.push_back(no_aux);
-  const TrainResult r = train(sets);
+  const TrainResult r = train(tw.sets());
   mpitest::Tally tally;
   tally.add(tw.name() + " against the single-process 2bw", count_off(r, ref2bw, 1e-5));
   tally.expect_clean("2bw");

@@ -169,8 +169,8 @@ inline std::vector<std::string> arch_sets(int heads) {
                    (kv ? std::string(kv) : std::to_string(heads / 2)));
   }
   if (arch.masked_lm) sets.push_back("data.synthetic.vocab_size=48");
-  // STRATA_TEST_SETS: more --set overrides, separated by ',' (a mixture of experts without its
-  // load-balancing loss, to cross pipeline stages).
+  // STRATA_TEST_SETS: more --set overrides, separated by ',' (the mixtures of experts start
+  // from a larger init_std in the pipeline and checkpoint runs: tests/mpi_tests.cmake).
   if (const char* more = std::getenv("STRATA_TEST_SETS")) {
     std::string rest = more;
     for (size_t at; !rest.empty(); rest = at == std::string::npos ? "" : rest.substr(at + 1)) {

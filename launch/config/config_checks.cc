@@ -54,14 +54,6 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
                       to_string(p.expert) + " (each rank of the expert group holds as many)");
   }
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
-  // A mixture's load-balancing loss couples every MoE layer of a micro-batch (moe.h): its
-  // expert counts do not travel between pipeline stages yet.
-  if (m.num_experts > 0 && m.router_aux_loss_coef > 0 && chunks > 1) {
-    r.fail_latest({"parallel.pipeline", "model.router_aux_loss_coef", "parallel.virtual_stages"},
-                  "one model chunk for a mixture of experts with a load-balancing loss (its "
-                  "expert counts over all layers do not cross pipeline stages yet), got " +
-                      to_string(chunks) + " chunks; set model.router_aux_loss_coef 0 to split it");
-  }
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
                                   to_string(p.virtual_stages) + " = " + to_string(chunks);
   if (!p.layers_per_piece.empty()) {

@@ -103,7 +103,34 @@ double ModelStage::loss_tokens(int b) const {
 }
 
 Shape ModelStage::boundary_shape() const {
-  return model_.boundary_shape(run_.layout.micro_batch_size, run_.seq_len);
+  const Shape act = model_.boundary_shape(run_.layout.micro_batch_size, run_.seq_len);
+  if (model_.boundary_stats() == 0) return act;
+  // The activation (or its gradient) and, behind it, the statistics' bytes as elements of the
+  // boundary type (Model::boundary_stats).
+  return {shape_numel(act) + stats_elements()};
+}
+
+int64_t ModelStage::stats_elements() const {
+  return static_cast<int64_t>(model_.boundary_stats() * sizeof(double) /
+                              dtype_size(model_.activation_dtype()));
+}
+
+Tensor ModelStage::boundary_part(const Tensor& received, std::vector<double>* stats) const {
+  const Shape act = model_.boundary_shape(run_.layout.micro_batch_size, run_.seq_len);
+  const int64_t n = shape_numel(act);
+  stats->assign(static_cast<size_t>(model_.boundary_stats()), 0.0);
+  be_.download(stats->data(), received.view(n, {stats_elements()}));
+  return received.view(0, act);
+}
+
+Tensor ModelStage::with_stats(const Tensor& t, const std::vector<double>& stats) const {
+  const int64_t n = t.numel();
+  Tensor out = be_.empty({n + stats_elements()}, MemCategory::kActivations, t.dtype());
+  Tensor head = out.view(0, t.shape());
+  be_.copy(head, t);
+  Tensor tail = out.view(n, {stats_elements()});
+  be_.upload(tail, stats.data());
+  return out;
 }
 
 Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
@@ -111,16 +138,35 @@ Tensor ModelStage::forward(int mb, int chunk, const Tensor& input) {
   use_version_of(mb);
   const ModelBatch& b = batch(mb);
   LossSum loss;
-  PieceActsPtr acts = model_.forward_piece(chunk, input, b, &loss);
+  // A mixture's balancing statistics travel beside the activations (Model::boundary_stats).
+  const bool stats = model_.boundary_stats() > 0;
+  std::vector<double> in, out(static_cast<size_t>(model_.boundary_stats()));
+  const Tensor x = stats && input.defined() ? boundary_part(input, &in) : input;
+  PieceActsPtr acts = model_.forward_piece(chunk, x, b, &loss);
+  if (stats) model_.forward_stats(*acts, in.empty() ? nullptr : in.data(), out.data(), &loss);
   LossSum& sum = loss_by_batch_[mb / run_.layout.num_microbatches];
   sum.sum += loss.sum;
   sum.count += loss.count;
   sum.aux += loss.aux;
   sum.expert_load = std::max(sum.expert_load, loss.expert_load);
   const bool last_piece = piece_index(chunk) == run_.layout.pieces() - 1;
-  Tensor out = last_piece ? Tensor() : model_.piece_output(*acts);
+  Tensor y = last_piece ? Tensor() : model_.piece_output(*acts);
+  if (stats && y.defined()) y = with_stats(y, out);
   if (training_) acts_[{mb, chunk}] = std::move(acts);
-  return out;
+  return y;
+}
+
+Tensor ModelStage::backward_piece(PieceActs& acts, int mb, const Tensor& grad_output,
+                                  bool defer_weight_grads) {
+  if (model_.boundary_stats() == 0)
+    return model_.backward_piece(acts, grad_output, grad_scale(mb), last_of_batch(mb),
+                                 defer_weight_grads);
+  std::vector<double> in, out(static_cast<size_t>(model_.boundary_stats()));
+  const Tensor dy = grad_output.defined() ? boundary_part(grad_output, &in) : grad_output;
+  model_.backward_stats(acts, in.empty() ? nullptr : in.data(), out.data());
+  const Tensor dx =
+      model_.backward_piece(acts, dy, grad_scale(mb), last_of_batch(mb), defer_weight_grads);
+  return dx.defined() ? with_stats(dx, out) : dx;
 }
 
 PieceActsPtr ModelStage::take_acts(int mb, int chunk, const char* what) {
@@ -136,7 +182,7 @@ Tensor ModelStage::backward(int mb, int chunk, const Tensor& grad_output) {
   progress();
   PieceActsPtr acts = take_acts(mb, chunk, "backward");
   use_version_of(mb);
-  return model_.backward_piece(*acts, grad_output, grad_scale(mb), last_of_batch(mb));
+  return backward_piece(*acts, mb, grad_output, false);
 }
 
 Tensor ModelStage::backward_input(int mb, int chunk, const Tensor& grad_output) {
@@ -144,8 +190,7 @@ Tensor ModelStage::backward_input(int mb, int chunk, const Tensor& grad_output) 
   STRATA_CHECK(it != acts_.end(), "backward-input of micro-batch " << mb << " chunk " << chunk
                                                                    << " before its forward");
   use_version_of(mb);
-  return model_.backward_piece(*it->second, grad_output, grad_scale(mb), last_of_batch(mb),
-                               /*defer_weight_grads=*/true);
+  return backward_piece(*it->second, mb, grad_output, /*defer_weight_grads=*/true);
 }
 
 void ModelStage::backward_weight(int mb, int chunk) {

@@ -124,6 +124,9 @@ class ModelStage final : public PipelineStage {
 
   Shape boundary_shape() const override;
   DType boundary_dtype() const override { return model_.activation_dtype(); }
+  // A boundary tensor carries Model::boundary_stats() doubles behind the activation when the
+  // model has any (a mixture's balancing loss over several pieces): boundary_shape() is then
+  // flat, activation and statistics.
   Tensor forward(int mb, int chunk, const Tensor& input) override;
   Tensor backward(int mb, int chunk, const Tensor& grad_output) override;
   // Zero-bubble split: the B pass computes input gradients (sent on at once), the W pass the
@@ -136,6 +139,14 @@ class ModelStage final : public PipelineStage {
   bool progress() override;
 
  private:
+  // The statistics' size in elements of the boundary type; the activation part of a received
+  // boundary tensor (its statistics into *stats); an activation with statistics behind it.
+  int64_t stats_elements() const;
+  Tensor boundary_part(const Tensor& received, std::vector<double>* stats) const;
+  Tensor with_stats(const Tensor& t, const std::vector<double>& stats) const;
+  // backward_piece with the statistics taken from and added to the boundary tensors.
+  Tensor backward_piece(PieceActs& acts, int mb, const Tensor& grad_output,
+                        bool defer_weight_grads);
   int piece_index(int chunk) const { return chunk * run_.layout.pipeline + groups_.pp_rank; }
   bool last_of_batch(int mb) const {
     return mb % run_.layout.num_microbatches == run_.layout.num_microbatches - 1;

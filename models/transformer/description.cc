@@ -44,14 +44,6 @@ class TransformerDescription final : public ModelDescription {
       return "tensor " + std::to_string(t) + " does not divide sequence " + std::to_string(d_.S);
     return "";
   }
-  std::string pipeline_split_reason(int pieces) const override {
-    const MoeSpec& moe = d_.block.mlp.moe;
-    if (pieces > 1 && moe.experts > 0 && moe.aux_coef > 0)
-      return std::to_string(pieces) +
-             " pipeline pieces for a mixture of experts with a load-balancing loss "
-             "(router_aux_loss_coef > 0 keeps it in one piece for now)";
-    return "";
-  }
   nlohmann::json shape_json() const override { return d_.shape_keys; }
 
   int64_t parameters() const override {

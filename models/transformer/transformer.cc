@@ -63,38 +63,43 @@ struct TransformerModel::Acts final : PieceActs {
   std::vector<TransformerBlock::Saved> h;  // [layer − first layer of the piece]
   std::unique_ptr<HeadActs> head;          // last piece
   // A mixture of experts with a load-balancing loss: its gradient on every token's routing
-  // probabilities, per expert, before the backward's scale (moe.h).
+  // probabilities, per expert, before the backward's scale (moe.h); and the routing statistics
+  // of the piece's MoE layers (piece_routing: 2E).
   std::vector<float> aux_grad;
+  std::vector<double> moe_sums;
 };
 
 namespace {
 
-// The load-balancing loss of Hugging Face's load_balancing_loss_func over the MoE layers of one
-// micro-batch (moe.h), times its coefficient, into loss->aux, with its gradient per expert, and
-// the worst layer's load into loss->expert_load.
-void moe_balance(const MoeSpec& m, const std::vector<TransformerBlock::Saved>& h, LossSum* loss,
-                 std::vector<float>* aux_grad) {
-  const size_t E = static_cast<size_t>(m.experts);
-  std::vector<double> f(E, 0.0), P(E, 0.0);
-  double layers = 0, tokens = 0;
+// The routing statistics of the MoE layers of one piece for one micro-batch (moe.h): into
+// sums, [0, E) the assignments per expert and [E, 2E) the probability sums, added over the
+// layers; the worst layer's load into loss->expert_load.
+void piece_routing(size_t E, const std::vector<TransformerBlock::Saved>& h, double* sums,
+                   LossSum* loss) {
   for (const TransformerBlock::Saved& s : h) {
     const MixtureOfExperts::Stats& st = s.moe_stats;
     if (st.routed.empty()) continue;
-    ++layers;
-    tokens = static_cast<double>(st.tokens);
     double total = 0, most = 0;
     for (size_t e = 0; e < E; ++e) {
-      f[e] += st.routed[e];
-      P[e] += st.prob_sum[e];
+      sums[e] += st.routed[e];
+      sums[E + e] += st.prob_sum[e];
       total += st.routed[e];
       most = std::max(most, st.routed[e]);
     }
     if (total > 0) loss->expert_load = std::max(loss->expert_load, most * E / total);
   }
+}
+
+// The load-balancing loss of Hugging Face's load_balancing_loss_func over the `layers` MoE
+// layers of a micro-batch of `tokens` tokens, from their statistics summed (piece_routing):
+// times its coefficient into loss->aux, with its gradient per expert.
+void finish_balance(const MoeSpec& m, const double* sums, double layers, double tokens,
+                    LossSum* loss, std::vector<float>* aux_grad) {
+  const size_t E = static_cast<size_t>(m.experts);
   if (layers == 0 || m.aux_coef == 0) return;
   const double n = layers * tokens;
   double aux = 0;
-  for (size_t e = 0; e < E; ++e) aux += (f[e] / n) * (P[e] / n);
+  for (size_t e = 0; e < E; ++e) aux += (sums[e] / n) * (sums[E + e] / n);
   loss->aux = m.aux_coef * static_cast<double>(E) * aux;
   // The objective holds coef · aux · N (a sum over the micro-batch's N tokens, as its token
   // losses are, so that the scale 1 / tokens of the global batch makes it the mean over the
@@ -102,7 +107,8 @@ void moe_balance(const MoeSpec& m, const std::vector<TransformerBlock::Saved>& h
   // d(coef · aux · N)/d p_ne = coef · E · f_e · N / (L·N) = coef · E · f_e / L.
   aux_grad->resize(E);
   for (size_t e = 0; e < E; ++e)
-    (*aux_grad)[e] = static_cast<float>(m.aux_coef * static_cast<double>(E) * (f[e] / n) / layers);
+    (*aux_grad)[e] =
+        static_cast<float>(m.aux_coef * static_cast<double>(E) * (sums[e] / n) / layers);
 }
 
 }  // namespace
@@ -256,12 +262,51 @@ PieceActsPtr TransformerModel::forward_piece(int piece, const Tensor& input,
                  a->h[static_cast<size_t>(i)]);
   if (pc.head) a->head = head_->forward(env, piece_output(*a), a->batch, loss);
   if (spec_.block.mlp.is_moe()) {
-    STRATA_CHECK(
-        spec_.block.mlp.moe.aux_coef == 0 || (pc.first_layer == 0 && pc.num_layers == spec_.L),
-        "the load-balancing loss of a mixture of experts needs every MoE layer in one piece");
-    moe_balance(spec_.block.mlp.moe, a->h, loss, &a->aux_grad);
+    const MoeSpec& m = spec_.block.mlp.moe;
+    const size_t E = static_cast<size_t>(m.experts);
+    a->moe_sums.assign(2 * E, 0.0);
+    piece_routing(E, a->h, a->moe_sums.data(), loss);
+    // The whole model in one piece: the loss is complete here; otherwise the statistics of
+    // every piece meet on the last one (forward_stats).
+    if (boundary_stats() == 0)
+      finish_balance(m, a->moe_sums.data(), spec_.L, static_cast<double>(B * S), loss,
+                     &a->aux_grad);
   }
   return a;
+}
+
+int TransformerModel::boundary_stats() const {
+  const MlpSpec& mlp = spec_.block.mlp;
+  const bool whole = pieces_.size() == 1 && pieces_[0].embedding && pieces_[0].head;
+  return mlp.is_moe() && mlp.moe.aux_coef > 0 && !whole ? 2 * mlp.moe.experts : 0;
+}
+
+void TransformerModel::forward_stats(PieceActs& acts, const double* in, double* out,
+                                     LossSum* loss) {
+  Acts& a = static_cast<Acts&>(acts);
+  const int n = boundary_stats();
+  if (n == 0) return;
+  // The pieces before this one, then its own layers (the single process's order of layers).
+  std::vector<double> sums(static_cast<size_t>(n), 0.0);
+  for (int i = 0; in && i < n; ++i) sums[static_cast<size_t>(i)] = in[i];
+  for (int i = 0; i < n; ++i) sums[static_cast<size_t>(i)] += a.moe_sums[static_cast<size_t>(i)];
+  if (pieces_[static_cast<size_t>(a.piece)].head) {
+    const double tokens = static_cast<double>(a.batch.tokens.numel());
+    finish_balance(spec_.block.mlp.moe, sums.data(), spec_.L, tokens, loss, &a.aux_grad);
+  } else {
+    std::copy(sums.begin(), sums.end(), out);
+  }
+}
+
+void TransformerModel::backward_stats(PieceActs& acts, const double* in, double* out) {
+  Acts& a = static_cast<Acts&>(acts);
+  const int n = boundary_stats();
+  if (n == 0) return;
+  const size_t E = static_cast<size_t>(n / 2);
+  // The last piece computed the gradient per expert (forward_stats); the others receive it.
+  if (in) a.aux_grad.assign(in, in + E);
+  std::fill(out, out + n, 0.0);
+  for (size_t e = 0; e < a.aux_grad.size(); ++e) out[e] = a.aux_grad[e];
 }
 
 Tensor TransformerModel::backward_piece(PieceActs& acts, const Tensor& dout, float grad_scale,

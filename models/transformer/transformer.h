@@ -93,6 +93,9 @@ class TransformerModel final : public Model {
                         bool defer_weight_grads) override;
   void backward_weight_piece(PieceActs& acts, bool last_microbatch) override;
   void rerun_selective_recompute(const PieceActs& acts) override;
+  int boundary_stats() const override;
+  void forward_stats(PieceActs& acts, const double* in, double* out, LossSum* loss) override;
+  void backward_stats(PieceActs& acts, const double* in, double* out) override;
   std::unique_ptr<GenerationState> start_generation(int batch, int64_t capacity) override;
   Tensor decode_piece(GenerationState& state, int piece, const Tensor& input,
                       const std::vector<int32_t>& tokens, int T,
