@@ -266,10 +266,11 @@ PlanRequest mixtral_request(int nodes) {
 }
 
 // The search tries every e dividing both d and the experts (Mixtral: 8 experts, d = 16 at
-// t = 2 on 4 nodes), finds that only spreading them fits, and pins e when asked.
+// t = 2, p = 1 on 4 nodes), finds that only spreading them fits, and pins e when asked.
 TEST(PlannerExpert, SearchTriesEveryDividingExpertSize) {
   PlanRequest req = mixtral_request(4);
   req.fixes.tensor = 2;  // d = 16: e in {1, 2, 4, 8}
+  req.fixes.pipeline = 1;
   const PlanOutput out = search_plans(req);
   ASSERT_FALSE(out.plans.empty());
   std::set<int> seen;
@@ -280,7 +281,7 @@ TEST(PlannerExpert, SearchTriesEveryDividingExpertSize) {
   }
   EXPECT_GT(out.plans.front().config.expert, 1);
   EXPECT_GE(seen.size(), 2u);
-  // Without expert parallelism every expert on each of t = 2 ranks does not fit at all.
+  // Without expert parallelism every expert on each of t = 2 ranks of one stage does not fit.
   req.fixes.expert = 1;
   const PlanOutput one = search_plans(req);
   EXPECT_EQ(out.candidates, 4 * one.candidates);
