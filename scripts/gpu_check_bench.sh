@@ -1,7 +1,7 @@
 # scripts/gpu_check_bench.sh — the benchmark steps of scripts/gpu_check (sourced by it, never run
 # alone): kernels, the Strata throughput runs (bench124m, bench1p3b, benchllama1b,
-# benchbertlarge, each also with cuDNN's attention), profile, timeline, the PyTorch references
-# (torch124m, torch1p3b, torchllama1b, torchbertlarge) and the table (summarize, summary). They
+# benchbertlarge, benchqwen3moe, each also with cuDNN's attention), profile, timeline, the PyTorch
+# references (torch124m, torch1p3b, torchllama1b, torchbertlarge, torchqwen3moe) and the table (summarize, summary). They
 # use gpu_check's settings and helpers (ROOT, OUT, LOGDIR, BUILD_DIR, PEAK_TFLOPS, STEP, note,
 # wanted); gpu_check's header documents each step.
 
@@ -87,6 +87,9 @@ step_benchllama1b() {
 }
 step_benchbertlarge() {
   STEP=benchbertlarge; strata_bench bert-large configs/bench/bert-large-gpu.json
+}
+step_benchqwen3moe() {
+  STEP=benchqwen3moe; strata_bench qwen3-30b-a3b-4l configs/bench/qwen3-30b-a3b-4l-gpu.json
 }
 
 # profile: `strata profile` on the GPU (GPT-2 124M, bf16, micro-batches 8 and 16) writes the
@@ -183,54 +186,64 @@ step_torch1p3b() {
   torch_bench gpt-1.3b --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50257 \
     --micro-batch 4 --global-batch 16 --iters 10 --warmup 3 --compile 0,1
 }
+# hf_check SCRIPT: the reference's own check against transformers (fp32, CPU, seconds), whose
+# result ends the step's note; fails when it differs (skipped where transformers is missing).
+hf_check() {
+  local hf=$LOGDIR/${STEP}_hf.jsonl hrc
+  python3 "$ROOT/bench/gpu/$1" --check-hf > "$hf" 2> "$LOGDIR/${STEP}_hf.err"
+  hrc=$?
+  cat "$hf"
+  if ! python3 -c 'import transformers' 2>/dev/null; then
+    note "hf check: skipped (no transformers)"
+    return 0
+  fi
+  note "hf check: $(python3 -c 'import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("%s, %d case(s), logits max abs diff %.2g" % ("ok" if rs and all(r["ok"] for r in rs)
+      else "FAILED", len(rs), max([r["logits_max_abs_diff"] for r in rs] or [float("nan")])))' \
+    "$hf" 2>/dev/null || echo "FAILED rc=$hrc")"
+  return $hrc
+}
+
 # Llama 3.2 1B as configs/bench/llama-3.2-1b-gpu.json trains it (the preset's shape, tied head,
-# rope theta and llama3 scaling; seq 2048, 4 micro-batches of 4); then the reference's own check
-# against transformers' LlamaForCausalLM (fp32, CPU, seconds), which ends the note.
+# rope theta and llama3 scaling; seq 2048, 4 micro-batches of 4); then the reference's check
+# against transformers' LlamaForCausalLM.
 step_torchllama1b() {
   STEP=torchllama1b
   TORCH_SCRIPT=torch_llama.py torch_bench llama-3.2-1b --layers 16 --hidden 2048 --heads 32 \
     --kv-heads 8 --ffn 8192 --seq 2048 --vocab 128256 --tie 1 --rope-theta 500000 \
     --rope-scaling 32,1,4,8192 --rms-eps 1e-5 \
     --micro-batch 4 --global-batch 16 --iters 10 --warmup 3 --compile 0,1
-  local rc=$? hf=$LOGDIR/torchllama1b_hf.jsonl hrc
-  python3 "$ROOT/bench/gpu/torch_llama.py" --check-hf > "$hf" 2> "$LOGDIR/torchllama1b_hf.err"
-  hrc=$?
-  cat "$hf"
-  if python3 -c 'import transformers' 2>/dev/null; then
-    note "hf check: $(python3 -c 'import json, sys
-rs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("%s, %d cases, logits max abs diff %.2g" % ("ok" if rs and all(r["ok"] for r in rs)
-      else "FAILED", len(rs), max([r["logits_max_abs_diff"] for r in rs] or [float("nan")])))' \
-      "$hf" 2>/dev/null || echo "FAILED rc=$hrc")"
-    [ "$hrc" != 0 ] && rc=1
-  else
-    note "hf check: skipped (no transformers)"
-  fi
+  local rc=$?
+  hf_check torch_llama.py || rc=1
   return $rc
 }
 
 # BERT-large as configs/bench/bert-large-gpu.json trains it (seq 512, 2 micro-batches of 32,
-# sequences of random real length from 256, 15% predicted); then the reference's own check
-# against transformers' BertForPreTraining (fp32, CPU), which ends the note.
+# sequences of random real length from 256, 15% predicted); then the reference's check against
+# transformers' BertForPreTraining.
 step_torchbertlarge() {
   STEP=torchbertlarge
   TORCH_SCRIPT=torch_bert.py torch_bench bert-large --layers 24 --hidden 1024 --heads 16 \
     --ffn 4096 --seq 512 --vocab 30522 --min-length 256 \
     --micro-batch 32 --global-batch 64 --iters 10 --warmup 3 --compile 0,1
-  local rc=$? hf=$LOGDIR/torchbertlarge_hf.jsonl hrc
-  python3 "$ROOT/bench/gpu/torch_bert.py" --check-hf > "$hf" 2> "$LOGDIR/torchbertlarge_hf.err"
-  hrc=$?
-  cat "$hf"
-  if python3 -c 'import transformers' 2>/dev/null; then
-    note "hf check: $(python3 -c 'import json, sys
-rs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("%s, logits max abs diff %.2g" % ("ok" if rs and all(r["ok"] for r in rs) else "FAILED",
-      max([r["logits_max_abs_diff"] for r in rs] or [float("nan")])))' "$hf" 2>/dev/null ||
-      echo "FAILED rc=$hrc")"
-    [ "$hrc" != 0 ] && rc=1
-  else
-    note "hf check: skipped (no transformers)"
-  fi
+  local rc=$?
+  hf_check torch_bert.py || rc=1
+  return $rc
+}
+
+# Qwen3-30B-A3B cut to 4 layers as configs/bench/qwen3-30b-a3b-4l-gpu.json trains it (128 experts
+# of 768, top-8, QK-norm, head_dim 128, seq 2048, 4 micro-batches of 2, the balancing loss at
+# 0.001), the experts as transformers' grouped_mm implementation runs them; then the reference's
+# check against transformers' Qwen3MoeForCausalLM (logits, loss and balancing loss).
+step_torchqwen3moe() {
+  STEP=torchqwen3moe
+  TORCH_SCRIPT=torch_qwen3_moe.py torch_bench qwen3-30b-a3b-4l --layers 4 --hidden 2048 \
+    --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --top-k 8 --moe-ffn 768 --seq 2048 \
+    --vocab 151936 --rope-theta 1000000 --rms-eps 1e-6 --router-aux-loss-coef 0.001 \
+    --experts-impl grouped_mm --micro-batch 2 --global-batch 8 --iters 10 --warmup 3 --compile 0,1
+  local rc=$?
+  hf_check torch_qwen3_moe.py || rc=1
   return $rc
 }
 
@@ -238,7 +251,7 @@ print("%s, logits max abs diff %.2g" % ("ok" if rs and all(r["ok"] for r in rs) 
 summarize() {
   local strata=() label step
   for label in gpt2-124m:bench124m gpt-1.3b:bench1p3b llama-3.2-1b:benchllama1b \
-    bert-large:benchbertlarge; do
+    bert-large:benchbertlarge qwen3-30b-a3b-4l:benchqwen3moe; do
     step=${label#*:}; label=${label%%:*}
     if wanted "$step" || [ -f "$OUT/strata_$label.jsonl" ]; then
       strata+=(--strata "$label=$OUT/strata_$label.jsonl")

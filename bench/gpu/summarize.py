@@ -36,6 +36,7 @@ TARGETS = {
     "gpt2-124m": {"ratio": 1.0},
     "gpt-1.3b": {"mfu": 0.45},
     "llama-3.2-1b": {"ratio": 1.1, "mfu": 0.50},
+    "qwen3-30b-a3b-4l": {"ratio": 2.0},  # issue 37: against transformers' Qwen3-MoE compiled
 }
 
 
@@ -259,7 +260,8 @@ def main():
 
     # The issue's comparison: Strata vs torch.compile, same model and batch; with cuDNN's
     # attention too, and cuDNN's against Strata's attention for every model (what "auto" picks).
-    labels = args.ratio_label or [lab for lab in ("gpt2-124m", "llama-3.2-1b", "bert-large")
+    labels = args.ratio_label or [lab for lab in ("gpt2-124m", "llama-3.2-1b", "bert-large",
+                                                  "qwen3-30b-a3b-4l")
                                   if any(r["label"] == lab for r in rows)]
     for lab in labels:
         print()

@@ -2,7 +2,9 @@
 set-up, its synchronisation, vocabulary padding, and running each --compile mode in turn with one
 JSON line per mode (a failed mode prints an "error" line and does not hide the other's)."""
 import json
+import statistics
 import sys
+import time
 
 import torch
 
@@ -40,3 +42,59 @@ def run_modes(args, run, device):
                   flush=True)
             status = 1
     sys.exit(status)
+
+
+def time_training(args, model, device, compiled, vocab):
+    """Trains `model` (forward(idx, targets) -> loss) as Strata's benchmarks do and times it:
+    bf16 autocast with fp32 master weights (--precision), fused AdamW (lr --lr, betas (0.9, 0.95),
+    weight decay 0.1 on matrices and embeddings, not on 1-D weights), gradient clipping at 1.0,
+    --global-batch sequences a step in micro-batches of --micro-batch, random tokens below `vocab`
+    from a pool made up front. Each step ends with a device synchronisation (Strata reports the
+    loss every step, so it syncs too). Returns the step's median seconds over --iters after
+    --warmup, the first step's seconds (with torch.compile's compilation), the losses, and the
+    peak device memory (None on the CPU)."""
+    if args.global_batch % args.micro_batch:
+        sys.exit("--global-batch must be a multiple of --micro-batch")
+    accum = args.global_batch // args.micro_batch
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+    fwd = torch.compile(model) if compiled else model
+    use_bf16 = args.precision == "bf16"
+    pool = [torch.randint(0, vocab, (args.micro_batch, args.seq + 1), device=device)
+            for _ in range(min(8, max(2, accum * 2)))]
+
+    def step(it):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for m in range(accum):
+            b = pool[(it * accum + m) % len(pool)]
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                loss = fwd(b[:, :-1], b[:, 1:]) / accum
+            loss.backward()
+            total = total + loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=fused or None)
+        opt.step()
+        return total
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, losses, first_s = [], [], None
+    for it in range(args.warmup + args.iters):
+        sync(device)
+        t0 = time.perf_counter()
+        loss = step(it)
+        losses.append(float(loss))
+        sync(device)
+        dt = time.perf_counter() - t0
+        if it == 0:
+            first_s = dt
+        if it >= args.warmup:
+            times.append(dt)
+    mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    del fwd, opt, pool
+    return {"step_s": statistics.median(times), "step_s_min": min(times), "first_s": first_s,
+            "losses": losses, "mem_peak_bytes": mem}
