@@ -177,6 +177,40 @@ TEST_F(Nccl, AllGatherEvenAndUneven) {
   tally.expect_clean("nccl all_gather");
 }
 
+// The uneven all-to-all (a mixture of experts' dispatch; NCCL: one group of a send and a receive
+// per peer, self included): rank r sends (r + 2·q) % 5 · 3 elements to rank q, zero among them.
+TEST_F(Nccl, AllToAllUneven) {
+  Tally tally;
+  const int me = comm_->rank(), p = comm_->size();
+  const auto count = [](int from, int to) { return static_cast<size_t>((from + 2 * to) % 5) * 3; };
+  uint64_t seed = kSeed + 2500;
+  for (DType t : kTypes) {
+    ++seed;
+    std::vector<size_t> sc(p), rc(p);
+    size_t sent = 0, received = 0;
+    for (int q = 0; q < p; ++q) {
+      sc[q] = count(me, q);
+      rc[q] = count(q, me);
+      sent += sc[q];
+      received += rc[q];
+    }
+    Buf send(t, sent), recv(t, received);
+    size_t at = 0;
+    for (int q = 0; q < p; ++q)
+      for (size_t j = 0; j < sc[q]; ++j) send.set(at++, value(seed, me, 1000 * q + j));
+    DevBuf ds(send, compute_), dr(recv, compute_);
+    comm_->all_to_allv(ds.p, sc, dr.p, rc, t);
+    dr.download(recv, compute_);
+    int64_t bad = 0;
+    at = 0;
+    for (int q = 0; q < p; ++q)
+      for (size_t j = 0; j < rc[q]; ++j)
+        bad += recv.get(at++) != value(seed, q, 1000 * static_cast<size_t>(me) + j);
+    tally.add(label("all_to_allv", t, received), bad);
+  }
+  tally.expect_clean("nccl all_to_allv");
+}
+
 TEST_F(Nccl, BroadcastAndBatchedSendRecv) {
   Tally tally;
   const int me = comm_->rank(), p = comm_->size();
