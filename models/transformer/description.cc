@@ -32,7 +32,7 @@ class TransformerDescription final : public ModelDescription {
                                             std::to_string(moe.hidden) + ", " +
                                             std::to_string(moe.top_k) + " per token"
                                       : "ffn " + std::to_string(d_.block.mlp.hidden);
-    // The other kinds of layer: "2 dense layers (ffn 96)".
+    // The other kinds of layer: " (2 of the layers dense, ffn 96)".
     for (int k = 1; k < d_.kinds(); ++k) {
       int n = 0;
       for (int l = 0; l < d_.L; ++l) n += d_.kind_of(l) == k;
