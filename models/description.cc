@@ -2,8 +2,29 @@
 
 namespace strata {
 
-int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers) {
-  int64_t n = int64_t{layers} * d.layer_parameters(tensor);
+std::vector<int> layer_kind_counts(const ModelDescription& d, int first_layer, int layers) {
+  std::vector<int> n(static_cast<size_t>(d.layer_kinds()), 0);
+  for (int l = first_layer; l < first_layer + layers; ++l)
+    ++n[static_cast<size_t>(d.layer_kind(l))];
+  return n;
+}
+
+std::vector<int> first_layers(const std::vector<int>& layers_per_piece) {
+  std::vector<int> first(layers_per_piece.size());
+  int at = 0;
+  for (size_t k = 0; k < layers_per_piece.size(); ++k) {
+    first[k] = at;
+    at += layers_per_piece[k];
+  }
+  return first;
+}
+
+int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces,
+                         int first_layer, int layers) {
+  const std::vector<int> kinds = layer_kind_counts(d, first_layer, layers);
+  int64_t n = 0;
+  for (size_t k = 0; k < kinds.size(); ++k)
+    n += int64_t{kinds[k]} * d.layer_parameters(tensor, static_cast<int>(k));
   if (piece == 0) n += d.embedding_parameters(tensor);
   if (piece == pieces - 1) {
     n += d.head_parameters(tensor);
@@ -13,10 +34,13 @@ int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int p
 }
 
 RankParameters rank_parameters(const ModelDescription& d, int tensor, int expert, int piece,
-                               int pieces, int layers) {
-  const int64_t experts = int64_t{layers} * d.layer_expert_parameters(tensor);
+                               int pieces, int first_layer, int layers) {
+  const std::vector<int> kinds = layer_kind_counts(d, first_layer, layers);
+  int64_t experts = 0;
+  for (size_t k = 0; k < kinds.size(); ++k)
+    experts += int64_t{kinds[k]} * d.layer_expert_parameters(tensor, static_cast<int>(k));
   RankParameters n;
-  n.dense = piece_parameters(d, tensor, piece, pieces, layers) - experts;
+  n.dense = piece_parameters(d, tensor, piece, pieces, first_layer, layers) - experts;
   n.expert = experts / expert;
   return n;
 }
@@ -33,10 +57,13 @@ PartParameterCounts::Counts PartParameterCounts::at(int t) const {
   auto it = cache_.find(t);
   if (it != cache_.end()) return it->second;
   Counts c;
-  const ParamLayout layer = layout_(t, {{0, 1, false, false}});
-  c.layer = layer.numel();
-  for (const ParamInfo& p : layer.infos())
-    if (p.experts) c.layer_experts += p.numel;
+  for (int l : kind_layers_) {
+    const ParamLayout layer = layout_(t, {{l, 1, false, false}});
+    c.layer.push_back(layer.numel());
+    c.layer_experts.push_back(0);
+    for (const ParamInfo& p : layer.infos())
+      if (p.experts) c.layer_experts.back() += p.numel;
+  }
   c.embedding = layout_(t, {{0, 0, true, false}}).numel();
   // A head-only piece of a tied model holds the copy of the embedding; the head proper is the
   // rest.

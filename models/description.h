@@ -10,10 +10,13 @@
 // by hand), and checked against the allocator's measured peak (tests/test_planner.cc,
 // tests/mpi_test_memory.cc).
 //
-// Parts: the model is an embedding, num_layers() identical transformer layers, and a head
-// (final norm, LM head, loss). Sizes are per micro-batch of b sequences of seq_len() tokens on
-// one rank of a tensor group of t and an expert group of e (RankShape); "elements" are counted
-// in the activation type unless a field says f32.
+// Parts: the model is an embedding, num_layers() transformer layers, and a head (final norm, LM
+// head, loss). The layers come in layer_kinds() kinds, every layer of a kind identical: one kind
+// for most models; Qwen3-MoE with dense layers has two, its mixtures (kind 0) and its dense
+// SwiGLU layers (kind 1), and layer_kind(l) says which layer is which. Per-layer figures are of
+// one layer of a kind. Sizes are per micro-batch of b sequences of seq_len() tokens on one rank
+// of a tensor group of t and an expert group of e (RankShape); "elements" are counted in the
+// activation type unless a field says f32.
 //
 // Expert parallelism: a mixture's expert weights are declared expert-split (ParamDecl::expert);
 // a rank of an expert group of e holds E/e experts of each, 1/e of their elements
@@ -49,6 +52,9 @@ class ModelDescription {
 
   virtual std::string arch() const = 0;
   virtual int num_layers() const = 0;
+  // The kinds of layer (≥ 1) and the kind of layer l in [0, num_layers()).
+  virtual int layer_kinds() const = 0;
+  virtual int layer_kind(int layer) const = 0;
   virtual int seq_len() const = 0;
   virtual int hidden_size() const = 0;
   virtual int num_heads() const = 0;
@@ -68,28 +74,28 @@ class ModelDescription {
 
   // Parameters of the whole model without vocabulary padding (the model size).
   virtual int64_t parameters() const = 0;
-  // Elements one rank of a tensor group of t holds of: one layer, the embedding (first piece),
-  // the head (last piece: final norm and an untied LM head), and the copy of a tied embedding
-  // that the last piece holds when it is not also the first (0 when untied).
-  virtual int64_t layer_parameters(int tensor) const = 0;
+  // Elements one rank of a tensor group of t holds of: one layer of kind `kind`, the embedding
+  // (first piece), the head (last piece: final norm and an untied LM head), and the copy of a
+  // tied embedding that the last piece holds when it is not also the first (0 when untied).
+  virtual int64_t layer_parameters(int tensor, int kind) const = 0;
   virtual int64_t embedding_parameters(int tensor) const = 0;
   virtual int64_t head_parameters(int tensor) const = 0;
   virtual int64_t tied_copy_parameters(int tensor) const = 0;
-  // Of layer_parameters(t): the experts' weights (all E experts' share of this tensor rank), the
-  // elements an expert group of e divides by e; 0 for a dense model.
-  virtual int64_t layer_expert_parameters(int tensor) const = 0;
+  // Of layer_parameters(t, kind): the experts' weights (all E experts' share of this tensor
+  // rank), the elements an expert group of e divides by e; 0 for a dense layer.
+  virtual int64_t layer_expert_parameters(int tensor, int kind) const = 0;
 
   virtual FlopCount flops_per_iteration(double sequences, Recompute recompute) const = 0;
 
-  // Work of one micro-batch of b sequences on one rank.
-  virtual PartWork layer_work(int b, const RankShape& r) const = 0;
+  // Work of one micro-batch of b sequences on one rank (a layer: one of kind `kind`).
+  virtual PartWork layer_work(int b, const RankShape& r, int kind) const = 0;
   virtual PartWork embedding_work(int b, const RankShape& r) const = 0;
   virtual PartWork head_work(int b, const RankShape& r) const = 0;
 
   // Activations of one micro-batch. flash_attention: the attention keeps the softmax
   // statistics (fused GPU kernels) instead of the probabilities (the CPU kernels).
   virtual ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
-                                            bool flash_attention) const = 0;
+                                            bool flash_attention, int kind) const = 0;
   virtual ActivationElems head_activations(int b, const RankShape& r) const = 0;
   // What the first piece keeps of its embedding besides the piece's input (a norm's input and
   // statistics where the embedding has one).
@@ -107,10 +113,17 @@ class ModelDescription {
   virtual double cpu_attention_scratch_f32_per_thread() const = 0;
 };
 
-// Elements on one rank of piece `piece` of a model cut into `pieces` pieces, holding `layers`
-// layers: the layers, plus the embedding on the first piece, the head on the last, and on the
-// last the copy of a tied embedding when the first piece is another.
-int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces, int layers);
+// [kind] how many of the layers [first_layer, first_layer + layers) are of each kind.
+std::vector<int> layer_kind_counts(const ModelDescription& d, int first_layer, int layers);
+// [piece] the first layer of each piece of a split ([piece] layers).
+std::vector<int> first_layers(const std::vector<int>& layers_per_piece);
+
+// Elements on one rank of piece `piece` of a model cut into `pieces` pieces, holding the
+// `layers` layers from `first_layer`: the layers, plus the embedding on the first piece, the
+// head on the last, and on the last the copy of a tied embedding when the first piece is
+// another.
+int64_t piece_parameters(const ModelDescription& d, int tensor, int piece, int pieces,
+                         int first_layer, int layers);
 
 // Elements on one rank by the group their gradients are summed over: `dense` over the
 // data-parallel group (d ranks), `expert` (the E/e experts of each MoE layer a rank of an expert
@@ -122,30 +135,37 @@ struct RankParameters {
 };
 // piece_parameters at tensor size t and expert size e. Precondition: e divides the experts.
 RankParameters rank_parameters(const ModelDescription& d, int tensor, int expert, int piece,
-                               int pieces, int layers);
+                               int pieces, int first_layer, int layers);
 
 // The elements a layout's parameters hold without the vocabulary's padding rows (the count a
 // checkpoint of the unpadded model has): what parameters() reports for a whole-model layout.
 int64_t unpadded_parameters(const ParamLayout& layout);
 
 // The per-rank parameter counts of a description's parts (layer_parameters and the rest), taken
-// from the layouts the model declares for a one-layer piece, an embedding-only piece and a
-// head-only piece of `num_layers`, whose copy of a tied embedding (tied_copy(t) elements, 0 when
-// untied) is counted apart; cached per tensor size (the planner asks often). Thread-safe.
+// from the layouts the model declares for a one-layer piece of each kind (the layer
+// kind_layers[kind]), an embedding-only piece and a head-only piece of `num_layers`, whose copy
+// of a tied embedding (tied_copy(t) elements, 0 when untied) is counted apart; cached per tensor
+// size (the planner asks often). Thread-safe.
 class PartParameterCounts {
  public:
   struct Counts {
-    int64_t layer = 0, embedding = 0, head = 0, tied_copy = 0;
-    int64_t layer_experts = 0;  // of `layer`: the parameters declared expert-split
+    int64_t embedding = 0, head = 0, tied_copy = 0;
+    std::vector<int64_t> layer;          // [kind]
+    std::vector<int64_t> layer_experts;  // [kind] of `layer`: the parameters declared expert-split
   };
   using Layout = std::function<ParamLayout(int tensor, const std::vector<ModelPiece>& pieces)>;
-  PartParameterCounts(Layout layout, int num_layers, std::function<int64_t(int)> tied_copy)
-      : layout_(std::move(layout)), num_layers_(num_layers), tied_copy_(std::move(tied_copy)) {}
+  PartParameterCounts(Layout layout, int num_layers, std::vector<int> kind_layers,
+                      std::function<int64_t(int)> tied_copy)
+      : layout_(std::move(layout)),
+        num_layers_(num_layers),
+        kind_layers_(std::move(kind_layers)),
+        tied_copy_(std::move(tied_copy)) {}
   Counts at(int tensor) const;
 
  private:
   Layout layout_;
   int num_layers_;
+  std::vector<int> kind_layers_;  // [kind] a layer of that kind
   std::function<int64_t(int)> tied_copy_;
   mutable std::mutex mu_;
   mutable std::map<int, Counts> cache_;

@@ -93,6 +93,20 @@ void refuse_moe_keys(const ModelConfig& m, const std::string& file) {
   refuse(m.moe_capacity_factor.has_value(), "moe_capacity_factor",
          nlohmann::json(m.moe_capacity_factor.value_or(0)).dump());
   refuse(m.head_dim.has_value(), "head_dim", std::to_string(m.head_dim.value_or(0)));
+  refuse_dense_layer_keys(m, file);
+}
+
+void refuse_dense_layer_keys(const ModelConfig& m, const std::string& file) {
+  const ModelConfig d;
+  const std::string why =
+      " for arch \"" + m.arch +
+      "\" (Qwen3-MoE's dense layers among its mixtures: arch \"qwen3_moe\"), got ";
+  if (m.decoder_sparse_step != d.decoder_sparse_step)
+    throw InputError(file, "model.decoder_sparse_step",
+                     "the default 1" + why + std::to_string(m.decoder_sparse_step));
+  if (m.mlp_only_layers != d.mlp_only_layers)
+    throw InputError(file, "model.mlp_only_layers",
+                     "the default []" + why + nlohmann::json(m.mlp_only_layers).dump());
 }
 
 void validate_moe(const ModelConfig& m, int tensor, const std::string& file) {
@@ -113,6 +127,17 @@ void validate_moe(const ModelConfig& m, int tensor, const std::string& file) {
     throw InputError(
         file, m.head_dim ? "model.head_dim" : "model.hidden_size",
         "an even head size for rotary embeddings, got " + std::to_string(m.head_size()));
+  // Hugging Face's balancing loss pools the sparse layers' router logits: it needs one (and a
+  // model without is a dense one).
+  int sparse = 0;
+  for (int l = 0; l < m.num_layers; ++l) sparse += m.sparse_layer(l);
+  if (sparse == 0)
+    throw InputError(
+        file, m.mlp_only_layers.empty() ? "model.decoder_sparse_step" : "model.mlp_only_layers",
+        "at least one mixture-of-experts layer for " + arch + ": decoder_sparse_step " +
+            std::to_string(m.decoder_sparse_step) + " and mlp_only_layers " +
+            nlohmann::json(m.mlp_only_layers).dump() + " leave none of the " +
+            std::to_string(m.num_layers) + " layers sparse");
   refuse_encoder_keys(m, file);
 }
 

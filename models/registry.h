@@ -92,11 +92,16 @@ ParamLayout model_layout(const ModelConfig& m, int tensor, int tensor_rank, bool
 // ignored, so a value other than their default is refused (InputError naming the key).
 void refuse_encoder_keys(const ModelConfig& m, const std::string& file);
 // For a dense architecture's validate: the mixture-of-experts keys (model.num_experts, …,
-// model.head_dim) would be ignored, so a value other than their default is refused.
+// model.head_dim, model.decoder_sparse_step, model.mlp_only_layers) would be ignored, so a value
+// other than their default is refused.
 void refuse_moe_keys(const ModelConfig& m, const std::string& file);
+// For an architecture without Qwen3-MoE's dense layers (every one but qwen3_moe): a
+// model.decoder_sparse_step or model.mlp_only_layers other than the default is refused.
+void refuse_dense_layer_keys(const ModelConfig& m, const std::string& file);
 // For a mixture of experts' validate (mixtral, qwen3_moe): at least one expert, 1 ≤
 // num_experts_per_tok ≤ num_experts, an expert width and a head count the tensor group t
-// divides, an even head size (rotary embeddings); the encoder's keys refused.
+// divides, an even head size (rotary embeddings), at least one sparse layer; the encoder's keys
+// refused.
 void validate_moe(const ModelConfig& m, int tensor, const std::string& file);
 
 // The model keys of a Hugging Face directory's config.json, by its model_type (InputError naming

@@ -284,7 +284,7 @@ double tp_exposed(const RuntimeModel& rt, double comm, double gemm, int tensor) 
 
 }  // namespace
 
-LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
+LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c, int kind) {
   const ModelDescription& m = *ctx.model;
   const Cluster& cl = *ctx.cluster;
   const RuntimeModel& rt = ctx.runtime;
@@ -310,7 +310,7 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
       p2p_link.latency_s + sent / (p2p_link.bandwidth * p2p_link.efficiency) +
       (scatter ? (t - 1) / t * held / (cl.intra_node.bandwidth * cl.intra_node.efficiency) : 0);
 
-  const PartTimes layer = part_times(m.layer_work(b, rs), dev, cl, rt, c);
+  const PartTimes layer = part_times(m.layer_work(b, rs, kind), dev, cl, rt, c);
   const double exp_f = tp_exposed(rt, layer.tp_f, layer.gemm_f, c.tensor);
   const double exp_b = rt.tp_overlap_backward && !rt.tp_overlap
                            ? std::max(0.0, layer.tp_b - layer.dgrad - layer.wgrad)
@@ -358,6 +358,23 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c) {
   int measured_t = 0;
   LayerTimes pt = profile_times(*ctx.profile, c, &measured_t);
   pt.p2p = lt.p2p;
+  // strata profile times the model's first layer: another kind of layer (Qwen3-MoE's dense
+  // layers beside its mixtures) takes the measured times scaled by the ratio of the two kinds'
+  // analytical compute (their communication excluded: it is added below as modelled).
+  const int measured_kind = m.layer_kind(0);
+  if (kind != measured_kind) {
+    CostContext analytic = ctx;
+    analytic.profile = nullptr;
+    const LayerTimes a = layer_times(analytic, c, measured_kind);
+    const auto ratio = [](double want, double have) { return have > 0 ? want / have : 1.0; };
+    const double f = ratio(lt.layer_fwd - lt.tp_fwd - lt.ep_fwd, a.layer_fwd - a.tp_fwd - a.ep_fwd);
+    const double bw =
+        ratio(lt.layer_bwd - lt.tp_bwd - lt.ep_bwd, a.layer_bwd - a.tp_bwd - a.ep_bwd);
+    pt.layer_fwd *= f;
+    pt.layer_bwd *= bw;
+    pt.layer_bwd_input *= bw;
+    pt.layer_bwd_weight *= bw;
+  }
   if (c.expert > 1) {
     pt.layer_fwd += lt.ep_fwd;
     pt.layer_bwd_input += lt.ep_bwd;
@@ -416,12 +433,13 @@ DataParallelTimes data_parallel_times(const RuntimeModel& rt, double params, int
 
 std::vector<RankParameters> stage_parameters(const ModelDescription& m, const ParallelLayout& c) {
   const int p = c.pipeline, v = c.virtual_stages;
+  const std::vector<int> first = first_layers(c.layers_per_piece);
   std::vector<RankParameters> n(static_cast<size_t>(p));
   for (int st = 0; st < p; ++st) {
     for (int ch = 0; ch < v; ++ch) {
-      const int k = ch * p + st;
-      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, k, p * v,
-                                                   c.layers_per_piece[static_cast<size_t>(k)]);
+      const size_t k = static_cast<size_t>(ch * p + st);
+      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, static_cast<int>(k),
+                                                   p * v, first[k], c.layers_per_piece[k]);
       n[static_cast<size_t>(st)].dense += piece.dense;
       n[static_cast<size_t>(st)].expert += piece.expert;
     }
@@ -475,12 +493,14 @@ double reduction_finish(const SimResult& sim, const RuntimeModel& rt, const Para
   }
   // Parameters of each chunk, in the order its backward finishes them: chunk v−1 first.
   std::vector<double> params(static_cast<size_t>(v));
+  const std::vector<int> first = first_layers(c.layers_per_piece);
   double total = 0;
   for (int ch = 0; ch < v; ++ch) {
-    const int k = ch * p + stage;
-    params[static_cast<size_t>(ch)] = static_cast<double>(
-        rank_parameters(m, c.tensor, c.expert, k, p * v, c.layers_per_piece[static_cast<size_t>(k)])
-            .total());
+    const size_t k = static_cast<size_t>(ch * p + stage);
+    params[static_cast<size_t>(ch)] =
+        static_cast<double>(rank_parameters(m, c.tensor, c.expert, static_cast<int>(k), p * v,
+                                            first[k], c.layers_per_piece[k])
+                                .total());
     total += params[static_cast<size_t>(ch)];
   }
   if (total <= 0) return start_s + reduce_s;
@@ -542,10 +562,14 @@ struct PieceTimes {
   std::vector<double> backward_weight;  // [piece] the zero-bubble W pass
 };
 
-// Each piece's times; and it->comm_share_fwd/bwd, the share of each pass that is communication.
-PieceTimes piece_times(const LayerTimes& lt, const ParallelLayout& c, const RuntimeModel& rt,
-                       IterationTime* it) {
+// Each piece's times from its layers of each kind (kinds: [kind] one layer's, with the
+// embedding, head and transfer times); and it->comm_share_fwd/bwd, the share of each pass that
+// is communication.
+PieceTimes piece_times(const std::vector<LayerTimes>& kinds, const ModelDescription& m,
+                       const ParallelLayout& c, const RuntimeModel& rt, IterationTime* it) {
   const int pieces = c.pipeline * c.virtual_stages;
+  const LayerTimes& lt = kinds.front();
+  const std::vector<int> first = first_layers(c.layers_per_piece);
   PieceTimes t;
   t.forward.resize(static_cast<size_t>(pieces));
   t.backward.resize(t.forward.size());
@@ -554,14 +578,22 @@ PieceTimes piece_times(const LayerTimes& lt, const ParallelLayout& c, const Runt
   it->comm_share_fwd.assign(t.forward.size(), 0.0);
   it->comm_share_bwd.assign(t.forward.size(), 0.0);
   for (int k = 0; k < pieces; ++k) {
-    const double n = c.layers_per_piece[static_cast<size_t>(k)];
     const size_t i = static_cast<size_t>(k);
-    t.forward[i] =
-        n * lt.layer_fwd + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
+    const std::vector<int> held = layer_kind_counts(m, first[i], c.layers_per_piece[i]);
+    double layers_f = 0, layers_bi = 0, layers_bw = 0, comm_f = 0, comm_b = 0;
+    for (size_t kind = 0; kind < kinds.size(); ++kind) {
+      const double n = held[kind];
+      const LayerTimes& x = kinds[kind];
+      layers_f += n * x.layer_fwd;
+      layers_bi += n * x.layer_bwd_input;
+      layers_bw += n * x.layer_bwd_weight;
+      comm_f += n * (x.tp_fwd + x.ep_fwd);
+      comm_b += n * (x.tp_bwd + x.ep_bwd);
+    }
+    t.forward[i] = layers_f + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
     t.backward_input[i] =
-        n * lt.layer_bwd_input + (k == 0 ? lt.emb_bwd : 0) + (k == pieces - 1 ? lt.head_bwd : 0);
-    t.backward_weight[i] = n * lt.layer_bwd_weight;
-    double comm_f = n * (lt.tp_fwd + lt.ep_fwd), comm_b = n * (lt.tp_bwd + lt.ep_bwd);
+        layers_bi + (k == 0 ? lt.emb_bwd : 0) + (k == pieces - 1 ? lt.head_bwd : 0);
+    t.backward_weight[i] = layers_bw;
     // A runtime whose stages wait for their sends with their receives pays each transfer on
     // both ends' forward and backward; otherwise the receiver waits for it (the simulator's
     // latency, moving once the receive is posted).
@@ -756,24 +788,41 @@ void data_parallel_and_step(const RuntimeModel& rt, const ParallelLayout& c,
   it->dp_exposed_s = dp_exposed;
 }
 
-// The most layers any stage holds (its pieces summed).
-int most_layers_per_stage(const ParallelLayout& c) {
+// The most any stage's layers (its pieces summed) take of a per-layer figure: `per_layer`
+// of one layer of each kind.
+double most_per_stage(const ModelDescription& m, const ParallelLayout& c,
+                      const std::vector<double>& per_layer) {
   const int p = c.pipeline, v = c.virtual_stages;
-  int most_layers = 0;
+  const std::vector<int> first = first_layers(c.layers_per_piece);
+  double most = 0;
   for (int st = 0; st < p; ++st) {
-    int n = 0;
-    for (int ch = 0; ch < v; ++ch) n += c.layers_per_piece[static_cast<size_t>(ch * p + st)];
-    most_layers = std::max(most_layers, n);
+    std::vector<int> held(per_layer.size(), 0);
+    for (int ch = 0; ch < v; ++ch) {
+      const size_t k = static_cast<size_t>(ch * p + st);
+      const std::vector<int> n = layer_kind_counts(m, first[k], c.layers_per_piece[k]);
+      for (size_t kind = 0; kind < n.size(); ++kind) held[kind] += n[kind];
+    }
+    double x = 0;
+    for (size_t kind = 0; kind < held.size(); ++kind) x += per_layer[kind] * held[kind];
+    most = std::max(most, x);
   }
-  return most_layers;
+  return most;
 }
 
 }  // namespace
 
+std::vector<LayerTimes> kind_times(const CostContext& ctx, const ParallelLayout& c) {
+  std::vector<LayerTimes> kinds;
+  for (int kind = 0; kind < ctx.model->layer_kinds(); ++kind)
+    kinds.push_back(layer_times(ctx, c, kind));
+  return kinds;
+}
+
 IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bool keep_timeline) {
-  const LayerTimes lt = layer_times(ctx, c);
+  const std::vector<LayerTimes> kinds = kind_times(ctx, c);
+  const LayerTimes& lt = kinds.front();
   IterationTime it;
-  const PieceTimes pieces = piece_times(lt, c, ctx.runtime, &it);
+  const PieceTimes pieces = piece_times(kinds, *ctx.model, c, ctx.runtime, &it);
   StageTimes stages = stage_times(ctx, c, pieces);
   const SimOptions so = pipeline_options(c, lt, ctx.runtime, pieces, stages);
   bool extrapolate = false;
@@ -803,8 +852,13 @@ IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bo
   it.pipeline_s = makespan;
   it.bubble_fraction = it.sim.bubble_fraction;
   data_parallel_and_step(ctx.runtime, c, pieces, stages, &it);
-  it.tp_exposed_s = lt.tp_exposed_per_layer * most_layers_per_stage(c) * c.num_microbatches;
-  it.ep_exposed_s = lt.ep_exposed_per_layer * most_layers_per_stage(c) * c.num_microbatches;
+  std::vector<double> tp, ep;  // [kind] per layer
+  for (const LayerTimes& x : kinds) {
+    tp.push_back(x.tp_exposed_per_layer);
+    ep.push_back(x.ep_exposed_per_layer);
+  }
+  it.tp_exposed_s = most_per_stage(*ctx.model, c, tp) * c.num_microbatches;
+  it.ep_exposed_s = most_per_stage(*ctx.model, c, ep) * c.num_microbatches;
   it.stage_compute_s = it.sim.busy;
   it.peak_inflight = it.sim.peak_inflight;
   if (!keep_timeline) it.sim.timeline.clear();

@@ -20,7 +20,8 @@
 //              bytes a rank sends over the group's link (NVLink when the group lies in a node,
 //              else the node's NICs) plus a latency per peer;
 // or, with a measured profile (profile JSON), the measured layer times.
-// Per stage: layers · layer time + the embedding (first piece) and the head (last piece).
+// Per stage: its layers' times (each kind of layer priced once: Qwen3-MoE's dense layers apart
+// from its mixtures) + the embedding (first piece) and the head (last piece).
 // Pipeline: the schedule is simulated (schedules/simulator.h) with these per-stage, per-chunk
 // durations; a transfer of b·s·h/t elements costs the receiver (or both ends) its time. Data
 // parallel: each stage's gradient buckets reduce as the runtime starts them (during the last
@@ -112,7 +113,13 @@ struct CostContext {
   GemmMemo* memo = nullptr;          // optional (search_plans keeps one per search)
 };
 
-LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c);
+// The times of one layer of kind `kind` (ModelDescription::layer_kind; a model of one kind has
+// only 0) with the embedding's, the head's and a transfer's. With a measured profile, which times
+// the model's first layer, another kind's are the measured times scaled by the two kinds'
+// analytical compute.
+LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c, int kind = 0);
+// [kind] layer_times of every kind of layer of the model.
+std::vector<LayerTimes> kind_times(const CostContext& ctx, const ParallelLayout& c);
 
 struct IterationTime {
   double iteration_s = 0;

@@ -17,8 +17,9 @@ RankShape rank_shape(const ParallelLayout& c) {
 }  // namespace
 
 double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
-                              const MemoryOptions& o) {
-  return m.layer_activations(c.micro_batch_size, rank_shape(c), c.recompute, o.flash_attention)
+                              const MemoryOptions& o, int kind) {
+  return m.layer_activations(c.micro_batch_size, rank_shape(c), c.recompute, o.flash_attention,
+                             kind)
              .saved *
          element_bytes(o);
 }
@@ -32,21 +33,33 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
   const double param_b = bf16 ? 2 : 4, grad_b = 4, opt_b = bf16 ? 12 : 8;
   const int b = c.micro_batch_size;
   const RankShape r = rank_shape(c);
-  const ActivationElems layer = m.layer_activations(b, r, c.recompute, o.flash_attention);
+  std::vector<ActivationElems> kinds;  // [kind] one layer's
+  for (int kind = 0; kind < m.layer_kinds(); ++kind)
+    kinds.push_back(m.layer_activations(b, r, c.recompute, o.flash_attention, kind));
+  const std::vector<int> first = first_layers(c.layers_per_piece);
   std::vector<MemoryBreakdown> out(static_cast<size_t>(p));
   for (int st = 0; st < p; ++st) {
     MemoryBreakdown& mb = out[static_cast<size_t>(st)];
     RankParameters held;
-    int layers = 0;
+    std::vector<int> held_kinds(kinds.size(), 0);  // [kind] the stage's layers
     bool last = false;
     for (int ch = 0; ch < v; ++ch) {
       const int k = ch * p + st;
       const int nl = c.layers_per_piece[static_cast<size_t>(k)];
-      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, k, pieces, nl);
+      const int at = first[static_cast<size_t>(k)];
+      const RankParameters piece = rank_parameters(m, c.tensor, c.expert, k, pieces, at, nl);
       held.dense += piece.dense;
       held.expert += piece.expert;
-      layers += nl;
+      const std::vector<int> n = layer_kind_counts(m, at, nl);
+      for (size_t kind = 0; kind < n.size(); ++kind) held_kinds[kind] += n[kind];
       last = last || k == pieces - 1;
+    }
+    // The stage's layers' activations, and the largest backward working set among them.
+    ActivationElems layer;
+    for (size_t kind = 0; kind < kinds.size(); ++kind) {
+      if (held_kinds[kind] == 0) continue;
+      layer.saved += kinds[kind].saved * held_kinds[kind];
+      layer.transient = std::max(layer.transient, kinds[kind].transient);
     }
     const double n = static_cast<double>(held.total());
     mb.parameters = n * param_b * (c.schedule == ScheduleKind::kTwoBW ? 2 : 1);
@@ -61,7 +74,7 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
     const int pairs = std::max(1, inflight.empty() ? 1 : inflight[static_cast<size_t>(st)]);
     // A pair holds one chunk: 1/v of the stage's layers, plus its input (the embedding output
     // on the first piece, the received activation elsewhere) and the token ids.
-    const double per_pair = layer.saved * layers / v + m.piece_input_elems(b, r);
+    const double per_pair = layer.saved / v + m.piece_input_elems(b, r);
     double saved = pairs * per_pair;
     // The first stage keeps what the embedding saves besides its output in every pair.
     if (st == 0) saved += pairs * m.embedding_activations(b, r).saved;

@@ -53,12 +53,16 @@ struct MemoryBreakdown {
   double total() const { return parameters + gradients + optimizer + activations + buffers; }
 };
 
-// Activation bytes one transformer layer keeps for the backward pass of one micro-batch.
+// Activation bytes one transformer layer of kind `kind` keeps for the backward pass of one
+// micro-batch.
 double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
-                              const MemoryOptions& o);
+                              const MemoryOptions& o, int kind);
 
 // [stage] bytes per rank. inflight: [stage] the most (micro-batch, chunk) pairs alive at once
-// (SimResult::peak_inflight). Precondition: c.layers_per_piece has p · v entries.
+// (SimResult::peak_inflight). Each stage counts the kinds of layer its pieces hold
+// (ModelDescription::layer_kind); a pair keeps the activations of 1/v of the stage's layers (the
+// mean chunk: exact when the chunks hold the same layers, as they do for one kind of layer).
+// Precondition: c.layers_per_piece has p · v entries.
 std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const ParallelLayout& c,
                                           const MemoryOptions& o, const std::vector<int>& inflight);
 

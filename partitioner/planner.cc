@@ -199,10 +199,16 @@ PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c) {
   CostContext ctx{&m, &req.cluster, req.precision, req.profile, runtime_for(req)};
   const int pieces = c.pipeline * c.virtual_stages;
   if (c.layers_per_piece.empty()) {
-    const LayerTimes lt = layer_times(ctx, c);
-    c.layers_per_piece = split_layers_dp(
-        std::vector<double>(static_cast<size_t>(m.num_layers()), lt.layer_fwd + lt.layer_bwd),
-        pieces, lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
+    // Each layer at its kind's time (a mixture's dense layers are cheaper than its sparse ones).
+    const std::vector<LayerTimes> kinds = kind_times(ctx, c);
+    std::vector<double> cost(static_cast<size_t>(m.num_layers()));
+    for (int l = 0; l < m.num_layers(); ++l) {
+      const LayerTimes& x = kinds[static_cast<size_t>(m.layer_kind(l))];
+      cost[static_cast<size_t>(l)] = x.layer_fwd + x.layer_bwd;
+    }
+    const LayerTimes& lt = kinds.front();
+    c.layers_per_piece =
+        split_layers_dp(cost, pieces, lt.emb_fwd + lt.emb_bwd, lt.head_fwd + lt.head_bwd);
   }
   PlanResult r;
   r.config = c;
@@ -374,28 +380,44 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
 
 // The closed-form estimate of c: the slowest stage's compute stretched by Megatron's bubble
 // ratio, the exposed tensor- and data-parallel communication and the optimizer step; memory
-// with Megatron's in-flight counts; the split balanced for identical layers (unless pinned).
+// with Megatron's in-flight counts; the split balanced for identical layers (unless pinned):
+// with several kinds of layer (a mixture's dense layers), for layers of their mean time, the
+// stages then priced with the kinds they hold (the exact pass splits by each layer's time).
 Estimate estimate(Search& s, ParallelLayout c) {
   const ModelDescription& m = s.m;
   const RuntimeModel& rt = s.rt;
   const int p = c.pipeline, v = c.virtual_stages;
-  const LayerTimes lt = layer_times(s.ctx, c);
-  const double per_layer = lt.layer_fwd + lt.layer_bwd;
+  const std::vector<LayerTimes> kinds = kind_times(s.ctx, c);
+  const LayerTimes& lt = kinds.front();
+  // The mean layer's time and exposed communication (one kind: its own).
+  const std::vector<int> all = layer_kind_counts(m, 0, m.num_layers());
+  double per_layer = 0, tp_per_layer = 0, ep_per_layer = 0;
+  for (size_t kind = 0; kind < kinds.size(); ++kind) {
+    const double share = static_cast<double>(all[kind]) / m.num_layers();
+    per_layer += share * (kinds[kind].layer_fwd + kinds[kind].layer_bwd);
+    tp_per_layer += share * kinds[kind].tp_exposed_per_layer;
+    ep_per_layer += share * kinds[kind].ep_exposed_per_layer;
+  }
   const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
   if (c.layers_per_piece.empty())
     c.layers_per_piece = split_fast(m.num_layers(), p * v, per_layer, lt.emb_fwd + lt.emb_bwd,
                                     lt.head_fwd + lt.head_bwd);
+  const std::vector<int> first = first_layers(c.layers_per_piece);
   // The slowest stage, and its forward share.
   double stage_max = 0, stage_f = 0;
   for (int st = 0; st < p; ++st) {
     double fsum = 0, bsum = 0;
     for (int ch = 0; ch < v; ++ch) {
       const int pk = ch * p + st;
-      const double n = c.layers_per_piece[static_cast<size_t>(pk)];
-      fsum += n * lt.layer_fwd + (pk == 0 ? lt.emb_fwd : 0) + (pk == p * v - 1 ? lt.head_fwd : 0) +
-              p2p_op;
-      bsum += n * lt.layer_bwd + (pk == 0 ? lt.emb_bwd : 0) + (pk == p * v - 1 ? lt.head_bwd : 0) +
-              p2p_op;
+      const size_t k = static_cast<size_t>(pk);
+      const std::vector<int> held = layer_kind_counts(m, first[k], c.layers_per_piece[k]);
+      double layers_f = 0, layers_b = 0;
+      for (size_t kind = 0; kind < kinds.size(); ++kind) {
+        layers_f += held[kind] * kinds[kind].layer_fwd;
+        layers_b += held[kind] * kinds[kind].layer_bwd;
+      }
+      fsum += layers_f + (pk == 0 ? lt.emb_fwd : 0) + (pk == p * v - 1 ? lt.head_fwd : 0) + p2p_op;
+      bsum += layers_b + (pk == 0 ? lt.emb_bwd : 0) + (pk == p * v - 1 ? lt.head_bwd : 0) + p2p_op;
     }
     if (fsum + bsum > stage_max) {
       stage_max = fsum + bsum;
@@ -412,8 +434,8 @@ Estimate estimate(Search& s, ParallelLayout c) {
   const double compute = c.num_microbatches * stage_max;
   Estimate e;
   e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
-  e.tp_s = lt.tp_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
-  e.ep_s = lt.ep_exposed_per_layer * c.num_microbatches * m.num_layers() / (p);
+  e.tp_s = tp_per_layer * c.num_microbatches * m.num_layers() / (p);
+  e.ep_s = ep_per_layer * c.num_microbatches * m.num_layers() / (p);
   // DP and optimizer through the same formulas as the exact pass, cheaply: one stage with the
   // largest parameter count.
   const std::vector<RankParameters> np = stage_parameters(m, c);

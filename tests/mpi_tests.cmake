@@ -15,7 +15,9 @@
 #   mpi_layout_np4           --dry-run, the planner and training use one layer split
 #   mpi_expert_{mixtral,qwen3_moe}_np4  expert parallelism against the single process (every
 #                            layout with expert 2 and 4, schedules, bf16, checkpoints across
-#                            expert sizes)
+#                            expert sizes); mpi_expert_qwen3_moe_dense_np4 and
+#                            mpi_pipeline_qwen3_moe_dense_np2 the same with Qwen3-MoE's dense
+#                            layers
 #   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
 #                            alone and at tensor 2 (tests/golden/generate/); with
 #                            mpi_training_samples_np4, samples during training at every layout
@@ -219,6 +221,25 @@ foreach(arch mixtral qwen3_moe)
     ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=${arch};STRATA_TEST_SETS=${moe_sets}"
     TIMEOUT 900 PROCESSORS 4 LABELS mpi)
 endforeach()
+# Qwen3-MoE's dense layers (decoder_sparse_step, mlp_only_layers: a dense SwiGLU MLP in the
+# mixture's slot) under the same layouts. Expert parallelism on 4 layers with only layer 3 a
+# mixture (step 2, layer 1 dense by mlp_only_layers): pipeline 2's first stage holds no expert at
+# all, its reductions, ZeRO-1 shards and checkpoints none; every schedule at pipeline 2 on 8
+# layers alternating dense and sparse (step 2), the interleaved schedule's single-layer pieces
+# either kind, the balancing loss over the 4 mixtures across the stages.
+add_test(NAME mpi_expert_qwen3_moe_dense_np4
+         COMMAND ${STRATA_MPI_RUN} -np 4 $<TARGET_FILE:mpi_test_expert>)
+set_tests_properties(mpi_expert_qwen3_moe_dense_np4 PROPERTIES
+  ENVIRONMENT
+  "${STRATA_MPI_ENV};STRATA_TEST_ARCH=qwen3_moe;STRATA_TEST_SETS=model.decoder_sparse_step=2,model.mlp_only_layers=[1]"
+  TIMEOUT 900 PROCESSORS 4 LABELS mpi)
+add_test(NAME mpi_pipeline_qwen3_moe_dense_np2
+         COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_test_pipeline>
+                 --gtest_filter=Pipeline.EverySchedule*:Pipeline.TwoBW*)
+set_tests_properties(mpi_pipeline_qwen3_moe_dense_np2 PROPERTIES
+  ENVIRONMENT
+  "${STRATA_MPI_ENV};STRATA_TEST_ARCH=qwen3_moe;STRATA_TEST_SETS=${moe_sets},model.decoder_sparse_step=2"
+  TIMEOUT 900 PROCESSORS 2 LABELS mpi)
 
 # The layout backbone on BERT (STRATA_TEST_ARCH=bert: post-norm encoder, bidirectional attention
 # over padded keys, the masked-LM head tied to the word embeddings, the pooler and sentence head,

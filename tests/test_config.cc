@@ -102,6 +102,8 @@ class TempDir {
 // The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults;
 // so are the mixtures of experts' (0 experts: a dense MLP).
 // parallel.context and parallel.expert are DESIGN.md's (its parallel notes), default 1.
+// decoder_sparse_step and mlp_only_layers are Qwen3-MoE's dense layers (Qwen3MoeConfig's names and
+// defaults: every layer of a mixture sparse).
 const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
   "train": {"attention_backend": "auto"},
   "data": {"blend": null, "tokenizer": null,
@@ -113,7 +115,8 @@ const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
             "rms_norm_eps": 1e-5, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
             "num_experts": 0, "num_experts_per_tok": 2, "moe_intermediate_size": null,
             "norm_topk_prob": true, "router_aux_loss_coef": 0.001,
-            "moe_capacity_factor": null, "head_dim": null}})";
+            "moe_capacity_factor": null, "head_dim": null, "decoder_sparse_step": 1,
+            "mlp_only_layers": []}})";
 
 json design_defaults_with_additions() {
   json j = json::parse(kDesignDefaults);

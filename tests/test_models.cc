@@ -65,7 +65,7 @@ TEST(ModelRegistry, EveryArchitectureDescribesAndBuilds) {
     ModelOptions o;
     o.seed = 1;
     const std::unique_ptr<Model> m = build_model(cfg.model, o, *be);
-    EXPECT_EQ(m->params().numel(), piece_parameters(*d, 1, 0, 1, d->num_layers())) << name;
+    EXPECT_EQ(m->params().numel(), piece_parameters(*d, 1, 0, 1, 0, d->num_layers())) << name;
     EXPECT_FALSE(architecture(name).hf.hf_class.empty()) << name;
   }
 }

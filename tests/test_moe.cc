@@ -9,7 +9,11 @@
 //     weights, q_norm (Qwen3-MoE) and an embedding row, with a coefficient large enough that a
 //     missing load-balancing gradient shows;
 //   * greedy decoding over the cache against the training forward;
-//   * the Hub's per-expert tensors and config.json, there and back, and their refusals;
+//   * the Hub's per-expert tensors and config.json, there and back, and their refusals (Qwen3-MoE
+//     with dense layers too: their Llama MLP tensors, decoder_sparse_step, mlp_only_layers);
+//   * Qwen3-MoE's dense layers: which layers are dense (Hugging Face's rule), their gradients
+//     with the balancing loss over the sparse layers only, decoding, and their description
+//     (dense MLPs' parameters, FLOPs and work, priced apart by the planner);
 //   * the refusals of bad mixture keys (one line naming the key).
 // The backend ops are test_moe_ops's; Hugging Face's own numbers (the load-balancing loss
 // included) are test_moe_golden's; the
@@ -19,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -26,10 +31,12 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/config/world_layout.h"
+#include "models/hf_checkpoint.h"
 #include "models/layers/moe.h"
 #include "models/mixtral/mixtral.h"
 #include "models/qwen3_moe/qwen3_moe.h"
 #include "models/registry.h"
+#include "partitioner/planner.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/error.h"
 #include "tests/decode_check.h"
@@ -271,23 +278,82 @@ TEST(Moe, Qwen3MoeGradientsMatchFiniteDifferences) {
                   24);
 }
 
+// Qwen3-MoE with dense layers (3 layers, decoder_sparse_step 2: layer 1 a mixture, 0 and 2
+// dense): the dense MLPs' gradients, and the router's with the balancing loss over the one
+// sparse layer (L = 1: a gradient scaled for all 3 layers would be off by 3×).
+TEST(Moe, Qwen3MoeDenseLayersGradientsMatchFiniteDifferences) {
+  MoeModel m("qwen3-moe-tiny",
+             {"model.norm_topk_prob=false", "model.num_layers=3", "model.decoder_sparse_step=2"});
+  ASSERT_EQ(m.spec.kinds(), 2);
+  check_gradients(m,
+                  {"layers.1.mlp.gate.weight", "layers.1.mlp.experts.gate_up_proj.weight",
+                   "layers.0.mlp.gate_up_proj.weight", "layers.2.mlp.down_proj.weight",
+                   "layers.0.self_attn.q_norm.weight"},
+                  24);
+}
+
 // Greedy decoding over the key/value cache (the router per new token) picks the training
 // forward's argmax at every position.
 TEST(Moe, DecodingOverTheCacheFollowsTheTrainingForward) {
-  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny", "qwen3-dense"}) {
     SCOPED_TRACE(preset);
-    MoeModel m(preset);
+    const bool dense = std::string(preset) == "qwen3-dense";
+    MoeModel m(dense ? "qwen3-moe-tiny" : preset,
+               dense ? std::vector<std::string>{"model.num_layers=3", "model.mlp_only_layers=[0,2]"}
+                     : std::vector<std::string>{});
     expect_decoding_follows_forward(*m.model, *m.be, m.spec.V, {5, 9, 2}, 5);
   }
 }
 
+// Hugging Face's Qwen3MoeDecoderLayer: layer i sparse iff i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0; the spec's kinds follow it, with the dense layers' names.
+TEST(Moe, DenseLayersFollowHuggingFacesRule) {
+  ModelConfig m = load_config("", {"model.preset=qwen3-moe-tiny", "model.num_layers=6",
+                                   "model.decoder_sparse_step=2", "model.mlp_only_layers=[1]"})
+                      .model;
+  const std::vector<bool> want = {false, false, false, true, false, true};
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(m.sparse_layer(l), want[static_cast<size_t>(l)]) << l;
+  const TransformerSpec spec = model_spec(m);
+  ASSERT_EQ(spec.kinds(), 2);
+  EXPECT_EQ(spec.moe_layers(), 2);
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(spec.kind_of(l), want[static_cast<size_t>(l)] ? 0 : 1);
+  const BlockSpec& dense = spec.kind_block(1);
+  EXPECT_FALSE(dense.mlp.is_moe());
+  EXPECT_EQ(dense.mlp.hidden, m.ffn_hidden_size);
+  EXPECT_EQ(dense.names.mlp_fc, "mlp.gate_up_proj");
+  EXPECT_EQ(dense.names.mlp_proj, "mlp.down_proj");
+  const ParamLayout layout = model_layout(m, 1, 0, false, whole_model(6));
+  EXPECT_TRUE(layout.find("layers.0.mlp.gate_up_proj.weight").valid());
+  EXPECT_FALSE(layout.find("layers.0.mlp.gate.weight").valid());
+  EXPECT_TRUE(layout.find("layers.3.mlp.gate.weight").valid());
+  EXPECT_FALSE(layout.find("layers.3.mlp.gate_up_proj.weight").valid());
+  // The defaults: every layer a mixture, one kind (the spec of the parent commit).
+  m.decoder_sparse_step = 1;
+  m.mlp_only_layers.clear();
+  EXPECT_EQ(model_spec(m).kinds(), 1);
+  EXPECT_TRUE(model_spec(m).layer_kind.empty());
+}
+
 // Our fused experts to the Hub's per-expert tensors and back, exactly; config.json written for
-// the class and read back to the same model keys; a directory without one expert's tensor, or
-// with dense layers (Qwen3-MoE's mlp_only_layers), refused naming the tensor or the key.
+// the class and read back to the same model keys; a directory without one expert's tensor
+// refused naming it. Qwen3-MoE with dense layers (4 layers, decoder_sparse_step 2,
+// mlp_only_layers [3, 0]: layer 1 its only mixture) the same way, its dense layers' MLPs as Llama's
+// gate_proj / up_proj / down_proj; config.json carries the two keys, and another set of dense
+// layers or another intermediate_size is refused naming the key.
 TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
-  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
-    SCOPED_TRACE(preset);
-    const ModelConfig m = load_config("", {std::string("model.preset=") + preset}).model;
+  struct Case {
+    std::string preset;
+    std::vector<std::string> sets;
+  };
+  const std::vector<std::string> dense_sets = {"model.num_layers=4", "model.decoder_sparse_step=2",
+                                               "model.mlp_only_layers=[3,0]"};
+  for (const Case& k :
+       {Case{"mixtral-tiny", {}}, Case{"qwen3-moe-tiny", {}}, Case{"qwen3-moe-tiny", dense_sets}}) {
+    const bool dense = !k.sets.empty();
+    SCOPED_TRACE(k.preset + (dense ? " with dense layers" : ""));
+    std::vector<std::string> sets = {"model.preset=" + k.preset};
+    sets.insert(sets.end(), k.sets.begin(), k.sets.end());
+    const ModelConfig m = load_config("", sets).model;
     const ArchSpec& arch = architecture(m.arch);
     const ParamLayout layout = model_layout(m, 1, 0, false, whole_model(m.num_layers));
     FullTensors ours;
@@ -303,6 +369,18 @@ TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
     const std::string expert = "model.layers.1." + moe + ".experts.3." + down + ".weight";
     ASSERT_TRUE(hf.count(expert)) << expert;
     EXPECT_EQ(hf.at(expert).shape, (Shape{m.hidden_size, m.expert_hidden()}));
+    if (dense) {
+      // Layers 0, 2 and 3 dense: Llama's three projections of ffn_hidden_size, no router.
+      for (int l : {0, 2, 3}) {
+        const std::string h = "model.layers." + std::to_string(l) + ".mlp.";
+        ASSERT_TRUE(hf.count(h + "gate_proj.weight")) << h;
+        EXPECT_EQ(hf.at(h + "gate_proj.weight").shape, (Shape{m.ffn_hidden_size, m.hidden_size}));
+        EXPECT_EQ(hf.at(h + "down_proj.weight").shape, (Shape{m.hidden_size, m.ffn_hidden_size}));
+        EXPECT_FALSE(hf.count(h + "gate.weight")) << h;
+        EXPECT_FALSE(hf.count(h + "experts.0.up_proj.weight")) << h;
+      }
+      EXPECT_FALSE(hf.count("model.layers.1.mlp.gate_proj.weight"));
+    }
     // Every name of the state-dict order is there, and nothing else.
     const std::vector<std::string> order = arch.hf.hf_order(m);
     EXPECT_EQ(order.size(), hf.size());
@@ -319,13 +397,16 @@ TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
         EXPECT_EQ(b.data.size(), t.data.size()) << name;
       }
     }
-    FullTensors missing = hf;
-    missing.erase(expert);
-    try {
-      arch.hf.from_hf(m, missing, "dir/model.safetensors");
-      ADD_FAILURE() << "a missing expert was accepted";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(expert), std::string::npos) << e.what();
+    for (const std::string& gone :
+         {expert, std::string(dense ? "model.layers.2.mlp.up_proj.weight" : expert)}) {
+      FullTensors missing = hf;
+      missing.erase(gone);
+      try {
+        arch.hf.from_hf(m, missing, "dir/model.safetensors");
+        ADD_FAILURE() << "a missing tensor was accepted: " << gone;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(gone), std::string::npos) << e.what();
+      }
     }
     const nlohmann::json c = arch.hf.hf_config(m);
     EXPECT_NO_THROW(arch.hf.check_hf_config(m, c, "d/config.json"));
@@ -336,20 +417,81 @@ TEST(Moe, HuggingFaceTensorsAndConfigRoundTrip) {
     EXPECT_EQ(read.head_size(), m.head_size());
     EXPECT_EQ(read.norm_topk_prob, m.norm_topk_prob);
     EXPECT_EQ(read.router_aux_loss_coef, m.router_aux_loss_coef);
+    EXPECT_EQ(read.decoder_sparse_step, m.decoder_sparse_step);
+    EXPECT_EQ(read.mlp_only_layers, m.mlp_only_layers);
+    EXPECT_EQ(read.ffn_hidden_size, m.ffn_hidden_size);
     nlohmann::json other = c;
     other[m.arch == "mixtral" ? "num_local_experts" : "num_experts"] = m.num_experts + 1;
     EXPECT_THROW(arch.hf.check_hf_config(m, other, "d/config.json"), InputError);
-    if (m.arch == "qwen3_moe") {
-      nlohmann::json dense = c;
-      dense["mlp_only_layers"] = {0};
+    if (m.arch != "qwen3_moe") continue;
+    EXPECT_EQ(c.at("decoder_sparse_step"), m.decoder_sparse_step);
+    EXPECT_EQ(c.at("mlp_only_layers"), nlohmann::json(m.mlp_only_layers));
+    // Another set of dense layers (or another width of them) is another model.
+    const auto refused_at = [&](const nlohmann::json& cfg) -> std::string {
       try {
-        arch.hf.model_config(dense, "d/config.json");
-        ADD_FAILURE() << "dense layers were accepted";
+        arch.hf.check_hf_config(m, cfg, "d/config.json");
       } catch (const InputError& e) {
-        EXPECT_NE(std::string(e.what()).find("mlp_only_layers"), std::string::npos) << e.what();
+        return e.what();
       }
+      return "";
+    };
+    nlohmann::json more_dense = c;
+    more_dense["mlp_only_layers"] = {3};
+    EXPECT_NE(refused_at(more_dense).find("mlp_only_layers"), std::string::npos);
+    nlohmann::json step = c;
+    step["decoder_sparse_step"] = dense ? 1 : 2;
+    EXPECT_NE(refused_at(step).find("decoder_sparse_step"), std::string::npos);
+    nlohmann::json beyond = c;
+    beyond["mlp_only_layers"] = {m.num_layers};
+    EXPECT_NE(refused_at(beyond).find("mlp_only_layers"), std::string::npos);
+    if (dense) {
+      nlohmann::json width = c;
+      width["intermediate_size"] = m.ffn_hidden_size + 2;
+      EXPECT_NE(refused_at(width).find("intermediate_size"), std::string::npos);
+      // The same dense layers in another order are the same model.
+      nlohmann::json permuted = c;
+      permuted["mlp_only_layers"] = {0, 3};
+      EXPECT_EQ(refused_at(permuted), "");
     }
   }
+}
+
+// model.init_from of a directory with a router on a dense layer (or a dense layer's MLP on a
+// sparse one) refuses the tensor by name, as any tensor the model has no place for.
+TEST(Moe, DenseLayerDirectoryWithAnUnexpectedTensorIsRefused) {
+  const ModelConfig m = load_config("", {"model.preset=qwen3-moe-tiny", "model.num_layers=3",
+                                         "model.decoder_sparse_step=2"})
+                            .model;
+  const ArchSpec& arch = architecture(m.arch);
+  const ParamLayout layout = model_layout(m, 1, 0, false, whole_model(m.num_layers));
+  FullTensors ours;
+  for (const ParamInfo& p : layout.infos())
+    ours[p.name] =
+        FullTensor{p.full_shape, std::vector<float>(static_cast<size_t>(p.numel), 0.25f)};
+  const std::string dir = ::testing::TempDir() + "strata_qwen3_dense_hf";
+  for (const std::string& extra : {std::string(""), std::string("model.layers.0.mlp.gate.weight"),
+                                   std::string("model.layers.1.mlp.gate_proj.weight")}) {
+    SCOPED_TRACE(extra);
+    std::filesystem::remove_all(dir);
+    FullTensors hf = arch.hf.to_hf(m, ours);
+    if (!extra.empty())
+      hf[extra] =
+          FullTensor{{m.num_experts, m.hidden_size},
+                     std::vector<float>(static_cast<size_t>(m.num_experts * m.hidden_size))};
+    write_hf_directory(dir, arch.hf.hf_config(m), hf, HfWriteOptions{});
+    if (extra.empty()) {
+      const FullTensors loaded = load_hf_model(m, dir);
+      EXPECT_EQ(loaded.size(), ours.size());
+      continue;
+    }
+    try {
+      load_hf_model(m, dir);
+      ADD_FAILURE() << "an unexpected tensor was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(extra), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // The self-description: every expert's parameters counted (Mixtral-8x7B is 46.7B), the active
@@ -379,6 +521,121 @@ TEST(Moe, DescriptionCountsEveryExpertAndTheActiveFlops) {
                   same->flops_per_iteration(4, Recompute::kNone).model,
               3 * 2.0 * C * E * tokens * L,
               1e-6 * moe->flops_per_iteration(4, Recompute::kNone).model);
+}
+
+// Qwen3-MoE's dense layers are described as dense MLPs: per-kind parameters (no experts, so
+// nothing an expert group divides), FLOPs of their MLP instead of the router and the active
+// experts, no all-to-all under expert parallelism; pieces count the kinds of layer they hold.
+TEST(Moe, DescriptionCountsDenseLayersAsDenseMlps) {
+  const std::vector<std::string> base = {"model.preset=qwen3-moe-tiny", "model.num_layers=4"};
+  std::vector<std::string> with = base;
+  with.insert(with.end(), {"model.decoder_sparse_step=2"});  // layers 1, 3 sparse; 0, 2 dense
+  const ModelConfig m = load_config("", with).model, all = load_config("", base).model;
+  const auto d = describe_model(m), sparse = describe_model(all);
+  const int64_t C = m.hidden_size, E = m.num_experts, Fe = m.expert_hidden(), F = m.ffn_hidden_size,
+                k = m.num_experts_per_tok;
+  ASSERT_EQ(d->layer_kinds(), 2);
+  EXPECT_EQ(sparse->layer_kinds(), 1);
+  for (int t : {1, 2}) {
+    // Kind 0 is the mixture, as every layer of the all-sparse model; kind 1 a dense layer.
+    EXPECT_EQ(d->layer_parameters(t, 0), sparse->layer_parameters(t, 0));
+    EXPECT_EQ(d->layer_parameters(t, 0) - d->layer_parameters(t, 1),
+              E * C + (E * 3 * Fe * C - 3 * F * C) / t);
+    EXPECT_EQ(d->layer_expert_parameters(t, 1), 0);
+    // A piece's count is its layers' (checked against the layout it declares).
+    for (const ModelPiece& pc : {ModelPiece{0, 1, true, false}, ModelPiece{1, 2, false, false},
+                                 ModelPiece{2, 2, false, true}}) {
+      const int64_t n = model_layout(m, t, 0, false, {pc}).numel();
+      const int piece = pc.embedding ? 0 : pc.head ? 2 : 1;
+      EXPECT_EQ(piece_parameters(*d, t, piece, 3, pc.first_layer, pc.num_layers), n)
+          << "t " << t << " layers from " << pc.first_layer;
+    }
+    const RankParameters r = rank_parameters(*d, t, 2, 0, 1, 0, 4);
+    EXPECT_EQ(r.expert, 2 * d->layer_expert_parameters(t, 0) / 2);
+  }
+  EXPECT_EQ(sparse->parameters() - d->parameters(), 2 * (E * C + E * 3 * Fe * C - 3 * F * C));
+  // FLOPs: two layers with a dense MLP (2·C·3F a token) instead of the router and k experts.
+  const double tokens = 4.0 * m.seq_len;
+  EXPECT_NEAR(sparse->flops_per_iteration(4, Recompute::kNone).model -
+                  d->flops_per_iteration(4, Recompute::kNone).model,
+              3 * 2 * tokens * (2.0 * C * E + k * 2.0 * C * 3 * Fe - 2.0 * C * 3 * F),
+              1e-9 * sparse->flops_per_iteration(4, Recompute::kNone).model);
+  // Expert parallelism: the mixture's all-to-alls, none in a dense layer.
+  const RankShape ep{1, false, 2};
+  const auto all_to_alls = [](const PartWork& w) {
+    int n = 0;
+    for (const Collective& c : w.collectives_fwd) n += c.group == CommGroup::kExpert;
+    for (const Collective& c : w.collectives_bwd) n += c.group == CommGroup::kExpert;
+    return n;
+  };
+  EXPECT_GT(all_to_alls(d->layer_work(2, ep, 0)), 0);
+  EXPECT_EQ(all_to_alls(d->layer_work(2, ep, 1)), 0);
+  // q/k/v, the attention's projection, [gate; up] and down; the mixture adds its router.
+  EXPECT_EQ(d->layer_work(2, ep, 1).gemms.size(), 4u);
+  EXPECT_EQ(d->layer_work(2, ep, 0).gemms.size(), 5u);
+  EXPECT_LT(d->layer_activations(2, ep, Recompute::kNone, false, 1).saved,
+            d->layer_activations(2, ep, Recompute::kNone, false, 0).saved);
+  EXPECT_NE(d->summary().find("2 of the layers dense, ffn 96"), std::string::npos) << d->summary();
+}
+
+// The planner prices each kind of layer apart: a stage of dense layers is cheaper than one of
+// mixtures, so the exact pass's split gives the dense half of the model more layers, and the
+// stage's memory counts the activations of the layers it holds.
+TEST(Moe, PlannerPricesDenseLayersApart) {
+  // 8 layers, the first 4 dense (mlp_only_layers, ffn 1024), the others mixtures of 16 experts
+  // of 2048, 8 a token: a mixture's layer about 7 times a dense one's FLOPs.
+  const ModelConfig m =
+      load_config(
+          "", {"model.preset=qwen3-moe-tiny", "model.num_layers=8", "model.seq_len=1024",
+               "model.hidden_size=1024", "model.num_heads=8", "model.head_dim=128",
+               "model.ffn_hidden_size=1024", "model.num_experts=16", "model.num_experts_per_tok=8",
+               "model.moe_intermediate_size=2048", "model.mlp_only_layers=[0,1,2,3]"})
+          .model;
+  const std::shared_ptr<const ModelDescription> d = describe_model(m);
+  const Cluster cl = cluster_from_json(
+      {{"name", "one"},
+       {"nodes", 1},
+       {"gpus_per_node", 2},
+       {"peak_flops", {{"bf16", 1e15}}},
+       {"memory_bytes", 80e9},
+       {"hbm_bandwidth", 3e12},
+       {"intra_node", {{"bandwidth", 100e9}, {"latency_s", 1e-5}, {"efficiency", 0.5}}},
+       {"inter_node", {{"bandwidth", 10e9}, {"latency_s", 2e-5}, {"efficiency", 1.0}}},
+       {"nics_per_node", 2}},
+      "<test>");
+  ParallelLayout c;
+  c.pipeline = 2;
+  c.data = 1;
+  c.micro_batch_size = 1;
+  c.num_microbatches = 4;
+  const CostContext ctx{d.get(), &cl, "bf16", nullptr, strata_runtime(false, "bf16")};
+  const std::vector<LayerTimes> kinds = kind_times(ctx, c);
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_LT(kinds[1].layer_fwd + kinds[1].layer_bwd, kinds[0].layer_fwd + kinds[0].layer_bwd);
+  PlanRequest req;
+  req.model = d;
+  req.cluster = cl;
+  req.global_batch_size = 4;
+  const PlanResult r = evaluate_plan(req, c);
+  ASSERT_EQ(r.config.layers_per_piece.size(), 2u);
+  EXPECT_GT(r.config.layers_per_piece[0], r.config.layers_per_piece[1]);
+  // The even split's stage 1 holds the 4 mixtures, stage 0 the 4 dense layers: its activations
+  // are those of its layers (the rest of the stage's figures alike on both).
+  c.layers_per_piece = {4, 4};
+  MemoryOptions o;
+  o.precision = "bf16";
+  const std::vector<MemoryBreakdown> mem = stage_memory(*d, c, o, {1, 1});
+  const RankShape rs{1, false, 1};
+  const ActivationElems dense = d->layer_activations(1, rs, Recompute::kNone, o.flash_attention, 1),
+                        moe = d->layer_activations(1, rs, Recompute::kNone, o.flash_attention, 0);
+  const ActivationElems head = d->head_activations(1, rs);
+  const double transient_0 = dense.transient;
+  const double transient_1 = std::max(head.transient, moe.transient - head.freed_before_layers);
+  EXPECT_DOUBLE_EQ(mem[0].activations, (4 * dense.saved + d->piece_input_elems(1, rs) +
+                                        d->embedding_activations(1, rs).saved + transient_0) *
+                                           2);
+  EXPECT_DOUBLE_EQ(mem[1].activations,
+                   (4 * moe.saved + d->piece_input_elems(1, rs) + head.saved + transient_1) * 2);
 }
 
 // The line a config of `sets` is refused with, on a world of its tensor × pipeline ranks ("" when
@@ -439,6 +696,36 @@ TEST(Moe, BadKeysAreRefusedNamingTheKey) {
                      "train.global_batch_size=8", "train.micro_batch_size=1"},
                     4),
             "");
+  // Qwen3-MoE's dense layers: a step ≥ 1, distinct layers of the model, at least one mixture
+  // left; the keys are qwen3_moe's alone.
+  const auto names = [](const std::string& line, const std::string& key) {
+    EXPECT_NE(line.find(key), std::string::npos) << line;
+  };
+  const std::string q = "model.preset=qwen3-moe-tiny";  // 2 layers
+  EXPECT_EQ(refusal({q, "model.decoder_sparse_step=2"}), "");
+  EXPECT_EQ(refusal({q, "model.mlp_only_layers=[1]", "parallel.tensor=2", "parallel.expert=2",
+                     "train.global_batch_size=8", "train.micro_batch_size=1"},
+                    2),
+            "");
+  names(refusal({q, "model.decoder_sparse_step=0"}), "model.decoder_sparse_step");
+  names(refusal({q, "model.decoder_sparse_step=-1"}), "model.decoder_sparse_step");
+  names(refusal({q, "model.mlp_only_layers=[2]"}), "model.mlp_only_layers");
+  names(refusal({q, "model.mlp_only_layers=[2]"}), "num_layers is 2");
+  names(refusal({q, "model.mlp_only_layers=[0,0]"}), "model.mlp_only_layers");
+  names(refusal({q, "model.mlp_only_layers=[-1]"}), "model.mlp_only_layers");
+  names(refusal({q, "model.mlp_only_layers=3"}), "model.mlp_only_layers");
+  names(refusal({q, "model.mlp_only_layers=[0,1]"}), "model.mlp_only_layers");
+  names(refusal({q, "model.decoder_sparse_step=3"}), "model.decoder_sparse_step");
+  names(refusal({"model.preset=mixtral-tiny", "model.decoder_sparse_step=2"}),
+        "model.decoder_sparse_step");
+  names(refusal({"model.preset=mixtral-tiny", "model.mlp_only_layers=[0]"}),
+        "model.mlp_only_layers");
+  names(refusal({"model.preset=llama-tiny", "model.mlp_only_layers=[0]"}), "model.mlp_only_layers");
+  names(refusal({"model.preset=tiny", "model.decoder_sparse_step=2"}), "model.decoder_sparse_step");
+  // The dense layers' width splits over the tensor group too.
+  names(
+      refusal({q, "model.decoder_sparse_step=2", "model.ffn_hidden_size=95", "parallel.tensor=2"}),
+      "model.ffn_hidden_size");
 }
 
 }  // namespace

@@ -1,17 +1,21 @@
 // Mixtral and Qwen3-MoE forward, backward and 10 AdamW steps against Hugging Face transformers
-// (tests/golden/mixtral_tiny.safetensors and qwen3_moe_tiny.safetensors, written by
+// (tests/golden/mixtral_tiny.safetensors, qwen3_moe_tiny.safetensors and
+// qwen3_moe_dense_tiny.safetensors — Qwen3-MoE with dense layers: decoder_sparse_step 2 and
+// mlp_only_layers [1] on 6 layers, mixtures at 3 and 5 — written by
 // tests/golden/make_moe_fixture.py: MixtralForCausalLM and Qwen3MoeForCausalLM in float64 with
 // output_router_logits, so that their loss is the language-model loss plus router_aux_loss_coef
-// times the load-balancing loss). The fixtures' tensors have Hugging Face's per-expert names, so
-// they go in through the architecture's adapter and Strata's gradients and final weights come back
-// out through it: the adapter's layouts are checked against transformers' too.
+// times the load-balancing loss, which pools the sparse layers' router logits only). The
+// description's parameter count is transformers' model's (the fixture records it). The fixtures'
+// tensors have Hugging Face's per-expert names, so they go in through the architecture's adapter
+// and Strata's gradients and final weights come back out through it: the adapter's layouts are
+// checked against transformers' too.
 //
 // Tolerances as the Llama golden test's (tests/test_llama_golden.cc, tests/golden/README.md):
 // logits, gradients 1e-4 × the largest magnitude in the tensor; losses, the load-balancing term
 // and gradient norms 1e-5 relative; final weights 1e-5 absolute but for at most 1 in 10,000
 // entries (1e-3): Adam turns float32 noise on gradients near 1e-8 into whole steps, and the
-// fixtures' own float32 replay has 7 of 185,280 (Mixtral) and 7 of 210,496 (Qwen3-MoE) entries
-// beyond 1e-5; Strata has 6 and 10.
+// fixtures' own float32 replay has 7 of 185,280 (Mixtral), 7 of 210,496 (Qwen3-MoE) and 13 of
+// 185,984 (Qwen3-MoE with dense layers) entries beyond 1e-5; Strata has 6, 10 and 10.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,8 +78,11 @@ Golden load(const std::string& file) {
   m.moe_intermediate_size = g.cfg["moe_intermediate_size"].get<int>();
   m.norm_topk_prob = g.cfg["norm_topk_prob"];
   m.router_aux_loss_coef = g.cfg["router_aux_loss_coef"];
-  if (g.cfg.contains("head_dim") && !g.cfg["head_dim"].is_null())
+  if (g.cfg.contains("head_dim") && !g.cfg["head_dim"].is_null() &&
+      g.cfg["head_dim"].get<int>() != m.hidden_size / m.num_heads)
     m.head_dim = g.cfg["head_dim"].get<int>();
+  m.decoder_sparse_step = g.cfg.value("decoder_sparse_step", 1);
+  m.mlp_only_layers = g.cfg.value("mlp_only_layers", std::vector<int>());
   g.B = g.cfg["batch_size"];
   g.S = m.seq_len;
   g.V = m.vocab_size;
@@ -207,12 +214,35 @@ TEST_P(MoeGolden, TenAdamWStepsMatchTorch) {
       << "entries of the final weights further than 1e-5 from the reference";
 }
 
+// The description counts the parameters of transformers' model; a mixture's dense layers count
+// as dense MLPs (the fixtures of one kind of layer have none).
+TEST_P(MoeGolden, DescriptionCountsTransformersParameters) {
+  const Golden g = load(GetParam());
+  const std::unique_ptr<ModelDescription> d = describe_model(g.m);
+  EXPECT_EQ(d->parameters(), g.cfg.at("parameters").get<int64_t>());
+  int dense = 0;
+  for (int l = 0; l < g.m.num_layers; ++l) dense += !g.m.sparse_layer(l);
+  EXPECT_EQ(d->layer_kinds(), dense > 0 ? 2 : 1);
+  for (int l = 0; l < g.m.num_layers; ++l)
+    EXPECT_EQ(d->layer_kind(l), g.m.sparse_layer(l) ? 0 : 1) << "layer " << l;
+  if (dense == 0) return;
+  // A dense layer: its attention and norms, and the SwiGLU MLP of ffn_hidden_size (3·F·C).
+  const int64_t C = g.m.hidden_size, F = g.m.ffn_hidden_size, E = g.m.num_experts,
+                Fe = g.m.expert_hidden();
+  EXPECT_EQ(d->layer_parameters(1, 0) - d->layer_parameters(1, 1),
+            E * C + E * 3 * Fe * C - 3 * F * C);
+  EXPECT_EQ(d->layer_expert_parameters(1, 1), 0);
+  EXPECT_EQ(d->layer_expert_parameters(1, 0), E * 3 * Fe * C);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeGolden,
-                         ::testing::Values("mixtral_tiny.safetensors",
-                                           "qwen3_moe_tiny.safetensors"),
+                         ::testing::Values("mixtral_tiny.safetensors", "qwen3_moe_tiny.safetensors",
+                                           "qwen3_moe_dense_tiny.safetensors"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            return std::string(p.param.rfind("mixtral", 0) == 0 ? "Mixtral"
-                                                                               : "Qwen3Moe");
+                                              : p.param.find("dense") != std::string::npos
+                                                  ? "Qwen3MoeDense"
+                                                  : "Qwen3Moe");
                          });
 
 }  // namespace

@@ -55,7 +55,7 @@ TEST(PlannerMemory, ParametersMatchModelLayout) {
             int64_t n = 0;
             const ParamLayout piece = model_layout(cfg.model, t, 0, false, {pc});
             for (const ParamInfo& p : piece.infos()) n += p.numel;
-            EXPECT_EQ(piece_parameters(*spec, t, k, pieces, pc.num_layers), n)
+            EXPECT_EQ(piece_parameters(*spec, t, k, pieces, pc.first_layer, pc.num_layers), n)
                 << preset << " tie " << tie << " t " << t << " piece " << k << "/" << pieces;
           }
         }

@@ -152,7 +152,7 @@ TEST(PlannerExpert, ExpertParametersPerRank) {
   const std::unique_ptr<ModelDescription> m = describe_model(cfg.model);
   const int64_t E = 8, F = 128, C = 64;
   for (int t : {1, 2}) {
-    EXPECT_EQ(m->layer_expert_parameters(t), E * 3 * F * C / t);
+    EXPECT_EQ(m->layer_expert_parameters(t, 0), E * 3 * F * C / t);
     for (int e : {1, 2, 4, 8}) {
       ParamLayout l(t, 0, e, 0);
       MoeSpec spec;
@@ -161,14 +161,14 @@ TEST(PlannerExpert, ExpertParametersPerRank) {
       spec.hidden = F;
       MixtureOfExperts moe(l, spec, {"router", "gate_up", "down"}, C, 0.02, 0.02);
       // The router (E, C) stays whole on every rank.
-      EXPECT_EQ(l.numel(), E * C + m->layer_expert_parameters(t) / e) << "t " << t << " e " << e;
-      const RankParameters n = rank_parameters(*m, t, e, 0, 1, 2);
-      EXPECT_EQ(n.expert, 2 * m->layer_expert_parameters(t) / e);
-      EXPECT_EQ(n.total(), piece_parameters(*m, t, 0, 1, 2) - n.expert * (e - 1));
+      EXPECT_EQ(l.numel(), E * C + m->layer_expert_parameters(t, 0) / e) << "t " << t << " e " << e;
+      const RankParameters n = rank_parameters(*m, t, e, 0, 1, 0, 2);
+      EXPECT_EQ(n.expert, 2 * m->layer_expert_parameters(t, 0) / e);
+      EXPECT_EQ(n.total(), piece_parameters(*m, t, 0, 1, 0, 2) - n.expert * (e - 1));
     }
   }
   MemoryOptions o;
-  const int64_t X = 2 * m->layer_expert_parameters(1);  // both layers' experts, e = 1
+  const int64_t X = 2 * m->layer_expert_parameters(1, 0);  // both layers' experts, e = 1
   for (bool zero : {false, true}) {
     ParallelLayout one = layout(1, 1, 8, 4), four = layout(1, 4, 8, 4);
     one.distributed_optimizer = four.distributed_optimizer = zero;
@@ -179,9 +179,9 @@ TEST(PlannerExpert, ExpertParametersPerRank) {
     // Without ZeRO a rank keeps its E/e experts' state; with it, the experts' state is sharded
     // over d/e ranks: e · (E/e) / d, as much as over d without expert parallelism.
     EXPECT_DOUBLE_EQ(a.optimizer - b.optimizer, zero ? 0.0 : 0.75 * X * 12);
-    EXPECT_DOUBLE_EQ(optimizer_shard(four, rank_parameters(*m, 1, 4, 0, 1, 2)),
-                     zero ? (rank_parameters(*m, 1, 1, 0, 1, 2).dense + X) / 8.0
-                          : static_cast<double>(rank_parameters(*m, 1, 4, 0, 1, 2).total()));
+    EXPECT_DOUBLE_EQ(optimizer_shard(four, rank_parameters(*m, 1, 4, 0, 1, 0, 2)),
+                     zero ? (rank_parameters(*m, 1, 1, 0, 1, 0, 2).dense + X) / 8.0
+                          : static_cast<double>(rank_parameters(*m, 1, 4, 0, 1, 0, 2).total()));
   }
 }
 

@@ -188,15 +188,15 @@ TEST(QkNorm, ParametersAreCountedInTheLayoutAndTheDescription) {
     const int64_t b =
         TransformerModel::layout(without, t, 0, false, {{0, 1, false, false}}).numel();
     EXPECT_EQ(a - b, 2 * HS) << "t " << t;
-    EXPECT_EQ(describe_transformer(with)->layer_parameters(t) -
-                  describe_transformer(without)->layer_parameters(t),
+    EXPECT_EQ(describe_transformer(with)->layer_parameters(t, 0) -
+                  describe_transformer(without)->layer_parameters(t, 0),
               2 * HS);
   }
   // Its activations: q/k/v once more before the norm and a statistic per head.
   const RankShape r{1, false};
   const double more =
-      describe_transformer(with)->layer_activations(2, r, Recompute::kNone, false).saved -
-      describe_transformer(without)->layer_activations(2, r, Recompute::kNone, false).saved;
+      describe_transformer(with)->layer_activations(2, r, Recompute::kNone, false, 0).saved -
+      describe_transformer(without)->layer_activations(2, r, Recompute::kNone, false, 0).saved;
   const AttentionSpec& att = with.block.attention;
   EXPECT_DOUBLE_EQ(more, 2.0 * with.S * (att.qkv_width() + att.heads + att.kv_heads));
 }

@@ -88,8 +88,10 @@ json gemm_curve(const Config& cfg, Backend& be, const Timer& time, DType dt, boo
   const int b = cfg.layout.micro_batch_size;
   for (int t : {1, 2, 4, cfg.layout.tensor}) {
     if (!d->tensor_split_reason(t, false).empty()) continue;
-    for (const PartWork& w :
-         {d->layer_work(b, RankShape{t, false}), d->head_work(b, RankShape{t, false})}) {
+    std::vector<PartWork> parts = {d->head_work(b, RankShape{t, false})};
+    for (int kind = 0; kind < d->layer_kinds(); ++kind)
+      parts.push_back(d->layer_work(b, RankShape{t, false}, kind));
+    for (const PartWork& w : parts) {
       for (const GemmShape& g : w.gemms) {
         shapes.insert({g.m, g.n, g.k});
         shapes.insert({g.m, g.k, g.n});
@@ -186,7 +188,8 @@ double elementwise_bandwidth(const Config& cfg, Backend& be, const Timer& time, 
   const double t = 2 * time(norm_f) + time(act_f) + 2 * time([&] { be.add_inplace(y, x); }) +
                    2 * time(norm_b) + time(act_b) + 2 * time([&] { be.add_inplace(dx, y); });
   const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
-  const PartWork work = d->layer_work(static_cast<int>(B), RankShape{});
+  // The block's own kernels (kind 0: model_spec's block, timed above).
+  const PartWork work = d->layer_work(static_cast<int>(B), RankShape{}, 0);
   return (work.elementwise_fwd + work.elementwise_bwd) * static_cast<double>(dtype_size(dt)) / t;
 }
 

@@ -29,6 +29,17 @@ void check_heads(const ModelConfig& m, const Reader& r) {
   }
 }
 
+// Qwen3-MoE's dense layers name layers of the model (the architecture refuses the keys where it
+// has no dense layers: ArchSpec::validate).
+void check_dense_layers(const ModelConfig& m, const Reader& r) {
+  for (int l : m.mlp_only_layers)
+    if (l >= m.num_layers)
+      r.fail_latest({"model.mlp_only_layers", "model.num_layers"},
+                    "mlp_only_layers names layer " + to_string(l) + " but num_layers is " +
+                        to_string(m.num_layers) + " (layers 0 to " + to_string(m.num_layers - 1) +
+                        ")");
+}
+
 // The schedule's chunks, and the split: one entry per model chunk, every layer in exactly one
 // chunk, never silently dropped.
 void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r) {
@@ -184,6 +195,7 @@ void check_checkpoint(const CheckpointConfig& k, const Reader& r) {
 // In this order: the first that fails is the error reported.
 void check_consistency(const Config& c, const Reader& r) {
   check_heads(c.model, r);
+  check_dense_layers(c.model, r);
   check_layout(c.layout, c.model, r);
   check_attention_backend(c, r);
   check_lr_schedule(c.optimizer, r);

@@ -262,6 +262,25 @@ std::optional<RopeScaling> read_rope_scaling(const Reader& r, const std::string&
   return s;
 }
 
+// model.mlp_only_layers: a list of distinct layer indices ≥ 0 (config_checks.cc bounds them by
+// model.num_layers).
+std::vector<int> read_layer_list(const Reader& r, const std::string& p) {
+  const json& v = r.at(p);
+  const std::string expected = "expected a list of distinct layer indices >= 0";
+  if (!v.is_array()) r.fail(p, expected + ", got " + show(v));
+  std::vector<int> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::optional<int64_t> n = as_int64(v[i]);
+    if (!n || *n < 0 || *n > INT_MAX)
+      r.fail(p, expected + ", got " + show(v) + " (entry " + std::to_string(i) + " is " +
+                    show(v[i]) + ")");
+    if (std::find(out.begin(), out.end(), *n) != out.end())
+      r.fail(p, expected + ", got " + show(v) + " (layer " + std::to_string(*n) + " twice)");
+    out.push_back(static_cast<int>(*n));
+  }
+  return out;
+}
+
 // A key of the parallel layout: its row of layout_fields.h (its check and its meaning, shared
 // with --plan files and --fix), read into and written from Config::layout.
 Key layout_key(const char* name) {
@@ -368,7 +387,13 @@ const std::vector<Section>& schema() {
                                 "assignments per expert, those of the largest weights"),
           model.optional_integer("head_dim", &M::head_dim, 1,
                                  "qwen3_moe: the attention's head size; null: hidden_size / "
-                                 "num_heads")}},
+                                 "num_heads"),
+          model.integer("decoder_sparse_step", &M::decoder_sparse_step, 1,
+                        "qwen3_moe: layer i is a mixture when (i + 1) % step == 0 (and not in "
+                        "mlp_only_layers), else a dense MLP of ffn_hidden_size"),
+          model.custom("mlp_only_layers", &M::mlp_only_layers, read_layer_list,
+                       "qwen3_moe: layers whose MLP is dense (ffn_hidden_size), whatever "
+                       "decoder_sparse_step says")}},
         {"parallel",
          {layout_key("tensor"), layout_key("context"), layout_key("expert"), layout_key("pipeline"),
           layout_key("data"), layout_key("virtual_stages"), layout_key("schedule"),

@@ -85,7 +85,7 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   const std::unique_ptr<ModelDescription> desc = describe_model(cfg.model);
   const int e = run.layout.expert;
   const int64_t per_rank =
-      rank_parameters(*desc, run.layout.tensor, e, 0, 1, desc->num_layers()).total();
+      rank_parameters(*desc, run.layout.tensor, e, 0, 1, 0, desc->num_layers()).total();
   const int64_t real = desc->parameters();
   const FlopCount f = desc->flops_per_iteration(run.global, run.layout.recompute);
   const nlohmann::json plan = planner_prediction(run);

@@ -1,6 +1,8 @@
 // The "llama" entry of the model registry (models/registry.h): the Llama family as a transformer
 // spec, and the spec and registry entry every member of the family (Mixtral, Qwen3-MoE) builds
 // on.
+#include <algorithm>
+
 #include "models/llama/llama.h"
 #include "models/registry.h"
 #include "models/transformer/lm_head.h"
@@ -60,6 +62,24 @@ TransformerSpec llama_family_spec(const LlamaFamily& f, const ModelConfig& m) {
     s.shape_keys["norm_topk_prob"] = m.norm_topk_prob;
     s.shape_keys["router_aux_loss_coef"] = m.router_aux_loss_coef;
   }
+  if (f.dense_layers) {
+    s.shape_keys["decoder_sparse_step"] = m.decoder_sparse_step;
+    s.shape_keys["mlp_only_layers"] = m.mlp_only_layers;
+    // The dense layers: the family's SwiGLU MLP of ffn_hidden_size, under Llama's names, in the
+    // mixture's slot.
+    BlockSpec dense = b;
+    dense.mlp.moe = MoeSpec{};
+    dense.mlp.hidden = m.ffn_hidden_size;
+    dense.names.router.clear();
+    dense.names.mlp_fc = "mlp.gate_up_proj";
+    dense.names.mlp_proj = "mlp.down_proj";
+    std::vector<int> kind(static_cast<size_t>(m.num_layers));
+    for (int l = 0; l < m.num_layers; ++l) kind[static_cast<size_t>(l)] = m.sparse_layer(l) ? 0 : 1;
+    if (std::count(kind.begin(), kind.end(), 1) > 0) {
+      s.variants = {dense};
+      s.layer_kind = std::move(kind);
+    }
+  }
   return s;
 }
 
@@ -92,6 +112,7 @@ ArchSpec llama_family_arch(const LlamaFamily& f,
   // Rotary embeddings rotate pairs (i, i + head_size/2): the head size must be even.
   a.validate = [f](const ModelConfig& m, int tensor, const std::string& file) {
     if (!f.moe.empty()) {
+      if (!f.dense_layers) refuse_dense_layer_keys(m, file);
       validate_moe(m, tensor, file);
       if (f.always_renormalise && !m.norm_topk_prob)
         throw InputError(

@@ -9,6 +9,11 @@
 //     (2F, C)                               rows [gate (F) ; up (F)]
 //   layers.{l}.self_attn.o_proj, mlp.down_proj, input_layernorm, post_attention_layernorm, norm
 //                                         the same under model.
+//   a mixture's layer: <moe>.gate,        <moe>.gate, <moe>.experts.{e}.<gate|up|down>.weight
+//     <moe>.experts.gate_up_proj (E·2F, C), one tensor per expert and projection
+//     <moe>.experts.down_proj (E·C, F)
+//   Qwen3-MoE's dense layers (ModelConfig::sparse_layer false) are Llama's: mlp.gate_up_proj,
+//   mlp.down_proj of ffn_hidden_size ↔ mlp.gate_proj, mlp.up_proj, mlp.down_proj.
 //   lm_head.weight (Vp, C), untied only   lm_head.weight (V, C); a tied model saves none (as
 //                                         save_pretrained drops the shared tensor), or one equal
 //                                         to the embedding
@@ -66,6 +71,12 @@ std::string layer(int64_t l) {
   return "layers." + std::to_string(l) + ".";
 }
 
+// Layer l's MLP is the family's mixture (else Llama's dense SwiGLU MLP: every layer of a dense
+// family, Qwen3-MoE's dense layers).
+bool sparse(const LlamaFamily& f, const ModelConfig& m, int64_t l) {
+  return !f.moe.empty() && m.sparse_layer(static_cast<int>(l));
+}
+
 }  // namespace
 
 FullTensors llama_family_to_hf(const LlamaFamily& f, const ModelConfig& m,
@@ -83,7 +94,7 @@ FullTensors llama_family_to_hf(const LlamaFamily& f, const ModelConfig& m,
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         hf[h + n] = get(o + n);
-    if (f.moe.empty()) {
+    if (!sparse(f, m, l)) {
       const FullTensor& gate_up = get(o + "mlp.gate_up_proj.weight");
       hf[h + "mlp.gate_proj.weight"] = hf_rows(gate_up, 0, m.ffn_hidden_size);
       hf[h + "mlp.up_proj.weight"] = hf_rows(gate_up, m.ffn_hidden_size, m.ffn_hidden_size);
@@ -132,7 +143,7 @@ FullTensors llama_family_from_hf(const LlamaFamily& f, const ModelConfig& m, con
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         o[p + n] = get(h + n, {head_size(m)});
-    if (f.moe.empty()) {
+    if (!sparse(f, m, l)) {
       o[p + "mlp.gate_up_proj.weight"] = stack_rows(
           {&get(h + "mlp.gate_proj.weight", {F, C}), &get(h + "mlp.up_proj.weight", {F, C})});
       o[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight", {C, F});
@@ -206,12 +217,12 @@ nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m
     c["num_local_experts"] = m.num_experts;
     c["intermediate_size"] = m.expert_hidden();
     c["router_jitter_noise"] = 0.0;
-  } else {  // Qwen3MoeConfig: every layer sparse
+  } else {  // Qwen3MoeConfig: its dense layers' width is intermediate_size (ffn_hidden_size)
     c["num_experts"] = m.num_experts;
     c["moe_intermediate_size"] = m.expert_hidden();
     c["norm_topk_prob"] = m.norm_topk_prob;
-    c["decoder_sparse_step"] = 1;
-    c["mlp_only_layers"] = nlohmann::json::array();
+    c["decoder_sparse_step"] = m.decoder_sparse_step;
+    c["mlp_only_layers"] = m.mlp_only_layers;
     c["use_sliding_window"] = false;
     c["max_window_layers"] = m.num_layers;
   }
@@ -241,7 +252,7 @@ std::vector<std::string> llama_family_hf_order(const LlamaFamily& f, const Model
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         names.push_back(h + n);
-    if (f.moe.empty()) {
+    if (!sparse(f, m, l)) {
       for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
         names.push_back(h + n);
     } else {
@@ -263,6 +274,25 @@ std::vector<std::string> llama_hf_order(const ModelConfig& m) {
 
 namespace {
 
+// Qwen3MoeConfig's mlp_only_layers: distinct layer indices in [0, num_hidden_layers); absent or
+// null, none. (transformers would ignore an index beyond the layers; Strata refuses it, as its
+// config does.)
+std::vector<int> hf_dense_layers(const nlohmann::json& hf, int num_layers,
+                                 const std::string& path) {
+  const nlohmann::json v = hf_value(hf, "mlp_only_layers", nlohmann::json::array());
+  const std::string expected = "a list of distinct layer indices in [0, num_hidden_layers " +
+                               std::to_string(num_layers) + "), found " + v.dump();
+  if (!v.is_array()) throw InputError(path, "mlp_only_layers", expected);
+  std::vector<int> out;
+  for (const nlohmann::json& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= num_layers ||
+        std::find(out.begin(), out.end(), x.get<int64_t>()) != out.end())
+      throw InputError(path, "mlp_only_layers", expected);
+    out.push_back(x.get<int>());
+  }
+  return out;
+}
+
 // The mixture's keys of a Mixtral or Qwen3-MoE config.json against the model config. Absent keys
 // take the class's defaults.
 void check_moe_keys(const LlamaFamily& f, const ModelConfig& m, const nlohmann::json& hf,
@@ -279,12 +309,22 @@ void check_moe_keys(const LlamaFamily& f, const ModelConfig& m, const nlohmann::
     check_hf_key(hf, "moe_intermediate_size", m.expert_hidden(), "model.moe_intermediate_size",
                  path, 768);
     check_hf_key(hf, "norm_topk_prob", m.norm_topk_prob, "model.norm_topk_prob", path, false);
-    check_hf_key(hf, "decoder_sparse_step", 1, "every layer sparse, as Strata's", path, 1);
-    const nlohmann::json dense = hf_value(hf, "mlp_only_layers", nlohmann::json::array());
-    if (!dense.is_array() || !dense.empty())
+    check_hf_key(hf, "decoder_sparse_step", m.decoder_sparse_step, "model.decoder_sparse_step",
+                 path, 1);
+    // The same layers dense, in whatever order.
+    std::vector<int> dense = hf_dense_layers(hf, m.num_layers, path), want = m.mlp_only_layers;
+    std::sort(dense.begin(), dense.end());
+    std::sort(want.begin(), want.end());
+    if (dense != want)
       throw InputError(path, "mlp_only_layers",
-                       "[] (every layer sparse: Strata has no dense layers in a mixture), found " +
-                           dense.dump());
+                       nlohmann::json(m.mlp_only_layers).dump() +
+                           " (model.mlp_only_layers of the model config), found " +
+                           hf_value(hf, "mlp_only_layers", nlohmann::json::array()).dump());
+    // The dense layers' width.
+    bool any_dense = false;
+    for (int l = 0; l < m.num_layers; ++l) any_dense = any_dense || !m.sparse_layer(l);
+    if (any_dense)
+      check_hf_key(hf, "intermediate_size", m.ffn_hidden_size, "model.ffn_hidden_size", path, 6144);
     check_hf_key(hf, "use_sliding_window", false, "Strata's full attention", path, false);
   }
   check_hf_key(hf, "num_experts_per_tok", m.num_experts_per_tok, "model.num_experts_per_tok", path,
@@ -385,7 +425,8 @@ ModelConfig llama_family_model_config_from_hf(const LlamaFamily& f, const nlohma
   m.hidden_size = hf_int(hf, "hidden_size", 4096, path);
   m.num_heads = hf_int(hf, "num_attention_heads", 32, path);
   m.num_key_value_heads = hf_int(hf, "num_key_value_heads", m.num_heads, path);
-  m.ffn_hidden_size = hf_int(hf, "intermediate_size", 11008, path);
+  // (Qwen3MoeConfig's default width of its dense layers is 6144, LlamaConfig's 11008.)
+  m.ffn_hidden_size = hf_int(hf, "intermediate_size", f.dense_layers ? 6144 : 11008, path);
   m.seq_len = hf_int(hf, "max_position_embeddings", 2048, path);
   m.vocab_size = hf_int(hf, "vocab_size", 32000, path);
   m.tie_embeddings = hf_bool(hf, "tie_word_embeddings", false, path);
@@ -422,7 +463,11 @@ ModelConfig llama_family_model_config_from_hf(const LlamaFamily& f, const nlohma
     m.norm_topk_prob = mixtral || hf_bool(hf, "norm_topk_prob", false, path);
     m.router_aux_loss_coef = hf_number(hf, "router_aux_loss_coef", 0.001, path);
   }
-  // What Strata's model does not do (biases, other RoPE, dense layers in a mixture, …).
+  if (f.dense_layers) {
+    m.decoder_sparse_step = hf_int(hf, "decoder_sparse_step", 1, path);
+    m.mlp_only_layers = hf_dense_layers(hf, m.num_layers, path);
+  }
+  // What Strata's model does not do (biases, other RoPE, sliding windows, …).
   llama_family_check_hf_config(f, m, hf, path);
   return m;
 }

@@ -47,6 +47,10 @@ struct LlamaFamily {
   std::vector<int> expert_order = {0, 1, 2};
   // The top-k weights are always renormalised (Mixtral), not as model.norm_topk_prob says.
   bool always_renormalise = false;
+  // Layers with a dense MLP among the mixtures (Qwen3-MoE's model.decoder_sparse_step and
+  // model.mlp_only_layers, ModelConfig::sparse_layer): the family's SwiGLU MLP of
+  // ffn_hidden_size, named as Llama's (mlp.gate_up_proj, mlp.down_proj).
+  bool dense_layers = false;
 };
 LlamaFamily llama_family();
 

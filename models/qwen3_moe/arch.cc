@@ -15,6 +15,7 @@ LlamaFamily qwen3_moe_family() {
   f.qk_norm = true;
   f.moe = "mlp";
   f.experts = {"gate_proj", "up_proj", "down_proj"};
+  f.dense_layers = true;
   return f;
 }
 

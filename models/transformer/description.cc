@@ -15,6 +15,8 @@ class TransformerDescription final : public ModelDescription {
 
   std::string arch() const override { return d_.arch; }
   int num_layers() const override { return d_.L; }
+  int layer_kinds() const override { return d_.kinds(); }
+  int layer_kind(int layer) const override { return d_.kind_of(layer); }
   int seq_len() const override { return d_.S; }
   int hidden_size() const override { return static_cast<int>(d_.C); }
   int num_heads() const override { return attention().heads; }
@@ -26,10 +28,18 @@ class TransformerDescription final : public ModelDescription {
     const std::string kv =
         a.kv_heads != a.heads ? " (" + std::to_string(a.kv_heads) + " key/value)" : std::string();
     const MoeSpec& moe = d_.block.mlp.moe;
-    const std::string mlp = moe.experts > 0 ? std::to_string(moe.experts) + " experts of ffn " +
-                                                  std::to_string(moe.hidden) + ", " +
-                                                  std::to_string(moe.top_k) + " per token"
-                                            : "ffn " + std::to_string(d_.block.mlp.hidden);
+    std::string mlp = moe.experts > 0 ? std::to_string(moe.experts) + " experts of ffn " +
+                                            std::to_string(moe.hidden) + ", " +
+                                            std::to_string(moe.top_k) + " per token"
+                                      : "ffn " + std::to_string(d_.block.mlp.hidden);
+    // The other kinds of layer: " (2 of the layers dense, ffn 96)".
+    for (int k = 1; k < d_.kinds(); ++k) {
+      int n = 0;
+      for (int l = 0; l < d_.L; ++l) n += d_.kind_of(l) == k;
+      const MlpSpec& other = d_.kind_block(k).mlp;
+      mlp += " (" + std::to_string(n) + " of the layers " +
+             (other.is_moe() ? "a mixture" : "dense, ffn " + std::to_string(other.hidden)) + ")";
+    }
     const std::string head_size =
         a.head_size * a.heads != d_.C ? " of " + std::to_string(a.head_size) : std::string();
     return std::to_string(d_.L) + " layers, hidden " + std::to_string(d_.C) + ", " +
@@ -38,8 +48,10 @@ class TransformerDescription final : public ModelDescription {
            (a.causal ? "" : " (encoder)");
   }
   std::string tensor_split_reason(int t, bool sequence_parallel) const override {
-    const std::string why = TransformerBlock::split_reason(d_.block, t);
-    if (!why.empty()) return why;
+    for (int k = 0; k < d_.kinds(); ++k) {
+      const std::string why = TransformerBlock::split_reason(d_.kind_block(k), t);
+      if (!why.empty()) return why;
+    }
     if (sequence_parallel && d_.S % t != 0)
       return "tensor " + std::to_string(t) + " does not divide sequence " + std::to_string(d_.S);
     return "";
@@ -49,29 +61,41 @@ class TransformerDescription final : public ModelDescription {
   int64_t parameters() const override {
     return unpadded_parameters(TransformerModel::layout(d_, 1, 0, false, whole_model(d_.L)));
   }
-  int64_t layer_parameters(int t) const override { return counts_.at(t).layer; }
+  int64_t layer_parameters(int t, int kind) const override {
+    return counts_.at(t).layer.at(static_cast<size_t>(kind));
+  }
   int64_t embedding_parameters(int t) const override { return counts_.at(t).embedding; }
   int64_t head_parameters(int t) const override { return counts_.at(t).head; }
   int64_t tied_copy_parameters(int t) const override { return counts_.at(t).tied_copy; }
-  int64_t layer_expert_parameters(int t) const override { return counts_.at(t).layer_experts; }
+  int64_t layer_expert_parameters(int t, int kind) const override {
+    return counts_.at(t).layer_experts.at(static_cast<size_t>(kind));
+  }
 
   FlopCount flops_per_iteration(double sequences, Recompute recompute) const override {
-    const double per_token_layer = TransformerBlock::flops_per_token(d_.block, d_.C, d_.S);
-    const double per_token_fwd = d_.L * per_token_layer + d_.head->flops_per_token(d_.C, d_.V);
+    // Every layer's own (a dense layer of a mixture counts its MLP, a sparse one its router and
+    // active experts).
+    const std::vector<int> n = layer_kind_counts(*this, 0, d_.L);
+    double per_token_layers = 0, repeated = 0;
+    for (int k = 0; k < d_.kinds(); ++k) {
+      const BlockSpec& block = d_.kind_block(k);
+      const double layers = n[static_cast<size_t>(k)];
+      per_token_layers += layers * TransformerBlock::flops_per_token(block, d_.C, d_.S);
+      repeated +=
+          layers * TransformerBlock::recomputed_flops_per_token(block, d_.C, d_.S, recompute);
+    }
+    const double per_token_fwd = per_token_layers + d_.head->flops_per_token(d_.C, d_.V);
     const double per_sequence_fwd = d_.head->flops_per_sequence(d_.C);
     const double tokens = sequences * d_.S;
     FlopCount f;
     f.model = 3.0 * (per_token_fwd * tokens + per_sequence_fwd * sequences);
     // Recompute repeats forward work of the layers (never of the head) in the backward pass.
     f.hardware = f.model;
-    const double repeated =
-        TransformerBlock::recomputed_flops_per_token(d_.block, d_.C, d_.S, recompute);
-    if (repeated > 0) f.hardware += d_.L * repeated * tokens;
+    if (repeated > 0) f.hardware += repeated * tokens;
     return f;
   }
 
-  PartWork layer_work(int b, const RankShape& r) const override {
-    return TransformerBlock::work(d_.block, d_.C, shape(b, r));
+  PartWork layer_work(int b, const RankShape& r, int kind) const override {
+    return TransformerBlock::work(d_.kind_block(kind), d_.C, shape(b, r));
   }
   PartWork embedding_work(int b, const RankShape& r) const override {
     const EmbeddingSpec& e = d_.embedding;
@@ -85,8 +109,9 @@ class TransformerDescription final : public ModelDescription {
   }
 
   ActivationElems layer_activations(int b, const RankShape& r, Recompute recompute,
-                                    bool flash_attention) const override {
-    return TransformerBlock::activations(d_.block, d_.C, shape(b, r), recompute, flash_attention);
+                                    bool flash_attention, int kind) const override {
+    return TransformerBlock::activations(d_.kind_block(kind), d_.C, shape(b, r), recompute,
+                                         flash_attention);
   }
   ActivationElems head_activations(int b, const RankShape& r) const override {
     return d_.head->activations(d_.C, padded_vocab(r.tensor), shape(b, r));
@@ -122,11 +147,18 @@ class TransformerDescription final : public ModelDescription {
   const AttentionSpec& attention() const { return d_.block.attention; }
   WorkShape shape(int b, const RankShape& r) const { return WorkShape(b, d_.S, r); }
 
+  // [kind] its first layer.
+  static std::vector<int> kind_layers(const TransformerSpec& d) {
+    std::vector<int> first(static_cast<size_t>(d.kinds()), -1);
+    for (int l = d.L - 1; l >= 0; --l) first[static_cast<size_t>(d.kind_of(l))] = l;
+    return first;
+  }
+
   TransformerSpec d_;
   PartParameterCounts counts_{[d = d_](int t, const std::vector<ModelPiece>& pieces) {
                                 return TransformerModel::layout(d, t, 0, false, pieces);
                               },
-                              d_.L,
+                              d_.L, kind_layers(d_),
                               [d = d_](int t) -> int64_t {
                                 return d.head->ties_embedding() ? pad_vocab(d.V, 128 * t) / t * d.C
                                                                 : 0;

@@ -32,6 +32,12 @@ TransformerSpec transformer_sizes(const std::string& arch, const ModelConfig& m)
   return s;
 }
 
+int TransformerSpec::moe_layers() const {
+  int n = 0;
+  for (int l = 0; l < L; ++l) n += layer_block(l).mlp.is_moe();
+  return n;
+}
+
 ParamRef declare_tied_table(ParamLayout& layout, const HeadContext& ctx) {
   if (ctx.table.valid()) return ctx.table;
   // Same name as the first stage's table, so the same initial values.
@@ -141,8 +147,10 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
   const AttentionSpec& a = spec_.block.attention;
   STRATA_CHECK(a.kv_heads >= 1 && a.heads % a.kv_heads == 0,
                "heads " << a.heads << " % key/value heads " << a.kv_heads);
-  const std::string why = TransformerBlock::split_reason(spec_.block, options_.tensor);
-  STRATA_CHECK(why.empty() && spec_.C % options_.tensor == 0, why);
+  for (int k = 0; k < spec_.kinds(); ++k) {
+    const std::string why = TransformerBlock::split_reason(spec_.kind_block(k), options_.tensor);
+    STRATA_CHECK(why.empty() && spec_.C % options_.tensor == 0, why);
+  }
   tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                          options_.tensor_rank, options_.sequence_parallel,
                                          activation_dtype());
@@ -189,7 +197,8 @@ void TransformerModel::declare(ParamLayout& layout) {
       block_of_layer_[static_cast<size_t>(l)] = static_cast<int>(blocks_.size());
       // The attention layers keep a pointer to the rotary table, which the backend
       // constructor fills.
-      blocks_.emplace_back(layout, d.block, d.C, d.layer_prefix + std::to_string(l) + ".", &rope_);
+      blocks_.emplace_back(layout, d.layer_block(l), d.C, d.layer_prefix + std::to_string(l) + ".",
+                           &rope_);
     }
     if (piece.head) {
       HeadContext ctx;
@@ -267,9 +276,10 @@ PieceActsPtr TransformerModel::forward_piece(int piece, const Tensor& input,
     a->moe_sums.assign(2 * E, 0.0);
     piece_routing(E, a->h, a->moe_sums.data(), loss);
     // The whole model in one piece: the loss is complete here; otherwise the statistics of
-    // every piece meet on the last one (forward_stats).
+    // every piece meet on the last one (forward_stats). L is the model's MoE layers (its dense
+    // layers route nothing), as Hugging Face pools the router logits of its sparse layers only.
     if (boundary_stats() == 0)
-      finish_balance(m, a->moe_sums.data(), spec_.L, static_cast<double>(B * S), loss,
+      finish_balance(m, a->moe_sums.data(), spec_.moe_layers(), static_cast<double>(B * S), loss,
                      &a->aux_grad);
   }
   return a;
@@ -292,7 +302,7 @@ void TransformerModel::forward_stats(PieceActs& acts, const double* in, double* 
   for (int i = 0; i < n; ++i) sums[static_cast<size_t>(i)] += a.moe_sums[static_cast<size_t>(i)];
   if (pieces_[static_cast<size_t>(a.piece)].head) {
     const double tokens = static_cast<double>(a.batch.tokens.numel());
-    finish_balance(spec_.block.mlp.moe, sums.data(), spec_.L, tokens, loss, &a.aux_grad);
+    finish_balance(spec_.block.mlp.moe, sums.data(), spec_.moe_layers(), tokens, loss, &a.aux_grad);
   } else {
     std::copy(sums.begin(), sums.end(), out);
   }

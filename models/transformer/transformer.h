@@ -1,10 +1,11 @@
 // transformer.h — the one transformer model every architecture is a value of: an embedding, L
-// identical blocks (models/layers/block.h) and a head (head.h), described by a TransformerSpec.
+// blocks (models/layers/block.h) and a head (head.h), described by a TransformerSpec.
 // GPT-2 and Llama are pre-norm decoders with an LM head; BERT a post-norm encoder with its
 // pre-training heads (models/*/arch.cc build their specs from the config).
 //
 //   x = embed(tokens) [+ learned positions] [+ token types] [then a norm]
-//   L blocks (BlockSpec: norm placement, attention, MLP)
+//   L blocks (BlockSpec: norm placement, attention, MLP; one for every layer, or a few kinds:
+//            Qwen3-MoE's dense layers are its block with a dense MLP in the mixture's slot)
 //   the head: the loss of the micro-batch (lm_head_spec: final norm, LM head, cross-entropy)
 //
 // Parameters, in the flat buffers' order: the embedding (table, positions, token types, norm),
@@ -59,14 +60,29 @@ struct TransformerSpec {
   // Rotary embeddings (block.attention.rotary): Llama's theta and 3.1's frequency scaling.
   double rope_theta = 10000;
   std::optional<RopeScaling> rope_scaling;
+  // The model's block. Layers may take another (Qwen3-MoE's dense layers: `block` with a dense
+  // SwiGLU MLP and its names where `block` has the mixture): kind k > 0 of layer_kind is
+  // variants[k − 1]. Every layer of a kind is the same block (parameters, work, activations).
   BlockSpec block;
-  std::string layer_prefix;  // "h." → layer 3's parameters are "h.3." + BlockNames
+  std::vector<BlockSpec> variants;
+  std::vector<int> layer_kind;  // [layer] 0: `block`, k: variants[k − 1]; empty: every layer 0
+  std::string layer_prefix;     // "h." → layer 3's parameters are "h.3." + BlockNames
   std::shared_ptr<const HeadSpec> head;
   // Its batches are masked-LM samples (token types, key lengths, a loss mask, sentence labels
   // besides tokens and targets: ModelBatch).
   bool masked_lm = false;
   // The model keys that fix parameter shapes, as plans and checkpoints record them.
   nlohmann::json shape_keys;
+
+  // Kinds of layer (1 + variants), the kind of layer l, the block of kind k and of layer l.
+  int kinds() const { return 1 + static_cast<int>(variants.size()); }
+  int kind_of(int l) const { return layer_kind.empty() ? 0 : layer_kind[static_cast<size_t>(l)]; }
+  const BlockSpec& kind_block(int k) const {
+    return k == 0 ? block : variants[static_cast<size_t>(k - 1)];
+  }
+  const BlockSpec& layer_block(int l) const { return kind_block(kind_of(l)); }
+  // The layers whose MLP is a mixture of experts: the L of the load-balancing loss (moe.h).
+  int moe_layers() const;
 };
 
 // A spec of the sizes the config's common keys give every architecture: layers, hidden size,

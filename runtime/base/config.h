@@ -67,11 +67,11 @@ struct ModelConfig {
   int type_vocab_size = 2;
   double layer_norm_eps = 1e-12;
   // Mixtures of experts (mixtral, qwen3_moe; Hugging Face's names, models/layers/moe.h): every
-  // block's MLP is num_experts SwiGLU experts of moe_intermediate_size (null: ffn_hidden_size),
-  // num_experts_per_tok of them per token; 0 experts is a dense MLP. norm_topk_prob divides the
-  // top-k weights by their sum (Mixtral always does); router_aux_loss_coef weighs the
-  // load-balancing loss; moe_capacity_factor null routes dropless. head_dim: the attention's
-  // head size, null: hidden_size / num_heads (Qwen3's differs).
+  // sparse block's MLP (sparse_layer) is num_experts SwiGLU experts of moe_intermediate_size (null:
+  // ffn_hidden_size), num_experts_per_tok of them per token; 0 experts is a dense MLP.
+  // norm_topk_prob divides the top-k weights by their sum (Mixtral always does);
+  // router_aux_loss_coef weighs the load-balancing loss; moe_capacity_factor null routes dropless.
+  // head_dim: the attention's head size, null: hidden_size / num_heads (Qwen3's differs).
   int num_experts = 0;
   int num_experts_per_tok = 2;
   std::optional<int> moe_intermediate_size;
@@ -79,6 +79,11 @@ struct ModelConfig {
   double router_aux_loss_coef = 0.001;
   std::optional<double> moe_capacity_factor;
   std::optional<int> head_dim;
+  // Qwen3-MoE's dense layers (Hugging Face's Qwen3MoeConfig names): layer i is a mixture when
+  // it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU MLP
+  // of ffn_hidden_size. The defaults make every layer of a mixture sparse (all Mixtral's).
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;  // distinct layer indices in [0, num_layers)
 
   // Key/value heads: num_key_value_heads, or num_heads when null.
   int kv_heads() const { return num_key_value_heads.value_or(num_heads); }
@@ -86,6 +91,13 @@ struct ModelConfig {
   int head_size() const { return head_dim.value_or(num_heads > 0 ? hidden_size / num_heads : 0); }
   // An expert's width: moe_intermediate_size, or ffn_hidden_size when null.
   int expert_hidden() const { return moe_intermediate_size.value_or(ffn_hidden_size); }
+  // Layer `layer` is a mixture of experts (Hugging Face's Qwen3MoeDecoderLayer's rule): a
+  // mixture model's, not in mlp_only_layers, and (layer + 1) a multiple of decoder_sparse_step.
+  bool sparse_layer(int layer) const {
+    for (int l : mlp_only_layers)
+      if (l == layer) return false;
+    return num_experts > 0 && decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0;
+  }
 };
 
 // The train section but for train.micro_batch_size and train.recompute, which are the layout's.

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Generate tests/golden/mixtral_tiny.safetensors and tests/golden/qwen3_moe_tiny.safetensors, the
-golden references for Strata's mixture-of-experts models.
+"""Generate tests/golden/mixtral_tiny.safetensors, tests/golden/qwen3_moe_tiny.safetensors and
+tests/golden/qwen3_moe_dense_tiny.safetensors, the golden references for Strata's mixture-of-experts
+models.
 
 The mixture-of-experts counterpart of make_llama_fixture.py, for two architectures: a tiny random
 Hugging Face MixtralForCausalLM (top-2 of 4 experts, the top-k weights renormalised) and
 Qwen3MoeForCausalLM (top-2 of 8 experts, not renormalised, per-head q/k RMSNorm, head_dim 32 while
-hidden_size / num_heads = 16). For each: the initial weights under the names save_pretrained writes
+hidden_size / num_heads = 16), and a Qwen3MoeForCausalLM with dense layers (6 layers,
+decoder_sparse_step 2, mlp_only_layers [1]: mixtures at layers 3 and 5, dense SwiGLU MLPs elsewhere;
+top-2 of 4 experts). For each: the initial weights under the names save_pretrained writes
 (the Hub's per-expert names), one batch, the logits, the language-model loss, the router's
 load-balancing (aux) loss, their sum lm + coef * aux, every parameter's gradient of that sum, and a
 10-step AdamW run on it (losses, aux losses, gradient norms, learning rates, final weights) with
@@ -14,8 +17,9 @@ Strata's optimizer recipe (make_llama_fixture.py's).
 The models are transformers' own (attn_implementation="eager", experts_implementation="eager",
 float64): the outside reference. The script checks them against a hand-written forward (RMSNorm,
 rotate_half RoPE, grouped-query causal attention, Qwen3's q/k RMSNorm before the rotation, the
-router's softmax over all experts, top-k, renormalisation, SwiGLU experts, the weighted sum), the aux
-loss against a hand-written one, causality, that no token's top-k has a (near-)tie, autograd
+router's softmax over all experts, top-k, renormalisation, SwiGLU experts, the weighted sum, the
+dense layers' SwiGLU MLP), the aux loss (the sparse layers' router logits pooled) against a
+hand-written one, causality, that no token's top-k has a (near-)tie, autograd
 gradients against central finite differences (router, expert, q_norm and other weights),
 torch.optim.AdamW (used for the steps) against a hand-written AdamW of Strata's formula, the stored
 names and values against what save_pretrained writes, and it writes the file by hand (struct +
@@ -25,7 +29,11 @@ how far a correct float32 implementation drifts (the tolerances of tests/golden/
 
 Needs torch and transformers (pip install torch transformers); CI never runs it.
 
-Usage:  python3 tests/golden/make_moe_fixture.py [--arch mixtral|qwen3_moe|all] [--out PATH]
+It also records the model's parameter count (config "parameters"), which Strata's description must
+give.
+
+Usage:  python3 tests/golden/make_moe_fixture.py [--arch mixtral|qwen3_moe|qwen3_moe_dense|all]
+                                                  [--out PATH]
 """
 import argparse
 import json
@@ -46,7 +54,7 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------
 # Configuration (keep in sync with tests/golden/README.md)
-L, C, NH, KVH, S, V, B = 2, 64, 4, 2, 16, 97, 4
+C, NH, KVH, S, V, B = 64, 4, 2, 16, 97, 4           # layers: Arch.L
 ROPE_THETA = 1e6
 AUX_COEF = 0.02                  # router_aux_loss_coef: large enough to matter in the gradients
 SEED = 42
@@ -58,13 +66,23 @@ MIN_ROUTER_GAP = 1e-6            # no token's top-k may have a tie or a near-tie
 
 
 class Arch:
-    """What differs between the two models."""
+    """What differs between the models."""
 
     def __init__(self, name, *, head_dim, n_experts, top_k, ffn, norm_topk, qk_norm, eps, module,
-                 out):
+                 out, layers=2, sparse_step=1, mlp_only=(), dense_ffn=None):
         self.name, self.HD, self.E, self.K, self.F = name, head_dim, n_experts, top_k, ffn
         self.norm_topk, self.qk_norm, self.eps, self.module, self.out = \
             norm_topk, qk_norm, eps, module, out
+        # Qwen3-MoE's dense layers: decoder_sparse_step, mlp_only_layers, intermediate_size.
+        self.L, self.step, self.mlp_only, self.FD = layers, sparse_step, list(mlp_only), dense_ffn
+
+    def sparse(self, i):
+        """Qwen3MoeDecoderLayer's rule: layer i is a mixture, else a dense SwiGLU MLP."""
+        return i not in self.mlp_only and (i + 1) % self.step == 0
+
+    def dense_mlp_specs(self):
+        return [("mlp.gate_proj.weight", (self.FD, C)), ("mlp.up_proj.weight", (self.FD, C)),
+                ("mlp.down_proj.weight", (C, self.FD))]
 
     # ---- transformers' model: its state dict (fused experts) -------------------------------------
     def internal_specs(self):
@@ -77,12 +95,13 @@ class Arch:
         if self.name == "mixtral":
             layer = attn + router + experts
         else:
-            layer = attn + [("self_attn.q_norm.weight", (HD,)), ("self_attn.k_norm.weight", (HD,))] \
-                + experts + router
-        layer += [("input_layernorm.weight", (C,)), ("post_attention_layernorm.weight", (C,))]
+            attn = attn + [("self_attn.q_norm.weight", (HD,)), ("self_attn.k_norm.weight", (HD,))]
+            layer = attn + experts + router
+        norms = [("input_layernorm.weight", (C,)), ("post_attention_layernorm.weight", (C,))]
         specs = [("model.embed_tokens.weight", (V, C))]
-        for i in range(L):
-            specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in layer]
+        for i in range(self.L):
+            mine = layer if self.sparse(i) else attn + self.dense_mlp_specs()
+            specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in mine + norms]
         return specs + [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
 
     # ---- the Hub's names (what save_pretrained writes, what Strata reads and writes) -------------
@@ -107,10 +126,12 @@ class Arch:
             per = [per[0], per[2], per[1]]
         for e in range(E):
             layer += [(f"{mp}.experts.{e}.{n}.weight", shape) for n, shape in per]
-        layer += [("input_layernorm.weight", (C,)), ("post_attention_layernorm.weight", (C,))]
+        norms = [("input_layernorm.weight", (C,)), ("post_attention_layernorm.weight", (C,))]
+        dense = [spec for spec in layer if ".gate." not in spec[0] and ".experts." not in spec[0]]
         specs = [("model.embed_tokens.weight", (V, C))]
-        for i in range(L):
-            specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in layer]
+        for i in range(self.L):
+            mine = layer if self.sparse(i) else dense + self.dense_mlp_specs()
+            specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in mine + norms]
         return specs + [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
 
     def to_hub(self, t):
@@ -154,7 +175,7 @@ class Arch:
         return out
 
     def hf_config(self):
-        common = dict(num_hidden_layers=L, hidden_size=C, num_attention_heads=NH,
+        common = dict(num_hidden_layers=self.L, hidden_size=C, num_attention_heads=NH,
                       num_key_value_heads=KVH, vocab_size=V, max_position_embeddings=S,
                       rms_norm_eps=self.eps,
                       rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
@@ -166,9 +187,11 @@ class Arch:
             cfg = MixtralConfig(intermediate_size=self.F, num_local_experts=self.E, sliding_window=None,
                                 router_jitter_noise=0.0, **common)
         else:
+            dense = dict(intermediate_size=self.FD) if self.FD else {}
             cfg = Qwen3MoeConfig(head_dim=self.HD, num_experts=self.E, moe_intermediate_size=self.F,
-                                 norm_topk_prob=self.norm_topk, decoder_sparse_step=1, mlp_only_layers=[],
-                                 attention_bias=False, use_sliding_window=False, **common)
+                                 norm_topk_prob=self.norm_topk, decoder_sparse_step=self.step,
+                                 mlp_only_layers=self.mlp_only, attention_bias=False,
+                                 use_sliding_window=False, **dense, **common)
             assert cfg.sliding_window is None and cfg.head_dim == self.HD
         assert cfg.rope_parameters["rope_theta"] == ROPE_THETA
         return cfg
@@ -181,7 +204,15 @@ MIXTRAL = Arch("mixtral", head_dim=C // NH, n_experts=4, top_k=2, ffn=96, norm_t
                qk_norm=False, eps=1e-5, module=modeling_mixtral, out="mixtral_tiny.safetensors")
 QWEN3_MOE = Arch("qwen3_moe", head_dim=32, n_experts=8, top_k=2, ffn=48, norm_topk=False,
                  qk_norm=True, eps=1e-6, module=modeling_qwen3_moe, out="qwen3_moe_tiny.safetensors")
-ARCHS = {"mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE}
+# Qwen3-MoE with dense layers: 6 layers, decoder_sparse_step 2 (layers 1, 3, 5 sparse) and
+# mlp_only_layers [1] (layer 1 dense after all): mixtures at layers 3 and 5, dense SwiGLU MLPs of
+# intermediate_size 32 at 0, 1, 2 and 4, so that both rules matter and the balancing loss pools
+# two sparse layers with dense ones between them. 4 experts and head_dim C/NH keep it small.
+QWEN3_MOE_DENSE = Arch("qwen3_moe", head_dim=C // NH, n_experts=4, top_k=2, ffn=48, norm_topk=False,
+                       qk_norm=True, eps=1e-6, module=modeling_qwen3_moe,
+                       out="qwen3_moe_dense_tiny.safetensors", layers=6, sparse_step=2,
+                       mlp_only=[1], dense_ffn=32)
+ARCHS = {"mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "qwen3_moe_dense": QWEN3_MOE_DENSE}
 
 
 def init_params(arch, gen):
@@ -330,7 +361,7 @@ def manual_forward(arch, p, inputs):
     x = p["model.embed_tokens.weight"][inputs.long()]
     mask = torch.ones(S, S, dtype=torch.bool).tril()
     router_logits = []
-    for i in range(L):
+    for i in range(arch.L):
         pre = f"model.layers.{i}."
         h = rmsnorm(x, p[pre + "input_layernorm.weight"], arch.eps)
         q = (h @ p[pre + "self_attn.q_proj.weight"].t()).view(B, S, NH, HD)
@@ -347,6 +378,10 @@ def manual_forward(arch, p, inputs):
         y = (att @ v).transpose(1, 2).reshape(B, S, NH * HD)
         x = x + y @ p[pre + "self_attn.o_proj.weight"].t()
         h = rmsnorm(x, p[pre + "post_attention_layernorm.weight"], arch.eps).reshape(B * S, C)
+        if not arch.sparse(i):   # Qwen3-MoE's dense layer: down(silu(gate h) * up h), no router
+            g, u = h @ p[pre + "mlp.gate_proj.weight"].t(), h @ p[pre + "mlp.up_proj.weight"].t()
+            x = x + ((F.silu(g) * u) @ p[pre + "mlp.down_proj.weight"].t()).view(B, S, C)
+            continue
         logits, comb = route(arch, h, p[pre + mp + ".gate.weight"])
         router_logits.append(logits)
         moe = torch.zeros_like(h)
@@ -359,9 +394,10 @@ def manual_forward(arch, p, inputs):
 
 
 def manual_aux(arch, router_logits):
-    """Switch-Transformer balancing loss as transformers computes it: the router logits of all layers
-    pooled (L*T rows), f_e = (times e is in a row's top-k) / (L*T), P_e = mean over the L*T rows of
-    softmax_e; aux = E * sum_e f_e * P_e (before the coefficient)."""
+    """Switch-Transformer balancing loss as transformers computes it: the router logits of the L
+    sparse layers pooled (L*T rows; a dense layer has no router), f_e = (times e is in a row's top-k)
+    / (L*T), P_e = mean over the L*T rows of softmax_e; aux = E * sum_e f_e * P_e (before the
+    coefficient)."""
     probs = torch.cat([torch.softmax(r, dim=-1) for r in router_logits])       # (L*T, E)
     sel = torch.topk(probs, arch.K, dim=-1).indices
     f = torch.zeros(arch.E, dtype=probs.dtype).index_add_(
@@ -381,7 +417,7 @@ def router_gaps(arch, router_logits):
 
 def topk_experts(arch, router_logits):
     return torch.stack([torch.topk(torch.softmax(r, dim=-1), arch.K, dim=-1).indices
-                        for r in router_logits])                                 # (L, T, k)
+                        for r in router_logits])                      # (sparse layers, T, k)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -520,12 +556,20 @@ def self_checks(arch, params32, model64, inputs, targets, seqs):
     # Autograd vs central finite differences (float64), on the total loss.
     named = dict(model64.named_parameters())
     gen = torch.Generator().manual_seed(1)
-    checked = ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight",
-               "model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+    sparse = [i for i in range(arch.L) if arch.sparse(i)]
+    dense = [i for i in range(arch.L) if not arch.sparse(i)]
+    a, z = sparse[0], sparse[-1]
+    checked = [f"model.layers.{a}.mlp.gate.weight", f"model.layers.{z}.mlp.gate.weight",
+               f"model.layers.{a}.mlp.experts.gate_up_proj", f"model.layers.{z}.mlp.experts.down_proj",
                "model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight",
-               "model.layers.1.post_attention_layernorm.weight", "lm_head.weight"]
+               f"model.layers.{arch.L - 1}.post_attention_layernorm.weight", "lm_head.weight"]
     if arch.qk_norm:
-        checked += ["model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"]
+        checked += ["model.layers.0.self_attn.q_norm.weight",
+                    f"model.layers.{arch.L - 1}.self_attn.k_norm.weight"]
+    if dense:
+        checked += [f"model.layers.{dense[0]}.mlp.gate_proj.weight",
+                    f"model.layers.{dense[-1]}.mlp.up_proj.weight",
+                    f"model.layers.{dense[-1]}.mlp.down_proj.weight"]
     worst_fd = 0.0
     for name in checked:
         for _ in range(3):
@@ -648,7 +692,7 @@ def make_fixture(arch, out):
     tensors += [("inputs", inputs), ("targets", targets), ("logits", f32(logits)),
                 ("loss", f32(total.reshape(1))), ("lm_loss", f32(lm.reshape(1))),
                 ("aux_loss", f32(aux.reshape(1))),
-                ("router_logits", f32(torch.stack(rl))),                       # (L, B*S, E)
+                ("router_logits", f32(torch.stack(rl))),            # (sparse layers, B*S, E)
                 ("router_topk", topk_experts(arch, rl).to(torch.int32).contiguous())]
     tensors += [("grad." + n, f32(hub_g[n])) for n in names]
     tensors += [("steps.inputs", step_inputs), ("steps.targets", step_targets)]
@@ -657,7 +701,7 @@ def make_fixture(arch, out):
     tensors += [("final." + n, f32(hub_f[n])) for n in names]
 
     config = {
-        "arch": arch.name, "num_layers": L, "hidden_size": C, "num_heads": NH,
+        "arch": arch.name, "num_layers": arch.L, "hidden_size": C, "num_heads": NH,
         "num_key_value_heads": KVH, "ffn_hidden_size": arch.F, "moe_intermediate_size": arch.F,
         "num_experts": arch.E, "num_experts_per_tok": arch.K, "norm_topk_prob": arch.norm_topk,
         "router_aux_loss_coef": AUX_COEF, "qk_norm": arch.qk_norm,
@@ -680,6 +724,11 @@ def make_fixture(arch, out):
     }
     if arch.name == "qwen3_moe":
         config["head_dim"] = arch.HD
+    if arch.FD:
+        config.update({"ffn_hidden_size": arch.FD, "decoder_sparse_step": arch.step,
+                       "mlp_only_layers": arch.mlp_only})
+    # The parameters of transformers' model (what Strata's description must count).
+    config["parameters"] = sum(t.numel() for t in model64.parameters())
     write_safetensors(out, tensors, {"config": json.dumps(config, sort_keys=True)})
 
     back, meta = read_safetensors(out)
@@ -702,12 +751,12 @@ def make_fixture(arch, out):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", choices=["mixtral", "qwen3_moe", "all"], default="all")
+    ap.add_argument("--arch", choices=[*ARCHS, "all"], default="all")
     ap.add_argument("--out", help="output path (only with a single --arch)")
     args = ap.parse_args()
     assert args.out is None or args.arch != "all", "--out needs --arch"
     print("torch %s, transformers %s" % (torch.__version__, transformers.__version__))
-    for name in (["mixtral", "qwen3_moe"] if args.arch == "all" else [args.arch]):
+    for name in (list(ARCHS) if args.arch == "all" else [args.arch]):
         make_fixture(ARCHS[name], args.out or os.path.join(here, ARCHS[name].out))
 
 
