@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/model_shape.h"
 #include "launch/config/world_layout.h"
 #include "models/hf_checkpoint.h"
 #include "models/layers/moe.h"
@@ -726,6 +727,21 @@ TEST(Moe, BadKeysAreRefusedNamingTheKey) {
   names(
       refusal({q, "model.decoder_sparse_step=2", "model.ffn_hidden_size=95", "parallel.tensor=2"}),
       "model.ffn_hidden_size");
+}
+
+// A Qwen3-MoE checkpoint recorded before its dense layers had keys (no decoder_sparse_step, no
+// mlp_only_layers in run_state.json's model) resumes into a config of every layer sparse, and
+// only into that.
+TEST(Moe, CheckpointsRecordedBeforeDenseLayersStillResume) {
+  const ModelConfig m = load_config("", {"model.preset=qwen3-moe-tiny"}).model;
+  const nlohmann::json want = model_shape_json(m, *describe_model(m));
+  nlohmann::json old = want;
+  old.erase("decoder_sparse_step");
+  old.erase("mlp_only_layers");
+  EXPECT_NO_THROW(check_model_shape(want, old, "run_state.json", "config"));
+  nlohmann::json dense = want;
+  dense["decoder_sparse_step"] = 2;
+  EXPECT_THROW(check_model_shape(dense, old, "run_state.json", "config"), InputError);
 }
 
 }  // namespace
