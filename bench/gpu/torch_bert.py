@@ -37,14 +37,12 @@ Equivalence with Hugging Face's BertForPreTraining (tiny shapes, fp32, CPU; need
 """
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_common import device_of, padded, run_modes, sync
+from torch_common import device_of, padded, run_modes, time_training
 
 
 class Block(nn.Module):
@@ -131,51 +129,15 @@ def make_batch(args, device, gen):
 
 def run(args, compiled, device):
     torch.manual_seed(args.seed)
-    if args.global_batch % args.micro_batch:
-        sys.exit("--global-batch must be a multiple of --micro-batch")
-    accum = args.global_batch // args.micro_batch
     vp = padded(args.vocab, args.pad_vocab)
     model = Bert(args.layers, args.hidden, args.heads, args.ffn, args.seq, args.vocab, vp).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused)
-    fwd = torch.compile(model) if compiled else model
-    use_bf16 = args.precision == "bf16"
     gen = torch.Generator().manual_seed(args.seed)
-    pool = [make_batch(args, device, gen) for _ in range(min(8, max(2, accum * 2)))]
-
-    def step(it):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for m in range(accum):
-            batch = pool[(it * accum + m) % len(pool)]
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = fwd(*batch) / accum
-            loss.backward()
-            total = total + loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=fused or None)
-        opt.step()
-        return total
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, losses, first_s = [], [], None
-    for it in range(args.warmup + args.iters):
-        sync(device)
-        t0 = time.perf_counter()
-        loss = step(it)
-        losses.append(float(loss))
-        sync(device)
-        dt = time.perf_counter() - t0
-        if it == 0:
-            first_s = dt  # includes torch.compile's compilation
-        if it >= args.warmup:
-            times.append(dt)
-    step_s = statistics.median(times)
+    # BERT's optimizer (weight decay 0.01, betas (0.9, 0.999)) and its masked-LM micro-batches.
+    t = time_training(args, model, device, compiled, make_batch=lambda: make_batch(args, device, gen),
+                      weight_decay=0.01, betas=(0.9, 0.999))
+    losses, first_s = t["losses"], t["first_s"]
+    step_s = t["step_s"]
     tokens = args.global_batch * args.seq
     tflops = model_flops_per_iter(args.global_batch, args.seq, args.layers, args.hidden, args.ffn,
                                   args.vocab) / step_s / 1e12
@@ -187,17 +149,16 @@ def run(args, compiled, device):
         "seq": args.seq, "vocab": args.vocab, "vocab_padded": vp, "min_length": args.min_length,
         "micro_batch": args.micro_batch, "global_batch": args.global_batch,
         "precision": args.precision, "params": n_params, "warmup": args.warmup,
-        "iters": args.iters, "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3,
+        "iters": args.iters, "step_ms": step_s * 1e3, "step_ms_min": t["step_s_min"] * 1e3,
         "tokens_per_s": tokens / step_s, "tflops_per_gpu": tflops,
         "mfu": tflops / args.peak_tflops, "peak_tflops": args.peak_tflops, "first_step_s": first_s,
-        "mem_peak_bytes": (torch.cuda.max_memory_allocated(device)
-                           if device.type == "cuda" else None),
+        "mem_peak_bytes": t["mem_peak_bytes"],
         "loss_first": losses[0], "loss_last": losses[-1],
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "torch": torch.__version__,
     }
     print(json.dumps(out), flush=True)
-    del model, fwd, opt, pool
+    del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out

@@ -44,15 +44,17 @@ def run_modes(args, run, device):
     sys.exit(status)
 
 
-def time_training(args, model, device, compiled, vocab):
-    """Trains `model` (forward(idx, targets) -> loss) as Strata's benchmarks do and times it:
-    bf16 autocast with fp32 master weights (--precision), fused AdamW (lr --lr, betas (0.9, 0.95),
-    weight decay 0.1 on matrices and embeddings, not on 1-D weights), gradient clipping at 1.0,
-    --global-batch sequences a step in micro-batches of --micro-batch, random tokens below `vocab`
-    from a pool made up front. Each step ends with a device synchronisation (Strata reports the
-    loss every step, so it syncs too). Returns the step's median seconds over --iters after
-    --warmup, the first step's seconds (with torch.compile's compilation), the losses, and the
-    peak device memory (None on the CPU)."""
+def time_training(args, model, device, compiled, vocab=None, make_batch=None, lr=None,
+                  weight_decay=0.1, betas=(0.9, 0.95)):
+    """Trains `model` as Strata's benchmarks do and times it: bf16 autocast with fp32 master
+    weights (--precision), fused AdamW (lr, betas, weight decay on matrices and embeddings, not on
+    1-D weights), gradient clipping at 1.0, --global-batch sequences a step in micro-batches of
+    --micro-batch. The micro-batches come from a pool made up front (no RNG or host->device copy
+    is timed): make_batch() -> the arguments of model(...), or by default random tokens below
+    `vocab`, model(inputs, targets). Each step ends with a device synchronisation (Strata reports
+    the loss every step, so it syncs too). Returns the step's median seconds over --iters after
+    --warmup, the fastest, the first step's (with torch.compile's compilation), the losses and
+    the peak device memory (None on the CPU)."""
     if args.global_batch % args.micro_batch:
         sys.exit("--global-batch must be a multiple of --micro-batch")
     accum = args.global_batch // args.micro_batch
@@ -60,20 +62,24 @@ def time_training(args, model, device, compiled, vocab):
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        [{"params": decay, "weight_decay": weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr if lr is None else lr, betas=betas, eps=1e-8, fused=fused)
     fwd = torch.compile(model) if compiled else model
     use_bf16 = args.precision == "bf16"
-    pool = [torch.randint(0, vocab, (args.micro_batch, args.seq + 1), device=device)
-            for _ in range(min(8, max(2, accum * 2)))]
+    if make_batch is None:
+        def make_batch():
+            b = torch.randint(0, vocab, (args.micro_batch, args.seq + 1), device=device)
+            return b[:, :-1], b[:, 1:]
+    pool = [make_batch() for _ in range(min(8, max(2, accum * 2)))]
 
     def step(it):
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for m in range(accum):
-            b = pool[(it * accum + m) % len(pool)]
+            batch = pool[(it * accum + m) % len(pool)]
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = fwd(b[:, :-1], b[:, 1:]) / accum
+                loss = fwd(*batch) / accum
             loss.backward()
             total = total + loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=fused or None)

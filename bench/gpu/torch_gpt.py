@@ -24,14 +24,12 @@ Prints one JSON line per run (--compile 0, 1, or both with --compile 0,1). CPU s
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_common import device_of, padded, run_modes, sync
+from torch_common import device_of, padded, run_modes, time_training
 
 
 class Block(nn.Module):
@@ -97,55 +95,12 @@ def model_flops_per_iter(B, s, l, h, V):
 
 def run(args, compiled, device):
     torch.manual_seed(args.seed)
-    if args.global_batch % args.micro_batch:
-        sys.exit("--global-batch must be a multiple of --micro-batch")
-    accum = args.global_batch // args.micro_batch
     vp = padded(args.vocab, args.pad_vocab)
     model = GPT(args.layers, args.hidden, args.heads, args.seq, args.vocab, vp).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    fwd = torch.compile(model) if compiled else model
-    use_bf16 = args.precision == "bf16"
-
-    # A small pool of random batches made up front, so no RNG or host->device copy is timed.
-    pool = [torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), device=device)
-            for _ in range(min(8, max(2, accum * 2)))]
-
-    def step(it):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for m in range(accum):
-            b = pool[(it * accum + m) % len(pool)]
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = fwd(b[:, :-1], b[:, 1:]) / accum
-            loss.backward()
-            total = total + loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=fused or None)
-        opt.step()
-        return total
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, losses = [], []
-    first_s = None
-    for it in range(args.warmup + args.iters):
-        sync(device)
-        t0 = time.perf_counter()
-        loss = step(it)
-        losses.append(float(loss))  # .item() syncs, like Strata's per-step loss report
-        sync(device)
-        dt = time.perf_counter() - t0
-        if it == 0:
-            first_s = dt  # includes torch.compile's compilation
-        if it >= args.warmup:
-            times.append(dt)
-
-    step_s = statistics.median(times)
+    t = time_training(args, model, device, compiled, args.vocab, lr=3e-4)
+    losses, first_s = t["losses"], t["first_s"]
+    step_s = t["step_s"]
     tokens = args.global_batch * args.seq
     flops = model_flops_per_iter(args.global_batch, args.seq, args.layers, args.hidden, args.vocab)
     tflops = flops / step_s / 1e12
@@ -157,19 +112,18 @@ def run(args, compiled, device):
         "vocab": args.vocab, "vocab_padded": vp, "micro_batch": args.micro_batch,
         "global_batch": args.global_batch, "precision": args.precision,
         "params": n_params, "warmup": args.warmup, "iters": args.iters,
-        "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3,
+        "step_ms": step_s * 1e3, "step_ms_min": t["step_s_min"] * 1e3,
         "tokens_per_s": tokens / step_s, "tflops_per_gpu": tflops,
         "mfu": tflops / args.peak_tflops, "peak_tflops": args.peak_tflops,
         "first_step_s": first_s,
-        "mem_peak_bytes": (torch.cuda.max_memory_allocated(device)
-                           if device.type == "cuda" else None),
+        "mem_peak_bytes": t["mem_peak_bytes"],
         "loss_first": losses[0], "loss_last": losses[-1],
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "torch": torch.__version__,
     }
     print(json.dumps(out), flush=True)
     # Free this run's model before the next one (eager then compiled share the process).
-    del model, fwd, opt, pool
+    del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
