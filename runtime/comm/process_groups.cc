@@ -196,15 +196,21 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name) {
   }
   std::ostringstream os;
   os << "world " << w.size << " = tensor " << g.tensor << " x pipeline " << g.pipeline << " x data "
-     << g.data << " (backend " << to_string(Transport{g.backend, g.staged}) << ")\n";
+     << g.data;
+  // With expert parallelism, each rank's place in its expert group (dp % e) as a column.
+  const bool ep = g.expert > 1;
+  if (ep) os << ", expert groups of " << g.expert << " data ranks";
+  os << " (backend " << to_string(Transport{g.backend, g.staged}) << ")\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%5s %4s %4s %4s  %-*s  %s\n", "rank", "tp", "dp", "pp",
-                static_cast<int>(host_width), "host", "device");
+  std::snprintf(line, sizeof line, "%5s %4s %4s %4s%s  %-*s  %s\n", "rank", "tp", "dp", "pp",
+                ep ? "   ep" : "", static_cast<int>(host_width), "host", "device");
   os << line;
   for (size_t r = 0; r < parsed.size(); ++r) {
-    std::snprintf(line, sizeof line, "%5zu %4d %4d %4d  %-*s  %s\n", r, parsed[r].tp, parsed[r].dp,
-                  parsed[r].pp, static_cast<int>(host_width), parsed[r].host.c_str(),
-                  parsed[r].device.c_str());
+    char expert[16] = "";
+    if (ep) std::snprintf(expert, sizeof expert, " %4d", parsed[r].dp % g.expert);
+    std::snprintf(line, sizeof line, "%5zu %4d %4d %4d%s  %-*s  %s\n", r, parsed[r].tp,
+                  parsed[r].dp, parsed[r].pp, expert, static_cast<int>(host_width),
+                  parsed[r].host.c_str(), parsed[r].device.c_str());
     os << line;
   }
   return os.str();
