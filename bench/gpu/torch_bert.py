@@ -42,7 +42,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_common import device_of, padded, run_modes, time_training
+from torch_common import add_run_args, device_of, padded, run_modes, time_training
 
 
 class Block(nn.Module):
@@ -232,17 +232,7 @@ def main():
     ap.add_argument("--pad-vocab", type=int, default=128)
     ap.add_argument("--min-length", type=int, default=None,
                     help="shortest real length of a sequence (default seq/2)")
-    ap.add_argument("--micro-batch", type=int, default=32)
-    ap.add_argument("--global-batch", type=int, default=None)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--compile", default="0,1")
-    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--peak-tflops", type=float, default=989.0)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--label", default=None)
-    ap.add_argument("--seed", type=int, default=1234)
+    add_run_args(ap, micro_batch=32, iters=10, warmup=3, lr=1e-4)
     ap.add_argument("--check-hf", action="store_true",
                     help="only compare this model with transformers.BertForPreTraining and exit")
     args = ap.parse_args()

@@ -44,10 +44,30 @@ def run_modes(args, run, device):
     sys.exit(status)
 
 
-def time_training(args, model, device, compiled, vocab=None, make_batch=None, lr=None,
-                  weight_decay=0.1, betas=(0.9, 0.95)):
+def add_run_args(ap, micro_batch, iters, warmup, lr):
+    """The options every reference shares (batch, timing, precision, compile, device, label,
+    seed), with the model's defaults for the batch, timing and learning rate."""
+    ap.add_argument("--micro-batch", type=int, default=micro_batch)
+    ap.add_argument("--global-batch", type=int, default=None,
+                    help="sequences per optimizer step (default: --micro-batch); the rest is "
+                         "gradient accumulation, as Strata's global_batch_size")
+    ap.add_argument("--iters", type=int, default=iters, help="timed iterations (median reported)")
+    ap.add_argument("--warmup", type=int, default=warmup, help="untimed iterations first")
+    ap.add_argument("--compile", default="0,1",
+                    help="0 eager, 1 torch.compile, or a comma list run in turn (default 0,1)")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="peak dense TFLOP/s for MFU (989: H100/H200 SXM bf16)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--label", default=None, help="name to match Strata's run in summarize.py")
+    ap.add_argument("--seed", type=int, default=1234)
+
+
+def time_training(args, model, device, compiled, vocab=None, make_batch=None, weight_decay=0.1,
+                  betas=(0.9, 0.95)):
     """Trains `model` as Strata's benchmarks do and times it: bf16 autocast with fp32 master
-    weights (--precision), fused AdamW (lr, betas, weight decay on matrices and embeddings, not on
+    weights (--precision), fused AdamW (--lr, betas, weight decay on matrices and embeddings, not on
     1-D weights), gradient clipping at 1.0, --global-batch sequences a step in micro-batches of
     --micro-batch. The micro-batches come from a pool made up front (no RNG or host->device copy
     is timed): make_batch() -> the arguments of model(...), or by default random tokens below
@@ -64,7 +84,7 @@ def time_training(args, model, device, compiled, vocab=None, make_batch=None, lr
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr if lr is None else lr, betas=betas, eps=1e-8, fused=fused)
+        lr=args.lr, betas=betas, eps=1e-8, fused=fused)
     fwd = torch.compile(model) if compiled else model
     use_bf16 = args.precision == "bf16"
     if make_batch is None:

@@ -29,7 +29,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_common import device_of, padded, run_modes, time_training
+from torch_common import add_run_args, device_of, padded, run_modes, time_training
 
 
 class Block(nn.Module):
@@ -98,7 +98,7 @@ def run(args, compiled, device):
     vp = padded(args.vocab, args.pad_vocab)
     model = GPT(args.layers, args.hidden, args.heads, args.seq, args.vocab, vp).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    t = time_training(args, model, device, compiled, args.vocab, lr=3e-4)
+    t = time_training(args, model, device, compiled, args.vocab)
     losses, first_s = t["losses"], t["first_s"]
     step_s = t["step_s"]
     tokens = args.global_batch * args.seq
@@ -137,20 +137,7 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--pad-vocab", type=int, default=128, help="pad the embedding rows to this multiple")
-    ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--global-batch", type=int, default=None,
-                    help="sequences per optimizer step (default: --micro-batch); the rest is "
-                         "gradient accumulation, as Strata's global_batch_size")
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
-    ap.add_argument("--compile", default="0,1",
-                    help="0 eager, 1 torch.compile, or a comma list run in turn (default 0,1)")
-    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    ap.add_argument("--peak-tflops", type=float, default=989.0,
-                    help="peak dense TFLOP/s for MFU (989: H100/H200 SXM bf16)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--label", default=None, help="name to match Strata's run in summarize.py")
-    ap.add_argument("--seed", type=int, default=1234)
+    add_run_args(ap, micro_batch=16, iters=20, warmup=5, lr=3e-4)
     args = ap.parse_args()
     if args.global_batch is None:
         args.global_batch = args.micro_batch

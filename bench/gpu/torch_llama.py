@@ -41,7 +41,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_common import device_of, padded, run_modes, time_training
+from torch_common import add_run_args, device_of, padded, run_modes, time_training
 
 # Llama 3.2 1B's rope_scaling (configs/models/llama-3.2-1b.json): factor, low_freq_factor,
 # high_freq_factor, original_max_position_embeddings.
@@ -344,21 +344,7 @@ def main():
     ap.add_argument("--gqa", choices=["auto", "sdpa", "repeat"], default="auto",
                     help="grouped-query attention: SDPA's enable_gqa=True (auto: where this torch "
                          "has it) or the key/value heads repeated first")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--global-batch", type=int, default=None,
-                    help="sequences per optimizer step (default: --micro-batch); the rest is "
-                         "gradient accumulation, as Strata's global_batch_size")
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations (median reported)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
-    ap.add_argument("--compile", default="0,1",
-                    help="0 eager, 1 torch.compile, or a comma list run in turn (default 0,1)")
-    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--peak-tflops", type=float, default=989.0,
-                    help="peak dense TFLOP/s for MFU (989: H100/H200 SXM bf16)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--label", default=None, help="name to match Strata's run in summarize.py")
-    ap.add_argument("--seed", type=int, default=1234)
+    add_run_args(ap, micro_batch=4, iters=20, warmup=5, lr=3e-4)
     ap.add_argument("--check-hf", action="store_true",
                     help="only compare this model with transformers.LlamaForCausalLM (tiny "
                          "shapes, fp32, CPU) and exit")

@@ -240,7 +240,6 @@ Tensor MixtureOfExperts::backward(const LayerEnv& env, BackwardPass& pass, const
     Tensor g_gate_up = env.g(gate_up).reshape({El, 2 * Fl, C});
     be.grouped_matmul_backward_weight(g_gate_up, dh, s.xp, s.rows);
   }
-  dy = Tensor();
   if (parallel) dxp = combine_rows(env, dxp, s);
   Tensor dx = env.act(full_shape);
   Tensor dx_rows = dx.reshape({N, C});
