@@ -58,6 +58,12 @@ PartParameterCounts::Counts PartParameterCounts::at(int t) const {
   if (it != cache_.end()) return it->second;
   Counts c;
   for (int l : kind_layers_) {
+    // A kind no layer has (Qwen3-MoE without dense layers) holds nothing.
+    if (l < 0) {
+      c.layer.push_back(0);
+      c.layer_experts.push_back(0);
+      continue;
+    }
     const ParamLayout layer = layout_(t, {{l, 1, false, false}});
     c.layer.push_back(layer.numel());
     c.layer_experts.push_back(0);

@@ -165,7 +165,7 @@ class PartParameterCounts {
  private:
   Layout layout_;
   int num_layers_;
-  std::vector<int> kind_layers_;  // [kind] a layer of that kind
+  std::vector<int> kind_layers_;  // [kind] a layer of that kind, -1 when none is (counts 0)
   std::function<int64_t(int)> tied_copy_;
   mutable std::mutex mu_;
   mutable std::map<int, Counts> cache_;
