@@ -96,6 +96,13 @@ struct ModelOptions {
   int expert = 1;
   int expert_rank = 0;
   Communicator* expert_group = nullptr;
+  // Context parallelism: the size c of the context group, this rank's place in it and the group
+  // (null when c = 1). The rank holds chunks context_rank and 2c−1−context_rank of the 2c chunks
+  // of every sequence (its batches hold only those positions: seq_len / c of them) and runs
+  // ring attention over the group.
+  int context = 1;
+  int context_rank = 0;
+  Communicator* context_group = nullptr;
   bool sequence_parallel = false;
   // Mixed precision: activations, their gradients and a compute copy of the weights are bf16;
   // the fp32 parameters stay the master copy and gradients stay fp32.

@@ -142,7 +142,7 @@ std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayou
 
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
                                 const ParallelLayout& c) {
-  const int world = c.tensor * c.pipeline * c.data;
+  const int world = c.tensor * c.context * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
            " × data " + std::to_string(c.data) + " = " + std::to_string(world) +

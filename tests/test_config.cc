@@ -775,19 +775,18 @@ TEST(ConfigWorld, DerivedSizes) {
 
 // ---- the parallel layout: one table for the config, plan files and --fix ----
 
-// DESIGN.md names parallel.context and parallel.expert; until context and expert parallelism
-// land, a value other than 1 is refused wherever a layout is written, not ignored.
-TEST(ConfigLayout, ContextOnlyOneExpertAnyPositive) {
+// parallel.context and parallel.expert take any positive size in the layout table (config, plan
+// files, --fix); what they must divide is checked with the model and the world.
+TEST(ConfigLayout, ContextAndExpertAnyPositive) {
   const Config c = load_config("", {"parallel.context=1", "parallel.expert=1"});
   EXPECT_EQ(c.layout.context, 1);
   EXPECT_EQ(c.layout.expert, 1);
+  EXPECT_EQ(parse_layout_fixes("context=4").context.value_or(0), 4);
   {
-    const InputError e = config_error(json{{"parallel", {{"context", 2}}}});
+    const InputError e = config_error(json{{"parallel", {{"context", 0}}}});
     EXPECT_EQ(e.file(), kFile);
     EXPECT_EQ(e.where(), "parallel.context");
-    EXPECT_TRUE(contains(e.expected(), "is not supported yet")) << e.what();
-    EXPECT_TRUE(contains(e.expected(), "got 2")) << e.what();
-    const InputError f = expect_error([&] { parse_layout_fixes("context=2"); });
+    const InputError f = expect_error([&] { parse_layout_fixes("context=0"); });
     EXPECT_EQ(f.file(), kCmd);
     EXPECT_EQ(f.where(), "--fix context");
     EXPECT_EQ(f.expected(), e.expected());
@@ -800,6 +799,39 @@ TEST(ConfigLayout, ContextOnlyOneExpertAnyPositive) {
   const InputError f = expect_error([&] { parse_layout_fixes("expert=0"); });
   EXPECT_EQ(f.where(), "--fix expert");
   EXPECT_EQ(f.expected(), e.expected());
+}
+
+// Context parallelism cuts each sequence into 2·context chunks: a length they do not divide is
+// refused (never padded), as are the combinations it does not run yet, each at its key.
+TEST(ConfigLayout, ContextChecks) {
+  {
+    const InputError e = config_error(json{{"model", {{"preset", "tiny"}, {"seq_len", 60}}},
+                                           {"parallel", {{"context", 4}}}});
+    EXPECT_EQ(e.where(), "parallel.context");
+    EXPECT_TRUE(contains(e.expected(), "seq_len 60 is not divisible by 2 × context = 8"))
+        << e.what();
+  }
+  {
+    const InputError e = config_error(json{{"device", "cuda"}, {"parallel", {{"context", 2}}}});
+    EXPECT_EQ(e.where(), "parallel.context");
+    EXPECT_TRUE(contains(e.expected(), "CPU backend only")) << e.what();
+  }
+  {
+    const InputError e = config_error(
+        json{{"model", {{"preset", "mixtral-tiny"}}}, {"parallel", {{"context", 2}}}});
+    EXPECT_EQ(e.where(), "parallel.context");
+    EXPECT_TRUE(contains(e.expected(), "mixture of experts")) << e.what();
+  }
+  // The tensor group splits each context rank's positions with sequence parallelism.
+  const Config c = world_config(
+      R"({"model": {"preset": "tiny", "seq_len": 36}, "parallel": {"context": 2, "tensor": 4,
+          "sequence_parallel": true}})");
+  const InputError e = expect_error([&] { validate_for_world(c, 8); });
+  EXPECT_EQ(e.where(), "parallel.sequence_parallel");
+  EXPECT_TRUE(contains(e.expected(), "context × tensor = 8")) << e.what();
+  EXPECT_NO_THROW(validate_for_world(world_config(R"({"model": {"preset": "tiny", "seq_len": 64},
+      "parallel": {"context": 2, "tensor": 4, "sequence_parallel": true}})"),
+                                     8));
 }
 
 // The config's layout keys are the layout table's rows: every field is a key of the same path and

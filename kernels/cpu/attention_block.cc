@@ -16,17 +16,31 @@ namespace strata::kernels::cpu {
 
 namespace {
 
-// The keys query row i sees: [0, keys(i)).
-int visible(BlockMask mask, int i, int Sk) {
-  return mask == BlockMask::kCausal ? std::min(i + 1, Sk) : Sk;
+// The keys query row i of sequence b sees: [0, visible(…)).
+int visible(BlockMask mask, int i, int Sk, const BlockLayout& at, int b) {
+  int n = mask == BlockMask::kCausal ? std::min(i + 1, Sk) : Sk;
+  if (at.key_len) n = std::max(0, std::min(n, at.key_len[b]));
+  return n;
 }
 
 }  // namespace
 
+BlockLayout dense_block_layout(int Sq, int Sk, int NH, int KVH, int HS) {
+  BlockLayout at;
+  at.q_ld = at.o_ld = int64_t{NH} * HS;
+  at.q_batch = at.o_batch = at.q_ld * Sq;
+  at.kv_ld = 2 * int64_t{KVH} * HS;
+  at.kv_batch = at.kv_ld * Sk;
+  at.lse_ld = Sq;
+  return at;
+}
+
 template <class T>
 void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int Sq, int Sk, int NH,
-                             int KVH, int HS, BlockMask mask) {
-  const int group = NH / KVH, ldq = NH * HS, ldkv = 2 * KVH * HS;
+                             int KVH, int HS, BlockMask mask, const BlockLayout& at) {
+  const int group = NH / KVH;
+  const int ldq = static_cast<int>(at.q_ld), ldo = static_cast<int>(at.o_ld),
+            ldkv = static_cast<int>(at.kv_ld);
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel
@@ -35,17 +49,17 @@ void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; ++bh) {
       const int b = bh / NH, h = bh % NH, g = h / group;
-      const T* qh = q + static_cast<size_t>(b) * Sq * ldq + static_cast<size_t>(h) * HS;
-      const T* kh = kv + static_cast<size_t>(b) * Sk * ldkv + static_cast<size_t>(g) * HS;
-      const T* vh = kh + static_cast<size_t>(KVH) * HS;
-      T* oh = out + static_cast<size_t>(b) * Sq * ldq + static_cast<size_t>(h) * HS;
-      T* lh = lse + static_cast<size_t>(bh) * Sq;
+      const T* qh = q + b * at.q_batch + static_cast<int64_t>(h) * HS;
+      const T* kh = kv + b * at.kv_batch + static_cast<int64_t>(g) * HS;
+      const T* vh = kh + static_cast<int64_t>(KVH) * HS;
+      T* oh = out + b * at.o_batch + static_cast<int64_t>(h) * HS;
+      T* lh = lse + bh * at.lse_ld;
       // Scores (Sq, Sk), then each row's softmax over the keys it sees, then P · v.
       if (Sq > 0 && Sk > 0)
         gemm<T>(false, true, Sq, Sk, HS, scale, qh, ldq, kh, ldkv, T(0), s.data(), Sk);
       for (int i = 0; i < Sq; ++i) {
         T* row = s.data() + static_cast<size_t>(i) * Sk;
-        const int n = visible(mask, i, Sk);
+        const int n = visible(mask, i, Sk, at, b);
         if (n == 0) {
           std::fill(row, row + Sk, T(0));
           lh[i] = neg_inf;
@@ -59,24 +73,24 @@ void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int
         lh[i] = mx + std::log(sum);
       }
       if (Sq > 0 && Sk > 0)
-        gemm<T>(false, false, Sq, HS, Sk, T(1), s.data(), Sk, vh, ldkv, T(0), oh, ldq);
+        gemm<T>(false, false, Sq, HS, Sk, T(1), s.data(), Sk, vh, ldkv, T(0), oh, ldo);
     }
   }
 }
 
 template <class T>
-void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int Sq, int NH,
-                     int HS) {
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int Sq, int NH, int HS,
+                     const BlockLayout& at) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     for (int i = 0; i < Sq; ++i) {
-      T& la = lse[static_cast<size_t>(bh) * Sq + i];
-      const T lb = lse_b[static_cast<size_t>(bh) * Sq + i];
-      T* oa = out + (static_cast<size_t>(b) * Sq + i) * NH * HS + static_cast<size_t>(h) * HS;
-      const T* ob =
-          out_b + (static_cast<size_t>(b) * Sq + i) * NH * HS + static_cast<size_t>(h) * HS;
+      T& la = lse[bh * at.lse_ld + i];
+      const T lb = lse_b[bh * at.lse_ld + i];
+      const int64_t row = b * at.o_batch + i * at.o_ld + static_cast<int64_t>(h) * HS;
+      T* oa = out + row;
+      const T* ob = out_b + row;
       if (lb == neg_inf) continue;  // the block saw no key of this row
       if (la == neg_inf) {
         std::copy(ob, ob + HS, oa);
@@ -93,15 +107,16 @@ void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int 
 }
 
 template <class T>
-void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS) {
+void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS,
+                           const BlockLayout& at) {
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     for (int i = 0; i < Sq; ++i) {
-      const size_t at = (static_cast<size_t>(b) * Sq + i) * NH * HS + static_cast<size_t>(h) * HS;
+      const int64_t row = b * at.o_batch + i * at.o_ld + static_cast<int64_t>(h) * HS;
       T d = 0;
-      for (int k = 0; k < HS; ++k) d += dout[at + k] * out[at + k];
-      delta[static_cast<size_t>(bh) * Sq + i] = d;
+      for (int k = 0; k < HS; ++k) d += dout[row + k] * out[row + k];
+      delta[bh * at.lse_ld + i] = d;
     }
   }
 }
@@ -109,9 +124,11 @@ void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq,
 template <class T>
 void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* lse,
                               const T* delta, int B, int Sq, int Sk, int NH, int KVH, int HS,
-                              BlockMask mask) {
+                              BlockMask mask, const BlockLayout& at) {
   if (Sq == 0 || Sk == 0) return;
-  const int group = NH / KVH, ldq = NH * HS, ldkv = 2 * KVH * HS;
+  const int group = NH / KVH;
+  const int ldq = static_cast<int>(at.q_ld), ldo = static_cast<int>(at.o_ld),
+            ldkv = static_cast<int>(at.kv_ld);
   const T scale = T(1) / std::sqrt(T(HS));
   const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel
@@ -120,25 +137,24 @@ void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
 #pragma omp for schedule(static)
     for (int bg = 0; bg < B * KVH; ++bg) {
       const int b = bg / KVH, g = bg % KVH;
-      const T* kh = kv + static_cast<size_t>(b) * Sk * ldkv + static_cast<size_t>(g) * HS;
-      const T* vh = kh + static_cast<size_t>(KVH) * HS;
-      T* dkh = dkv + static_cast<size_t>(b) * Sk * ldkv + static_cast<size_t>(g) * HS;
-      T* dvh = dkh + static_cast<size_t>(KVH) * HS;
+      const T* kh = kv + b * at.kv_batch + static_cast<int64_t>(g) * HS;
+      const T* vh = kh + static_cast<int64_t>(KVH) * HS;
+      T* dkh = dkv + b * at.kv_batch + static_cast<int64_t>(g) * HS;
+      T* dvh = dkh + static_cast<int64_t>(KVH) * HS;
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        const size_t bh = static_cast<size_t>(b) * NH + h;
-        const size_t qoff = static_cast<size_t>(b) * Sq * ldq + static_cast<size_t>(h) * HS;
-        const T* qh = q + qoff;
-        const T* doh = dout + qoff;
-        T* dqh = dq + qoff;
+        const int64_t bh = static_cast<int64_t>(b) * NH + h;
+        const T* qh = q + b * at.q_batch + static_cast<int64_t>(h) * HS;
+        const T* doh = dout + b * at.o_batch + static_cast<int64_t>(h) * HS;
+        T* dqh = dq + b * at.o_batch + static_cast<int64_t>(h) * HS;
         // P = exp(s − lse) of the merged row (0 for keys the row does not see).
         gemm<T>(false, true, Sq, Sk, HS, scale, qh, ldq, kh, ldkv, T(0), p.data(), Sk);
         // dP = dout · vᵀ
-        gemm<T>(false, true, Sq, Sk, HS, T(1), doh, ldq, vh, ldkv, T(0), dp.data(), Sk);
+        gemm<T>(false, true, Sq, Sk, HS, T(1), doh, ldo, vh, ldkv, T(0), dp.data(), Sk);
         for (int i = 0; i < Sq; ++i) {
           T* pr = p.data() + static_cast<size_t>(i) * Sk;
           T* dr = dp.data() + static_cast<size_t>(i) * Sk;
-          const int n = visible(mask, i, Sk);
-          const T l = lse[bh * Sq + i], d = delta[bh * Sq + i];
+          const int n = visible(mask, i, Sk, at, b);
+          const T l = lse[bh * at.lse_ld + i], d = delta[bh * at.lse_ld + i];
           for (int j = 0; j < Sk; ++j) {
             const bool seen = j < n && l != neg_inf;
             pr[j] = seen ? std::exp(pr[j] - l) : T(0);
@@ -146,9 +162,9 @@ void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
           }
         }
         // dq += dS · k / √HS;  dk += dSᵀ · q / √HS;  dv += Pᵀ · dout.
-        gemm<T>(false, false, Sq, HS, Sk, scale, dp.data(), Sk, kh, ldkv, T(1), dqh, ldq);
+        gemm<T>(false, false, Sq, HS, Sk, scale, dp.data(), Sk, kh, ldkv, T(1), dqh, ldo);
         gemm<T>(true, false, Sk, HS, Sq, scale, dp.data(), Sk, qh, ldq, T(1), dkh, ldkv);
-        gemm<T>(true, false, Sk, HS, Sq, T(1), p.data(), Sk, doh, ldq, T(1), dvh, ldkv);
+        gemm<T>(true, false, Sk, HS, Sq, T(1), p.data(), Sk, doh, ldo, T(1), dvh, ldkv);
       }
     }
   }
@@ -156,11 +172,14 @@ void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
 
 #define STRATA_INSTANTIATE(T)                                                                   \
   template void attention_block_forward<T>(T*, T*, const T*, const T*, int, int, int, int, int, \
-                                           int, BlockMask);                                     \
-  template void attention_merge<T>(T*, T*, const T*, const T*, int, int, int, int);             \
-  template void attention_block_delta<T>(T*, const T*, const T*, int, int, int, int);           \
+                                           int, BlockMask, const BlockLayout&);                 \
+  template void attention_merge<T>(T*, T*, const T*, const T*, int, int, int, int,              \
+                                   const BlockLayout&);                                         \
+  template void attention_block_delta<T>(T*, const T*, const T*, int, int, int, int,            \
+                                         const BlockLayout&);                                   \
   template void attention_block_backward<T>(T*, T*, const T*, const T*, const T*, const T*,     \
-                                            const T*, int, int, int, int, int, int, BlockMask);
+                                            const T*, int, int, int, int, int, int, BlockMask,  \
+                                            const BlockLayout&);
 STRATA_INSTANTIATE(float)
 STRATA_INSTANTIATE(double)
 #undef STRATA_INSTANTIATE

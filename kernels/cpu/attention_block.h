@@ -4,7 +4,7 @@
 // ranks that hold the sequence's chunks) merge into the attention over the whole sequence.
 //
 // Pure functions on raw row-major buffers, templates over T (float for training, double for the
-// finite-difference tests). Layouts:
+// finite-difference tests). Layouts (contiguous; BlockLayout places them inside larger buffers):
 //   q   (B, Sq, NH, HS)      the block's queries (this rank's heads)
 //   kv  (B, Sk, 2·KVH, HS)   per key position its KVH key heads, then its KVH value heads: what a
 //                            ring step sends (grouped-query attention sends only these)
@@ -26,29 +26,73 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace strata::kernels::cpu {
 
 enum class BlockMask { kFull, kCausal };
 
+// Where a block's rows lie inside larger buffers, in elements of T: ring attention points q
+// into the (B, S, NH + 2·KVH, HS) q/k/v of the layer, keys and values into that or a received
+// (B, S, 2·KVH, HS) block, and a block may be some rows of the rank's sequence (one of its two
+// chunks). A key/value position holds its KVH key heads, then its KVH value heads.
+struct BlockLayout {
+  int64_t q_ld = 0, q_batch = 0;    // q: between positions, between sequences
+  int64_t o_ld = 0, o_batch = 0;    // out, dout, dq, the merged block's out: likewise
+  int64_t kv_ld = 0, kv_batch = 0;  // kv, dkv: likewise
+  int64_t lse_ld = 0;               // lse, delta: row (b, h) starts at (b·NH + h)·lse_ld
+  // (B) or null: sequence b's keys [key_len[b], Sk) of the block are padding (key_len[b] ≤ 0:
+  // the block has no key for it).
+  const int32_t* key_len = nullptr;
+};
+// Contiguous buffers: q, out (B, Sq, NH, HS), kv (B, Sk, 2·KVH, HS), lse (B, NH, Sq).
+BlockLayout dense_block_layout(int Sq, int Sk, int NH, int KVH, int HS);
+
 // out (assigned) and lse of the block; kCausal needs Sq == Sk.
 template <class T>
 void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int Sq, int Sk, int NH,
-                             int KVH, int HS, BlockMask mask);
+                             int KVH, int HS, BlockMask mask, const BlockLayout& at);
 
-// Adds block (out_b, lse_b) into the running (out, lse) of the same rows (lse −inf: empty).
+// Adds block (out_b, lse_b) into the running (out, lse) of the same rows (lse −inf: empty); out_b
+// and lse_b lie as out and lse do.
 template <class T>
-void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int Sq, int NH, int HS);
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int Sq, int NH, int HS,
+                     const BlockLayout& at);
 
 // delta (B, NH, Sq) = Σ over HS of dout ⊙ out (the merged out): the backward's row term.
 template <class T>
-void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS);
+void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS,
+                           const BlockLayout& at);
 
-// The block's gradients, ACCUMULATED: dq (B, Sq, NH, HS) +=, dkv (B, Sk, 2·KVH, HS) += (a
+// The block's gradients, ACCUMULATED: dq (B, Sq, NH, HS) += (laid out as out), dkv (B, Sk, 2·KVH, HS) += (a
 // key/value head's summed over its query heads). lse, delta: the merged row's.
 template <class T>
 void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* lse,
                               const T* delta, int B, int Sq, int Sk, int NH, int KVH, int HS,
-                              BlockMask mask);
+                              BlockMask mask, const BlockLayout& at);
+
+// The same on contiguous buffers (dense_block_layout).
+template <class T>
+void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int Sq, int Sk, int NH,
+                             int KVH, int HS, BlockMask mask) {
+  attention_block_forward(out, lse, q, kv, B, Sq, Sk, NH, KVH, HS, mask,
+                          dense_block_layout(Sq, Sk, NH, KVH, HS));
+}
+template <class T>
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int B, int Sq, int NH,
+                     int HS) {
+  attention_merge(out, lse, out_b, lse_b, B, Sq, NH, HS, dense_block_layout(Sq, Sq, NH, 1, HS));
+}
+template <class T>
+void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS) {
+  attention_block_delta(delta, dout, out, B, Sq, NH, HS, dense_block_layout(Sq, Sq, NH, 1, HS));
+}
+template <class T>
+void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* lse,
+                              const T* delta, int B, int Sq, int Sk, int NH, int KVH, int HS,
+                              BlockMask mask) {
+  attention_block_backward(dq, dkv, dout, q, kv, lse, delta, B, Sq, Sk, NH, KVH, HS, mask,
+                           dense_block_layout(Sq, Sk, NH, KVH, HS));
+}
 
 }  // namespace strata::kernels::cpu

@@ -61,7 +61,7 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
   for (const char* k :
        {"parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
         "parallel.sequence_parallel=false", "parallel.layers_per_stage=null", "parallel.data=null",
-        "parallel.expert=1", "train.micro_batch_size=1"})
+        "parallel.expert=1", "parallel.context=1", "train.micro_batch_size=1"})
     sets.push_back(k);
   const Config probe = load_config(s.config, sets);
   // The model keys the user named (a preset names them all), compared where they fix shapes.

@@ -64,6 +64,24 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
                   "num_experts " + to_string(m.num_experts) + " is not divisible by expert " +
                       to_string(p.expert) + " (each rank of the expert group holds as many)");
   }
+  // Context parallelism: each sequence is cut into 2·context chunks of whole positions (Megatron's
+  // causal load balance); a length they do not divide is refused, never padded.
+  if (p.context > 1 && m.seq_len % (2 * int64_t{p.context}) != 0) {
+    r.fail_latest({"parallel.context", "model.seq_len"},
+                  "seq_len " + to_string(m.seq_len) + " is not divisible by 2 × context = " +
+                      to_string(2 * p.context) + " (each sequence is cut into 2·context chunks)");
+  }
+  if (p.context > 1 && p.expert > 1) {
+    r.fail_latest({"parallel.context", "parallel.expert"},
+                  "context " + to_string(p.context) + " with expert " + to_string(p.expert) +
+                      ": context parallelism does not combine with expert parallelism yet");
+  }
+  if (p.context > 1 && m.num_experts > 0) {
+    r.fail_latest({"parallel.context", "model.num_experts"},
+                  "context " + to_string(p.context) +
+                      " with a mixture of experts: the balancing loss is not split over context "
+                      "ranks yet");
+  }
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +
                                   to_string(p.virtual_stages) + " = " + to_string(chunks);
@@ -93,6 +111,13 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
 void check_attention_backend(const Config& c, const Reader& r) {
   const TrainConfig& t = c.train;
   const ModelConfig& m = c.model;
+  // Ring attention's blocks have CPU kernels only so far (Backend::attention_block_forward).
+  if (c.layout.context > 1 && c.device == "cuda") {
+    r.fail_latest({"parallel.context", "device"},
+                  "context " + to_string(c.layout.context) +
+                      " runs on the CPU backend only for now (ring attention has no CUDA kernels "
+                      "yet): expected device \"cpu\", got \"cuda\"");
+  }
   if (t.attention_backend == "cudnn") {
     if (c.device != "cuda") {
       r.fail_latest({"train.attention_backend", "device"},

@@ -43,23 +43,6 @@ LayoutField positive(const char* name, const char* key, const char* meaning, Get
       name, key, meaning, get, [](const json& v) { return int_value(v, 1); }, kAsJson, kNeverOpen);
 }
 
-// A size DESIGN.md names whose parallelism is not implemented yet: 1 only, refused otherwise
-// rather than ignored.
-template <class Get>
-LayoutField only_one(const char* name, const char* key, const char* what, const char* meaning,
-                     Get get) {
-  const std::string not_yet = what;
-  return row(
-      name, key, meaning, get,
-      [not_yet](const json& v) {
-        const int n = int_value(v, 1);
-        if (n != 1)
-          throw ValueError("expected 1 (" + not_yet + " is not supported yet), got " + show(v));
-        return n;
-      },
-      kAsJson, kNeverOpen);
-}
-
 template <class Get>
 LayoutField boolean(const char* name, const char* key, const char* meaning, Get get) {
   return row(name, key, meaning, get, bool_value, kAsJson, kNeverOpen);
@@ -121,8 +104,9 @@ const std::vector<LayoutField>& table() {
     };
     return std::vector<LayoutField>{
         positive("tensor", "parallel.tensor", "tensor-parallel size t", tensor),
-        only_one("context", "parallel.context", "context parallelism",
-                 "ranks each sequence is split over (ring attention); only 1 for now", context),
+        positive("context", "parallel.context",
+                 "ranks each sequence is split over (ring attention; 2·context divides seq_len)",
+                 context),
         positive("expert", "parallel.expert",
                  "data ranks each MoE layer's experts are spread over (divides data and "
                  "num_experts)",

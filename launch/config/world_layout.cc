@@ -58,6 +58,15 @@ void validate_for_world(const Config& c, int world_size) {
                      "sequence_parallel needs seq_len divisible by tensor: seq_len " +
                          to_string(m.seq_len) + by_tensor);
   }
+  // With context parallelism each rank holds seq_len / context positions, which the tensor group
+  // splits in turn.
+  if (p.sequence_parallel && p.context > 1 && m.seq_len % (int64_t{p.context} * p.tensor) != 0) {
+    throw InputError(file, "parallel.sequence_parallel",
+                     "sequence_parallel with context " + to_string(p.context) +
+                         " needs seq_len divisible by context × tensor = " +
+                         to_string(int64_t{p.context} * p.tensor) + ", got seq_len " +
+                         to_string(m.seq_len));
+  }
   // What the architecture adds (its own keys, its own splits).
   architecture(m.arch).validate(m, p.tensor, file);
 

@@ -1,11 +1,23 @@
 #include "launch/train/batches.h"
 
+#include "models/layers/ring_attention.h"
+
 namespace strata {
 
 HostBatch sample_batch(const DataSource& data, const BatchKey& k) {
   HostBatch h;
   data.sample_batch(k.split, k.iter, k.first, k.count, k.seq_len, &h);
   return h;
+}
+
+HostBatch context_part(const HostBatch& h, int count, int seq_len, int size, int rank) {
+  const ContextChunks ctx{size, rank, seq_len};
+  HostBatch part = h;
+  part.inputs = ctx.take(h.inputs, count);
+  part.targets = ctx.take(h.targets, count);
+  if (!h.token_types.empty()) part.token_types = ctx.take(h.token_types, count);
+  if (!h.loss_mask.empty()) part.loss_mask = ctx.take(h.loss_mask, count);
+  return part;
 }
 
 ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len,

@@ -38,6 +38,10 @@ struct BatchKey {
 };
 
 HostBatch sample_batch(const DataSource& data, const BatchKey& k);
+// Context parallelism: the positions context rank `rank` of `size` holds of each of the batch's
+// `count` sequences (models/layers/ring_attention.h's ContextChunks); the per-sequence lengths
+// and sentence labels stay whole.
+HostBatch context_part(const HostBatch& h, int count, int seq_len, int size, int rank);
 // The batch on the device; sentence_loss_weight: ModelBatch's (the tokens that count per
 // sequence of the global batch).
 ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len,

@@ -106,7 +106,8 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
   // The snapshot: each piece downloaded straight into its own buffer.
   RankShard shard =
       make_rank_shard(params.layout(), be_, params.params(), opt_.m(), opt_.v(),
-                      reducer_.optimizer_segments(), groups_.dp_rank, reducer_.sharded(), previous);
+                      reducer_.optimizer_segments(), groups_.dp->rank(), reducer_.sharded(),
+                      previous);
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},
@@ -133,6 +134,8 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
       {"config_file", cfg.source_file}};
   // Expert parallelism, recorded where it was used (run states before it have no key).
   if (run_.layout.expert > 1) rs["parallel"]["expert"] = run_.layout.expert;
+  // Context parallelism likewise: it changes no weight's layout, but the run state says it.
+  if (run_.layout.context > 1) rs["parallel"]["context"] = run_.layout.context;
   write_s_.push_back(0);
   stall_s_.push_back(0);
   const std::string dir = saver_->save(it, std::move(shard), std::move(rs));

@@ -250,9 +250,11 @@ void ModelStage::check_loss_tokens(int b) const {
       data_.loss_tokens(split_, iter_ + static_cast<uint64_t>(b),
                         static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
   const auto it = loss_by_batch_.find(b);
-  STRATA_CHECK(it != loss_by_batch_.end() && it->second.count == mine,
-               "the loss counted " << (it == loss_by_batch_.end() ? 0.0 : it->second.count)
-                                   << " tokens where the data has " << mine);
+  // With context parallelism the data rank's sequences are counted over its context group.
+  const double counted = sum_over(be_, groups_.cp.get(),
+                                  it == loss_by_batch_.end() ? 0.0 : it->second.count);
+  STRATA_CHECK(it != loss_by_batch_.end() && counted == mine,
+               "the loss counted " << counted << " tokens where the data has " << mine);
 }
 
 bool ModelStage::progress() {
@@ -389,12 +391,20 @@ const ModelBatch& ModelStage::batch(int mb) {
   const int m = run_.layout.num_microbatches;
   for (auto old = batches_.begin(); old != batches_.end() && old->first / m < mb / m - 1;)
     old = batches_.erase(old);
-  const HostBatch host = prefetcher_.take(batch_key(mb));
+  HostBatch host = prefetcher_.take(batch_key(mb));
   prefetcher_.prefetch(batch_key(mb + 1));  // the next micro-batch, or the next batch's first
-  // A sentence loss (BERT's) weighs the tokens that count per sequence of the global batch.
-  const double sentence_weight = loss_tokens(mb / m) / run_.global;
+  // A sentence loss (BERT's) weighs the tokens that count per sequence of the global batch. With
+  // context parallelism it counts on context rank 0, which holds [CLS] (the others weigh it 0).
+  double sentence_weight = loss_tokens(mb / m) / run_.global;
+  int seq_len = run_.seq_len;
+  if (groups_.context > 1) {
+    host = context_part(host, run_.layout.micro_batch_size, run_.seq_len, groups_.context,
+                        groups_.cp_rank);
+    seq_len /= groups_.context;
+    if (groups_.cp_rank != 0) sentence_weight = 0;
+  }
   return batches_[mb] =
-             upload_batch(be_, host, run_.layout.micro_batch_size, run_.seq_len, sentence_weight);
+             upload_batch(be_, host, run_.layout.micro_batch_size, seq_len, sentence_weight);
 }
 
 // Micro-batch mb is slot mb % m of batch iter + mb / m (2bw numbers them across batches).

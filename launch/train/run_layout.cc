@@ -33,7 +33,8 @@ RunLayout make_run_layout(const Config& cfg, bool single_process) {
   r.global = cfg.train.global_batch_size;
   r.seq_len = cfg.model.seq_len;
   // This rank's coordinates, from the group layout (the same formula as the groups).
-  r.coord = group_layout(r.layout.tensor, r.layout.pipeline, r.layout.data, r.layout.expert)
+  r.coord = group_layout(r.layout.tensor, r.layout.pipeline, r.layout.data, r.layout.expert,
+                         r.layout.context)
                 .coord(w.rank);
   return r;
 }
@@ -59,6 +60,9 @@ ModelOptions RunLayout::model_options(int stage, const ProcessGroups& groups) co
   o.expert = groups.expert;
   o.expert_rank = groups.ep_rank;
   o.expert_group = groups.ep.get();
+  o.context = groups.context;
+  o.context_rank = groups.cp_rank;
+  o.context_group = groups.cp.get();
   o.sequence_parallel = layout.sequence_parallel;
   o.bf16 = bf16;
   o.recompute = layout.recompute;
@@ -98,7 +102,8 @@ ProcessGroups RunLayout::groups(Backend& be) const {
   const Transport t = transport(be.device());
   ProcessGroups g =
       make_process_groups(layout.tensor, layout.pipeline, layout.data, t.backend,
-                          cfg->comm.timeout_s, t.staged ? staging : nullptr, layout.expert);
+                          cfg->comm.timeout_s, t.staged ? staging : nullptr, layout.expert,
+                          layout.context);
   g.set_compute_stream(be.compute_stream());
   return g;
 }
@@ -107,7 +112,7 @@ ProcessGroups RunLayout::host_groups() const {
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s);
   return make_process_groups(layout.tensor, layout.pipeline, layout.data,
                              world->size > 1 ? CommBackend::kMPI : CommBackend::kLocal,
-                             cfg->comm.timeout_s, nullptr, layout.expert);
+                             cfg->comm.timeout_s, nullptr, layout.expert, layout.context);
 }
 
 }  // namespace strata

@@ -1,5 +1,7 @@
 #include "models/layers/attention.h"
 
+#include "models/layers/ring_attention.h"
+
 namespace strata {
 
 SelfAttention::SelfAttention(ParamLayout& layout, const AttentionNames& names, int64_t C,
@@ -58,8 +60,14 @@ void SelfAttention::drop_core(Saved& s) {
 
 void SelfAttention::recompute_core(const LayerEnv& env, Saved& s) const {
   const int64_t B = s.qkv.size(0), S = s.qkv.size(1);
-  s.att = env.stat(env.be.attention_saved_shape(B, heads_local, S));
   s.out = env.act({B, S, heads_local * head_size});
+  if (env.cp) {  // context parallelism: the core over the whole sequences, saving each row's lse
+    s.att = env.stat({B, heads_local, S});
+    ring_attention_forward(env, s.out, s.att, s.qkv, heads_local, kv_heads_local, causal,
+                           s.key_lengths.defined() ? &s.key_lengths : nullptr);
+    return;
+  }
+  s.att = env.stat(env.be.attention_saved_shape(B, heads_local, S));
   env.be.attention_forward(s.out, s.att, s.qkv, heads_local, kv_heads_local, mask(s));
 }
 
@@ -69,7 +77,12 @@ Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Te
   Tensor dout = env.act({B, S, heads_local * head_size});
   proj.backward(env, pass, &dout, proj.gather_output_grad(env, dresid), s.out);
   Tensor dqkv = env.act({B, S, qkv.out_local});
-  env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local, mask(s));
+  if (env.cp)
+    ring_attention_backward(env, dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local,
+                            causal, s.key_lengths.defined() ? &s.key_lengths : nullptr);
+  else
+    env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local,
+                              mask(s));
   dout = Tensor();
   if (rope) rope->backward(env, dqkv, heads_local, kv_heads_local);
   if (q_norm.valid()) {

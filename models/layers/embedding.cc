@@ -43,10 +43,11 @@ void VocabParallelEmbedding::add_token_types(ParamLayout& layout, int64_t n_type
 }
 
 Tensor VocabParallelEmbedding::forward(const LayerEnv& env, const Tensor& tokens,
-                                       const Tensor& token_types) const {
-  if (!types.valid()) return forward_at(env, tokens, 0);
+                                       const Tensor& token_types,
+                                       const Tensor* position_ids) const {
+  if (!types.valid()) return lookup(env, tokens, 0, nullptr, position_ids);
   STRATA_CHECK(token_types.defined(), "an embedding with token types needs their ids");
-  return lookup(env, tokens, 0, &token_types);
+  return lookup(env, tokens, 0, &token_types, position_ids);
 }
 
 Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tokens,
@@ -55,18 +56,26 @@ Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tok
 }
 
 Tensor VocabParallelEmbedding::lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
-                                      const Tensor* token_types) const {
+                                      const Tensor* token_types,
+                                      const Tensor* position_ids) const {
   const int64_t B = tokens.size(0), S = tokens.size(1);
   const ParamInfo& t = env.params.info(table);
   Tensor x0 = env.act({B, S, t.shape[1]});
   Tensor pos;
-  if (positions.valid()) {
+  const bool by_id = position_ids != nullptr && positions.valid();
+  if (positions.valid() && !by_id) {
     const Tensor all = env.w(positions);  // (S_max, C)
     const int64_t C = all.size(1), rows = all.size(0) - pos0;
     pos = all.view(pos0 * C, {rows, C});
   }
   env.be.embedding_forward(x0, tokens, env.w(table),
-                           positions.valid() && env.tp.rank() == 0 ? &pos : nullptr, vocab.start);
+                           positions.valid() && !by_id && env.tp.rank() == 0 ? &pos : nullptr,
+                           vocab.start);
+  if (by_id && env.tp.rank() == 0) {  // added once, as the positions are
+    Tensor placed = env.act(x0.shape());
+    env.be.embedding_forward(placed, *position_ids, env.w(positions), nullptr, 0);
+    env.be.add_inplace(x0, placed);
+  }
   if (token_types && env.tp.rank() == 0) {  // added once, as the positions
     Tensor typed = env.act(x0.shape());
     env.be.embedding_forward(typed, *token_types, env.w(types), nullptr, 0);
@@ -91,13 +100,17 @@ PartWork VocabParallelEmbedding::work(int64_t C, bool positions, bool types, con
 }
 
 void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
-                                      const Tensor& token_types) const {
+                                      const Tensor& token_types,
+                                      const Tensor* position_ids) const {
   // Every rank needs the full-sequence gradient for its vocabulary rows, the positions and the
   // token types (replicated: every rank computes their whole gradient).
   const Tensor dx0 = env.tp.full_sequence(dout);
   Tensor dtable = env.g(table);
+  const bool by_id = position_ids != nullptr && positions.valid();
   Tensor dpos = positions.valid() ? env.g(positions) : Tensor();
-  env.be.embedding_backward(dtable, positions.valid() ? &dpos : nullptr, dx0, tokens, vocab.start);
+  env.be.embedding_backward(dtable, positions.valid() && !by_id ? &dpos : nullptr, dx0, tokens,
+                            vocab.start);
+  if (by_id) env.be.embedding_backward(dpos, nullptr, dx0, *position_ids, 0);
   if (types.valid()) {
     Tensor dtypes = env.g(types);
     env.be.embedding_backward(dtypes, nullptr, dx0, token_types, 0);

@@ -47,15 +47,17 @@ class VocabParallelEmbedding {
 
   // tokens (B, S) i32 → (B, S_local, C): the sum over the tensor group of each rank's rows (and
   // the positions, and the rows of token_types (B, S) i32 when the layer has a type table),
-  // reduce-scattered to this rank's sequence chunk with sequence parallelism.
-  Tensor forward(const LayerEnv& env, const Tensor& tokens,
-                 const Tensor& token_types = Tensor()) const;
+  // reduce-scattered to this rank's sequence chunk with sequence parallelism. position_ids
+  // (B, S) i32, given with context parallelism: each token's position (the learned position
+  // rows gathered by id); null: positions 0 … S − 1.
+  Tensor forward(const LayerEnv& env, const Tensor& tokens, const Tensor& token_types = Tensor(),
+                 const Tensor* position_ids = nullptr) const;
   // Generation: tokens at positions pos0 … (the learned positions from row pos0).
   Tensor forward_at(const LayerEnv& env, const Tensor& tokens, int64_t pos0) const;
   // Table (and position, token-type) gradients from the gradient of the output, dout
   // (B, S_local, C).
   void backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
-                const Tensor& token_types = Tensor()) const;
+                const Tensor& token_types = Tensor(), const Tensor* position_ids = nullptr) const;
 
   // One micro-batch: the gather of each token's row (a read and a write), the position add and
   // the token-type gather and add where the layer has them (the backward scatter-adds the same
@@ -70,7 +72,7 @@ class VocabParallelEmbedding {
  private:
   // The embedding of tokens at positions pos0 … (and their types when given).
   Tensor lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
-                const Tensor* token_types) const;
+                const Tensor* token_types, const Tensor* position_ids = nullptr) const;
 };
 
 }  // namespace strata

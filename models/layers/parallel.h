@@ -69,6 +69,8 @@ struct LayerEnv {
   // The expert group a mixture's tokens travel over by all-to-all; null without expert
   // parallelism.
   Communicator* ep = nullptr;
+  // The context group ring attention runs over; null without context parallelism.
+  Communicator* cp = nullptr;
 
   Tensor act(const Shape& s) const {  // an activation
     return be.empty(s, MemCategory::kActivations, act_dtype);

@@ -33,19 +33,22 @@ std::vector<double> rope_inverse_frequencies(int head_size, double theta,
 }
 
 RotaryEmbedding::RotaryEmbedding(Backend& backend, int64_t max_positions, int head_size,
-                                 double theta, const std::optional<RopeScaling>& scaling) {
+                                 double theta, const std::optional<RopeScaling>& scaling,
+                                 const std::vector<int64_t>& positions) {
   const std::vector<double> inv = rope_inverse_frequencies(head_size, theta, scaling);
   const int half = head_size / 2;
-  std::vector<float> host(static_cast<size_t>(max_positions * head_size));
-  for (int64_t s = 0; s < max_positions; ++s) {
+  const int64_t rows = positions.empty() ? max_positions : static_cast<int64_t>(positions.size());
+  std::vector<float> host(static_cast<size_t>(rows * head_size));
+  for (int64_t s = 0; s < rows; ++s) {
     float* row = host.data() + s * head_size;
+    const double at = static_cast<double>(positions.empty() ? s : positions[static_cast<size_t>(s)]);
     for (int i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(s) * inv[static_cast<size_t>(i)];
+      const double angle = at * inv[static_cast<size_t>(i)];
       row[i] = static_cast<float>(std::cos(angle));
       row[half + i] = static_cast<float>(std::sin(angle));
     }
   }
-  table = backend.empty({max_positions, head_size}, MemCategory::kBuffers);
+  table = backend.empty({rows, head_size}, MemCategory::kBuffers);
   backend.upload(table, host.data());
 }
 

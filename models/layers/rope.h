@@ -30,8 +30,11 @@ class RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
   // The (max_positions, HS) f32 table on `backend`: row s = [cos(s·inv_freq) | sin(s·inv_freq)].
+  // With `positions` (context parallelism: the positions of a rank's rows), row s is that of
+  // position positions[s] instead, one row per entry.
   RotaryEmbedding(Backend& backend, int64_t max_positions, int head_size, double theta,
-                  const std::optional<RopeScaling>& scaling);
+                  const std::optional<RopeScaling>& scaling,
+                  const std::vector<int64_t>& positions = {});
 
   // qkv (B, S, (heads + 2·kv_heads)·HS) in place: queries and keys rotated by position.
   void forward(const LayerEnv& env, Tensor& qkv, int heads, int kv_heads) const;

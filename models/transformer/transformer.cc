@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "models/layers/ring_attention.h"
 #include "runtime/base/check.h"
 
 namespace strata {
@@ -156,17 +157,25 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
                                          activation_dtype());
   store_ =
       std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
-  env_ = std::make_unique<LayerEnv>(
-      LayerEnv{backend, *store_, *tp_, activation_dtype(), options_.expert_group});
+  env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype(),
+                                              options_.expert_group, options_.context_group});
   // Decoding runs the tensor-parallel layers without sequence parallelism (a step may be one
   // position): the same weights, whole-sequence activations on every rank of the group.
   decode_tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
                                                 options_.tensor_rank, false, activation_dtype());
   decode_env_ = std::make_unique<LayerEnv>(
       LayerEnv{backend, *store_, *decode_tp_, activation_dtype(), options_.expert_group});
+  // With context parallelism the rotary table's rows are this rank's positions (its two
+  // chunks'), and the learned positions are looked up by id.
+  if (options_.context > 1) {
+    STRATA_CHECK(options_.context_group && options_.context_group->size() == options_.context,
+                 "context " << options_.context << " without its group");
+    context_positions_ =
+        ContextChunks{options_.context, options_.context_rank, spec_.S}.positions();
+  }
   if (a.rotary)
     rope_ = RotaryEmbedding(backend, spec_.S, static_cast<int>(a.head_size), spec_.rope_theta,
-                            spec_.rope_scaling);
+                            spec_.rope_scaling, context_positions_);
 }
 
 TransformerModel::~TransformerModel() = default;
@@ -212,9 +221,26 @@ void TransformerModel::declare(ParamLayout& layout) {
   }
 }
 
+const Tensor* TransformerModel::context_position_ids(int64_t B, int64_t S) {
+  if (context_positions_.empty()) return nullptr;
+  STRATA_CHECK(S == static_cast<int64_t>(context_positions_.size()),
+               "context rank's batch of " << S << " positions, expected "
+                                          << context_positions_.size());
+  if (!position_ids_.defined() || position_ids_.size(0) != B) {
+    std::vector<int32_t> ids(static_cast<size_t>(B * S));
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<int32_t>(context_positions_[i % static_cast<size_t>(S)]);
+    position_ids_ = Tensor();
+    position_ids_ = env_->be.empty({B, S}, MemCategory::kBuffers, DType::kI32);
+    env_->be.upload(position_ids_, ids.data());
+  }
+  return &position_ids_;
+}
+
 Shape TransformerModel::boundary_shape(int micro_batch, int seq_len) const {
   const bool sp = options_.sequence_parallel && options_.tensor > 1;
-  return {micro_batch, sp ? seq_len / options_.tensor : seq_len, spec_.C};
+  const int local = seq_len / options_.context;  // context parallelism: the rank's chunks
+  return {micro_batch, sp ? local / options_.tensor : local, spec_.C};
 }
 
 const TransformerBlock& TransformerModel::block(int layer) const {
@@ -253,7 +279,8 @@ PieceActsPtr TransformerModel::forward_piece(int piece, const Tensor& input,
     const Embedding& e = *embedding_;
     if (e.lookup.types.valid() && !batch.token_types.defined())  // a plain token batch: segment A
       a->batch.token_types = env.be.zeros({B, S}, MemCategory::kActivations, DType::kI32);
-    const Tensor embedded = e.lookup.forward(env, batch.tokens, a->batch.token_types);
+    const Tensor embedded =
+        e.lookup.forward(env, batch.tokens, a->batch.token_types, context_position_ids(B, S));
     if (e.norm) {
       a->embedded = embedded;
       e.norm->forward(env, a->embedding_norm, a->embedded);
@@ -362,7 +389,8 @@ Tensor TransformerModel::backward_piece(PieceActs& acts, const Tensor& dout, flo
       e.norm->backward(env, pass, dembedded, dy, a.embedded, a.embedding_norm);
       dy = dembedded;
     }
-    e.lookup.backward(env, dy, a.batch.tokens, a.batch.token_types);
+    e.lookup.backward(env, dy, a.batch.tokens, a.batch.token_types,
+                      context_position_ids(a.batch.tokens.size(0), a.batch.tokens.size(1)));
     report_embedding_ready();
   } else {
     dinput = dy;

@@ -138,6 +138,8 @@ class TransformerModel final : public Model {
   // The input of block i of a piece's forward: the piece's input or block i−1's output.
   const Tensor& block_input(const Acts& a, int i) const;
   void report_embedding_ready() const;
+  // Context parallelism: the positions of a (B, S/c) batch of this rank's rows; null without.
+  const Tensor* context_position_ids(int64_t B, int64_t S);
   // Reports the final gradients of every parameter of `piece`.
   void report_piece_ready(int piece) const;
 
@@ -152,6 +154,10 @@ class TransformerModel final : public Model {
   std::unique_ptr<LayerEnv> decode_env_;       // generation's layer calls
   std::unique_ptr<Embedding> embedding_;       // when this rank holds the first piece
   RotaryEmbedding rope_;                       // with rotary attention, once built on a backend
+  // Context parallelism: the positions of this rank's rows, and as (B, S/c) i32 ids for the
+  // learned position table (made for the micro-batch size in use).
+  std::vector<int64_t> context_positions_;
+  Tensor position_ids_;
   std::vector<TransformerBlock> blocks_;  // [layer − first layer of this rank's first piece …]
   std::unique_ptr<ModelHead> head_;       // when this rank holds the last piece
   std::vector<int> block_of_layer_;       // [layer] index into blocks_, -1 when not held

@@ -1,6 +1,8 @@
 // The one backend factory: the only place that decides between CPU and CUDA.
 #include "runtime/backend/backend.h"
 
+#include <stdexcept>
+
 #include "runtime/backend/backend_checks.h"
 #include "runtime/base/error.h"
 #include "runtime/comm/comm.h"
@@ -115,6 +117,36 @@ void Backend::grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, con
     matmul_backward_weight(dwg, nullptr, dout.view(r0 * d.O, {n, d.O}),
                            inp.view(r0 * d.I, {n, d.I}));
   });
+}
+
+namespace {
+[[noreturn]] void no_ring_attention(const Backend& be) {
+  throw std::runtime_error("backend " + be.name() +
+              " has no ring attention blocks (context parallelism runs on the CPU backend)");
+}
+}  // namespace
+
+void Backend::attention_block_forward(Tensor&, Tensor&, const Tensor&, const Tensor&,
+                                      const AttentionBlock&) {
+  no_ring_attention(*this);
+}
+void Backend::attention_block_merge(Tensor&, Tensor&, const Tensor&, const Tensor&,
+                                    const AttentionBlock&) {
+  no_ring_attention(*this);
+}
+void Backend::attention_block_delta(Tensor&, const Tensor&, const Tensor&, int) {
+  no_ring_attention(*this);
+}
+void Backend::attention_block_backward(Tensor&, Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, const Tensor&,
+                                       const AttentionBlock&) {
+  no_ring_attention(*this);
+}
+void Backend::attention_kv_extract(Tensor&, const Tensor&, int, int) {
+  no_ring_attention(*this);
+}
+void Backend::attention_qkv_assemble(Tensor&, const Tensor&, const Tensor&, int, int) {
+  no_ring_attention(*this);
 }
 
 const Tensor& MixedPrecisionScope::in(const Tensor& t) {

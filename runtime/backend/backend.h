@@ -169,6 +169,48 @@ class Backend {
                                   const Tensor& out, const Tensor& saved, int num_heads,
                                   int num_kv_heads, const AttentionMask& mask = {}) = 0;
 
+  // ---- ring attention blocks (context parallelism: models/layers/ring_attention.h) ----
+  // The attention core cut into blocks of query rows × key rows whose outputs merge by their
+  // log-sum-exp (kernels/cpu/attention_block.h). qkv (B, S, (NH + 2·KVH)·HS) is the layer's
+  // (the attention layout above): the queries are its first NH heads. kv holds the keys and
+  // values: either that qkv (its last 2·KVH heads) or a (B, S_k, 2·KVH·HS) block received from
+  // another rank (attention_kv_extract's layout). A block takes rows `q_rows` of the queries and
+  // `k_rows` of the keys (of every sequence); its mask is BlockMask's, and with key_lengths
+  // ((B) i32, the sequences' real keys) a key at block row j is padding when k_offset + j ≥ the
+  // length (k_offset: the position of the block's first key in the sequence). Blocks read
+  // and write only their rows:
+  //   forward: out (B, S, NH·HS) and lse (B, NH, S) f32 assigned in q_rows;
+  //   merge:   (out, lse) in q_rows += block (out_b, lse_b) laid out as they are;
+  //   delta:   delta (B, NH, S) f32 = Σ over HS of dout ⊙ out (the merged out), every row;
+  //   backward: dq (B, S, NH·HS) f32 += in q_rows, dkv (B, S_k, 2·KVH·HS) f32 += in k_rows,
+  //             given the merged rows' lse and delta.
+  // Default: the backend has no ring attention (an Error naming it).
+  struct AttentionRows {
+    int64_t begin = 0, count = 0;
+  };
+  struct AttentionBlock {
+    int num_heads = 0, num_kv_heads = 0;
+    AttentionRows q_rows, k_rows;
+    bool causal = false;  // BlockMask::kCausal (q_rows.count == k_rows.count), else kFull
+    const Tensor* key_lengths = nullptr;
+    int64_t k_offset = 0;
+  };
+  virtual void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
+                                       const Tensor& kv, const AttentionBlock& block);
+  virtual void attention_block_merge(Tensor& out, Tensor& lse, const Tensor& out_b,
+                                     const Tensor& lse_b, const AttentionBlock& block);
+  virtual void attention_block_delta(Tensor& delta, const Tensor& dout, const Tensor& out,
+                                     int num_heads);
+  virtual void attention_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout,
+                                        const Tensor& qkv, const Tensor& kv, const Tensor& lse,
+                                        const Tensor& delta, const AttentionBlock& block);
+  // kv (B, S, 2·KVH·HS) = the key and value heads of qkv (what a ring step sends); and back:
+  // dqkv (qkv's layout, its dtype) = [dq | dkv] (f32 accumulators above), assigned.
+  virtual void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
+                                    int num_kv_heads);
+  virtual void attention_qkv_assemble(Tensor& dqkv, const Tensor& dq, const Tensor& dkv,
+                                      int num_heads, int num_kv_heads);
+
   // ---- Llama-family ops ----
   // RMSNorm over the last dimension: out (N, C) = x · rstd · w with rstd (N, f32) =
   // 1/√(mean(x²) + eps). Backward: dinp (N, C) += (the residual stream's gradient, as

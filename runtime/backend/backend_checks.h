@@ -30,6 +30,12 @@ inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
   STRATA_CHECK(t.numel() == n, what << " has " << t.numel() << " elements, expected " << n);
 }
 
+// An f32 tensor of n elements (statistics, f32 accumulators).
+inline void expect_f32(const Tensor& t, int64_t n, const char* what) {
+  STRATA_CHECK(t.dtype() == DType::kF32, what << " is " << to_string(t.dtype()) << ", expected f32");
+  expect_numel(t, n, what);
+}
+
 // Each operand has n elements (its name in the message otherwise); returns n.
 struct NamedOperand {
   const Tensor& t;

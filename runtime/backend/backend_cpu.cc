@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -217,6 +218,112 @@ class CpuBackend final : public Backend {
     k::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), scratch_.f32(), as_int(a.B),
                           as_int(a.S), num_heads, num_kv_heads, as_int(a.HS), mask.causal,
                           key_lengths(mask, a));
+  }
+
+  // ---- ring attention blocks ----
+  void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                               const AttentionBlock& blk) override {
+    if (!all_f32(out, qkv, kv)) {
+      MixedPrecisionScope mp(*this);
+      return attention_block_forward(mp.out(out), lse, mp.in(qkv), mp.in(kv), blk);
+    }
+    const BlockGeometry g = block_geometry(qkv, kv, blk);
+    expect_numel(out, g.a.B * g.a.S * blk.num_heads * g.a.HS, "attention block out");
+    expect_f32(lse, g.a.B * blk.num_heads * g.a.S, "attention block lse");
+    const std::vector<int32_t> len = block_key_lengths(blk, g.a.B);
+    k::BlockLayout at = g.at;
+    at.key_len = len.empty() ? nullptr : len.data();
+    k::attention_block_forward(out.f32() + blk.q_rows.begin * at.o_ld, lse.f32() + blk.q_rows.begin,
+                               qkv.f32() + blk.q_rows.begin * at.q_ld,
+                               g.kv + blk.k_rows.begin * at.kv_ld, as_int(g.a.B),
+                               as_int(blk.q_rows.count), as_int(blk.k_rows.count), blk.num_heads,
+                               blk.num_kv_heads, as_int(g.a.HS),
+                               blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull, at);
+  }
+  void attention_block_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b,
+                             const AttentionBlock& blk) override {
+    if (!all_f32(out, out_b)) {
+      MixedPrecisionScope mp(*this);
+      return attention_block_merge(mp.out(out), lse, mp.in(out_b), lse_b, blk);
+    }
+    const k::BlockLayout at = rows_layout(out, lse, blk.num_heads, "attention merge");
+    expect_numel(out_b, out.numel(), "attention merge block out");
+    expect_f32(lse_b, lse.numel(), "attention merge block lse");
+    const int64_t B = out.size(0), S = out.size(1), r0 = blk.q_rows.begin;
+    STRATA_CHECK(r0 >= 0 && r0 + blk.q_rows.count <= S, "attention merge rows outside " << S);
+    k::attention_merge(out.f32() + r0 * at.o_ld, lse.f32() + r0, out_b.f32() + r0 * at.o_ld,
+                       lse_b.f32() + r0, as_int(B), as_int(blk.q_rows.count), blk.num_heads,
+                       as_int(at.o_ld / blk.num_heads), at);
+  }
+  void attention_block_delta(Tensor& delta, const Tensor& dout, const Tensor& out,
+                             int num_heads) override {
+    if (!all_f32(dout, out)) {
+      MixedPrecisionScope mp(*this);
+      return attention_block_delta(delta, mp.in(dout), mp.in(out), num_heads);
+    }
+    const k::BlockLayout at = rows_layout(out, delta, num_heads, "attention delta");
+    expect_numel(dout, out.numel(), "attention delta dout");
+    k::attention_block_delta(delta.f32(), dout.f32(), out.f32(), as_int(out.size(0)),
+                             as_int(out.size(1)), num_heads, as_int(at.o_ld / num_heads), at);
+  }
+  void attention_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& kv, const Tensor& lse, const Tensor& delta,
+                                const AttentionBlock& blk) override {
+    if (!all_f32(dout, qkv, kv)) {
+      MixedPrecisionScope mp(*this);
+      return attention_block_backward(dq, dkv, mp.in(dout), mp.in(qkv), mp.in(kv), lse, delta,
+                                      blk);
+    }
+    const BlockGeometry g = block_geometry(qkv, kv, blk);
+    const int64_t rows = g.a.B * blk.num_heads * g.a.S;
+    expect_f32(dq, g.a.B * g.a.S * blk.num_heads * g.a.HS, "attention block dq");
+    expect_f32(dkv, g.a.B * g.S_k * 2 * blk.num_kv_heads * g.a.HS, "attention block dkv");
+    STRATA_CHECK(kv.size(2) != qkv.size(2), "attention block dkv of keys inside q/k/v");
+    expect_numel(dout, dq.numel(), "attention block dout");
+    expect_f32(lse, rows, "attention block lse");
+    expect_f32(delta, rows, "attention block delta");
+    const std::vector<int32_t> len = block_key_lengths(blk, g.a.B);
+    k::BlockLayout at = g.at;
+    at.key_len = len.empty() ? nullptr : len.data();
+    const int64_t q0 = blk.q_rows.begin, k0 = blk.k_rows.begin;
+    k::attention_block_backward(
+        dq.f32() + q0 * at.o_ld, dkv.f32() + k0 * at.kv_ld, dout.f32() + q0 * at.o_ld,
+        qkv.f32() + q0 * at.q_ld, g.kv + k0 * at.kv_ld, lse.f32() + q0, delta.f32() + q0,
+        as_int(g.a.B), as_int(blk.q_rows.count), as_int(blk.k_rows.count), blk.num_heads,
+        blk.num_kv_heads, as_int(g.a.HS), blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull,
+        at);
+  }
+  void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
+                            int num_kv_heads) override {
+    const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
+    const int64_t W = qkv.size(2), q = num_heads * a.HS, n = W - q;
+    expect_numel(kv, a.B * a.S * n, "attention kv");
+    STRATA_CHECK(kv.dtype() == qkv.dtype(), "attention kv is " << to_string(kv.dtype())
+                                                               << ", q/k/v " << to_string(qkv.dtype()));
+    const size_t es = dtype_size(qkv.dtype());
+    const char* src = static_cast<const char*>(qkv.data());
+    char* dst = static_cast<char*>(kv.data());
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < a.B * a.S; ++r)
+      std::memcpy(dst + static_cast<size_t>(r * n) * es, src + static_cast<size_t>(r * W + q) * es,
+                  static_cast<size_t>(n) * es);
+  }
+  void attention_qkv_assemble(Tensor& dqkv, const Tensor& dq, const Tensor& dkv, int num_heads,
+                              int num_kv_heads) override {
+    if (!all_f32(dqkv)) {
+      MixedPrecisionScope mp(*this);
+      return attention_qkv_assemble(mp.out(dqkv), dq, dkv, num_heads, num_kv_heads);
+    }
+    const AttentionDims a = attention_dims(dqkv, num_heads, num_kv_heads);
+    const int64_t W = dqkv.size(2), q = num_heads * a.HS, n = W - q;
+    expect_f32(dq, a.B * a.S * q, "attention dq");
+    expect_f32(dkv, a.B * a.S * n, "attention dkv");
+    float* out = dqkv.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < a.B * a.S; ++r) {
+      std::memcpy(out + r * W, dq.f32() + r * q, static_cast<size_t>(q) * sizeof(float));
+      std::memcpy(out + r * W + q, dkv.f32() + r * n, static_cast<size_t>(n) * sizeof(float));
+    }
   }
 
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
@@ -586,6 +693,70 @@ class CpuBackend final : public Backend {
 
   int threads_;
   // The mask's key lengths (B) on the host, checked to lie in [1, S]; null when every key counts.
+  // A ring attention block's operands: qkv's sizes, where the keys and values lie (inside qkv,
+  // or a (B, S_k, 2·KVH·HS) block) and the kernels' layout of the buffers (whole rows; the
+  // callers offset the pointers to the block's first rows).
+  struct BlockGeometry {
+    AttentionDims a;
+    int64_t S_k = 0;
+    const float* kv = nullptr;
+    k::BlockLayout at;
+  };
+  static BlockGeometry block_geometry(const Tensor& qkv, const Tensor& kv,
+                                      const AttentionBlock& blk) {
+    BlockGeometry g;
+    g.a = attention_dims(qkv, blk.num_heads, blk.num_kv_heads);
+    const int64_t W = qkv.size(2), q = blk.num_heads * g.a.HS, kvw = W - q;
+    STRATA_CHECK(kv.dim() == 3 && kv.size(0) == g.a.B && (kv.size(2) == W || kv.size(2) == kvw),
+                 "attention block keys " << shape_string(kv.shape()) << " are neither q/k/v "
+                                         << shape_string(qkv.shape()) << " nor (B, S, " << kvw
+                                         << ")");
+    const bool inside = kv.size(2) == W;
+    g.S_k = kv.size(1);
+    g.kv = kv.f32() + (inside ? q : 0);
+    g.at.q_ld = W;
+    g.at.q_batch = W * g.a.S;
+    g.at.o_ld = q;
+    g.at.o_batch = q * g.a.S;
+    g.at.kv_ld = kv.size(2);
+    g.at.kv_batch = kv.size(2) * g.S_k;
+    g.at.lse_ld = g.a.S;
+    STRATA_CHECK(blk.q_rows.begin >= 0 && blk.q_rows.count >= 0 &&
+                     blk.q_rows.begin + blk.q_rows.count <= g.a.S && blk.k_rows.begin >= 0 &&
+                     blk.k_rows.count >= 0 && blk.k_rows.begin + blk.k_rows.count <= g.S_k,
+                 "attention block rows [" << blk.q_rows.begin << ", +" << blk.q_rows.count
+                                          << ") x [" << blk.k_rows.begin << ", +"
+                                          << blk.k_rows.count << ") outside " << g.a.S << " x "
+                                          << g.S_k);
+    STRATA_CHECK(!blk.causal || blk.q_rows.count == blk.k_rows.count,
+                 "a causal attention block of " << blk.q_rows.count << " x " << blk.k_rows.count);
+    return g;
+  }
+  // The block's key lengths (keys of sequence b at block rows ≥ len[b] − k_offset are padding),
+  // empty without a padding mask.
+  static std::vector<int32_t> block_key_lengths(const AttentionBlock& blk, int64_t B) {
+    std::vector<int32_t> len;
+    if (!blk.key_lengths) return len;
+    expect_key_lengths(*blk.key_lengths, B);
+    len.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b)
+      len[static_cast<size_t>(b)] =
+          static_cast<int32_t>(blk.key_lengths->i32()[b] - blk.k_offset);
+    return len;
+  }
+  // The layout of (B, S, NH·HS) rows and their (B, NH, S) f32 statistics.
+  static k::BlockLayout rows_layout(const Tensor& out, const Tensor& stat, int num_heads,
+                                    const char* what) {
+    STRATA_CHECK(out.dim() == 3 && num_heads >= 1 && out.size(2) % num_heads == 0,
+                 what << " output " << shape_string(out.shape()) << " is not (B, S, "
+                      << num_heads << " heads x head size)");
+    expect_f32(stat, out.size(0) * num_heads * out.size(1), what);
+    k::BlockLayout at;
+    at.o_ld = out.size(2);
+    at.o_batch = out.size(2) * out.size(1);
+    at.lse_ld = out.size(1);
+    return at;
+  }
   static const int32_t* key_lengths(const AttentionMask& mask, const AttentionDims& a) {
     if (!mask.key_lengths) return nullptr;
     const Tensor& len = *mask.key_lengths;

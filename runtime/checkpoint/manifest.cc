@@ -214,14 +214,18 @@ json read_run_state(const std::string& path, const Manifest& m) {
                                        "schedule",
                                        "sequence_parallel",
                                        "distributed_optimizer"};
-  if (par.is_object() && par.contains("expert")) par_keys.push_back("expert");  // expert > 1 only
+  // Recorded only where used (> 1): expert, context.
+  for (const char* k : {"expert", "context"})
+    if (par.is_object() && par.contains(k)) par_keys.push_back(k);
   exact_object(par, par_keys, file, "parallel");
   int64_t ranks = 1;
   for (const char* k : {"tensor", "pipeline", "data"})
     ranks *= int_field(par, k, 1, INT_MAX, file, "parallel.");
+  if (par.contains("context")) ranks *= int_field(par, "context", 2, INT_MAX, file, "parallel.");
   if (ranks != world)
     throw InputError(file, "parallel",
-                     "tensor × pipeline × data = world_size " + std::to_string(world) + ", got " +
+                     std::string("tensor × ") + (par.contains("context") ? "context × " : "") +
+                         "pipeline × data = world_size " + std::to_string(world) + ", got " +
                          std::to_string(ranks));
   int_field(par, "virtual_stages", 1, INT_MAX, file, "parallel.");
   if (par.contains("expert")) {

@@ -126,12 +126,14 @@ struct P2POp {
   DType dtype = DType::kF32;
   int peer = 0;  // group rank
   int tag = 0;   // MPI only; NCCL matches per peer in posting order
+  // What the transfer is, for the watchdog's line ("ring step 2 of 4"); empty: nothing.
+  std::string what;
 
   static P2POp send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) {
-    return {Kind::kSend, const_cast<void*>(buf), count, dtype, peer, tag};
+    return {Kind::kSend, const_cast<void*>(buf), count, dtype, peer, tag, {}};
   }
   static P2POp recv(void* buf, size_t count, DType dtype, int peer, int tag = 0) {
-    return {Kind::kRecv, buf, count, dtype, peer, tag};
+    return {Kind::kRecv, buf, count, dtype, peer, tag, {}};
   }
 };
 

@@ -103,6 +103,7 @@ struct PeerDesc {
   bool send;
   int peer_world;
   size_t bytes;
+  std::string what;
 };
 
 // A started MPI operation: one or more MPI requests completed together.
@@ -136,7 +137,8 @@ class MpiRequest final : public detail::RequestImpl {
       MPI_Request r = reqs[i];
       if (MPI_Request_get_status(r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
       if (!out.empty()) out += "; ";
-      out += describe_p2p(peers[i].send, peers[i].peer_world, group, peers[i].bytes);
+      out += describe_p2p(peers[i].send, peers[i].peer_world, group, peers[i].bytes,
+                          peers[i].what);
     }
     return out.empty() ? "point-to-point (group " + group + ")" : out;
   }
@@ -502,7 +504,7 @@ class MpiCommunicator final : public GroupCommunicator {
         check_rank(op.peer, kind == P2POp::Kind::kSend ? "send peer" : "recv peer");
         const int n = to_int(op.count, kind == P2POp::Kind::kSend ? "send" : "recv", name_);
         r->peers[k] = {kind == P2POp::Kind::kSend, world_ranks_[static_cast<size_t>(op.peer)],
-                       op.count * dtype_size(op.dtype)};
+                       op.count * dtype_size(op.dtype), op.what};
         if (kind == P2POp::Kind::kSend) {
           MPI_CHECK(MPI_Isend(op.buf, n, mpi_type(op.dtype), op.peer, op.tag, comm_, &r->reqs[k]));
         } else {

@@ -14,14 +14,16 @@ RankCoord GroupLayout::coord(int world_rank) const {
                "world rank " << world_rank << " outside a world of " << world_size());
   RankCoord c;
   c.tp = world_rank % tensor;
-  c.dp = (world_rank / tensor) % data;
-  c.pp = world_rank / (tensor * data);
+  c.cp = (world_rank / tensor) % context;
+  c.dp = (world_rank / (tensor * context)) % data;
+  c.pp = world_rank / (tensor * context * data);
+  c.replica = c.cp + context * c.dp;
   return c;
 }
 
 int GroupLayout::tp_group_of(int r) const {
   const RankCoord c = coord(r);
-  return c.dp + data * c.pp;
+  return c.replica + context * data * c.pp;
 }
 int GroupLayout::dp_group_of(int r) const {
   const RankCoord c = coord(r);
@@ -29,15 +31,19 @@ int GroupLayout::dp_group_of(int r) const {
 }
 int GroupLayout::pp_group_of(int r) const {
   const RankCoord c = coord(r);
-  return c.tp + tensor * c.dp;
+  return c.tp + tensor * c.replica;
 }
 int GroupLayout::mp_group_of(int r) const {
-  return coord(r).dp;
+  return coord(r).replica;
 }
 int GroupLayout::embedding_group_of(int r) const {
   const RankCoord c = coord(r);
   if (c.pp != 0 && c.pp != pipeline - 1) return -1;
-  return c.tp + tensor * c.dp;
+  return c.tp + tensor * c.replica;
+}
+int GroupLayout::cp_group_of(int r) const {
+  const RankCoord c = coord(r);
+  return c.tp + tensor * (c.dp + data * c.pp);
 }
 
 int GroupLayout::ep_group_of(int r) const {
@@ -49,46 +55,50 @@ int GroupLayout::edp_group_of(int r) const {
   return (c.tp + tensor * c.pp) * expert + c.dp % expert;
 }
 
-GroupLayout group_layout(int t, int p, int d, int e) {
-  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && d % e == 0,
-               "parallel sizes must be >= 1 and expert must divide data: tensor "
-                   << t << ", pipeline " << p << ", data " << d << ", expert " << e);
+GroupLayout group_layout(int t, int p, int d, int e, int cx) {
+  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && cx >= 1 && d % e == 0 &&
+                   (e == 1 || cx == 1),
+               "parallel sizes must be >= 1, expert must divide data and expert > 1 needs context "
+               "1: tensor "
+                   << t << ", context " << cx << ", pipeline " << p << ", data " << d
+                   << ", expert " << e);
   GroupLayout g;
   g.tensor = t;
   g.pipeline = p;
   g.data = d;
   g.expert = e;
+  g.context = cx;
+  const int reps = d * cx;
   if (e > 1) {
     g.ep_groups.assign(static_cast<size_t>(t * p * (d / e)), {});
     g.edp_groups.assign(static_cast<size_t>(t * p * e), {});
   }
-  g.tp_groups.assign(static_cast<size_t>(d * p), {});
+  if (cx > 1) g.cp_groups.assign(static_cast<size_t>(t * d * p), {});
+  g.tp_groups.assign(static_cast<size_t>(reps * p), {});
   g.dp_groups.assign(static_cast<size_t>(t * p), {});
-  g.pp_groups.assign(static_cast<size_t>(t * d), {});
-  g.mp_groups.assign(static_cast<size_t>(d), std::vector<int>(static_cast<size_t>(t * p)));
-  g.embedding_groups.assign(static_cast<size_t>(t * d), {});
-  // Appending in increasing coordinate order leaves every list in group-rank order.
-  for (int pp = 0; pp < p; ++pp) {
-    for (int dp = 0; dp < d; ++dp) {
-      for (int tp = 0; tp < t; ++tp) {
-        const int r = g.world_rank(tp, dp, pp);
-        g.tp_groups[dp + d * pp].push_back(r);
-        g.dp_groups[tp + t * pp].push_back(r);
-        g.pp_groups[tp + t * dp].push_back(r);
-        g.mp_groups[dp][tp + t * pp] = r;
-        if (pp == 0 || pp == p - 1) g.embedding_groups[tp + t * dp].push_back(r);
-        if (e > 1) {
-          g.ep_groups[static_cast<size_t>(g.ep_group_of(r))].push_back(r);
-          g.edp_groups[static_cast<size_t>(g.edp_group_of(r))].push_back(r);
-        }
-      }
+  g.pp_groups.assign(static_cast<size_t>(t * reps), {});
+  g.mp_groups.assign(static_cast<size_t>(reps), std::vector<int>(static_cast<size_t>(t * p)));
+  g.embedding_groups.assign(static_cast<size_t>(t * reps), {});
+  // Appending in increasing world rank leaves every list in group-rank order.
+  for (int r = 0; r < g.world_size(); ++r) {
+    const RankCoord c = g.coord(r);
+    g.tp_groups[static_cast<size_t>(g.tp_group_of(r))].push_back(r);
+    g.dp_groups[static_cast<size_t>(g.dp_group_of(r))].push_back(r);
+    g.pp_groups[static_cast<size_t>(g.pp_group_of(r))].push_back(r);
+    g.mp_groups[static_cast<size_t>(g.mp_group_of(r))][static_cast<size_t>(c.tp + t * c.pp)] = r;
+    if (c.pp == 0 || c.pp == p - 1)
+      g.embedding_groups[static_cast<size_t>(g.embedding_group_of(r))].push_back(r);
+    if (cx > 1) g.cp_groups[static_cast<size_t>(g.cp_group_of(r))].push_back(r);
+    if (e > 1) {
+      g.ep_groups[static_cast<size_t>(g.ep_group_of(r))].push_back(r);
+      g.edp_groups[static_cast<size_t>(g.edp_group_of(r))].push_back(r);
     }
   }
   return g;
 }
 
 void ProcessGroups::set_compute_stream(void* stream) {
-  for (auto* c : {&world, &tp, &dp, &pp, &mp, &embedding, &ep, &edp}) {
+  for (auto* c : {&world, &tp, &dp, &pp, &mp, &embedding, &ep, &edp, &cp}) {
     if (*c) (*c)->set_compute_stream(stream);
   }
 }
@@ -119,11 +129,12 @@ std::string to_string(const Transport& t) {
 }
 
 ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, double timeout_s,
-                                  std::shared_ptr<DeviceStaging> staging, int e) {
+                                  std::shared_ptr<DeviceStaging> staging, int e, int cx) {
   const World& w = world();
-  if (t < 1 || p < 1 || d < 1 || t * p * d != w.size) {
+  if (t < 1 || p < 1 || d < 1 || cx < 1 || t * cx * p * d != w.size) {
     std::ostringstream os;
-    os << "tensor x pipeline x data = " << t << " x " << p << " x " << d << " = " << t * p * d
+    os << "tensor x " << (cx != 1 ? "context x " : "") << "pipeline x data = " << t << " x "
+       << (cx != 1 ? std::to_string(cx) + " x " : "") << p << " x " << d << " = " << t * cx * p * d
        << " ranks, but the world has " << w.size << " ranks";
     throw InputError("<command line>", "parallel", os.str());
   }
@@ -131,19 +142,25 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
     throw InputError("<command line>", "parallel.expert",
                      "expert " + std::to_string(e) + " must divide data " + std::to_string(d));
   }
+  if (e > 1 && cx > 1) {
+    throw InputError("<command line>", "parallel.context",
+                     "context parallelism with expert parallelism is not supported yet");
+  }
   ProcessGroups g;
   g.tensor = t;
   g.pipeline = p;
   g.data = d;
   g.expert = e;
+  g.context = cx;
   g.backend = backend;
-  g.layout = group_layout(t, p, d, e);
+  g.layout = group_layout(t, p, d, e, cx);
   const RankCoord c = g.layout.coord(w.rank);
   g.tp_rank = c.tp;
   g.dp_rank = c.dp;
   g.pp_rank = c.pp;
-  g.prev_stage_rank = c.pp > 0 ? g.layout.world_rank(c.tp, c.dp, c.pp - 1) : -1;
-  g.next_stage_rank = c.pp < p - 1 ? g.layout.world_rank(c.tp, c.dp, c.pp + 1) : -1;
+  g.cp_rank = c.cp;
+  g.prev_stage_rank = c.pp > 0 ? g.layout.world_rank(c.tp, c.dp, c.pp - 1, c.cp) : -1;
+  g.next_stage_rank = c.pp < p - 1 ? g.layout.world_rank(c.tp, c.dp, c.pp + 1, c.cp) : -1;
 
   const CommBackend host_backend = w.size == 1 ? CommBackend::kLocal : CommBackend::kMPI;
   g.host = make_world_communicator(host_backend, timeout_s);
@@ -157,10 +174,14 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
   // The key is the coordinate that orders the group, so group rank = that coordinate.
   Communicator& all = *g.world;
   g.tp = all.split(g.layout.tp_group_of(w.rank), c.tp, "tp");
-  g.dp = all.split(g.layout.dp_group_of(w.rank), c.dp, "dp");
+  g.dp = all.split(g.layout.dp_group_of(w.rank), c.replica, "dp");
   g.pp = all.split(g.layout.pp_group_of(w.rank), c.pp, "pp");
   g.mp = all.split(g.layout.mp_group_of(w.rank), c.tp + t * c.pp, "mp");
   g.embedding = all.split(g.layout.embedding_group_of(w.rank), c.pp, "embedding");
+  if (cx > 1) {
+    g.cp = all.split(g.layout.cp_group_of(w.rank), c.cp, "cp");
+    STRATA_CHECK(g.cp->size() == cx && g.cp->rank() == c.cp, "cp group of world rank " << w.rank);
+  }
   g.ep_rank = c.dp % e;
   if (e > 1) {
     g.ep = all.split(g.layout.ep_group_of(w.rank), c.dp % e, "ep");
@@ -170,7 +191,8 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
   }
 
   STRATA_CHECK(g.tp->size() == t && g.tp->rank() == c.tp, "tp group of world rank " << w.rank);
-  STRATA_CHECK(g.dp->size() == d && g.dp->rank() == c.dp, "dp group of world rank " << w.rank);
+  STRATA_CHECK(g.dp->size() == d * cx && g.dp->rank() == c.replica,
+               "dp group of world rank " << w.rank);
   STRATA_CHECK(g.pp->size() == p && g.pp->rank() == c.pp, "pp group of world rank " << w.rank);
   return g;
 }
@@ -179,36 +201,42 @@ std::string rank_table(const ProcessGroups& g, const std::string& device_name) {
   STRATA_CHECK(g.host != nullptr, "rank_table before make_process_groups");
   const World& w = world();
   std::ostringstream mine;
-  mine << g.tp_rank << ' ' << g.dp_rank << ' ' << g.pp_rank << ' ' << w.host << ' ' << device_name;
+  mine << g.tp_rank << ' ' << g.dp_rank << ' ' << g.pp_rank << ' ' << g.cp_rank << ' ' << w.host
+       << ' ' << device_name;
   const std::vector<std::string> rows = all_gather_strings(*g.host, mine.str());
   if (w.rank != 0) return "";
 
   struct Row {
-    int tp = 0, dp = 0, pp = 0;
+    int tp = 0, dp = 0, pp = 0, cp = 0;
     std::string host, device;
   };
   std::vector<Row> parsed(rows.size());
   size_t host_width = 4;
   for (size_t r = 0; r < rows.size(); ++r) {
     std::istringstream is(rows[r]);
-    is >> parsed[r].tp >> parsed[r].dp >> parsed[r].pp >> parsed[r].host >> parsed[r].device;
+    is >> parsed[r].tp >> parsed[r].dp >> parsed[r].pp >> parsed[r].cp >> parsed[r].host >>
+        parsed[r].device;
     host_width = std::max(host_width, parsed[r].host.size());
   }
   std::ostringstream os;
-  os << "world " << w.size << " = tensor " << g.tensor << " x pipeline " << g.pipeline << " x data "
-     << g.data;
-  // With expert parallelism, each rank's place in its expert group (dp % e) as a column.
-  const bool ep = g.expert > 1;
+  os << "world " << w.size << " = tensor " << g.tensor;
+  if (g.context > 1) os << " x context " << g.context;
+  os << " x pipeline " << g.pipeline << " x data " << g.data;
+  // With context or expert parallelism, each rank's place in those groups as columns.
+  const bool cp = g.context > 1, ep = g.expert > 1;
+  if (cp) os << ", context groups of " << g.context << " ranks";
   if (ep) os << ", expert groups of " << g.expert << " data ranks";
   os << " (backend " << to_string(Transport{g.backend, g.staged}) << ")\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%5s %4s %4s %4s%s  %-*s  %s\n", "rank", "tp", "dp", "pp",
-                ep ? "   ep" : "", static_cast<int>(host_width), "host", "device");
+  std::snprintf(line, sizeof line, "%5s %4s%s %4s %4s%s  %-*s  %s\n", "rank", "tp",
+                cp ? "   cp" : "", "dp", "pp", ep ? "   ep" : "", static_cast<int>(host_width),
+                "host", "device");
   os << line;
   for (size_t r = 0; r < parsed.size(); ++r) {
-    char expert[16] = "";
+    char context[16] = "", expert[16] = "";
+    if (cp) std::snprintf(context, sizeof context, " %4d", parsed[r].cp);
     if (ep) std::snprintf(expert, sizeof expert, " %4d", parsed[r].dp % g.expert);
-    std::snprintf(line, sizeof line, "%5zu %4d %4d %4d%s  %-*s  %s\n", r, parsed[r].tp,
+    std::snprintf(line, sizeof line, "%5zu %4d%s %4d %4d%s  %-*s  %s\n", r, parsed[r].tp, context,
                   parsed[r].dp, parsed[r].pp, expert, static_cast<int>(host_width),
                   parsed[r].host.c_str(), parsed[r].device.c_str());
     os << line;

@@ -129,8 +129,9 @@ bool should_poll_yield(int local_size, unsigned cores, const char* mpi_yield_whe
 }
 
 std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group,
-                         size_t bytes) {
+                         size_t bytes, const std::string& what) {
   std::ostringstream os;
+  if (!what.empty()) os << what << ": ";
   os << (is_send ? "send to" : "recv from") << " world rank " << peer_world_rank << " (group "
      << group << ", " << bytes << " bytes)";
   return os.str();

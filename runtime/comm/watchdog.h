@@ -112,7 +112,9 @@ void poll_until(Test&& test, double timeout_s, Describe&& describe) {
 }
 
 // "4194304 bytes" style helpers shared by the backends' descriptions.
-std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group, size_t bytes);
+// what: the transfer's purpose, put first when given ("ring step 2 of 4: send to …").
+std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group, size_t bytes,
+                         const std::string& what = "");
 std::string describe_collective(const char* op, const std::string& group, int group_size,
                                 size_t bytes);
 

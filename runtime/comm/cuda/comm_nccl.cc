@@ -79,6 +79,7 @@ struct PeerDesc {
   bool send;
   int peer_world;
   size_t bytes;
+  std::string what;
 };
 
 // What an operation was, for the watchdog line; formatted only if it fires.
@@ -154,7 +155,7 @@ class NcclWatchdog {
     std::string out;
     for (const PeerDesc& p : e.desc.peers) {
       if (!out.empty()) out += "; ";
-      out += describe_p2p(p.send, p.peer_world, e.group, p.bytes);
+      out += describe_p2p(p.send, p.peer_world, e.group, p.bytes, p.what);
     }
     return out;
   }
@@ -367,7 +368,7 @@ class NcclCommunicator final : public GroupCommunicator {
       check_rank(op.peer, op.kind == P2POp::Kind::kSend ? "send peer" : "recv peer");
       desc.peers.push_back({op.kind == P2POp::Kind::kSend,
                             world_ranks_[static_cast<size_t>(op.peer)],
-                            op.count * dtype_size(op.dtype)});
+                            op.count * dtype_size(op.dtype), op.what});
     }
     // One NCCL group: sends and receives progress together, so their order cannot deadlock.
     return enqueue(std::move(desc), [&] {
