@@ -18,6 +18,9 @@
 #                            expert sizes); mpi_expert_qwen3_moe_dense_np4 and
 #                            mpi_pipeline_qwen3_moe_dense_np2 the same with Qwen3-MoE's dense
 #                            layers
+#   mpi_context_{gpt,llama,bert}_np4  context parallelism against the single process (context 2
+#                            and 4, with data and ZeRO-1, tensor and sp, recompute, every
+#                            schedule at pipeline 2, bf16, checkpoints across context sizes)
 #   mpi_generate_np1, mpi_generate_tp2  `strata generate` equals transformers' greedy decoding,
 #                            alone and at tensor 2 (tests/golden/generate/); with
 #                            mpi_training_samples_np4, samples during training at every layout
@@ -288,3 +291,16 @@ add_test(NAME mpi_eval_tp2 COMMAND ${STRATA_MPI_RUN} -np 2 $<TARGET_FILE:mpi_tes
 set_tests_properties(mpi_eval_tp2 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_EVAL_SETS=parallel.tensor=2" TIMEOUT 300
   PROCESSORS 2 LABELS mpi)
+
+# Context parallelism (mpi_test_context.cc) on 4 ranks, for GPT-2 (learned positions), Llama
+# (rotary, grouped-query attention) and BERT (padded bidirectional attention, sentence head).
+strata_mpi_executable(mpi_test_context)
+foreach(arch gpt llama bert)
+  set(arch_env "")
+  if(NOT arch STREQUAL "gpt")
+    set(arch_env ";STRATA_TEST_ARCH=${arch}")
+  endif()
+  add_test(NAME mpi_context_${arch}_np4 COMMAND ${STRATA_MPI_RUN} -np 4 $<TARGET_FILE:mpi_test_context>)
+  set_tests_properties(mpi_context_${arch}_np4 PROPERTIES
+    ENVIRONMENT "${STRATA_MPI_ENV}${arch_env}" TIMEOUT 900 PROCESSORS 4 LABELS mpi)
+endforeach()
