@@ -31,8 +31,11 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/train/trainer.h"
+#include "models/layers/ring_attention.h"
 #include "models/registry.h"
 #include "mpi_test_util.h"
+#include "runtime/backend/backend.h"
+#include "runtime/base/rng.h"
 #include "runtime/comm/comm.h"
 
 namespace strata {
@@ -146,6 +149,109 @@ void expect_layouts(const std::vector<Layout>& layouts, const TrainResult& ref) 
 
 #define SKIP_UNLESS_4() \
   if (world().size != 4) GTEST_SKIP() << "runs on 4 ranks"
+
+// ---- ring attention against the attention op ----
+
+struct RingCase {
+  int c;
+  bool causal;
+  std::vector<int32_t> lengths;  // empty: no padding
+  DType type;
+  std::string name() const {
+    return "ring c" + std::to_string(c) + (causal ? " causal" : " bidirectional") +
+           (lengths.empty() ? "" : " padded") + (type == DType::kBF16 ? " bf16" : " f32");
+  }
+};
+
+// Host values of a tensor as doubles.
+std::vector<double> values(Backend& be, const Tensor& t) {
+  Tensor f = be.empty(t.shape(), MemCategory::kBuffers);
+  be.cast(f, t);
+  std::vector<float> h(static_cast<size_t>(f.numel()));
+  be.download(h.data(), f);
+  return std::vector<double>(h.begin(), h.end());
+}
+
+Tensor upload_as(Backend& be, const std::vector<float>& host, const Shape& shape, DType type) {
+  Tensor f = be.empty(shape, MemCategory::kBuffers);
+  be.upload(f, host.data());
+  if (type == DType::kF32) return f;
+  Tensor t = be.empty(shape, MemCategory::kBuffers, type);
+  be.cast(t, f);
+  return t;
+}
+
+// Elements of `got` (this rank's rows) off the reference's rows (the whole sequences') by more
+// than tol·(1 + |want|).
+int64_t rows_off(const std::vector<double>& got, const std::vector<double>& whole,
+                 const ContextChunks& ctx, int64_t B, int64_t width, double tol) {
+  std::vector<double> want = ctx.take(whole, B, width);
+  int64_t bad = got.size() != want.size();
+  for (size_t i = 0; !bad && i < got.size(); ++i)
+    bad += !(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])));
+  return bad;
+}
+
+// Ring attention over a context group of c ranks (the world cut into groups of c) equals the
+// single-rank attention op (Backend::attention_forward/backward) on the same q/k/v, forward and
+// backward, causal and bidirectional over padded keys, grouped-query attention (4 query heads on 2
+// key/value heads); f32 within 1e-5, bf16 (the same bf16 inputs to both) within 2e-2.
+TEST(Context, RingAttentionEqualsTheAttentionOp) {
+  SKIP_UNLESS_4();
+  const std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  const std::unique_ptr<Communicator> all = make_world_communicator(CommBackend::kMPI, 60);
+  const int64_t B = 2, S = 16, NH = 4, KVH = 2, HS = 8, W = (NH + 2 * KVH) * HS;
+  std::vector<float> qkv_host(static_cast<size_t>(B * S * W)), dout_host(B * S * NH * HS);
+  for (size_t i = 0; i < qkv_host.size(); ++i) qkv_host[i] = static_cast<float>(normal01(7, i));
+  for (size_t i = 0; i < dout_host.size(); ++i)
+    dout_host[i] = static_cast<float>(normal01(11, i));
+  const std::vector<RingCase> cases = {{2, true, {}, DType::kF32},
+                                       {4, true, {}, DType::kF32},
+                                       {2, false, {16, 11}, DType::kF32},
+                                       {4, false, {16, 5}, DType::kF32},
+                                       {4, false, {}, DType::kF32},
+                                       {2, true, {}, DType::kBF16},
+                                       {4, false, {16, 11}, DType::kBF16}};
+  for (const RingCase& k : cases) {
+    const int me = world().rank;
+    const std::unique_ptr<Communicator> cp = all->split(me / k.c, me % k.c, "cp");
+    const ContextChunks ctx{k.c, cp->rank(), S};
+    const double tol = k.type == DType::kF32 ? 1e-5 : 2e-2;
+    // The attention op on the whole sequences.
+    Tensor qkv = upload_as(*be, qkv_host, {B, S, W}, k.type);
+    Tensor dout = upload_as(*be, dout_host, {B, S, NH * HS}, k.type);
+    Tensor lengths;
+    AttentionMask mask;
+    mask.causal = k.causal;
+    if (!k.lengths.empty()) {
+      lengths = be->empty({B}, MemCategory::kBuffers, DType::kI32);
+      be->upload(lengths, k.lengths.data());
+      mask.key_lengths = &lengths;
+    }
+    Tensor out = be->empty({B, S, NH * HS}, MemCategory::kBuffers, k.type);
+    Tensor att = be->empty(be->attention_saved_shape(B, NH, S), MemCategory::kBuffers);
+    be->attention_forward(out, att, qkv, NH, KVH, mask);
+    Tensor dqkv = be->empty(qkv.shape(), MemCategory::kBuffers, k.type);
+    be->attention_backward(dqkv, dout, qkv, out, att, NH, KVH, mask);
+    // The ring on this rank's rows.
+    Tensor mine = upload_as(*be, ctx.take(qkv_host, B, W), {B, ctx.local(), W}, k.type);
+    Tensor dmine = upload_as(*be, ctx.take(dout_host, B, NH * HS), {B, ctx.local(), NH * HS}, k.type);
+    const Ring ring{*be, *cp, k.type};
+    Tensor rout = be->empty({B, ctx.local(), NH * HS}, MemCategory::kBuffers, k.type);
+    Tensor lse = be->empty({B, NH, ctx.local()}, MemCategory::kBuffers);
+    ring_attention_forward(ring, rout, lse, mine, NH, KVH, k.causal,
+                           lengths.defined() ? &lengths : nullptr);
+    Tensor rdqkv = be->empty(mine.shape(), MemCategory::kBuffers, k.type);
+    ring_attention_backward(ring, rdqkv, dmine, mine, rout, lse, NH, KVH, k.causal,
+                            lengths.defined() ? &lengths : nullptr);
+    mpitest::Tally tally;
+    tally.add(k.name() + " forward",
+              rows_off(values(*be, rout), values(*be, out), ctx, B, NH * HS, tol));
+    tally.add(k.name() + " backward",
+              rows_off(values(*be, rdqkv), values(*be, dqkv), ctx, B, W, tol));
+    tally.expect_clean(k.name().c_str());
+  }
+}
 
 // Context 2 and 4 alone, with data 2 and ZeRO-1, with tensor 2 and sequence parallelism, and
 // with both recomputes.

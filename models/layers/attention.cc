@@ -63,7 +63,8 @@ void SelfAttention::recompute_core(const LayerEnv& env, Saved& s) const {
   s.out = env.act({B, S, heads_local * head_size});
   if (env.cp) {  // context parallelism: the core over the whole sequences, saving each row's lse
     s.att = env.stat({B, heads_local, S});
-    ring_attention_forward(env, s.out, s.att, s.qkv, heads_local, kv_heads_local, causal,
+    ring_attention_forward(Ring{env.be, *env.cp, env.act_dtype}, s.out, s.att, s.qkv, heads_local,
+                           kv_heads_local, causal,
                            s.key_lengths.defined() ? &s.key_lengths : nullptr);
     return;
   }
@@ -78,8 +79,9 @@ Tensor SelfAttention::backward(const LayerEnv& env, BackwardPass& pass, const Te
   proj.backward(env, pass, &dout, proj.gather_output_grad(env, dresid), s.out);
   Tensor dqkv = env.act({B, S, qkv.out_local});
   if (env.cp)
-    ring_attention_backward(env, dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local,
-                            causal, s.key_lengths.defined() ? &s.key_lengths : nullptr);
+    ring_attention_backward(Ring{env.be, *env.cp, env.act_dtype}, dqkv, dout, s.qkv, s.out, s.att,
+                            heads_local, kv_heads_local, causal,
+                            s.key_lengths.defined() ? &s.key_lengths : nullptr);
   else
     env.be.attention_backward(dqkv, dout, s.qkv, s.out, s.att, heads_local, kv_heads_local,
                               mask(s));

@@ -76,28 +76,28 @@ std::vector<int64_t> ContextChunks::positions() const {
   return p;
 }
 
-ContextChunks context_chunks(const LayerEnv& env, int64_t local_len) {
-  STRATA_CHECK(env.cp != nullptr, "ring attention without a context group");
+ContextChunks context_chunks(const Communicator& cp, int64_t local_len) {
   ContextChunks c;
-  c.size = env.cp->size();
-  c.rank = env.cp->rank();
+  c.size = cp.size();
+  c.rank = cp.rank();
   c.seq_len = local_len * c.size;
   STRATA_CHECK(local_len % 2 == 0,
                "context rank's " << local_len << " positions are not two equal chunks");
   return c;
 }
 
-void ring_attention_forward(const LayerEnv& env, Tensor& out, Tensor& lse, const Tensor& qkv,
+void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Tensor& qkv,
                             int NH, int KVH, bool causal, const Tensor* key_lengths) {
-  Backend& be = env.be;
-  Communicator& cp = *env.cp;
+  Backend& be = ring.be;
+  Communicator& cp = ring.cp;
+  const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };
   const int64_t B = qkv.size(0), S = qkv.size(1);
-  const ContextChunks ctx = context_chunks(env, S);
+  const ContextChunks ctx = context_chunks(cp, S);
   const int c = ctx.size;
   const int64_t HS = qkv.size(2) / (NH + 2 * int64_t{KVH});
-  Tensor kv = env.act({B, S, 2 * KVH * HS});
+  Tensor kv = act({B, S, 2 * KVH * HS});
   be.attention_kv_extract(kv, qkv, NH, KVH);
-  Tensor next = c > 1 ? env.act(kv.shape()) : Tensor();
+  Tensor next = c > 1 ? act(kv.shape()) : Tensor();
   Tensor out_b, lse_b;  // a block's result before its merge
   bool first = true;
   for (int step = 0; step < c; ++step) {
@@ -112,8 +112,8 @@ void ring_attention_forward(const LayerEnv& env, Tensor& out, Tensor& lse, const
         continue;
       }
       if (!out_b.defined()) {
-        out_b = env.act(out.shape());
-        lse_b = env.stat(lse.shape());
+        out_b = act(out.shape());
+        lse_b = be.empty(lse.shape(), MemCategory::kActivations);
       }
       be.attention_block_forward(out_b, lse_b, qkv, kv, b);
       be.attention_block_merge(out, lse, out_b, lse_b, b);
@@ -125,21 +125,22 @@ void ring_attention_forward(const LayerEnv& env, Tensor& out, Tensor& lse, const
   }
 }
 
-void ring_attention_backward(const LayerEnv& env, Tensor& dqkv, const Tensor& dout,
+void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
                              const Tensor& qkv, const Tensor& out, const Tensor& lse, int NH,
                              int KVH, bool causal, const Tensor* key_lengths) {
-  Backend& be = env.be;
-  Communicator& cp = *env.cp;
+  Backend& be = ring.be;
+  Communicator& cp = ring.cp;
+  const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };
   const int64_t B = qkv.size(0), S = qkv.size(1);
-  const ContextChunks ctx = context_chunks(env, S);
+  const ContextChunks ctx = context_chunks(cp, S);
   const int c = ctx.size;
   const int64_t HS = qkv.size(2) / (NH + 2 * int64_t{KVH});
-  Tensor delta = env.stat(lse.shape());
+  Tensor delta = be.empty(lse.shape(), MemCategory::kActivations);
   be.attention_block_delta(delta, dout, out, NH);
   Tensor dq = be.zeros({B, S, NH * HS}, MemCategory::kActivations);
-  Tensor kv = env.act({B, S, 2 * KVH * HS});
+  Tensor kv = act({B, S, 2 * KVH * HS});
   be.attention_kv_extract(kv, qkv, NH, KVH);
-  Tensor next = c > 1 ? env.act(kv.shape()) : Tensor();
+  Tensor next = c > 1 ? act(kv.shape()) : Tensor();
   // The gradient of the block at hand (this rank's part, then with what arrived: sent on), two
   // of each so that one is in flight while the other is written.
   Tensor part[2], arrived[2];

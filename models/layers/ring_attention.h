@@ -38,7 +38,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/layers/parallel.h"
+#include "runtime/backend/backend.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 
@@ -72,20 +73,28 @@ struct ContextChunks {
   }
 };
 
-// The rank's split under env.cp for a local sequence of `local_len` rows.
-ContextChunks context_chunks(const LayerEnv& env, int64_t local_len);
+// The rank's split in context group `cp` for a local sequence of `local_len` rows.
+ContextChunks context_chunks(const Communicator& cp, int64_t local_len);
+
+// Where a ring runs: the backend, the context group, the activations' type (the key/value blocks
+// travel in it; their gradients in f32).
+struct Ring {
+  Backend& be;
+  Communicator& cp;
+  DType act = DType::kF32;
+};
 
 // out (B, S_l, NH·HS) and lse (B, NH, S_l) f32 (assigned) of the rank's queries in qkv
 // (B, S_l, (NH + 2·KVH)·HS) over the keys of the whole sequences. causal: decoder attention;
 // key_lengths (B) i32 or null: the sequences' real lengths (keys past them are padding).
-// Collective over env.cp.
-void ring_attention_forward(const LayerEnv& env, Tensor& out, Tensor& lse, const Tensor& qkv,
+// Collective over ring.cp.
+void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Tensor& qkv,
                             int num_heads, int num_kv_heads, bool causal,
                             const Tensor* key_lengths);
 
 // dqkv (qkv's layout, assigned) from dout (B, S_l, NH·HS) and the forward's out and lse.
-// Collective over env.cp.
-void ring_attention_backward(const LayerEnv& env, Tensor& dqkv, const Tensor& dout,
+// Collective over ring.cp.
+void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
                              const Tensor& qkv, const Tensor& out, const Tensor& lse,
                              int num_heads, int num_kv_heads, bool causal,
                              const Tensor* key_lengths);
