@@ -47,13 +47,19 @@ constexpr int kIters = 6;
 Config make_config(std::vector<std::string> extra) {
   // 4 layers so that pipeline 2 with 2 chunks a stage has a layer per piece; 16 positions, so
   // that context 4 cuts each sequence into 8 chunks of 2.
-  std::vector<std::string> s = {"model.preset=tiny",        "train.threads=1",
-                                "train.iterations=6",       "train.micro_batch_size=2",
-                                "train.global_batch_size=8", "train.eval_interval=0",
-                                "optimizer.lr=3e-3",        "optimizer.warmup_iters=2",
-                                "optimizer.min_lr=3e-4",    "optimizer.eps=1e-6",
+  std::vector<std::string> s = {"model.preset=tiny",
+                                "train.threads=1",
+                                "train.iterations=6",
+                                "train.micro_batch_size=2",
+                                "train.global_batch_size=8",
+                                "train.eval_interval=0",
+                                "optimizer.lr=3e-3",
+                                "optimizer.warmup_iters=2",
+                                "optimizer.min_lr=3e-4",
+                                "optimizer.eps=1e-6",
                                 "data.synthetic.vocab_size=64",
-                                "parallel.bucket_mb=0.05",  "log.interval=100000"};
+                                "parallel.bucket_mb=0.05",
+                                "log.interval=100000"};
   const std::vector<std::string> arch = mpitest::arch_sets(4);
   s.insert(s.end(), arch.begin(), arch.end());
   for (const char* k : {"model.num_layers=4", "model.seq_len=16", "model.vocab_size=128"})
@@ -203,15 +209,12 @@ TEST(Context, RingAttentionEqualsTheAttentionOp) {
   const int64_t B = 2, S = 16, NH = 4, KVH = 2, HS = 8, W = (NH + 2 * KVH) * HS;
   std::vector<float> qkv_host(static_cast<size_t>(B * S * W)), dout_host(B * S * NH * HS);
   for (size_t i = 0; i < qkv_host.size(); ++i) qkv_host[i] = static_cast<float>(normal01(7, i));
-  for (size_t i = 0; i < dout_host.size(); ++i)
-    dout_host[i] = static_cast<float>(normal01(11, i));
-  const std::vector<RingCase> cases = {{2, true, {}, DType::kF32},
-                                       {4, true, {}, DType::kF32},
-                                       {2, false, {16, 11}, DType::kF32},
-                                       {4, false, {16, 5}, DType::kF32},
-                                       {4, false, {}, DType::kF32},
-                                       {2, true, {}, DType::kBF16},
-                                       {4, false, {16, 11}, DType::kBF16}};
+  for (size_t i = 0; i < dout_host.size(); ++i) dout_host[i] = static_cast<float>(normal01(11, i));
+  const std::vector<RingCase> cases = {
+      {2, true, {}, DType::kF32},        {4, true, {}, DType::kF32},
+      {2, false, {16, 11}, DType::kF32}, {4, false, {16, 5}, DType::kF32},
+      {4, false, {}, DType::kF32},       {2, true, {}, DType::kBF16},
+      {4, false, {16, 11}, DType::kBF16}};
   for (const RingCase& k : cases) {
     const int me = world().rank;
     const std::unique_ptr<Communicator> cp = all->split(me / k.c, me % k.c, "cp");
@@ -235,7 +238,8 @@ TEST(Context, RingAttentionEqualsTheAttentionOp) {
     be->attention_backward(dqkv, dout, qkv, out, att, NH, KVH, mask);
     // The ring on this rank's rows.
     Tensor mine = upload_as(*be, ctx.take(qkv_host, B, W), {B, ctx.local(), W}, k.type);
-    Tensor dmine = upload_as(*be, ctx.take(dout_host, B, NH * HS), {B, ctx.local(), NH * HS}, k.type);
+    Tensor dmine =
+        upload_as(*be, ctx.take(dout_host, B, NH * HS), {B, ctx.local(), NH * HS}, k.type);
     const Ring ring{*be, *cp, k.type};
     Tensor rout = be->empty({B, ctx.local(), NH * HS}, MemCategory::kBuffers, k.type);
     Tensor lse = be->empty({B, NH, ctx.local()}, MemCategory::kBuffers);

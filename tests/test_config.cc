@@ -805,8 +805,8 @@ TEST(ConfigLayout, ContextAndExpertAnyPositive) {
 // refused (never padded), as are the combinations it does not run yet, each at its key.
 TEST(ConfigLayout, ContextChecks) {
   {
-    const InputError e = config_error(json{{"model", {{"preset", "tiny"}, {"seq_len", 60}}},
-                                           {"parallel", {{"context", 4}}}});
+    const InputError e = config_error(
+        json{{"model", {{"preset", "tiny"}, {"seq_len", 60}}}, {"parallel", {{"context", 4}}}});
     EXPECT_EQ(e.where(), "parallel.context");
     EXPECT_TRUE(contains(e.expected(), "seq_len 60 is not divisible by 2 × context = 8"))
         << e.what();
@@ -817,8 +817,8 @@ TEST(ConfigLayout, ContextChecks) {
     EXPECT_TRUE(contains(e.expected(), "CPU backend only")) << e.what();
   }
   {
-    const InputError e = config_error(
-        json{{"model", {{"preset", "mixtral-tiny"}}}, {"parallel", {{"context", 2}}}});
+    const InputError e =
+        config_error(json{{"model", {{"preset", "mixtral-tiny"}}}, {"parallel", {{"context", 2}}}});
     EXPECT_EQ(e.where(), "parallel.context");
     EXPECT_TRUE(contains(e.expected(), "mixture of experts")) << e.what();
   }

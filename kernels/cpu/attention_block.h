@@ -64,8 +64,8 @@ template <class T>
 void attention_block_delta(T* delta, const T* dout, const T* out, int B, int Sq, int NH, int HS,
                            const BlockLayout& at);
 
-// The block's gradients, ACCUMULATED: dq (B, Sq, NH, HS) += (laid out as out), dkv (B, Sk, 2·KVH, HS) += (a
-// key/value head's summed over its query heads). lse, delta: the merged row's.
+// The block's gradients, ACCUMULATED: dq (B, Sq, NH, HS) += (laid out as out), dkv (B, Sk, 2·KVH,
+// HS) += (a key/value head's summed over its query heads). lse, delta: the merged row's.
 template <class T>
 void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* lse,
                               const T* delta, int B, int Sq, int Sk, int NH, int KVH, int HS,

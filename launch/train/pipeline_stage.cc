@@ -251,8 +251,8 @@ void ModelStage::check_loss_tokens(int b) const {
                         static_cast<int64_t>(groups_.dp_rank) * per_rank, per_rank, run_.seq_len);
   const auto it = loss_by_batch_.find(b);
   // With context parallelism the data rank's sequences are counted over its context group.
-  const double counted = sum_over(be_, groups_.cp.get(),
-                                  it == loss_by_batch_.end() ? 0.0 : it->second.count);
+  const double counted =
+      sum_over(be_, groups_.cp.get(), it == loss_by_batch_.end() ? 0.0 : it->second.count);
   STRATA_CHECK(it != loss_by_batch_.end() && counted == mine,
                "the loss counted " << counted << " tokens where the data has " << mine);
 }

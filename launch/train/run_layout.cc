@@ -100,10 +100,9 @@ ProcessGroups RunLayout::groups(Backend& be) const {
   const std::shared_ptr<DeviceStaging> staging = be.comm_staging();
   if (single_process) return make_single_process_groups(cfg->comm.timeout_s, staging);
   const Transport t = transport(be.device());
-  ProcessGroups g =
-      make_process_groups(layout.tensor, layout.pipeline, layout.data, t.backend,
-                          cfg->comm.timeout_s, t.staged ? staging : nullptr, layout.expert,
-                          layout.context);
+  ProcessGroups g = make_process_groups(layout.tensor, layout.pipeline, layout.data, t.backend,
+                                        cfg->comm.timeout_s, t.staged ? staging : nullptr,
+                                        layout.expert, layout.context);
   g.set_compute_stream(be.compute_stream());
   return g;
 }

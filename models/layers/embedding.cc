@@ -56,8 +56,7 @@ Tensor VocabParallelEmbedding::forward_at(const LayerEnv& env, const Tensor& tok
 }
 
 Tensor VocabParallelEmbedding::lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
-                                      const Tensor* token_types,
-                                      const Tensor* position_ids) const {
+                                      const Tensor* token_types, const Tensor* position_ids) const {
   const int64_t B = tokens.size(0), S = tokens.size(1);
   const ParamInfo& t = env.params.info(table);
   Tensor x0 = env.act({B, S, t.shape[1]});
@@ -100,8 +99,7 @@ PartWork VocabParallelEmbedding::work(int64_t C, bool positions, bool types, con
 }
 
 void VocabParallelEmbedding::backward(const LayerEnv& env, const Tensor& dout, const Tensor& tokens,
-                                      const Tensor& token_types,
-                                      const Tensor* position_ids) const {
+                                      const Tensor& token_types, const Tensor* position_ids) const {
   // Every rank needs the full-sequence gradient for its vocabulary rows, the positions and the
   // token types (replicated: every rank computes their whole gradient).
   const Tensor dx0 = env.tp.full_sequence(dout);

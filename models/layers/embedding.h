@@ -71,8 +71,8 @@ class VocabParallelEmbedding {
 
  private:
   // The embedding of tokens at positions pos0 … (and their types when given).
-  Tensor lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0,
-                const Tensor* token_types, const Tensor* position_ids = nullptr) const;
+  Tensor lookup(const LayerEnv& env, const Tensor& tokens, int64_t pos0, const Tensor* token_types,
+                const Tensor* position_ids = nullptr) const;
 };
 
 }  // namespace strata

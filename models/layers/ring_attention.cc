@@ -60,8 +60,8 @@ std::string ring_step(int step, int c) {
 Request pass_on(Communicator& cp, const Tensor& send, Tensor& recv, int tag,
                 const std::string& what) {
   const int c = cp.size(), r = cp.rank();
-  P2POp out = P2POp::send(send.data(), static_cast<size_t>(send.numel()), send.dtype(),
-                          (r + 1) % c, tag);
+  P2POp out =
+      P2POp::send(send.data(), static_cast<size_t>(send.numel()), send.dtype(), (r + 1) % c, tag);
   P2POp in = P2POp::recv(recv.data(), static_cast<size_t>(recv.numel()), recv.dtype(),
                          (r + c - 1) % c, tag);
   out.what = in.what = what;
@@ -86,8 +86,8 @@ ContextChunks context_chunks(const Communicator& cp, int64_t local_len) {
   return c;
 }
 
-void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Tensor& qkv,
-                            int NH, int KVH, bool causal, const Tensor* key_lengths) {
+void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Tensor& qkv, int NH,
+                            int KVH, bool causal, const Tensor* key_lengths) {
   Backend& be = ring.be;
   Communicator& cp = ring.cp;
   const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };
@@ -125,9 +125,9 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
   }
 }
 
-void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
-                             const Tensor& qkv, const Tensor& out, const Tensor& lse, int NH,
-                             int KVH, bool causal, const Tensor* key_lengths) {
+void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse, int NH, int KVH, bool causal,
+                             const Tensor* key_lengths) {
   Backend& be = ring.be;
   Communicator& cp = ring.cp;
   const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };

@@ -94,9 +94,8 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
 
 // dqkv (qkv's layout, assigned) from dout (B, S_l, NH·HS) and the forward's out and lse.
 // Collective over ring.cp.
-void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
-                             const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                             int num_heads, int num_kv_heads, bool causal,
-                             const Tensor* key_lengths);
+void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse, int num_heads, int num_kv_heads,
+                             bool causal, const Tensor* key_lengths);
 
 }  // namespace strata

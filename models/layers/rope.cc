@@ -41,7 +41,8 @@ RotaryEmbedding::RotaryEmbedding(Backend& backend, int64_t max_positions, int he
   std::vector<float> host(static_cast<size_t>(rows * head_size));
   for (int64_t s = 0; s < rows; ++s) {
     float* row = host.data() + s * head_size;
-    const double at = static_cast<double>(positions.empty() ? s : positions[static_cast<size_t>(s)]);
+    const double at =
+        static_cast<double>(positions.empty() ? s : positions[static_cast<size_t>(s)]);
     for (int i = 0; i < half; ++i) {
       const double angle = at * inv[static_cast<size_t>(i)];
       row[i] = static_cast<float>(std::cos(angle));

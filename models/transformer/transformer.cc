@@ -158,7 +158,7 @@ TransformerModel::TransformerModel(const TransformerSpec& spec, const ModelOptio
   store_ =
       std::make_unique<ParamStore>(std::move(declared_), backend, options_.bf16, options_.seed);
   env_ = std::make_unique<LayerEnv>(LayerEnv{backend, *store_, *tp_, activation_dtype(),
-                                              options_.expert_group, options_.context_group});
+                                             options_.expert_group, options_.context_group});
   // Decoding runs the tensor-parallel layers without sequence parallelism (a step may be one
   // position): the same weights, whole-sequence activations on every rank of the group.
   decode_tp_ = std::make_unique<TensorParallel>(backend, options_.tensor_group, options_.tensor,
@@ -223,9 +223,9 @@ void TransformerModel::declare(ParamLayout& layout) {
 
 const Tensor* TransformerModel::context_position_ids(int64_t B, int64_t S) {
   if (context_positions_.empty()) return nullptr;
-  STRATA_CHECK(S == static_cast<int64_t>(context_positions_.size()),
-               "context rank's batch of " << S << " positions, expected "
-                                          << context_positions_.size());
+  STRATA_CHECK(
+      S == static_cast<int64_t>(context_positions_.size()),
+      "context rank's batch of " << S << " positions, expected " << context_positions_.size());
   if (!position_ids_.defined() || position_ids_.size(0) != B) {
     std::vector<int32_t> ids(static_cast<size_t>(B * S));
     for (size_t i = 0; i < ids.size(); ++i)

@@ -121,8 +121,9 @@ void Backend::grouped_matmul_backward_weight(Tensor& dw, const Tensor& dout, con
 
 namespace {
 [[noreturn]] void no_ring_attention(const Backend& be) {
-  throw std::runtime_error("backend " + be.name() +
-              " has no ring attention blocks (context parallelism runs on the CPU backend)");
+  throw std::runtime_error(
+      "backend " + be.name() +
+      " has no ring attention blocks (context parallelism runs on the CPU backend)");
 }
 }  // namespace
 

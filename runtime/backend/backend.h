@@ -206,8 +206,7 @@ class Backend {
                                         const Tensor& delta, const AttentionBlock& block);
   // kv (B, S, 2·KVH·HS) = the key and value heads of qkv (what a ring step sends); and back:
   // dqkv (qkv's layout, its dtype) = [dq | dkv] (f32 accumulators above), assigned.
-  virtual void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
-                                    int num_kv_heads);
+  virtual void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads, int num_kv_heads);
   virtual void attention_qkv_assemble(Tensor& dqkv, const Tensor& dq, const Tensor& dkv,
                                       int num_heads, int num_kv_heads);
 

@@ -32,7 +32,8 @@ inline void expect_numel(const Tensor& t, int64_t n, const char* what) {
 
 // An f32 tensor of n elements (statistics, f32 accumulators).
 inline void expect_f32(const Tensor& t, int64_t n, const char* what) {
-  STRATA_CHECK(t.dtype() == DType::kF32, what << " is " << to_string(t.dtype()) << ", expected f32");
+  STRATA_CHECK(t.dtype() == DType::kF32,
+               what << " is " << to_string(t.dtype()) << ", expected f32");
   expect_numel(t, n, what);
 }
 

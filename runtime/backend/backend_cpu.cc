@@ -233,12 +233,11 @@ class CpuBackend final : public Backend {
     const std::vector<int32_t> len = block_key_lengths(blk, g.a.B);
     k::BlockLayout at = g.at;
     at.key_len = len.empty() ? nullptr : len.data();
-    k::attention_block_forward(out.f32() + blk.q_rows.begin * at.o_ld, lse.f32() + blk.q_rows.begin,
-                               qkv.f32() + blk.q_rows.begin * at.q_ld,
-                               g.kv + blk.k_rows.begin * at.kv_ld, as_int(g.a.B),
-                               as_int(blk.q_rows.count), as_int(blk.k_rows.count), blk.num_heads,
-                               blk.num_kv_heads, as_int(g.a.HS),
-                               blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull, at);
+    k::attention_block_forward(
+        out.f32() + blk.q_rows.begin * at.o_ld, lse.f32() + blk.q_rows.begin,
+        qkv.f32() + blk.q_rows.begin * at.q_ld, g.kv + blk.k_rows.begin * at.kv_ld, as_int(g.a.B),
+        as_int(blk.q_rows.count), as_int(blk.k_rows.count), blk.num_heads, blk.num_kv_heads,
+        as_int(g.a.HS), blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull, at);
   }
   void attention_block_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b,
                              const AttentionBlock& blk) override {
@@ -271,8 +270,7 @@ class CpuBackend final : public Backend {
                                 const AttentionBlock& blk) override {
     if (!all_f32(dout, qkv, kv)) {
       MixedPrecisionScope mp(*this);
-      return attention_block_backward(dq, dkv, mp.in(dout), mp.in(qkv), mp.in(kv), lse, delta,
-                                      blk);
+      return attention_block_backward(dq, dkv, mp.in(dout), mp.in(qkv), mp.in(kv), lse, delta, blk);
     }
     const BlockGeometry g = block_geometry(qkv, kv, blk);
     const int64_t rows = g.a.B * blk.num_heads * g.a.S;
@@ -286,12 +284,12 @@ class CpuBackend final : public Backend {
     k::BlockLayout at = g.at;
     at.key_len = len.empty() ? nullptr : len.data();
     const int64_t q0 = blk.q_rows.begin, k0 = blk.k_rows.begin;
-    k::attention_block_backward(
-        dq.f32() + q0 * at.o_ld, dkv.f32() + k0 * at.kv_ld, dout.f32() + q0 * at.o_ld,
-        qkv.f32() + q0 * at.q_ld, g.kv + k0 * at.kv_ld, lse.f32() + q0, delta.f32() + q0,
-        as_int(g.a.B), as_int(blk.q_rows.count), as_int(blk.k_rows.count), blk.num_heads,
-        blk.num_kv_heads, as_int(g.a.HS), blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull,
-        at);
+    k::attention_block_backward(dq.f32() + q0 * at.o_ld, dkv.f32() + k0 * at.kv_ld,
+                                dout.f32() + q0 * at.o_ld, qkv.f32() + q0 * at.q_ld,
+                                g.kv + k0 * at.kv_ld, lse.f32() + q0, delta.f32() + q0,
+                                as_int(g.a.B), as_int(blk.q_rows.count), as_int(blk.k_rows.count),
+                                blk.num_heads, blk.num_kv_heads, as_int(g.a.HS),
+                                blk.causal ? k::BlockMask::kCausal : k::BlockMask::kFull, at);
   }
   void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
                             int num_kv_heads) override {
@@ -299,7 +297,8 @@ class CpuBackend final : public Backend {
     const int64_t W = qkv.size(2), q = num_heads * a.HS, n = W - q;
     expect_numel(kv, a.B * a.S * n, "attention kv");
     STRATA_CHECK(kv.dtype() == qkv.dtype(), "attention kv is " << to_string(kv.dtype())
-                                                               << ", q/k/v " << to_string(qkv.dtype()));
+                                                               << ", q/k/v "
+                                                               << to_string(qkv.dtype()));
     const size_t es = dtype_size(qkv.dtype());
     const char* src = static_cast<const char*>(qkv.data());
     char* dst = static_cast<char*>(kv.data());
@@ -724,10 +723,9 @@ class CpuBackend final : public Backend {
     STRATA_CHECK(blk.q_rows.begin >= 0 && blk.q_rows.count >= 0 &&
                      blk.q_rows.begin + blk.q_rows.count <= g.a.S && blk.k_rows.begin >= 0 &&
                      blk.k_rows.count >= 0 && blk.k_rows.begin + blk.k_rows.count <= g.S_k,
-                 "attention block rows [" << blk.q_rows.begin << ", +" << blk.q_rows.count
-                                          << ") x [" << blk.k_rows.begin << ", +"
-                                          << blk.k_rows.count << ") outside " << g.a.S << " x "
-                                          << g.S_k);
+                 "attention block rows ["
+                     << blk.q_rows.begin << ", +" << blk.q_rows.count << ") x [" << blk.k_rows.begin
+                     << ", +" << blk.k_rows.count << ") outside " << g.a.S << " x " << g.S_k);
     STRATA_CHECK(!blk.causal || blk.q_rows.count == blk.k_rows.count,
                  "a causal attention block of " << blk.q_rows.count << " x " << blk.k_rows.count);
     return g;
@@ -740,16 +738,15 @@ class CpuBackend final : public Backend {
     expect_key_lengths(*blk.key_lengths, B);
     len.resize(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b)
-      len[static_cast<size_t>(b)] =
-          static_cast<int32_t>(blk.key_lengths->i32()[b] - blk.k_offset);
+      len[static_cast<size_t>(b)] = static_cast<int32_t>(blk.key_lengths->i32()[b] - blk.k_offset);
     return len;
   }
   // The layout of (B, S, NH·HS) rows and their (B, NH, S) f32 statistics.
   static k::BlockLayout rows_layout(const Tensor& out, const Tensor& stat, int num_heads,
                                     const char* what) {
     STRATA_CHECK(out.dim() == 3 && num_heads >= 1 && out.size(2) % num_heads == 0,
-                 what << " output " << shape_string(out.shape()) << " is not (B, S, "
-                      << num_heads << " heads x head size)");
+                 what << " output " << shape_string(out.shape()) << " is not (B, S, " << num_heads
+                      << " heads x head size)");
     expect_f32(stat, out.size(0) * num_heads * out.size(1), what);
     k::BlockLayout at;
     at.o_ld = out.size(2);

@@ -137,8 +137,7 @@ class MpiRequest final : public detail::RequestImpl {
       MPI_Request r = reqs[i];
       if (MPI_Request_get_status(r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
       if (!out.empty()) out += "; ";
-      out += describe_p2p(peers[i].send, peers[i].peer_world, group, peers[i].bytes,
-                          peers[i].what);
+      out += describe_p2p(peers[i].send, peers[i].peer_world, group, peers[i].bytes, peers[i].what);
     }
     return out.empty() ? "point-to-point (group " + group + ")" : out;
   }

@@ -56,12 +56,11 @@ int GroupLayout::edp_group_of(int r) const {
 }
 
 GroupLayout group_layout(int t, int p, int d, int e, int cx) {
-  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && cx >= 1 && d % e == 0 &&
-                   (e == 1 || cx == 1),
+  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && cx >= 1 && d % e == 0 && (e == 1 || cx == 1),
                "parallel sizes must be >= 1, expert must divide data and expert > 1 needs context "
                "1: tensor "
-                   << t << ", context " << cx << ", pipeline " << p << ", data " << d
-                   << ", expert " << e);
+                   << t << ", context " << cx << ", pipeline " << p << ", data " << d << ", expert "
+                   << e);
   GroupLayout g;
   g.tensor = t;
   g.pipeline = p;

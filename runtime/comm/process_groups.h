@@ -29,7 +29,8 @@
 // Besides tp, dp and pp, two groups the training step needs:
 //   mp        (model parallel) the t·p ranks holding one full model replica, same (dp, cp): the
 //             gradient norm is summed over it; group rank = tp + t · pp.
-//   embedding first and last pipeline stage of the same (tp, cp, dp): the tied input/output embedding
+//   embedding first and last pipeline stage of the same (tp, cp, dp): the tied input/output
+//   embedding
 //             gradients are summed over it. One member when p = 1; middle stages are in none.
 //
 // group_layout() is a pure function (no MPI): tests and the planner use it directly.

@@ -128,8 +128,8 @@ bool should_poll_yield(int local_size, unsigned cores, const char* mpi_yield_whe
   return cores == 0 || static_cast<unsigned>(local_size) > cores;
 }
 
-std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group,
-                         size_t bytes, const std::string& what) {
+std::string describe_p2p(bool is_send, int peer_world_rank, const std::string& group, size_t bytes,
+                         const std::string& what) {
   std::ostringstream os;
   if (!what.empty()) os << what << ": ";
   os << (is_send ? "send to" : "recv from") << " world rank " << peer_world_rank << " (group "
