@@ -219,8 +219,10 @@ struct PartTimes {
 };
 
 // The attention core of one micro-batch: a fused kernel, or the unfused batched GEMMs and
-// score passes (runtime_model.h).
-void attention_times(const PartWork& w, const Pricing& d, const RuntimeModel& rt, PartTimes* t) {
+// score passes (runtime_model.h), over `blocks` blocks of the shape's seq × seq (the ring
+// attention's c steps; the fused kernels' FLOPs already count them all).
+void attention_times(const PartWork& w, const Pricing& d, const RuntimeModel& rt, int blocks,
+                     PartTimes* t) {
   const AttentionShape& a = w.attention;
   if (a.heads <= 0) return;
   const double sustained = d.eff->sustained;
@@ -242,10 +244,10 @@ void attention_times(const PartWork& w, const Pricing& d, const RuntimeModel& rt
   // (s, s, d), dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q (each (s, d, s)).
   const double batch = a.batch * a.heads, s = a.seq, hd = a.head_size;
   const double scores = batch * s * s;
-  t->attn_f = gemm_s(d, s, s, hd, batch) + gemm_s(d, s, hd, s, batch) +
-              scores * rt.score_bytes_fwd / d.eff->memory_bandwidth;
-  t->attn_b = gemm_s(d, s, s, hd, batch) + 3 * gemm_s(d, s, hd, s, batch) +
-              scores * rt.score_bytes_bwd / d.eff->memory_bandwidth;
+  t->attn_f = blocks * (gemm_s(d, s, s, hd, batch) + gemm_s(d, s, hd, s, batch) +
+                        scores * rt.score_bytes_fwd / d.eff->memory_bandwidth);
+  t->attn_b = blocks * (gemm_s(d, s, s, hd, batch) + 3 * gemm_s(d, s, hd, s, batch) +
+                        scores * rt.score_bytes_bwd / d.eff->memory_bandwidth);
 }
 
 PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, const RuntimeModel& rt,
@@ -258,7 +260,7 @@ PartTimes part_times(const PartWork& w, const Pricing& d, const Cluster& cl, con
     t.dgrad += gemm_s(d, g.m, g.k, g.n);
     t.wgrad += gemm_s(d, g.n, g.k, g.m);
   }
-  attention_times(w, d, rt, &t);
+  attention_times(w, d, rt, c.context, &t);
   t.elem_f = w.elementwise_fwd * d.eb / mem;
   t.elem_b = w.elementwise_bwd * d.eb / mem;
   // The loss over the logits: the runtime's own bytes per logit, else the model's f32 passes.
@@ -293,36 +295,63 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c, int kind
   const int b = c.micro_batch_size;
   const RankShape rs{c.tensor, c.sequence_parallel, c.expert};
   const double t = c.tensor;
+  const int cp = c.context;
 
   // Point-to-point between stages: what each rank holds of the boundary activation (its
-  // sequence chunk with sequence parallelism), or with the scatter/gather optimisation 1/t of
-  // it and an all-gather over NVLink on the receiver; stages sit in different nodes once t·d
-  // fills a node.
-  const bool cross_node = c.tensor * c.data >= cl.gpus_per_node;
+  // sequence chunk with sequence parallelism, its S/c tokens with context parallelism), or with
+  // the scatter/gather optimisation 1/t of it and an all-gather over NVLink on the receiver;
+  // stages sit in different nodes once t·c·d fills a node.
+  const bool cross_node = c.tensor * cp * c.data >= cl.gpus_per_node;
   const Link p2p_link = cross_node ? Link{cl.inter_node_bandwidth_per_gpu(),
                                           cl.inter_node.latency_s, cl.inter_node.efficiency}
                                    : cl.intra_node;
   LayerTimes lt;
-  const double held = m.boundary_elems(b, rs) * eb;
+  const double held = m.boundary_elems(b, rs) / cp * eb;
   const bool scatter = rt.p2p_scatter_gather && c.tensor > 1 && !c.sequence_parallel;
   const double sent = scatter ? held / t : held;
   lt.p2p =
       p2p_link.latency_s + sent / (p2p_link.bandwidth * p2p_link.efficiency) +
       (scatter ? (t - 1) / t * held / (cl.intra_node.bandwidth * cl.intra_node.efficiency) : 0);
 
-  const PartTimes layer = part_times(m.layer_work(b, rs, kind), dev, cl, rt, c);
+  const PartWork layer_work = context_share(m.layer_work(b, rs, kind), cp);
+  const PartTimes layer = part_times(layer_work, dev, cl, rt, c);
+  // The ring attention (c > 1): each step after the first merges its partial output into the
+  // running one by their log-sum-exps (reading both, writing one, in f32), and in the backward
+  // adds its query gradient into the running one and its key/value gradient into the one that
+  // travels (the same, f32): memory-bound passes beside the blocks. The transfers beside the
+  // blocks (ring_attention_times) add what they do not hide.
+  RingTimes ring;
+  double merge_f = 0, merge_b = 0;
+  if (cp > 1 && layer_work.attention.heads > 0) {
+    const AttentionShape& a = layer_work.attention;
+    const double block = a.batch * a.seq * 2 * a.kv_heads * a.head_size;  // seq is S/c here
+    const double out = a.batch * a.seq * a.heads * a.head_size;
+    merge_f = (cp - 1) * 3 * out * 4 / dev.eff->memory_bandwidth;
+    merge_b = (cp - 1) * 3 * (out + block) * 4 / dev.eff->memory_bandwidth;
+    ring = ring_attention_times(layer.attn_f + merge_f, layer.attn_b + merge_b, block * eb,
+                                block * rt.ring_grad_wire_bytes, cp, context_link(cl, c.tensor, cp),
+                                rt.ring_overlap);
+  }
   const double exp_f = tp_exposed(rt, layer.tp_f, layer.gemm_f, c.tensor);
   const double exp_b = rt.tp_overlap_backward && !rt.tp_overlap
                            ? std::max(0.0, layer.tp_b - layer.dgrad - layer.wgrad)
                            : tp_exposed(rt, layer.tp_b, layer.dgrad + layer.wgrad, c.tensor);
   const double gap = dev.eff->kernel_gap_s;
-  const double launch_f = gap * rt.kernels_per_layer_fwd;
-  const double launch_b = gap * rt.kernels_per_layer_bwd;
+  const double launch_f =
+      gap * (rt.kernels_per_layer_fwd + (cp - 1) * rt.ring_kernels_per_step_fwd);
+  const double launch_b =
+      gap * (rt.kernels_per_layer_bwd + (cp - 1) * rt.ring_kernels_per_step_bwd);
   lt.layer_fwd = layer.gemm_f + layer.attn_f + layer.elem_f + exp_f + launch_f;
   lt.layer_bwd_weight = layer.wgrad;
   lt.layer_bwd_input = layer.dgrad + layer.attn_b + layer.elem_b + exp_b + launch_b;
   lt.tp_fwd = exp_f;
   lt.tp_bwd = exp_b;
+  if (cp > 1) {
+    lt.layer_fwd += merge_f + ring.fwd;
+    lt.layer_bwd_input += merge_b + ring.bwd;
+    lt.cp_fwd = ring.fwd;
+    lt.cp_bwd = ring.bwd;
+  }
   // The all-to-alls block (the experts wait for their rows, the combine for the outputs).
   if (c.expert > 1) {
     lt.layer_fwd += layer.ep_f;
@@ -330,23 +359,30 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c, int kind
     lt.ep_fwd = layer.ep_f;
     lt.ep_bwd = layer.ep_b;
   }
+  // Recompute repeats the forward (full) or the attention core (selective), the ring's forward
+  // transfers with it.
   if (c.recompute == Recompute::kFull) {
     lt.layer_bwd_input += lt.layer_fwd;
     lt.tp_bwd += exp_f;
     lt.ep_bwd += lt.ep_fwd;
+    lt.cp_bwd += lt.cp_fwd;
   }
-  if (c.recompute == Recompute::kSelective) lt.layer_bwd_input += layer.attn_f;
+  if (c.recompute == Recompute::kSelective) {
+    lt.layer_bwd_input += layer.attn_f + merge_f + ring.fwd;
+    lt.cp_bwd += ring.fwd;
+  }
   lt.layer_bwd = lt.layer_bwd_input + lt.layer_bwd_weight;
   lt.tp_exposed_per_layer = exp_f + exp_b + (c.recompute == Recompute::kFull ? exp_f : 0);
   lt.ep_exposed_per_layer = lt.ep_fwd + lt.ep_bwd;
+  lt.cp_exposed_per_layer = lt.cp_fwd + lt.cp_bwd;
 
   // Embedding: its lookup (and with t > 1 the sum of the vocab-parallel lookup), the
   // scatter-add into the table in the backward pass.
-  const PartTimes emb = part_times(m.embedding_work(b, rs), dev, cl, rt, c);
+  const PartTimes emb = part_times(context_share(m.embedding_work(b, rs), cp), dev, cl, rt, c);
   lt.emb_fwd = emb.gemm_f + emb.elem_f + emb.tp_f;
   lt.emb_bwd = emb.dgrad + emb.wgrad + emb.elem_b + emb.tp_b;
   // Head: final norm, the logits GEMM, the loss over the logits.
-  const PartTimes head = part_times(m.head_work(b, rs), dev, cl, rt, c);
+  const PartTimes head = part_times(context_share(m.head_work(b, rs), cp), dev, cl, rt, c);
   lt.head_fwd = head.gemm_f + head.elem_f + head.tp_f;
   lt.head_bwd = head.dgrad + head.wgrad + head.elem_b + head.tp_b;
   if (ctx.profile == nullptr || ctx.profile->empty()) return lt;
@@ -374,6 +410,21 @@ LayerTimes layer_times(const CostContext& ctx, const ParallelLayout& c, int kind
     pt.layer_bwd *= bw;
     pt.layer_bwd_input *= bw;
     pt.layer_bwd_weight *= bw;
+  }
+  if (cp > 1) {
+    // A profile times whole sequences on one rank: a context rank works on S/c tokens of each
+    // (1/c of every part, its attention core included), and the ring's merges and transfers
+    // are added as modelled.
+    for (double* x : {&pt.layer_fwd, &pt.layer_bwd, &pt.layer_bwd_input, &pt.layer_bwd_weight,
+                      &pt.emb_fwd, &pt.emb_bwd, &pt.head_fwd, &pt.head_bwd})
+      *x /= cp;
+    const double rerun = c.recompute == Recompute::kNone ? 0 : merge_f;
+    pt.layer_fwd += merge_f + lt.cp_fwd;
+    pt.layer_bwd_input += merge_b + rerun + lt.cp_bwd;
+    pt.layer_bwd += merge_b + rerun + lt.cp_bwd;
+    pt.cp_fwd = lt.cp_fwd;
+    pt.cp_bwd = lt.cp_bwd;
+    pt.cp_exposed_per_layer = lt.cp_exposed_per_layer;
   }
   if (c.expert > 1) {
     pt.layer_fwd += lt.ep_fwd;
@@ -404,6 +455,32 @@ Link data_parallel_link(const Cluster& cl, int tensor, int data) {
   return {std::min(cl.intra_node.bandwidth * cl.intra_node.efficiency,
                    cl.inter_node_bandwidth_per_gpu() * members * cl.inter_node.efficiency),
           cl.inter_node.latency_s, 1.0};
+}
+
+Link context_link(const Cluster& cl, int tensor, int context) {
+  if (cl.gpus_per_node % (tensor * context) == 0) return cl.intra_node;
+  return {cl.inter_node_bandwidth_per_gpu(), cl.inter_node.latency_s, cl.inter_node.efficiency};
+}
+
+RingTimes ring_attention_times(double attn_fwd, double attn_bwd, double kv_bytes, double dkv_bytes,
+                               int context, const Link& l, bool overlap) {
+  RingTimes r;
+  if (context <= 1) return r;
+  const double rate = l.bandwidth * l.efficiency;
+  // What a step's transfer adds to its block: max(block, transfer) − block, or all of it.
+  const auto exposed = [overlap](double block, double transfer) {
+    return overlap ? std::max(0.0, transfer - block) : transfer;
+  };
+  const double n = context;
+  const double fwd_block = attn_fwd / n, bwd_block = attn_bwd / n;
+  // Forward: the last step has nothing left to send.
+  const double kv = kv_bytes / rate + l.latency_s;
+  r.fwd = (n - 1) * exposed(fwd_block, kv);
+  // Backward: every step sends its accumulated key/value gradient on, the last one home; all
+  // but the last send the key/value block with it.
+  const double dkv = dkv_bytes / rate + l.latency_s;
+  r.bwd = (n - 1) * exposed(bwd_block, kv + dkv) + exposed(bwd_block, dkv);
+  return r;
 }
 
 Link expert_link(const Cluster& cl, int tensor, int context, int expert) {
@@ -449,12 +526,14 @@ std::vector<RankParameters> stage_parameters(const ModelDescription& m, const Pa
 
 DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& rt,
                                         const ParallelLayout& c, const RankParameters& n) {
-  const Link dp_link = data_parallel_link(cl, c.tensor, c.data);
+  // The weight gradients are summed over data × context: d·c ranks t apart.
+  const int ranks = gradient_reduction_ranks(c);
+  const Link dp_link = data_parallel_link(cl, c.tensor, ranks);
   // Without expert parallelism the experts' gradients are summed with the rest.
   if (c.expert == 1)
-    return data_parallel_times(rt, static_cast<double>(n.total()), c.data, c.distributed_optimizer,
+    return data_parallel_times(rt, static_cast<double>(n.total()), ranks, c.distributed_optimizer,
                                dp_link);
-  const DataParallelTimes dense = data_parallel_times(rt, static_cast<double>(n.dense), c.data,
+  const DataParallelTimes dense = data_parallel_times(rt, static_cast<double>(n.dense), ranks,
                                                       c.distributed_optimizer, dp_link);
   const DataParallelTimes experts = data_parallel_times(
       rt, static_cast<double>(n.expert), c.data / c.expert, c.distributed_optimizer,
@@ -466,7 +545,7 @@ double optimizer_shard(const ParallelLayout& c, const RankParameters& n) {
   // The distributed optimizer shards the experts' state over d/e ranks: e times a rank's E/e
   // experts over d, as much per rank as without expert parallelism.
   if (!c.distributed_optimizer) return static_cast<double>(n.total());
-  return static_cast<double>(n.dense + n.expert * c.expert) / c.data;
+  return static_cast<double>(n.dense + n.expert * c.expert) / gradient_reduction_ranks(c);
 }
 
 namespace {
@@ -587,8 +666,8 @@ PieceTimes piece_times(const std::vector<LayerTimes>& kinds, const ModelDescript
       layers_f += n * x.layer_fwd;
       layers_bi += n * x.layer_bwd_input;
       layers_bw += n * x.layer_bwd_weight;
-      comm_f += n * (x.tp_fwd + x.ep_fwd);
-      comm_b += n * (x.tp_bwd + x.ep_bwd);
+      comm_f += n * (x.tp_fwd + x.ep_fwd + x.cp_fwd);
+      comm_b += n * (x.tp_bwd + x.ep_bwd + x.cp_bwd);
     }
     t.forward[i] = layers_f + (k == 0 ? lt.emb_fwd : 0) + (k == pieces - 1 ? lt.head_fwd : 0);
     t.backward_input[i] =
@@ -719,7 +798,7 @@ ScheduleSpec simulated_spec(const ParallelLayout& c, bool* extrapolate) {
 // ReduceGrads, completed at the step), on its step (stages->step_extra).
 void expose_reductions(const SimResult& first, const CostContext& ctx, const ParallelLayout& c,
                        const ScheduleSpec& spec, StageTimes* stages) {
-  if (c.data <= 1) return;
+  if (gradient_reduction_ranks(c) <= 1) return;
   ParallelLayout sim_config = c;
   sim_config.num_microbatches = spec.microbatches;
   for (int st = 0; st < c.pipeline; ++st) {
@@ -852,13 +931,15 @@ IterationTime iteration_time(const CostContext& ctx, const ParallelLayout& c, bo
   it.pipeline_s = makespan;
   it.bubble_fraction = it.sim.bubble_fraction;
   data_parallel_and_step(ctx.runtime, c, pieces, stages, &it);
-  std::vector<double> tp, ep;  // [kind] per layer
+  std::vector<double> tp, ep, cp;  // [kind] per layer
   for (const LayerTimes& x : kinds) {
     tp.push_back(x.tp_exposed_per_layer);
     ep.push_back(x.ep_exposed_per_layer);
+    cp.push_back(x.cp_exposed_per_layer);
   }
   it.tp_exposed_s = most_per_stage(*ctx.model, c, tp) * c.num_microbatches;
   it.ep_exposed_s = most_per_stage(*ctx.model, c, ep) * c.num_microbatches;
+  it.cp_exposed_s = most_per_stage(*ctx.model, c, cp) * c.num_microbatches;
   it.stage_compute_s = it.sim.busy;
   it.peak_inflight = it.sim.peak_inflight;
   if (!keep_timeline) it.sim.timeline.clear();

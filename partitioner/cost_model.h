@@ -19,6 +19,11 @@
 //   EP         a mixture's all-to-alls over its expert group (e > 1), blocking: (e−1)/e of the
 //              bytes a rank sends over the group's link (NVLink when the group lies in a node,
 //              else the node's NICs) plus a latency per peer;
+//   CP         context parallelism (c > 1): a rank's share of every part is 1/c of the model's
+//              (context_share, memory_model.h); the ring attention's c steps per layer each take
+//              the longer of the step's block and its key/value transfer on the context group's
+//              link (ring_attention_times), forward and backward, and again in the backward with
+//              selective or full recompute;
 // or, with a measured profile (profile JSON), the measured layer times.
 // Per stage: its layers' times (each kind of layer priced once: Qwen3-MoE's dense layers apart
 // from its mixtures) + the embedding (first piece) and the head (last piece).
@@ -28,9 +33,9 @@
 // micro-batch's backward, or at ReduceGrads), one after another on the stage's link; what is
 // not done when the stage reaches ReduceGrads is exposed there. With expert parallelism the
 // experts' gradients are summed over the expert-data-parallel group (d/e ranks, on its own
-// link), the rest over the data-parallel group. The distributed optimizer's
-// parameter all-gather after the step, or behind the next forward. The optimizer step: the
-// runtime's bytes per parameter at the device's optimizer bandwidth.
+// link), the rest over the data-parallel group (d·c ranks with context parallelism). The
+// distributed optimizer's parameter all-gather after the step, or behind the next forward. The
+// optimizer step: the runtime's bytes per parameter at the device's optimizer bandwidth.
 //
 // Thread-safety: pure functions, but for the GemmMemo a context may carry (one thread's).
 #pragma once
@@ -90,11 +95,13 @@ struct LayerTimes {
   double head_fwd = 0, head_bwd = 0;                 // final norm, head, loss (last piece)
   double tp_exposed_per_layer = 0;                   // of layer_fwd + layer_bwd: TP not hidden
   double ep_exposed_per_layer = 0;                   // of layer_fwd + layer_bwd: the all-to-alls
-  double p2p = 0;                                    // one activation transfer between stages
+  double cp_exposed_per_layer = 0;  // of layer_fwd + layer_bwd: the ring's transfers not hidden
+  double p2p = 0;                   // one activation transfer between stages
   // Of layer_fwd and of layer_bwd_input: the exposed tensor-parallel communication and the
   // expert-parallel all-to-alls (for the timeline's picture).
   double tp_fwd = 0, tp_bwd = 0;
   double ep_fwd = 0, ep_bwd = 0;
+  double cp_fwd = 0, cp_bwd = 0;  // the ring attention's exposed transfers
 };
 
 // GEMM times already priced, by (M, N, K, batch): a search prices the same shapes for many
@@ -129,6 +136,7 @@ struct IterationTime {
   double optimizer_s = 0;
   double tp_exposed_s = 0;  // summed over the stage's layers and micro-batches (inside pipeline_s)
   double ep_exposed_s = 0;  // the all-to-alls, the same way (inside pipeline_s)
+  double cp_exposed_s = 0;  // the ring attention's transfers not hidden, the same way
   std::vector<double> stage_compute_s;  // [stage] busy time of one iteration
   std::vector<int> peak_inflight;       // [stage] from the simulation
   SimResult sim;                        // kept when asked for (traces)
@@ -160,17 +168,39 @@ Link expert_link(const Cluster& cl, int tensor, int context, int expert);
 // (n−1)/n · bytes / (bandwidth · efficiency) + (n−1) · latency (one message per peer).
 double all_to_all_s(double bytes, int n, const Link& link);
 
+// The link the ring attention's transfers take, a context group being `context` ranks `tensor`
+// apart: NVLink when its tensor · context consecutive ranks lie in one node (that span divides
+// the GPUs per node), else the node's NICs, each GPU its share of them (every GPU of the node
+// sends its block at once).
+Link context_link(const Cluster& cl, int tensor, int context);
+
+// The ring attention of one layer and micro-batch on one rank of a context group of c:
+// `attn_fwd` / `attn_bwd` seconds of the rank's whole attention core (c blocks), `kv_bytes` the
+// key/value block a step sends, `dkv_bytes` its gradient (backward). Forward: c steps of
+// attn_fwd / c, c − 1 of them beside a key/value transfer; backward: c steps of attn_bwd / c,
+// each beside the transfer of the key/value gradient the steps accumulate (c of them: c − 1
+// round the ring and the last one home), the first c − 1 with the next key/value block too. A
+// transfer takes bytes / (bandwidth · efficiency) plus a latency per message. With overlap a
+// step takes the longer of its block and its transfer, else their sum. Returns the seconds the
+// transfers add to the core: (fwd, bwd), 0 at c = 1.
+struct RingTimes {
+  double fwd = 0, bwd = 0;
+};
+RingTimes ring_attention_times(double attn_fwd, double attn_bwd, double kv_bytes, double dkv_bytes,
+                               int context, const Link& link, bool overlap);
+
 // Parameters on the busiest rank of each stage (elements), dense and expert-split (at the plan's
 // t and e), for the DP and optimizer terms.
 std::vector<RankParameters> stage_parameters(const ModelDescription& m, const ParallelLayout& c);
 // The gradient reduction (and ZeRO's parameter gather) of a stage holding `n`: the dense
-// parameters over the d data ranks on data_parallel_link, the experts' (e > 1) over the d/e
+// parameters over the d·c data and context ranks (t apart: a span of t·c·d) on
+// data_parallel_link, the experts' (e > 1) over the d/e
 // ranks of the expert-data-parallel group (t·c·e ranks apart) on its own link, one after the
 // other.
 DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& rt,
                                         const ParallelLayout& c, const RankParameters& n);
 // Elements of a stage's optimizer state on one rank: all of `n`, or with the distributed
-// optimizer the dense parameters' 1/d and the experts' 1/(d/e).
+// optimizer the dense parameters' 1/(d·c) and the experts' 1/(d/e).
 double optimizer_shard(const ParallelLayout& c, const RankParameters& n);
 
 // The whole prediction by simulating the schedule (keep_timeline: keep sim.timeline for a

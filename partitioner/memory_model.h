@@ -53,6 +53,32 @@ struct MemoryBreakdown {
   double total() const { return parameters + gradients + optimizer + activations + buffers; }
 };
 
+// Context parallelism (parallel.context = c): each sequence is cut into 2c chunks and a rank holds
+// two of them, S/c tokens of every sequence. Everything but the attention core works per token,
+// so a rank's share of a part's work is the description's (made for the whole sequence: its
+// RankShape has no context) divided by c: the GEMMs' rows, the memory-bound passes, the logits,
+// the tensor-group collectives; the attention core's FLOPs per rank are the whole core's / c too
+// (the causal load balance), computed as c blocks of S/c queries by S/c keys (its shape's seq).
+// At c = 1 the work is returned as it is.
+PartWork context_share(PartWork w, int context);
+// A rank's share of what a part keeps: every saved and transient element divided by c.
+ActivationElems context_share(ActivationElems a, int context);
+
+// The key/value block a ring step sends (b · S/c · 2·KVH/t · HS elements), of the largest
+// attention among the model's kinds of layer; 0 at c = 1 or without attention.
+double ring_block_elems(const ModelDescription& m, const ParallelLayout& c);
+// The ring's buffers on a rank, transient per layer (never saved): two key/value receive buffers
+// (double buffering) in the activation type, and in the backward two more beside two f32
+// buffers of the key/value gradients travelling with them: 2·block·(element bytes + 4).
+double ring_buffer_bytes(const ModelDescription& m, const ParallelLayout& c, double element_bytes);
+
+// Ranks the weight gradients are summed over: data × context (every rank of a context group
+// holds the same weights and computes gradients of its own tokens); ZeRO-1 shards the optimizer
+// state over them.
+inline int gradient_reduction_ranks(const ParallelLayout& c) {
+  return c.data * c.context;
+}
+
 // Activation bytes one transformer layer of kind `kind` keeps for the backward pass of one
 // micro-batch.
 double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,

@@ -1,6 +1,7 @@
 #include "partitioner/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -75,9 +76,18 @@ std::vector<int> split_fast(int L, int pieces, double c, double first_extra, dou
 std::string placement_text(const Cluster& cl, const ParallelLayout& c) {
   std::ostringstream os;
   const int gpn = cl.gpus_per_node;
-  os << "ranks r = tp + " << c.tensor << "·(dp + " << c.data << "·pp); tensor groups of "
-     << c.tensor << " inside one node (NVLink)";
-  const int per_stage = c.tensor * c.data;
+  if (c.context > 1) {
+    os << "ranks r = tp + " << c.tensor << "·(cp + " << c.context << "·(dp + " << c.data
+       << "·pp)); tensor groups of " << c.tensor << " inside one node (NVLink); context groups of "
+       << c.context << " ranks " << c.tensor << " apart "
+       << (gpn % (c.tensor * c.context) == 0 ? "inside a node (NVLink)"
+                                             : "across nodes (InfiniBand)")
+       << ", each rank S/" << c.context << " tokens of every sequence (ring attention)";
+  } else {
+    os << "ranks r = tp + " << c.tensor << "·(dp + " << c.data << "·pp); tensor groups of "
+       << c.tensor << " inside one node (NVLink)";
+  }
+  const int per_stage = c.tensor * c.context * c.data;
   if (per_stage <= gpn) {
     os << "; data groups inside a node; " << std::max(1, gpn / per_stage)
        << " pipeline stage(s) per node";
@@ -98,7 +108,7 @@ struct Estimate {
   double time = 0;
   double peak_mem = 0;
   int peak_stage = 0;
-  double bubble_s = 0, tp_s = 0, dp_s = 0, ep_s = 0;
+  double bubble_s = 0, tp_s = 0, dp_s = 0, ep_s = 0, cp_s = 0;
 };
 
 // Megatron's in-flight (micro-batch, chunk) pairs per stage, for the closed-form pass.
@@ -123,8 +133,8 @@ std::vector<int> closed_form_inflight(const ParallelLayout& c) {
   return out;
 }
 
-json family_json(int t, int p, ScheduleKind k) {
-  return {{"tensor", t}, {"pipeline", p}, {"schedule", to_string(k)}};
+json family_json(int t, int c, int p, ScheduleKind k) {
+  return {{"tensor", t}, {"context", c}, {"pipeline", p}, {"schedule", to_string(k)}};
 }
 
 }  // namespace
@@ -140,14 +150,40 @@ std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayou
   return "";
 }
 
+std::string context_invalid_reason(const ModelDescription& m, const ParallelLayout& c) {
+  const int cp = c.context;
+  if (cp == 1) return "";
+  const std::string cs = "context " + std::to_string(cp);
+  if (cp < 1) return cs + " must be at least 1";
+  const int64_t S = m.seq_len();
+  if (S % (2 * int64_t{cp}) != 0) {
+    return cs + " cuts each sequence into " + std::to_string(2 * cp) + " chunks: seq_len " +
+           std::to_string(S) + " is not a multiple of " + std::to_string(2 * cp);
+  }
+  if (c.expert > 1) {
+    return cs + " with expert " + std::to_string(c.expert) +
+           ": context parallelism does not compose with expert parallelism yet (one of them "
+           "must be 1)";
+  }
+  if (c.sequence_parallel && c.tensor > 1 && (S / cp) % c.tensor != 0) {
+    return "sequence_parallel needs a context rank's " + std::to_string(S / cp) +
+           " tokens (seq_len " + std::to_string(S) + " / " + cs + ") divisible by tensor " +
+           std::to_string(c.tensor);
+  }
+  return "";
+}
+
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
                                 const ParallelLayout& c) {
-  const int world = c.tensor * c.context * c.pipeline * c.data;
+  const int64_t world = int64_t{c.tensor} * c.context * c.pipeline * c.data;
   if (world != cl.world_size()) {
-    return "tensor " + std::to_string(c.tensor) + " × pipeline " + std::to_string(c.pipeline) +
-           " × data " + std::to_string(c.data) + " = " + std::to_string(world) +
-           " but the cluster has " + std::to_string(cl.world_size()) + " GPUs";
+    return "tensor " + std::to_string(c.tensor) +
+           (c.context != 1 ? " × context " + std::to_string(c.context) : std::string()) +
+           " × pipeline " + std::to_string(c.pipeline) + " × data " + std::to_string(c.data) +
+           " = " + std::to_string(world) + " but the cluster has " +
+           std::to_string(cl.world_size()) + " GPUs";
   }
+  if (std::string why = context_invalid_reason(m, c); !why.empty()) return why;
   if (c.tensor > cl.gpus_per_node) {
     return "tensor " + std::to_string(c.tensor) + " would span nodes (" +
            std::to_string(cl.gpus_per_node) + " GPUs per node)";
@@ -234,7 +270,7 @@ namespace {
 // A family of the search: tensor size, pipeline size and schedule. Its best estimate, or the
 // smallest overage and why nothing fitted, become its line in the rejected list.
 struct Family {
-  int t = 1, p = 1;
+  int t = 1, c = 1, p = 1;
   ScheduleKind k = ScheduleKind::kOneFOneB;
   bool any_fit = false;
   double best_time = std::numeric_limits<double>::infinity();
@@ -243,7 +279,7 @@ struct Family {
   int over_stage = 0;
   std::string invalid;  // the first reason one of its points could not work
 };
-using Families = std::map<std::tuple<int, int, int>, Family>;  // [(t, p, schedule)]
+using Families = std::map<std::tuple<int, int, int, int>, Family>;  // [(t, c, p, schedule)]
 
 // What every candidate of one search shares.
 struct Search {
@@ -264,9 +300,43 @@ struct Search {
   const RuntimeModel rt;
   GemmMemo memo;
   CostContext ctx;
+  // The layers' times by the fields of a point they depend on (t, c, e, b, sequence parallel,
+  // recompute, and whether a stage spans a node: the transfer's link): the points of a search
+  // share them across p, d, v, the schedule and the distributed optimizer.
+  std::map<std::array<int, 7>, std::vector<LayerTimes>> layer_memo;
+
+  const std::vector<LayerTimes>& kinds(const ParallelLayout& c) {
+    const int spans = c.tensor * c.context * c.data >= cl.gpus_per_node ? 1 : 0;
+    const std::array<int, 7> key = {c.tensor,
+                                    c.context,
+                                    c.expert,
+                                    c.micro_batch_size,
+                                    c.sequence_parallel ? 1 : 0,
+                                    static_cast<int>(c.recompute),
+                                    spans};
+    auto it = layer_memo.find(key);
+    if (it == layer_memo.end()) it = layer_memo.emplace(key, kind_times(ctx, c)).first;
+    return it->second;
+  }
 };
 
-// Calls f(t, p, d, schedule) for every family the cluster and the pins allow, in search order.
+// The context sizes to search beside a tensor group of t: every c dividing the world's other
+// ranks that cuts each sequence into 2c equal chunks of at least kMinContextChunk tokens (only 1
+// beside a pinned expert size above 1: the two do not compose yet); or the pinned size
+// (refused, if it does not work, by plan_invalid_reason with its numbers).
+constexpr int64_t kMinContextChunk = 512;  // the attention tables' shortest sequence
+std::vector<int> context_sizes(const Search& s, int t) {
+  if (s.fx.context) return {*s.fx.context};
+  std::vector<int> sizes = {1};
+  if (s.fx.expert && *s.fx.expert > 1) return sizes;
+  const int64_t S = s.m.seq_len();
+  for (int c = 2; c <= s.world / t && S / (2 * int64_t{c}) >= kMinContextChunk; ++c)
+    if ((s.world / t) % c == 0 && S % (2 * int64_t{c}) == 0) sizes.push_back(c);
+  return sizes;
+}
+
+// Calls f(t, c, p, d, schedule) for every family the cluster and the pins allow, in search
+// order.
 template <class F>
 void for_each_family(const Search& s, F f) {
   const ScheduleKind kinds[] = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
@@ -275,18 +345,27 @@ void for_each_family(const Search& s, F f) {
   const PinnedLayout& fx = s.fx;
   for (int t = 1; t <= s.cl.gpus_per_node; t *= 2) {
     if (fx.tensor && *fx.tensor != t) continue;
-    for (int p = 1; p <= std::min(s.m.num_layers(), s.world / t); ++p) {
-      if (fx.pipeline && *fx.pipeline != p) continue;
-      if (s.world % (t * p) != 0) continue;
-      const int d = s.world / (t * p);
-      if (fx.data && *fx.data != d) continue;
-      for (ScheduleKind k : kinds) {
-        if (fx.schedule && *fx.schedule != k) continue;
-        // With one stage every schedule is the same 1F1B loop (gpipe only holds more).
-        if (p == 1 && k != ScheduleKind::kOneFOneB && !fx.schedule) continue;
-        // 2bw changes the optimizer's semantics (stale weights): only when asked for.
-        if (k == ScheduleKind::kTwoBW && !fx.schedule) continue;
-        f(t, p, d, k);
+    for (int c : context_sizes(s, t)) {
+      if (c < 1 || s.world % (t * c) != 0) {
+        // A pinned size that does not divide the world: one family, whose points
+        // plan_invalid_reason refuses naming the sizes.
+        f(t, c, fx.pipeline.value_or(1), std::max(1, s.world / (t * std::max(1, c))),
+          fx.schedule.value_or(ScheduleKind::kOneFOneB));
+        continue;
+      }
+      for (int p = 1; p <= std::min(s.m.num_layers(), s.world / (t * c)); ++p) {
+        if (fx.pipeline && *fx.pipeline != p) continue;
+        if (s.world % (t * c * p) != 0) continue;
+        const int d = s.world / (t * c * p);
+        if (fx.data && *fx.data != d) continue;
+        for (ScheduleKind k : kinds) {
+          if (fx.schedule && *fx.schedule != k) continue;
+          // With one stage every schedule is the same 1F1B loop (gpipe only holds more).
+          if (p == 1 && k != ScheduleKind::kOneFOneB && !fx.schedule) continue;
+          // 2bw changes the optimizer's semantics (stale weights): only when asked for.
+          if (k == ScheduleKind::kTwoBW && !fx.schedule) continue;
+          f(t, c, p, d, k);
+        }
       }
     }
   }
@@ -321,38 +400,40 @@ std::vector<int> chunk_counts(const Search& s, ScheduleKind k, int p) {
 }
 
 // The expert-parallel sizes to search on d data ranks: every divisor of d that divides the
-// model's experts (only 1 for a dense model), or the pinned size (refused, if it does not
-// divide, by plan_invalid_reason with both numbers).
-std::vector<int> expert_sizes(const Search& s, int d) {
+// model's experts (only 1 for a dense model, and beside context parallelism, which does not
+// compose with it yet), or the pinned size (refused, if it does not divide, by
+// plan_invalid_reason with both numbers).
+std::vector<int> expert_sizes(const Search& s, int d, int context) {
   if (s.fx.expert) return {*s.fx.expert};
   const int E = s.m.num_experts();
   std::vector<int> sizes = {1};
-  for (int e = 2; e <= d && E > 0; ++e)
+  for (int e = 2; e <= d && E > 0 && context == 1; ++e)
     if (d % e == 0 && E % e == 0) sizes.push_back(e);
   return sizes;
 }
 
 // Calls f(c) for every point of family F (on d data ranks) the pins allow and whose sizes work:
 // every micro-batch size, expert size, chunk count, recompute, sequence parallelism (t > 1) and
-// distributed optimizer (d > 1). The first point whose sizes do not work gives the family its
-// reason.
+// distributed optimizer (d·c > 1: ZeRO-1 shards over data × context). The first point whose
+// sizes do not work gives the family its reason.
 template <class Fn>
 void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
   const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   const PinnedLayout& fx = s.fx;
-  const int t = F->t, p = F->p;
+  const int t = F->t, cp = F->c, p = F->p;
   for (int b : micro_batch_sizes(s, d, F)) {
-    for (int e : expert_sizes(s, d)) {
+    for (int e : expert_sizes(s, d, cp)) {
       for (int v : chunk_counts(s, F->k, p)) {
         if (fx.virtual_stages && *fx.virtual_stages != v) continue;
         for (Recompute rc : recs) {
           if (fx.recompute && *fx.recompute != rc) continue;
           for (int sp = 0; sp <= (t > 1 ? 1 : 0); ++sp) {
             if (fx.sequence_parallel && *fx.sequence_parallel != (sp == 1)) continue;
-            for (int dist = 0; dist <= (d > 1 ? 1 : 0); ++dist) {
+            for (int dist = 0; dist <= (d * cp > 1 ? 1 : 0); ++dist) {
               if (fx.distributed_optimizer && *fx.distributed_optimizer != (dist == 1)) continue;
               ParallelLayout c;
               c.tensor = t;
+              c.context = cp;
               c.expert = e;
               c.pipeline = p;
               c.data = d;
@@ -387,16 +468,17 @@ Estimate estimate(Search& s, ParallelLayout c) {
   const ModelDescription& m = s.m;
   const RuntimeModel& rt = s.rt;
   const int p = c.pipeline, v = c.virtual_stages;
-  const std::vector<LayerTimes> kinds = kind_times(s.ctx, c);
+  const std::vector<LayerTimes>& kinds = s.kinds(c);
   const LayerTimes& lt = kinds.front();
   // The mean layer's time and exposed communication (one kind: its own).
   const std::vector<int> all = layer_kind_counts(m, 0, m.num_layers());
-  double per_layer = 0, tp_per_layer = 0, ep_per_layer = 0;
+  double per_layer = 0, tp_per_layer = 0, ep_per_layer = 0, cp_per_layer = 0;
   for (size_t kind = 0; kind < kinds.size(); ++kind) {
     const double share = static_cast<double>(all[kind]) / m.num_layers();
     per_layer += share * (kinds[kind].layer_fwd + kinds[kind].layer_bwd);
     tp_per_layer += share * kinds[kind].tp_exposed_per_layer;
     ep_per_layer += share * kinds[kind].ep_exposed_per_layer;
+    cp_per_layer += share * kinds[kind].cp_exposed_per_layer;
   }
   const double p2p_op = p * v > 1 && rt.p2p_both_ends ? lt.p2p : 0;
   if (c.layers_per_piece.empty())
@@ -436,6 +518,7 @@ Estimate estimate(Search& s, ParallelLayout c) {
   e.bubble_s = compute * ratio + (p > 1 ? 2.0 * (p - 1) * lt.p2p : 0);
   e.tp_s = tp_per_layer * c.num_microbatches * m.num_layers() / (p);
   e.ep_s = ep_per_layer * c.num_microbatches * m.num_layers() / (p);
+  e.cp_s = cp_per_layer * c.num_microbatches * m.num_layers() / (p);
   // DP and optimizer through the same formulas as the exact pass, cheaply: one stage with the
   // largest parameter count.
   const std::vector<RankParameters> np = stage_parameters(m, c);
@@ -515,8 +598,11 @@ std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vect
 // at all (no best to compare with).
 std::string family_reason(const ModelDescription& m, const Family& F,
                           const std::vector<Estimate>& fits, const std::vector<PlanResult>& plans) {
+  const auto in_family = [&F](const ParallelLayout& c) {
+    return c.tensor == F.t && c.context == F.c && c.pipeline == F.p && c.schedule == F.k;
+  };
   for (const PlanResult& r : plans)
-    if (r.config.tensor == F.t && r.config.pipeline == F.p && r.config.schedule == F.k) return "";
+    if (in_family(r.config)) return "";
   if (F.any_fit) {
     if (plans.empty()) return "";
     const Estimate& e = F.best;
@@ -526,8 +612,8 @@ std::string family_reason(const ModelDescription& m, const Family& F,
     const ParallelLayout& top = plans.front().config;
     const Estimate* ref = nullptr;
     for (const Estimate& x : fits) {
-      if (x.config.tensor == top.tensor && x.config.pipeline == top.pipeline &&
-          x.config.schedule == top.schedule) {
+      if (x.config.tensor == top.tensor && x.config.context == top.context &&
+          x.config.pipeline == top.pipeline && x.config.schedule == top.schedule) {
         ref = &x;
         break;
       }
@@ -535,10 +621,12 @@ std::string family_reason(const ModelDescription& m, const Family& F,
     std::string cause = "compute efficiency (smaller GEMMs or recompute)";
     if (ref != nullptr) {
       const double db = e.bubble_s - ref->bubble_s, dt = e.tp_s - ref->tp_s,
-                   dd = e.dp_s - ref->dp_s, de = e.ep_s - ref->ep_s;
+                   dd = e.dp_s - ref->dp_s, de = e.ep_s - ref->ep_s, dc = e.cp_s - ref->cp_s;
       const double mx = std::max({db, dt, dd});
       if (de > 0 && de > mx && de > 0.2 * (e.time - ref->time)) {
         cause = "expert-parallel all-to-all";
+      } else if (dc > 0 && dc > mx && dc > 0.2 * (e.time - ref->time)) {
+        cause = "context-parallel ring transfers";
       } else if (mx > 0.2 * (e.time - ref->time)) {
         cause = mx == db   ? "pipeline bubble"
                 : mx == dt ? "tensor-parallel communication"
@@ -568,9 +656,10 @@ PlanOutput search_plans(const PlanRequest& req) {
   PlanOutput out;
   Families families;
   std::vector<Estimate> fits;  // the estimates that fit in memory, in search order
-  for_each_family(s, [&](int t, int p, int d, ScheduleKind k) {
-    Family& F = families[{t, p, static_cast<int>(k)}];
+  for_each_family(s, [&](int t, int cp, int p, int d, ScheduleKind k) {
+    Family& F = families[{t, cp, p, static_cast<int>(k)}];
     F.t = t;
+    F.c = cp;
     F.p = p;
     F.k = k;
     for_each_candidate(s, d, &F, [&](const ParallelLayout& c) {
@@ -583,7 +672,7 @@ PlanOutput search_plans(const PlanRequest& req) {
   out.plans = best_exact_plans(req, fits, &out.rejected);
   for (const auto& [key, F] : families) {
     const std::string reason = family_reason(s.m, F, fits, out.plans);
-    if (!reason.empty()) out.rejected.push_back({family_json(F.t, F.p, F.k), reason});
+    if (!reason.empty()) out.rejected.push_back({family_json(F.t, F.c, F.p, F.k), reason});
   }
   out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
@@ -634,6 +723,7 @@ json plan_result_json(const PlanResult& r) {
                     {"dp_exposed_s", r.time.dp_exposed_s},
                     {"tp_exposed_s", r.time.tp_exposed_s},
                     {"ep_exposed_s", r.time.ep_exposed_s},
+                    {"cp_exposed_s", r.time.cp_exposed_s},
                     {"optimizer_s", r.time.optimizer_s},
                     {"peak_stage", r.peak_stage},
                     {"memory_bytes_per_gpu",

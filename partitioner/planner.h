@@ -1,7 +1,7 @@
-// planner.h — the search behind `strata plan`: every (t, p, d, e, v, b, schedule, recompute,
+// planner.h — the search behind `strata plan`: every (t, c, p, d, e, v, b, schedule, recompute,
 // sequence parallel, distributed optimizer) the cluster and the batch allow, each costed by
 // cost_model.h and sized by memory_model.h; the best plans first, and a reason for every
-// family (t, p, schedule) that produced none of them.
+// family (t, c, p, schedule) that produced none of them.
 //
 // Search: for each candidate a closed-form estimate (even layer split balanced for the
 // embedding and head, Megatron's closed-form bubble and in-flight counts) ranks and prunes;
@@ -9,7 +9,9 @@
 // per-layer times (first piece carries the embedding, last the head), the schedule simulated
 // with those per-stage, per-chunk times, memory with the simulated in-flight counts. Plans
 // over memory after that are rejected too. Tensor groups are consecutive ranks inside a node
-// (DESIGN.md's rank order); t larger than a node is refused.
+// (DESIGN.md's rank order); t larger than a node is refused. Context sizes c (ring attention,
+// each rank S/c tokens of every sequence) are searched where 2c cuts the sequence into even
+// chunks of at least 512 tokens; with c > 1 only e = 1 (they do not compose yet).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -79,6 +81,10 @@ PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c);
 // Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int global_batch,
                                 const ParallelLayout& c);
+// Why c's context size cannot work for m ("" when it can): 2c must cut the sequence evenly
+// (rank i holds chunks i and 2c−1−i), expert parallelism must be 1 beside it, and with sequence
+// parallelism t must divide a context rank's S/c tokens.
+std::string context_invalid_reason(const ModelDescription& m, const ParallelLayout& c);
 // Why c's expert size cannot work for m ("" when it can): expert e spreads each MoE layer's
 // experts over e data ranks, so it must divide both num_experts and data; a dense model takes 1.
 std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayout& c);

@@ -22,6 +22,9 @@ RuntimeModel strata_runtime(bool cpu, const std::string& precision, double bucke
   // TransformerModel::boundary_shape: each rank sends what it holds (its sequence chunk with
   // sequence parallelism, else the whole activation).
   r.p2p_scatter_gather = false;
+  // The ring's transfers hide behind the blocks only where the transport moves them alone.
+  r.ring_overlap = behaviour::kRingOverlapsAttention && r.collectives_progress_alone;
+  r.ring_grad_wire_bytes = behaviour::kRingGradWireBytes;
   r.step_bytes_per_param =
       precision == "fp32" ? behaviour::kStepBytesPerParamF32 : behaviour::kStepBytesPerParamBf16;
   // The kernels models/layers/block.cc issues per GPT layer on the CUDA backend: forward two

@@ -57,6 +57,14 @@ struct RuntimeModel {
   double step_bytes_per_param = 36;
   // Kernels one transformer layer launches (the device's kernel gap applies to each).
   double kernels_per_layer_fwd = 14, kernels_per_layer_bwd = 28;
+  // Context parallelism (ring attention over c ranks): each step's transfer moves while the
+  // step's block computes, the step taking the longer of the two (false: the transfer after the
+  // block); bytes per element of the key/value gradients sent round in the backward; and the
+  // kernels each step after the first adds (forward: the block's attention and the merge of its
+  // partial result by log-sum-exp; backward: the block's backward).
+  bool ring_overlap = true;
+  double ring_grad_wire_bytes = 4;
+  double ring_kernels_per_step_fwd = 2, ring_kernels_per_step_bwd = 1;
 };
 
 // Strata's runtime on `cpu` ranks (MPI, the CPU backend) or GPUs (NCCL, the CUDA backend), in

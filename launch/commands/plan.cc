@@ -31,10 +31,10 @@ const char* kPlanUsage =
     "                   [--seq-len S] [--precision bf16|fp32] [--profile PROFILE.json]\n"
     "                   [--svg OUT [--measured LOG.trace [--iteration N]]]\n"
     "\n"
-    "Searches tensor, pipeline, data and (for a mixture of experts) expert parallel sizes,\n"
-    "virtual stages, micro-batch size, schedule, recomputation, sequence parallelism and the\n"
-    "distributed optimizer for the fastest layout that fits in memory; prints the best\n"
-    "plans, then the chosen plan's per-stage layers and memory. Cost and memory model:\n"
+    "Searches tensor, context, pipeline, data and (for a mixture of experts) expert parallel\n"
+    "sizes, virtual stages, micro-batch size, schedule, recomputation, sequence parallelism\n"
+    "and the distributed optimizer for the fastest layout that fits in memory; prints the\n"
+    "best plans, then the chosen plan's per-stage layers and memory. Cost and memory model:\n"
     "docs/planner.md.\n"
     "\n"
     "options:\n"
@@ -97,32 +97,36 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << mf
      << " (hardware FLOPs add the recomputed forward passes)\n";
   os << "searched " << out.candidates << " configurations in " << out.search_s * 1e3 << " ms\n\n";
-  // A mixture's plans add the expert size e after d (a dense model's table is as before).
+  // A mixture's plans add the expert size e after d, and plans that split sequences the context
+  // size c after t (a dense model's table without context is as before).
   const bool moe = model.num_experts() > 0;
-  auto expert_column = [moe](const std::string& text) {
+  bool context = false;
+  for (const PlanResult& r : out.plans) context = context || r.config.context > 1;
+  auto column = [](bool shown, const std::string& text) {
     char col[16];
     std::snprintf(col, sizeof col, " %3s", text.c_str());
-    return moe ? std::string(col) : std::string();
+    return shown ? std::string(col) : std::string();
   };
   if (out.plans.empty()) {
-    os << "no plan fits; reasons by family (tensor, pipeline, schedule):\n";
+    os << "no plan fits; reasons by family (tensor, context, pipeline, schedule):\n";
   } else {
     std::snprintf(buf, sizeof buf,
-                  "%-3s %3s %3s %5s%s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n", "#",
-                  "t", "p", "d", expert_column("e").c_str(), "v", "b", "m", "schedule", "recompute",
-                  "sp", "dopt", "iter_s", "TFLOP/s", "MFU", "peak_mem", "bubble");
+                  "%-3s %3s%s %3s %5s%s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n",
+                  "#", "t", column(context, "c").c_str(), "p", "d", column(moe, "e").c_str(), "v",
+                  "b", "m", "schedule", "recompute", "sp", "dopt", "iter_s", "TFLOP/s", "MFU",
+                  "peak_mem", "bubble");
     os << buf;
     int i = 0;
     for (const PlanResult& r : out.plans) {
       const ParallelLayout& c = r.config;
       std::snprintf(
           buf, sizeof buf,
-          "%-3d %3d %3d %5d%s %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
-          ++i, c.tensor, c.pipeline, c.data, expert_column(std::to_string(c.expert)).c_str(),
-          c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
-          to_string(c.recompute), c.sequence_parallel ? "y" : "n",
-          c.distributed_optimizer ? "y" : "n", r.time.iteration_s, r.tflops_per_gpu, r.mfu * 100,
-          gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
+          "%-3d %3d%s %3d %5d%s %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
+          ++i, c.tensor, column(context, std::to_string(c.context)).c_str(), c.pipeline, c.data,
+          column(moe, std::to_string(c.expert)).c_str(), c.virtual_stages, c.micro_batch_size,
+          c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
+          c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n", r.time.iteration_s,
+          r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
       os << buf;
     }
     const PlanResult& best = out.plans.front();
@@ -131,8 +135,9 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
        << " s incl. bubble " << best.time.bubble_fraction * 100 << "%, exposed TP "
        << best.time.tp_exposed_s << " s, "
        << (best.config.expert > 1 ? "all-to-all " + std::to_string(best.time.ep_exposed_s) + " s, "
-                                  : std::string())
-       << "exposed DP " << best.time.dp_exposed_s << " s, optimizer " << best.time.optimizer_s
+                                  : std::string());
+    if (best.config.context > 1) os << "exposed ring " << best.time.cp_exposed_s << " s, ";
+    os << "exposed DP " << best.time.dp_exposed_s << " s, optimizer " << best.time.optimizer_s
        << " s)\n";
     std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage",
                   "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
@@ -154,12 +159,14 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
                     gib(m.total()).c_str());
       os << buf;
     }
-    os << "\nrejected families (tensor, pipeline, schedule):\n";
+    os << "\nrejected families (tensor, context, pipeline, schedule):\n";
   }
   for (const Rejection& r : out.rejected) {
     if (!r.config.contains("micro_batch_size")) {
-      os << "  t=" << r.config["tensor"] << " p=" << r.config["pipeline"] << " "
-         << r.config["schedule"].get<std::string>() << ": " << r.reason << "\n";
+      const int cp = r.config.value("context", 1);
+      os << "  t=" << r.config["tensor"] << (cp > 1 ? " c=" + std::to_string(cp) : std::string())
+         << " p=" << r.config["pipeline"] << " " << r.config["schedule"].get<std::string>() << ": "
+         << r.reason << "\n";
     }
   }
 }
@@ -182,10 +189,11 @@ void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::
     const ParallelLayout& c = best.config;
     char title[256];
     std::snprintf(title, sizeof title,
-                  "predicted: %s on %s, t %d p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
-                  req.model_name.c_str(), req.cluster.name.c_str(), c.tensor, c.pipeline, c.data,
-                  c.virtual_stages, c.micro_batch_size, c.num_microbatches, to_string(c.schedule),
-                  best.time.iteration_s);
+                  "predicted: %s on %s, t %d%s p %d d %d v %d, b %d × %d, %s, %.4g s per iteration",
+                  req.model_name.c_str(), req.cluster.name.c_str(), c.tensor,
+                  c.context > 1 ? (" c " + std::to_string(c.context)).c_str() : "", c.pipeline,
+                  c.data, c.virtual_stages, c.micro_batch_size, c.num_microbatches,
+                  to_string(c.schedule), best.time.iteration_s);
     std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
     if (!measured.empty())
       panels.push_back(trace_panel(read_json_file(measured), iteration, measured));

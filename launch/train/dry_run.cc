@@ -98,9 +98,14 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   if (desc->num_experts() > 0)
     os << "experts per rank: " << desc->num_experts() / e << " of " << desc->num_experts()
        << " (expert " << e << ")\n";
-  os << "parallel: tensor " << run.layout.tensor << " × pipeline " << run.layout.pipeline
-     << " × data " << run.layout.data << " = " << run.world->size << " ranks"
+  const int cp = run.layout.context;
+  os << "parallel: tensor " << run.layout.tensor
+     << (cp > 1 ? " × context " + std::to_string(cp) : std::string()) << " × pipeline "
+     << run.layout.pipeline << " × data " << run.layout.data << " = " << run.world->size << " ranks"
      << (e > 1 ? ", expert groups of " + std::to_string(e) + " data ranks" : "")
+     << (cp > 1 ? ", each sequence split over " + std::to_string(cp) + " ranks (ring attention, " +
+                      std::to_string(run.seq_len / cp) + " tokens each)"
+                : "")
      << (run.layout.sequence_parallel ? ", sequence parallel" : "")
      << (run.layout.distributed_optimizer ? ", distributed optimizer" : "") << "\n";
   if (run.layout.pipeline > 1) {

@@ -10,6 +10,7 @@
 //   kGatherParamsDuringForward  runtime/engine/grad_reducer.cc
 //   kHostSendsBlock, kDeviceGroupsWaitForSends  runtime/engine/pipeline.cc
 //   kGradientWireBytes          runtime/engine/grad_reducer.cc
+//   kRingOverlapsAttention, kRingGradWireBytes  the ring attention (parallel.context > 1)
 // docs/planner.md ("The runtime priced as it is") says how each is priced.
 //
 // Thread-safety: constants.
@@ -49,6 +50,17 @@ inline constexpr bool kDeviceGroupsWaitForSends = true;
 // progress enough to count on), so on the CPU a bucket's reduction is paid at ReduceGrads.
 inline constexpr bool kDeviceCollectivesProgressAlone = true;
 inline constexpr bool kHostCollectivesProgressAlone = false;
+
+// Context parallelism: ring attention overlaps each step's key/value transfer with the block it
+// computes. Per attention layer the forward runs c steps over the c key/value blocks of the
+// sequence; each step starts sending the block at hand to the next context rank (and receiving
+// the next one), computes attention on it, then waits for the transfer (c − 1 transfers). The
+// backward sends the blocks round again with their accumulated key/value gradients (c − 1 and
+// c transfers), each beside the step's block backward. Whether the transfer moves while the
+// block computes is the transport's: device collectives progress alone, the host's do not
+// (kDeviceCollectivesProgressAlone, kHostCollectivesProgressAlone).
+inline constexpr bool kRingOverlapsAttention = true;
+inline constexpr int kRingGradWireBytes = 4;  // dk/dv travel in f32
 
 // The optimizer step's memory traffic per parameter of the rank's shard: zero the gradient
 // (write 4), the gradient norm (read 4), AdamW (read parameter, gradient, m, v; write
