@@ -51,13 +51,13 @@ double ring_block_elems(const ModelDescription& m, const ParallelLayout& c) {
 }
 
 double ring_buffer_bytes(const ModelDescription& m, const ParallelLayout& c, double element_bytes) {
-  return 2 * ring_block_elems(m, c) * (element_bytes + 4);
+  return ring_block_elems(m, c) * (2 * element_bytes + 4 * 4.0);
 }
 
 double layer_activation_bytes(const ModelDescription& m, const ParallelLayout& c,
                               const MemoryOptions& o, int kind) {
   return context_share(m.layer_activations(c.micro_batch_size, rank_shape(c), c.recompute,
-                                           o.flash_attention, kind),
+                                           o.flash_attention || c.context > 1, kind),
                        c.context)
              .saved *
          element_bytes(o);
@@ -74,8 +74,10 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
   const RankShape r = rank_shape(c);
   std::vector<ActivationElems> kinds;  // [kind] one layer's
   for (int kind = 0; kind < m.layer_kinds(); ++kind)
-    kinds.push_back(
-        context_share(m.layer_activations(b, r, c.recompute, o.flash_attention, kind), c.context));
+    // Ring attention keeps each row's log-sum-exp, as a fused kernel does, on every backend.
+    kinds.push_back(context_share(
+        m.layer_activations(b, r, c.recompute, o.flash_attention || c.context > 1, kind),
+        c.context));
   // Per-token figures of a piece (its input, the boundary, the sequence-parallel gather, the
   // attention's f32 scratch): a rank holds S/c tokens of each sequence.
   const double cp = c.context;
@@ -134,10 +136,13 @@ std::vector<MemoryBreakdown> stage_memory(const ModelDescription& m, const Paral
     mb.activations = (saved + transient) * eb;
     // The ring attention's key/value (and in the backward their gradients') buffers.
     const double ring = ring_buffer_bytes(m, c, eb);
-    if (o.cpu_threads > 0) {
-      // The CPU kernels' scores of one (S/c)² block per thread.
-      mb.buffers =
-          o.cpu_threads * m.cpu_attention_scratch_f32_per_thread() / (cp * cp) * 4.0 + ring;
+    if (o.cpu_threads > 0 && c.context > 1) {
+      // The ring's blocks, and its backward's f32 query gradient and row terms (the CPU block
+      // kernels' per-thread scores are their own, outside the allocator).
+      mb.buffers = ring + 4.0 * m.attention_scratch_f32(b, r) / cp;
+    } else if (o.cpu_threads > 0) {
+      // The CPU kernels' scores of one S² block per thread.
+      mb.buffers = o.cpu_threads * m.cpu_attention_scratch_f32_per_thread() * 4.0;
     } else {
       // Two gradient buckets in flight, the p2p send/receive buffers, the sequence-parallel
       // all-gather buffer, the GEMM workspace, and the fused attention backward's f32 scratch.

@@ -67,9 +67,10 @@ ActivationElems context_share(ActivationElems a, int context);
 // The key/value block a ring step sends (b · S/c · 2·KVH/t · HS elements), of the largest
 // attention among the model's kinds of layer; 0 at c = 1 or without attention.
 double ring_block_elems(const ModelDescription& m, const ParallelLayout& c);
-// The ring's buffers on a rank, transient per layer (never saved): two key/value receive buffers
-// (double buffering) in the activation type, and in the backward two more beside two f32
-// buffers of the key/value gradients travelling with them: 2·block·(element bytes + 4).
+// The ring's buffers on a rank, transient per layer (never saved), at their backward peak
+// (models/layers/ring_attention.cc): the key/value block at hand and the one arriving, in the
+// activation type, and four f32 blocks of key/value gradients (this rank's part being sent on,
+// the one arriving, two of each): block·(2·element bytes + 16).
 double ring_buffer_bytes(const ModelDescription& m, const ParallelLayout& c, double element_bytes);
 
 // Ranks the weight gradients are summed over: data × context (every rank of a context group

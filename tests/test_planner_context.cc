@@ -85,14 +85,14 @@ TEST(PlannerContext, ActivationsPerRankDivideByContext) {
         // Llama 3.1 8B: 8 key/value heads of 128.
         const double block = 1.0 * S / c * 2 * 8 / t * 128;
         EXPECT_DOUBLE_EQ(ring_block_elems(*m, cl), block);
-        EXPECT_DOUBLE_EQ(ring_buffer_bytes(*m, cl, 2), 2 * block * (2 + 4));
+        EXPECT_DOUBLE_EQ(ring_buffer_bytes(*m, cl, 2), block * (2 * 2 + 16));
         // What else changes in the buffers: the fused backward's f32 scratch (b·S·(q/t) and the
         // statistics) by 1/c, and two gradient buckets once d·c > 1.
         const double scratch = 4.0 * (1.0 * S * 4096 / t + 32.0 / t * S);
         const double buckets = 2 * 25.0 * 1024 * 1024;
         const double gather = t > 1 ? 2.0 * S * 4096 : 0;  // the sp all-gather, bf16
         EXPECT_NEAR(split.buffers - base.buffers,
-                    2 * block * 6 + buckets - (scratch + gather) * (1 - 1.0 / c), 1.0)
+                    block * 20 + buckets - (scratch + gather) * (1 - 1.0 / c), 1.0)
             << "c " << c << " t " << t;
       }
     }

@@ -3,9 +3,16 @@
 #include <string>
 #include <utility>
 
+#include "runtime/base/behaviour.h"
 #include "runtime/base/check.h"
 
 namespace strata {
+
+// The planner prices the ring as this file runs it (runtime/base/behaviour.h): every step's
+// transfer is started before the step's blocks and waited for after them, and the key/value
+// gradients travel in f32.
+static_assert(behaviour::kRingOverlapsAttention, "ring_attention_forward/backward overlap");
+static_assert(behaviour::kRingGradWireBytes == sizeof(float), "the dk/dv blocks are f32");
 
 namespace {
 
