@@ -1,5 +1,6 @@
 #include "models/layers/ring_attention.h"
 
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -59,6 +60,14 @@ std::vector<Block> step_blocks(const ContextChunks& ctx, int src, int step, int 
   return {b, second};
 }
 
+// Waits for r, adding the time to ring.waited_s when asked.
+void wait(const Ring& ring, Request& r) {
+  if (!ring.waited_s) return r.wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  r.wait();
+  *ring.waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 std::string ring_step(int step, int c) {
   return "ring step " + std::to_string(step) + " of " + std::to_string(c);
 }
@@ -110,7 +119,8 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
   for (int step = 0; step < c; ++step) {
     const int src = (ctx.rank - step + c) % c;
     Request moving;
-    if (step + 1 < c) moving = pass_on(cp, kv, next, kKeyValueTag, ring_step(step + 1, c));
+    if (step + 1 < c && ring.transfer)
+      moving = pass_on(cp, kv, next, kKeyValueTag, ring_step(step + 1, c));
     for (const Block& b : step_blocks(ctx, src, step, NH, KVH, causal, key_lengths)) {
       if (first) {  // the first block covers every query row: it initialises out and lse
         STRATA_CHECK(b.q_rows.begin == 0 && b.q_rows.count == S, "ring attention's first block");
@@ -125,8 +135,8 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
       be.attention_block_forward(out_b, lse_b, qkv, kv, b);
       be.attention_block_merge(out, lse, out_b, lse_b, b);
     }
-    if (step + 1 < c) {
-      moving.wait();
+    if (step + 1 < c && ring.transfer) {
+      wait(ring, moving);
       std::swap(kv, next);
     }
   }
@@ -154,32 +164,34 @@ void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
   for (int k = 0; k < (c > 1 ? 2 : 1); ++k) {
     part[k] = be.empty(kv.shape(), MemCategory::kActivations);
     if (c > 1) arrived[k] = be.empty(kv.shape(), MemCategory::kActivations);
+    if (c > 1 && !ring.transfer) be.zero(arrived[k]);  // nothing arrives: add zeros
   }
   Request grads;  // the gradient sent on at the previous step, and the one arriving
   for (int step = 0; step < c; ++step) {
     const int src = (ctx.rank - step + c) % c;
     Request moving;
-    if (step + 1 < c) moving = pass_on(cp, kv, next, kKeyValueTag, ring_step(step + 1, c));
+    if (step + 1 < c && ring.transfer)
+      moving = pass_on(cp, kv, next, kKeyValueTag, ring_step(step + 1, c));
     Tensor& mine = part[step % 2];
     be.zero(mine);
     for (const Block& b : step_blocks(ctx, src, step, NH, KVH, causal, key_lengths))
       be.attention_block_backward(dq, mine, dout, qkv, kv, lse, delta, b);
     if (step > 0) {  // the ranks before have added theirs: the sum goes on
-      grads.wait();
+      wait(ring, grads);
       be.add_inplace(mine, arrived[(step - 1) % 2]);
     }
-    if (c > 1)
+    if (c > 1 && ring.transfer)
       grads = pass_on(cp, mine, arrived[step % 2], kGradientTag,
                       step + 1 < c ? ring_step(step + 1, c) : "ring gradient home");
-    if (step + 1 < c) {
-      moving.wait();
+    if (step + 1 < c && ring.transfer) {
+      wait(ring, moving);
       std::swap(kv, next);
     }
   }
   // After c steps the gradient of this rank's own keys and values has come home.
   const Tensor* own = &part[0];
   if (c > 1) {
-    grads.wait();
+    wait(ring, grads);
     own = &arrived[(c - 1) % 2];
   }
   be.attention_qkv_assemble(dqkv, dq, *own, NH, KVH);

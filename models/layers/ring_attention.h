@@ -82,6 +82,12 @@ struct Ring {
   Backend& be;
   Communicator& cp;
   DType act = DType::kF32;
+  // false: every step's blocks on the blocks at hand, nothing sent (bench_context's time of the
+  // attention alone; the result is not the attention).
+  bool transfer = true;
+  // When given, the seconds spent waiting for transfers are added to it (the part of the ring's
+  // communication its attention did not hide).
+  double* waited_s = nullptr;
 };
 
 // out (B, S_l, NH·HS) and lse (B, NH, S_l) f32 (assigned) of the rank's queries in qkv
