@@ -78,11 +78,11 @@ int run(int argc, char** argv) {
   Communicator& all = *world_comm;
   const bool root = w.rank == 0;
   if (root)
-    std::printf("bench_context: causal attention, %lld positions, %lld query heads on %lld "
-                "key/value heads of %lld, %d ranks, 1 thread each, %s\n",
-                static_cast<long long>(S), static_cast<long long>(kNH),
-                static_cast<long long>(kKVH), static_cast<long long>(kHS), w.size,
-                be->name().c_str());
+    std::printf(
+        "bench_context: causal attention, %lld positions, %lld query heads on %lld "
+        "key/value heads of %lld, %d ranks, 1 thread each, %s\n",
+        static_cast<long long>(S), static_cast<long long>(kNH), static_cast<long long>(kKVH),
+        static_cast<long long>(kHS), w.size, be->name().c_str());
 
   // The unsplit attention: the backend's op, and the ring's kernels on one rank.
   double unsplit = 0;
@@ -110,9 +110,10 @@ int run(int argc, char** argv) {
         },
         blocks);
     if (root)
-      std::printf("c 1: attention op (S² probabilities) %.1f ms, block kernels %.1f ms "
-                  "(forward + backward per rank)\n",
-                  1e3 * op, 1e3 * unsplit);
+      std::printf(
+          "c 1: attention op (S² probabilities) %.1f ms, block kernels %.1f ms "
+          "(forward + backward per rank)\n",
+          1e3 * op, 1e3 * unsplit);
   }
   for (int c : {2, 4}) {
     if (w.size % c != 0 || S % (2 * c) != 0) continue;
@@ -128,11 +129,13 @@ int run(int argc, char** argv) {
       ring_attention_forward(ring, out, lse, qkv, kNH, kKVH, true, nullptr);
       ring_attention_backward(ring, dqkv, dout, qkv, out, lse, kNH, kKVH, true, nullptr);
     };
-    const double ring = timed(all, [&] { pass(true); }, blocks);
+    const double ring = timed(
+        all, [&] { pass(true); }, blocks);
     // Waited per pass (blocks + 1 passes, the warm-up among them), the slowest rank's.
     float waited_max = static_cast<float>(waited / (blocks + 1));
     all.all_reduce(&waited_max, 1, DType::kF32, ReduceOp::kMax);
-    const double alone = timed(all, [&] { pass(false); }, blocks);
+    const double alone = timed(
+        all, [&] { pass(false); }, blocks);
     // The transfers alone, as the ring sends them.
     Tensor kv = be->empty({kB, L, 2 * kKVH * kHS}, MemCategory::kBuffers);
     Tensor kv_in = be->empty(kv.shape(), MemCategory::kBuffers);
@@ -152,12 +155,13 @@ int run(int argc, char** argv) {
         blocks);
     const double hidden = comm > 0 ? std::max(0.0, 1 - waited_max / comm) : 1;
     if (root)
-      std::printf("c %d: ring %.1f ms per rank = %.2fx the unsplit / c (%.1f ms); blocks alone "
-                  "%.1f ms; comm alone %.2f ms (%d blocks of %.2f MB); waited %.2f ms; hidden "
-                  "%.0f%%\n",
-                  c, 1e3 * ring, ring / (unsplit / c), 1e3 * unsplit / c, 1e3 * alone, 1e3 * comm,
-                  2 * (c - 1) + c, static_cast<double>(kv.numel()) * 4 / 1e6, 1e3 * waited_max,
-                  100 * hidden);
+      std::printf(
+          "c %d: ring %.1f ms per rank = %.2fx the unsplit / c (%.1f ms); blocks alone "
+          "%.1f ms; comm alone %.2f ms (%d blocks of %.2f MB); waited %.2f ms; hidden "
+          "%.0f%%\n",
+          c, 1e3 * ring, ring / (unsplit / c), 1e3 * unsplit / c, 1e3 * alone, 1e3 * comm,
+          2 * (c - 1) + c, static_cast<double>(kv.numel()) * 4 / 1e6, 1e3 * waited_max,
+          100 * hidden);
   }
   finalize_world();
   return 0;
