@@ -23,6 +23,20 @@ int visible(BlockMask mask, int i, int Sk, const BlockLayout& at, int b) {
   return n;
 }
 
+// Causal blocks go by tiles of query rows, each against the keys up to its last row, so the
+// masked half is never computed; other blocks are one tile.
+constexpr int kCausalTile = 128;
+int tile_rows(BlockMask mask, int Sq) {
+  return mask == BlockMask::kCausal ? std::min(kCausalTile, std::max(Sq, 1)) : std::max(Sq, 1);
+}
+
+// The keys a tile of rows ending before row `end` sees at most: [0, tile_keys(…)).
+int tile_keys(BlockMask mask, int end, int Sk, const BlockLayout& at, int b) {
+  int n = mask == BlockMask::kCausal ? std::min(end, Sk) : Sk;
+  if (at.key_len) n = std::max(0, std::min(n, at.key_len[b]));
+  return n;
+}
+
 }  // namespace
 
 BlockLayout dense_block_layout(int Sq, int Sk, int NH, int KVH, int HS) {
@@ -45,7 +59,7 @@ void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int
   const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(Sq) * Sk);
+    std::vector<T> s(static_cast<size_t>(tile_rows(mask, Sq)) * Sk);
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; ++bh) {
       const int b = bh / NH, h = bh % NH, g = h / group;
@@ -54,26 +68,39 @@ void attention_block_forward(T* out, T* lse, const T* q, const T* kv, int B, int
       const T* vh = kh + static_cast<int64_t>(KVH) * HS;
       T* oh = out + b * at.o_batch + static_cast<int64_t>(h) * HS;
       T* lh = lse + bh * at.lse_ld;
-      // Scores (Sq, Sk), then each row's softmax over the keys it sees, then P · v.
-      if (Sq > 0 && Sk > 0)
-        gemm<T>(false, true, Sq, Sk, HS, scale, qh, ldq, kh, ldkv, T(0), s.data(), Sk);
-      for (int i = 0; i < Sq; ++i) {
-        T* row = s.data() + static_cast<size_t>(i) * Sk;
-        const int n = visible(mask, i, Sk, at, b);
-        if (n == 0) {
-          std::fill(row, row + Sk, T(0));
-          lh[i] = neg_inf;
+      // Per tile of query rows: scores against the keys the tile sees, each row's softmax over
+      // its own, then P · v.
+      for (int i0 = 0; i0 < Sq; i0 += tile_rows(mask, Sq)) {
+        const int rows = std::min(tile_rows(mask, Sq), Sq - i0);
+        const int kn = tile_keys(mask, i0 + rows, Sk, at, b);
+        if (kn == 0) {  // no key for these rows: out 0, lse −inf
+          for (int i = i0; i < i0 + rows; ++i) {
+            std::fill(oh + static_cast<int64_t>(i) * ldo, oh + static_cast<int64_t>(i) * ldo + HS,
+                      T(0));
+            lh[i] = neg_inf;
+          }
           continue;
         }
-        const T mx = *std::max_element(row, row + n);
-        T sum = 0;
-        for (int j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        for (int j = 0; j < n; ++j) row[j] /= sum;
-        std::fill(row + n, row + Sk, T(0));
-        lh[i] = mx + std::log(sum);
+        gemm<T>(false, true, rows, kn, HS, scale, qh + static_cast<int64_t>(i0) * ldq, ldq, kh,
+                ldkv, T(0), s.data(), kn);
+        for (int i = 0; i < rows; ++i) {
+          T* row = s.data() + static_cast<size_t>(i) * kn;
+          const int n = visible(mask, i0 + i, Sk, at, b);
+          if (n == 0) {
+            std::fill(row, row + kn, T(0));
+            lh[i0 + i] = neg_inf;
+            continue;
+          }
+          const T mx = *std::max_element(row, row + n);
+          T sum = 0;
+          for (int j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+          for (int j = 0; j < n; ++j) row[j] /= sum;
+          std::fill(row + n, row + kn, T(0));
+          lh[i0 + i] = mx + std::log(sum);
+        }
+        gemm<T>(false, false, rows, HS, kn, T(1), s.data(), kn, vh, ldkv, T(0),
+                oh + static_cast<int64_t>(i0) * ldo, ldo);
       }
-      if (Sq > 0 && Sk > 0)
-        gemm<T>(false, false, Sq, HS, Sk, T(1), s.data(), Sk, vh, ldkv, T(0), oh, ldo);
     }
   }
 }
@@ -133,7 +160,8 @@ void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
   const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel
   {
-    std::vector<T> p(static_cast<size_t>(Sq) * Sk), dp(static_cast<size_t>(Sq) * Sk);
+    const int tile = tile_rows(mask, Sq);
+    std::vector<T> p(static_cast<size_t>(tile) * Sk), dp(static_cast<size_t>(tile) * Sk);
 #pragma omp for schedule(static)
     for (int bg = 0; bg < B * KVH; ++bg) {
       const int b = bg / KVH, g = bg % KVH;
@@ -143,28 +171,36 @@ void attention_block_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
       T* dvh = dkh + static_cast<int64_t>(KVH) * HS;
       for (int h = g * group; h < (g + 1) * group; ++h) {
         const int64_t bh = static_cast<int64_t>(b) * NH + h;
-        const T* qh = q + b * at.q_batch + static_cast<int64_t>(h) * HS;
-        const T* doh = dout + b * at.o_batch + static_cast<int64_t>(h) * HS;
-        T* dqh = dq + b * at.o_batch + static_cast<int64_t>(h) * HS;
-        // P = exp(s − lse) of the merged row (0 for keys the row does not see).
-        gemm<T>(false, true, Sq, Sk, HS, scale, qh, ldq, kh, ldkv, T(0), p.data(), Sk);
-        // dP = dout · vᵀ
-        gemm<T>(false, true, Sq, Sk, HS, T(1), doh, ldo, vh, ldkv, T(0), dp.data(), Sk);
-        for (int i = 0; i < Sq; ++i) {
-          T* pr = p.data() + static_cast<size_t>(i) * Sk;
-          T* dr = dp.data() + static_cast<size_t>(i) * Sk;
-          const int n = visible(mask, i, Sk, at, b);
-          const T l = lse[bh * at.lse_ld + i], d = delta[bh * at.lse_ld + i];
-          for (int j = 0; j < Sk; ++j) {
-            const bool seen = j < n && l != neg_inf;
-            pr[j] = seen ? std::exp(pr[j] - l) : T(0);
-            dr[j] = pr[j] * (dr[j] - d);  // dS
+        for (int i0 = 0; i0 < Sq; i0 += tile) {
+          const int rows = std::min(tile, Sq - i0);
+          const int kn = tile_keys(mask, i0 + rows, Sk, at, b);
+          if (kn == 0) continue;  // these rows see no key of the block
+          const T* qh =
+              q + b * at.q_batch + static_cast<int64_t>(i0) * ldq + static_cast<int64_t>(h) * HS;
+          const int64_t o =
+              b * at.o_batch + static_cast<int64_t>(i0) * ldo + static_cast<int64_t>(h) * HS;
+          const T* doh = dout + o;
+          T* dqh = dq + o;
+          // P = exp(s − lse) of the merged row (0 for keys the row does not see).
+          gemm<T>(false, true, rows, kn, HS, scale, qh, ldq, kh, ldkv, T(0), p.data(), kn);
+          // dP = dout · vᵀ
+          gemm<T>(false, true, rows, kn, HS, T(1), doh, ldo, vh, ldkv, T(0), dp.data(), kn);
+          for (int i = 0; i < rows; ++i) {
+            T* pr = p.data() + static_cast<size_t>(i) * kn;
+            T* dr = dp.data() + static_cast<size_t>(i) * kn;
+            const int n = visible(mask, i0 + i, Sk, at, b);
+            const T l = lse[bh * at.lse_ld + i0 + i], d = delta[bh * at.lse_ld + i0 + i];
+            for (int j = 0; j < kn; ++j) {
+              const bool seen = j < n && l != neg_inf;
+              pr[j] = seen ? std::exp(pr[j] - l) : T(0);
+              dr[j] = pr[j] * (dr[j] - d);  // dS
+            }
           }
+          // dq += dS · k / √HS;  dk += dSᵀ · q / √HS;  dv += Pᵀ · dout.
+          gemm<T>(false, false, rows, HS, kn, scale, dp.data(), kn, kh, ldkv, T(1), dqh, ldo);
+          gemm<T>(true, false, kn, HS, rows, scale, dp.data(), kn, qh, ldq, T(1), dkh, ldkv);
+          gemm<T>(true, false, kn, HS, rows, T(1), p.data(), kn, doh, ldo, T(1), dvh, ldkv);
         }
-        // dq += dS · k / √HS;  dk += dSᵀ · q / √HS;  dv += Pᵀ · dout.
-        gemm<T>(false, false, Sq, HS, Sk, scale, dp.data(), Sk, kh, ldkv, T(1), dqh, ldo);
-        gemm<T>(true, false, Sk, HS, Sq, scale, dp.data(), Sk, qh, ldq, T(1), dkh, ldkv);
-        gemm<T>(true, false, Sk, HS, Sq, T(1), p.data(), Sk, doh, ldo, T(1), dvh, ldkv);
       }
     }
   }
