@@ -54,13 +54,8 @@ const TrainResult& reference_2bw() {
   return r;
 }
 
-// One directory for the job (rank 0's pid), empty.
 std::string job_dir(const std::string& name) {
-  std::string d = "/tmp/strata_mpi_ckpt_" + std::to_string(::getpid()) + "_" + name;
-  d = all_gather_strings(*mpitest::verdict_comm(), d)[0];
-  if (world().rank == 0) fs::remove_all(d);
-  mpitest::verdict_comm()->barrier();
-  return d;
+  return mpitest::job_dir("ckpt", name);
 }
 
 struct Layout {

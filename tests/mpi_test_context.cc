@@ -20,12 +20,10 @@
 // Each rank checks what it can see and the mismatch counts are summed over the world
 // (mpi_test_util.h's Tally), so every rank reaches the same verdict.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -40,9 +38,6 @@
 
 namespace strata {
 namespace {
-namespace fs = std::filesystem;
-
-constexpr int kIters = 6;
 
 Config make_config(std::vector<std::string> extra) {
   // 4 layers so that pipeline 2 with 2 chunks a stage has a layer per piece; 16 positions, so
@@ -106,44 +101,19 @@ Layout context(int c) {
   return l;
 }
 
-// Losses and gradient norms of `r` against `ref`, within rel.
-int64_t count_off(const TrainResult& r, const TrainResult& ref, double rel) {
-  int64_t bad = r.losses.size() != ref.losses.size();
-  for (size_t i = 0; !bad && i < ref.losses.size(); ++i)
-    bad += !mpitest::close_rel(r.losses[i], ref.losses[i], rel) +
-           !mpitest::close_rel(r.grad_norms[i], ref.grad_norms[i], rel);
-  return bad;
-}
-
 // This rank's tensor shard of every final parameter (context ranks hold the whole of it) against
-// the single-process model's, by global index. Pipeline layouts are left to the losses.
+// the single-process model's. Pipeline layouts are left to the losses.
 int64_t count_params_off(const TrainResult& r, const TrainResult& ref, const Layout& l) {
   if (l.p > 1) return 0;
-  const Config cfg = make_config(l.sets());
-  const int tp_rank = world().rank % l.t;
-  const ParamLayout full = model_layout(cfg.model, 1, 0, false, whole_model(cfg.model.num_layers));
-  const ParamLayout mine =
-      model_layout(cfg.model, l.t, tp_rank, l.sp, whole_model(cfg.model.num_layers));
-  int64_t bad = static_cast<int64_t>(r.final_params.size()) != mine.numel();
-  for (const ParamInfo& p : mine.infos()) {
-    const ParamInfo& f = full.info(full.find(p.name));
-    const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
-    for (int64_t i = 0; !bad && i < p.numel; ++i) {
-      const int64_t g = global_index(p, i, tp_rank, l.t);
-      const float got = r.final_params[static_cast<size_t>(p.offset + i)];
-      const bool padded = p.rows_initialised >= 0 && g / row_len >= f.numel / row_len;
-      const float want = padded ? 0.0f : ref.final_params[static_cast<size_t>(f.offset + g)];
-      bad += std::fabs(got - want) > 1e-5 + 1e-5 * std::fabs(want);
-    }
-  }
-  return bad;
+  return mpitest::count_params_off(r, ref, make_config(l.sets()).model, l.t, world().rank % l.t,
+                                   l.sp);
 }
 
 void expect_layouts(const std::vector<Layout>& layouts, const TrainResult& ref) {
   for (const Layout& l : layouts) {
     const TrainResult r = train(l.sets());
     mpitest::Tally tally;
-    tally.add(l.name() + " losses and grad norms", count_off(r, ref, 1e-5));
+    tally.add(l.name() + " losses and grad norms", mpitest::count_run_off(r, ref, 1e-5));
     tally.add(l.name() + " final parameters", count_params_off(r, ref, l));
     if (world().rank == 0)
       std::printf("%s: final loss %.9f (single process %.9f), grad norm %.9f (%.9f)\n",
@@ -313,40 +283,11 @@ TEST(Context, Bf16MatchesTheLayoutWithoutContext) {
   tally.expect_clean(l.name().c_str());
 }
 
-// One directory for the job (rank 0's pid), empty.
-std::string job_dir(const std::string& name) {
-  std::string d = "/tmp/strata_mpi_context_" + std::to_string(::getpid()) + "_" + name;
-  d = all_gather_strings(*mpitest::verdict_comm(), d)[0];
-  if (world().rank == 0) fs::remove_all(d);
-  mpitest::verdict_comm()->barrier();
-  return d;
-}
-
-// Saves at iteration 3 under `from` and resumes under `to`: bit for bit with the uninterrupted
-// run under the same layout, else within 1e-5 of the single process.
+// Saves at iteration 3 under `from` and resumes under `to` (mpitest::expect_resumed).
 void reshard(const Layout& from, const Layout& to, bool exact, const TrainResult& ref) {
-  const std::string dir = job_dir("reshard");
-  std::vector<std::string> a = from.sets();
-  a.insert(a.end(), {"checkpoint.dir=" + dir, "checkpoint.interval=3"});
-  const TrainResult full = train(a);
-  std::vector<std::string> b = to.sets();
-  b.push_back("checkpoint.resume=" + dir + "/iter_3");
-  const TrainResult r = train(b);
-  int64_t bad = r.start_iteration != 3 || r.losses.size() != kIters - 3u;
-  for (size_t i = 0; !bad && i < r.losses.size(); ++i) {
-    bad += exact ? r.losses[i] != full.losses[3 + i] || r.grad_norms[i] != full.grad_norms[3 + i]
-                 : !mpitest::close_rel(r.losses[i], ref.losses[3 + i], 1e-5);
-  }
-  const std::string name = from.name() + " -> " + to.name();
-  mpitest::Tally tally;
-  tally.add(name, bad);
-  if (world().rank == 0)
-    std::printf("%s: final loss resumed %.9f, uninterrupted %.9f, single process %.9f\n",
-                name.c_str(), r.losses.empty() ? 0.0 : r.losses.back(), full.losses.back(),
-                ref.losses.back());
-  tally.expect_clean(name.c_str());
-  mpitest::verdict_comm()->barrier();
-  if (world().rank == 0) fs::remove_all(dir);
+  mpitest::expect_resumed([](std::vector<std::string> sets) { return train(std::move(sets)); },
+                          from.sets(), to.sets(), from.name() + " -> " + to.name(), 3, exact, ref,
+                          "context");
 }
 
 TEST(Context, CheckpointsReshardAcrossContextSizes) {

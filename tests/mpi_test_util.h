@@ -7,6 +7,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "launch/train/trainer.h"
 #include "models/registry.h"
 #include "runtime/comm/comm.h"
 
@@ -184,6 +188,78 @@ inline std::vector<std::string> arch_sets(int heads) {
 // |got − want| within rel of |want| (1e-6 floor), for the equivalence tests' losses and norms.
 inline bool close_rel(double got, double want, double rel) {
   return std::fabs(got - want) <= rel * std::max(std::fabs(want), 1e-6);
+}
+
+// ---- training runs against the single process (the layout tests) ----
+
+// One empty directory for the job, named from rank 0's pid: /tmp/strata_mpi_<what>_<pid>_<name>.
+inline std::string job_dir(const std::string& what, const std::string& name) {
+  std::string d = "/tmp/strata_mpi_" + what + "_" + std::to_string(::getpid()) + "_" + name;
+  d = all_gather_strings(*verdict_comm(), d)[0];
+  if (world().rank == 0) std::filesystem::remove_all(d);
+  verdict_comm()->barrier();
+  return d;
+}
+
+// Losses and gradient norms of `r` off `ref` by more than rel (other lengths count one).
+inline int64_t count_run_off(const TrainResult& r, const TrainResult& ref, double rel) {
+  int64_t bad = r.losses.size() != ref.losses.size();
+  for (size_t i = 0; !bad && i < ref.losses.size(); ++i)
+    bad += !close_rel(r.losses[i], ref.losses[i], rel) +
+           !close_rel(r.grad_norms[i], ref.grad_norms[i], rel);
+  return bad;
+}
+
+// Elements of this rank's final parameters (its tensor shard tp_rank of t, of expert run
+// expert_rank of e) off the single-process model's `ref`, by global index, by more than 1e-5 +
+// 1e-5 relative; padded vocabulary rows (beyond the single run's padding) must stay exactly 0.
+inline int64_t count_params_off(const TrainResult& r, const TrainResult& ref, const ModelConfig& m,
+                                int t, int tp_rank, bool sp, int e = 1, int expert_rank = 0) {
+  const ParamLayout full = model_layout(m, 1, 0, false, whole_model(m.num_layers));
+  const ParamLayout mine =
+      model_layout(m, t, tp_rank, sp, whole_model(m.num_layers), e, expert_rank);
+  int64_t bad = static_cast<int64_t>(r.final_params.size()) != mine.numel();
+  for (const ParamInfo& p : mine.infos()) {
+    const ParamInfo& f = full.info(full.find(p.name));
+    const int64_t row_len = p.full_shape.size() > 1 ? p.full_shape[1] : 1;
+    for (int64_t i = 0; !bad && i < p.numel; ++i) {
+      const int64_t g = global_index(p, i, tp_rank, t);
+      const float got = r.final_params[static_cast<size_t>(p.offset + i)];
+      const bool padded = p.rows_initialised >= 0 && g / row_len >= f.numel / row_len;
+      const float want = padded ? 0.0f : ref.final_params[static_cast<size_t>(f.offset + g)];
+      bad += std::fabs(got - want) > 1e-5 + 1e-5 * std::fabs(want);
+    }
+  }
+  return bad;
+}
+
+// Trains under `from` saving at iteration `at` (in a job directory of `what`), resumes under
+// `to`: bit for bit (losses and norms) with the uninterrupted run when `exact` (the same layout),
+// else within 1e-5 of the single process `ref`. `name` labels the verdict.
+inline void expect_resumed(const std::function<TrainResult(std::vector<std::string>)>& train,
+                           std::vector<std::string> from, std::vector<std::string> to,
+                           const std::string& name, int at, bool exact, const TrainResult& ref,
+                           const std::string& what) {
+  const std::string dir = job_dir(what, "reshard");
+  from.insert(from.end(), {"checkpoint.dir=" + dir, "checkpoint.interval=" + std::to_string(at)});
+  const TrainResult full = train(from);
+  to.push_back("checkpoint.resume=" + dir + "/iter_" + std::to_string(at));
+  const TrainResult r = train(to);
+  const size_t k0 = static_cast<size_t>(at);
+  int64_t bad = r.start_iteration != at || r.losses.size() + k0 != full.losses.size();
+  for (size_t i = 0; !bad && i < r.losses.size(); ++i) {
+    bad += exact ? r.losses[i] != full.losses[k0 + i] || r.grad_norms[i] != full.grad_norms[k0 + i]
+                 : !close_rel(r.losses[i], ref.losses[k0 + i], 1e-5);
+  }
+  Tally tally;
+  tally.add(name, bad);
+  if (world().rank == 0)
+    std::printf("%s: final loss resumed %.9f, uninterrupted %.9f, single process %.9f\n",
+                name.c_str(), r.losses.empty() ? 0.0 : r.losses.back(), full.losses.back(),
+                ref.losses.back());
+  tally.expect_clean(name.c_str());
+  verdict_comm()->barrier();
+  if (world().rank == 0) std::filesystem::remove_all(dir);
 }
 
 // main() of a multi-rank gtest binary: the world, a verdict communicator, results from rank 0.
