@@ -60,8 +60,8 @@ ParallelLayout layout(int t, int c, int d, int b) {
 
 // A rank keeps 1/c of every activation (the model's S/c tokens of each sequence); parameters and
 // gradients stay whole, ZeRO-1's optimizer state shards over d·c ranks; the buffers add the
-// ring's two key/value receive buffers and, for the backward, two more beside two f32 buffers
-// of their gradients: 2 · b·S/c·2·KVH/t·HS · (2 + 4) bytes.
+// ring's blocks at their backward peak (ring_buffer_bytes): two key/value blocks and four f32
+// blocks of their gradients, b·S/c·2·KVH/t·HS · (2·2 + 16) bytes.
 TEST(PlannerContext, ActivationsPerRankDivideByContext) {
   const int S = 32768;
   const std::unique_ptr<ModelDescription> m = llama_8b(S);

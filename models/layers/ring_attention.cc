@@ -84,6 +84,25 @@ Request pass_on(Communicator& cp, const Tensor& send, Tensor& recv, int tag,
   return cp.ibatch({out, in});
 }
 
+// What both passes start from: the rank's split, the sizes, and its own key/value block (the
+// first to attend to and to send) with the buffer the next one arrives in.
+struct RingStart {
+  ContextChunks ctx;
+  int64_t B = 0, S = 0, HS = 0;
+  Tensor kv, next;
+};
+RingStart start(const Ring& ring, const Tensor& qkv, int NH, int KVH) {
+  RingStart r;
+  r.B = qkv.size(0);
+  r.S = qkv.size(1);
+  r.ctx = context_chunks(ring.cp, r.S);
+  r.HS = qkv.size(2) / (NH + 2 * int64_t{KVH});
+  r.kv = ring.be.empty({r.B, r.S, 2 * KVH * r.HS}, MemCategory::kActivations, ring.act);
+  ring.be.attention_kv_extract(r.kv, qkv, NH, KVH);
+  if (r.ctx.size > 1) r.next = ring.be.empty(r.kv.shape(), MemCategory::kActivations, ring.act);
+  return r;
+}
+
 }  // namespace
 
 std::vector<int64_t> ContextChunks::positions() const {
@@ -106,14 +125,11 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
                             int KVH, bool causal, const Tensor* key_lengths) {
   Backend& be = ring.be;
   Communicator& cp = ring.cp;
-  const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };
-  const int64_t B = qkv.size(0), S = qkv.size(1);
-  const ContextChunks ctx = context_chunks(cp, S);
+  RingStart r = start(ring, qkv, NH, KVH);
+  const ContextChunks& ctx = r.ctx;
   const int c = ctx.size;
-  const int64_t HS = qkv.size(2) / (NH + 2 * int64_t{KVH});
-  Tensor kv = act({B, S, 2 * KVH * HS});
-  be.attention_kv_extract(kv, qkv, NH, KVH);
-  Tensor next = c > 1 ? act(kv.shape()) : Tensor();
+  const int64_t S = r.S;
+  Tensor &kv = r.kv, &next = r.next;
   Tensor out_b, lse_b;  // a block's result before its merge
   bool first = true;
   for (int step = 0; step < c; ++step) {
@@ -129,7 +145,7 @@ void ring_attention_forward(const Ring& ring, Tensor& out, Tensor& lse, const Te
         continue;
       }
       if (!out_b.defined()) {
-        out_b = act(out.shape());
+        out_b = be.empty(out.shape(), MemCategory::kActivations, ring.act);
         lse_b = be.empty(lse.shape(), MemCategory::kActivations);
       }
       be.attention_block_forward(out_b, lse_b, qkv, kv, b);
@@ -147,17 +163,13 @@ void ring_attention_backward(const Ring& ring, Tensor& dqkv, const Tensor& dout,
                              const Tensor* key_lengths) {
   Backend& be = ring.be;
   Communicator& cp = ring.cp;
-  const auto act = [&](const Shape& s) { return be.empty(s, MemCategory::kActivations, ring.act); };
-  const int64_t B = qkv.size(0), S = qkv.size(1);
-  const ContextChunks ctx = context_chunks(cp, S);
+  RingStart r = start(ring, qkv, NH, KVH);
+  const ContextChunks& ctx = r.ctx;
   const int c = ctx.size;
-  const int64_t HS = qkv.size(2) / (NH + 2 * int64_t{KVH});
+  Tensor &kv = r.kv, &next = r.next;
   Tensor delta = be.empty(lse.shape(), MemCategory::kActivations);
   be.attention_block_delta(delta, dout, out, NH);
-  Tensor dq = be.zeros({B, S, NH * HS}, MemCategory::kActivations);
-  Tensor kv = act({B, S, 2 * KVH * HS});
-  be.attention_kv_extract(kv, qkv, NH, KVH);
-  Tensor next = c > 1 ? act(kv.shape()) : Tensor();
+  Tensor dq = be.zeros({r.B, r.S, NH * r.HS}, MemCategory::kActivations);
   // The gradient of the block at hand (this rank's part, then with what arrived: sent on), two
   // of each so that one is in flight while the other is written.
   Tensor part[2], arrived[2];
