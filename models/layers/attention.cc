@@ -60,15 +60,16 @@ void SelfAttention::drop_core(Saved& s) {
 
 void SelfAttention::recompute_core(const LayerEnv& env, Saved& s) const {
   const int64_t B = s.qkv.size(0), S = s.qkv.size(1);
-  s.out = env.act({B, S, heads_local * head_size});
   if (env.cp) {  // context parallelism: the core over the whole sequences, saving each row's lse
     s.att = env.stat({B, heads_local, S});
+    s.out = env.act({B, S, heads_local * head_size});
     ring_attention_forward(Ring{env.be, *env.cp, env.act_dtype}, s.out, s.att, s.qkv, heads_local,
                            kv_heads_local, causal,
                            s.key_lengths.defined() ? &s.key_lengths : nullptr);
     return;
   }
   s.att = env.stat(env.be.attention_saved_shape(B, heads_local, S));
+  s.out = env.act({B, S, heads_local * head_size});
   env.be.attention_forward(s.out, s.att, s.qkv, heads_local, kv_heads_local, mask(s));
 }
 
