@@ -16,6 +16,13 @@
 // entries (1e-3): Adam turns float32 noise on gradients near 1e-8 into whole steps, and the
 // fixtures' own float32 replay has 7 of 185,280 (Mixtral), 7 of 210,496 (Qwen3-MoE) and 13 of
 // 185,984 (Qwen3-MoE with dense layers) entries beyond 1e-5; Strata has 6, 10 and 10.
+//
+// The dense-layer fixture's ten steps are chaotic: the same Strata code built at -O1 (the
+// sanitizer build) and at -O3 rounds differently at step 0 (1e-8 relative in the loss) and the
+// two end step 7's gradient norm 1.8e-5 and 4.7e-6 off the reference, with 46 and 10 final entries
+// beyond 1e-5 (the fixture's own float32 replay: 3.9e-6 and 13). For that fixture alone the step
+// gradient norms are held to 5e-5 and the final entries to 1 in 2,000 beyond 1e-5, which any
+// float32 rounding of the recipe meets and a wrong update (a whole step) does not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,6 +177,9 @@ TEST_P(MoeGolden, GradientsOfLossPlusBalancingMatchAutograd) {
 
 TEST_P(MoeGolden, TenAdamWStepsMatchTorch) {
   const Golden g = load(GetParam());
+  const bool chaotic = GetParam() == "qwen3_moe_dense_tiny.safetensors";  // see the top
+  const double norm_rel = chaotic ? 5e-5 : 1e-5;
+  const int per_loose = chaotic ? 2000 : 10000;
   auto be = make_backend("cpu", 1);
   TransformerModel model(model_spec(g.m), options(), *be);
   load_weights(model, g);
@@ -191,7 +201,7 @@ TEST_P(MoeGolden, TenAdamWStepsMatchTorch) {
     const double lr = learning_rate(o, steps, k + 1);
     EXPECT_NEAR(loss, want_loss[k], 1e-5 * want_loss[k]) << "step " << k;
     EXPECT_NEAR(l.aux, aux, 1e-5 * aux) << "step " << k;
-    EXPECT_NEAR(norm, want_norm[k], 1e-5 * want_norm[k]) << "step " << k;
+    EXPECT_NEAR(norm, want_norm[k], norm_rel * want_norm[k]) << "step " << k;
     opt.step(model.params().params(), model.params().grads(), lr,
              clip_coefficient(norm, o.grad_clip));
   }
@@ -210,7 +220,7 @@ TEST_P(MoeGolden, TenAdamWStepsMatchTorch) {
   std::printf("%s final weights after %d steps: max|diff| %.2e, %d entries beyond 1e-5\n",
               g.m.arch.c_str(), steps, worst, loose);
   EXPECT_EQ(bad, 0);
-  EXPECT_LE(loose, static_cast<int>(entries / 10000))
+  EXPECT_LE(loose, static_cast<int>(entries / static_cast<size_t>(per_loose)))
       << "entries of the final weights further than 1e-5 from the reference";
 }
 
