@@ -535,15 +535,18 @@ DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& r
                                dp_link);
   const DataParallelTimes dense = data_parallel_times(rt, static_cast<double>(n.dense), ranks,
                                                       c.distributed_optimizer, dp_link);
+  // The experts' over the expert-data group: the c·d/e ranks of every context rank holding the
+  // same experts, spanning the t·c·d ranks of the data × context group as it does.
+  const int expert_ranks = c.context * c.data / c.expert;
   const DataParallelTimes experts = data_parallel_times(
-      rt, static_cast<double>(n.expert), c.data / c.expert, c.distributed_optimizer,
-      data_parallel_link(cl, c.tensor * c.context * c.expert, c.data / c.expert));
+      rt, static_cast<double>(n.expert), expert_ranks, c.distributed_optimizer,
+      data_parallel_link(cl, c.tensor * c.expert, expert_ranks));
   return {dense.reduce + experts.reduce, dense.gather + experts.gather};
 }
 
 double optimizer_shard(const ParallelLayout& c, const RankParameters& n) {
-  // The distributed optimizer shards the experts' state over d/e ranks: e times a rank's E/e
-  // experts over d, as much per rank as without expert parallelism.
+  // The distributed optimizer shards the experts' state over c·d/e ranks: e times a rank's E/e
+  // experts over d·c, as much per rank as without expert parallelism.
   if (!c.distributed_optimizer) return static_cast<double>(n.total());
   return static_cast<double>(n.dense + n.expert * c.expert) / gradient_reduction_ranks(c);
 }

@@ -160,11 +160,6 @@ std::string context_invalid_reason(const ModelDescription& m, const ParallelLayo
     return cs + " cuts each sequence into " + std::to_string(2 * cp) + " chunks: seq_len " +
            std::to_string(S) + " is not a multiple of " + std::to_string(2 * cp);
   }
-  if (c.expert > 1) {
-    return cs + " with expert " + std::to_string(c.expert) +
-           ": context parallelism does not compose with expert parallelism yet (one of them "
-           "must be 1)";
-  }
   if (c.sequence_parallel && c.tensor > 1 && (S / cp) % c.tensor != 0) {
     return "sequence_parallel needs a context rank's " + std::to_string(S / cp) +
            " tokens (seq_len " + std::to_string(S) + " / " + cs + ") divisible by tensor " +
@@ -400,14 +395,13 @@ std::vector<int> chunk_counts(const Search& s, ScheduleKind k, int p) {
 }
 
 // The expert-parallel sizes to search on d data ranks: every divisor of d that divides the
-// model's experts (only 1 for a dense model, and beside context parallelism, which does not
-// compose with it yet), or the pinned size (refused, if it does not divide, by
-// plan_invalid_reason with both numbers).
-std::vector<int> expert_sizes(const Search& s, int d, int context) {
+// model's experts (only 1 for a dense model), or the pinned size (refused, if it does not
+// divide, by plan_invalid_reason with both numbers).
+std::vector<int> expert_sizes(const Search& s, int d) {
   if (s.fx.expert) return {*s.fx.expert};
   const int E = s.m.num_experts();
   std::vector<int> sizes = {1};
-  for (int e = 2; e <= d && E > 0 && context == 1; ++e)
+  for (int e = 2; e <= d && E > 0; ++e)
     if (d % e == 0 && E % e == 0) sizes.push_back(e);
   return sizes;
 }
@@ -422,7 +416,7 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
   const PinnedLayout& fx = s.fx;
   const int t = F->t, cp = F->c, p = F->p;
   for (int b : micro_batch_sizes(s, d, F)) {
-    for (int e : expert_sizes(s, d, cp)) {
+    for (int e : expert_sizes(s, d)) {
       for (int v : chunk_counts(s, F->k, p)) {
         if (fx.virtual_stages && *fx.virtual_stages != v) continue;
         for (Recompute rc : recs) {

@@ -425,7 +425,7 @@ TEST(Comm, ProcessGroupsOfEveryFactorisation) {
         // An expert group is a run of consecutive data ranks; its expert-data group strides it.
         const RankCoord c = L.coord(me);
         tally.add(cfg + " ep rank", g.ep_rank != c.dp % ex || g.ep->rank() != c.dp % ex ||
-                                        g.edp->rank() != c.dp / ex);
+                                        g.edp->rank() != c.dp / ex || g.edp_rank != c.dp / ex);
       }
       tally.add(cfg + " expert groups", (ex > 1) != (g.ep != nullptr));
       tally.add(cfg + " embedding membership", (g.embedding != nullptr) != (e >= 0));

@@ -1,13 +1,14 @@
 // Context parallelism (parallel.context; models/layers/ring_attention.h) against the single-process
 // run, on 4 ranks, for the architecture STRATA_TEST_ARCH names (GPT-2 when unset: learned
 // positions; llama: rotary embeddings and grouped-query attention; bert: bidirectional attention
-// over padded keys, the masked-LM and sentence heads): every layout reproduces the
-// single-process losses, gradient norms and final parameters within 1e-5 relative in fp32
-// (DESIGN.md) — context 2 and 4, context × data with ZeRO-1, context × tensor with sequence
-// parallelism, recompute (selective: the ring rerun in the backward; full), context × pipeline
-// under every schedule (2bw against the single-process 2bw); bf16 against the same layout at
-// context 1; checkpoints saved at context 2 resume bit for bit under it and within 1e-5 of the
-// single process at context 1 and at tensor 2.
+// over padded keys, the masked-LM and sentence heads; mixtral, qwen3_moe: mixtures of experts):
+// every layout reproduces the single-process losses, gradient norms and final parameters within
+// 1e-5 relative in fp32 (DESIGN.md) — context 2 and 4, context × data with ZeRO-1, context ×
+// tensor with sequence parallelism, recompute (selective: the ring rerun in the backward; full),
+// context × pipeline under every schedule (2bw against the single-process 2bw), context × expert
+// parallelism for the mixtures; bf16 against the same layout at context 1; checkpoints saved at
+// context 2 resume bit for bit under it and within 1e-5 of the single process at context 1 and
+// at tensor 2.
 //
 // AdamW's eps is 1e-6 here, not 1e-8: the key projection's gradient along the mean of its input
 // is zero up to rounding (a softmax row is unchanged by a shift of all its scores), and ring
@@ -71,7 +72,7 @@ TrainResult train(std::vector<std::string> extra, bool single = false) {
 }
 
 struct Layout {
-  int c = 2, t = 1, p = 1, v = 1;
+  int c = 2, t = 1, p = 1, v = 1, e = 1;
   bool sp = false, zero = false;
   std::string schedule = "1f1b", precision = "fp32", recompute = "none";
   int d() const { return world().size / (t * c * p); }
@@ -80,6 +81,7 @@ struct Layout {
             "parallel.tensor=" + std::to_string(t),
             "parallel.pipeline=" + std::to_string(p),
             "parallel.virtual_stages=" + std::to_string(v),
+            "parallel.expert=" + std::to_string(e),
             "parallel.schedule=" + schedule,
             "train.precision=" + precision,
             "train.recompute=" + recompute,
@@ -88,7 +90,8 @@ struct Layout {
   }
   std::string name() const {
     return "c" + std::to_string(c) + " t" + std::to_string(t) + " p" + std::to_string(p) + " d" +
-           std::to_string(d()) + (v > 1 ? " v" + std::to_string(v) : "") + " " + schedule +
+           std::to_string(d()) + (v > 1 ? " v" + std::to_string(v) : "") +
+           (e > 1 ? " e" + std::to_string(e) : "") + " " + schedule +
            (sp ? " sp" : "") + (zero ? " zero1" : "") +
            (recompute != "none" ? " recompute " + recompute : "") +
            (precision != "fp32" ? " bf16" : "");
@@ -105,8 +108,21 @@ Layout context(int c) {
 // the single-process model's. Pipeline layouts are left to the losses.
 int64_t count_params_off(const TrainResult& r, const TrainResult& ref, const Layout& l) {
   if (l.p > 1) return 0;
+  // world rank = tp + t·(cp + c·dp); the expert run is dp % e.
+  const int dp = world().rank / (l.t * l.c) % l.d();
   return mpitest::count_params_off(r, ref, make_config(l.sets()).model, l.t, world().rank % l.t,
-                                   l.sp);
+                                   l.sp, l.e, dp % l.e);
+}
+
+// A mixture's balancing term and worst load per iteration, as logged, against the single
+// process's (empty for a dense model).
+int64_t count_moe_off(const TrainResult& r, const TrainResult& ref) {
+  int64_t bad = r.aux_losses.size() != ref.aux_losses.size() ||
+                r.expert_loads.size() != ref.expert_loads.size();
+  for (size_t i = 0; !bad && i < ref.aux_losses.size(); ++i)
+    bad += !mpitest::close_rel(r.aux_losses[i], ref.aux_losses[i], 1e-5) +
+           !mpitest::close_rel(r.expert_loads[i], ref.expert_loads[i], 1e-5);
+  return bad;
 }
 
 void expect_layouts(const std::vector<Layout>& layouts, const TrainResult& ref) {
@@ -115,6 +131,7 @@ void expect_layouts(const std::vector<Layout>& layouts, const TrainResult& ref) 
     mpitest::Tally tally;
     tally.add(l.name() + " losses and grad norms", mpitest::count_run_off(r, ref, 1e-5));
     tally.add(l.name() + " final parameters", count_params_off(r, ref, l));
+    tally.add(l.name() + " balancing loss and expert load", count_moe_off(r, ref));
     if (world().rank == 0)
       std::printf("%s: final loss %.9f (single process %.9f), grad norm %.9f (%.9f)\n",
                   l.name().c_str(), r.losses.back(), ref.losses.back(), r.grad_norms.back(),
@@ -299,6 +316,31 @@ TEST(Context, CheckpointsReshardAcrossContextSizes) {
   reshard(c2z, c2z, true, ref);
   reshard(c2z, c1, false, ref);
   reshard(c2z, t2, false, ref);
+}
+
+// A mixture of experts (STRATA_TEST_ARCH mixtral or qwen3_moe; dropless, with the balancing
+// loss, whose routing statistics are summed over the context group): context 2 and 4, context ×
+// expert parallelism with ZeRO-1 (expert groups cut from the data ranks of one context rank,
+// the experts' gradients summed over the c·d/e ranks of the expert-data group), context × tensor
+// with sequence parallelism, context × pipeline (the statistics crossing the stages) reproduce
+// the single process's losses, gradient norms, balancing losses, loads and final parameters;
+// a checkpoint of context 2 × expert 2 resumes at context 1 × expert 2 and at context 1.
+TEST(Context, MixtureOfExpertsReproducesTheSingleProcessRun) {
+  SKIP_UNLESS_4();
+  if (make_config({}).model.num_experts == 0) GTEST_SKIP() << "a dense model";
+  const TrainResult ref = train({}, true);
+  ASSERT_FALSE(ref.aux_losses.empty()) << "the mixture has no balancing loss";
+  Layout c2e2z = context(2), c4 = context(4), t2sp = context(2), pp = context(2);
+  c2e2z.e = 2;
+  c2e2z.zero = true;
+  t2sp.t = 2;
+  t2sp.sp = true;
+  pp.p = 2;
+  expect_layouts({context(2), c4, c2e2z, t2sp, pp}, ref);
+  Layout e2 = context(1);
+  e2.e = 2;
+  reshard(c2e2z, e2, false, ref);
+  reshard(c2e2z, context(1), false, ref);
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ void write_layout_checkpoint(const std::string& ck, const ModelConfig& mc, int t
         m[static_cast<size_t>(g.state_offset + i)] = em[static_cast<size_t>(g.param_offset + i)];
         v[static_cast<size_t>(g.state_offset + i)] = ev[static_cast<size_t>(g.param_offset + i)];
       }
-    const RankShard s = make_rank_shard(l, p, m, v, segs, dp, zero);
+    const RankShard s = make_rank_shard(l, p, m, v, segs, Replica{dp, dp}, zero);
     const std::string bytes = serialize_shard(s);
     const std::string file = "rank_" + std::to_string(r) + ".safetensors";
     std::ofstream(ck + "/" + file, std::ios::binary) << bytes;

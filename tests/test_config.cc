@@ -802,7 +802,7 @@ TEST(ConfigLayout, ContextAndExpertAnyPositive) {
 }
 
 // Context parallelism cuts each sequence into 2·context chunks: a length they do not divide is
-// refused (never padded), as are the combinations it does not run yet, each at its key.
+// refused (never padded), as are the combinations it does not run, each at its key.
 TEST(ConfigLayout, ContextChecks) {
   {
     const InputError e = config_error(
@@ -816,11 +816,18 @@ TEST(ConfigLayout, ContextChecks) {
     EXPECT_EQ(e.where(), "parallel.context");
     EXPECT_TRUE(contains(e.expected(), "CPU backend only")) << e.what();
   }
+  // A mixture of experts runs dropless under context parallelism (with expert parallelism too);
+  // a capacity, whose drops would depend on the split, is refused.
   {
-    const InputError e =
-        config_error(json{{"model", {{"preset", "mixtral-tiny"}}}, {"parallel", {{"context", 2}}}});
+    EXPECT_NO_THROW(validate_for_world(
+        world_config(R"({"model": {"preset": "mixtral-tiny"},
+            "parallel": {"context": 2, "data": 2, "expert": 2}})"),
+        4));
+    const InputError e = config_error(
+        json{{"model", {{"preset", "mixtral-tiny"}, {"moe_capacity_factor", 1.25}}},
+             {"parallel", {{"context", 2}}}});
     EXPECT_EQ(e.where(), "parallel.context");
-    EXPECT_TRUE(contains(e.expected(), "mixture of experts")) << e.what();
+    EXPECT_TRUE(contains(e.expected(), "dropless")) << e.what();
   }
   // The tensor group splits each context rank's positions with sequence parallelism.
   const Config c = world_config(

@@ -286,7 +286,7 @@ TEST(PlannerContext, ShortSequencesSearchFewContexts) {
 }
 
 // Sizes the runtime refuses are refused with their numbers: a sequence 2c does not cut evenly,
-// context beside expert parallelism, a world the sizes do not multiply to, sequence parallelism
+// a world the sizes do not multiply to, sequence parallelism
 // over a context rank's tokens t does not divide; by the search (a pinned context) and by
 // evaluate_plan.
 TEST(PlannerContext, InvalidLayoutsRefusedWithAReason) {
@@ -296,10 +296,8 @@ TEST(PlannerContext, InvalidLayoutsRefusedWithAReason) {
             "context 3 cuts each sequence into 6 chunks: seq_len 8192 is not a multiple of 6");
   c = layout(1, 4, 2, 1);
   EXPECT_EQ(context_invalid_reason(*m, c), "");
-  c.expert = 2;
-  EXPECT_EQ(context_invalid_reason(*m, c),
-            "context 4 with expert 2: context parallelism does not compose with expert "
-            "parallelism yet (one of them must be 1)");
+  c.expert = 2;  // context composes with expert parallelism
+  EXPECT_EQ(context_invalid_reason(*m, c), "");
   const std::unique_ptr<ModelDescription> odd = llama_8b(8 * 1004);  // S/c = 1004 at c = 8
   c = layout(8, 8, 1, 1);
   c.sequence_parallel = true;
@@ -333,16 +331,19 @@ TEST(PlannerContext, InvalidLayoutsRefusedWithAReason) {
     EXPECT_EQ(r.config["context"], 3);
     EXPECT_NE(r.reason.find("context 3"), std::string::npos) << r.reason;
   }
-  // A mixture searches only e = 1 beside c > 1.
+  // A mixture searches expert sizes beside context: context 2 × expert 2 is planned.
   PlanRequest moe;
   moe.model = describe_model(load_config("", {"model.preset=mixtral-8x7b"}).model);
   moe.cluster = h100(4);
   moe.global_batch_size = 256;
   moe.fixes.tensor = 2;
   moe.fixes.pipeline = 4;
-  for (const PlanResult& r : search_plans(moe).plans)
-    EXPECT_TRUE(r.config.context == 1 || r.config.expert == 1)
-        << r.config.context << " " << r.config.expert;
+  moe.fixes.context = 2;
+  moe.fixes.expert = 2;
+  const PlanOutput planned = search_plans(moe);
+  ASSERT_FALSE(planned.plans.empty());
+  EXPECT_EQ(planned.plans[0].config.context, 2);
+  EXPECT_EQ(planned.plans[0].config.expert, 2);
 }
 
 // The plan's JSON and the rejected families name the context size; the placement says where

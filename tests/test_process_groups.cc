@@ -132,6 +132,38 @@ TEST(process_groups, HeaderExample) {
   EXPECT_EQ(g.mp_groups, (Groups{{0, 1, 4, 5}, {2, 3, 6, 7}}));
 }
 
+// Context × expert on 8 ranks (t 1, c 2, d 4, e 2): world rank = cp + 2·dp. An expert group
+// is a run of e data ranks at one context rank; the expert-data group holds every rank of the
+// same experts (dp % e) at every context rank, ordered cp + c·(dp / e); the two tile the data ×
+// context group.
+TEST(process_groups, ContextWithExpertGroups) {
+  const GroupLayout g = group_layout(1, 1, 4, 2, 2);
+  EXPECT_EQ(g.dp_groups, (Groups{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  EXPECT_EQ(g.cp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.ep_groups, (Groups{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
+  EXPECT_EQ(g.edp_groups, (Groups{{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  // With tensor 2 and pipeline 2 (32 ranks) every rank is in one group of each kind, of the
+  // sizes e and c·d/e, and its ep and edp coordinates name its place in them.
+  const GroupLayout h = group_layout(2, 2, 4, 2, 2);
+  for (int r = 0; r < h.world_size(); ++r) {
+    const RankCoord c = h.coord(r);
+    const std::vector<int>& ep = h.ep_groups[h.ep_group_of(r)];
+    const std::vector<int>& edp = h.edp_groups[h.edp_group_of(r)];
+    ASSERT_EQ(ep.size(), 2u);
+    ASSERT_EQ(edp.size(), 4u);
+    EXPECT_EQ(ep[c.dp % 2], r);
+    EXPECT_EQ(edp[c.cp + 2 * (c.dp / 2)], r);
+    for (int m : ep) {
+      const RankCoord o = h.coord(m);
+      EXPECT_TRUE(o.tp == c.tp && o.pp == c.pp && o.cp == c.cp && o.dp / 2 == c.dp / 2) << m;
+    }
+    for (int m : edp) {
+      const RankCoord o = h.coord(m);
+      EXPECT_TRUE(o.tp == c.tp && o.pp == c.pp && o.dp % 2 == c.dp % 2) << m;
+    }
+  }
+}
+
 TEST(process_groups, ChunkCounts) {
   EXPECT_EQ(chunk_counts(10, 3), (std::vector<size_t>{4, 3, 3}));
   EXPECT_EQ(chunk_counts(2, 4), (std::vector<size_t>{1, 1, 0, 0}));

@@ -71,16 +71,14 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
                   "seq_len " + to_string(m.seq_len) + " is not divisible by 2 × context = " +
                       to_string(2 * p.context) + " (each sequence is cut into 2·context chunks)");
   }
-  if (p.context > 1 && p.expert > 1) {
-    r.fail_latest({"parallel.context", "parallel.expert"},
-                  "context " + to_string(p.context) + " with expert " + to_string(p.expert) +
-                      ": context parallelism does not combine with expert parallelism yet");
-  }
-  if (p.context > 1 && m.num_experts > 0) {
-    r.fail_latest({"parallel.context", "model.num_experts"},
+  // A capacity keeps ceil(cf·N·k/E) assignments of a micro-batch's N tokens: with the tokens
+  // split over context ranks, which assignments an expert drops would depend on the split.
+  if (p.context > 1 && m.num_experts > 0 && m.moe_capacity_factor) {
+    r.fail_latest({"parallel.context", "model.moe_capacity_factor"},
                   "context " + to_string(p.context) +
-                      " with a mixture of experts: the balancing loss is not split over context "
-                      "ranks yet");
+                      " with moe_capacity_factor: which assignments a capacity drops would depend "
+                      "on how the sequences are split; expected a dropless mixture (no "
+                      "moe_capacity_factor) or context 1");
   }
   const int64_t chunks = int64_t{p.pipeline} * p.virtual_stages;
   const std::string chunks_text = "pipeline " + to_string(p.pipeline) + " × virtual_stages " +

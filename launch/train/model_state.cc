@@ -60,11 +60,11 @@ ParamInfo saved_info(const std::string& name, const ShardMeta& m, const std::str
   return saved;
 }
 
-// Whether this data-parallel rank writes the parameter's values (and, without ZeRO-1, its
-// optimizer state): the first replica of it — data rank 0, or for an expert-split parameter the
-// first of its expert-data-parallel group (the data ranks of one expert run).
-bool first_replica(const ParamInfo& p, int dp_rank) {
-  return (p.experts ? dp_rank / p.expert : dp_rank) == 0;
+// Whether this rank writes the parameter's values (and, without ZeRO-1, its optimizer state): the
+// first replica of it — rank 0 of the data × context group, or for an expert-split parameter of
+// its expert-data-parallel group (the ranks holding the same experts).
+bool first_replica(const ParamInfo& p, Replica r) {
+  return (p.experts ? r.expert : r.dense) == 0;
 }
 
 // Checks that a full tensor of `shape` can serve `p`: the same shape, or (vocabulary padding)
@@ -162,7 +162,7 @@ namespace {
 using CopyOut = std::function<void(const std::string&, int64_t, int64_t, float*)>;
 
 RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& segments,
-                     int dp_rank, bool sharded, bool previous, const CopyOut& copy) {
+                     Replica replica, bool sharded, bool previous, const CopyOut& copy) {
   RankShard s;
   const auto piece = [&](const std::string& kind, const std::string& name, int64_t local_begin,
                          int64_t from, int64_t n) {
@@ -174,7 +174,7 @@ RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& s
   // blocks of that kind only.
   std::vector<ShardPiece> prev, ms, vs;
   for (const ParamInfo& p : layout.infos()) {
-    if (!is_writer(p, layout.tp_rank()) || !first_replica(p, dp_rank)) continue;
+    if (!is_writer(p, layout.tp_rank()) || !first_replica(p, replica)) continue;
     s.meta[p.name] = meta_of(p, layout);
     s.pieces.push_back(piece("param", p.name, 0, p.offset, p.numel));
     if (previous) prev.push_back(piece("param_prev", p.name, 0, p.offset, p.numel));
@@ -182,7 +182,7 @@ RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& s
   for (const OptSegment& g : segments) {
     const ParamInfo& p = param_at(layout.infos(), g.param_offset);
     // Without ZeRO-1 the state is replicated over the data group.
-    if (!is_writer(p, layout.tp_rank()) || (!sharded && !first_replica(p, dp_rank))) continue;
+    if (!is_writer(p, layout.tp_rank()) || (!sharded && !first_replica(p, replica))) continue;
     s.meta[p.name] = meta_of(p, layout);
     ms.push_back(piece("m", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
     vs.push_back(piece("v", p.name, g.param_offset - p.offset, g.state_offset, g.numel));
@@ -196,9 +196,9 @@ RankShard rank_shard(const ParamLayout& layout, const std::vector<OptSegment>& s
 
 RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
                           const std::vector<float>& m, const std::vector<float>& v,
-                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
+                          const std::vector<OptSegment>& segments, Replica replica, bool sharded,
                           const std::vector<float>* previous) {
-  return rank_shard(layout, segments, dp_rank, sharded, previous != nullptr,
+  return rank_shard(layout, segments, replica, sharded, previous != nullptr,
                     [&](const std::string& kind, int64_t from, int64_t n, float* dst) {
                       const std::vector<float>& src = kind == "param"        ? params
                                                       : kind == "param_prev" ? *previous
@@ -210,8 +210,8 @@ RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& p
 
 RankShard make_rank_shard(const ParamLayout& layout, Backend& be, const Tensor& params,
                           const Tensor& m, const Tensor& v, const std::vector<OptSegment>& segments,
-                          int dp_rank, bool sharded, const Tensor* previous) {
-  return rank_shard(layout, segments, dp_rank, sharded, previous != nullptr,
+                          Replica replica, bool sharded, const Tensor* previous) {
+  return rank_shard(layout, segments, replica, sharded, previous != nullptr,
                     [&](const std::string& kind, int64_t from, int64_t n, float* dst) {
                       const Tensor& src = kind == "param"        ? params
                                           : kind == "param_prev" ? *previous

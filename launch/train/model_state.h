@@ -20,20 +20,27 @@
 
 namespace strata {
 
+// A rank's place in the groups its parameters are replicated over: the dp group (data ×
+// context) for the dense ones, the edp group for an expert-split one (ProcessGroups::edp_rank;
+// the same as dense without expert parallelism). 0: the first replica, which writes.
+struct Replica {
+  int dense = 0, expert = 0;
+};
+
 // What this rank writes: every parameter it is the writer of (tensor-replicated ones on tensor
-// rank 0, everything on data rank 0; the last stage's copy of a tied parameter never), and the
-// AdamW moments of the state it owns (with ZeRO-1 each data rank its own chunk). params, m, v:
+// rank 0, everything on its first replica; the last stage's copy of a tied parameter never), and
+// the AdamW moments of the state it owns (with ZeRO-1 each data rank its own chunk). params, m, v:
 // host copies of the model's flat parameters and the optimizer's compact state; previous
 // (PipeDream-2BW, else null): the older weight version, written as "param_prev" beside "param".
 RankShard make_rank_shard(const ParamLayout& layout, const std::vector<float>& params,
                           const std::vector<float>& m, const std::vector<float>& v,
-                          const std::vector<OptSegment>& segments, int dp_rank, bool sharded,
+                          const std::vector<OptSegment>& segments, Replica replica, bool sharded,
                           const std::vector<float>* previous = nullptr);
 // The same from the model's own tensors, each piece downloaded straight into its buffer: one
 // copy of the shard in host memory (what a background save holds while it writes).
 RankShard make_rank_shard(const ParamLayout& layout, Backend& be, const Tensor& params,
                           const Tensor& m, const Tensor& v, const std::vector<OptSegment>& segments,
-                          int dp_rank, bool sharded, const Tensor* previous = nullptr);
+                          Replica replica, bool sharded, const Tensor* previous = nullptr);
 
 // Assembles the full tensors of `kind` ("param", "param_prev", "m", "v") named in `names` (all when
 // empty) from every rank's shard. InputError naming `path` when a tensor is not covered exactly.

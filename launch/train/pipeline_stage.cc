@@ -323,11 +323,12 @@ void ModelStage::optimizer_step() {
   if (moe_) {
     // A mixture of experts: the balancing term averaged over the global batch's micro-batches,
     // the worst layer's load over every micro-batch (the piece holding the MoE layers reports
-    // them; other pieces add 0).
+    // them; other pieces add 0). Context ranks each hold the whole micro-batch's term (their
+    // statistics are summed over the context group): dp sums it c times.
     const auto it = loss_by_batch_.find(b);
     const LossSum mine = it == loss_by_batch_.end() ? LossSum{} : it->second;
     r.aux_loss = sum_over(be_, groups_.dp.get(), sum_over(be_, groups_.pp.get(), mine.aux)) /
-                 (run_.layout.num_microbatches * run_.layout.data);
+                 (run_.layout.num_microbatches * run_.layout.data * run_.layout.context);
     r.expert_load =
         max_over(be_, groups_.dp.get(), max_over(be_, groups_.pp.get(), mine.expert_load));
   }

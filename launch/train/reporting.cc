@@ -100,9 +100,15 @@ void Reporter::banner(const DataSource& data, const std::string& comm, const Sch
   if (!lead_) return;
   const Config& cfg = *run_.cfg;
   std::printf("strata train: %s\n", cfg.source_file.c_str());
-  std::printf("  backend  %s; %d rank(s): tensor %d × pipeline %d × data %d%s%s\n",
-              be_.name().c_str(), run_.world->size, run_.layout.tensor, run_.layout.pipeline,
-              run_.layout.data, run_.layout.sequence_parallel ? ", sequence parallel" : "",
+  // Context and expert sizes where used: tensor × context × pipeline × data is the world.
+  const std::string context =
+      run_.layout.context > 1 ? " × context " + std::to_string(run_.layout.context) : "";
+  const std::string expert =
+      run_.layout.expert > 1 ? ", expert groups of " + std::to_string(run_.layout.expert) : "";
+  std::printf("  backend  %s; %d rank(s): tensor %d%s × pipeline %d × data %d%s%s%s\n",
+              be_.name().c_str(), run_.world->size, run_.layout.tensor, context.c_str(),
+              run_.layout.pipeline, run_.layout.data, expert.c_str(),
+              run_.layout.sequence_parallel ? ", sequence parallel" : "",
               sharded_optimizer ? ", distributed optimizer" : "");
   if (run_.world->size > 1) std::printf("  comm     %s\n", comm.c_str());
   if (run_.layout.pipeline > 1) {
@@ -156,6 +162,8 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
   }
   res_.losses.push_back(r.loss);
   res_.grad_norms.push_back(r.norm);
+  if (r.aux_loss) res_.aux_losses.push_back(*r.aux_loss);
+  if (r.expert_load) res_.expert_loads.push_back(*r.expert_load);
   res_.step_wait_s.push_back(r.wait_s);
   res_.skipped.push_back(!r.finite);
   if (metrics_) {

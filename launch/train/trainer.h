@@ -42,6 +42,9 @@ struct TrainResult {
   int stopped_at = 0;
   std::vector<double> losses;      // [iteration − start_iteration] mean training loss
   std::vector<double> grad_norms;  // [iteration] global norm before clipping
+  // A mixture of experts: [iteration] its balancing term (aux_loss) and worst load (expert_load),
+  // as logged; empty for a dense model.
+  std::vector<double> aux_losses, expert_loads;
   std::vector<std::pair<int, double>> val_losses;             // (iteration, validation loss)
   std::vector<std::pair<int, std::vector<int32_t>>> samples;  // (iteration, log.sample_* ids)
   std::vector<bool> skipped;         // [iteration] non-finite step not applied

@@ -49,7 +49,9 @@
 // its F/t slice of its experts, so the two compose as Megatron-Core's expert tensor parallelism
 // equal to the tensor size does. Routing, capacity drops and the balancing loss are per
 // micro-batch on the rank that holds the tokens, as without expert parallelism, so every layout
-// computes the same function of the same micro-batches.
+// computes the same function of the same micro-batches. Context parallelism splits a
+// micro-batch's tokens over the context group: the model sums the layers' Stats over it
+// (transformer.cc), and a capacity is refused.
 //
 // Zero-bubble schedules: the experts' and router's weight gradients are computed in the B pass
 // (not deferred to the W pass).

@@ -97,6 +97,38 @@ void piece_routing(size_t E, const std::vector<TransformerBlock::Saved>& h, doub
   }
 }
 
+// Context parallelism: a micro-batch's sequences are split over the context ranks, so each MoE
+// layer's routing statistics (routed counts and probability sums, moe.h) are summed over the
+// context group, in place: every context rank then holds the whole micro-batch's, and its loads
+// and balancing loss are the single process's. One all-reduce of 2E values a layer.
+void sum_routing_over_context(const LayerEnv& env, size_t E,
+                              std::vector<TransformerBlock::Saved>& h) {
+  if (!env.cp || env.cp->size() == 1) return;
+  std::vector<float> host;
+  for (const TransformerBlock::Saved& s : h) {
+    const MixtureOfExperts::Stats& st = s.moe_stats;
+    if (st.routed.empty()) continue;
+    host.insert(host.end(), st.routed.begin(), st.routed.end());
+    host.insert(host.end(), st.prob_sum.begin(), st.prob_sum.end());
+  }
+  if (host.empty()) return;
+  Tensor sums = env.stat({static_cast<int64_t>(host.size())});
+  env.be.upload(sums, host.data());
+  env.cp->all_reduce(sums, ReduceOp::kSum);
+  env.be.download(host.data(), sums);
+  size_t at = 0;
+  for (TransformerBlock::Saved& s : h) {
+    MixtureOfExperts::Stats& st = s.moe_stats;
+    if (st.routed.empty()) continue;
+    st.routed.assign(host.begin() + static_cast<std::ptrdiff_t>(at),
+                     host.begin() + static_cast<std::ptrdiff_t>(at + E));
+    st.prob_sum.assign(host.begin() + static_cast<std::ptrdiff_t>(at + E),
+                       host.begin() + static_cast<std::ptrdiff_t>(at + 2 * E));
+    st.tokens *= env.cp->size();
+    at += 2 * E;
+  }
+}
+
 // The load-balancing loss of Hugging Face's load_balancing_loss_func over the `layers` MoE
 // layers of a micro-batch of `tokens` tokens, from their statistics summed (piece_routing):
 // times its coefficient into loss->aux, with its gradient per expert.
@@ -301,15 +333,21 @@ PieceActsPtr TransformerModel::forward_piece(int piece, const Tensor& input,
     const MoeSpec& m = spec_.block.mlp.moe;
     const size_t E = static_cast<size_t>(m.experts);
     a->moe_sums.assign(2 * E, 0.0);
+    sum_routing_over_context(env, E, a->h);
     piece_routing(E, a->h, a->moe_sums.data(), loss);
     // The whole model in one piece: the loss is complete here; otherwise the statistics of
     // every piece meet on the last one (forward_stats). L is the model's MoE layers (its dense
     // layers route nothing), as Hugging Face pools the router logits of its sparse layers only.
     if (boundary_stats() == 0)
-      finish_balance(m, a->moe_sums.data(), spec_.moe_layers(), static_cast<double>(B * S), loss,
+      finish_balance(m, a->moe_sums.data(), spec_.moe_layers(), micro_batch_tokens(B * S), loss,
                      &a->aux_grad);
   }
   return a;
+}
+
+double TransformerModel::micro_batch_tokens(int64_t local) const {
+  const int c = env_->cp ? env_->cp->size() : 1;
+  return static_cast<double>(local) * c;
 }
 
 int TransformerModel::boundary_stats() const {
@@ -328,7 +366,7 @@ void TransformerModel::forward_stats(PieceActs& acts, const double* in, double* 
   for (int i = 0; in && i < n; ++i) sums[static_cast<size_t>(i)] = in[i];
   for (int i = 0; i < n; ++i) sums[static_cast<size_t>(i)] += a.moe_sums[static_cast<size_t>(i)];
   if (pieces_[static_cast<size_t>(a.piece)].head) {
-    const double tokens = static_cast<double>(a.batch.tokens.numel());
+    const double tokens = micro_batch_tokens(a.batch.tokens.numel());
     finish_balance(spec_.block.mlp.moe, sums.data(), spec_.moe_layers(), tokens, loss, &a.aux_grad);
   } else {
     std::copy(sums.begin(), sums.end(), out);

@@ -140,6 +140,8 @@ class TransformerModel final : public Model {
   void report_embedding_ready() const;
   // Context parallelism: the positions of a (B, S/c) batch of this rank's rows; null without.
   const Tensor* context_position_ids(int64_t B, int64_t S);
+  // The tokens of a micro-batch of which this rank holds `local`: times the context size.
+  double micro_batch_tokens(int64_t local) const;
   // Reports the final gradients of every parameter of `piece`.
   void report_piece_ready(int piece) const;
 

@@ -48,7 +48,7 @@ int GroupLayout::cp_group_of(int r) const {
 
 int GroupLayout::ep_group_of(int r) const {
   const RankCoord c = coord(r);
-  return (c.tp + tensor * c.pp) * (data / expert) + c.dp / expert;
+  return ((c.tp + tensor * c.pp) * context + c.cp) * (data / expert) + c.dp / expert;
 }
 int GroupLayout::edp_group_of(int r) const {
   const RankCoord c = coord(r);
@@ -56,9 +56,8 @@ int GroupLayout::edp_group_of(int r) const {
 }
 
 GroupLayout group_layout(int t, int p, int d, int e, int cx) {
-  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && cx >= 1 && d % e == 0 && (e == 1 || cx == 1),
-               "parallel sizes must be >= 1, expert must divide data and expert > 1 needs context "
-               "1: tensor "
+  STRATA_CHECK(t >= 1 && p >= 1 && d >= 1 && e >= 1 && cx >= 1 && d % e == 0,
+               "parallel sizes must be >= 1 and expert must divide data: tensor "
                    << t << ", context " << cx << ", pipeline " << p << ", data " << d << ", expert "
                    << e);
   GroupLayout g;
@@ -69,7 +68,7 @@ GroupLayout group_layout(int t, int p, int d, int e, int cx) {
   g.context = cx;
   const int reps = d * cx;
   if (e > 1) {
-    g.ep_groups.assign(static_cast<size_t>(t * p * (d / e)), {});
+    g.ep_groups.assign(static_cast<size_t>(t * p * cx * (d / e)), {});
     g.edp_groups.assign(static_cast<size_t>(t * p * e), {});
   }
   if (cx > 1) g.cp_groups.assign(static_cast<size_t>(t * d * p), {});
@@ -141,10 +140,6 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
     throw InputError("<command line>", "parallel.expert",
                      "expert " + std::to_string(e) + " must divide data " + std::to_string(d));
   }
-  if (e > 1 && cx > 1) {
-    throw InputError("<command line>", "parallel.context",
-                     "context parallelism with expert parallelism is not supported yet");
-  }
   ProcessGroups g;
   g.tensor = t;
   g.pipeline = p;
@@ -182,11 +177,14 @@ ProcessGroups make_process_groups(int t, int p, int d, CommBackend backend, doub
     STRATA_CHECK(g.cp->size() == cx && g.cp->rank() == c.cp, "cp group of world rank " << w.rank);
   }
   g.ep_rank = c.dp % e;
+  g.edp_rank = c.cp + cx * (c.dp / e);
   if (e > 1) {
     g.ep = all.split(g.layout.ep_group_of(w.rank), c.dp % e, "ep");
-    g.edp = all.split(g.layout.edp_group_of(w.rank), c.dp / e, "edp");
+    g.edp = all.split(g.layout.edp_group_of(w.rank), g.edp_rank, "edp");
     STRATA_CHECK(g.ep->size() == e && g.ep->rank() == c.dp % e,
                  "ep group of world rank " << w.rank);
+    STRATA_CHECK(g.edp->size() == cx * d / e && g.edp->rank() == g.edp_rank,
+                 "edp group of world rank " << w.rank);
   }
 
   STRATA_CHECK(g.tp->size() == t && g.tp->rank() == c.tp, "tp group of world rank " << w.rank);

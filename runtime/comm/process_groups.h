@@ -16,14 +16,19 @@
 //        group rank cp + c·dp (the "replica" coordinate), since every context rank holds a part of
 //        the weights' gradients; dp_rank stays the data coordinate (which sequences a rank reads).
 //
-// Expert parallelism (a mixture of experts, parallel.expert = e dividing d; not with context
-// parallelism yet): the data ranks are cut into runs of e consecutive ones (DESIGN.md: expert
-// groups are consecutive data ranks).
-//   ep   (expert)       e members: dp ranks [b·e, (b+1)·e) of one dp group; group rank = dp % e.
-//                       A MoE layer's experts are spread over it; its tokens travel by all-to-all.
-//   edp  (expert-data)  d/e members: dp ranks {j, j+e, j+2e, …}; group rank = dp / e. The expert
-//                       weights' gradients are summed over it (each rank of an ep group holds other
-//                       experts), as the dense weights' are over dp.
+// Expert parallelism (a mixture of experts, parallel.expert = e dividing d): the data ranks are
+// cut into runs of e consecutive ones (DESIGN.md: expert groups are consecutive data ranks).
+//   ep   (expert)       e members: data ranks [b·e, (b+1)·e) of the same (tp, cp, pp); group rank
+//                       = dp % e. A MoE layer's experts are spread over it; its tokens travel by
+//                       all-to-all.
+//   edp  (expert-data)  c·d/e members: the ranks of the same (tp, pp) holding the same experts,
+//                       data ranks {j, j+e, j+2e, …} at every context rank; group rank
+//                       cp + c·(dp / e). The expert weights' gradients are summed over it (each
+//                       rank of an ep group holds other experts), as the dense weights' are over
+//                       dp (data × context).
+// With context, an expert group is cut from the data ranks of one context rank (the chunks a
+// rank holds travel to the experts of ranks holding the same chunks of other sequences), as
+// Megatron-Core cuts its expert groups from data × context with the context ranks outermost.
 // With e = 1 there are no such groups (ep and edp are nullptr): the dense reduction covers all.
 //
 // Besides tp, dp and pp, two groups the training step needs:
@@ -75,8 +80,10 @@ struct GroupLayout {
   // Empty when context = 1.
   std::vector<std::vector<int>> cp_groups;  // [tp + t·(dp + d·pp)]: c members, by cp
   // Empty when expert = 1.
-  std::vector<std::vector<int>> ep_groups;   // [(tp + t·pp)·(d/e) + dp/e]: e members, by dp % e
-  std::vector<std::vector<int>> edp_groups;  // [(tp + t·pp)·e + dp%e]: d/e members, by dp / e
+  // [((tp + t·pp)·c + cp)·(d/e) + dp/e]: e members, by dp % e
+  std::vector<std::vector<int>> ep_groups;
+  // [(tp + t·pp)·e + dp%e]: c·d/e members, by cp + c·(dp / e)
+  std::vector<std::vector<int>> edp_groups;
 
   int tp_group_of(int world_rank) const;
   int dp_group_of(int world_rank) const;
@@ -88,15 +95,17 @@ struct GroupLayout {
   int edp_group_of(int world_rank) const;
 };
 
-// The layout of t·c·p·d ranks (each ≥ 1), with expert groups of e (dividing d; e > 1 needs
-// c = 1) and context groups of c.
+// The layout of t·c·p·d ranks (each ≥ 1), with expert groups of e (dividing d) and context
+// groups of c.
 GroupLayout group_layout(int t, int p, int d, int e = 1, int c = 1);
 
 struct ProcessGroups {
   int tensor = 1, pipeline = 1, data = 1, expert = 1, context = 1;
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
   int cp_rank = 0;  // this rank's place in its context group: chunks cp and 2c−1−cp
-  int ep_rank = 0;  // dp_rank % expert: which run of experts this rank holds
+  int ep_rank = 0;   // dp_rank % expert: which run of experts this rank holds
+  int edp_rank = 0;  // cp + context·(dp / expert): its place in the edp group (0: the first
+                     // replica of its experts); the dp group's rank when expert = 1
   int prev_stage_rank = -1, next_stage_rank = -1;  // world ranks; -1 at the pipeline's ends
   CommBackend backend = CommBackend::kLocal;
   bool staged = false;  // device tensors carried over `backend` through host copies
