@@ -538,9 +538,9 @@ DataParallelTimes stage_reduction_times(const Cluster& cl, const RuntimeModel& r
   // The experts' over the expert-data group: the c·d/e ranks of every context rank holding the
   // same experts, spanning the t·c·d ranks of the data × context group as it does.
   const int expert_ranks = c.context * c.data / c.expert;
-  const DataParallelTimes experts = data_parallel_times(
-      rt, static_cast<double>(n.expert), expert_ranks, c.distributed_optimizer,
-      data_parallel_link(cl, c.tensor * c.expert, expert_ranks));
+  const DataParallelTimes experts =
+      data_parallel_times(rt, static_cast<double>(n.expert), expert_ranks, c.distributed_optimizer,
+                          data_parallel_link(cl, c.tensor * c.expert, expert_ranks));
   return {dense.reduce + experts.reduce, dense.gather + experts.gather};
 }
 

@@ -1,6 +1,7 @@
 # scripts/gpu_check_bench.sh — the benchmark steps of scripts/gpu_check (sourced by it, never run
 # alone): kernels, the Strata throughput runs (bench124m, bench1p3b, benchllama1b,
-# benchbertlarge, benchqwen3moe, each also with cuDNN's attention), profile, timeline, the PyTorch
+# benchbertlarge, benchqwen3moe, each also with cuDNN's attention), context parallelism's
+# (benchcontext), profile, timeline, the PyTorch
 # references (torch124m, torch1p3b, torchllama1b, torchbertlarge, torchqwen3moe) and the table (summarize, summary). They
 # use gpu_check's settings and helpers (ROOT, OUT, LOGDIR, BUILD_DIR, PEAK_TFLOPS, STEP, note,
 # wanted); gpu_check's header documents each step.
@@ -90,6 +91,41 @@ step_benchbertlarge() {
 }
 step_benchqwen3moe() {
   STEP=benchqwen3moe; strata_bench qwen3-30b-a3b-4l configs/bench/qwen3-30b-a3b-4l-gpu.json
+}
+
+# benchcontext: ring attention's blocks against the unsplit flash kernels (bench_cuda_kernels
+# --context-seqs), then Llama-3.2-1B at 32768 tokens on the one GPU (selective recompute, or full
+# if that fails): the ratios, tokens/s and peak memory in the note.
+step_benchcontext() {
+  STEP=benchcontext
+  local exe=$BUILD_DIR/bench/bench_cuda_kernels out=$LOGDIR/context_kernels.txt rc=0
+  local cfg=configs/bench/llama-3.2-1b-gpu.json m=$OUT/strata_llama-1b-32k.jsonl how rec
+  rm -f "$out" "$m"
+  if [ -x "$exe" ]; then
+    "$exe" --models= --types bf16 --context-seqs 8192,16384,32768 --peak-bf16 "$PEAK_TFLOPS" |
+      tee "$out"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    grep -q 'FAILED:' "$out" && rc=1
+    # "ring c2 S=32768 bf16: per token 1.043 x ..." -> "c2 32k 1.04"
+    note "blocks per token vs unsplit: $(sed -nE 's/^ring (c[0-9]+) S=([0-9]+)[^:]*: per token ([0-9.]+).*/\1 \2 \3/p' "$out" |
+      awk '{ printf "%s%s@%dk %.2f", NR > 1 ? ", " : "", $1, $2 / 1024, $3 }')"
+  else
+    note "no $exe"; rc=1
+  fi
+  for rec in selective full; do
+    echo "== Llama-3.2-1B at 32768 tokens, recompute $rec"
+    "$BUILD_DIR/strata" train --config "$ROOT/$cfg" --set model.seq_len=32768 \
+      --set train.micro_batch_size=1 --set train.global_batch_size=1 --set train.iterations=8 \
+      --set optimizer.warmup_iters=2 --set "train.recompute=$rec" --set "log.metrics=$m" \
+      2>&1 | tee "$LOGDIR/benchcontext_$rec.log"
+    if [ "${PIPESTATUS[0]}" = 0 ]; then
+      how=$(grep -m1 '^done:' "$LOGDIR/benchcontext_$rec.log" | sed -E 's/^done: [^|]*\| //')
+      note "llama-1b 32k ($rec recompute): $how"
+      return "$rc"
+    fi
+    note "llama-1b 32k ($rec recompute) failed: $(tail -n 1 "$LOGDIR/benchcontext_$rec.log" | cut -c1-80)"
+  done
+  return 1
 }
 
 # profile: `strata profile` on the GPU (GPT-2 124M, bf16, micro-batches 8 and 16) writes the

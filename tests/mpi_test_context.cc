@@ -91,9 +91,8 @@ struct Layout {
   std::string name() const {
     return "c" + std::to_string(c) + " t" + std::to_string(t) + " p" + std::to_string(p) + " d" +
            std::to_string(d()) + (v > 1 ? " v" + std::to_string(v) : "") +
-           (e > 1 ? " e" + std::to_string(e) : "") + " " + schedule +
-           (sp ? " sp" : "") + (zero ? " zero1" : "") +
-           (recompute != "none" ? " recompute " + recompute : "") +
+           (e > 1 ? " e" + std::to_string(e) : "") + " " + schedule + (sp ? " sp" : "") +
+           (zero ? " zero1" : "") + (recompute != "none" ? " recompute " + recompute : "") +
            (precision != "fp32" ? " bf16" : "");
   }
 };

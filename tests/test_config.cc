@@ -811,21 +811,15 @@ TEST(ConfigLayout, ContextChecks) {
     EXPECT_TRUE(contains(e.expected(), "seq_len 60 is not divisible by 2 × context = 8"))
         << e.what();
   }
-  {
-    const InputError e = config_error(json{{"device", "cuda"}, {"parallel", {{"context", 2}}}});
-    EXPECT_EQ(e.where(), "parallel.context");
-    EXPECT_TRUE(contains(e.expected(), "CPU backend only")) << e.what();
-  }
   // A mixture of experts runs dropless under context parallelism (with expert parallelism too);
   // a capacity, whose drops would depend on the split, is refused.
   {
-    EXPECT_NO_THROW(validate_for_world(
-        world_config(R"({"model": {"preset": "mixtral-tiny"},
+    EXPECT_NO_THROW(validate_for_world(world_config(R"({"model": {"preset": "mixtral-tiny"},
             "parallel": {"context": 2, "data": 2, "expert": 2}})"),
-        4));
-    const InputError e = config_error(
-        json{{"model", {{"preset", "mixtral-tiny"}, {"moe_capacity_factor", 1.25}}},
-             {"parallel", {{"context", 2}}}});
+                                       4));
+    const InputError e =
+        config_error(json{{"model", {{"preset", "mixtral-tiny"}, {"moe_capacity_factor", 1.25}}},
+                          {"parallel", {{"context", 2}}}});
     EXPECT_EQ(e.where(), "parallel.context");
     EXPECT_TRUE(contains(e.expected(), "dropless")) << e.what();
   }

@@ -241,6 +241,107 @@ TEST_F(CudaBackend, QkRmsNormMatchesTheCpuBackend) {
   }
 }
 
+// ---- ring attention's blocks (context parallelism) against the CPU backend ----
+// A sequence of S = 2L positions cut into two chunks of L, as a context rank holds them: the
+// blocks (causal on each chunk's own keys, full from the first chunk to the second; bidirectional
+// over padded keys between every pair, a key block wholly in the padding of one sequence among
+// them), merged by their log-sum-exp, then the backward of each block into the f32 accumulators
+// and the q/k/v gradient assembled from them. Every intermediate on the GPU against the CPU
+// backend's, and the assembled whole against the CPU's single-rank attention op, in f32 (1e-4 of
+// the largest magnitude, as above) and bf16 (2e-2: the GPU's tensor cores round P and dS to bf16
+// where they become operands, and each stored block output once). L = 70 spans two key tiles
+// and ends inside one; head size 24 takes the tensor cores' element-wise staging, 32 their
+// 16-byte copies.
+struct RingCaseCuda {
+  bool causal;
+  std::vector<int32_t> lengths;  // empty: no padding
+  int HS;
+};
+
+TEST_F(CudaBackend, RingAttentionBlocksMatchTheCpuBackend) {
+  Pair p;
+  const int B = 2, L = 70, S = 2 * L, NH = 4, KVH = 2;
+  const std::vector<RingCaseCuda> cases = {
+      {true, {}, 24}, {false, {S, 60}, 24}, {true, {}, 32}, {false, {S, 100}, 32}};
+  for (const RingCaseCuda& c : cases)
+    for (const DType t : {DType::kF32, DType::kBF16}) {
+      const int HS = c.HS, W = (NH + 2 * KVH) * HS, Q = NH * HS, KV = 2 * KVH * HS;
+      const auto qkv = random(B * S * W, 70, 2.f), go = random(B * S * Q, 71);
+      std::vector<std::vector<float>> out[2];
+      Backend* bes[2] = {p.cpu.get(), p.gpu.get()};
+      for (int k = 0; k < 2; ++k) {
+        Backend& be = *bes[k];
+        const MemCategory a = MemCategory::kActivations;
+        Tensor X = put(be, {B, S, W}, qkv, t), Go = put(be, {B, S, Q}, go, t);
+        Tensor lengths;
+        if (!c.lengths.empty()) lengths = put_i32(be, {B}, c.lengths);
+        Tensor Kv = be.empty({B, S, KV}, a, t);
+        be.attention_kv_extract(Kv, X, NH, KVH);
+        // The blocks of this layout: (query chunk, key chunk, mask).
+        struct Blk {
+          int q, k;
+          bool causal;
+        };
+        std::vector<Blk> blocks;
+        if (c.causal)
+          blocks = {{0, 0, true}, {1, 1, true}, {1, 0, false}};
+        else
+          blocks = {{0, 0, false}, {0, 1, false}, {1, 0, false}, {1, 1, false}};
+        auto block = [&](const Blk& b) {
+          Backend::AttentionBlock blk;
+          blk.num_heads = NH;
+          blk.num_kv_heads = KVH;
+          blk.q_rows = {b.q * L, L};
+          blk.k_rows = {b.k * L, L};
+          blk.causal = b.causal;
+          blk.key_lengths = lengths.defined() ? &lengths : nullptr;
+          blk.k_offset = b.k * L;
+          return blk;
+        };
+        Tensor O = be.empty({B, S, Q}, a, t), Lse = be.empty({B, NH, S}, a);
+        Tensor Ob = be.empty({B, S, Q}, a, t), Lb = be.empty({B, NH, S}, a);
+        std::vector<bool> first(2, true);
+        for (const Blk& b : blocks) {
+          // The first block of each query chunk is assigned, the others merged into it; the
+          // first reads its keys inside the q/k/v, the others from the extracted block.
+          const Backend::AttentionBlock blk = block(b);
+          if (first[b.q]) {
+            be.attention_block_forward(O, Lse, X, b.q == 0 ? X : Kv, blk);
+            first[b.q] = false;
+          } else {
+            be.attention_block_forward(Ob, Lb, X, Kv, blk);
+            be.attention_block_merge(O, Lse, Ob, Lb, blk);
+          }
+        }
+        Tensor D = be.empty({B, NH, S}, a);
+        be.attention_block_delta(D, Go, O, NH);
+        Tensor dQ = be.zeros({B, S, Q}, a), dKv = be.zeros({B, S, KV}, a);
+        for (const Blk& b : blocks)
+          be.attention_block_backward(dQ, dKv, Go, X, Kv, Lse, D, block(b));
+        Tensor dX = be.empty({B, S, W}, a, t);
+        be.attention_qkv_assemble(dX, dQ, dKv, NH, KVH);
+        // The single-rank attention op on the whole sequences.
+        AttentionMask mask;
+        mask.causal = c.causal;
+        mask.key_lengths = lengths.defined() ? &lengths : nullptr;
+        Tensor Ow = be.empty({B, S, Q}, a, t), Sw = be.empty(be.attention_saved_shape(B, NH, S), a);
+        Tensor dXw = be.empty({B, S, W}, a, t);
+        be.attention_forward(Ow, Sw, X, NH, KVH, mask);
+        be.attention_backward(dXw, Go, X, Ow, Sw, NH, KVH, mask);
+        out[k] = {get(be, Kv),  get(be, O),  get(be, Lse), get(be, D),  get(be, dQ),
+                  get(be, dKv), get(be, dX), get(be, Ow),  get(be, dXw)};
+      }
+      const std::string what = std::string(c.causal ? "causal" : "padded") + " HS " +
+                               std::to_string(HS) + " " + to_string(t) + " ";
+      const char* names[] = {"kv", "out", "lse", "delta", "dq", "dkv", "dqkv"};
+      const double tol = t == DType::kF32 ? 1e-4 : 2e-2;
+      for (size_t i = 0; i < 7; ++i) expect_close(what + names[i], out[1][i], out[0][i], tol);
+      // The blocks merged equal the single-rank op (the CPU's).
+      expect_close(what + "out against the attention op", out[1][1], out[0][7], tol);
+      expect_close(what + "dqkv against the attention op", out[1][6], out[0][8], tol);
+    }
+}
+
 // ---- mixture of experts: every op against the CPU backend ----
 // Integer results (top-k indices, the dispatch plan) must be equal; f32 results of f32 inputs
 // within 1e-4 as above (the GPU sums over lanes in another order), bf16 results within 1e-2 (one

@@ -42,6 +42,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_tc.h"
+#include "kernels/cuda/flash_rows.cuh"
 
 namespace strata::kernels::cuda {
 namespace {
@@ -96,8 +97,8 @@ __device__ __forceinline__ float group16_max(float v) {
 
 template <int HS_MAX>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(float* out, float* lse, const float* qkv, int S, int NH, int KVH, int HS,
-                         float scale_log2, bool causal, const int32_t* key_len) {
+    flash_forward_kernel(float* out, float* lse, const float* q, const float* k, FlashRows fr,
+                         float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;  // head dims per thread
   float* smem = dynamic_shared_floats();
@@ -107,16 +108,18 @@ __global__ void __launch_bounds__(kThreads)
   float* p_s = v_s + kTile * St::kDense;   // (kTile, kScores)  probabilities of the tile
 
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int NH = fr.NH, KVH = fr.KVH, HS = fr.HS, S = fr.Sq;
+  const bool causal = fr.causal;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kTile;
-  const int len = key_len ? key_len[b] : S;  // keys [0, len) are real
+  const int len = real_keys(fr, b);  // keys [0, len) are real
+  if (len <= 0) return empty_rows(out, lse, fr, b, h, q0, kTile);
   const int last_kt = causal ? min(qt, (len - 1) / kTile) : (len - 1) / kTile;
-  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
-  const float* tok = qkv + static_cast<int64_t>(b) * S * ld;
-  const float* q_g = tok + static_cast<int64_t>(h) * HS;              // (S, HS)
-  const float* k_g = tok + static_cast<int64_t>(NH + hk) * HS;        // (S, HS)
-  const float* v_g = tok + static_cast<int64_t>(NH + KVH + hk) * HS;  // (S, HS)
+  const int64_t ld = fr.q_ld, kld = fr.k_ld;
+  const float* q_g = q + b * fr.q_batch + static_cast<int64_t>(h) * HS;   // (Sq, HS)
+  const float* k_g = k + b * fr.k_batch + static_cast<int64_t>(hk) * HS;  // (Sk, HS)
+  const float* v_g = k_g + static_cast<int64_t>(KVH) * HS;                // (Sk, HS)
 
   load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
 
@@ -133,8 +136,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= last_kt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's k_s, v_s, p_s are no longer read
-    load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
-    load_tile<HS_MAX>(v_s, St::kDense, v_g, ld, k0, S, HS);
+    load_tile<HS_MAX>(k_s, St::kPadded, k_g, kld, k0, fr.Sk, HS);
+    load_tile<HS_MAX>(v_s, St::kDense, v_g, kld, k0, fr.Sk, HS);
     __syncthreads();
 
     float s[kRows][4] = {};
@@ -196,13 +199,13 @@ __global__ void __launch_bounds__(kThreads)
     const int i = q0 + ty + 16 * r;
     if (i >= S) continue;
     const float inv = 1.f / l[r];
-    float* o_g = out + ((static_cast<int64_t>(b) * S + i) * NH + h) * HS;  // (HS)
+    float* o_g = out + b * fr.o_batch + i * fr.o_ld + static_cast<int64_t>(h) * HS;  // (HS)
 #pragma unroll
     for (int c = 0; c < DC; ++c) {
       const int d = tx + 16 * c;
       if (d < HS) o_g[d] = o[r][c] * inv;
     }
-    if (tx == 0) lse[static_cast<int64_t>(bh) * S + i] = (m[r] + log2f(l[r])) * kLn2;
+    if (tx == 0) lse[bh * fr.lse_ld + i] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 
@@ -227,11 +230,13 @@ __global__ void flash_backward_dsum_kernel(float* dsum, const T* dout, const T* 
   }
 }
 
-template <int HS_MAX>
+// kAdd false: dk, dv stored into dk_out (the q/k/v gradient); true: added (a ring block's f32
+// key/value gradient). Both lie as the keys.
+template <int HS_MAX, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_kernel(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
-                          const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
-                          float scale, float scale_log2, bool causal, const int32_t* key_len) {
+    flash_backward_kernel(float* dk_out, float* dq_acc, const float* dout, const float* q,
+                          const float* k, const float* lse, const float* dsum, FlashRows fr,
+                          int q_tiles, float scale, float scale_log2) {
   using St = Strides<HS_MAX>;
   constexpr int DC = HS_MAX / 16;
   float* smem = dynamic_shared_floats();
@@ -245,28 +250,32 @@ __global__ void __launch_bounds__(kThreads)
   float* d_s = lse_s + kTile;                 // (kTile) D of the query rows
 
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int NH = fr.NH, KVH = fr.KVH, HS = fr.HS, S = fr.Sq, Sk = fr.Sk;
+  const bool causal = fr.causal;
   const int b = blockIdx.x / KVH, hk = blockIdx.x % KVH, group = NH / KVH;
   const int kt = blockIdx.y;
   const int k0 = kt * kTile;
-  const int tiles = gridDim.y;
-  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv and dqkv
-  const int64_t ldo = static_cast<int64_t>(NH) * HS;           // token stride in dout and dq_acc
-  const int64_t tok = static_cast<int64_t>(b) * S * ld;
-  const float* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
-  const float* v_g = k_g + static_cast<int64_t>(KVH) * HS;            // (S, HS), stride ld
-  float* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;      // (S, HS), stride ld
-  float* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;                // (S, HS), stride ld
-  const int len = key_len ? key_len[b] : S;                           // keys [0, len) are real
+  const int tiles = q_tiles;
+  const int64_t ld = fr.q_ld, kld = fr.k_ld;  // row strides of q and of k, v, dk, dv
+  const int64_t ldo = fr.o_ld;                // of dout and dq_acc
+  const int64_t k_at = b * fr.k_batch + static_cast<int64_t>(hk) * HS;
+  const float* k_g = k + k_at;                              // (Sk, HS), stride kld
+  const float* v_g = k_g + static_cast<int64_t>(KVH) * HS;  // (Sk, HS), stride kld
+  float* dk_g = dk_out + k_at;                              // (Sk, HS), stride kld
+  float* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;      // (Sk, HS), stride kld
+  const int len = real_keys(fr, b);                         // keys [0, len) are real
   if (k0 >= len) {  // padding keys only: no query sees them (the whole block returns)
-    for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
-      const int j = k0 + idx / HS, d = idx % HS;
-      if (j < S) dk_g[j * ld + d] = dv_g[j * ld + d] = 0.f;
+    if (!kAdd) {    // assigned gradients are 0 there; accumulated ones stay as they are
+      for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
+        const int j = k0 + idx / HS, d = idx % HS;
+        if (j < Sk) dk_g[j * kld + d] = dv_g[j * kld + d] = 0.f;
+      }
     }
     return;
   }
 
-  load_tile<HS_MAX>(k_s, St::kPadded, k_g, ld, k0, S, HS);
-  load_tile<HS_MAX>(v_s, St::kPadded, v_g, ld, k0, S, HS);
+  load_tile<HS_MAX>(k_s, St::kPadded, k_g, kld, k0, Sk, HS);
+  load_tile<HS_MAX>(v_s, St::kPadded, v_g, kld, k0, Sk, HS);
 
   float dk[kRows][DC], dv[kRows][DC];  // rows: keys ty + 16r of this tile
 #pragma unroll
@@ -276,12 +285,12 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int h = hk * group; h < (hk + 1) * group; ++h)  // the query heads sharing this key head
     for (int qt = causal ? kt : 0; qt < tiles; ++qt) {
-      const float* q_g = qkv + tok + static_cast<int64_t>(h) * HS;  // (S, HS), stride ld
-      const float* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
-      float* dq_g = dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+      const float* q_g = q + b * fr.q_batch + static_cast<int64_t>(h) * HS;  // (Sq, HS)
+      const float* g_g = dout + b * fr.o_batch + static_cast<int64_t>(h) * HS;
+      float* dq_g = dq_acc + b * fr.o_batch + static_cast<int64_t>(h) * HS;
       const int64_t bh = static_cast<int64_t>(b) * NH + h;
-      const float* lse_g = lse + bh * S;  // (S)
-      const float* d_g = dsum + bh * S;   // (S)
+      const float* lse_g = lse + bh * fr.lse_ld;  // (Sq)
+      const float* d_g = dsum + bh * fr.lse_ld;   // (Sq)
       const int q0 = qt * kTile;
       __syncthreads();  // the previous query tile is no longer read
       load_tile<HS_MAX>(q_s, St::kPadded, q_g, ld, q0, S, HS);
@@ -377,14 +386,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int j = k0 + ty + 16 * r;
-    if (j >= S) continue;
+    if (j >= Sk) continue;
 #pragma unroll
     for (int c = 0; c < DC; ++c) {
       const int d = tx + 16 * c;
       if (d >= HS) continue;
-      const int64_t at = j * ld + d;
-      dk_g[at] = scale * dk[r][c];
-      dv_g[at] = dv[r][c];
+      const int64_t at = j * kld + d;
+      if (kAdd) {
+        dk_g[at] += scale * dk[r][c];
+        dv_g[at] += dv[r][c];
+      } else {
+        dk_g[at] = scale * dk[r][c];
+        dv_g[at] = dv[r][c];
+      }
     }
   }
 }
@@ -407,42 +421,87 @@ bool valid_shape(int B, int S, int NH, int KVH, int HS) {
   return B >= 0 && S >= 0 && NH >= 0 && KVH >= 1 && NH % KVH == 0 && HS >= 1 &&
          HS <= kFlashMaxHeadSize && (S + kTile - 1) / kTile <= 65535;
 }
+// A block's rows: both sides as valid_shape asks, and causal only on the same positions.
+bool valid_rows(const FlashRows& r) {
+  return valid_shape(r.B, r.Sq, r.NH, r.KVH, r.HS) && valid_shape(r.B, r.Sk, r.NH, r.KVH, r.HS) &&
+         (!r.causal || r.Sq == r.Sk);
+}
 
 float log2_scale(int HS) {
   return kLog2e / std::sqrt(static_cast<float>(HS));
 }
 
-// The f32 backward's main kernel: dk, dv into dqkv, dq into dq_acc.
-cudaError_t f32_backward(float* dqkv, float* dq_acc, const float* dout, const float* qkv,
-                         const float* lse, const float* dsum, int B, int S, int NH, int KVH, int HS,
-                         cudaStream_t stream, FlashMask mask) {
-  const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
-  const float scale = 1.f / std::sqrt(static_cast<float>(HS));
-  return with_head_size(HS, [&](auto hs_max) {
+// The forward on either kernel family: out and lse of the rows of r.
+cudaError_t forward_rows(void* out, float* lse, const void* q, const void* k, ElemType type,
+                         const FlashRows& r, cudaStream_t stream) {
+  if (type == ElemType::kBF16) return flash_tc_forward(out, lse, q, k, r, 0, stream);
+  const dim3 grid(static_cast<unsigned>(r.B * r.NH),
+                  static_cast<unsigned>((r.Sq + kTile - 1) / kTile));
+  return with_head_size(r.HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    return launch_opted_in(flash_backward_kernel<HS_MAX>, grid, kThreads,
-                           backward_smem_bytes<HS_MAX>(), stream, dqkv, dq_acc, dout, qkv, lse,
-                           dsum, S, NH, KVH, HS, scale, log2_scale(HS), mask.causal, mask.key_len);
+    return launch_opted_in(flash_forward_kernel<HS_MAX>, grid, kThreads,
+                           forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
+                           static_cast<const float*>(q), static_cast<const float*>(k), r,
+                           log2_scale(r.HS));
   });
 }
 
+// The backward's main kernel on either family, given D: dq into the f32 dq_acc, dk and dv into
+// dk_out (assigned in the operands' type, or added in f32 when `add`).
+cudaError_t backward_rows(void* dk_out, bool add, float* dq_acc, const void* dout, const void* q,
+                          const void* k, const float* lse, const float* dsum, ElemType type,
+                          const FlashRows& r, cudaStream_t stream) {
+  if (type == ElemType::kBF16)
+    return flash_tc_backward(dk_out, add, dq_acc, dout, q, k, lse, dsum, r, stream);
+  const dim3 grid(static_cast<unsigned>(r.B * r.KVH),
+                  static_cast<unsigned>((r.Sk + kTile - 1) / kTile));
+  const int q_tiles = (r.Sq + kTile - 1) / kTile;
+  const float scale = 1.f / std::sqrt(static_cast<float>(r.HS));
+  return with_head_size(r.HS, [&](auto hs_max) {
+    constexpr int HS_MAX = decltype(hs_max)::value;
+    auto run = [&](auto add_tag) {
+      return launch_opted_in(flash_backward_kernel<HS_MAX, decltype(add_tag)::value>, grid,
+                             kThreads, backward_smem_bytes<HS_MAX>(), stream,
+                             static_cast<float*>(dk_out), dq_acc, static_cast<const float*>(dout),
+                             static_cast<const float*>(q), static_cast<const float*>(k), lse, dsum,
+                             r, q_tiles, scale, log2_scale(r.HS));
+    };
+    return add ? run(std::true_type{}) : run(std::false_type{});
+  });
+}
+
+// The qkv's element offset of its first key head.
+int64_t key_offset(int NH, int HS) {
+  return static_cast<int64_t>(NH) * HS;
+}
+
 }  // namespace
+
+FlashRows whole_sequence_rows(int B, int S, int NH, int KVH, int HS, FlashMask mask) {
+  FlashRows r;
+  r.B = B;
+  r.Sq = r.Sk = S;
+  r.NH = NH;
+  r.KVH = KVH;
+  r.HS = HS;
+  r.q_ld = r.k_ld = static_cast<int64_t>(NH + 2 * KVH) * HS;
+  r.q_batch = r.k_batch = S * r.q_ld;
+  r.o_ld = static_cast<int64_t>(NH) * HS;
+  r.o_batch = S * r.o_ld;
+  r.lse_ld = S;
+  r.causal = mask.causal;
+  r.key_len = mask.key_len;
+  return r;
+}
 
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
                                     int S, int NH, int KVH, int HS, cudaStream_t stream,
                                     FlashMask mask) {
   if (!valid_shape(B, S, NH, KVH, HS)) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  if (type == ElemType::kBF16)
-    return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, 0, stream, mask);
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((S + kTile - 1) / kTile));
-  return with_head_size(HS, [&](auto hs_max) {
-    constexpr int HS_MAX = decltype(hs_max)::value;
-    return launch_opted_in(flash_forward_kernel<HS_MAX>, grid, kThreads,
-                           forward_smem_bytes<HS_MAX>(), stream, static_cast<float*>(out), lse,
-                           static_cast<const float*>(qkv), S, NH, KVH, HS, log2_scale(HS),
-                           mask.causal, mask.key_len);
-  });
+  const FlashRows r = whole_sequence_rows(B, S, NH, KVH, HS, mask);
+  const void* k = static_cast<const char*>(qkv) + key_offset(NH, HS) * elem_size(type);
+  return forward_rows(out, lse, qkv, k, type, r, stream);
 }
 
 cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const void* qkv, int B,
@@ -451,7 +510,9 @@ cudaError_t flash_attention_forward_bf16_warp_rows(void* out, float* lse, const 
   if (!valid_shape(B, S, NH, KVH, HS) || (warp_rows != 16 && warp_rows != 32))
     return cudaErrorInvalidValue;
   if (static_cast<int64_t>(B) * NH * S == 0) return cudaSuccess;
-  return flash_tc_forward(out, lse, qkv, B, S, NH, KVH, HS, warp_rows, stream, mask);
+  const bf16* k = static_cast<const bf16*>(qkv) + key_offset(NH, HS);
+  return flash_tc_forward(out, lse, qkv, k, whole_sequence_rows(B, S, NH, KVH, HS, mask), warp_rows,
+                          stream);
 }
 
 size_t flash_attention_backward_scratch_bytes(int B, int S, int NH, int /*KVH*/, int HS) {
@@ -469,23 +530,51 @@ cudaError_t flash_attention_backward(void* dqkv, const void* dout, const void* q
   float* dsum = dq_acc + rows * HS;              // (B, NH, S)
   cudaError_t err = cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * HS, stream);
   if (err != cudaSuccess) return err;
+  const FlashRows r = whole_sequence_rows(B, S, NH, KVH, HS, mask);
   return dispatch(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const unsigned dsum_blocks = grid_for(rows * 32, kThreads);
     launch(flash_backward_dsum_kernel<T>, dsum_blocks, kThreads, 0, stream, dsum,
            static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
-    cudaError_t e =
-        type == ElemType::kBF16
-            ? flash_tc_backward(dqkv, dq_acc, dout, qkv, lse, dsum, B, S, NH, KVH, HS, stream, mask)
-            : f32_backward(static_cast<float*>(dqkv), dq_acc, static_cast<const float*>(dout),
-                           static_cast<const float*>(qkv), lse, dsum, B, S, NH, KVH, HS, stream,
-                           mask);
+    const T* k = static_cast<const T*>(qkv) + key_offset(NH, HS);
+    T* dk = static_cast<T*>(dqkv) + key_offset(NH, HS);
+    cudaError_t e = backward_rows(dk, false, dq_acc, dout, qkv, k, lse, dsum, type, r, stream);
     if (e != cudaSuccess) return e;
     const int64_t row = static_cast<int64_t>(NH) * HS;
     const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;
     const int64_t tokens = static_cast<int64_t>(B) * S;
     launch(flash_backward_dq_kernel<T>, grid_for(tokens * row, kThreads), kThreads, 0, stream,
            static_cast<T*>(dqkv), dq_acc, tokens, row, ld);
+    return cudaGetLastError();
+  });
+}
+
+// ---- ring attention blocks (attention_block.h) ----
+
+cudaError_t attention_block_forward(void* out, float* lse, const void* q, const void* k,
+                                    ElemType type, const FlashRows& r, cudaStream_t stream) {
+  if (!valid_rows(r)) return cudaErrorInvalidValue;
+  if (static_cast<int64_t>(r.B) * r.NH * r.Sq == 0) return cudaSuccess;
+  return forward_rows(out, lse, q, k, type, r, stream);
+}
+
+cudaError_t attention_block_backward(float* dq, float* dkv, const void* dout, const void* q,
+                                     const void* k, const float* lse, const float* delta,
+                                     ElemType type, const FlashRows& r, cudaStream_t stream) {
+  if (!valid_rows(r)) return cudaErrorInvalidValue;
+  if (static_cast<int64_t>(r.B) * r.NH * r.Sq * r.Sk == 0) return cudaSuccess;
+  return backward_rows(dkv, true, dq, dout, q, k, lse, delta, type, r, stream);
+}
+
+cudaError_t attention_block_delta(float* delta, const void* dout, const void* out, ElemType type,
+                                  int B, int S, int NH, int HS, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(B) * S * NH;
+  if (B < 0 || S < 0 || NH < 0 || HS < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  return dispatch(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch(flash_backward_dsum_kernel<T>, grid_for(rows * 32, kThreads), kThreads, 0, stream, delta,
+           static_cast<const T*>(dout), static_cast<const T*>(out), B, S, NH, HS);
     return cudaGetLastError();
   });
 }

@@ -43,6 +43,27 @@ struct FlashMask {
   const int32_t* key_len = nullptr;
 };
 
+// Where one call's operands lie, in elements of their type, so that the same kernels serve the
+// whole sequences of a q/k/v tensor (the calls below) and one block of ring attention
+// (attention_block.h). Row i of sequence b of query head h is q + b·q_batch + i·q_ld + h·HS; key
+// head hk's row j is k + b·k_batch + j·k_ld + hk·HS and its value row lies KVH·HS after it (the
+// layouts of q/k/v and of a ring's key/value block alike); out, dout and the f32 dq
+// accumulator lie as o (row i of head h at b·o_batch + i·o_ld + h·HS); the log-sum-exp and D of
+// row (b, h, i) at (b·NH + h)·lse_ld + i. A block has Sq query and Sk key rows a sequence;
+// causal needs Sq = Sk (the same positions). Key j of sequence b is padding when key_len and
+// k_offset + j ≥ key_len[b] (a block whose keys are all padding for a row leaves it empty:
+// out 0 and lse −inf).
+struct FlashRows {
+  int B = 0, Sq = 0, Sk = 0, NH = 0, KVH = 0, HS = 0;
+  int64_t q_ld = 0, q_batch = 0, k_ld = 0, k_batch = 0, o_ld = 0, o_batch = 0, lse_ld = 0;
+  bool causal = true;
+  const int32_t* key_len = nullptr;
+  int k_offset = 0;
+};
+// The whole sequences of a (B, S, NH + 2·KVH, HS) q/k/v with its (B, S, NH, HS) out and (B, NH,
+// S) lse: the rows of the calls below (k: the q/k/v's first key head, NH·HS elements in).
+FlashRows whole_sequence_rows(int B, int S, int NH, int KVH, int HS, FlashMask mask);
+
 // out = softmax(scale · q·kᵀ, mask) · v, and the per-row log-sum-exp for the backward.
 cudaError_t flash_attention_forward(void* out, float* lse, const void* qkv, ElemType type, int B,
                                     int S, int NH, int KVH, int HS, cudaStream_t stream,

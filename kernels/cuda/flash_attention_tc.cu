@@ -43,6 +43,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_tc.h"
+#include "kernels/cuda/flash_rows.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace strata::kernels::cuda {
@@ -95,8 +96,8 @@ __device__ __forceinline__ bf16* dynamic_shared_bf16() {
 
 template <int HS_MAX, int kM>
 __global__ void __launch_bounds__(kThreads)
-    flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int S, int NH, int KVH, int HS,
-                            float scale_log2, bool vec, bool causal, const int32_t* key_len) {
+    flash_tc_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, FlashRows fr,
+                            float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
   constexpr int kQ = Sh::query_tile(kM);
   bf16* q_s = dynamic_shared_bf16();  // (kQ, HS_MAX) queries of this block
@@ -104,24 +105,26 @@ __global__ void __launch_bounds__(kThreads)
   bf16* v_s = k_s + Sh::kRowTile;     // (kTile, HS_MAX) current value tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int NH = fr.NH, KVH = fr.KVH, HS = fr.HS, S = fr.Sq;
+  const bool causal = fr.causal;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, hk = h / (NH / KVH);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kQ;
   const int w0 = q0 + 16 * kM * warp;  // this warp's first row
   // Key tiles up to the one holding the block's last row (causal) and the sequence's last real
   // key.
-  const int len = key_len ? key_len[b] : S;
+  const int len = real_keys(fr, b);
+  if (len <= 0) return empty_rows(out, lse, fr, b, h, q0, kQ);
   const int key_tiles = (causal ? min(q0 + kQ - 1, len - 1) : len - 1) / kTile + 1;
-  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv
-  const bf16* tok = qkv + static_cast<int64_t>(b) * S * ld;
-  const bf16* q_g = tok + static_cast<int64_t>(h) * HS;
-  const bf16* k_g = tok + static_cast<int64_t>(NH + hk) * HS;
-  const bf16* v_g = tok + static_cast<int64_t>(NH + KVH + hk) * HS;
+  const int64_t ld = fr.q_ld, kld = fr.k_ld;
+  const bf16* q_g = q + b * fr.q_batch + static_cast<int64_t>(h) * HS;
+  const bf16* k_g = k + b * fr.k_batch + static_cast<int64_t>(hk) * HS;
+  const bf16* v_g = k_g + static_cast<int64_t>(KVH) * HS;
 
   // Copy groups: the queries with the first key tile, then per key tile its value tile and the
   // next key tile (empty after the last), so that "all but the latest group" is always the key
   // tile the scores need next.
   stage_tile<kQ, HS_MAX>(q_s, Sh::kLd, q_g, ld, q0, S, HS, vec);
-  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, 0, S, HS, vec);
+  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, kld, 0, fr.Sk, HS, vec);
   cp_async_commit();
   // The warp's query fragments stay in registers where they fit beside the accumulators, and
   // are read from q_s at every k-step where they do not (two m-tiles at head size 128).
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous value tile is no longer read
-    stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
+    stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, kld, k0, fr.Sk, HS, vec);
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of the key tile (and queries) have landed,
     __syncthreads();     // and every thread's
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<0>();  // the value tile has landed, and after the barrier every warp is done
     __syncthreads();     // with the key tile: the next one may be staged over it
     if (kt + 1 < key_tiles)
-      stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0 + kTile, S, HS, vec);
+      stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, kld, k0 + kTile, fr.Sk, HS, vec);
     cp_async_commit();
 
     if (visible) {
@@ -245,10 +248,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float sum = quad_sum(l[i][r]);
-      const int q = row[i][r];
-      if (q >= S) continue;
+      const int qr = row[i][r];
+      if (qr >= S) continue;
       const float inv = 1.f / sum;
-      bf16* o_g = out + ((static_cast<int64_t>(b) * S + q) * NH + h) * HS;  // (HS)
+      bf16* o_g = out + b * fr.o_batch + qr * fr.o_ld + static_cast<int64_t>(h) * HS;  // (HS)
 #pragma unroll
       for (int dn = 0; dn < Sh::kHeadFrags; ++dn)
 #pragma unroll
@@ -256,16 +259,17 @@ __global__ void __launch_bounds__(kThreads)
           const int d = 8 * dn + 2 * t + e;
           if (d < HS) o_g[d] = round_to_bf16(o[i][dn][2 * r + e] * inv);
         }
-      if (t == 0) lse[static_cast<int64_t>(bh) * S + q] = (m[i][r] + log2f(sum)) * kLn2;
+      if (t == 0) lse[bh * fr.lse_ld + qr] = (m[i][r] + log2f(sum)) * kLn2;
     }
 }
 
-template <int HS_MAX>
+// kAdd false: dk, dv stored in bf16 into dk_out (the q/k/v gradient); true: added into the f32
+// dk_out (a ring block's key/value gradient). Both lie as the keys.
+template <int HS_MAX, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    flash_tc_backward_kernel(bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv,
-                             const float* lse, const float* dsum, int S, int NH, int KVH, int HS,
-                             float scale, float scale_log2, bool vec, bool causal,
-                             const int32_t* key_len) {
+    flash_tc_backward_kernel(void* dk_out, float* dq_acc, const bf16* dout, const bf16* q,
+                             const bf16* k, const float* lse, const float* dsum, FlashRows fr,
+                             int q_tiles, float scale, float scale_log2, bool vec) {
   using Sh = Shape<HS_MAX>;
   bf16* k_s = dynamic_shared_bf16();     // (kTile, HS_MAX)  this block's keys
   bf16* v_s = k_s + Sh::kRowTile;        // (kTile, HS_MAX)  this block's values
@@ -276,24 +280,28 @@ __global__ void __launch_bounds__(kThreads)
   float* d_s2 = lse_s2 + 2 * kTile;                                  // (2, kTile) D
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int NH = fr.NH, KVH = fr.KVH, HS = fr.HS, S = fr.Sq, Sk = fr.Sk;
+  const bool causal = fr.causal;
   const int b = blockIdx.x / KVH, hk = blockIdx.x % KVH, group = NH / KVH;
   const int k0 = blockIdx.y * kTile;
-  // Causal, the query tiles from the key tile's own; else all of them.
-  const int first = causal ? blockIdx.y : 0, tiles = gridDim.y;
+  // Causal (Sq = Sk), the query tiles from the key tile's own; else all of them.
+  const int first = causal ? blockIdx.y : 0, tiles = q_tiles;
   // Steps: query tiles first..tiles-1 of query head hk·group, then of the next head, and so on.
   const int per_head = tiles - first, steps = group * per_head;
-  const int64_t ld = static_cast<int64_t>(NH + 2 * KVH) * HS;  // token stride in qkv and dqkv
-  const int64_t ldo = static_cast<int64_t>(NH) * HS;           // token stride in dout and dq_acc
-  const int64_t tok = static_cast<int64_t>(b) * S * ld;
-  const bf16* k_g = qkv + tok + static_cast<int64_t>(NH + hk) * HS;
+  const int64_t ld = fr.q_ld, kld = fr.k_ld;  // row strides of q and of k, v, dk, dv
+  const int64_t ldo = fr.o_ld;                // of dout and dq_acc
+  const int64_t k_at = b * fr.k_batch + static_cast<int64_t>(hk) * HS;
+  const bf16* k_g = k + k_at;
   const bf16* v_g = k_g + static_cast<int64_t>(KVH) * HS;
-  bf16* dk_g = dqkv + tok + static_cast<int64_t>(NH + hk) * HS;  // (S, HS), stride ld
-  bf16* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;
-  const int len = key_len ? key_len[b] : S;  // keys [0, len) are real
+  const int len = real_keys(fr, b);  // keys [0, len) are real
   if (k0 >= len) {  // padding keys only: no query sees them (the whole block returns)
-    for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
-      const int j = k0 + idx / HS, d = idx % HS;
-      if (j < S) dk_g[j * ld + d] = dv_g[j * ld + d] = round_to_bf16(0.f);
+    if (!kAdd) {    // assigned gradients are 0 there; accumulated ones stay as they are
+      bf16* dk_g = static_cast<bf16*>(dk_out) + k_at;
+      bf16* dv_g = dk_g + static_cast<int64_t>(KVH) * HS;
+      for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
+        const int j = k0 + idx / HS, d = idx % HS;
+        if (j < Sk) dk_g[j * kld + d] = dv_g[j * kld + d] = round_to_bf16(0.f);
+      }
     }
     return;
   }
@@ -306,19 +314,19 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_queries = [&](int step, int buf) {
     const int h = head_of(step), q0 = tile_of(step) * kTile;
     const int64_t bh = static_cast<int64_t>(b) * NH + h;
-    const bf16* q_g = qkv + tok + static_cast<int64_t>(h) * HS;
-    const bf16* g_g = dout + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(h) * HS;
+    const bf16* q_g = q + b * fr.q_batch + static_cast<int64_t>(h) * HS;
+    const bf16* g_g = dout + b * fr.o_batch + static_cast<int64_t>(h) * HS;
     stage_tile<kTile, HS_MAX>(q_s2 + buf * Sh::kRowTile, Sh::kLd, q_g, ld, q0, S, HS, vec);
     stage_tile<kTile, HS_MAX>(g_s2 + buf * Sh::kRowTile, Sh::kLd, g_g, ldo, q0, S, HS, vec);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const bool in = q0 + r < S;
-      lse_s2[buf * kTile + r] = in ? lse[bh * S + q0 + r] * kLog2e : 0.f;
-      d_s2[buf * kTile + r] = in ? dsum[bh * S + q0 + r] : 0.f;
+      lse_s2[buf * kTile + r] = in ? lse[bh * fr.lse_ld + q0 + r] * kLog2e : 0.f;
+      d_s2[buf * kTile + r] = in ? dsum[bh * fr.lse_ld + q0 + r] : 0.f;
     }
   };
   // The keys and values travel with the first query tile.
-  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, ld, k0, S, HS, vec);
-  stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, ld, k0, S, HS, vec);
+  stage_tile<kTile, HS_MAX>(k_s, Sh::kLd, k_g, kld, k0, Sk, HS, vec);
+  stage_tile<kTile, HS_MAX>(v_s, Sh::kLd, v_g, kld, k0, Sk, HS, vec);
   stage_queries(0, 0);
   cp_async_commit();
 
@@ -328,8 +336,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int step = 0; step < steps; ++step) {
     const int qt = tile_of(step), q0 = qt * kTile, buf = step & 1;
-    float* dq_g =
-        dq_acc + static_cast<int64_t>(b) * S * ldo + static_cast<int64_t>(head_of(step)) * HS;
+    float* dq_g = dq_acc + b * fr.o_batch + static_cast<int64_t>(head_of(step)) * HS;
     // The next step's query tile goes to the other buffer while this one is computed on. That
     // buffer was last read before the previous step's dS barrier, which every warp has passed: no
     // barrier is needed before the copies (and dS is rewritten only after the barrier below).
@@ -428,10 +435,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = key[e / 2], d = 8 * dn + 2 * t + e % 2;
-      if (j >= S || d >= HS) continue;
-      const int64_t at = j * ld + d;
-      dk_g[at] = round_to_bf16(scale * dk[dn][e]);
-      dv_g[at] = round_to_bf16(dv[dn][e]);
+      if (j >= Sk || d >= HS) continue;
+      const int64_t at = k_at + j * kld + d, v_at = at + static_cast<int64_t>(KVH) * HS;
+      if (kAdd) {
+        static_cast<float*>(dk_out)[at] += scale * dk[dn][e];
+        static_cast<float*>(dk_out)[v_at] += dv[dn][e];
+      } else {
+        static_cast<bf16*>(dk_out)[at] = round_to_bf16(scale * dk[dn][e]);
+        static_cast<bf16*>(dk_out)[v_at] = round_to_bf16(dv[dn][e]);
+      }
     }
 }
 
@@ -464,27 +476,31 @@ __global__ void mma_fragment_kernel(float* d, const bf16* a, const bf16* b,
     for (int e = 0; e < 4; ++e) d[(g + 8 * (e / 2)) * 16 + 8 * n + 2 * t + e % 2] = acc[n][e];
 }
 
-// 16-byte loads: whole chunks of 8 head dims, every row start 16-byte aligned.
-bool vector_loads(const void* base, int HS) {
-  return HS % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+// 16-byte loads: whole chunks of 8 head dims, every row start 16-byte aligned (the base, and
+// row and sequence strides of whole 16 bytes).
+bool vector_loads(const void* base, int HS, int64_t ld, int64_t batch) {
+  return HS % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 8 == 0 &&
+         batch % 8 == 0;
 }
 
 }  // namespace
 
-cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int KVH,
-                             int HS, int warp_rows, cudaStream_t stream, FlashMask mask) {
-  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
-  return with_head_size(HS, [&](auto hs_max) {
+cudaError_t flash_tc_forward(void* out, float* lse, const void* q, const void* k,
+                             const FlashRows& r, int warp_rows, cudaStream_t stream) {
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(r.HS));
+  const bool vec =
+      vector_loads(q, r.HS, r.q_ld, r.q_batch) && vector_loads(k, r.HS, r.k_ld, r.k_batch);
+  return with_head_size(r.HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
     using Sh = Shape<HS_MAX>;
     auto run = [&](auto m_tag) {
       constexpr int kM = decltype(m_tag)::value;
-      const dim3 grid(static_cast<unsigned>(B * NH),
-                      static_cast<unsigned>((S + Sh::query_tile(kM) - 1) / Sh::query_tile(kM)));
+      const dim3 grid(static_cast<unsigned>(r.B * r.NH),
+                      static_cast<unsigned>((r.Sq + Sh::query_tile(kM) - 1) / Sh::query_tile(kM)));
       return launch_opted_in(flash_tc_forward_kernel<HS_MAX, kM>, grid, kThreads,
                              Sh::forward_smem(kM), stream, static_cast<bf16*>(out), lse,
-                             static_cast<const bf16*>(qkv), S, NH, KVH, HS, scale_log2,
-                             vector_loads(qkv, HS), mask.causal, mask.key_len);
+                             static_cast<const bf16*>(q), static_cast<const bf16*>(k), r,
+                             scale_log2, vec);
     };
     switch (warp_rows == 0 ? 16 * Sh::kDefaultMTiles : warp_rows) {
       case 16:
@@ -497,18 +513,26 @@ cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int 
   });
 }
 
-cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
-                              const float* lse, const float* dsum, int B, int S, int NH, int KVH,
-                              int HS, cudaStream_t stream, FlashMask mask) {
-  const dim3 grid(static_cast<unsigned>(B * KVH), static_cast<unsigned>((S + kTile - 1) / kTile));
-  const float scale = 1.f / std::sqrt(static_cast<float>(HS));
-  const bool vec = vector_loads(qkv, HS) && vector_loads(dout, HS);
-  return with_head_size(HS, [&](auto hs_max) {
+cudaError_t flash_tc_backward(void* dk_out, bool add, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const float* lse, const float* dsum,
+                              const FlashRows& r, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(r.B * r.KVH),
+                  static_cast<unsigned>((r.Sk + kTile - 1) / kTile));
+  const int q_tiles = (r.Sq + kTile - 1) / kTile;
+  const float scale = 1.f / std::sqrt(static_cast<float>(r.HS));
+  const bool vec = vector_loads(q, r.HS, r.q_ld, r.q_batch) &&
+                   vector_loads(k, r.HS, r.k_ld, r.k_batch) &&
+                   vector_loads(dout, r.HS, r.o_ld, r.o_batch);
+  return with_head_size(r.HS, [&](auto hs_max) {
     constexpr int HS_MAX = decltype(hs_max)::value;
-    return launch_opted_in(flash_tc_backward_kernel<HS_MAX>, grid, kThreads,
-                           Shape<HS_MAX>::backward_smem, stream, static_cast<bf16*>(dqkv), dq_acc,
-                           static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, dsum,
-                           S, NH, KVH, HS, scale, scale * kLog2e, vec, mask.causal, mask.key_len);
+    auto run = [&](auto add_tag) {
+      return launch_opted_in(flash_tc_backward_kernel<HS_MAX, decltype(add_tag)::value>, grid,
+                             kThreads, Shape<HS_MAX>::backward_smem, stream, dk_out, dq_acc,
+                             static_cast<const bf16*>(dout), static_cast<const bf16*>(q),
+                             static_cast<const bf16*>(k), lse, dsum, r, q_tiles, scale,
+                             scale * kLog2e, vec);
+    };
+    return add ? run(std::true_type{}) : run(std::false_type{});
   });
 }
 

@@ -1,6 +1,7 @@
-// flash_attention_tc.h — the bf16 tensor-core kernels behind flash_attention.h (internal: only
-// flash_attention.cu calls these; it validates shapes, allocates the backward's scratch and runs
-// the backward's D pre-pass and dq pass, which both kernel families share).
+// flash_attention_tc.h — the bf16 tensor-core kernels behind flash_attention.h and
+// attention_block.h (internal: only flash_attention.cu calls these; it validates shapes, allocates
+// the backward's scratch and runs the backward's D pre-pass and dq pass, which both kernel families
+// share).
 //
 // Same layouts, masks and results as flash_attention.h's, for bf16 qkv/out/dout/dqkv; every product
 // runs on bf16 tensor cores (mma.sync, kernels/cuda/mma.cuh) with f32 accumulation, and the
@@ -26,17 +27,17 @@ cudaError_t with_head_size(int HS, F&& f) {
   return f(std::integral_constant<int, 128>{});
 }
 
-// out (B, S, NH, HS) bf16 and lse (B, NH, S) f32 from qkv (B, S, NH + 2·KVH, HS) bf16, with
-// `warp_rows` query rows per warp: 0 for the default (32 above head size 64, else 16), 16 or
-// 32; any other value returns cudaErrorInvalidValue.
-cudaError_t flash_tc_forward(void* out, float* lse, const void* qkv, int B, int S, int NH, int KVH,
-                             int HS, int warp_rows, cudaStream_t stream, FlashMask mask);
+// The bf16 tensor-core kernels on the rows of r (flash_attention.h's FlashRows; q and k point at
+// row 0, head 0 of the query and key operands). Forward: out (bf16) and lse assigned, with
+// `warp_rows` query rows per warp: 0 for the default (32 above head size 64, else 16), 16 or 32.
+cudaError_t flash_tc_forward(void* out, float* lse, const void* q, const void* k,
+                             const FlashRows& r, int warp_rows, cudaStream_t stream);
 
-// The dk, dv parts of dqkv = their gradients (each key/value head summed over its NH / KVH
-// query heads, assigned); dq_acc (B, S, NH, HS) f32 += the unrounded dq, which
-// flash_attention.cu then stores into dqkv. dsum (B, NH, S) = rowsum(dout ∘ out).
-cudaError_t flash_tc_backward(void* dqkv, float* dq_acc, const void* dout, const void* qkv,
-                              const float* lse, const float* dsum, int B, int S, int NH, int KVH,
-                              int HS, cudaStream_t stream, FlashMask mask);
+// Backward given D (dsum): dq += into the f32 accumulator dq_acc (laid out as out); dk and dv
+// either assigned in bf16 into dk_out (add false: the q/k/v gradient, laid out as k) or added in
+// f32 (add true: a ring block's f32 key/value gradient, laid out as k).
+cudaError_t flash_tc_backward(void* dk_out, bool add, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const float* lse, const float* dsum,
+                              const FlashRows& r, cudaStream_t stream);
 
 }  // namespace strata::kernels::cuda

@@ -109,13 +109,6 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
 void check_attention_backend(const Config& c, const Reader& r) {
   const TrainConfig& t = c.train;
   const ModelConfig& m = c.model;
-  // Ring attention's blocks have CPU kernels only so far (Backend::attention_block_forward).
-  if (c.layout.context > 1 && c.device == "cuda") {
-    r.fail_latest({"parallel.context", "device"},
-                  "context " + to_string(c.layout.context) +
-                      " runs on the CPU backend only for now (ring attention has no CUDA kernels "
-                      "yet): expected device \"cpu\", got \"cuda\"");
-  }
   if (t.attention_backend == "cudnn") {
     if (c.device != "cuda") {
       r.fail_latest({"train.attention_backend", "device"},

@@ -104,10 +104,9 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
   const Config& cfg = *run_.cfg;
   ParamStore& params = model_.params();
   // The snapshot: each piece downloaded straight into its own buffer.
-  RankShard shard = make_rank_shard(params.layout(), be_, params.params(), opt_.m(), opt_.v(),
-                                    reducer_.optimizer_segments(),
-                                    Replica{groups_.dp->rank(), groups_.edp_rank},
-                                    reducer_.sharded(), previous);
+  RankShard shard = make_rank_shard(
+      params.layout(), be_, params.params(), opt_.m(), opt_.v(), reducer_.optimizer_segments(),
+      Replica{groups_.dp->rank(), groups_.edp_rank}, reducer_.sharded(), previous);
   nlohmann::json rs = {
       {"format", "strata-run-state-1"},
       {"iteration", it},

@@ -77,6 +77,57 @@ inline void expect_key_lengths(const Tensor& len, int64_t B) {
   expect_numel(len, B, "attention key lengths");
 }
 
+// A ring attention block's operands (backend.h's AttentionBlock), checked: qkv (B, S, W) in the
+// attention layout; kv either qkv itself (its keys start NH·HS in) or a (B, S_k, 2·KVH·HS) block
+// of keys and values; the block's rows inside both; causal only on as many keys as queries.
+struct AttentionBlockDims {
+  AttentionDims a;
+  int64_t S_k = 0;
+  int64_t W = 0;        // qkv's row
+  int64_t q = 0;        // NH·HS: the queries' part of it, and out's row
+  int64_t kv_ld = 0;    // kv's row: W (inside) or 2·KVH·HS
+  bool inside = false;  // kv is the q/k/v
+};
+inline AttentionBlockDims attention_block_dims(const Tensor& qkv, const Tensor& kv,
+                                               const Backend::AttentionBlock& blk) {
+  AttentionBlockDims g;
+  g.a = attention_dims(qkv, blk.num_heads, blk.num_kv_heads);
+  g.W = qkv.size(2);
+  g.q = blk.num_heads * g.a.HS;
+  const int64_t kvw = g.W - g.q;
+  STRATA_CHECK(kv.dim() == 3 && kv.size(0) == g.a.B && (kv.size(2) == g.W || kv.size(2) == kvw),
+               "attention block keys " << shape_string(kv.shape()) << " are neither q/k/v "
+                                       << shape_string(qkv.shape()) << " nor (B, S, " << kvw
+                                       << ")");
+  STRATA_CHECK(kv.dtype() == qkv.dtype(), "attention block keys are " << to_string(kv.dtype())
+                                                                      << ", q/k/v "
+                                                                      << to_string(qkv.dtype()));
+  g.inside = kv.size(2) == g.W;
+  g.S_k = kv.size(1);
+  g.kv_ld = kv.size(2);
+  STRATA_CHECK(blk.q_rows.begin >= 0 && blk.q_rows.count >= 0 &&
+                   blk.q_rows.begin + blk.q_rows.count <= g.a.S && blk.k_rows.begin >= 0 &&
+                   blk.k_rows.count >= 0 && blk.k_rows.begin + blk.k_rows.count <= g.S_k,
+               "attention block rows [" << blk.q_rows.begin << ", +" << blk.q_rows.count << ") x ["
+                                        << blk.k_rows.begin << ", +" << blk.k_rows.count
+                                        << ") outside " << g.a.S << " x " << g.S_k);
+  STRATA_CHECK(!blk.causal || blk.q_rows.count == blk.k_rows.count,
+               "a causal attention block of " << blk.q_rows.count << " x " << blk.k_rows.count);
+  if (blk.key_lengths) expect_key_lengths(*blk.key_lengths, g.a.B);
+  return g;
+}
+
+// Rows (B, S, NH·HS) of a block's output and their (B, NH, S) f32 statistics (lse, delta),
+// checked; returns the head size.
+inline int64_t attention_rows_dims(const Tensor& out, const Tensor& stat, int num_heads,
+                                   const char* what) {
+  STRATA_CHECK(out.dim() == 3 && num_heads >= 1 && out.size(2) % num_heads == 0,
+               what << " output " << shape_string(out.shape()) << " is not (B, S, " << num_heads
+                    << " heads x head size)");
+  expect_f32(stat, out.size(0) * num_heads * out.size(1), what);
+  return out.size(2) / num_heads;
+}
+
 // The sizes of a RoPE operand in the attention layout (attention_dims), checked against its
 // angle table: the head size even (the rotated pairs are (x[i], x[i + HS/2])), and cos_sin an f32
 // (S_max, HS) table with a row for every position.

@@ -695,6 +695,8 @@ class CpuBackend final : public Backend {
   // A ring attention block's operands: qkv's sizes, where the keys and values lie (inside qkv,
   // or a (B, S_k, 2·KVH·HS) block) and the kernels' layout of the buffers (whole rows; the
   // callers offset the pointers to the block's first rows).
+  // A block's operands (backend_checks.h) as the CPU kernels' layout: its keys and values at
+  // kv (inside the q/k/v, NH·HS in, or a received block).
   struct BlockGeometry {
     AttentionDims a;
     int64_t S_k = 0;
@@ -703,31 +705,18 @@ class CpuBackend final : public Backend {
   };
   static BlockGeometry block_geometry(const Tensor& qkv, const Tensor& kv,
                                       const AttentionBlock& blk) {
+    const AttentionBlockDims d = attention_block_dims(qkv, kv, blk);
     BlockGeometry g;
-    g.a = attention_dims(qkv, blk.num_heads, blk.num_kv_heads);
-    const int64_t W = qkv.size(2), q = blk.num_heads * g.a.HS, kvw = W - q;
-    STRATA_CHECK(kv.dim() == 3 && kv.size(0) == g.a.B && (kv.size(2) == W || kv.size(2) == kvw),
-                 "attention block keys " << shape_string(kv.shape()) << " are neither q/k/v "
-                                         << shape_string(qkv.shape()) << " nor (B, S, " << kvw
-                                         << ")");
-    const bool inside = kv.size(2) == W;
-    g.S_k = kv.size(1);
-    g.kv = kv.f32() + (inside ? q : 0);
-    g.at.q_ld = W;
-    g.at.q_batch = W * g.a.S;
-    g.at.o_ld = q;
-    g.at.o_batch = q * g.a.S;
-    g.at.kv_ld = kv.size(2);
-    g.at.kv_batch = kv.size(2) * g.S_k;
+    g.a = d.a;
+    g.S_k = d.S_k;
+    g.kv = kv.f32() + (d.inside ? d.q : 0);
+    g.at.q_ld = d.W;
+    g.at.q_batch = d.W * g.a.S;
+    g.at.o_ld = d.q;
+    g.at.o_batch = d.q * g.a.S;
+    g.at.kv_ld = d.kv_ld;
+    g.at.kv_batch = d.kv_ld * g.S_k;
     g.at.lse_ld = g.a.S;
-    STRATA_CHECK(blk.q_rows.begin >= 0 && blk.q_rows.count >= 0 &&
-                     blk.q_rows.begin + blk.q_rows.count <= g.a.S && blk.k_rows.begin >= 0 &&
-                     blk.k_rows.count >= 0 && blk.k_rows.begin + blk.k_rows.count <= g.S_k,
-                 "attention block rows ["
-                     << blk.q_rows.begin << ", +" << blk.q_rows.count << ") x [" << blk.k_rows.begin
-                     << ", +" << blk.k_rows.count << ") outside " << g.a.S << " x " << g.S_k);
-    STRATA_CHECK(!blk.causal || blk.q_rows.count == blk.k_rows.count,
-                 "a causal attention block of " << blk.q_rows.count << " x " << blk.k_rows.count);
     return g;
   }
   // The block's key lengths (keys of sequence b at block rows ≥ len[b] − k_offset are padding),
@@ -735,7 +724,6 @@ class CpuBackend final : public Backend {
   static std::vector<int32_t> block_key_lengths(const AttentionBlock& blk, int64_t B) {
     std::vector<int32_t> len;
     if (!blk.key_lengths) return len;
-    expect_key_lengths(*blk.key_lengths, B);
     len.resize(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b)
       len[static_cast<size_t>(b)] = static_cast<int32_t>(blk.key_lengths->i32()[b] - blk.k_offset);
@@ -744,10 +732,7 @@ class CpuBackend final : public Backend {
   // The layout of (B, S, NH·HS) rows and their (B, NH, S) f32 statistics.
   static k::BlockLayout rows_layout(const Tensor& out, const Tensor& stat, int num_heads,
                                     const char* what) {
-    STRATA_CHECK(out.dim() == 3 && num_heads >= 1 && out.size(2) % num_heads == 0,
-                 what << " output " << shape_string(out.shape()) << " is not (B, S, " << num_heads
-                      << " heads x head size)");
-    expect_f32(stat, out.size(0) * num_heads * out.size(1), what);
+    attention_rows_dims(out, stat, num_heads, what);
     k::BlockLayout at;
     at.o_ld = out.size(2);
     at.o_batch = out.size(2) * out.size(1);

@@ -26,11 +26,11 @@
 namespace strata {
 
 struct ParallelLayout {
-  int tensor = 1;    // t: ranks each layer's weights are split over (inside a node)
-  int context = 1;   // ranks each sequence is split over (ring attention)
-  int expert = 1;    // data ranks each MoE layer's experts are spread over
-  int pipeline = 1;  // p stages
-  int data = 0;      // d replicas; 0: open, world / (t · c · p) once resolved
+  int tensor = 1;          // t: ranks each layer's weights are split over (inside a node)
+  int context = 1;         // ranks each sequence is split over (ring attention)
+  int expert = 1;          // data ranks each MoE layer's experts are spread over
+  int pipeline = 1;        // p stages
+  int data = 0;            // d replicas; 0: open, world / (t · c · p) once resolved
   int virtual_stages = 1;  // v model chunks per stage (interleaved only)
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   Recompute recompute = Recompute::kNone;

@@ -102,7 +102,7 @@ GroupLayout group_layout(int t, int p, int d, int e = 1, int c = 1);
 struct ProcessGroups {
   int tensor = 1, pipeline = 1, data = 1, expert = 1, context = 1;
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
-  int cp_rank = 0;  // this rank's place in its context group: chunks cp and 2c−1−cp
+  int cp_rank = 0;   // this rank's place in its context group: chunks cp and 2c−1−cp
   int ep_rank = 0;   // dp_rank % expert: which run of experts this rank holds
   int edp_rank = 0;  // cp + context·(dp / expert): its place in the edp group (0: the first
                      // replica of its experts); the dp group's rank when expert = 1

@@ -189,6 +189,20 @@ class CudaBackend final : public Backend {
                          const AttentionMask& mask) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& saved, int NH, int KVH, const AttentionMask& mask) override;
+  // Ring attention's blocks (backend.h; kernels/cuda/attention_block.h).
+  void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                               const AttentionBlock& block) override;
+  void attention_block_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b,
+                             const AttentionBlock& block) override;
+  void attention_block_delta(Tensor& delta, const Tensor& dout, const Tensor& out,
+                             int num_heads) override;
+  void attention_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& kv, const Tensor& lse, const Tensor& delta,
+                                const AttentionBlock& block) override;
+  void attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
+                            int num_kv_heads) override;
+  void attention_qkv_assemble(Tensor& dqkv, const Tensor& dq, const Tensor& dkv, int num_heads,
+                              int num_kv_heads) override;
   void rope_forward(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH) override;
   void rope_backward(Tensor& dqkv, const Tensor& cos_sin, int NH, int KVH) override;
   void kv_cache_append(Tensor& q, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int NH,
@@ -277,6 +291,8 @@ class CudaBackend final : public Backend {
   static kc::FlashMask flash_mask(const AttentionMask& mask, const AttentionShape& a);
   Tensor workspace(size_t bytes);
   static AttentionShape attention_shape(const Tensor& qkv, int NH, int KVH);
+  // A ring block's rows for the flash kernels (operands checked by attention_block_dims).
+  static kc::FlashRows block_rows(const AttentionBlockDims& d, const AttentionBlock& blk);
   void rope(Tensor& qkv, const Tensor& cos_sin, int NH, int KVH, bool backward);
 
   // ---- the other ops (backend_cuda_ops.cu) ----

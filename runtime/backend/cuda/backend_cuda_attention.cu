@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_decode.h"
 #include "kernels/cuda/rope.h"
 #include "runtime/backend/cuda/backend_cuda.h"
@@ -64,6 +65,102 @@ void CudaBackend::attention_backward(Tensor& dqkv, const Tensor& dout, const Ten
   CUDA_CHECK(kc::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
                                           saved.f32(), et(qkv), a.B, a.S, a.NH, a.KVH, a.HS,
                                           scratch.data(), stream_, m));
+}
+
+// ---- ring attention blocks (context parallelism) ----
+
+void CudaBackend::attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
+                                          const Tensor& kv, const AttentionBlock& blk) {
+  if (!all_same_dtype(out, qkv, kv)) {
+    MixedPrecisionScope mp(*this);
+    return attention_block_forward(mp.out(out), lse, mp.in(qkv), mp.in(kv), blk);
+  }
+  const AttentionBlockDims d = attention_block_dims(qkv, kv, blk);
+  expect_numel(out, d.a.B * d.a.S * d.q, "attention block out");
+  expect_f32(lse, d.a.B * blk.num_heads * d.a.S, "attention block lse");
+  const kc::FlashRows r = block_rows(d, blk);
+  const size_t es = dtype_size(qkv.dtype());
+  const char* q = static_cast<const char*>(qkv.data()) + blk.q_rows.begin * d.W * es;
+  const char* k = static_cast<const char*>(kv.data()) +
+                  (blk.k_rows.begin * d.kv_ld + (d.inside ? d.q : 0)) * es;
+  char* o = static_cast<char*>(out.data()) + blk.q_rows.begin * d.q * es;
+  CUDA_CHECK(
+      kc::attention_block_forward(o, lse.f32() + blk.q_rows.begin, q, k, et(qkv), r, stream_));
+}
+
+void CudaBackend::attention_block_merge(Tensor& out, Tensor& lse, const Tensor& out_b,
+                                        const Tensor& lse_b, const AttentionBlock& blk) {
+  if (!same_dtype(out, out_b)) {
+    MixedPrecisionScope mp(*this);
+    return attention_block_merge(mp.out(out), lse, mp.in(out_b), lse_b, blk);
+  }
+  const int64_t HS = attention_rows_dims(out, lse, blk.num_heads, "attention merge");
+  expect_numel(out_b, out.numel(), "attention merge block out");
+  expect_f32(lse_b, lse.numel(), "attention merge block lse");
+  const int64_t S = out.size(1);
+  STRATA_CHECK(blk.q_rows.begin >= 0 && blk.q_rows.begin + blk.q_rows.count <= S,
+               "attention merge rows outside " << S);
+  CUDA_CHECK(kc::attention_block_merge(
+      out.data(), lse.f32(), out_b.data(), lse_b.f32(), et(out), as_int(out.size(0)), as_int(S),
+      blk.num_heads, as_int(HS), as_int(blk.q_rows.begin), as_int(blk.q_rows.count), stream_));
+}
+
+void CudaBackend::attention_block_delta(Tensor& delta, const Tensor& dout, const Tensor& out,
+                                        int num_heads) {
+  if (!same_dtype(dout, out)) {
+    MixedPrecisionScope mp(*this);
+    return attention_block_delta(delta, mp.in(dout), mp.in(out), num_heads);
+  }
+  const int64_t HS = attention_rows_dims(out, delta, num_heads, "attention delta");
+  expect_numel(dout, out.numel(), "attention delta dout");
+  CUDA_CHECK(kc::attention_block_delta(delta.f32(), dout.data(), out.data(), et(out),
+                                       as_int(out.size(0)), as_int(out.size(1)), num_heads,
+                                       as_int(HS), stream_));
+}
+
+void CudaBackend::attention_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout,
+                                           const Tensor& qkv, const Tensor& kv, const Tensor& lse,
+                                           const Tensor& delta, const AttentionBlock& blk) {
+  if (!all_same_dtype(dout, qkv, kv)) {
+    MixedPrecisionScope mp(*this);
+    return attention_block_backward(dq, dkv, mp.in(dout), mp.in(qkv), mp.in(kv), lse, delta, blk);
+  }
+  const AttentionBlockDims d = attention_block_dims(qkv, kv, blk);
+  const int64_t rows = d.a.B * blk.num_heads * d.a.S;
+  expect_f32(dq, d.a.B * d.a.S * d.q, "attention block dq");
+  expect_f32(dkv, d.a.B * d.S_k * d.kv_ld, "attention block dkv");
+  STRATA_CHECK(!d.inside, "attention block dkv of keys inside q/k/v");
+  expect_numel(dout, dq.numel(), "attention block dout");
+  expect_f32(lse, rows, "attention block lse");
+  expect_f32(delta, rows, "attention block delta");
+  const kc::FlashRows r = block_rows(d, blk);
+  const size_t es = dtype_size(qkv.dtype());
+  const int64_t q0 = blk.q_rows.begin, k0 = blk.k_rows.begin;
+  CUDA_CHECK(kc::attention_block_backward(dq.f32() + q0 * d.q, dkv.f32() + k0 * d.kv_ld,
+                                          static_cast<const char*>(dout.data()) + q0 * d.q * es,
+                                          static_cast<const char*>(qkv.data()) + q0 * d.W * es,
+                                          static_cast<const char*>(kv.data()) + k0 * d.kv_ld * es,
+                                          lse.f32() + q0, delta.f32() + q0, et(qkv), r, stream_));
+}
+
+void CudaBackend::attention_kv_extract(Tensor& kv, const Tensor& qkv, int num_heads,
+                                       int num_kv_heads) {
+  const AttentionDims a = attention_dims(qkv, num_heads, num_kv_heads);
+  const int64_t W = qkv.size(2), q = num_heads * a.HS;
+  expect_numel(kv, a.B * a.S * (W - q), "attention kv");
+  STRATA_CHECK(kv.dtype() == qkv.dtype(),
+               "attention kv is " << to_string(kv.dtype()) << ", q/k/v " << to_string(qkv.dtype()));
+  CUDA_CHECK(kc::attention_kv_extract(kv.data(), qkv.data(), et(qkv), a.B * a.S, W, q, stream_));
+}
+
+void CudaBackend::attention_qkv_assemble(Tensor& dqkv, const Tensor& dq, const Tensor& dkv,
+                                         int num_heads, int num_kv_heads) {
+  const AttentionDims a = attention_dims(dqkv, num_heads, num_kv_heads);
+  const int64_t W = dqkv.size(2), q = num_heads * a.HS, n = W - q;
+  expect_f32(dq, a.B * a.S * q, "attention dq");
+  expect_f32(dkv, a.B * a.S * n, "attention dkv");
+  CUDA_CHECK(kc::attention_qkv_assemble(dqkv.data(), dq.f32(), dkv.f32(), et(dqkv), a.B * a.S, q, n,
+                                        stream_));
 }
 
 // ---- rotary embeddings ----
@@ -153,6 +250,31 @@ CudaBackend::AttentionShape CudaBackend::attention_shape(const Tensor& qkv, int 
       a.HS <= kc::kFlashMaxHeadSize,
       "head size " << a.HS << " exceeds the fused attention's maximum " << kc::kFlashMaxHeadSize);
   return a;
+}
+
+kc::FlashRows CudaBackend::block_rows(const AttentionBlockDims& d, const AttentionBlock& blk) {
+  STRATA_CHECK(d.a.HS <= kc::kFlashMaxHeadSize, "head size " << d.a.HS
+                                                             << " exceeds the fused attention's "
+                                                                "maximum "
+                                                             << kc::kFlashMaxHeadSize);
+  kc::FlashRows r;
+  r.B = as_int(d.a.B);
+  r.Sq = as_int(blk.q_rows.count);
+  r.Sk = as_int(blk.k_rows.count);
+  r.NH = blk.num_heads;
+  r.KVH = blk.num_kv_heads;
+  r.HS = as_int(d.a.HS);
+  r.q_ld = d.W;
+  r.q_batch = d.W * d.a.S;
+  r.k_ld = d.kv_ld;
+  r.k_batch = d.kv_ld * d.S_k;
+  r.o_ld = d.q;
+  r.o_batch = d.q * d.a.S;
+  r.lse_ld = d.a.S;
+  r.causal = blk.causal;
+  r.key_len = blk.key_lengths ? blk.key_lengths->i32() : nullptr;
+  r.k_offset = as_int(blk.k_offset);
+  return r;
 }
 
 // RoPE in place on qkv (B, S, (NH + 2·KVH)·HS), or its inverse on the gradient; the table is
