@@ -211,9 +211,13 @@ int run_cli(int argc, char** argv) {
     init_world(&argc, &argv, timeout_s);
     status = dispatch(argc, argv);
   } catch (const InputError& e) {
-    // Bad input is found identically on every rank (same config, same files): one line, from
-    // rank 0.
-    if (world().rank == 0) std::fprintf(stderr, "%s\n", e.what());
+    // Bad input in the config or a file every rank reads is found alike on every rank: the
+    // lowest of them prints the one line. A rank that found it alone (a token of the data only it
+    // reads), while the others wait for it in the training's collectives, prints its own and
+    // ends the job at once, with status 2, instead of leaving them to the watchdog.
+    const int printer = input_error_agreement(kInputErrorAgreementS);
+    if (printer < 0 || printer == world().rank) std::fprintf(stderr, "%s\n", e.what());
+    if (printer < 0) abort_job(2);
     status = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(), process_host().c_str(),

@@ -48,7 +48,9 @@ void read_floats(StReader& r, const std::vector<std::string>* names, HfTensors& 
   for (const std::string& name : *names) {
     const StEntry& e = r.entries().at(name);
     if (!st_is_float(e.dtype)) continue;
-    out.tensors[name] = FullTensor{e.shape, r.read_f32(name)};
+    FullTensor t{e.shape, r.read_f32(name)};
+    expect_finite(r.path(), "tensor " + name, t.data.data(), static_cast<int64_t>(t.data.size()));
+    out.tensors[name] = std::move(t);
     out.file[name] = r.path();
   }
 }
@@ -148,6 +150,21 @@ HfTensors read_hf_tensors(const std::string& path) {
     if (!it->is_string())
       throw InputError(index, "weight_map." + it.key(), "the name of a shard file (a string)");
     by_shard[it->get<std::string>()].push_back(it.key());
+  }
+  // A shard is a file of this directory: a plain name, and no link leading out of it (an index
+  // naming /etc/passwd or ../x must not make Strata open, or print a byte of, a foreign file).
+  const fs::path home = fs::weakly_canonical(fs::path(path), ec);
+  for (const auto& [shard, names] : by_shard) {
+    const fs::path name(shard);
+    const bool plain = !shard.empty() && shard.find('/') == std::string::npos &&
+                       shard.find('\0') == std::string::npos && shard != "." && shard != "..";
+    const fs::path real = plain ? fs::weakly_canonical(fs::path(path) / name, ec) : fs::path();
+    if (!plain || ec || real.parent_path() != home)
+      throw InputError(index, "weight_map." + names.front(),
+                       "the name of a shard file inside " + path +
+                           " (a plain file name, not a path, and no link leading out of the "
+                           "directory), got \"" +
+                           shard + "\"");
   }
   for (const auto& [shard, names] : by_shard) {
     const std::string file = join(path, shard);

@@ -7,6 +7,7 @@
 #   mpi_watchdog             a deliberately missing send: the job must abort with the watchdog
 #                            line within timeout + 5 s
 #   mpi_launch_faults        start-up and shutdown bounded by comm.timeout_s; orphaned ranks stop
+#   mpi_input_error_one_rank bad data one rank reads: its line and exit 2 within seconds
 #   mpi_strata_run_print     launch/strata-run computes -np and the mpirun flags from a config
 #   mpi_multihost_faults     two network namespaces as two hosts (2 ranks each, TCP between them):
 #                            the same losses as on one host; a cut link reported by the watchdog
@@ -157,6 +158,14 @@ add_test(NAME mpi_launch_faults
                  $<TARGET_FILE:strata>)
 set_tests_properties(mpi_launch_faults PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}" TIMEOUT 300
                      PROCESSORS 3 LABELS mpi)
+
+# Bad data only one rank reads ends the job with its line and exit 2 within seconds, not
+# behind the watchdog (issue 39), under data 2 and pipeline 2.
+add_test(NAME mpi_input_error_one_rank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_input_error_one_rank.sh
+                 ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:strata>)
+set_tests_properties(mpi_input_error_one_rank PROPERTIES ENVIRONMENT "${STRATA_MPI_ENV}"
+                     TIMEOUT 300 PROCESSORS 2 LABELS mpi)
 
 # The planner's per-stage memory prediction against the allocator under several layouts (issue 6).
 strata_mpi_executable(mpi_test_memory)

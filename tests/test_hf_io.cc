@@ -346,8 +346,9 @@ TEST(HfDirectory, OneFileWhenItFits) {
 TEST(HfDirectory, ShardedAsSavePretrainedAndReadBackBitForBit) {
   const std::string dir = scratch("sharded");
   FullTensors t = sample_hf(4);
-  t["model.layers.0.a.weight"].data[3] = -0.0f;  // bits, not values, must survive
-  t["model.layers.0.a.weight"].data[4] = std::nanf("");
+  t["model.layers.0.a.weight"].data[3] = -0.0f;                   // bits, not values, must survive
+  t["model.layers.0.a.weight"].data[4] = std::ldexp(1.0f, -140);  // a subnormal
+  // (A NaN is written as it is, and refused when read back: HfDtypes.Bf16AndF16ReadExactly.)
   // 16-float tensors are 64 bytes, 4-float 16, the embedding and head 160: max 100 bytes.
   HfWriteOptions o;
   o.max_shard_bytes = 100;
@@ -440,6 +441,47 @@ TEST(HfDirectory, MissingShardOrTensorIsNamed) {
   fs::remove_all(dir);
 }
 
+// An index may name only files of its own directory: an absolute path, a path with directories
+// or "..", and a link leading out are refused with the index and the entry, and no byte of the
+// foreign file is read or printed (before, an index naming /etc/passwd was opened and the error
+// printed its first 8 bytes as a header length).
+TEST(HfDirectory, IndexNamesOnlyFilesOfItsDirectory) {
+  const std::string dir = scratch("escape");
+  const FullTensors t = sample_hf(2);
+  HfWriteOptions o;
+  o.max_shard_bytes = 100;
+  write_hf_directory(dir, json::object(), t, o);
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  const json index = read_json_file(index_path);
+  const std::string outside = scratch("outside.safetensors");
+  std::ofstream(outside) << "OUTSIDE!" << std::string(64, 'x');
+  fs::create_symlink(outside, dir + "/link.safetensors");
+  fs::create_directories(dir + "/sub");
+  for (const std::string& bad :
+       {outside, std::string("/etc/passwd"),
+        std::string("../") + fs::path(outside).filename().string(),
+        std::string("sub/model.safetensors"), std::string("link.safetensors"), std::string(".."),
+        std::string("")}) {
+    json j = index;
+    j["weight_map"]["model.layers.1.a.weight"] = bad;
+    std::ofstream(index_path) << j.dump(2);
+    const std::string msg = input_error([&] { read_hf_tensors(dir); });
+    EXPECT_TRUE(contains(msg, index_path + ": weight_map.model.layers.1.a.weight")) << msg;
+    EXPECT_TRUE(contains(msg, "a plain file name")) << msg;
+    EXPECT_FALSE(contains(msg, "OUTSIDE") || contains(msg, "root:")) << msg;
+  }
+  // A link to a file of the directory itself is a file of the directory.
+  json j = index;
+  const std::string shard = index["weight_map"]["model.layers.1.a.weight"];
+  fs::create_symlink(dir + "/" + shard, dir + "/alias.safetensors");
+  for (auto& [name, file] : j["weight_map"].items())
+    if (file == shard) file = "alias.safetensors";
+  std::ofstream(index_path) << j.dump(2);
+  EXPECT_EQ(read_hf_tensors(dir).tensors.size(), t.size());
+  fs::remove_all(dir);
+  fs::remove(outside);
+}
+
 TEST(HfDirectory, LlamaTensorsThroughAShardedDirectory) {
   // The adapter and the directory together, as model.init_from uses them.
   const std::string dir = scratch("llama");
@@ -493,10 +535,18 @@ TEST(HfDtypes, Bf16AndF16ReadExactly) {
                                 -INFINITY};
   ASSERT_EQ(got.size(), h.size());
   for (size_t i = 0; i < h.size(); ++i) EXPECT_EQ(got[i], h[i]) << i;
-  // The same through read_hf_tensors (model.init_from's reader of a single file).
-  EXPECT_EQ(read_hf_tensors(path).tensors.at("t").data, got);
-  write_raw(path, "F16", {0x7e00});
-  EXPECT_TRUE(std::isnan(StReader(path).read_f32("t")[0]));
+  // read_hf_tensors (model.init_from's, generate's and eval's reader) refuses weights that are not
+  // finite, naming the tensor and the first bad element (before, a NaN or an infinity was used
+  // silently: generate gave all-zero ids, eval null log-likelihoods, both with exit 0).
+  std::string msg = input_error([&] { read_hf_tensors(path); });
+  EXPECT_TRUE(contains(msg, path + ": tensor t: finite values; element 6 is -inf")) << msg;
+  write_raw(path, "F16", {0x3c00, 0x7e00});
+  EXPECT_TRUE(std::isnan(StReader(path).read_f32("t")[1]));
+  msg = input_error([&] { read_hf_tensors(path); });
+  EXPECT_TRUE(contains(msg, "element 1 is NaN")) << msg;
+  write_raw(path, "F16", {0x3c00, 0x3c01});
+  EXPECT_EQ(read_hf_tensors(path).tensors.at("t").data,
+            (std::vector<float>{1.0f, 1.0f + std::ldexp(1.0f, -10)}));
   fs::remove(path);
 }
 

@@ -3,9 +3,11 @@
 // giving the same losses as one large micro-batch, and the memory prediction against the
 // allocator's measured peak.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -153,6 +155,30 @@ TEST(Train, NonFiniteStepsAreSkippedThenTheRunStops) {
     EXPECT_NE(std::string(e.what()).find("5 non-finite steps in a row"), std::string::npos)
         << e.what();
   }
+}
+
+// A diverging run saves no checkpoint whose weights hold a NaN or an infinity (before, the
+// checkpoints of the iterations between the blow-up and the fifth non-finite step were written,
+// and a resume from the newest one trained NaN): the run resumed from its newest checkpoint
+// trains finite losses again. A learning rate of 1e39 (above float's range) makes the weights
+// infinite at the first step.
+TEST(Train, DivergingRunSavesNoNonFiniteCheckpoint) {
+  const std::string dir = ::testing::TempDir() + "strata_diverge_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> ck = {"checkpoint.dir=" + dir, "checkpoint.interval=1",
+                                       "checkpoint.keep=100", "train.iterations=20"};
+  std::vector<std::string> diverge = {"optimizer.lr=1e39", "optimizer.warmup_iters=0",
+                                      "optimizer.grad_clip=0", "optimizer.min_lr=0"};
+  diverge.insert(diverge.end(), ck.begin(), ck.end());
+  EXPECT_THROW(run_training(tiny(diverge), quiet()), std::runtime_error);
+  std::vector<std::string> resume = ck;
+  resume.push_back("checkpoint.resume=auto");
+  resume.push_back("optimizer.lr=1e-3");
+  const TrainResult r = run_training(tiny(resume), quiet());
+  ASSERT_FALSE(r.losses.empty());
+  for (double l : r.losses)
+    EXPECT_TRUE(std::isfinite(l)) << "resumed from iteration " << r.start_iteration;
+  std::filesystem::remove_all(dir);
 }
 
 // Activation recomputation trades compute for memory: the same losses, a lower activation peak

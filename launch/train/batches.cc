@@ -1,6 +1,11 @@
 #include "launch/train/batches.h"
 
+#include <cstdio>
+
 #include "models/layers/ring_attention.h"
+#include "runtime/base/abort_hook.h"
+#include "runtime/base/error.h"
+#include "runtime/comm/comm.h"
 
 namespace strata {
 
@@ -41,9 +46,21 @@ ModelBatch upload_batch(Backend& be, const HostBatch& h, int count, int seq_len,
 }
 
 HostBatch BatchPrefetcher::take(const BatchKey& k) {
-  if (pending_.valid() && key_ == k) return pending_.get();  // rethrows the source's error
-  drop();
-  return sample_batch(data_, k);
+  try {
+    if (pending_.valid() && key_ == k) return pending_.get();  // rethrows the source's error
+    drop();
+    return sample_batch(data_, k);
+  } catch (const InputError& e) {
+    // Bad data this rank alone reads (its sequences) while its peers wait for it in the step's
+    // collectives: unwinding would wait on requests they never match, so the rank that found it
+    // says so and ends the job here, unless every rank found bad data too (then the error goes
+    // up, and the lowest rank prints it: launch/cli.cc).
+    if (input_error_agreement(kInputErrorAgreementS) < 0) {
+      std::fprintf(stderr, "%s\n", e.what());
+      abort_job(2);
+    }
+    throw;
+  }
 }
 
 void BatchPrefetcher::prefetch(const BatchKey& k) {

@@ -55,7 +55,8 @@ class BatchPrefetcher {
   ~BatchPrefetcher() { drop(); }
 
   // The batch of `k`: the prefetched one when it is, else sampled now. Rethrows the source's
-  // error.
+  // error; bad data (InputError) that not every rank found ends the job here, with its line and
+  // status 2 (input_error_agreement).
   HostBatch take(const BatchKey& k);
   // Starts sampling `k` on a host thread (dropping an unused earlier guess).
   void prefetch(const BatchKey& k);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -97,7 +98,24 @@ RunStart Checkpointing::restore() {
   return start;
 }
 
+bool Checkpointing::weights_finite() {
+  ParamStore& params = model_.params();
+  int32_t bad = std::isfinite(be_.sum_squares(params.params())) ? 0 : 1;
+  groups_.host->all_reduce(&bad, 1, DType::kI32, ReduceOp::kMax);  // every rank decides alike
+  return bad == 0;
+}
+
 void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous) {
+  // A diverged run's weights (a NaN or an infinity anywhere) are not a checkpoint to resume from:
+  // the last finite one stays the latest.
+  if (!weights_finite()) {
+    if (lead_)
+      std::fprintf(stderr,
+                   "warning: iteration %d not saved: the weights hold non-finite values (the run "
+                   "is diverging); the last checkpoint saved stays the latest\n",
+                   it);
+    return;
+  }
   // A second save waits for the first (its wait counts as the first one's stall).
   publish(pending(), it);
   const auto t0 = std::chrono::steady_clock::now();

@@ -51,7 +51,7 @@ class Checkpointing {
   // W(it)); previous: 2bw's W(it−1), saved beside them. Collective. With checkpoint.async the
   // copy to host memory is all that holds the step: the shard is written in the background and
   // the checkpoint published later (publish_saved, finish); a save first publishes the one
-  // before it.
+  // before it. Weights holding a NaN or an infinity on any rank are not saved (a warning says so).
   void save(int it, int nonfinite_in_a_row, const Tensor* previous = nullptr);
   // The background save not yet published (its number), else -1; whether this rank's shard of
   // it is still being written. The trainer exchanges both (StopRequest::poll).
@@ -71,6 +71,8 @@ class Checkpointing {
   const std::vector<int>& published_at() const { return published_at_; }
 
  private:
+  // Whether every rank's weights are finite (collective over the world).
+  bool weights_finite();
   // Publishes pending save `save` after iteration `at` (collective); the time it takes adds to
   // that save's stall.
   void publish(int64_t save, int at);

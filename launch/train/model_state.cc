@@ -314,6 +314,7 @@ void load_params(const ParamLayout& layout, CheckpointReader& ck, const std::str
     if (p.rows_initialised >= 0)
       for (int64_t i = 0; i < p.numel; ++i)
         if (global_index(p, i, tp_rank, tp) / p.full_shape[1] >= p.rows_initialised) dst[i] = 0;
+    expect_finite(ck.path(), kind + ":" + p.name, dst, p.numel);
   }
 }
 

@@ -13,7 +13,9 @@
 // Thread-safety: plain value types, no shared state.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -70,5 +72,18 @@ class InputError : public std::runtime_error {
   }
   std::string file_, where_, expected_;
 };
+
+// Weights read from a file must be finite: a NaN or an infinity in them would train or decode
+// nothing, silently. InputError naming the file, `where` (the tensor) and the first bad element.
+inline void expect_finite(const std::string& file, const std::string& where, const float* v,
+                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      throw InputError(file, where,
+                       "finite values; element " + std::to_string(i) + " is " +
+                           (std::isnan(v[i]) ? "NaN"
+                            : v[i] > 0       ? "+inf"
+                                             : "-inf"));
+}
 
 }  // namespace strata

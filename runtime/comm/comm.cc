@@ -232,6 +232,11 @@ const World& world() {
   return g_world;
 }
 
+int input_error_agreement(double wait_s) {
+  if (!g_initialised || !g_world.mpi || g_world.size == 1) return 0;
+  return detail::mpi_input_error_agreement(wait_s);
+}
+
 int cuda_device_count() {
 #if defined(STRATA_HAVE_CUDA)
   return detail::cuda_device_count_impl();

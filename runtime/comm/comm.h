@@ -69,6 +69,16 @@ void finalize_world(double timeout_s = 300);
 // The world of init_world(); the size-1 default before it.
 const World& world();
 
+// After this rank found bad input (an InputError): the lowest world rank that found one too, if
+// every rank of the world did within wait_s (bad input in the config or in a file every rank
+// reads is found alike everywhere: that rank prints the one line); -1 when some rank did not
+// (it is busy elsewhere, in the training's collectives: a token only this rank read was bad),
+// and this rank must print its error and end the job. A world of one rank: 0. Only ranks that
+// found bad input call it, on a communicator of its own.
+int input_error_agreement(double wait_s);
+// The wait both callers (launch/cli.cc, the batch prefetcher) give it.
+constexpr double kInputErrorAgreementS = 5.0;
+
 // The CUDA device this rank drives: local_rank modulo the device count; 0 without CUDA or without
 // devices.
 int local_device_index();
@@ -307,6 +317,7 @@ bool launched_by_mpi();
 World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeout_s);
 // Frees Strata's MPI objects; finalises if asked, within timeout_s.
 void mpi_finalize_world(bool we_initialised, double timeout_s);
+int mpi_input_error_agreement(double wait_s);
 int cuda_device_count_impl();  // CUDA builds only (cuda/comm_nccl.cc)
 }  // namespace detail
 

@@ -17,6 +17,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "kernels/cpu/precision.h"
 #include "runtime/base/abort_hook.h"
@@ -659,6 +661,10 @@ void join_world(const World& w, double timeout_s) {
 
 }  // namespace
 
+// The communicator of input_error_agreement: a world of its own, so that ranks agreeing on bad
+// input never match a collective of the training's.
+MPI_Comm g_error_comm = MPI_COMM_NULL;
+
 World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeout_s) {
   int initialised = 0;
   MPI_Initialized(&initialised);
@@ -697,7 +703,31 @@ World mpi_init_world(int* argc, char*** argv, bool* we_initialised, double timeo
     stop_hook(w);
     join_world(w, timeout_s);
   }
+  // After join_world every rank is here: the duplication completes.
+  if (g_error_comm == MPI_COMM_NULL) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &g_error_comm, &r));
+    mpi_wait(&r, timeout_s, "start-up: creating the error-agreement communicator");
+    MPI_CHECK(MPI_Comm_set_errhandler(g_error_comm, MPI_ERRORS_RETURN));
+  }
   return w;
+}
+
+int mpi_input_error_agreement(double wait_s) {
+  if (g_error_comm == MPI_COMM_NULL) return -1;
+  int mine = 0, lowest = -1;
+  MPI_CHECK(MPI_Comm_rank(g_error_comm, &mine));
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, g_error_comm, &r));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (done) return lowest;
+    // Not every rank came: the request stays pending, as the caller ends the job.
+    if (std::chrono::steady_clock::now() >= until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void mpi_finalize_world(bool we_initialised, double timeout_s) {
@@ -707,6 +737,7 @@ void mpi_finalize_world(bool we_initialised, double timeout_s) {
   for (MPI_Op* op : {&g_bf16_sum, &g_bf16_max}) {
     if (*op != MPI_OP_NULL) MPI_Op_free(op);
   }
+  if (g_error_comm != MPI_COMM_NULL) MPI_Comm_free(&g_error_comm);
   if (!we_initialised) return;
   // MPI_Finalize waits for the launcher and the other ranks; a stopped one would hold it forever.
   const WatchdogTimer deadline(
