@@ -53,8 +53,22 @@ TEST(Eval, BadTaskFilesAreNamed) {
   const std::string path = dir + "/bad_task_" + std::to_string(::getpid()) + ".jsonl";
   for (const auto& [text, where] : std::vector<std::pair<std::string, std::string>>{
            {"{\"ctx_ids\": [1, 2], \"endings_ids\": [[3], [4]], \"label\": 2}\n", "line 1: label"},
-           {"{\"ctx_ids\": [1], \"endings_ids\": [[3], [400]], \"label\": 0}\n", "line 1"},
-           {"\n{\"endings_ids\": [[3], [4]], \"label\": 0}\n", "line 2"}}) {
+           {"{\"ctx_ids\": [1], \"endings_ids\": [[3], [400]], \"label\": 0}\n",
+            "line 1: endings_ids[1][0]"},
+           {"\n{\"endings_ids\": [[3], [4]], \"label\": 0}\n", "line 2"},
+           // Ids are integers in [0, vocab), named as given: before, 4294967301 was scored as 5
+           // (wrapped to int32), -4294967291 and 1.9 were accepted, and 10^12 was refused with
+           // another number.
+           {"{\"ctx_ids\": [1, 4294967301], \"endings_ids\": [[3], [4]], \"label\": 0}\n",
+            "line 1: ctx_ids[1]"},
+           {"{\"ctx_ids\": [-4294967291], \"endings_ids\": [[3], [4]], \"label\": 0}\n",
+            "line 1: ctx_ids[0]"},
+           {"{\"ctx_ids\": [1], \"endings_ids\": [[3], [1.9]], \"label\": 0}\n",
+            "line 1: endings_ids[1][0]"},
+           {"{\"ctx_ids\": [1000000000000], \"endings_ids\": [[3], [4]], \"label\": 0}\n",
+            "line 1: ctx_ids[0]"},
+           {"{\"ctx_ids\": [1], \"endings_ids\": [[3], [4]], \"label\": 18446744073709551615}\n",
+            "line 1: label"}}) {
     {
       std::ofstream out(path);
       out << text;
@@ -65,6 +79,13 @@ TEST(Eval, BadTaskFilesAreNamed) {
     } catch (const InputError& e) {
       EXPECT_EQ(e.file(), path);
       EXPECT_EQ(e.where(), where) << e.what();
+      // The value given, as written.
+      for (const char* v :
+           {"4294967301", "-4294967291", "1.9", "1000000000000", "18446744073709551615"})
+        if (text.find(v) != std::string::npos) {
+          EXPECT_NE(std::string(e.what()).find(std::string("got ") + v), std::string::npos)
+              << e.what();
+        }
     }
   }
   std::filesystem::remove(path);

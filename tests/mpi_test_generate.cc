@@ -151,6 +151,19 @@ TEST(GenerateInput, TopPOutsideZeroToOneIsRefused) {
   }
 }
 
+// A tiny temperature is greedy: 2.3e-308 (logits ÷ T overflowed to ±inf before, and their NaN
+// differences sampled the least likely tokens) and 1e-9 give the greedy tokens exactly.
+TEST(GenerateInput, TinyTemperatureIsGreedy) {
+  const GenerateOptions greedy = options("gpt2", {{1, 2, 3}}, 6);
+  const std::vector<int32_t> want = generate(greedy)[0].ids;
+  for (double t : {2.3e-308, 1e-9}) {
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    GenerateOptions o = greedy;
+    o.temperature = t;
+    EXPECT_EQ(generate(o)[0].ids, want);
+  }
+}
+
 // log.sample_interval at every layout (issue 26): each layout's samples are the single-process
 // run's tokens, and its losses, gradient norms and final parameters are those of the same layout
 // without samples, bit for bit. Pipelines decode piece after piece (interleaved too), 2bw from

@@ -204,5 +204,46 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
   EXPECT_FALSE(fs::exists(out + "_bad.idx"));  // nothing half-written
 }
 
+// JSON Lines as Python reads them: a lone surrogate escape is U+FFFD (before, it cost the whole
+// input: nlohmann's parser refuses it), a pair stays the character it encodes; nesting deeper
+// than the config reader's 64 is refused at its line, without building the structure (a 50 MB
+// line of '[' took 4 GB before its refusal).
+TEST_F(Datasets, PrepareReadsLoneSurrogatesAsReplacementAndBoundsNesting) {
+  {
+    std::ofstream j(dir_ / "sur.jsonl");
+    j << "{\"text\": \"a\\udcffb\"}\n{\"text\": \"x\\ud83d\\ude00y \\\\udcff\"}\n";
+  }
+  const std::string out = (dir_ / "sur").string();
+  ASSERT_EQ(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input",
+                      (dir_ / "sur.jsonl").string(), "--output", out, "--threads", "1"}),
+            0);
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(kTokenizer);
+  const std::unique_ptr<TokenCorpus> c = open_indexed_dataset(out);
+  ASSERT_EQ(c->num_documents(), 2);
+  const std::vector<std::string> want = {
+      "a\xEF\xBF\xBD"
+      "b",
+      "x\xF0\x9F\x98\x80y \\udcff"};
+  for (int d = 0; d < 2; ++d) {
+    std::vector<int32_t> ids = tok->encode(want[static_cast<size_t>(d)]);
+    ids.push_back(*tok->eod_id());
+    std::vector<int32_t> got(static_cast<size_t>(c->document_length(d)));
+    c->read(d, 0, static_cast<int64_t>(got.size()), got.data());
+    EXPECT_EQ(got, ids) << "document " << d;
+  }
+  {
+    std::ofstream j(dir_ / "deep.jsonl");
+    j << "{\"text\": \"ok\"}\n" << std::string(1000000, '[') << "\n";
+  }
+  try {
+    cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "deep.jsonl").string(),
+              "--output", out + "_deep"});
+    FAIL() << "a line nested a million deep was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.where().rfind("line 2", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nested at most 64 deep"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "runtime/base/error.h"
@@ -12,6 +14,7 @@
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/io/input_file.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {
@@ -169,7 +172,7 @@ int prepare(const std::vector<std::string>& args) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto last_report = t0;
-  int64_t documents = 0, tokens = 0, bytes = 0;
+  int64_t documents = 0, tokens = 0, bytes = 0, surrogates = 0;
   std::vector<std::string> batch;
   size_t batch_bytes = 0;
   auto flush = [&] {
@@ -203,12 +206,20 @@ int prepare(const std::vector<std::string>& args) {
       std::string line;
       for (int64_t n = 1; std::getline(in, line); ++n) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains(o.json_key) ||
-            !j[o.json_key].is_string())
-          throw InputError(path, "line " + std::to_string(n),
-                           "a JSON object with a string \"" + o.json_key + "\"");
-        add(j[o.json_key].get<std::string>());
+        const std::string at = "line " + std::to_string(n);
+        // A lone surrogate escape is U+FFFD, as Python's json and tiktoken read it; nesting is
+        // bounded as the config reader's (a line of 50 MB of '[' took 4 GB to refuse).
+        int64_t replaced = 0;
+        std::optional<nlohmann::json> j;
+        try {
+          j = parse_json_if_json(json_replace_lone_surrogates(line, &replaced), path);
+        } catch (const InputError& e) {
+          throw InputError(path, at + (e.where().empty() ? "" : ": " + e.where()), e.expected());
+        }
+        surrogates += replaced;
+        if (!j || !j->is_object() || !j->contains(o.json_key) || !(*j)[o.json_key].is_string())
+          throw InputError(path, at, "a JSON object with a string \"" + o.json_key + "\"");
+        add((*j)[o.json_key].get<std::string>());
       }
       continue;
     }
@@ -237,6 +248,9 @@ int prepare(const std::vector<std::string>& args) {
       static_cast<long long>(documents), static_cast<long long>(tokens),
       token_bytes == 2 ? "uint16" : "int32", static_cast<double>(bytes) / 1e6, s,
       static_cast<double>(bytes) / 1e6 / s, o.threads, written.c_str());
+  if (surrogates > 0)
+    std::printf("  %lld lone surrogate escape(s) in the JSON read as U+FFFD\n",
+                static_cast<long long>(surrogates));
   return 0;
 }
 

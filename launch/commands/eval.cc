@@ -1,6 +1,7 @@
 #include "launch/commands/eval.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,28 @@ const char kUsage[] =
     "                   per line, or ctx_ids / endings_ids): acc and acc_norm\n"
     "  --json           one JSON object instead of the table\n";
 
+// A task's token ids: a JSON array of integers in [0, V). The value given is named as written: an
+// id past int32 is not wrapped (4294967301 is not 5), a fraction (1.9) is not cut.
+std::vector<int32_t> task_ids(const nlohmann::json& a, const std::string& path,
+                              const std::string& at, int V) {
+  if (!a.is_array()) throw InputError(path, at, "token ids as an array of integers");
+  std::vector<int32_t> out;
+  out.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const nlohmann::json& x = a[i];
+    const bool in_range =
+        (x.is_number_unsigned() && x.get<uint64_t>() < static_cast<uint64_t>(V)) ||
+        (x.is_number_integer() && !x.is_number_unsigned() && x.get<int64_t>() >= 0 &&
+         x.get<int64_t>() < V);
+    if (!in_range)
+      throw InputError(path, at + "[" + std::to_string(i) + "]",
+                       "a token id: an integer in [0, " + std::to_string(V) +
+                           ") (model.vocab_size), got " + x.dump());
+    out.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return out;
+}
+
 // Σ of the losses of the tokens that count, and how many: one forward of `ids` (B, S + 1 rows
 // flattened), the loss counted where `mask` (B, S) is 1.
 LossSum score(InferenceSession& s, const std::vector<int32_t>& inputs,
@@ -48,8 +71,21 @@ size_t utf8_chars(const std::string& s) {
   return n;
 }
 
+// A batch of --data is one forward: its f32 logits (B · seq_len · vocab) are allocated whole.
+// More than this is a --batch-size no machine holds (2147483647 sequences asked for minutes of
+// allocation, then a bare std::bad_alloc).
+constexpr double kMaxEvalLogitsBytes = 64.0 * (1 << 30);
+
 nlohmann::json eval_data(InferenceSession& s, const std::string& split, int batches, int B) {
   const ModelConfig& m = s.model_config();
+  const double per_sequence = 4.0 * m.seq_len * m.vocab_size;
+  if (B * per_sequence > kMaxEvalLogitsBytes)
+    throw InputError("<command line>", "--batch-size",
+                     "at most " +
+                         std::to_string(static_cast<int64_t>(kMaxEvalLogitsBytes / per_sequence)) +
+                         " sequences (a batch whose logits, seq_len " + std::to_string(m.seq_len) +
+                         " × vocab " + std::to_string(m.vocab_size) +
+                         " floats a sequence, take at most 64 GiB), got " + std::to_string(B));
   SamplingShape shape;
   shape.seq_len = m.seq_len;
   shape.global_batch = B;
@@ -101,19 +137,22 @@ nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
                        "an object {\"ctx\": text, \"endings\": [text, ...], \"label\": index} or "
                        "{\"ctx_ids\", \"endings_ids\", \"label\"}");
     const size_t choices = (ids ? j["endings_ids"] : j["endings"]).size();
-    const int64_t label = j["label"].get<int64_t>();
+    const nlohmann::json& lj = j["label"];
+    const int64_t label =
+        lj.is_number_unsigned() && lj.get<uint64_t>() > INT64_MAX ? -1 : lj.get<int64_t>();
     if (choices < 2 || label < 0 || label >= static_cast<int64_t>(choices))
-      throw InputError(path, at + ": label",
-                       "an index into " + std::to_string(choices) + " endings (at least 2), got " +
-                           std::to_string(label));
+      throw InputError(
+          path, at + ": label",
+          "an index into " + std::to_string(choices) + " endings (at least 2), got " + lj.dump());
     std::vector<double> ll, ll_norm;
     for (size_t e = 0; e < choices; ++e) {
       std::vector<int32_t> context, ending;
       double length = 0;
       try {
         if (ids) {
-          context = j["ctx_ids"].get<std::vector<int32_t>>();
-          ending = j["endings_ids"][e].get<std::vector<int32_t>>();
+          context = task_ids(j["ctx_ids"], path, at + ": ctx_ids", V);
+          ending = task_ids(j["endings_ids"][e], path,
+                            at + ": endings_ids[" + std::to_string(e) + "]", V);
           length = static_cast<double>(ending.size());
         } else {
           // lm-evaluation-harness's pair: trailing spaces of the context go to the ending; the

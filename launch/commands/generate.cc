@@ -29,7 +29,8 @@ const char kUsage[] =
     "  --prompt TEXT      tokenized with data.tokenizer (byte models: its bytes); repeatable\n"
     "  --prompt-ids L     comma-separated token ids; repeatable\n"
     "  --max-new-tokens N new tokens per prompt (default 32)\n"
-    "  --temperature T    0 (default): greedy; else sample from softmax(logits / T)\n"
+    "  --temperature T    0 (default): greedy (also below 1e-6); else sample from\n"
+    "                     softmax(logits / T)\n"
     "  --top-k K          sample among the K most likely (default 0: all)\n"
     "  --top-p P          sample among the smallest set reaching probability P (default 1)\n"
     "  --seed S           the sampling stream's seed (default 1)\n"
@@ -40,9 +41,13 @@ const char kUsage[] =
 }
 
 // The next token from one row of logits.
+// Temperatures below this are greedy: softmax(logits / T) is the argmax's one-hot to double
+// precision long before (and logits / 2.3e-308 would overflow).
+constexpr double kGreedyBelow = 1e-6;
+
 int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) {
   const int V = static_cast<int>(logits.size());
-  if (o.temperature == 0)
+  if (o.temperature < kGreedyBelow)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int> order(static_cast<size_t>(V));
   for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
@@ -51,11 +56,12 @@ int32_t pick(std::vector<float> logits, const GenerateOptions& o, uint64_t key) 
   });
   const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::vector<double> p(static_cast<size_t>(k));
-  const double top = logits[static_cast<size_t>(order[0])] / o.temperature;
+  // exp((l − l_max) / T): the difference first, so that no quotient overflows.
+  const double top = logits[static_cast<size_t>(order[0])];
   double sum = 0;
   for (int i = 0; i < k; ++i) {
-    p[static_cast<size_t>(i)] =
-        std::exp(logits[static_cast<size_t>(order[static_cast<size_t>(i)])] / o.temperature - top);
+    const double l = logits[static_cast<size_t>(order[static_cast<size_t>(i)])];
+    p[static_cast<size_t>(i)] = std::exp((l - top) / o.temperature);
     sum += p[static_cast<size_t>(i)];
   }
   int keep = k;  // top-p: the smallest prefix reaching the mass

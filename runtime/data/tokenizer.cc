@@ -15,9 +15,12 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <queue>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -406,15 +409,31 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
     for (size_t i = 0; i < docs.size(); ++i) out[i] = encode(docs[i]);
     return out;
   }
-  // Documents are handed out one at a time, so uneven lengths balance across the threads.
+  // Documents are handed out one at a time, so uneven lengths balance across the threads. A
+  // thread's error (a document the tokenizer refuses) stops the others and is rethrown here; a
+  // thread the system will not start (too many asked for, a memory limit) leaves the work to
+  // those that did.
   std::atomic<size_t> next{0};
+  std::mutex failed_mutex;
+  std::exception_ptr failed;
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < docs.size();) out[i] = encode(docs[i]);
+    try {
+      for (size_t i; (i = next.fetch_add(1)) < docs.size();) out[i] = encode(docs[i]);
+    } catch (...) {
+      next = docs.size();
+      const std::lock_guard<std::mutex> lock(failed_mutex);
+      if (!failed) failed = std::current_exception();
+    }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  try {
+    for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // Fewer threads than asked: the ones started, and this one, do it all.
+  }
   work();
   for (auto& th : pool) th.join();
+  if (failed) std::rethrow_exception(failed);
   return out;
 }
 

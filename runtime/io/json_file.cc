@@ -101,7 +101,56 @@ std::optional<json> parse(const std::string& text, const std::string& file,
   }
 }
 
+// The code unit of a \uXXXX escape at text[i] (the backslash), or -1 when it is not one.
+int escape_at(const std::string& text, size_t i) {
+  if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') return -1;
+  int v = 0;
+  for (size_t k = i + 2; k < i + 6; ++k) {
+    const char c = text[k];
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
 }  // namespace
+
+std::string json_replace_lone_surrogates(const std::string& text, int64_t* replaced) {
+  if (replaced) *replaced = 0;
+  if (text.find("\\u") == std::string::npos) return text;
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] != '\\' || i + 1 >= text.size()) {
+      out += text[i++];
+      continue;
+    }
+    const int u = escape_at(text, i);
+    if (u < 0) {  // another escape: copy it whole, so that "\\u..." stays text
+      out.append(text, i, 2);
+      i += 2;
+      continue;
+    }
+    const bool high = u >= 0xD800 && u <= 0xDBFF, low = u >= 0xDC00 && u <= 0xDFFF;
+    const int next = high ? escape_at(text, i + 6) : -1;
+    if (high && next >= 0xDC00 && next <= 0xDFFF) {  // a pair
+      out.append(text, i, 12);
+      i += 12;
+    } else if (high || low) {
+      out += "\\uFFFD";
+      i += 6;
+      if (replaced) ++*replaced;
+    } else {
+      out.append(text, i, 6);
+      i += 6;
+    }
+  }
+  return out;
+}
 
 json parse_json(const std::string& text, const std::string& file, DuplicateKeys duplicates) {
   return *parse(text, file, duplicates, /*syntax_is_empty=*/false);

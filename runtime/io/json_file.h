@@ -41,4 +41,10 @@ std::optional<nlohmann::json> parse_json_if_json(const std::string& text, const 
 nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes = kMaxJsonFileBytes,
                               DuplicateKeys duplicates = DuplicateKeys::kKeepLast);
 
+// `text` with every lone UTF-16 surrogate escape (a \uD800-\uDFFF that is not the high half
+// followed by the low half of a pair) written as \uFFFD, the replacement character, as Python's
+// json (with errors="replace" on encoding) and tiktoken's readers take it; *replaced counts them.
+// nlohmann's parser refuses a lone surrogate, which would cost a whole document.
+std::string json_replace_lone_surrogates(const std::string& text, int64_t* replaced = nullptr);
+
 }  // namespace strata
