@@ -204,6 +204,39 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
   EXPECT_FALSE(fs::exists(out + "_bad.idx"));  // nothing half-written
 }
 
+// A document the tokenizer's pattern gives up on (PCRE2's match limit) stops the prepare with an
+// error naming the document (input file and line) and the pattern (before: the rest of the
+// document went unsplit and prepare exited 0).
+TEST_F(Datasets, PrepareNamesTheDocumentAPatternGivesUpOn) {
+  std::ifstream in(kTokenizer);
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
+        {{"type", "ByteLevel"},
+         {"add_prefix_space", false},
+         {"trim_offsets", true},
+         {"use_regex", false}}}}};
+  const std::string tok = (dir_ / "backtrack.json").string();
+  std::ofstream(tok) << j.dump();
+  {
+    std::ofstream f(dir_ / "docs.jsonl");
+    f << "{\"text\": \"aaa\"}\n{\"text\": \"" << std::string(60, 'a') << "b\"}\n";
+  }
+  try {
+    cmd_data({"prepare", "--tokenizer", tok, "--input", (dir_ / "docs.jsonl").string(), "--output",
+              (dir_ / "bt").string(), "--threads", "2"});
+    FAIL() << "a document the pattern gave up on was prepared";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.file(), (dir_ / "docs.jsonl").string());
+    EXPECT_EQ(e.where(), "line 2");
+    EXPECT_NE(std::string(e.what()).find(tok + ": pre_tokenizer.pretokenizers[0].pattern.Regex"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // JSON Lines as Python reads them: a lone surrogate escape is U+FFFD (before, it cost the whole
 // input: nlohmann's parser refuses it), a pair stays the character it encodes; nesting deeper
 // than the config reader's 64 is refused at its line, without building the structure (a 50 MB

@@ -313,11 +313,58 @@ TEST(Tokenizer, BadFilesAreInputErrors) {
   j["added_tokens"][0]["id"] = "x";
   expect_input_error(write_temp("added.json", j.dump()), "added_tokens[0].id");
 
+  // An added token given an id a vocabulary token holds ("<|endoftext|>" at 300, "Ġof"'s) is
+  // refused (before, both encoded to 300); the same token listed again at its own id is not.
+  j = base;
+  j["added_tokens"][0]["id"] = 300;
+  expect_input_error(write_temp("collide.json", j.dump()), "added_tokens[0].id");
+  j = base;
+  j["added_tokens"].push_back(j["added_tokens"][0]);
+  EXPECT_NO_THROW(Tokenizer::load(write_temp("twice.json", j.dump())));
+
   const std::string ranks = read_file(kDir + "gpt2_style.tiktoken");
+  // Ranks with a gap: 4352 lines whose last rank is 4352 (not 4351), so the end token (at the
+  // count, 4352) would take a rank of the file (before: accepted, colliding ids).
+  {
+    std::string gap = ranks;
+    const size_t last = gap.rfind(' ', gap.size() - 2);
+    gap = gap.substr(0, last + 1) + "4352\n";
+    expect_input_error(write_temp("gap.tiktoken", gap), "special token \"<|endoftext|>\"", "gpt2");
+  }
   expect_input_error(write_temp("bad.tiktoken", "IQ== 0\nnot-base64! 1\n"), "line 2", "gpt2");
   expect_input_error(write_temp("dup.tiktoken", ranks + "IQ== 9999\n"), "line 4353", "gpt2");
   expect_input_error(write_temp("nopattern.tiktoken", ranks), "");
   expect_input_error(write_temp("short.tiktoken", "IQ== 0\n"), "", "gpt2");
+}
+
+// A pre-tokenizer pattern PCRE2 gives up on (catastrophic backtracking hits its match limit) is
+// an error naming the pattern, in encode and in encode_batch's threads (before, the rest of the
+// document was left unsplit and the run exited 0).
+TEST(Tokenizer, PatternThatGivesUpIsAnError) {
+  auto j = nlohmann::json::parse(read_file(kDir + "gpt2_style.tokenizer.json"));
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
+        {{"type", "ByteLevel"},
+         {"add_prefix_space", false},
+         {"trim_offsets", true},
+         {"use_regex", false}}}}};
+  const std::string path = write_temp("backtrack.json", j.dump());
+  const std::unique_ptr<Tokenizer> t = Tokenizer::load(path);
+  EXPECT_FALSE(t->encode("aaaa").empty());  // fine on short text
+  const std::string bad = std::string(60, 'a') + "b";
+  try {
+    t->encode(bad);
+    ADD_FAILURE() << "a pattern that gave up split the text";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_EQ(e.where(), "pre_tokenizer.pretokenizers[0].pattern.Regex") << e.what();
+    EXPECT_NE(std::string(e.what()).find("gave up at byte 0"), std::string::npos) << e.what();
+  }
+  size_t failed = 99;
+  EXPECT_THROW(t->encode_batch({"aa", "aaa", bad, "a"}, 3, &failed), InputError);
+  EXPECT_EQ(failed, 2u);
 }
 
 }  // namespace

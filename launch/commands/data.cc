@@ -174,9 +174,22 @@ int prepare(const std::vector<std::string>& args) {
   auto last_report = t0;
   int64_t documents = 0, tokens = 0, bytes = 0, surrogates = 0;
   std::vector<std::string> batch;
+  std::vector<std::pair<std::string, std::string>> origin;  // [document] (input file, where)
   size_t batch_bytes = 0;
   auto flush = [&] {
-    for (std::vector<int32_t>& ids : tok->encode_batch(batch, o.threads)) {
+    std::vector<std::vector<int32_t>> encoded;
+    size_t failed = 0;
+    try {
+      encoded = tok->encode_batch(batch, o.threads, &failed);
+    } catch (const InputError& e) {
+      // The tokenizer refuses a document (its pattern gives up on it): name both.
+      const auto& [file, where] = origin.at(failed);
+      throw InputError(file, where,
+                       "text the tokenizer can split; its pre-tokenizer pattern (" + e.file() +
+                           ": " + e.where() + ") cannot: " + e.expected());
+    }
+    origin.clear();
+    for (std::vector<int32_t>& ids : encoded) {
       if (eod) ids.push_back(*eod);
       tokens += static_cast<int64_t>(ids.size());
       sink.add(ids);
@@ -193,7 +206,8 @@ int prepare(const std::vector<std::string>& args) {
       last_report = now;
     }
   };
-  auto add = [&](std::string doc) {
+  auto add = [&](std::string doc, const std::string& file, const std::string& where) {
+    origin.emplace_back(file, where);
     bytes += static_cast<int64_t>(doc.size());
     batch_bytes += doc.size();
     batch.push_back(std::move(doc));
@@ -219,13 +233,13 @@ int prepare(const std::vector<std::string>& args) {
         surrogates += replaced;
         if (!j || !j->is_object() || !j->contains(o.json_key) || !(*j)[o.json_key].is_string())
           throw InputError(path, at, "a JSON object with a string \"" + o.json_key + "\"");
-        add((*j)[o.json_key].get<std::string>());
+        add((*j)[o.json_key].get<std::string>(), path, at);
       }
       continue;
     }
     std::string text = read_input_file(path, kMaxTextFileBytes);
     if (o.documents == "file") {
-      add(std::move(text));
+      add(std::move(text), path, "");
       continue;
     }
     // Paragraphs: runs of lines between blank lines, each keeping its final newline.
@@ -233,7 +247,8 @@ int prepare(const std::vector<std::string>& args) {
     while (start < text.size()) {
       size_t end = text.find("\n\n", start);
       end = end == std::string::npos ? text.size() : end + 1;
-      if (text.find_first_not_of("\n", start) < end) add(text.substr(start, end - start));
+      if (text.find_first_not_of("\n", start) < end)
+        add(text.substr(start, end - start), path, "byte " + std::to_string(start));
       start = text.find_first_not_of('\n', end);
       if (start == std::string::npos) break;
     }

@@ -402,11 +402,18 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
 }
 
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& docs,
-                                                          int threads) const {
+                                                          int threads, size_t* failed) const {
   std::vector<std::vector<int32_t>> out(docs.size());
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(docs.size())));
   if (n <= 1) {
-    for (size_t i = 0; i < docs.size(); ++i) out[i] = encode(docs[i]);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      try {
+        out[i] = encode(docs[i]);
+      } catch (...) {
+        if (failed) *failed = i;
+        throw;
+      }
+    }
     return out;
   }
   // Documents are handed out one at a time, so uneven lengths balance across the threads. A
@@ -415,14 +422,19 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   // those that did.
   std::atomic<size_t> next{0};
   std::mutex failed_mutex;
-  std::exception_ptr failed;
+  std::exception_ptr error;
+  size_t failed_at = docs.size();
   auto work = [&] {
+    size_t i = 0;
     try {
-      for (size_t i; (i = next.fetch_add(1)) < docs.size();) out[i] = encode(docs[i]);
+      while ((i = next.fetch_add(1)) < docs.size()) out[i] = encode(docs[i]);
     } catch (...) {
       next = docs.size();
       const std::lock_guard<std::mutex> lock(failed_mutex);
-      if (!failed) failed = std::current_exception();
+      if (!error || i < failed_at) {  // the first document that failed, whichever thread
+        error = std::current_exception();
+        failed_at = i;
+      }
     }
   };
   std::vector<std::thread> pool;
@@ -433,7 +445,10 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   }
   work();
   for (auto& th : pool) th.join();
-  if (failed) std::rethrow_exception(failed);
+  if (error) {
+    if (failed) *failed = failed_at;
+    std::rethrow_exception(error);
+  }
   return out;
 }
 

@@ -75,8 +75,9 @@ class Tokenizer {
   // Special tokens in text are encoded as plain text (tiktoken's encode_ordinary).
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
   // encode() of each document, on `threads` threads (<= 1: this thread); same ids as serial.
-  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& docs,
-                                                 int threads) const;
+  // A document encode() refuses rethrows its error here, its index in *failed when given.
+  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& docs, int threads,
+                                                 size_t* failed = nullptr) const;
   // The bytes of the tokens, concatenated. Throws InputError for an id that is not a token.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The id of a special token or of a regular token (given as its raw text; for a

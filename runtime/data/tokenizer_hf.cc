@@ -196,6 +196,11 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
       const bool special = flag(t, "special", false, path, at);
       (flag(t, "normalized", !special, path, at) ? normalized : unnormalized)
           .push_back(static_cast<int>(m->specials.size()));
+      if (m->holds_other(s.id, s.text))
+        throw InputError(path, at + ".id",
+                         "an id no other token holds: " + std::to_string(s.id) +
+                             " is already the token of bytes " + in_quotes(m->id_bytes[s.id]) +
+                             ", not " + in_quotes(s.text));
       m->set_token(s.id, s.text);
       m->specials.push_back(std::move(s));
     }

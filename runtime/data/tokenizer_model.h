@@ -243,7 +243,8 @@ struct MatchData {
 class Regex {
  public:
   // Throws InputError(file, where, ...) when the pattern does not compile.
-  Regex(const std::string& pattern, const std::string& file, const std::string& where) {
+  Regex(const std::string& pattern, const std::string& file, const std::string& where)
+      : file_(file), where_(where) {
     const std::string& p = pattern;
     int err = 0;
     PCRE2_SIZE off = 0;
@@ -263,7 +264,9 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls f(start, end) for each match in s (valid UTF-8), left to right; an empty match
-  // moves on by one character.
+  // moves on by one character. A match PCRE2 gives up on (its match, depth or heap limit: a
+  // pattern that backtracks without end on this text) is an InputError naming the pattern (its
+  // file and key) and the byte: the rest of the text must not go unsplit.
   template <class F>
   void for_each_match(std::string_view s, F&& f) const {
     thread_local MatchData data;
@@ -275,7 +278,15 @@ class Regex {
       if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_JIT_BADOPTION)
         rc = pcre2_match(code_, subject, s.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data.md,
                          nullptr);
-      if (rc < 0) return;  // PCRE2_ERROR_NOMATCH (or a resource limit: the rest is a gap)
+      if (rc == PCRE2_ERROR_NOMATCH) return;
+      if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        throw InputError(file_, where_,
+                         "a pattern PCRE2 can apply to the text: it gave up at byte " +
+                             std::to_string(pos) + " of a " + std::to_string(s.size()) +
+                             "-byte text (" + reinterpret_cast<const char*>(msg) + ")");
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.md);
       size_t b = ov[0], e = ov[1];
       if (e == b) {
@@ -291,6 +302,7 @@ class Regex {
   }
 
  private:
+  std::string file_, where_;  // where the pattern came from, for errors
   pcre2_code* code_ = nullptr;
   bool jit_ = false;
 };
@@ -388,6 +400,12 @@ struct Model {
 
   int vocab_size() const { return static_cast<int>(id_bytes.size()); }
   void set_token(int32_t id, std::string bytes);
+  // Whether `id` already spells other bytes (a special token given an id a token of the
+  // vocabulary holds: both would encode to it, and decoding could give only one).
+  bool holds_other(int32_t id, const std::string& bytes) const {
+    return id >= 0 && id < static_cast<int32_t>(id_known.size()) && id_known[id] &&
+           id_bytes[id] != bytes;
+  }
 
   // ---- encoding (tokenizer.cc) ----
 

@@ -153,6 +153,11 @@ std::unique_ptr<Model> load_tiktoken_model(
   for (const auto& [text, id] : specials) {
     if (text.empty() || id < 0)
       throw InputError(path, "special token " + in_quotes(text), "a non-empty text and id >= 0");
+    if (m->holds_other(id, text))
+      throw InputError(path, "special token " + in_quotes(text),
+                       "an id no rank of the file holds: " + std::to_string(id) +
+                           " is a rank of the file (its ranks are not 0.." + std::to_string(n - 1) +
+                           " without a gap)");
     Special s;
     s.text = text;
     s.id = id;
