@@ -28,6 +28,7 @@
 #include "runtime/backend/backend.h"
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/dir_lock.h"
 #include "runtime/io/safetensors.h"
 #include "small_disk.h"
 
@@ -102,6 +103,31 @@ TEST(Checkpoint, ResumeIsBitIdenticalToTheUninterruptedRun) {
   EXPECT_EQ(line, "iter_8");
   fs::remove_all(dir + "/iter_8");  // as if the job had died during iterations 5..8
   expect_continues_reference(train(ckpt(dir, 4)), 4);
+  fs::remove_all(dir);
+}
+
+// One run per checkpoint directory: while a run holds it (here a lock this process holds, as
+// another run's would be), a second run is refused naming the holder's host and pid (before, the
+// two ran and corrupted each other's saves); once it is released, the run goes ahead.
+TEST(Checkpoint, ASecondRunOnTheSameDirectoryIsRefused) {
+  const std::string dir = scratch("locked");
+  fs::create_directories(dir);
+  {
+    const DirLock other(dir);
+    try {
+      train(ckpt(dir, 4));
+      ADD_FAILURE() << "a second run used a locked checkpoint directory";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), dir + "/.strata.lock");
+      EXPECT_EQ(e.where(), "checkpoint.dir");
+      EXPECT_NE(std::string(e.what()).find(" " + std::to_string(::getpid())), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(DirLock{dir}, InputError);
+  }
+  const TrainResult r = train(ckpt(dir, 4));
+  EXPECT_EQ(r.losses, reference().losses);
+  EXPECT_NO_THROW(DirLock{dir});  // released when the run ended
   fs::remove_all(dir);
 }
 
@@ -557,7 +583,8 @@ TEST(Checkpoint, KeepsOnlyTheNewest) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"iter_7", "iter_8", "latest"}));
+  // (.strata.lock: the run's lock of the directory, dir_lock.h.)
+  EXPECT_EQ(names, (std::vector<std::string>{".strata.lock", "iter_7", "iter_8", "latest"}));
   fs::remove_all(dir);
 }
 
@@ -569,7 +596,8 @@ TEST(Checkpoint, KeepZeroKeepsAll) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"iter_2", "iter_4", "iter_6", "iter_8", "latest"}));
+  EXPECT_EQ(names, (std::vector<std::string>{".strata.lock", "iter_2", "iter_4", "iter_6", "iter_8",
+                                             "latest"}));
   fs::remove_all(dir);
 }
 

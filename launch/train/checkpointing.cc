@@ -28,7 +28,15 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
       be_(be),
       lead_(lead) {
   const CheckpointConfig& ck = run.cfg->checkpoint;
-  if (ck.dir) saver_ = std::make_unique<CheckpointSaver>(*groups.host, *ck.dir, ck.keep, ck.async);
+  if (ck.dir) {
+    // One run per directory: rank 0 holds its lock for the run (every rank learns a refusal).
+    decide_on_rank0(*groups.host, [this, &ck]() -> std::string {
+      std::error_code ec;
+      if (std::filesystem::is_directory(*ck.dir, ec)) lock_ = std::make_unique<DirLock>(*ck.dir);
+      return "";
+    });
+    saver_ = std::make_unique<CheckpointSaver>(*groups.host, *ck.dir, ck.keep, ck.async);
+  }
 }
 
 bool Checkpointing::due(int it) const {

@@ -16,6 +16,7 @@
 #include "models/description.h"
 #include "models/model.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/dir_lock.h"
 #include "runtime/comm/process_groups.h"
 #include "runtime/engine/grad_reducer.h"
 #include "runtime/engine/optimizer.h"
@@ -71,6 +72,7 @@ class Checkpointing {
   const std::vector<int>& published_at() const { return published_at_; }
 
  private:
+  std::unique_ptr<DirLock> lock_;  // checkpoint.dir's, on rank 0 (dir_lock.h)
   // Whether every rank's weights are finite (collective over the world).
   bool weights_finite();
   // Publishes pending save `save` after iteration `at` (collective); the time it takes adds to
