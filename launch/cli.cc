@@ -1,6 +1,8 @@
 #include "launch/cli.h"
 
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include "launch/config/config_parse.h"
 #include "launch/plan/plan_file.h"
 #include "launch/plan/prediction.h"
+#include "launch/train/stop_request.h"
 #include "launch/train/trainer.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/abort_hook.h"
@@ -205,6 +208,13 @@ double comm_timeout_s(int argc, char** argv) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
+  // `strata train` records stop signals from its first instant (stop_request.h): a SIGTERM during
+  // start-up or a resume asks for a stop, it does not kill the process.
+  if (argc > 1 && std::strcmp(argv[1], "train") == 0) {
+    install_stop_handlers();
+    // Test hook: the signal the handlers just took over, as if sent during start-up.
+    if (const char* s = std::getenv("STRATA_TEST_SIGNAL_AT_START")) ::raise(std::atoi(s));
+  }
   int status = 0;
   const double timeout_s = comm_timeout_s(argc, argv);
   try {

@@ -5,7 +5,7 @@
 #   mpirun forwards the signal to every rank; the ranks agree on the iteration to stop after,
 #   save its checkpoint (publishing any background save first) and exit with status 4; rerunning
 #   the same command resumes from that checkpoint and reaches the final loss of an uninterrupted
-#   run, bit for bit.
+#   run, bit for bit. A stop during start-up (a resume) exits 4 with nothing new trained or saved.
 set -u
 mpiexec=$1 strata=$2
 work=$(mktemp -d /tmp/strata_stop.XXXXXX)
@@ -57,5 +57,19 @@ for variant in 1f1b 2bw async; do
   check "$variant: final loss $got equals the uninterrupted $want" \
     '[ -n "$want" ] && [ "$got" = "$want" ]'
 done
+# A stop asked for during start-up (before, the signal's default action killed the process): the
+# handlers are installed first, the ranks agree before the first step, and the job exits 4
+# having trained and saved nothing new — here a resume of the 1f1b run, signalled on rank 1
+# only (the test hook raises SIGUSR1 right after the handlers are installed).
+before=$(ls "$work/1f1b" | grep '^iter_[0-9]*$' | sort | tr '\n' ' ')
+out=$(STRATA_TEST_SIGNAL_AT_START=10 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 \
+  -x STRATA_TEST_SIGNAL_AT_START "$strata" train --config "$work/config.json" \
+  --set checkpoint.dir="$work/1f1b" --set checkpoint.interval=100000 2>&1); rc=$?
+echo "$out" | grep -E "^stopped|error" || true
+after=$(ls "$work/1f1b" | grep '^iter_[0-9]*$' | sort | tr '\n' ' ')
+check "a stop during start-up: exit status $rc is 4, nothing trained, nothing new saved" \
+  '[ "$rc" -eq 4 ] && grep -q "^stopped by SIGUSR1 before the first step" <<<"$out" &&
+   [ "$before" = "$after" ]'
+
 [ "$fail" -eq 0 ] && echo "PASS: stop on SIGUSR1 and resume"
 exit "$fail"

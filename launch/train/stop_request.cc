@@ -20,8 +20,21 @@ void record(int sig) {
 
 }  // namespace
 
+std::atomic<bool> g_installed_early{false};
+
+void install_stop_handlers() {
+  if (g_installed_early.exchange(true)) return;
+  struct sigaction sa = {};
+  sa.sa_handler = record;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
 StopRequest::StopRequest(Communicator& world) : world_(world) {
-  g_signal.store(0, std::memory_order_relaxed);
+  // A signal recorded since install_stop_handlers (start-up, the resume) stays; otherwise a new
+  // run starts from none.
+  if (!g_installed_early.load()) g_signal.store(0, std::memory_order_relaxed);
   struct sigaction sa = {};
   sa.sa_handler = record;
   sigemptyset(&sa.sa_mask);
@@ -33,6 +46,13 @@ StopRequest::~StopRequest() {
   exchange_.wait();  // every rank has one in flight: they complete together
   sigaction(SIGTERM, &old_term_, nullptr);
   sigaction(SIGUSR1, &old_usr1_, nullptr);
+  g_signal.store(0, std::memory_order_relaxed);  // this run's; the next starts from none
+}
+
+int StopRequest::agree_before_first_step() {
+  int32_t sig = g_signal.load(std::memory_order_relaxed);
+  world_.all_reduce(&sig, 1, DType::kI32, ReduceOp::kMax);
+  return sig;
 }
 
 StopRequest::Agreement StopRequest::poll(int64_t pending_save, bool writing) {

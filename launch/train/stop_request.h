@@ -44,6 +44,9 @@ class StopRequest {
   // none) and whether its shard is still being written: the exchange also tells the ranks, at
   // the same iteration, when a save can be published.
   Agreement poll(int64_t pending_save = -1, bool writing = false);
+  // Before the first step: the signal any rank has seen since the handlers were installed
+  // (start-up, a resume), agreed at once (blocking, collective), else 0.
+  int agree_before_first_step();
 
  private:
   Communicator& world_;
@@ -53,6 +56,11 @@ class StopRequest {
   bool posted_ = false;  // an exchange was posted (it may have completed at once: one rank)
   struct sigaction old_term_ = {}, old_usr1_ = {};
 };
+
+// Installs the recording handlers for SIGTERM and SIGUSR1 for the rest of the process, as the
+// first thing `strata train` does: a stop asked for during start-up or a resume is kept for
+// StopRequest (before, the signal's default action killed the process). Idempotent.
+void install_stop_handlers();
 
 // "SIGTERM", "SIGUSR1", else "signal N".
 const char* signal_name(int sig);

@@ -235,6 +235,18 @@ TrainResult Training::run() {
   t_start_ = Clock::now();
   stage_.set_clock(t_start_);
   report_.set_start(t_start_);
+  // A stop asked for during start-up or the resume: nothing was trained, so nothing new to save.
+  if (const int sig = stop_.agree_before_first_step()) {
+    res_.stopped_by_signal = sig;
+    res_.stopped_at = start_.iteration;
+    if (lead_)
+      std::printf(
+          "stopped by %s before the first step: nothing trained, nothing new to save%s\n",
+          signal_name(sig),
+          start_.iteration > 0 ? " (the checkpoint it resumed from still resumes the run)" : "");
+    std::fflush(stdout);
+    return finish();
+  }
   for (int from = start_.iteration; from < cfg_.train.iterations;) {
     const int to = list_end(from);
     run_list(from, to);
