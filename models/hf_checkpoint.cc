@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <set>
@@ -119,13 +120,19 @@ nlohmann::json read_hf_config(const std::string& dir) {
                    "a Hugging Face config.json (a model directory as save_pretrained writes it)");
 }
 
-HfTensors read_hf_tensors(const std::string& path) {
-  HfTensors out;
+namespace {
+
+// Calls f(reader, names) for each safetensors file of a directory or of one file: names is the
+// tensors the index assigns to that shard, or null for every tensor of a single file. Returns the
+// listing (the index, or the one file). The index is checked first: shard names that are files of
+// the directory, present, holding what it says.
+std::string for_each_hf_file(
+    const std::string& path,
+    const std::function<void(StReader&, const std::vector<std::string>*)>& f) {
   if (!is_hf_directory(path)) {
     StReader r(path);
-    out.listing = path;
-    read_floats(r, nullptr, out);
-    return out;
+    f(r, nullptr);
+    return path;
   }
   const std::string index = join(path, kIndex);
   std::error_code ec;
@@ -136,11 +143,9 @@ HfTensors read_hf_tensors(const std::string& path) {
                        std::string("the model's weights: ") + kSingle + " or " + kIndex +
                            " with its shards (safetensors only)");
     StReader r(single);
-    out.listing = single;
-    read_floats(r, nullptr, out);
-    return out;
+    f(r, nullptr);
+    return single;
   }
-  out.listing = index;
   const nlohmann::json j = read_json(index, "a readable model.safetensors.index.json");
   const auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object())
@@ -155,10 +160,9 @@ HfTensors read_hf_tensors(const std::string& path) {
   // naming /etc/passwd or ../x must not make Strata open, or print a byte of, a foreign file).
   const fs::path home = fs::weakly_canonical(fs::path(path), ec);
   for (const auto& [shard, names] : by_shard) {
-    const fs::path name(shard);
     const bool plain = !shard.empty() && shard.find('/') == std::string::npos &&
                        shard.find('\0') == std::string::npos && shard != "." && shard != "..";
-    const fs::path real = plain ? fs::weakly_canonical(fs::path(path) / name, ec) : fs::path();
+    const fs::path real = plain ? fs::weakly_canonical(fs::path(path) / shard, ec) : fs::path();
     if (!plain || ec || real.parent_path() != home)
       throw InputError(index, "weight_map." + names.front(),
                        "the name of a shard file inside " + path +
@@ -177,8 +181,31 @@ HfTensors read_hf_tensors(const std::string& path) {
       if (!r.contains(name))
         throw InputError(file, "tensor " + name,
                          std::string("present, as ") + kIndex + " says, but it is missing");
-    read_floats(r, &names, out);
+    f(r, &names);
   }
+  return index;
+}
+
+}  // namespace
+
+HfTensors read_hf_tensors(const std::string& path) {
+  HfTensors out;
+  out.listing = for_each_hf_file(path, [&out](StReader& r, const std::vector<std::string>* names) {
+    read_floats(r, names, out);
+  });
+  return out;
+}
+
+HfShapes read_hf_shapes(const std::string& path) {
+  HfShapes out;
+  out.listing = for_each_hf_file(path, [&out](StReader& r, const std::vector<std::string>* names) {
+    for (const auto& [name, e] : r.entries()) {
+      if (names && std::find(names->begin(), names->end(), name) == names->end()) continue;
+      if (!st_is_float(e.dtype)) continue;
+      out.shapes[name] = e.shape;
+      out.file[name] = r.path();
+    }
+  });
   return out;
 }
 

@@ -53,6 +53,14 @@ bool is_hf_directory(const std::string& path);
 nlohmann::json read_hf_config(const std::string& dir);
 // The tensors of a directory or of one safetensors file (above).
 HfTensors read_hf_tensors(const std::string& path);
+// Their shapes alone, from the files' headers (no tensor bytes read): to check a config against
+// the weights before anything of its size is built.
+struct HfShapes {
+  std::map<std::string, std::vector<int64_t>> shapes;  // [HF tensor name]
+  std::map<std::string, std::string> file;             // [HF tensor name] the file holding it
+  std::string listing;
+};
+HfShapes read_hf_shapes(const std::string& path);
 
 // Our full tensors of model `m` from the checkpoint at `path` (model.init_from): for a directory,
 // config.json is checked first by the adapter's check_hf_config (a mismatch names config.json,

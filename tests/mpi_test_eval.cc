@@ -7,11 +7,13 @@
 // overrides). Bad task files are named by file and line.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launch/commands/eval.h"
@@ -89,6 +91,44 @@ TEST(Eval, BadTaskFilesAreNamed) {
     }
   }
   std::filesystem::remove(path);
+}
+
+// A config.json whose sizes its weights do not hold is refused before anything of its size is
+// built, naming the key (before: 100,000 layers with weights for 2, or 2^31 − 1 positions,
+// allocated for minutes, or died with a bare std::bad_alloc).
+TEST(Eval, ConfigSizesAreCheckedAgainstTheWeightsFirst) {
+  const std::string dir = ::testing::TempDir() + "/absurd_" + std::to_string(::getpid());
+  for (const auto& [model, key, value] : std::vector<std::tuple<std::string, std::string, double>>{
+           {"hf_llama_tiny", "num_hidden_layers", 100000},
+           {"hf_llama_tiny", "num_hidden_layers", 1e9},
+           {"hf_llama_tiny", "max_position_embeddings", 2147483647},
+           {"hf_llama_tiny", "max_position_embeddings", 1e7},
+           {"hf_llama_tiny", "hidden_size", 4096},
+           {"hf_gpt2_tiny", "n_layer", 3}}) {
+    SCOPED_TRACE(model + " " + key);
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(kGolden + "/generate/" + model, dir);
+    nlohmann::json cfg;
+    {
+      std::ifstream f(dir + "/config.json");
+      cfg = nlohmann::json::parse(f);
+    }
+    cfg[key] = static_cast<int64_t>(value);
+    if (key == "hidden_size") cfg["head_dim"] = 4096 / 4;
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    InferenceSource src;
+    src.hf = dir;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      evaluate_task(src, kGolden + "/eval/mc_ids.jsonl");
+      ADD_FAILURE() << "accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), dir + "/config.json") << e.what();
+      EXPECT_EQ(e.where(), key) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "launch/commands/inference.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "launch/config/config_parse.h"
@@ -19,6 +21,55 @@
 namespace strata {
 namespace {
 
+// Generate and eval build tables of model.seq_len positions (rotary angles, a batch of --data):
+// a config.json asking for more is refused rather than allocated for minutes.
+constexpr int64_t kMaxInferencePositions = int64_t{1} << 20;
+
+// The first of `keys` config.json has (the name its model type gives the size), else keys[0].
+std::string hf_key(const nlohmann::json& hf, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (hf.contains(k)) return k;
+  return *keys.begin();
+}
+
+// A config.json's sizes against its weights' shapes (their headers only), before anything of the
+// config's size is built: a config of 100,000 layers with weights for 2, or of 2^31 − 1
+// positions, names its key instead of allocating for minutes or dying with std::bad_alloc.
+void check_hf_sizes(const ModelConfig& m, const nlohmann::json& hf, const std::string& file,
+                    const HfShapes& w) {
+  if (m.seq_len > kMaxInferencePositions)
+    throw InputError(file, hf_key(hf, {"max_position_embeddings", "n_positions", "n_ctx"}),
+                     "at most " + std::to_string(kMaxInferencePositions) +
+                         " positions (generate and eval build tables of that many), got " +
+                         std::to_string(m.seq_len));
+  // Layers: the largest index in "...layers.N." or "...h.N." names, plus one.
+  static const std::regex layer(R"((?:^|\.)(?:layers|h)\.(\d{1,9})\.)");
+  int64_t layers = 0;
+  for (const auto& [name, shape] : w.shapes) {
+    std::smatch g;
+    if (std::regex_search(name, g, layer)) layers = std::max<int64_t>(layers, std::stoll(g[1]) + 1);
+  }
+  if (layers != m.num_layers)
+    throw InputError(file, hf_key(hf, {"num_hidden_layers", "n_layer"}),
+                     "the number of layers the weights hold, " + std::to_string(layers) + " (" +
+                         w.listing + "), got " + std::to_string(m.num_layers));
+  for (const auto& [name, shape] : w.shapes) {
+    const auto ends = [&name](const std::string& tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (!ends("embed_tokens.weight") && !ends("wte.weight")) continue;
+    if (shape.size() == 2 && shape[1] != m.hidden_size)
+      throw InputError(file, hf_key(hf, {"hidden_size", "n_embd"}),
+                       "the width of the weights' " + name + ", " + std::to_string(shape[1]) +
+                           ", got " + std::to_string(m.hidden_size));
+    if (shape.size() == 2 && shape[0] != m.vocab_size)
+      throw InputError(file, "vocab_size",
+                       "the rows of the weights' " + name + ", " + std::to_string(shape[0]) +
+                           ", got " + std::to_string(m.vocab_size));
+  }
+}
+
 // The model keys of the source, the path its weights are read from and the file that recorded
 // the model (run_state.json, config.json).
 ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* recorded) {
@@ -31,7 +82,10 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
     if (!is_hf_directory(*s.hf))
       throw InputError(*s.hf, "", "a Hugging Face directory (config.json and safetensors)");
     const std::string file = *s.hf + "/config.json";
-    return checked_model(model_config_from_hf(read_hf_config(*s.hf), file), file);
+    const nlohmann::json hf = read_hf_config(*s.hf);
+    const ModelConfig m = checked_model(model_config_from_hf(hf, file), file);
+    check_hf_sizes(m, hf, file, read_hf_shapes(*s.hf));
+    return m;
   }
   std::string ck = *s.checkpoint;
   std::error_code ec;
