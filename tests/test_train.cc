@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "eval_reference.h"
@@ -179,6 +181,23 @@ TEST(Train, DivergingRunSavesNoNonFiniteCheckpoint) {
   for (double l : r.losses)
     EXPECT_TRUE(std::isfinite(l)) << "resumed from iteration " << r.start_iteration;
   std::filesystem::remove_all(dir);
+}
+
+// log.trace is written as the run goes: a run that ends in an error keeps the events of the
+// steps before it in the file, an unterminated JSON array as Chrome's trace format allows (before,
+// every event stayed in memory until the end and the whole trace was lost).
+TEST(Train, TraceIsWrittenAsTheRunGoes) {
+  const std::string trace =
+      ::testing::TempDir() + "strata_trace_" + std::to_string(::getpid()) + ".json";
+  const Config c = tiny({"train.iterations=20", "optimizer.lr=1e39", "optimizer.warmup_iters=0",
+                         "optimizer.grad_clip=0", "optimizer.min_lr=0", "log.trace=" + trace});
+  EXPECT_THROW(run_training(c, quiet()), std::runtime_error);  // 5 non-finite steps in a row
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(text.rfind("{\"traceEvents\": [", 0), 0u) << text.substr(0, 100);
+  const nlohmann::json j = nlohmann::json::parse(text + "\n]}");
+  EXPECT_GE(j["traceEvents"].size(), 5u * 2) << "events of the steps before the error";
+  std::filesystem::remove(trace);
 }
 
 // Activation recomputation trades compute for memory: the same losses, a lower activation peak

@@ -208,25 +208,32 @@ void Reporter::keep_timeline(const PipelineExecutor& exec, const GradReducer& re
       trace_.emplace_back(std::chrono::duration<double>(t0 - t_start_).count(), e);
 }
 
-void Reporter::write_trace(Communicator& host) {
+void Reporter::write_trace(Communicator& host, bool last) {
   const Config& cfg = *run_.cfg;
   if (!cfg.log.trace) return;
+  // Every rank's events since the last call, to rank 0, which appends them: the trace is written
+  // as the run goes (bounded memory; a killed run keeps what came before), and the closing
+  // brackets come with the last call.
   const std::vector<std::string> parts =
       all_gather_strings(host, trace_events_json(trace_, run_.world->rank));
+  trace_.clear();
   if (run_.world->rank != 0) return;
-  LogFile out(*cfg.log.trace, false, cfg.source_file, "log.trace");
-  std::string text = "{\"traceEvents\": [";
-  bool first_event = true;
+  std::string text;
+  if (!trace_out_) {
+    trace_out_ = std::make_unique<LogFile>(*cfg.log.trace, false, cfg.source_file, "log.trace");
+    text = "{\"traceEvents\": [";
+  }
   for (const std::string& part : parts) {
     const nlohmann::json arr = nlohmann::json::parse(part);
     for (const auto& e : arr) {
-      text += (first_event ? "\n" : ",\n") + e.dump();
-      first_event = false;
+      text += (trace_events_ == 0 ? "\n" : ",\n") + e.dump();
+      ++trace_events_;
     }
   }
-  text += "\n], \"displayTimeUnit\": \"ms\"}\n";
-  const std::string why = out.write(text);
-  if (!why.empty()) log_failed("log.trace", out.path(), "the trace of the run", why);
+  if (last) text += "\n], \"displayTimeUnit\": \"ms\"}\n";
+  const std::string why = trace_out_->write(text);
+  if (!why.empty()) log_failed("log.trace", trace_out_->path(), "the trace of the run", why);
+  if (last) trace_out_.reset();
 }
 
 void Reporter::summary() const {

@@ -51,8 +51,9 @@ class Reporter {
   void keep_timeline(const PipelineExecutor& exec, const GradReducer& reducer,
                      std::chrono::steady_clock::time_point t0);
   // One Chrome trace for the job, every rank's events on its own track (tid = world rank);
-  // rank 0 writes log.trace. Collective over `host`.
-  void write_trace(Communicator& host);
+  // rank 0 writes log.trace, appending the events kept since the previous call (the file is
+  // written as the run goes; `last` closes it). Collective over `host`.
+  void write_trace(Communicator& host, bool last);
   void summary() const;
 
  private:
@@ -70,7 +71,9 @@ class Reporter {
   int64_t parameters_ = 0;
   std::unique_ptr<MetricsWriter> metrics_;
   std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
-  std::vector<std::pair<double, PipelineEvent>> trace_;  // (start of its run, event)
+  std::vector<std::pair<double, PipelineEvent>> trace_;  // (start of its run, event), unwritten
+  std::unique_ptr<LogFile> trace_out_;                   // rank 0: log.trace, open until the last
+  int64_t trace_events_ = 0;                             // rank 0: events written so far
 };
 
 }  // namespace strata

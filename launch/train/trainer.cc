@@ -281,6 +281,10 @@ void Training::run_list(int from, int to) {
   const double list_s = seconds_since(t0);
   train_time_ += list_s;
   report_.keep_timeline(exec_, reducer_, t0);
+  // The trace goes to its file after every list (a gather over the host group, only with
+  // log.trace), not all at the end: memory stays one list's events, and a run that dies keeps
+  // the events before.
+  report_.write_trace(*groups_.host, false);
   const double bubble = std::max(0.0, 1.0 - exec_.compute_s() / list_s);
   // Evaluation, samples, checkpoints and the final parameters use the newest weights.
   stage_.use_newest_weights();
@@ -357,7 +361,7 @@ TrainResult Training::finish() {
   res_.memory = be_.allocator().stats();
   res_.final_params.resize(static_cast<size_t>(params_.numel()));
   be_.download(res_.final_params.data(), params_.params());
-  report_.write_trace(*groups_.host);
+  report_.write_trace(*groups_.host, true);
   report_.summary();
   return std::move(res_);
 }
