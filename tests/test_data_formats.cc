@@ -196,6 +196,25 @@ TEST_F(Formats, MappedFileEmptyAndMissing) {
   EXPECT_TRUE(contains(d.what(), "a regular file")) << d.what();
 }
 
+// A file truncated under its mapping (a dataset rewritten while a job reads it): reading a lost
+// page ends the process with status 1 and a line naming the file (before: SIGBUS, no message).
+// The mappings made and released before the truncated one leave their slots free (a moved-from
+// and a released mapping name nothing).
+TEST_F(Formats, MappedFileTruncatedUnderTheMappingNamesTheFile) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  write_bytes(path("data.bin"), std::string(1 << 16, 'x'));
+  for (int i = 0; i < 3; ++i) MappedFile::open(path("data.bin"));  // released at once
+  EXPECT_EXIT(
+      {
+        const MappedFile m = MappedFile::open(path("data.bin"));
+        ::truncate(path("data.bin").c_str(), 0);
+        volatile uint8_t sink = m.data()[40000];
+        (void)sink;
+      },
+      ::testing::ExitedWithCode(1),
+      "data.bin: the file changed while the job read it \\(truncated or rewritten: no byte 40000");
+}
+
 // ---- Megatron indexed dataset: writer and reader ----
 
 TEST(IndexedDataset, OptimalTokenBytesFollowsMegatron) {

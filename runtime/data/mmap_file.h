@@ -8,6 +8,10 @@
 // zero length). A MappedFile owns its mapping: it moves, it does not copy; the mapping is
 // released by the destructor.
 //
+// A file truncated or rewritten under a mapping makes a read of a lost page raise SIGBUS: a
+// handler (installed with the first mapping) names the file and ends the process with status 1,
+// rather than the signal ending it without a word.
+//
 // Thread-safety: the bytes are read-only, so any number of threads may read them at once.
 #pragma once
 
@@ -45,6 +49,7 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;  // (size_) bytes, null when empty
   uint64_t size_ = 0;
+  int slot_ = -1;  // its entry in the table the SIGBUS handler reads (mmap_file.cc)
 };
 
 }  // namespace strata
