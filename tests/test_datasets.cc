@@ -237,6 +237,52 @@ TEST_F(Datasets, PrepareNamesTheDocumentAPatternGivesUpOn) {
   }
 }
 
+// Outputs are published together or not at all (docs/data.md): a rerun with fewer llm.c shards
+// leaves none of the earlier run's tail for the glob to match; a run that fails publishes no
+// shard; a Megatron output whose PREFIX.idx is a directory moves no PREFIX.bin into place
+// (before: stale shards stayed, a failed run left complete-looking shards, PREFIX.bin was renamed
+// before PREFIX.idx failed).
+TEST_F(Datasets, PrepareOutputsArePublishedTogether) {
+  std::string doc;
+  for (int i = 0; i < 400; ++i) doc += "word" + std::to_string(i % 37) + " ";
+  {
+    std::ofstream t(dir_ / "in.txt");
+    t << doc;
+  }
+  const std::string out = (dir_ / "sh").string();
+  auto prepare = [&](const std::string& input, const std::string& shard_tokens) {
+    return cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", input, "--output", out,
+                     "--format", "llmc", "--shard-tokens", shard_tokens, "--threads", "1"});
+  };
+  auto shards = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_))
+      n += e.path().filename().string().rfind("sh_", 0) == 0;
+    return n;
+  };
+  ASSERT_EQ(prepare((dir_ / "in.txt").string(), "100"), 0);
+  const int many = shards();
+  ASSERT_GT(many, 3);
+  ASSERT_EQ(prepare((dir_ / "in.txt").string(), "100000"), 0);
+  EXPECT_EQ(shards(), 1) << "the earlier run's shards past the first were left";
+  // A run that fails part-way (its second document is refused) publishes nothing new.
+  {
+    std::ofstream j(dir_ / "bad.jsonl");
+    j << nlohmann::json{{"text", doc}}.dump() << "\n{\"body\": 1}\n";
+  }
+  fs::remove(out + "_000000.bin");
+  EXPECT_THROW(prepare((dir_ / "bad.jsonl").string(), "100"), InputError);
+  EXPECT_EQ(shards(), 0);
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  // Megatron: PREFIX.idx is a directory: neither file is put in place.
+  fs::create_directories(out + "_m.idx");
+  EXPECT_THROW(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input",
+                         (dir_ / "in.txt").string(), "--output", out + "_m"}),
+               InputError);
+  EXPECT_FALSE(fs::exists(out + "_m.bin"));
+}
+
 // JSON Lines as Python reads them: a lone surrogate escape is U+FFFD (before, it cost the whole
 // input: nlohmann's parser refuses it), a pair stays the character it encodes; nesting deeper
 // than the config reader's 64 is refused at its line, without building the structure (a 50 MB

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -122,23 +123,50 @@ class Sink {
       if (static_cast<int64_t>(shard_.size()) == o_.shard_tokens) flush();
     }
   }
-  // Finishes the outputs; returns what was written.
+  // Finishes the outputs; returns what was written. The shards are written under temporary
+  // names and published together, here: an earlier run's shards of the prefix that this one does
+  // not replace (a larger run's tail, which the glob would still match) are removed first; a run
+  // that fails (a full disk) publishes none.
   std::string finish() {
     if (indexed_) {
       indexed_->finish();
       return o_.output + ".idx + .bin";
     }
     if (!shard_.empty() || shards_ == 0) flush();
+    for (const auto& f : written_) f->check_destination();
+    remove_stale_shards();
+    for (const auto& f : written_) f->rename();
+    written_.clear();
     return std::to_string(shards_) + " shard(s) " + o_.output + "_*.bin";
   }
 
  private:
-  void flush() {
+  std::string shard_path(int k) const {
     char name[32];
-    std::snprintf(name, sizeof name, "_%06d.bin", shards_++);
-    write_token_shard(o_.output + name, shard_.data(), static_cast<int64_t>(shard_.size()),
-                      token_bytes_);
+    std::snprintf(name, sizeof name, "_%06d.bin", k);
+    return o_.output + name;
+  }
+  void flush() {
+    written_.push_back(write_token_shard_unpublished(
+        shard_path(shards_++), shard_.data(), static_cast<int64_t>(shard_.size()), token_bytes_));
     shard_.clear();
+  }
+  // PREFIX_NNNNNN.bin files past the ones this run writes.
+  void remove_stale_shards() const {
+    namespace fs = std::filesystem;
+    const fs::path prefix(o_.output);
+    const fs::path dir = prefix.has_parent_path() ? prefix.parent_path() : fs::path(".");
+    const std::string stem = prefix.filename().string() + "_";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() != stem.size() + 10 || name.compare(0, stem.size(), stem) != 0 ||
+          name.compare(name.size() - 4, 4, ".bin") != 0)
+        continue;
+      const std::string digits = name.substr(stem.size(), 6);
+      if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (std::stoi(digits) >= shards_) fs::remove(e.path(), ec);
+    }
   }
 
   const Options& o_;
@@ -146,6 +174,7 @@ class Sink {
   std::unique_ptr<IndexedDatasetWriter> indexed_;
   std::vector<int32_t> shard_;
   int shards_ = 0;
+  std::vector<std::unique_ptr<binary_io::AtomicFile>> written_;  // complete, not yet published
 };
 
 int prepare(const std::vector<std::string>& args) {

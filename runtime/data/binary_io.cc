@@ -1,6 +1,7 @@
 // binary_io.cc — AtomicFile.
 #include "runtime/data/binary_io.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +45,12 @@ void AtomicFile::close() {
     throw InputError(path_, "",
                      "a writable file, completing '" + tmp_ + "' failed: " + std::strerror(err));
   }
+}
+
+void AtomicFile::check_destination() const {
+  struct stat st;
+  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw InputError(path_, "", "a file path to write, but it is a directory");
 }
 
 void AtomicFile::rename() {

@@ -70,6 +70,9 @@ class AtomicFile {
   void close();
   // Renames the closed temporary to the final path.
   void rename();
+  // InputError naming the final path when a rename could not put the file there (it is a
+  // directory): checked for every file of a set before any of them is renamed.
+  void check_destination() const;
 
   const std::string& path() const { return path_; }
 

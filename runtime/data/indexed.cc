@@ -395,6 +395,9 @@ void IndexedDatasetWriter::finish() {
   idx.write(v.data(), 8 * entries);
   bin_->close();
   idx.close();
+  // Both can go in place, or neither moves (PREFIX.idx a directory left PREFIX.bin renamed).
+  bin_->check_destination();
+  idx.check_destination();
   bin_->rename();
   idx.rename();
 }

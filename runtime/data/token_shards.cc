@@ -211,6 +211,12 @@ std::unique_ptr<TokenCorpus> open_token_shards(const std::string& pattern,
 }
 
 void write_token_shard(const std::string& path, const int32_t* tokens, int64_t n, int token_bytes) {
+  write_token_shard_unpublished(path, tokens, n, token_bytes)->rename();
+}
+
+std::unique_ptr<binary_io::AtomicFile> write_token_shard_unpublished(const std::string& path,
+                                                                     const int32_t* tokens,
+                                                                     int64_t n, int token_bytes) {
   if (token_bytes != 2 && token_bytes != 4) {
     throw std::invalid_argument(
         "write_token_shard: token_bytes must be 2 (uint16) or 4 "
@@ -234,21 +240,21 @@ void write_token_shard(const std::string& path, const int32_t* tokens, int64_t n
   header[0] = kind.magic;
   header[1] = kind.version;
   header[2] = static_cast<int32_t>(n);
-  binary_io::AtomicFile f(path);
-  f.write(header, sizeof header);
+  auto f = std::make_unique<binary_io::AtomicFile>(path);
+  f->write(header, sizeof header);
   if (token_bytes == 4) {
-    f.write(tokens, 4 * static_cast<uint64_t>(n));  // non-negative int32 = the same uint32
+    f->write(tokens, 4 * static_cast<uint64_t>(n));  // non-negative int32 = the same uint32
   } else {
     std::vector<uint16_t> buf;
     constexpr int64_t kBlock = int64_t{1} << 16;
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t m = std::min(kBlock, n - i);
       buf.assign(tokens + i, tokens + i + m);
-      f.write(buf.data(), 2 * static_cast<uint64_t>(m));
+      f->write(buf.data(), 2 * static_cast<uint64_t>(m));
     }
   }
-  f.close();
-  f.rename();
+  f->close();
+  return f;
 }
 
 }  // namespace strata

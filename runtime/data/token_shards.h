@@ -32,6 +32,7 @@
 #include <memory>
 #include <string>
 
+#include "runtime/data/binary_io.h"
 #include "runtime/data/corpus.h"
 
 namespace strata {
@@ -53,5 +54,10 @@ std::unique_ptr<TokenCorpus> open_token_shards(const std::string& pattern,
 // another token_bytes, n outside [0, 2^31) or a token outside the type (uint16: 0..65535;
 // uint32: non-negative, as the tokens are int32), InputError when the file cannot be written.
 void write_token_shard(const std::string& path, const int32_t* tokens, int64_t n, int token_bytes);
+// The same, complete under its temporary name (binary_io::AtomicFile): the caller renames it, so
+// that several shards go in place together (data prepare's publishing), or none.
+std::unique_ptr<binary_io::AtomicFile> write_token_shard_unpublished(const std::string& path,
+                                                                     const int32_t* tokens,
+                                                                     int64_t n, int token_bytes);
 
 }  // namespace strata
