@@ -215,6 +215,22 @@ TEST_F(Formats, MappedFileTruncatedUnderTheMappingNamesTheFile) {
       "data.bin: the file changed while the job read it \\(truncated or rewritten: no byte 40000");
 }
 
+// A glob over more shards than the process may map (half of vm.max_map_count) is refused at
+// open, naming the pattern and both numbers (before: "Cannot allocate memory" part-way, 66,000
+// shards against the default 65,530).
+TEST_F(Formats, TooManyShardsToMapAreRefusedWithTheLimit) {
+  const std::vector<int32_t> t = {1, 2, 3};
+  for (int i = 0; i < 3; ++i)
+    write_token_shard(path("s_" + std::to_string(i) + ".bin"), t.data(), 3, 2);
+  ::setenv("STRATA_TEST_MAX_MAP_COUNT", "4", 1);
+  const InputError e = expect_input_error([&] { open_token_shards(path("s_*.bin")); });
+  ::unsetenv("STRATA_TEST_MAX_MAP_COUNT");
+  EXPECT_EQ(e.file(), path("s_*.bin"));
+  EXPECT_TRUE(contains(e.expected(), "at most 2 shards")) << e.what();
+  EXPECT_TRUE(contains(e.expected(), "found 3")) << e.what();
+  EXPECT_EQ(open_token_shards(path("s_*.bin"))->num_tokens(), 9);
+}
+
 // ---- Megatron indexed dataset: writer and reader ----
 
 TEST(IndexedDataset, OptimalTokenBytesFollowsMegatron) {

@@ -4,8 +4,11 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -105,11 +108,31 @@ std::vector<std::string> expand(const std::string& pattern) {
   return paths;
 }
 
+// The kernel's limit on one process's memory mappings (/proc/sys/vm/max_map_count), or Linux's
+// default where it cannot be read. STRATA_TEST_MAX_MAP_COUNT (a test hook) stands in for it.
+int64_t max_mappings() {
+  if (const char* t = std::getenv("STRATA_TEST_MAX_MAP_COUNT")) return std::atoll(t);
+  std::ifstream f("/proc/sys/vm/max_map_count");
+  int64_t n = 0;
+  return (f >> n) && n > 0 ? n : 65530;
+}
+
 class ShardCorpus final : public TokenCorpus {
  public:
   ShardCorpus(const std::string& pattern, int64_t document_tokens)
       : pattern_(pattern), chunk_(document_tokens) {
     const std::vector<std::string> paths = expand(pattern);
+    // Every shard is memory-mapped for the run: more than half the kernel's limit on a process's
+    // mappings (vm.max_map_count) would fail part-way with "Cannot allocate memory", or leave
+    // the rest of the process (its libraries, allocator, MPI) none.
+    const int64_t limit = max_mappings() / 2;
+    if (static_cast<int64_t>(paths.size()) > limit)
+      throw InputError(pattern, "",
+                       "at most " + std::to_string(limit) +
+                           " shards (each is memory-mapped, and vm.max_map_count allows " +
+                           std::to_string(max_mappings()) + " mappings a process), found " +
+                           std::to_string(paths.size()) +
+                           ": merge them into fewer, larger shards (data prepare --shard-tokens)");
     for (const std::string& path : paths) {
       int width = 0;
       Shard s = open_shard(path, &width);
