@@ -7,6 +7,10 @@
 // or status 2 with exactly one line on stderr; never another status, never a signal, never a
 // hang (each run has a deadline).
 //
+// Kinds whose every input is bad (hf-index: a shard path leading out of its directory or a
+// non-finite weight; task-ids: token ids and labels past int32, negative or fractional) must be
+// refused: status 0 breaks the contract there too (issue 39 found such inputs "succeeding").
+//
 // Deterministic: case i is made from a generator seeded with (STRATA_FUZZ_SEED, i), so any case
 // is made again alone with STRATA_FUZZ_CASE=i. Bounded: STRATA_FUZZ_RUNS cases (default 600),
 // stopping early once STRATA_FUZZ_SECONDS (default 45) have passed. A failing case's inputs are
@@ -478,6 +482,9 @@ std::string count_text(Rng& rng, int usual) {
 struct Case {
   std::vector<std::string> args;
   double timeout_s = 20;
+  // Every input of the case is bad: status 0 breaks the contract too (a bad id scored, a foreign
+  // file read, a NaN weight used — each "succeeded" before issue 39).
+  bool must_refuse = false;
 };
 using Maker = std::function<Case(Rng&, Workdir&)>;
 
@@ -869,6 +876,113 @@ Case checkpoint_case(Rng& rng, Workdir& wd) {
   }
 }
 
+// A sharded Hugging Face directory (the golden tiny GPT-2 split in two shards by hand, with its
+// index) whose index names a shard outside the directory — an absolute path, "..", a
+// subdirectory, a link leading out, nothing — or whose weights hold a NaN or an infinity
+// (issue 39: both were used). Read by generate, eval or model.init_from.
+Case hf_index_case(Rng& rng, Workdir& wd) {
+  const std::string seed = kGoldenDir + "/generate/hf_gpt2_tiny";
+  const std::string dir = wd.path() + "/hf";
+  fs::create_directories(dir);
+  std::string weights = read_file(seed + "/model.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, weights.data(), sizeof n);
+  const json header = json::parse(weights.substr(8, n));
+  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+  for (const auto& [name, e] : header.items())
+    if (name != "__metadata__") index["weight_map"][name] = "model-00001-of-00001.safetensors";
+  if (chance(rng, 0.5)) {
+    // Overwrite 2 bytes of the data with a bf16/f32 NaN or infinity pattern.
+    const size_t data = 8 + n, at = data + 4 * below(rng, (weights.size() - data) / 4);
+    const uint32_t bits = pick(rng, std::vector<uint32_t>{0x7fc00000u, 0x7f800000u, 0xff800000u});
+    std::memcpy(&weights[at], &bits, sizeof bits);
+  } else {
+    const std::string outside = wd.write("outside.safetensors", weights);
+    fs::create_symlink(outside, dir + "/link.safetensors");
+    fs::create_directories(dir + "/sub");
+    const std::string bad =
+        pick(rng, std::vector<std::string>{"/etc/passwd", outside, "../outside.safetensors",
+                                           "sub/model.safetensors", "link.safetensors", "", ".."});
+    auto& wm = index["weight_map"];
+    wm[std::next(wm.begin(), static_cast<long>(below(rng, wm.size()))).key()] = bad;
+  }
+  std::ofstream(dir + "/model-00001-of-00001.safetensors", std::ios::binary) << weights;
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  std::ofstream(dir + "/config.json") << read_file(seed + "/config.json");
+  switch (below(rng, 3)) {
+    case 0:
+      return {{"generate", "--hf", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"}, 30, true};
+    case 1:
+      return {{"eval", "--hf", dir, "--task", kGoldenDir + "/eval/mc_ids.jsonl"}, 30, true};
+    default: {
+      json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
+      const json hf = json::parse(read_file(seed + "/config.json"));
+      cfg["model"] = {{"preset", "tiny"}, {"vocab_size", hf["vocab_size"]}, {"init_from", dir}};
+      return {{"train", "--config", wd.write("config.json", cfg.dump())}, 30, true};
+    }
+  }
+}
+
+// An eval task whose token ids or label are numbers JSON allows and ids do not: past int32 and
+// int64, negative, fractional, exponents (issue 39: 4294967301 was scored as 5).
+Case task_ids_case(Rng& rng, Workdir& wd) {
+  const std::vector<std::string> odd = {"4294967301",           "-4294967291", "1.9",  "1e12",
+                                        "18446744073709551615", "-1",          "97",   "2147483648",
+                                        "9223372036854775808",  "0.0",         "true", "null"};
+  std::string task;
+  for (int i = 0; i < 3; ++i) {
+    std::string ctx = "[1, " + pick(rng, odd) + "]", end = "[3]";
+    std::string label = chance(rng, 0.3) ? pick(rng, odd) : "0";
+    if (chance(rng, 0.5)) std::swap(ctx, end);
+    task += "{\"ctx_ids\": " + ctx + ", \"endings_ids\": [" + end + ", [4]], \"label\": " + label +
+            "}\n";
+  }
+  return {{"eval", "--hf", kGoldenDir + "/generate/hf_gpt2_tiny", "--task",
+           wd.write("task.jsonl", task)},
+          30,
+          true};
+}
+
+// data prepare with a tokenizer whose special token takes an id another token holds (an added
+// token's id moved onto a vocabulary entry, or a tiktoken file whose ranks have a gap under the
+// end token), or whose pre-tokenizer pattern backtracks without end (issue 39: colliding ids
+// were accepted; a pattern PCRE2 gave up on left the rest unsplit, exit 0).
+Case tokenizer_ids_case(Rng& rng, Workdir& wd) {
+  const std::string dir = kGoldenDir + "/tokenizer/";
+  std::string tok;
+  if (chance(rng, 0.6)) {
+    json j = json::parse(read_file(dir + "gpt2_style.tokenizer.json"));
+    if (chance(rng, 0.5)) {
+      j["added_tokens"][0]["id"] = static_cast<int>(below(rng, 4400));
+    } else {
+      j["pre_tokenizer"] = {
+          {"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"},
+             {"pattern",
+              {{"Regex",
+                pick(rng, std::vector<std::string>{"(a|aa)+$", "(\\w+\\s?)+$", "(x+x+)+y"})}}},
+             {"behavior", "Isolated"}},
+            {{"type", "ByteLevel"},
+             {"add_prefix_space", false},
+             {"trim_offsets", true},
+             {"use_regex", false}}}}};
+    }
+    tok = wd.write("tokenizer.json", j.dump());
+  } else {
+    std::string ranks = read_file(dir + "gpt2_style.tiktoken");
+    const size_t last = ranks.rfind(' ', ranks.size() - 2);
+    ranks = ranks.substr(0, last + 1) + std::to_string(4352 + below(rng, 3)) + "\n";
+    tok = wd.write("ranks.tiktoken", ranks);
+  }
+  const std::string text = std::string(40 + below(rng, 40), 'a') + "b " + std::string(30, 'x') +
+                           " words and more words\n";
+  Case c{{"data", "prepare", "--tokenizer", tok, "--input", wd.write("input.txt", text), "--output",
+          wd.path() + "/out", "--threads", std::to_string(1 + below(rng, 3))},
+         30};
+  return c;
+}
+
 // The table of input kinds. A new kind is one row (and its Maker).
 const std::vector<Kind>& kinds() {
   static const std::vector<Kind> k = {
@@ -884,6 +998,9 @@ const std::vector<Kind>& kinds() {
       {"hf-dir", 6, hf_dir_case},
       {"eval-task", 4, eval_task_case},
       {"checkpoint", 8, checkpoint_case},
+      {"hf-index", 3, hf_index_case},
+      {"task-ids", 3, task_ids_case},
+      {"tokenizer-ids", 3, tokenizer_ids_case},
   };
   return k;
 }
@@ -969,7 +1086,9 @@ TEST(FuzzInputs, EveryRunExitsZeroOrTwoWithOneLine) {
     ++t.runs;
     t.refused += o.status == 2;
     t.seconds += o.seconds;
-    const std::string why = testing::contract_violation(o);
+    std::string why = testing::contract_violation(o);
+    if (why.empty() && c.must_refuse && o.status == 0)
+      why = "status 0 on an input that must be refused (status 2)";
     if (!why.empty()) {
       ++failures;
       ADD_FAILURE() << "case " << i << " (" << kind.name << "): " << why << "\n  "
