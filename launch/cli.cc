@@ -7,6 +7,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -229,6 +230,16 @@ int run_cli(int argc, char** argv) {
     if (printer < 0 || printer == world().rank) std::fprintf(stderr, "%s\n", e.what());
     if (printer < 0) abort_job(2);
     status = 2;
+  } catch (const std::bad_alloc&) {
+    // An allocation of host memory failed (the device allocator names its own, with the bytes
+    // and what they were for): say so, naming the command, rather than a bare "std::bad_alloc".
+    std::fprintf(stderr,
+                 "[rank %d host %s] error: out of host memory in strata %s (an allocation failed): "
+                 "the model, batch or inputs are larger than this machine holds\n",
+                 process_rank(), process_host().c_str(), argc > 1 ? argv[1] : "");
+    std::fflush(stderr);
+    if (world().size > 1) abort_job(1);
+    status = 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d host %s] error: %s\n", process_rank(), process_host().c_str(),
                  e.what());
