@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -485,6 +486,10 @@ struct Case {
   // Every input of the case is bad: status 0 breaks the contract too (a bad id scored, a foreign
   // file read, a NaN weight used — each "succeeded" before issue 39).
   bool must_refuse = false;
+  // A stop request (SIGTERM or SIGUSR1) sent `signal_after_s` into the run: status 4 with its
+  // "stopped by" line keeps the contract too.
+  int signal = 0;
+  double signal_after_s = 0;
 };
 using Maker = std::function<Case(Rng&, Workdir&)>;
 
@@ -983,6 +988,35 @@ Case tokenizer_ids_case(Rng& rng, Workdir& wd) {
   return c;
 }
 
+// strata train (a tiny model, a few hundred steps, checkpoints every few; half the time resuming
+// from a checkpoint a short first run saved) sent SIGTERM or SIGUSR1 at a moment between start-up
+// and the end (issue 39: a stop before the training loop killed the process): status 0, or 4
+// with its "stopped by" line.
+Case signal_case(Rng& rng, Workdir& wd) {
+  json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
+  cfg["train"]["iterations"] = 300;
+  cfg["train"]["eval_interval"] = 0;
+  cfg["checkpoint"] = {{"dir", wd.path() + "/ck"},
+                       {"interval", static_cast<int>(2 + below(rng, 50))},
+                       {"async", chance(rng, 0.5)}};
+  const std::string config = wd.write("config.json", cfg.dump());
+  if (chance(rng, 0.5)) {
+    // A checkpoint to resume from: a short run first (not signalled).
+    json first = cfg;
+    first["train"]["iterations"] = 4;
+    first["checkpoint"]["interval"] = 2;
+    testing::run_strata({"train", "--config", wd.write("first.json", first.dump())}, 30);
+  }
+  Case c{{"train", "--config", config}, 30};
+  c.signal = chance(rng, 0.5) ? SIGTERM : SIGUSR1;
+  // Counted from when the process has its handler (run_strata): from its first instant a program
+  // can handle a signal (before, the loader still maps its libraries), through start-up, a resume
+  // and the steps.
+  c.signal_after_s = chance(rng, 0.3) ? 0.001 * static_cast<double>(below(rng, 100))
+                                      : 0.05 * static_cast<double>(below(rng, 40));
+  return c;
+}
+
 // The table of input kinds. A new kind is one row (and its Maker).
 const std::vector<Kind>& kinds() {
   static const std::vector<Kind> k = {
@@ -1001,6 +1035,7 @@ const std::vector<Kind>& kinds() {
       {"hf-index", 3, hf_index_case},
       {"task-ids", 3, task_ids_case},
       {"tokenizer-ids", 3, tokenizer_ids_case},
+      {"signal", 3, signal_case},
   };
   return k;
 }
@@ -1080,13 +1115,13 @@ TEST(FuzzInputs, EveryRunExitsZeroOrTwoWithOneLine) {
     Workdir wd(
         (fs::path(::testing::TempDir()) / ("strata_fuzz_" + std::to_string(::getpid()))).string());
     const Case c = kind.make(rng, wd);
-    const testing::Outcome o = testing::run_strata(c.args, c.timeout_s);
+    const testing::Outcome o = testing::run_strata(c.args, c.timeout_s, c.signal, c.signal_after_s);
     ++done;
     Tally& t = tally[kind.name];
     ++t.runs;
     t.refused += o.status == 2;
     t.seconds += o.seconds;
-    std::string why = testing::contract_violation(o);
+    std::string why = testing::contract_violation(o, c.signal != 0);
     if (why.empty() && c.must_refuse && o.status == 0)
       why = "status 0 on an input that must be refused (status 2)";
     if (!why.empty()) {
