@@ -99,7 +99,9 @@ void exact_object(const json& v, const std::vector<std::string>& keys, const std
 
 Manifest read_manifest(const std::string& path) {
   const std::string file = path + "/metadata.json";
-  if (!fs::exists(file)) throw InputError(file, "", "a checkpoint's metadata.json, found none");
+  // The error_code form: a path the system refuses (too long) is a missing file, not a throw.
+  std::error_code ec;
+  if (!fs::exists(file, ec)) throw InputError(file, "", "a checkpoint's metadata.json, found none");
   const json j = read_json_file(file);
   exact_object(j, {"format", "iteration", "world_size", "checksum", "files"}, file, "");
   Manifest m;
