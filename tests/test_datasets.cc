@@ -26,6 +26,7 @@
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
+#include "tests/tokenizer_fixtures.h"
 
 namespace strata {
 namespace {
@@ -210,14 +211,7 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
 TEST_F(Datasets, PrepareNamesTheDocumentAPatternGivesUpOn) {
   std::ifstream in(kTokenizer);
   nlohmann::json j = nlohmann::json::parse(in);
-  j["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
-        {{"type", "ByteLevel"},
-         {"add_prefix_space", false},
-         {"trim_offsets", true},
-         {"use_regex", false}}}}};
+  j["pre_tokenizer"] = test_fixtures::split_pre_tokenizer("(a|aa)+$");
   const std::string tok = (dir_ / "backtrack.json").string();
   std::ofstream(tok) << j.dump();
   {

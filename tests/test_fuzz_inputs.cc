@@ -43,6 +43,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/io/json_file.h"
 #include "tests/subprocess.h"
+#include "tests/tokenizer_fixtures.h"
 
 namespace strata {
 namespace {
@@ -748,6 +749,25 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
   return c;
 }
 
+// A command that reads the Hugging Face directory `dir` (made from the golden `seed`): generate,
+// eval, or training with model.init_from.
+Case read_hf_dir_case(Rng& rng, Workdir& wd, const std::string& dir, const std::string& seed) {
+  switch (below(rng, 3)) {
+    case 0:
+      return {{"generate", "--hf", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"}, 30};
+    case 1:
+      return {{"eval", "--hf", dir, "--task", kGoldenDir + "/eval/mc_ids.jsonl"}, 30};
+    default: {
+      json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
+      const json hf = json::parse(read_file(seed + "/config.json"));
+      cfg["model"] = {{"preset", seed.find("llama") != std::string::npos ? "llama-tiny" : "tiny"},
+                      {"vocab_size", hf["vocab_size"]},
+                      {"init_from", dir}};
+      return {{"train", "--config", wd.write("config.json", cfg.dump())}, 30};
+    }
+  }
+}
+
 // A Hugging Face directory (the golden tiny GPT-2 or Llama) with its config.json or its
 // safetensors header mutated, read by generate, eval or model.init_from.
 Case hf_dir_case(Rng& rng, Workdir& wd) {
@@ -774,20 +794,7 @@ Case hf_dir_case(Rng& rng, Workdir& wd) {
   }
   std::ofstream(dir + "/config.json", std::ios::binary) << config;
   std::ofstream(dir + "/model.safetensors", std::ios::binary) << weights;
-  switch (below(rng, 3)) {
-    case 0:
-      return {{"generate", "--hf", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"}, 30};
-    case 1:
-      return {{"eval", "--hf", dir, "--task", kGoldenDir + "/eval/mc_ids.jsonl"}, 30};
-    default: {
-      json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
-      const json hf = json::parse(read_file(seed + "/config.json"));
-      cfg["model"] = {{"preset", seed.find("llama") != std::string::npos ? "llama-tiny" : "tiny"},
-                      {"vocab_size", hf["vocab_size"]},
-                      {"init_from", dir}};
-      return {{"train", "--config", wd.write("config.json", cfg.dump())}, 30};
-    }
-  }
+  return read_hf_dir_case(rng, wd, dir, seed);
 }
 
 // strata eval on a multiple-choice task file whose lines are damaged.
@@ -914,18 +921,9 @@ Case hf_index_case(Rng& rng, Workdir& wd) {
   std::ofstream(dir + "/model-00001-of-00001.safetensors", std::ios::binary) << weights;
   std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
   std::ofstream(dir + "/config.json") << read_file(seed + "/config.json");
-  switch (below(rng, 3)) {
-    case 0:
-      return {{"generate", "--hf", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"}, 30, true};
-    case 1:
-      return {{"eval", "--hf", dir, "--task", kGoldenDir + "/eval/mc_ids.jsonl"}, 30, true};
-    default: {
-      json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
-      const json hf = json::parse(read_file(seed + "/config.json"));
-      cfg["model"] = {{"preset", "tiny"}, {"vocab_size", hf["vocab_size"]}, {"init_from", dir}};
-      return {{"train", "--config", wd.write("config.json", cfg.dump())}, 30, true};
-    }
-  }
+  Case c = read_hf_dir_case(rng, wd, dir, seed);
+  c.must_refuse = true;
+  return c;
 }
 
 // An eval task whose token ids or label are numbers JSON allows and ids do not: past int32 and
@@ -960,18 +958,8 @@ Case tokenizer_ids_case(Rng& rng, Workdir& wd) {
     if (chance(rng, 0.5)) {
       j["added_tokens"][0]["id"] = static_cast<int>(below(rng, 4400));
     } else {
-      j["pre_tokenizer"] = {
-          {"type", "Sequence"},
-          {"pretokenizers",
-           {{{"type", "Split"},
-             {"pattern",
-              {{"Regex",
-                pick(rng, std::vector<std::string>{"(a|aa)+$", "(\\w+\\s?)+$", "(x+x+)+y"})}}},
-             {"behavior", "Isolated"}},
-            {{"type", "ByteLevel"},
-             {"add_prefix_space", false},
-             {"trim_offsets", true},
-             {"use_regex", false}}}}};
+      j["pre_tokenizer"] = test_fixtures::split_pre_tokenizer(
+          pick(rng, std::vector<std::string>{"(a|aa)+$", "(\\w+\\s?)+$", "(x+x+)+y"}));
     }
     tok = wd.write("tokenizer.json", j.dump());
   } else {

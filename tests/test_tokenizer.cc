@@ -21,6 +21,7 @@
 
 #include "runtime/base/error.h"
 #include "runtime/data/tokenizer.h"
+#include "tests/tokenizer_fixtures.h"
 
 namespace strata {
 namespace {
@@ -342,14 +343,7 @@ TEST(Tokenizer, BadFilesAreInputErrors) {
 // document was left unsplit and the run exited 0).
 TEST(Tokenizer, PatternThatGivesUpIsAnError) {
   auto j = nlohmann::json::parse(read_file(kDir + "gpt2_style.tokenizer.json"));
-  j["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
-        {{"type", "ByteLevel"},
-         {"add_prefix_space", false},
-         {"trim_offsets", true},
-         {"use_regex", false}}}}};
+  j["pre_tokenizer"] = test_fixtures::split_pre_tokenizer("(a|aa)+$");
   const std::string path = write_temp("backtrack.json", j.dump());
   const std::unique_ptr<Tokenizer> t = Tokenizer::load(path);
   EXPECT_FALSE(t->encode("aaaa").empty());  // fine on short text
