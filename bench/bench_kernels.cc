@@ -14,12 +14,19 @@
 //     dense kernel would need to match, the convention of FlashAttention's papers.
 //   Memory-bound ops (LayerNorm, RMSNorm, GELU, SwiGLU, RoPE) report GB/s of the bytes they must
 //     move at least, each array once (a += output counts read and write; RoPE reads and writes
-//     the query and key heads in place), against no roofline: STREAM-like bandwidth was not
-//     measured here.
+//     the query and key heads in place), and that as a share of memcpy's rate on a buffer of the
+//     MLP's hidden activation (N·4C floats, read and written: the bytes counted the same way),
+//     measured in the same run on as many threads, one chunk each (an op whose arrays stay in
+//     cache, RoPE's, can exceed it).
 //   Attention's op names say "dense-eq" for that reason.
 // Time per op is the median of repetitions after one warm-up; it never fails on time. The sgemm
 // reference is measured first and again last: on a shared machine the two differ when other
 // work competed for the cores, and the percentages use their mean.
+//
+// Beside it, numpy's sgemm at the same size and thread count, measured right after each of the
+// two (a subprocess: $STRATA_BENCH_PYTHON, else python3; skipped with a line when numpy does not
+// import): numpy's wheel ships a current OpenBLAS with its own CPU detection, so the ratio says
+// whether the kernels Strata loads (kernels/cpu/blas.h) reach what the machine can do.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,12 +34,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
@@ -44,6 +53,53 @@
 namespace cpu = strata::kernels::cpu;
 
 namespace {
+
+// numpy's float32 matmul rate at G³ on `threads` threads (median of repetitions over ~0.3 s after
+// a warm-up), and its OpenBLAS's description; rate 0 and the reason when numpy cannot run.
+struct NumpySgemm {
+  double gflops = 0;
+  std::string about;
+};
+
+NumpySgemm numpy_sgemm(int G, int threads) {
+  const char* python = std::getenv("STRATA_BENCH_PYTHON");
+  const std::string t = std::to_string(threads);
+  const std::string script =
+      "import time, numpy as np\n"
+      "g = " +
+      std::to_string(G) +
+      "\n"
+      "r = np.random.default_rng(1)\n"
+      "a = r.random((g, g), dtype=np.float32); b = r.random((g, g), dtype=np.float32)\n"
+      "a @ b\n"
+      "ts = []; s = time.perf_counter()\n"
+      "while len(ts) < 3 or (len(ts) < 50 and time.perf_counter() - s < 0.3):\n"
+      "    t0 = time.perf_counter(); a @ b; ts.append(time.perf_counter() - t0)\n"
+      "ts.sort()\n"
+      "cfg = np.show_config(mode='dicts')['Build Dependencies']['blas']\n"
+      "print(2 * g ** 3 / ts[len(ts) // 2] / 1e9, 'numpy', np.__version__,\n"
+      "      cfg.get('openblas configuration', cfg.get('name', '')))\n";
+  // numpy's OpenBLAS picks its own core: an OPENBLAS_CORETYPE given to this run is not passed on.
+  const std::string cmd = "env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS=" + t +
+                          " OMP_NUM_THREADS=" + t + " " + (python ? python : "python3") +
+                          " - 2>&1 <<'EOF'\n" + script + "EOF\n";
+  NumpySgemm r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {0, "numpy not measured: popen failed"};
+  char buf[512];
+  std::string out;
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = pclose(p);
+  char* end = nullptr;
+  r.gflops = std::strtod(out.c_str(), &end);
+  if (status != 0 || end == out.c_str()) {
+    const std::string last = out.substr(out.rfind('\n', out.size() - 2) + 1);
+    return {0, "numpy not measured: " + (last.empty() ? std::string("python3 failed") : last)};
+  }
+  r.about = out.substr(end - out.c_str() + 1);
+  while (!r.about.empty() && r.about.back() == '\n') r.about.pop_back();
+  return r;
+}
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 gen(seed);
@@ -83,13 +139,14 @@ struct Row {
   bool flops;   // GFLOP/s (else GB/s)
 };
 
-void print_row(const Row& row, double sgemm_gflops) {
+void print_row(const Row& row, double sgemm_gflops, double memcpy_gbs) {
   const double rate = row.work / row.seconds / 1e9;
   if (row.flops) {
     std::printf("%-34s %9.3f ms %9.1f GFLOP/s  %5.0f%% of sgemm\n", row.name.c_str(),
                 row.seconds * 1e3, rate, 100.0 * rate / sgemm_gflops);
   } else {
-    std::printf("%-34s %9.3f ms %9.1f GB/s\n", row.name.c_str(), row.seconds * 1e3, rate);
+    std::printf("%-34s %9.3f ms %9.1f GB/s     %5.0f%% of memcpy\n", row.name.c_str(),
+                row.seconds * 1e3, rate, 100.0 * rate / memcpy_gbs);
   }
 }
 
@@ -102,8 +159,9 @@ int main(int argc, char** argv) {
   const int B = 8, S = 256, C = 384, NH = 6, V = 256;
   const int HS = C / NH;
   const int N = B * S;  // tokens per micro-batch
-  std::printf("bench_kernels: B=%d S=%d C=%d NH=%d HS=%d V=%d, threads=%d, OpenBLAS %s\n", B, S, C,
-              NH, HS, V, cpu::num_threads(), cpu::blas_parallel_mode());
+  std::printf("bench_kernels: B=%d S=%d C=%d NH=%d HS=%d V=%d, threads=%d, %s (%s, chosen by %s)\n",
+              B, S, C, NH, HS, V, cpu::num_threads(), cpu::blas_summary().c_str(),
+              cpu::blas_parallel_mode(), cpu::blas_info().chosen_by.c_str());
 
   // The machine's sgemm rate: one square GEMM large enough for OpenBLAS to reach its peak.
   const int G = 1536;
@@ -118,7 +176,19 @@ int main(int argc, char** argv) {
                 ("sgemm " + std::to_string(G) + "^3").c_str(), t * 1e3, rate, when);
     return rate;
   };
+  auto measure_numpy = [&](const char* when) {
+    const NumpySgemm np = numpy_sgemm(G, threads);
+    if (np.gflops > 0) {
+      std::printf("%-34s %9.3f ms %9.1f GFLOP/s  (%s, %s)\n",
+                  ("numpy sgemm " + std::to_string(G) + "^3").c_str(),
+                  2.0 * G * G * G / np.gflops / 1e6, np.gflops, np.about.c_str(), when);
+    } else {
+      std::printf("%s\n", np.about.c_str());
+    }
+    return np.gflops;
+  };
   const double sgemm_first = measure_sgemm("first");
+  const double numpy_first = measure_numpy("first");
   std::vector<Row> rows;
 
   // Linear layers of one GPT block and the LM head: (name, C_in, C_out).
@@ -286,9 +356,33 @@ int main(int argc, char** argv) {
                     }),
                     5 * n * f, false});
   }
+  // memcpy on the MLP's hidden activation, one chunk per thread: the memory-bound ops' roofline.
+  double memcpy_gbs = 0;
+  {
+    const size_t n = size_t(N) * 4 * C;
+    const auto src = random_floats(n, 80);
+    std::vector<float> dst(n);
+    const double t = time_median([&] {
+#pragma omp parallel
+      {
+        const size_t chunk = (n + omp_get_num_threads() - 1) / omp_get_num_threads();
+        const size_t begin = std::min(n, chunk * omp_get_thread_num());
+        const size_t len = std::min(n - begin, chunk);
+        std::memcpy(dst.data() + begin, src.data() + begin, len * sizeof(float));
+      }
+    });
+    memcpy_gbs = 2.0 * n * sizeof(float) / t / 1e9;
+  }
   const double sgemm_last = measure_sgemm("last");
+  const double numpy_last = measure_numpy("last");
   const double sgemm = 0.5 * (sgemm_first + sgemm_last);
   std::printf("sgemm reference (mean of first and last): %.1f GFLOP/s\n", sgemm);
-  for (const auto& row : rows) print_row(row, sgemm);
+  if (numpy_first > 0 && numpy_last > 0) {
+    const double numpy = 0.5 * (numpy_first + numpy_last);
+    std::printf("numpy sgemm (mean of first and last): %.1f GFLOP/s; Strata / numpy = %.2f\n",
+                numpy, sgemm / numpy);
+  }
+  std::printf("memcpy %zu floats, read and written: %.1f GB/s\n", size_t(N) * 4 * C, memcpy_gbs);
+  for (const auto& row : rows) print_row(row, sgemm, memcpy_gbs);
   return 0;
 }

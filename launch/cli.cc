@@ -55,7 +55,7 @@ const char* kUsage =
     "\n"
     "options:\n"
     "  --help     this text; `strata <command> --help` for a command's options\n"
-    "  --version  version and the compiled-in backends\n";
+    "  --version  version, the compiled-in backends and the CPU backend's GEMM kernels\n";
 
 const char* kTrainUsage =
     "usage: strata train --config FILE [--set section.key=value ...] [--plan PLAN.json]\n"
@@ -163,7 +163,8 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (cmd == "--version") {
-    std::printf("strata %s\nbackends: %s\n", STRATA_VERSION, compiled_backends().c_str());
+    std::printf("strata %s\nbackends: %s\ncpu: %s\n", STRATA_VERSION, compiled_backends().c_str(),
+                cpu_kernels().c_str());
     return 0;
   }
   if (cmd == "train") return cmd_train(args);

@@ -23,8 +23,10 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(STRATA_BIN_PATH) + " " + args + " 2>&1";
+// env: "NAME=VALUE" assignments the command runs with.
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN_PATH) + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
@@ -82,6 +84,22 @@ TEST_F(Cli, VersionListsBackends) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("strata "), std::string::npos);
   EXPECT_NE(r.out.find("backends: cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cpu: OpenBLAS "), std::string::npos) << r.out;
+}
+
+// A core the environment names is the one OpenBLAS runs (kernels/cpu/blas.h), and --version and
+// the banner say so; without one, the core is the CPU features' and the variable stays unset for
+// the programs Strata starts.
+TEST_F(Cli, CpuKernelsFollowOpenblasCoretype) {
+  Result named = run("--version", "OPENBLAS_CORETYPE=Sandybridge");
+  EXPECT_EQ(named.status, 0) << named.out;
+  EXPECT_NE(named.out.find("Sandybridge kernels (chosen by OPENBLAS_CORETYPE)"), std::string::npos)
+      << named.out;
+  Result banner =
+      run("train --config " + config() + " --set train.iterations=1", "OPENBLAS_CORETYPE=Haswell");
+  EXPECT_EQ(banner.status, 0) << banner.out;
+  EXPECT_NE(banner.out.find("backend  cpu (OpenBLAS "), std::string::npos) << banner.out;
+  EXPECT_NE(banner.out.find(" Haswell, "), std::string::npos) << banner.out;
 }
 
 TEST_F(Cli, HelpForEveryCommand) {

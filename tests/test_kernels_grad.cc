@@ -23,10 +23,14 @@
 //     score's float rounding δ ≈ 70·6e-8·(a few) becomes a relative error δ of its probability
 //     after exp. Observed worst 1.8e-6.
 #include <gtest/gtest.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -34,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -45,6 +50,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/cpu/util.h"
 
 namespace cpu = strata::kernels::cpu;
 
@@ -1462,6 +1468,117 @@ TEST(KernelsVector, HelpersMatchDefinitions) {
   std::vector<float> ramp(n);
   for (size_t i = 0; i < n; ++i) ramp[i] = float(i + 1);
   EXPECT_EQ(cpu::sum_squares<float>(ramp.data(), n), double(n) * (n + 1) * (2 * n + 1) / 6);
+}
+
+// The core each feature set chooses: the OpenBLAS core whose kernels need exactly those
+// instructions (kernels/cpu/blas.cc).
+TEST(Blas, CoreFollowsTheFeatures) {
+  using F = cpu::X86Features;
+  EXPECT_EQ(cpu::blas_core_for(F{true, true, true, true}), "Cooperlake");
+  EXPECT_EQ(cpu::blas_core_for(F{true, true, true, false}), "SkylakeX");
+  EXPECT_EQ(cpu::blas_core_for(F{true, true, false, false}), "Haswell");
+  EXPECT_EQ(cpu::blas_core_for(F{true, false, false, false}), "Sandybridge");
+  EXPECT_EQ(cpu::blas_core_for(F{}), "");
+}
+
+// cpuid and xgetbv against the kernel's view: /proc/cpuinfo lists a feature only when the CPU has
+// it and the kernel enabled its register state.
+TEST(Blas, FeaturesAgreeWithProcCpuinfo) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "not x86-64: the CPU features are not read there";
+#endif
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  if (flags.empty()) GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+  auto has = [&](const char* f) {
+    return flags.find(std::string(" ") + f + " ") != std::string::npos;
+  };
+  const cpu::X86Features f = cpu::x86_features();
+  EXPECT_EQ(f.avx, has("avx")) << flags;
+  EXPECT_EQ(f.avx2_fma, has("avx2") && has("fma")) << flags;
+  EXPECT_EQ(f.avx512, has("avx2") && has("fma") && has("avx512f") && has("avx512cd") &&
+                          has("avx512bw") && has("avx512dq") && has("avx512vl"))
+      << flags;
+  EXPECT_EQ(f.avx512_bf16, f.avx512 && has("avx512_bf16")) << flags;
+}
+
+// The loaded library runs the features' core, or the one OPENBLAS_CORETYPE names, and the
+// variable is as the process was given it.
+TEST(Blas, LoadedCoreIsTheChosenOne) {
+  const cpu::BlasInfo& info = cpu::blas_info();
+  EXPECT_FALSE(info.version.empty());
+  EXPECT_TRUE(info.parallel == "openmp" || info.parallel == "pthread" || info.parallel == "serial")
+      << info.parallel;
+  const char* variable = std::getenv("OPENBLAS_CORETYPE");
+  if (variable != nullptr && *variable != '\0') {
+    EXPECT_EQ(info.chosen_by, "OPENBLAS_CORETYPE");
+    return;
+  }
+  const std::string wanted = cpu::blas_core_for(cpu::x86_features());
+  if (wanted.empty()) {
+    EXPECT_EQ(info.chosen_by, "OpenBLAS");
+  } else {
+    EXPECT_EQ(info.chosen_by, "the CPU's features") << info.core;
+    EXPECT_EQ(strcasecmp(info.core.c_str(), wanted.c_str()), 0) << info.core << " vs " << wanted;
+  }
+  EXPECT_EQ(cpu::blas_summary(), "OpenBLAS " + info.version + " " + info.core);
+}
+
+// The kernels compiled once per vector width (STRATA_CPU_CLONES, kernels/cpu/util.h) give the bits
+// of the scalar formula, evaluated here one element at a time on the baseline instructions: each
+// element goes through the same correctly rounded operations (no FMA, -ffp-contract=off), so the
+// CPU a run lands on cannot change its results. Inputs span the exp's saturation.
+TEST(KernelsClones, WideVectorsGiveTheScalarBits) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the kernels are compiled once per vector width on x86-64 only";
+#endif
+  auto float_bits = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+  };
+  const int N = 7, F = 37;  // odd sizes: the vector loops' remainders too
+  std::vector<float> gate_up(size_t(N) * 2 * F), out(size_t(N) * F);
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
+  for (auto& x : gate_up) x = dist(gen) * (dist(gen) > 0 ? 1.0f : 0.05f);
+  cpu::swiglu_forward<float>(out.data(), gate_up.data(), N, F);
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < F; ++i) {
+      const float g = gate_up[size_t(n) * 2 * F + i], up = gate_up[size_t(n) * 2 * F + F + i];
+      const float e = cpu::exp_fast(-std::fabs(g));
+      const float y = g * ((g >= 0.0f ? 1.0f : e) / (1.0f + e)) * up;
+      ASSERT_EQ(float_bits(out[size_t(n) * F + i]), float_bits(y)) << n << "," << i;
+    }
+  const size_t n = gate_up.size();
+  std::vector<float> gelu(n);
+  cpu::gelu_forward<float>(gelu.data(), gate_up.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = gate_up[i];
+    const float y =
+        x / (1.0f + cpu::exp_fast(-2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    ASSERT_EQ(float_bits(gelu[i]), float_bits(y)) << i;
+  }
+  std::vector<float> param(gate_up), m(n, 0.01f), v(n, 0.02f), grad(n);
+  for (size_t i = 0; i < n; ++i) grad[i] = gate_up[(i * 7) % n] * 0.01f;
+  const std::vector<float> p0 = param, m0 = m, v0 = v;
+  cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f,
+                    0.1f, 3, 0.5f);
+  const float bc1 = float(1.0 - std::pow(0.9, 3)), bc2 = float(1.0 - std::pow(0.95, 3));
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * 0.5f;
+    const float mi = 0.9f * m0[i] + (1.0f - 0.9f) * g;
+    const float vi = 0.95f * v0[i] + (1.0f - 0.95f) * g * g;
+    const float p = p0[i] - 3e-3f * ((mi / bc1) / (std::sqrt(vi / bc2) + 1e-8f) + 0.1f * p0[i]);
+    ASSERT_EQ(float_bits(m[i]), float_bits(mi)) << i;
+    ASSERT_EQ(float_bits(v[i]), float_bits(vi)) << i;
+    ASSERT_EQ(float_bits(param[i]), float_bits(p)) << i;
+  }
 }
 
 TEST(KernelsThreads, SetNumThreadsIsVisible) {

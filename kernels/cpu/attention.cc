@@ -35,6 +35,21 @@ struct KeyRange {
   int first_query(int j) const { return causal ? j : 0; }
 };
 
+// x[j] = e^(x[j] − shift) for j < n: once per vector width for float (each element computed alike).
+template <class T>
+[[gnu::always_inline]] inline void exp_shifted_loop(T* x, int n, T shift) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) x[j] = exp_t(x[j] - shift);
+}
+
+STRATA_CPU_CLONES void exp_shifted(float* x, int n, float shift) {
+  exp_shifted_loop(x, n, shift);
+}
+
+void exp_shifted(double* x, int n, double shift) {
+  exp_shifted_loop(x, n, shift);
+}
+
 }  // namespace
 
 template <class T>
@@ -71,12 +86,12 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int S, int NH, int K
         T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : mx)
         for (int j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+        exp_shifted(row, n, mx);
+        // The sum in its own loop, outside the clones: its order (the baseline's vector width)
+        // stays the same on every CPU.
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < n; ++j) {
-          row[j] = exp_t(row[j] - mx);
-          sum += row[j];
-        }
+        for (int j = 0; j < n; ++j) sum += row[j];
         const T inv = T(1) / sum;
 #pragma omp simd
         for (int j = 0; j < n; ++j) row[j] *= inv;

@@ -1,36 +1,30 @@
 // gemm.cc — CPU implementation of kernels/cpu/gemm.h.
 //
-// GEMMs go to OpenBLAS. The build links Debian's OpenMP-flavoured OpenBLAS, which runs a GEMM
-// single-threaded when it is called inside an OpenMP parallel region; attention (attention.cc)
-// relies on this to run one small single-threaded GEMM per (batch, head) pair on every thread at
-// once. dbias is summed over the rows in parallel over column chunks (see kernels/cpu/util.h).
+// GEMMs go to OpenBLAS (blas.h loads it). The build uses Debian's OpenMP-flavoured OpenBLAS, which
+// runs a GEMM single-threaded when it is called inside an OpenMP parallel region; attention
+// (attention.cc) relies on this to run one small single-threaded GEMM per (batch, head) pair on
+// every thread at once. dbias is summed over the rows in parallel over column chunks (see
+// kernels/cpu/util.h).
 #include "kernels/cpu/gemm.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/util.h"
 
 namespace strata::kernels::cpu {
 
 namespace {
 
-CBLAS_TRANSPOSE cblas_trans(bool t) {
-  return t ? CblasTrans : CblasNoTrans;
-}
-
 void blas_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta,
-              C, ldc);
+  blas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void blas_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,
                const double* B, int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta,
-              C, ldc);
+  blas_dgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace

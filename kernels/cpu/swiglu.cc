@@ -6,8 +6,11 @@
 // −87, giving sigmoid = 0 and silu = −0).
 #include "kernels/cpu/swiglu.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "kernels/cpu/util.h"
 
@@ -22,15 +25,15 @@ inline T sigmoid(T g) {
   return num / (T(1) + e);
 }
 
-}  // namespace
-
+// Rows [n0, n1) of the forward and backward; inlined into each caller, so the float ones below
+// compile them once per vector width.
 template <class T>
-void swiglu_forward(T* out, const T* gate_up, int N, int F) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const T* gate = gate_up + static_cast<size_t>(n) * 2 * F;  // (F)
-    const T* up = gate + F;                                    // (F)
-    T* y = out + static_cast<size_t>(n) * F;                   // (F)
+[[gnu::always_inline]] inline void forward_rows(T* out, const T* gate_up, size_t n0, size_t n1,
+                                                int F) {
+  for (size_t n = n0; n < n1; ++n) {
+    const T* gate = gate_up + n * 2 * F;  // (F)
+    const T* up = gate + F;               // (F)
+    T* y = out + n * F;                   // (F)
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
       const T g = gate[i];
@@ -40,14 +43,14 @@ void swiglu_forward(T* out, const T* gate_up, int N, int F) {
 }
 
 template <class T>
-void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const T* gate = gate_up + static_cast<size_t>(n) * 2 * F;  // (F)
-    const T* up = gate + F;                                    // (F)
-    const T* dy = dout + static_cast<size_t>(n) * F;           // (F)
-    T* dgate = dgate_up + static_cast<size_t>(n) * 2 * F;      // (F)
-    T* dup = dgate + F;                                        // (F)
+[[gnu::always_inline]] inline void backward_rows(T* dgate_up, const T* dout, const T* gate_up,
+                                                 size_t n0, size_t n1, int F) {
+  for (size_t n = n0; n < n1; ++n) {
+    const T* gate = gate_up + n * 2 * F;  // (F)
+    const T* up = gate + F;               // (F)
+    const T* dy = dout + n * F;           // (F)
+    T* dgate = dgate_up + n * 2 * F;      // (F)
+    T* dup = dgate + F;                   // (F)
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
       const T g = gate[i];
@@ -57,6 +60,46 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F)
       const T gs = g * s;
       dgate[i] = dy[i] * up[i] * (s + gs * (T(1) - s));
       dup[i] = dy[i] * gs;
+    }
+  }
+}
+
+STRATA_CPU_CLONES void forward_rows_float(float* out, const float* gate_up, size_t n0, size_t n1,
+                                          int F) {
+  forward_rows(out, gate_up, n0, n1, F);
+}
+
+STRATA_CPU_CLONES void backward_rows_float(float* dgate_up, const float* dout, const float* gate_up,
+                                           size_t n0, size_t n1, int F) {
+  backward_rows(dgate_up, dout, gate_up, n0, n1, F);
+}
+
+}  // namespace
+
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int N, int F) {
+#pragma omp parallel
+  {
+    size_t n0, n1;
+    thread_share(static_cast<size_t>(N), omp_get_thread_num(), omp_get_num_threads(), n0, n1);
+    if constexpr (std::is_same_v<T, float>) {
+      forward_rows_float(out, gate_up, n0, n1, F);
+    } else {
+      forward_rows(out, gate_up, n0, n1, F);
+    }
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F) {
+#pragma omp parallel
+  {
+    size_t n0, n1;
+    thread_share(static_cast<size_t>(N), omp_get_thread_num(), omp_get_num_threads(), n0, n1);
+    if constexpr (std::is_same_v<T, float>) {
+      backward_rows_float(dgate_up, dout, gate_up, n0, n1, F);
+    } else {
+      backward_rows(dgate_up, dout, gate_up, n0, n1, F);
     }
   }
 }

@@ -1,14 +1,15 @@
 // threads.cc — CPU implementation of kernels/cpu/threads.h.
 #include "kernels/cpu/threads.h"
 
-#include <cblas.h>
 #include <omp.h>
+
+#include "kernels/cpu/blas.h"
 
 namespace strata::kernels::cpu {
 
 void set_num_threads(int n) {
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  blas_set_num_threads(n);
 }
 
 int num_threads() {
@@ -16,14 +17,7 @@ int num_threads() {
 }
 
 const char* blas_parallel_mode() {
-  switch (openblas_get_parallel()) {
-    case 0:
-      return "serial";
-    case 1:
-      return "pthread";
-    default:
-      return "openmp";
-  }
+  return blas_info().parallel.c_str();
 }
 
 }  // namespace strata::kernels::cpu

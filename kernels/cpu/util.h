@@ -16,6 +16,28 @@
 
 namespace strata::kernels::cpu {
 
+// STRATA_CPU_CLONES before a function compiles it once per vector width — AVX-512, AVX2 and the
+// baseline SSE2 — and the program runs the widest this CPU has, chosen when it loads (GCC's
+// target_clones). Only for loops whose lanes are independent, each element computed by the same
+// operations whatever the width: kernels/ is compiled with -ffp-contract=off, so no clone fuses
+// a·b + c into an FMA, and every clone gives the same bits (a reduction's order would change with
+// the width). Off under the sanitizers, whose start-up runs after the clones' resolvers.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define STRATA_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define STRATA_CPU_CLONES
+#endif
+
+// [begin, end): the calling thread's share of n items inside an OpenMP parallel region, the
+// contiguous block schedule(static) would give it.
+inline void thread_share(size_t n, int thread, int threads, size_t& begin, size_t& end) {
+  const size_t base = n / threads, extra = n % threads;
+  const size_t t = static_cast<size_t>(thread);
+  begin = t * base + std::min(t, extra);
+  end = begin + base + (t < extra ? 1 : 0);
+}
+
 // Columns per task of the column-parallel reductions: wide enough that the inner loop over a
 // row's chunk vectorises, narrow enough that C = 384 still splits across several threads.
 constexpr int kColumnChunk = 64;

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "kernels/cpu/blas.h"
 #include "runtime/backend/backend_checks.h"
 #include "runtime/base/error.h"
 #include "runtime/comm/comm.h"
@@ -20,6 +21,17 @@ std::string compiled_backends() {
 #else
   return "cpu, mpi";
 #endif
+}
+
+std::string cpu_kernels() {
+  try {
+    const kernels::cpu::BlasInfo& blas = kernels::cpu::blas_info();
+    return kernels::cpu::blas_summary() + " kernels (chosen by " + blas.chosen_by +
+           (blas.chosen_by == "OPENBLAS_CORETYPE" ? "" : "; OPENBLAS_CORETYPE overrides") + "), " +
+           blas.parallel + " threads, " + blas.library;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 // "auto" is the GPU where one is visible (verified on an H100, issue 7), else the CPU. The CUDA

@@ -59,7 +59,7 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual Device device() const = 0;
-  virtual std::string name() const = 0;  // "cpu (OpenBLAS openmp, 2 threads)"
+  virtual std::string name() const = 0;  // "cpu (OpenBLAS 0.3.21 SkylakeX, 2 threads)"
   virtual Allocator& allocator() = 0;
   // The device's dense peak FLOP/s in `precision` ("fp32", "bf16"), behind the metrics' MFU;
   // nullopt where it is not known (the CPU backend: MFU stays null).
@@ -445,5 +445,10 @@ int resolve_cpu_threads(const std::optional<int>& configured, int ranks_on_node)
 
 // Compiled-in backends, for --version: "cpu, mpi" or "cpu, cuda, mpi, nccl".
 std::string compiled_backends();
+
+// The CPU backend's GEMM library, for --version: "OpenBLAS 0.3.21 SkylakeX kernels (chosen by the
+// CPU's features; OPENBLAS_CORETYPE overrides), openmp threads,
+// /usr/lib/…/libopenblasp-r0.3.21.so".
+std::string cpu_kernels();
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_block.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -40,8 +41,8 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device::kCPU; }
   std::string name() const override {
-    return std::string("cpu (OpenBLAS ") + k::blas_parallel_mode() + ", " +
-           std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+    return "cpu (" + k::blas_summary() + ", " + std::to_string(threads_) +
+           (threads_ == 1 ? " thread)" : " threads)");
   }
   Allocator& allocator() override { return cpu_allocator(); }
 
