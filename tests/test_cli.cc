@@ -2,6 +2,7 @@
 // for bad configs and bad data files, --help, --version, --dry-run and the metrics file.
 // Runs the real binary (STRATA_BIN_PATH) in a subprocess.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "launch/train/reporting.h"
 #include "small_disk.h"
 
 namespace {
@@ -198,6 +200,51 @@ TEST_F(Cli, BadDataFilesExitTwoWithOffset) {
   EXPECT_EQ(r.status, 2) << r.out;
   line = error_line(r.out);
   EXPECT_NE(line.find("byte 3000"), std::string::npos) << line;
+}
+
+// Progress lines reach a pipe as they are printed (Slurm's output files, `| tee`), not when the
+// run ends: the first iteration's line is read while the run still has thousands of steps to go.
+// The line carries the mean step time, per-rank FLOP/s, the elapsed time and the ETA.
+TEST_F(Cli, ProgressLinesAreFlushedToAPipe) {
+  const std::string cfg =
+      config({{"train", {{"iterations", 100000}}}, {"log", {{"interval", 50000}}}});
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    execl(STRATA_BIN_PATH, STRATA_BIN_PATH, "train", "--config", cfg.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while (out.find("\niter ") == std::string::npos && (n = read(fds[0], buf, sizeof buf)) > 0)
+    out.append(buf, n);
+  int status = 0;
+  const pid_t done = waitpid(pid, &status, WNOHANG);
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+  EXPECT_EQ(done, 0) << "the run ended before its first line arrived:\n" << out;
+  const size_t at = out.find("\niter ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  EXPECT_NE(line.find("iter     1/100000 | loss "), std::string::npos) << line;
+  EXPECT_NE(line.find("FLOP/s per rank | mem "), std::string::npos) << line;
+  EXPECT_NE(line.find(", ETA "), std::string::npos) << line;
+}
+
+TEST(ClockTime, MinutesAndHours) {
+  EXPECT_EQ(strata::clock_time(0), "0:00");
+  EXPECT_EQ(strata::clock_time(59.6), "1:00");
+  EXPECT_EQ(strata::clock_time(3599), "59:59");
+  EXPECT_EQ(strata::clock_time(3600 + 62), "1:01:02");
+  EXPECT_EQ(strata::clock_time(-1), "0:00");
 }
 
 TEST_F(Cli, DryRunPrintsSizesWithoutTraining) {

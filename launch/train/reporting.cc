@@ -1,6 +1,7 @@
 #include "launch/train/reporting.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -171,18 +172,38 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
     if (!why.empty())
       log_failed("log.metrics", metrics_->path(), "iteration " + std::to_string(it), why);
   }
-  if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss)) {
-    std::printf(
-        "iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms | %s tok/s | "
-        "%sFLOP/s | mem %s",
-        it, iters, r.loss, r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms,
-        si(mt.tokens_per_s).c_str(), si(flops_.hardware / step_s).c_str(),
-        format_bytes(mt.mem_peak_bytes).c_str());
+  ++interval_steps_;
+  interval_s_ += step_s;
+  const auto now = std::chrono::steady_clock::now();
+  const bool heartbeat = std::chrono::duration<double>(now - last_line_).count() >= kHeartbeatS;
+  if (lead_ && (it % cfg.log.interval == 0 || it == 1 || it == iters || val_loss || heartbeat)) {
+    // Step time: this step's and the mean since the last line; the rates are the mean's, the
+    // FLOP/s those of one rank (the job's are world × that); ETA at the mean.
+    const double mean_s = interval_s_ / interval_steps_;
+    std::printf("iter %5d/%d | loss %.4f%s | lr %.2e | gnorm %.3f | %7.1f ms", it, iters, r.loss,
+                r.finite ? "" : " (skipped)", mt.lr, r.norm, mt.step_ms);
+    if (interval_steps_ > 1) std::printf(" (mean %.1f)", mean_s * 1e3);
+    std::printf(" | %s tok/s | %sFLOP/s per rank", si(run_.tokens_per_iteration() / mean_s).c_str(),
+                si(flops_.hardware / mean_s / run_.world->size).c_str());
+    if (const std::optional<double> peak = be_.peak_flops(cfg.train.precision))
+      std::printf(" | MFU %.1f%%", 100.0 * flops_.model / mean_s / run_.world->size / *peak);
+    std::printf(" | mem %s", format_bytes(mt.mem_peak_bytes).c_str());
+    if (const int64_t capacity = be_.device_memory_bytes(); capacity > 0)
+      std::printf(" of %s", format_bytes(capacity).c_str());
     if (run_.layout.pipeline > 1)
       std::printf(" | bubble %.2f (theory %.2f)", bubble, res_.theoretical_bubble);
     if (mt.val_loss) std::printf(" | val %.4f", *mt.val_loss);
     if (mt.aux_loss) std::printf(" | aux %.4f | load %.2f", *mt.aux_loss, *mt.expert_load);
+    const double elapsed = std::chrono::duration<double>(now - t_start_).count();
+    std::printf(" | %s", clock_time(elapsed).c_str());
+    if (it < iters) std::printf(", ETA %s", clock_time(mean_s * (iters - it)).c_str());
     std::printf("\n");
+    // Slurm's output files and `| tee` get each line as it is printed: stdout is fully buffered
+    // when it is not a terminal.
+    std::fflush(stdout);
+    interval_steps_ = 0;
+    interval_s_ = 0;
+    last_line_ = now;
   }
   if (lead_ && sample) {
     std::printf("sample %5d |", it);
@@ -192,8 +213,18 @@ void Reporter::step(const StepRecord& r, double step_s, double bubble,
       std::printf(" %s", sample->second.c_str());
     std::printf("\n");
     std::fflush(stdout);
-    std::fflush(stdout);
   }
+}
+
+std::string clock_time(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  }
+  return buf;
 }
 
 void Reporter::keep_timeline(const PipelineExecutor& exec, const GradReducer& reducer,

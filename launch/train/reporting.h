@@ -74,6 +74,18 @@ class Reporter {
   std::vector<std::pair<double, PipelineEvent>> trace_;  // (start of its run, event), unwritten
   std::unique_ptr<LogFile> trace_out_;                   // rank 0: log.trace, open until the last
   int64_t trace_events_ = 0;                             // rank 0: events written so far
+  // The console line's averages: steps and their seconds since the last line printed, and when
+  // it was printed (a line comes at least every kHeartbeatS seconds, whatever log.interval).
+  int interval_steps_ = 0;
+  double interval_s_ = 0;
+  std::chrono::steady_clock::time_point last_line_ = std::chrono::steady_clock::now();
 };
+
+// The longest the console stays silent while steps complete: a line is printed after a step that
+// ends this long after the previous line, although log.interval has not come.
+inline constexpr double kHeartbeatS = 30.0;
+
+// "1:02:03" (hours), "2:03" (minutes): a duration for console lines.
+std::string clock_time(double seconds);
 
 }  // namespace strata
