@@ -18,7 +18,9 @@ failures = []
 
 
 def run(args, env_extra=None):
-    env = dict(os.environ, STRATA_BIN="/opt/strata/bin/strata", MPIRUN="mpirun")
+    # 64 cores unless a check says otherwise: the flags must not depend on the machine's.
+    env = dict(os.environ, STRATA_BIN="/opt/strata/bin/strata", MPIRUN="mpirun",
+               STRATA_RUN_CORES="64")
     env.pop("SLURM_JOB_ID", None)
     env.update(env_extra or {})
     r = subprocess.run([sys.executable, script] + args, capture_output=True, text=True, env=env)
@@ -52,6 +54,19 @@ with tempfile.TemporaryDirectory() as tmp:
     check("binding", "--bind-to" in argv and argv[argv.index("--bind-to") + 1] == "core", out)
     if os.geteuid() == 0:
         check("root in containers", "--allow-run-as-root" in argv, out)
+
+    check("no oversubscription where the cores suffice", "--oversubscribe" not in argv, out)
+
+    rc, out, err = run(["--print", "--config", cfg], {"STRATA_RUN_CORES": "2"})
+    argv = shlex.split(out)
+    check("more ranks than cores oversubscribe, unbound",
+          rc == 0 and "--oversubscribe" in argv and argv[argv.index("--bind-to") + 1] == "none",
+          out + err)
+    check("and say so", "8 ranks on 2 cores: oversubscribing" in err, err)
+    rc, out, err = run(["--print", "--hostfile", "hosts", "--config", cfg],
+                       {"STRATA_RUN_CORES": "2"})
+    check("a hostfile's slots are mpirun's to count", "--oversubscribe" not in shlex.split(out),
+          out)
 
     rc, out, err = run(["--print", "--oversubscribe", "--config", cfg, "--set=parallel.pipeline=4"])
     argv = shlex.split(out)

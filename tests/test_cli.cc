@@ -239,6 +239,20 @@ TEST_F(Cli, ProgressLinesAreFlushedToAPipe) {
   EXPECT_NE(line.find(", ETA "), std::string::npos) << line;
 }
 
+// A Hugging Face directory holds no data: `eval --data` on one needs the data named, rather than
+// evaluating the built-in synthetic chain without a word.
+TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
+  const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
+  Result bare = run("eval --hf " + hf + " --data val --batches 1 --batch-size 1");
+  EXPECT_EQ(bare.status, 2) << bare.out;
+  EXPECT_NE(error_line(bare.out).find("--data"), std::string::npos) << bare.out;
+  EXPECT_NE(bare.out.find("data.source"), std::string::npos) << bare.out;
+  Result named =
+      run("eval --hf " + hf + " --data val --batches 1 --batch-size 1 --set data.source=synthetic");
+  EXPECT_EQ(named.status, 0) << named.out;
+  EXPECT_NE(named.out.find("val split:"), std::string::npos) << named.out;
+}
+
 TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(0), "0:00");
   EXPECT_EQ(strata::clock_time(59.6), "1:00");
