@@ -484,6 +484,13 @@ TEST(ConfigConsistency, VirtualStagesAndInterleaved) {
   e = config_error(json::parse(R"({"parallel": {"schedule": "interleaved"}})"));
   EXPECT_EQ(e.where(), "parallel.schedule");
   EXPECT_TRUE(contains(e.expected(), "pipeline >= 2")) << e.what();
+  // One chunk per stage: named at the key the command line just changed, not at a plan.
+  e = config_error(json::parse(R"({"parallel": {"pipeline": 2, "virtual_stages": 2,
+                                                "schedule": "interleaved"}})"),
+                   {"parallel.virtual_stages=1"});
+  EXPECT_EQ(e.file(), "<command line>");
+  EXPECT_EQ(e.where(), "parallel.virtual_stages");
+  EXPECT_TRUE(contains(e.expected(), "virtual_stages >= 2")) << e.what();
 }
 
 TEST(ConfigConsistency, GlobalBatchMultipleOfMicro) {
@@ -617,6 +624,23 @@ TEST(ConfigWorld, ExplicitDataMustMatch) {
   EXPECT_EQ(e.where(), "parallel.data");
   EXPECT_EQ(e.expected(), "world size 4 (mpirun -np) != tensor 2 × pipeline 1 × data 1 = 2");
   EXPECT_NO_THROW(validate_for_world(c, 2));
+}
+
+// The tensor size the command line just gave is what a mismatch names, not the file's model.
+TEST(ConfigWorld, TensorFromTheCommandLineIsBlamed) {
+  const Config c =
+      config_from_json(json::parse(R"({"model": {"hidden_size": 96, "num_heads": 4}})"), kFile,
+                       {"train.seed=3", "parallel.tensor=3"});
+  InputError e = expect_error([&] { validate_for_world(c, 3); });
+  EXPECT_EQ(e.file(), "<command line>");
+  EXPECT_EQ(e.where(), "parallel.tensor");
+  EXPECT_TRUE(contains(e.expected(), "num_heads 4 is not divisible by tensor 3")) << e.what();
+  // Set in the file, the model's key is named there.
+  const Config f =
+      world_config(R"({"model": {"hidden_size": 96, "num_heads": 4}, "parallel": {"tensor": 3}})");
+  e = expect_error([&] { validate_for_world(f, 3); });
+  EXPECT_EQ(e.file(), kFile);
+  EXPECT_EQ(e.where(), "model.num_heads");
 }
 
 TEST(ConfigWorld, TensorDividesModelSizes) {

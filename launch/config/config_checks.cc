@@ -53,6 +53,12 @@ void check_layout(const ParallelLayout& p, const ModelConfig& m, const Reader& r
         {"parallel.schedule", "parallel.pipeline"},
         "schedule \"interleaved\" needs pipeline >= 2, got pipeline " + to_string(p.pipeline));
   }
+  if (p.schedule == ScheduleKind::kInterleaved && p.virtual_stages < 2) {
+    r.fail_latest({"parallel.virtual_stages", "parallel.schedule"},
+                  "schedule \"interleaved\" needs virtual_stages >= 2 (with 1 chunk per stage it "
+                  "is \"1f1b\"), got virtual_stages " +
+                      to_string(p.virtual_stages));
+  }
   // Expert parallelism spreads a mixture's experts: it needs experts, a whole number per rank.
   if (p.expert > 1 && m.num_experts == 0) {
     r.fail_latest({"parallel.expert", "model.num_experts"},

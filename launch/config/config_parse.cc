@@ -206,6 +206,12 @@ Config config_from_json(const nlohmann::json& j, const std::string& file,
   Config c = read_config(reader);
   check_consistency(c, reader);
   c.source_file = source;
+  for (const auto& [path, origin] : origins)
+    if (origin.layer >= kLayerFirstSet) c.command_line_keys.push_back(path);
+  std::sort(c.command_line_keys.begin(), c.command_line_keys.end(),
+            [&](const std::string& a, const std::string& b) {
+              return origins.at(a).layer < origins.at(b).layer;
+            });
   c.resolved = to_json(c);
   return c;
 }
@@ -223,6 +229,7 @@ Config config_with_layer(const Config& c, const nlohmann::json& layer, const std
   Config out = read_config(reader);
   check_consistency(out, reader);
   out.source_file = c.source_file;
+  out.command_line_keys = c.command_line_keys;
   out.resolved = to_json(out);
   return out;
 }

@@ -1,5 +1,6 @@
 #include "launch/config/world_layout.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -9,6 +10,21 @@
 #include "runtime/base/error.h"
 
 namespace strata {
+
+namespace {
+
+// A mismatch among `paths`: named at the one the command line set last, if it set any (the
+// value the user just changed), else at the first, in the config file.
+[[noreturn]] void fail_at(const Config& c, std::initializer_list<std::string> paths,
+                          const std::string& expected) {
+  const std::vector<std::string>& given = c.command_line_keys;
+  for (auto it = given.rbegin(); it != given.rend(); ++it)
+    if (std::find(paths.begin(), paths.end(), *it) != paths.end())
+      throw InputError("<command line>", *it, expected);
+  throw InputError(c.source_file, *paths.begin(), expected);
+}
+
+}  // namespace
 
 void validate_for_world(const Config& c, int world_size) {
   if (world_size < 1) {
@@ -36,21 +52,22 @@ void validate_for_world(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
   const std::string by_tensor = " is not divisible by tensor " + to_string(p.tensor);
   if (m.num_heads % p.tensor != 0) {
-    throw InputError(file, "model.num_heads", "num_heads " + to_string(m.num_heads) + by_tensor);
+    fail_at(c, {"model.num_heads", "parallel.tensor"},
+            "num_heads " + to_string(m.num_heads) + by_tensor);
   }
   // Each rank holds whole key/value heads: never replicated or rounded (Megatron refuses too).
   if (m.kv_heads() % p.tensor != 0) {
-    throw InputError(file, "model.num_key_value_heads",
-                     "num_key_value_heads " + to_string(m.kv_heads()) + by_tensor +
-                         " (each tensor rank holds whole key/value heads)");
+    fail_at(c, {"model.num_key_value_heads", "parallel.tensor"},
+            "num_key_value_heads " + to_string(m.kv_heads()) + by_tensor +
+                " (each tensor rank holds whole key/value heads)");
   }
   if (m.hidden_size % p.tensor != 0) {
-    throw InputError(file, "model.hidden_size",
-                     "hidden_size " + to_string(m.hidden_size) + by_tensor);
+    fail_at(c, {"model.hidden_size", "parallel.tensor"},
+            "hidden_size " + to_string(m.hidden_size) + by_tensor);
   }
   if (m.ffn_hidden_size % p.tensor != 0) {
-    throw InputError(file, "model.ffn_hidden_size",
-                     "ffn_hidden_size " + to_string(m.ffn_hidden_size) + by_tensor);
+    fail_at(c, {"model.ffn_hidden_size", "parallel.tensor"},
+            "ffn_hidden_size " + to_string(m.ffn_hidden_size) + by_tensor);
   }
   // Sequence parallelism splits the sequence dimension of the activations across the same ranks.
   if (p.sequence_parallel && m.seq_len % p.tensor != 0) {

@@ -212,6 +212,9 @@ struct Config {
   std::string device = "auto";  // auto | cpu | cuda
 
   std::string source_file;  // the config file, for error messages ("<defaults>" when none)
+  // The keys `--set` gave ("parallel.tensor"), in the order given: checks made after loading
+  // (launch/config/world_layout.cc) blame the command line for them, not the file.
+  std::vector<std::string> command_line_keys;
   nlohmann::json resolved;  // the whole config after presets, file and overrides, as JSON
 };
 
