@@ -61,7 +61,7 @@ const char* kTrainUsage =
     "usage: strata train --config FILE [--set section.key=value ...] [--plan PLAN.json]\n"
     "                    [--dry-run [--cluster FILE|PRESET]]\n"
     "\n"
-    "Trains the model of FILE (keys: ../shared/DESIGN.md, docs/config.md).\n"
+    "Trains the model of FILE (keys: docs/config.md).\n"
     "\n"
     "options:\n"
     "  --config FILE        the JSON config; unknown keys are errors\n"

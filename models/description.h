@@ -69,7 +69,7 @@ class ModelDescription {
   // tensor parallelism divides (heads, MLP width, with sequence parallelism the sequence).
   virtual std::string tensor_split_reason(int tensor, bool sequence_parallel) const = 0;
   // The model's keys as the plan's "model" object and checkpoints record them (the keys that fix
-  // parameter shapes, DESIGN.md's names).
+  // parameter shapes, docs/config.md's names).
   virtual nlohmann::json shape_json() const = 0;
 
   // Parameters of the whole model without vocabulary padding (the model size).

@@ -9,9 +9,9 @@
 // per-layer times (first piece carries the embedding, last the head), the schedule simulated
 // with those per-stage, per-chunk times, memory with the simulated in-flight counts. Plans
 // over memory after that are rejected too. Tensor groups are consecutive ranks inside a node
-// (DESIGN.md's rank order); t larger than a node is refused. Context sizes c (ring attention,
-// each rank S/c tokens of every sequence) are searched where 2c cuts the sequence into even
-// chunks of at least 512 tokens; with c > 1 only e = 1 (they do not compose yet).
+// (docs/contracts.md's rank order); t larger than a node is refused. Context sizes c (ring
+// attention, each rank S/c tokens of every sequence) are searched where 2c cuts the sequence into
+// even chunks of at least 512 tokens; with c > 1 only e = 1 (they do not compose yet).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -91,7 +91,7 @@ std::string expert_invalid_reason(const ModelDescription& m, const ParallelLayou
 
 nlohmann::json plan_config_json(const ParallelLayout& c);
 nlohmann::json plan_result_json(const PlanResult& r);
-// The whole `strata plan --json` document (DESIGN.md's plan schema).
+// The whole `strata plan --json` document (docs/contracts.md's plan format).
 nlohmann::json plan_output_json(const PlanRequest& req, const PlanOutput& out);
 
 }  // namespace strata

@@ -1,8 +1,8 @@
 // Checkpoints across layouts (issue 8), on 4 ranks: a checkpoint saved under one (t, p, d, v,
 // schedule, distributed optimizer) resumes under another and the losses continue as the
 // single-process run's within 1e-5 relative (the tolerance of every layout equivalence in
-// DESIGN.md: the layouts sum in different orders); resuming under the layout that saved it is
-// bit-identical to the uninterrupted run, ZeRO-1 shards included. The expected losses come from
+// docs/contracts.md: the layouts sum in different orders); resuming under the layout that saved it
+// is bit-identical to the uninterrupted run, ZeRO-1 shards included. The expected losses come from
 // the single-process run every rank trains itself.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -3,11 +3,11 @@
 // positions; llama: rotary embeddings and grouped-query attention; bert: bidirectional attention
 // over padded keys, the masked-LM and sentence heads; mixtral, qwen3_moe: mixtures of experts):
 // every layout reproduces the single-process losses, gradient norms and final parameters within
-// 1e-5 relative in fp32 (DESIGN.md) — context 2 and 4, context × data with ZeRO-1, context ×
-// tensor with sequence parallelism, recompute (selective: the ring rerun in the backward; full),
-// context × pipeline under every schedule (2bw against the single-process 2bw), context × expert
-// parallelism for the mixtures; bf16 against the same layout at context 1; checkpoints saved at
-// context 2 resume bit for bit under it and within 1e-5 of the single process at context 1 and
+// 1e-5 relative in fp32 (docs/contracts.md) — context 2 and 4, context × data with ZeRO-1,
+// context × tensor with sequence parallelism, recompute (selective: the ring rerun in the backward;
+// full), context × pipeline under every schedule (2bw against the single-process 2bw), context ×
+// expert parallelism for the mixtures; bf16 against the same layout at context 1; checkpoints saved
+// at context 2 resume bit for bit under it and within 1e-5 of the single process at context 1 and
 // at tensor 2.
 //
 // AdamW's eps is 1e-6 here, not 1e-8: the key projection's gradient along the mean of its input

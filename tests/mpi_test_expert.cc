@@ -1,10 +1,10 @@
 // Expert parallelism (parallel.expert; models/layers/moe.h) against the single-process run, on 4
 // ranks, for the mixture named by STRATA_TEST_ARCH (mixtral, qwen3_moe): every layout with
 // expert 2 and 4 reproduces the single-process losses, gradient norms and (this rank's experts of)
-// the final parameters within 1e-5 relative (DESIGN.md), dropless, with the load-balancing loss;
-// composed with tensor and sequence parallelism, ZeRO-1, bf16, and every pipeline schedule (the
-// balancing loss's statistics crossing the stages); checkpoints reshard across expert sizes, and
-// resume bit for bit under the layout that saved them.
+// the final parameters within 1e-5 relative (docs/contracts.md), dropless, with the load-balancing
+// loss; composed with tensor and sequence parallelism, ZeRO-1, bf16, and every pipeline schedule
+// (the balancing loss's statistics crossing the stages); checkpoints reshard across expert sizes,
+// and resume bit for bit under the layout that saved them.
 //
 // AdamW's eps is 1e-6 here, not 1e-8: an expert group sums an expert's rows of several data
 // ranks in one GEMM, so a near-zero gradient element (|g| ~ eps, an o_proj element of layer 0

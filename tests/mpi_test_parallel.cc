@@ -7,8 +7,8 @@
 // parameters cut from the reference model — and the mismatch counts are summed over the world so
 // every rank reaches the same verdict (nccl-tests style).
 //
-// Tolerance 1e-5 relative (DESIGN.md): layouts differ only in summation order (partial GEMM sums
-// reduced over ranks, gradient buckets summed over data-parallel ranks), float32 rounding that
+// Tolerance 1e-5 relative (docs/contracts.md): layouts differ only in summation order (partial GEMM
+// sums reduced over ranks, gradient buckets summed over data-parallel ranks), float32 rounding that
 // stays near 1e-7 relative over 20 steps of this model.
 #include <gtest/gtest.h>
 

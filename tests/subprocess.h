@@ -1,6 +1,6 @@
 // subprocess.h — runs the strata binary (STRATA_BIN_PATH) as a user would, bounded in time, and
-// checks DESIGN.md's exit contract on what it did: status 0, or status 2 with exactly one line
-// on stderr, "error: <file>: ..."; never another status, never a signal, never a hang.
+// checks docs/contracts.md's exit contract on what it did: status 0, or status 2 with exactly one
+// line on stderr, "error: <file>: ..."; never another status, never a signal, never a hang.
 //
 // Header-only, for the tests of bad input (test_bad_input.cc, test_fuzz_inputs.cc).
 #pragma once

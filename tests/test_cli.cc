@@ -1,6 +1,6 @@
-// The strata command as a user meets it: exit statuses, the one-line error format of DESIGN.md
-// for bad configs and bad data files, --help, --version, --dry-run and the metrics file.
-// Runs the real binary (STRATA_BIN_PATH) in a subprocess.
+// The strata command as a user meets it: exit statuses, the one-line error format of
+// docs/contracts.md for bad configs and bad data files, --help, --version, --dry-run and the
+// metrics file. Runs the real binary (STRATA_BIN_PATH) in a subprocess.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>

@@ -2,8 +2,9 @@
 // world-size checks, the parallel layout's one table (the config's keys and --fix), and the
 // shipped presets and training configs.
 //
-// Expected values come from DESIGN.md (the defaults, copied below as text) and from the
-// published model sizes (GPT-2, GPT-3 papers), never from the parser's own tables.
+// Expected values come from the design's example config (the defaults, copied below as text;
+// docs/config.md lists the same) and from the published model sizes (GPT-2, GPT-3 papers), never
+// from the parser's own tables.
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -29,7 +30,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// DESIGN.md's Config section, verbatim.
+// The design's example config (the defaults of docs/config.md), verbatim.
 const char kDesignDefaults[] = R"({
   "model":     {"preset": "gpt2-124m", "arch": "gpt", "num_layers": 12, "hidden_size": 768, "num_heads": 12,
                 "ffn_hidden_size": 3072, "seq_len": 1024, "vocab_size": 50257, "tie_embeddings": true,
@@ -97,11 +98,11 @@ class TempDir {
 
 // ---- defaults and layering ----
 
-// Keys added after DESIGN.md's example, with their defaults (docs/config.md): a config written
+// Keys added after the design's example, with their defaults (docs/config.md): a config written
 // against the design alone resolves to them.
-// The Llama family's keys are DESIGN.md's (its model.arch notes), with LlamaConfig's defaults;
+// The Llama family's keys are the design's (its model.arch notes), with LlamaConfig's defaults;
 // so are the mixtures of experts' (0 experts: a dense MLP).
-// parallel.context and parallel.expert are DESIGN.md's (its parallel notes), default 1.
+// parallel.context and parallel.expert are the design's (its parallel notes), default 1.
 // decoder_sparse_step and mlp_only_layers are Qwen3-MoE's dense layers (Qwen3MoeConfig's names and
 // defaults: every layer of a mixture sparse).
 const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},

@@ -3,9 +3,9 @@
 // in tests/fuzz/ (and the golden tokenizers) it makes inputs up — keys deleted, duplicated or
 // renamed, values of the wrong type, extreme numbers, deep nesting, control bytes, wrong files
 // (FIFOs, devices, directories, /proc files, huge sparse files), flipped and truncated bytes —
-// runs the strata binary on each, and checks DESIGN.md's exit contract on every run: status 0,
-// or status 2 with exactly one line on stderr; never another status, never a signal, never a
-// hang (each run has a deadline).
+// runs the strata binary on each, and checks docs/contracts.md's exit contract on every run:
+// status 0, or status 2 with exactly one line on stderr; never another status, never a signal,
+// never a hang (each run has a deadline).
 //
 // Kinds whose every input is bad (hf-index: a shard path leading out of its directory or a
 // non-finite weight; task-ids: token ids and labels past int32, negative or fractional) must be

@@ -64,7 +64,7 @@ TEST(Train, SameSeedSameLossesBitForBit) {
 }
 
 // The loss is the mean over the global batch however it is split into micro-batches, and the
-// data order does not depend on the micro-batch size (DESIGN.md numerical rules).
+// data order does not depend on the micro-batch size (docs/contracts.md's numerical rules).
 TEST(Train, GradientAccumulationMatchesOneLargeMicroBatch) {
   const auto run = [](int micro) {
     return run_training(tiny({"train.iterations=10", "train.global_batch_size=8",
@@ -222,8 +222,8 @@ TEST(Train, RecomputeKeepsLossesAndLowersActivationPeak) {
   EXPECT_LT(c, b);
 }
 
-// PipeDream-2BW's update rule in one process (DESIGN.md): batch j runs on W(max(j−1, 0)), so
-// batches 0 and 1 both see the initial weights — batch 1's loss is the loss a run that never
+// PipeDream-2BW's update rule in one process (docs/contracts.md): batch j runs on W(max(j−1, 0)),
+// so batches 0 and 1 both see the initial weights — batch 1's loss is the loss a run that never
 // updates (lr 0) sees for it — while W(1) is the usual first update, so the flushing run's
 // first two losses bracket it.
 TEST(Train, TwoBWUsesTheWeightsOfTwoBatchesAgo) {

@@ -6,9 +6,9 @@
       --strata llama-3.2-1b=OUT/strata_llama-3.2-1b.jsonl --strata-cudnn OUT/strata_cudnn.jsonl \\
       --torch OUT/torch.jsonl [--skip 5] [--peak-tflops 989]
 
-Strata files hold one object per iteration (DESIGN.md: iter, step_ms, tokens_per_s, tflops_per_gpu,
-mfu, mem_peak_bytes); the first --skip iterations are warm-up (cuBLAS heuristics, first
-allocations) and are left out, the rest give medians. `mfu` is taken from the file when Strata
+Strata files hold one object per iteration (docs/contracts.md: iter, step_ms, tokens_per_s,
+tflops_per_gpu, mfu, mem_peak_bytes); the first --skip iterations are warm-up (cuBLAS heuristics,
+first allocations) and are left out, the rest give medians. `mfu` is taken from the file when Strata
 filled it, else computed as tflops_per_gpu / --peak-tflops (marked '*'; equal to model-FLOP MFU
 for recompute none/selective, where Strata's hardware and model FLOPs are the same).
 --strata-cudnn files hold the same runs with train.attention_backend=cudnn, several models in one

@@ -43,9 +43,9 @@ nlohmann::json make_profile(const Config& cfg, int repeat,
                             const std::vector<int>& micro_batch_sizes = {});
 
 // The planner's prediction for cfg as it stands on one rank of `cluster` with the measured
-// `profile` in place of the analytical compute model: a plan entry of DESIGN.md's schema
-// (predicted.iteration_s, ...). What predict_for_config (cmd_plan.h) gives with world size 1,
-// plus the profile.
+// `profile` in place of the analytical compute model: a plan entry of docs/contracts.md's plan
+// format (predicted.iteration_s, ...). What predict_for_config (cmd_plan.h) gives with world size
+// 1, plus the profile.
 nlohmann::json predict_with_profile(const Config& cfg, const Cluster& cluster,
                                     const Profile& profile);
 

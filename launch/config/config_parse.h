@@ -55,7 +55,7 @@ struct ConfigKey {
   std::string meaning;
 };
 
-// Every leaf key, in DESIGN.md's order; docs/config.md is checked against this list.
+// Every leaf key, in docs/config.md's order; docs/config.md is checked against this list.
 std::vector<ConfigKey> config_keys();
 
 }  // namespace strata

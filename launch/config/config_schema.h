@@ -46,14 +46,14 @@ struct Key {
   }
 };
 
-// The keys of one section ("" the top level, "data.synthetic" a nested one), in DESIGN.md's
+// The keys of one section ("" the top level, "data.synthetic" a nested one), in docs/config.md's
 // order, so that error messages list them as documented.
 struct Section {
   std::string path;
   std::vector<Key> keys;
 };
 
-// DESIGN.md's default model. The built-in model defaults are its sizes, so the preset is only
+// docs/config.md's default model. The built-in model defaults are its sizes, so the preset is only
 // read from disk when a config names one: a defaults-only run needs no files.
 extern const char kDefaultPreset[];
 

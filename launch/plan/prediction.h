@@ -23,9 +23,9 @@ namespace strata {
 MemoryOptions memory_options(const std::string& precision, double bucket_mb, int threads, bool cpu);
 
 // The planner's prediction for cfg with `layout`, resolved for the world it runs on
-// (launch/config/world_layout.h), on that many ranks of `cluster`: a plan entry of DESIGN.md's
-// schema plus "model_flops" and "hardware_flops" per iteration. fp32 predicts the CPU runtime.
-// Throws InputError when the layout does not fit the model or the batch.
+// (launch/config/world_layout.h), on that many ranks of `cluster`: a plan entry of
+// docs/contracts.md's plan format plus "model_flops" and "hardware_flops" per iteration. fp32
+// predicts the CPU runtime. Throws InputError when the layout does not fit the model or the batch.
 nlohmann::json predict_for_config(const Config& cfg, const ParallelLayout& layout,
                                   const Cluster& cluster);
 // The same for cfg's layout as it stands on `world_size` ranks.

@@ -1,7 +1,7 @@
 // metrics.h — the per-iteration metrics stream (JSON Lines) and the console progress line.
 //
 // Rank 0 writes one JSON object per optimizer step to log.metrics with the keys fixed by
-// DESIGN.md: iter, loss, lr, grad_norm, step_ms, tokens_per_s, tflops_per_gpu, mfu, bubble,
+// docs/contracts.md: iter, loss, lr, grad_norm, step_ms, tokens_per_s, tflops_per_gpu, mfu, bubble,
 // mem_peak_bytes, plus val_loss on evaluation iterations and skipped: true on a skipped step; a
 // mixture of experts adds aux_loss and expert_load.
 // Keys may be added, never renamed. A line that cannot be written (a full disk) is reported to

@@ -3,7 +3,7 @@
 // the reduction of gradients and the optimizer step with clipping.
 //
 // Loss: the loss of an iteration is the mean over the tokens of the global batch that count
-// (DESIGN.md); their number comes from the data (DataSource::loss_tokens), known before the
+// (docs/contracts.md); their number comes from the data (DataSource::loss_tokens), known before the
 // compute, so the backward is scaled by its inverse and the summed gradient is that of the mean.
 //
 // PipeDream-2BW (a schedule that does not flush: schedules/schedule.h's flushes_every_batch):

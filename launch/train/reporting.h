@@ -1,5 +1,5 @@
 // reporting.h — what a training run tells its user: the start-up banner, one console line and
-// one metrics object (DESIGN.md's keys) per optimizer step, the Chrome trace of the run
+// one metrics object (docs/contracts.md's keys) per optimizer step, the Chrome trace of the run
 // (Perfetto) and the closing summary. Console output comes from world rank 0 only. A log that
 // cannot be written (a full disk) is a warning at its first failure and makes the run's exit
 // status 3 (TrainResult::incomplete_logs).

@@ -21,7 +21,7 @@
 // ParamSplit as a whole parameter would be.
 //
 // Initialisation is a pure function of (seed, parameter name, global element index), so every
-// backend and every layout starts from the same model (DESIGN.md).
+// backend and every layout starts from the same model (docs/contracts.md).
 //
 // Thread-safety: built and used from one thread.
 #pragma once

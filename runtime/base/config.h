@@ -1,4 +1,4 @@
-// config.h — the training configuration as plain values: every key of ../shared/DESIGN.md.
+// config.h — the training configuration as plain values: every key of docs/config.md.
 //
 // A struct per section, but for the parallel layout (runtime/base/parallel_layout.h), whose keys
 // sit in two sections (parallel.*, train.micro_batch_size, train.recompute) and which plans and the

@@ -3,8 +3,8 @@
 // train.recompute), a plan of `strata plan` and its `--fix` pins, the planner's search points,
 // and the run itself (launch/train/run_layout.h holds the resolved one).
 //
-// World = tensor · context · pipeline · data; rank order (DESIGN.md): tensor ranks consecutive,
-// then context, then data (expert groups are consecutive data ranks), then pipeline.
+// World = tensor · context · pipeline · data; rank order (docs/contracts.md): tensor ranks
+// consecutive, then context, then data (expert groups are consecutive data ranks), then pipeline.
 //
 // A config may leave the data-parallel size and the layer split open (its null): they are 0 and
 // empty here until the layout is resolved for a world size (launch/config/world_layout.h: data
@@ -36,7 +36,7 @@ struct ParallelLayout {
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
-  int micro_batch_size = 4;  // b sequences per micro-batch (DESIGN.md's default)
+  int micro_batch_size = 4;  // b sequences per micro-batch (docs/config.md's default)
   int num_microbatches = 0;  // m per pipeline per iteration, B / (b · d): derived, 0 until resolved
   // [piece] layers, piece k = chunk · p + stage (Megatron's interleaving), p · v entries; empty:
   // open (the config's even split, the planner's balanced one).

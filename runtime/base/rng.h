@@ -2,8 +2,8 @@
 //
 // Parameter initialisation uses these so that element i of a named parameter has the same value
 // whichever rank initialises it and however the tensor is sharded: a rank holding a shard
-// evaluates the same function at the shard's global indices (DESIGN.md: the model depends on the
-// seed alone). No generator state is carried between calls.
+// evaluates the same function at the shard's global indices (docs/contracts.md: the model depends
+// on the seed alone). No generator state is carried between calls.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -17,7 +17,7 @@
 //        the weights' gradients; dp_rank stays the data coordinate (which sequences a rank reads).
 //
 // Expert parallelism (a mixture of experts, parallel.expert = e dividing d): the data ranks are
-// cut into runs of e consecutive ones (DESIGN.md: expert groups are consecutive data ranks).
+// cut into runs of e consecutive ones (docs/contracts.md's rank order).
 //   ep   (expert)       e members: data ranks [b·e, (b+1)·e) of the same (tp, cp, pp); group rank
 //                       = dp % e. A MoE layer's experts are spread over it; its tokens travel by
 //                       all-to-all.

@@ -1,4 +1,5 @@
-// json_file.h — reading JSON input (files, --set values) with the one-line errors of DESIGN.md.
+// json_file.h — reading JSON input (files, --set values) with the one-line errors of
+// docs/contracts.md.
 //
 // Beyond the parser's own checks: nesting deeper than kMaxJsonDepth is refused while parsing (a
 // file nested 100k deep took seconds and then overflowed the stack of whatever walked it), and a
