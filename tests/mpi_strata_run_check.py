@@ -57,6 +57,13 @@ with tempfile.TemporaryDirectory() as tmp:
 
     check("no oversubscription where the cores suffice", "--oversubscribe" not in argv, out)
 
+    rc, out, err = run(["--print", "--config", cfg, "--set", "parallel.context=2"])
+    argv = shlex.split(out)
+    check("context ranks count", rc == 0 and argv[argv.index("-np") + 1] == "16", out + err)
+    rc, out, err = run(["--print", "--np", "8", "--config", cfg, "--set", "parallel.context=2"])
+    check("--np against tensor x context x pipeline x data",
+          rc == 2 and "tensor x context x pipeline x data = 2 x 2 x 2 x 2 = 16" in err, err)
+
     rc, out, err = run(["--print", "--config", cfg], {"STRATA_RUN_CORES": "2"})
     argv = shlex.split(out)
     check("more ranks than cores oversubscribe, unbound",

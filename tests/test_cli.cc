@@ -239,8 +239,8 @@ TEST_F(Cli, ProgressLinesAreFlushedToAPipe) {
   EXPECT_NE(line.find(", ETA "), std::string::npos) << line;
 }
 
-// A Hugging Face directory holds no data: `eval --data` on one needs the data named, rather than
-// evaluating the built-in synthetic chain without a word.
+// Neither a Hugging Face directory nor a checkpoint records the data: `eval --data` needs it
+// named, rather than evaluating the built-in synthetic chain without a word.
 TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
   const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
   Result bare = run("eval --hf " + hf + " --data val --batches 1 --batch-size 1");
@@ -251,6 +251,11 @@ TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
       run("eval --hf " + hf + " --data val --batches 1 --batch-size 1 --set data.source=synthetic");
   EXPECT_EQ(named.status, 0) << named.out;
   EXPECT_NE(named.out.find("val split:"), std::string::npos) << named.out;
+  Result trained = run("train --config " + config() + " --set checkpoint.dir=" + dir_ + "/ck");
+  ASSERT_EQ(trained.status, 0) << trained.out;
+  Result checkpoint = run("eval --checkpoint " + dir_ + "/ck --data val --batches 1");
+  EXPECT_EQ(checkpoint.status, 2) << checkpoint.out;
+  EXPECT_NE(error_line(checkpoint.out).find("--data"), std::string::npos) << checkpoint.out;
 }
 
 TEST(ClockTime, MinutesAndHours) {

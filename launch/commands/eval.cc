@@ -241,17 +241,18 @@ int cmd_eval(const std::vector<std::string>& args) {
     return 0;
   if (split.has_value() == task.has_value())
     bad_flag_of("eval", "--data", "exactly one of --data and --task");
-  // A Hugging Face directory holds no data: without a config or a data.* override the default
-  // source, the built-in synthetic chain, would be evaluated (a checkpoint carries its run's).
+  // Neither a Hugging Face directory nor a checkpoint records the data (run_state.json keeps the
+  // model): without a config or a data.* override the default source, the built-in synthetic
+  // chain, would be evaluated without a word.
   const bool names_data = !src.config.empty() ||
                           std::any_of(src.sets.begin(), src.sets.end(), [](const std::string& s) {
                             return s.rfind("data.", 0) == 0;
                           });
-  if (split && src.hf && !names_data)
+  if (split && !names_data)
     bad_flag_of("eval", "--data",
                 "the data to evaluate: --config FILE with its data section, or --set "
                 "data.source=text --set data.path=FILE (--set data.source=synthetic for the "
-                "built-in chain); a Hugging Face directory holds none");
+                "built-in chain); a checkpoint or Hugging Face directory records none");
   InferenceSession session(src);
   const nlohmann::json r =
       task ? eval_task(session, *task) : eval_data(session, *split, batches, batch_size);
