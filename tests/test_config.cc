@@ -311,8 +311,16 @@ TEST(ConfigErrors, UnknownTopLevelKey) {
 TEST(ConfigErrors, UnknownNestedKey) {
   InputError e = config_error(json::parse(R"({"model": {"hidden_sz": 8}})"));
   EXPECT_EQ(e.where(), "model.hidden_sz");
-  EXPECT_TRUE(contains(e.expected(), "unknown key (known keys of model: preset, arch,"))
+  EXPECT_TRUE(contains(e.expected(),
+                       "unknown key (did you mean hidden_size? known keys of model: preset, arch,"))
       << e.what();
+  // A key of another section is named with its section; nothing near, no suggestion.
+  e = config_error(json::object(), {"train.lr=1e-3"});
+  EXPECT_EQ(e.where(), "train.lr");
+  EXPECT_TRUE(contains(e.expected(), "unknown key (did you mean optimizer.lr? known keys of train"))
+      << e.what();
+  e = config_error(json::parse(R"({"train": {"zzzzzz": 1}})"));
+  EXPECT_TRUE(contains(e.expected(), "unknown key (known keys of train:")) << e.what();
   e = config_error(json::parse(R"({"data": {"synthetic": {"vocab": 8}}})"));
   EXPECT_EQ(e.where(), "data.synthetic.vocab");
   EXPECT_TRUE(contains(e.expected(), "known keys of data.synthetic")) << e.what();

@@ -97,7 +97,7 @@ json parse_set(const std::string& arg) {
                        "unknown key (" + at + " is a value, not a section)");
     }
     if (!has_key(*section, part)) {
-      throw InputError(kCommandLine, join(at, part), unknown_key_message(*section));
+      throw InputError(kCommandLine, join(at, part), unknown_key_message(*section, part));
     }
     at = join(at, part);
   }

@@ -517,11 +517,46 @@ bool has_key(const Section& s, const std::string& key) {
   return std::any_of(s.keys.begin(), s.keys.end(), [&key](const Key& k) { return k.name == key; });
 }
 
-std::string unknown_key_message(const Section& s) {
+namespace {
+
+// Levenshtein distance, for the unknown key's suggestion.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string unknown_key_message(const Section& s, const std::string& key) {
   std::vector<std::string> names;
   for (const Key& k : s.keys) names.push_back(k.name);
-  return "unknown key (known " +
-         (s.path.empty() ? std::string("top-level keys") : "keys of " + s.path) + ": " +
+  std::string suggestion;
+  for (const Section& other : schema())
+    if (other.path != s.path && !other.path.empty() && has_key(other, key) &&
+        !find_section(join(other.path, key))) {
+      suggestion = join(other.path, key);
+      break;
+    }
+  if (suggestion.empty()) {
+    size_t best = 3;  // at most two edits
+    for (const std::string& name : names)
+      if (const size_t d = edit_distance(key, name); d < best) {
+        best = d;
+        suggestion = name;
+      }
+  }
+  return "unknown key (" + (suggestion.empty() ? "" : "did you mean " + suggestion + "? ") +
+         "known " + (s.path.empty() ? std::string("top-level keys") : "keys of " + s.path) + ": " +
          join_list(names, ", ") + ")";
 }
 
@@ -552,7 +587,7 @@ void check_keys(const json& j, const std::string& schema_path, const std::string
   const Section& section = *find_section(schema_path);
   for (const auto& [key, value] : j.items()) {
     if (!has_key(section, key))
-      throw InputError(file, join(where, key), unknown_key_message(section));
+      throw InputError(file, join(where, key), unknown_key_message(section, key));
     const std::string sub = join(schema_path, key);
     if (find_section(sub)) check_keys(value, sub, join(where, key), file);
   }

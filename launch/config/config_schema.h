@@ -60,8 +60,10 @@ extern const char kDefaultPreset[];
 const std::vector<Section>& schema();
 const Section* find_section(const std::string& path);
 bool has_key(const Section& s, const std::string& key);
-// "unknown key (known keys of <section>: a, b, c)".
-std::string unknown_key_message(const Section& s);
+// "unknown key (known keys of <section>: a, b, c)", and a suggestion for `key` when one is near:
+// "did you mean optimizer.lr?" (the same name in another section) or "did you mean
+// micro_batch_size?" (a key of this section at most two edits away).
+std::string unknown_key_message(const Section& s, const std::string& key);
 // Calls f(path, key) for every leaf of the section at `path` and of its nested sections, in
 // table order.
 void for_each_leaf(const std::string& path,
