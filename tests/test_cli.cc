@@ -258,6 +258,18 @@ TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
   EXPECT_NE(error_line(checkpoint.out).find("--data"), std::string::npos) << checkpoint.out;
 }
 
+// A finished run started again says so, rather than printing its header and nothing else.
+TEST_F(Cli, AFinishedRunStartedAgainSaysItIsComplete) {
+  const std::string cfg = config();
+  const std::string ck = " --set checkpoint.dir=" + dir_ + "/ck --set checkpoint.interval=3";
+  ASSERT_EQ(run("train --config " + cfg + ck).status, 0);
+  Result again = run("train --config " + cfg + ck);
+  EXPECT_EQ(again.status, 0) << again.out;
+  EXPECT_NE(again.out.find("already complete: resumed at iteration 3 of 3"), std::string::npos)
+      << again.out;
+  EXPECT_EQ(again.out.find("iter "), std::string::npos) << again.out;
+}
+
 TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(0), "0:00");
   EXPECT_EQ(strata::clock_time(59.6), "1:00");

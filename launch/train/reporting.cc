@@ -269,6 +269,15 @@ void Reporter::write_trace(Communicator& host, bool last) {
 
 void Reporter::summary() const {
   const int iters = res_.stopped_by_signal ? res_.stopped_at : run_.cfg->train.iterations;
+  if (lead_ && !res_.stopped_by_signal && iters <= res_.start_iteration) {
+    // A finished run started again: its checkpoint is already at train.iterations.
+    std::printf(
+        "already complete: resumed at iteration %d of %d, nothing to train (raise "
+        "train.iterations to train on)\n",
+        res_.start_iteration, iters);
+    std::fflush(stdout);
+    return;
+  }
   if (!lead_ || iters <= res_.start_iteration || res_.losses.empty()) return;
   std::printf("%s: %d iterations in %.1f s | final loss %.4f",
               res_.stopped_by_signal ? "stopped" : "done", iters, res_.wall_s, res_.losses.back());
