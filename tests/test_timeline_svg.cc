@@ -69,8 +69,10 @@ TEST(TimelineSvg, PlanDrawsARowAndAMemoryBarPerStage) {
   const int status = cmd_plan({"--model", "gpt3-13b", "--cluster", "dgx-a100-80gb", "--nodes", "4",
                                "--global-batch-size", "128", "--fix",
                                "tensor=8,pipeline=4,schedule=1f1b", "--top", "1", "--svg", out});
-  ::testing::internal::GetCapturedStdout();
+  const std::string printed = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(status, 0);
+  EXPECT_NE(printed.find("svg: the chosen plan's predicted iteration -> " + out), std::string::npos)
+      << printed;  // says where it wrote
   EXPECT_EQ(parse_svg(read(out)),
             "stage_0 stage_1 stage_2 stage_3|stage_0 stage_1 stage_2 stage_3|backward comm "
             "forward optimizer");

@@ -184,6 +184,8 @@ void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::
     std::ofstream f(trace_out);
     f << chrome_trace_json(it.sim, 1e6) << "\n";
     if (!f) throw InputError("<command line>", "--trace", "a writable path, got " + trace_out);
+    std::printf("trace: the chosen plan's predicted iteration -> %s (Perfetto, chrome://tracing)\n",
+                trace_out.c_str());
   }
   if (!svg_out.empty()) {
     const ParallelLayout& c = best.config;
@@ -200,6 +202,8 @@ void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::
     std::ofstream f(svg_out);
     f << timeline_svg(panels);
     if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);
+    std::printf("svg: the chosen plan's predicted iteration%s -> %s\n",
+                measured.empty() ? "" : (" above " + measured).c_str(), svg_out.c_str());
   }
 }
 
