@@ -270,6 +270,22 @@ TEST_F(Cli, AFinishedRunStartedAgainSaysItIsComplete) {
   EXPECT_EQ(again.out.find("iter "), std::string::npos) << again.out;
 }
 
+// plan --model CONFIG plans the config as written: its precision and global batch, and its
+// micro-batch pinned; a cluster without the precision's peak says which precision it has.
+TEST_F(Cli, PlanOfAConfigTakesItsPrecisionAndBatch) {
+  const std::string cfg = config(
+      {{"train", {{"precision", "fp32"}, {"global_batch_size", 8}, {"micro_batch_size", 2}}}});
+  Result r = run("plan --model " + cfg + " --cluster cpu-local --json " + dir_ + "/p.json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("global batch 8:"), std::string::npos) << r.out;
+  const nlohmann::json plan = nlohmann::json::parse(std::ifstream(dir_ + "/p.json"));
+  EXPECT_EQ(plan["precision"], "fp32") << plan.dump();
+  EXPECT_EQ(plan["plans"][0]["micro_batch_size"], 2) << plan.dump();
+  Result bf16 = run("plan --model gpt2-124m --cluster cpu-local --global-batch-size 8");
+  EXPECT_EQ(bf16.status, 2) << bf16.out;
+  EXPECT_NE(error_line(bf16.out).find("--precision fp32"), std::string::npos) << bf16.out;
+}
+
 TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(0), "0:00");
   EXPECT_EQ(strata::clock_time(59.6), "1:00");

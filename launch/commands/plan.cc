@@ -26,7 +26,7 @@ namespace {
 using nlohmann::json;
 
 const char* kPlanUsage =
-    "usage: strata plan --model FILE|PRESET --cluster FILE|PRESET --global-batch-size B\n"
+    "usage: strata plan --model FILE|PRESET --cluster FILE|PRESET [--global-batch-size B]\n"
     "                   [--nodes N] [--fix k=v,...] [--top K] [--json OUT] [--trace OUT]\n"
     "                   [--seq-len S] [--precision bf16|fp32] [--profile PROFILE.json]\n"
     "                   [--svg OUT [--measured LOG.trace [--iteration N]]]\n"
@@ -39,10 +39,12 @@ const char* kPlanUsage =
     "\n"
     "options:\n"
     "  --model M              a preset (gpt2-124m, gpt3-175b, ...), a JSON model object, or\n"
-    "                         a whole config (its model section is used)\n"
+    "                         a whole config (its model section, and from its train\n"
+    "                         section the precision, the global batch and a micro_batch_size\n"
+    "                         it sets, where the flags do not give them)\n"
     "  --cluster C            a preset (dgx-a100-80gb, dgx-h100, p3.16xlarge, cpu-local) or a\n"
     "                         JSON file, e.g. one written by strata profile --cluster-out\n"
-    "  --global-batch-size B  sequences per iteration\n"
+    "  --global-batch-size B  sequences per iteration (needed unless --model is a config)\n"
     "  --nodes N              override the cluster's node count\n"
     "  --fix k=v,...          pin plan fields, each value as in a config: tensor, context,\n"
     "                         expert, pipeline, data, virtual_stages, schedule,\n"
@@ -213,6 +215,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::string model, cluster_name, fix, json_out, trace_out, precision = "bf16", profile_path;
   std::string svg_out, measured;
   int batch = 0, nodes = 0, top = 5, seq = 0, iteration = 0;
+  bool precision_given = false;
   const std::vector<Flag> flags = {
       text_flag("--model", &model),
       text_flag("--cluster", &cluster_name),
@@ -224,10 +227,11 @@ int cmd_plan(const std::vector<std::string>& args) {
       text_flag("--trace", &trace_out),
       positive_flag("--seq-len", &seq),
       value_flag("--precision",
-                 [&precision](const std::string& v) {
+                 [&precision, &precision_given](const std::string& v) {
                    if (v != "bf16" && v != "fp32")
                      bad_flag("--precision", "bf16 or fp32, got '" + v + "'");
                    precision = v;
+                   precision_given = true;
                  }),
       text_flag("--profile", &profile_path),
       text_flag("--svg", &svg_out),
@@ -238,7 +242,6 @@ int cmd_plan(const std::vector<std::string>& args) {
     return 0;
   if (model.empty()) bad_flag("--model", "a model: strata plan --model PRESET|FILE ...");
   if (cluster_name.empty()) bad_flag("--cluster", "a cluster: --cluster PRESET|FILE");
-  if (batch == 0) bad_flag("--global-batch-size", "the global batch: --global-batch-size B");
   if (!json_out.empty()) check_output_flag("--json", json_out);
   if (!trace_out.empty()) check_output_flag("--trace", trace_out);
   if (!svg_out.empty()) check_output_flag("--svg", svg_out);
@@ -261,11 +264,34 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (m.is_object() && m.contains("preset") && m["preset"].is_string())
       req.model_name = m["preset"].get<std::string>() + " (" + model + ")";
   }
+  // A whole config (a file with a train section) gives what the flags leave open: its precision,
+  // its global batch, and its micro-batch when it sets one (pinned as --fix would).
+  if (std::filesystem::is_regular_file(model, ec)) {
+    const json j = read_json_file(model);
+    if (j.contains("train") && j["train"].is_object()) {
+      if (!precision_given) precision = cfg.train.precision;
+      if (batch == 0) batch = cfg.train.global_batch_size;
+      if (j["train"].contains("micro_batch_size") &&
+          fix.find("micro_batch_size") == std::string::npos)
+        fix += (fix.empty() ? "" : ",") +
+               ("micro_batch_size=" + std::to_string(cfg.layout.micro_batch_size));
+    }
+  }
+  if (batch == 0)
+    bad_flag("--global-batch-size",
+             "the global batch: --global-batch-size B (or --model a config with "
+             "train.global_batch_size)");
   req.cluster = load_cluster(cluster_name, configs_dir());
   if (nodes > 0) req.cluster.nodes = nodes;
   req.global_batch_size = batch;
   req.precision = precision;
-  req.cluster.peak(precision);  // refuses a precision the cluster has no figure for
+  // Refuses a precision the cluster has no figure for, naming the one it has.
+  if (precision == "bf16" && req.cluster.peak_flops.count("bf16") == 0 &&
+      req.cluster.peak_flops.count("fp16") == 0 && req.cluster.peak_flops.count("fp32") != 0)
+    throw InputError(req.cluster.name, "peak_flops.bf16",
+                     "a peak FLOP/s for precision bf16 in the cluster, which has fp32 only: "
+                     "strata plan --precision fp32 (or a config with train.precision \"fp32\")");
+  req.cluster.peak(precision);
   req.fixes = parse_layout_fixes(fix);
   req.top_k = top;
   req.memory = memory_options(precision, MemoryOptions{}.bucket_mb, 1, precision == "fp32");
