@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "runtime/base/error.h"
 #include "runtime/data/tokenizer_model.h"
@@ -92,18 +93,20 @@ std::unique_ptr<Model> load_tiktoken_model(
   if (tokens.empty()) throw InputError(path, "line 1", "a base64 token, one space and a rank");
   m->finish_byte_ids("");
   m->whole_piece_first = true;
-  // Every split of a token into two tokens merges into it, at its rank.
-  m->pairs.reserve(tokens.size() * 4);
+  // Every split of a token into two tokens merges into it, at its rank (which is its id).
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> splits;  // (left, right, merged)
   for (const auto& [bytes, rank] : tokens) {
     for (size_t k = 1; k < bytes.size(); ++k) {
       const uint64_t* a = m->vocab.find(std::string_view(bytes).substr(0, k));
       if (a == nullptr) continue;
       const uint64_t* b = m->vocab.find(std::string_view(bytes).substr(k));
       if (b == nullptr) continue;
-      m->pairs.set(static_cast<int32_t>(*a), static_cast<int32_t>(*b), static_cast<uint32_t>(rank),
-                   rank);
+      splits.emplace_back(static_cast<int32_t>(*a), static_cast<int32_t>(*b), rank);
     }
   }
+  m->pairs.reserve(splits.size());
+  for (const auto& [a, b, rank] : splits) m->pairs.set(a, b, static_cast<uint32_t>(rank));
+  m->finish_pairs();
 
   const int32_t n = static_cast<int32_t>(tokens.size());
   std::string pattern = pattern_in;
