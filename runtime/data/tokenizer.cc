@@ -470,6 +470,16 @@ const std::string& Tokenizer::path() const {
   return m_->path;
 }
 
+const std::string& Tokenizer::tiktoken_regex() const {
+  return m_->tiktoken_regex;
+}
+
+std::map<std::string, int32_t> Tokenizer::special_tokens() const {
+  std::map<std::string, int32_t> out;
+  for (const auto& s : m_->specials) out[s.text] = s.id;
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::string buf;
   const std::string_view t = tokenizer_internal::sanitize_utf8(text, buf);

@@ -88,6 +88,11 @@ class Tokenizer {
   std::optional<int32_t> eod_id() const;
   // The file it was loaded from.
   const std::string& path() const;
+  // A tiktoken ranks file's pre-tokenization regex (the pattern's, resolved); empty for a
+  // tokenizer.json.
+  const std::string& tiktoken_regex() const;
+  // The special (added) tokens: text -> id.
+  std::map<std::string, int32_t> special_tokens() const;
 
  private:
   explicit Tokenizer(std::unique_ptr<tokenizer_internal::Model> model);

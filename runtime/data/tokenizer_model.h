@@ -432,6 +432,7 @@ struct Model {
   std::vector<std::string> id_bytes;           // [id] -> bytes (special tokens: their text)
   std::vector<bool> id_known;                  // [id]
   bool whole_piece_first = false;              // tiktoken / ignore_merges
+  std::string tiktoken_regex;                  // a tiktoken file's pattern; empty: tokenizer.json
   std::vector<PreStep> steps;                  // pre-tokenization pipeline
   std::vector<Special> specials;               // [index]
   std::vector<SpecialMatcher> special_passes;  // split out in this order

@@ -151,6 +151,7 @@ std::unique_ptr<Model> load_tiktoken_model(
   if (explicit_specials != nullptr) specials = *explicit_specials;
   PreStep step;
   step.regex = std::make_unique<Regex>(regex, path, "pattern");
+  m->tiktoken_regex = regex;
   m->steps.push_back(std::move(step));
   SpecialMatcher sm;
   for (const auto& [text, id] : specials) {
