@@ -438,8 +438,9 @@ using tokenizer_internal::Model;
 Tokenizer::Tokenizer(std::unique_ptr<Model> model) : m_(std::move(model)) {}
 Tokenizer::~Tokenizer() = default;
 
-std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path,
-                                           const std::string& tiktoken_pattern) {
+std::unique_ptr<Tokenizer> Tokenizer::load(
+    const std::string& path, const std::string& tiktoken_pattern,
+    const std::map<std::string, int32_t>* tiktoken_specials) {
   check_input_file(path, kMaxTokenizerFileBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -451,8 +452,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path,
       (in && c == '{') || (path.size() >= 5 && path.substr(path.size() - 5) == ".json");
   in.close();
   if (is_json) return std::unique_ptr<Tokenizer>(new Tokenizer(tokenizer_internal::load_hf(path)));
-  return std::unique_ptr<Tokenizer>(
-      new Tokenizer(tokenizer_internal::load_tiktoken_model(path, tiktoken_pattern, nullptr)));
+  return std::unique_ptr<Tokenizer>(new Tokenizer(
+      tokenizer_internal::load_tiktoken_model(path, tiktoken_pattern, tiktoken_specials)));
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load_tiktoken(
@@ -500,12 +501,26 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
 
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& docs,
                                                           int threads, size_t* failed) const {
+  return batch(docs, threads, failed, true);
+}
+
+std::vector<std::vector<int32_t>> Tokenizer::encode_ordinary_batch(
+    const std::vector<std::string>& docs, int threads, size_t* failed) const {
+  return batch(docs, threads, failed, false);
+}
+
+std::vector<std::vector<int32_t>> Tokenizer::batch(const std::vector<std::string>& docs,
+                                                   int threads, size_t* failed,
+                                                   bool special) const {
+  auto encode_one = [this, special](const std::string& doc) {
+    return special ? encode(doc) : encode_ordinary(doc);
+  };
   std::vector<std::vector<int32_t>> out(docs.size());
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(docs.size())));
   if (n <= 1) {
     for (size_t i = 0; i < docs.size(); ++i) {
       try {
-        out[i] = encode(docs[i]);
+        out[i] = encode_one(docs[i]);
       } catch (...) {
         if (failed) *failed = i;
         throw;
@@ -524,7 +539,7 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   auto work = [&] {
     size_t i = 0;
     try {
-      while ((i = next.fetch_add(1)) < docs.size()) out[i] = encode(docs[i]);
+      while ((i = next.fetch_add(1)) < docs.size()) out[i] = encode_one(docs[i]);
     } catch (...) {
       next = docs.size();
       const std::lock_guard<std::mutex> lock(failed_mutex);
@@ -576,6 +591,26 @@ std::optional<int32_t> Tokenizer::eod_id() const {
   for (const char* t : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
     if (auto id = token_id(t)) return id;
   return std::nullopt;
+}
+
+int64_t count_invalid_utf8(std::string_view text, size_t* first) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  int64_t count = 0;
+  for (size_t i = 0; i < n;) {
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const int k = tokenizer_internal::utf8_step(s, n, i);
+    if (k < 0) {
+      if (count++ == 0 && first != nullptr) *first = i;
+      i += static_cast<size_t>(-k);
+    } else {
+      i += static_cast<size_t>(k);
+    }
+  }
+  return count;
 }
 
 bool parse_token_ids(const std::string& text, std::vector<int32_t>* ids) {

@@ -72,7 +72,15 @@ std::unique_ptr<Model> load_tiktoken_model(
     bool ok = sp != std::string::npos;
     std::string bytes;
     long long rank = -1;
-    if (ok) bytes = b64decode(std::string_view(line).substr(0, sp), &ok);
+    // Padding alone ("=") is the empty token, as Python's base64.b64decode reads it: Whisper's
+    // multilingual.tiktoken ends with one. No piece of text merges into it; decode() gives "".
+    const std::string_view field = std::string_view(line).substr(0, ok ? sp : 0);
+    if (ok && !field.empty() && field.size() <= 4 &&
+        field.find_first_not_of('=') == std::string_view::npos) {
+      bytes.clear();
+    } else if (ok) {
+      bytes = b64decode(field, &ok);
+    }
     if (ok) {
       const std::string r = line.substr(sp + 1);
       ok = !r.empty() && r.size() <= 10 &&
@@ -117,7 +125,7 @@ std::unique_ptr<Model> load_tiktoken_model(
     if (pattern.empty())
       throw InputError(path, "",
                        "a pre-tokenization pattern for this tiktoken file (\"gpt2\", \"llama3\", "
-                       "\"cl100k\" or a regex): its " +
+                       "\"cl100k\" or a regex; strata data prepare --pattern): its " +
                            std::to_string(n) + " ranks match no known encoding");
   }
   std::map<std::string, int32_t> specials;
