@@ -42,7 +42,8 @@ const char kUsage[] =
     "                     ids; by default they are text, as tiktoken's encode_ordinary reads them\n"
     "  --pattern P        tiktoken file: its pre-tokenization pattern, gpt2, cl100k, llama3 or a\n"
     "                     regex (default: the one its rank count names: 50256, 100256, 128000)\n"
-    "  --special NAME=ID  tiktoken file: a special token (repeatable); replaces the pattern's\n"
+    "  --special NAME=ID  tiktoken file: a special token (repeatable); together they replace\n"
+    "                     the pattern's special tokens\n"
     "  Invalid UTF-8 in a text input is read as U+FFFD (counted in the summary).\n";
 
 struct Options {
