@@ -207,6 +207,25 @@ TEST_F(Cli, TextThroughATokenizerReplacesInvalidUtf8AndCountsIt) {
       << r.out;
 }
 
+// data prepare's new flags keep the bad-input contract: exit 2 and one line naming the flag.
+TEST_F(Cli, DataPrepareBadTokenizerFlagsExitTwo) {
+  const std::string dir = std::string(STRATA_TEST_DIR) + "/golden/tokenizer/";
+  const std::string in = write("in.txt", "some text\n");
+  const std::string common = " --input " + in + " --output " + dir_ + "/out";
+  for (const auto& [flags, where] : std::vector<std::pair<std::string, std::string>>{
+           {"--tokenizer " + dir + "gpt2_style.tokenizer.json --pattern gpt2",
+            "<command line>: --pattern: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken --pattern gpt2 --special '<|x|>'",
+            "<command line>: --special: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken", dir + "gpt2_style.tiktoken: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken --pattern '(unclosed'",
+            dir + "gpt2_style.tiktoken: pattern: "}}) {
+    const Result r = run("data prepare " + flags + common);
+    EXPECT_EQ(r.status, 2) << flags << "\n" << r.out;
+    EXPECT_NE(error_line(r.out).find(where), std::string::npos) << flags << "\n" << r.out;
+  }
+}
+
 // data.tokenizer beside a tokenized dataset decodes its ids, so strata eval gives bits per byte
 // on indexed data (before: the config was refused). Every id of the dataset is a one-byte token,
 // so every target decodes to one byte and bits per byte is exactly loss / ln 2.
