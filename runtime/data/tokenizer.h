@@ -36,7 +36,8 @@
 //
 // Thread-safety: a loaded Tokenizer is immutable; every const method may be called from any
 // number of threads at once. Each thread keeps its own cache of pre-token -> ids for the
-// tokenizer it used last (bounded; cleared when full).
+// tokenizer it used last (512 KiB, fixed: a new pre-token evicts an older one) and its own merge
+// buffers.
 #pragma once
 
 #include <cstdint>

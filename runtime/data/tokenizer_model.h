@@ -1,9 +1,9 @@
 // tokenizer_model.h — the tokenizer's one model (tokenizer.h), which both loaders fill and the
 // encoder runs: every token is its bytes; the vocabulary (bytes -> id), id -> bytes for decode,
-// and a pair table (left id, right id) -> (rank, merged id); the pre-tokenization steps and the
-// special tokens. Internal to the tokenizer's files: tokenizer.cc (BPE, pre-tokenization, the
-// public API), tokenizer_hf.cc (Hugging Face tokenizer.json), tokenizer_tiktoken.cc (tiktoken
-// ranks files).
+// a pair table (left id, right id) -> rank with the merged id found from the rank, and a dense
+// byte-pair copy of its first level; the pre-tokenization steps and the special tokens. Internal to
+// the tokenizer's files: tokenizer.cc (BPE, pre-tokenization, the public API), tokenizer_hf.cc
+// (Hugging Face tokenizer.json), tokenizer_tiktoken.cc (tiktoken ranks files).
 //
 // For a tokenizer.json the pair table is the merges list (rank = its index). For tiktoken it is
 // every split of every token into two tokens (rank = the merged token's rank), which is exactly
@@ -469,8 +469,8 @@ struct Model {
   void finish_pairs();
 
  private:
-  // Merges the pre-token w (not cached) into out: an array scan up to kScanMax bytes, a heap
-  // over a linked list beyond.
+  // Merges the pre-token w (not cached) into out: an array scan up to 64 bytes, a heap over a
+  // linked list beyond (tokenizer.cc).
   void merge_scan(std::string_view w, std::vector<int32_t>& out) const;
   void merge_heap(std::string_view w, std::vector<int32_t>& out) const;
   // Whether w may be a token of the vocabulary (false: it is not); h = hash_bytes(w).
