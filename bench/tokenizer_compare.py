@@ -101,7 +101,8 @@ def main():
     rows = {}
     for kind, path in (("json", json_path), ("tiktoken", ranks_path)):
         out = subprocess.run([args.bench, path, args.file, "--pattern", pattern, "--repeat",
-                              str(args.repeat), "--threads", args.threads, "--runs", str(args.runs)],
+                              str(args.repeat), "--threads", args.threads, "--runs", str(args.runs),
+                              "--unique-mb", "0", "--compare", "none"],
                              check=True, capture_output=True, text=True).stdout
         for line in out.splitlines():
             if line.startswith("strata "):

@@ -7,15 +7,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "launch/train/reporting.h"
+#include "runtime/data/indexed.h"
+#include "runtime/data/tokenizer.h"
 #include "small_disk.h"
 
 namespace {
@@ -292,6 +297,80 @@ TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(3599), "59:59");
   EXPECT_EQ(strata::clock_time(3600 + 62), "1:01:02");
   EXPECT_EQ(strata::clock_time(-1), "0:00");
+}
+
+// One rule for invalid UTF-8 wherever a tokenizer reads text: a text source with
+// data.tokenizer reads it as U+FFFD, as strata data prepare does, and its description counts it
+// (before: refused, while data prepare replaced it). Byte tokens still need valid UTF-8 (above).
+TEST_F(Cli, TextThroughATokenizerReplacesInvalidUtf8AndCountsIt) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "word" + std::to_string(i % 50) + " ";
+  text[1000] = static_cast<char>(0xFF);
+  const std::string path = write("bad.txt", text);
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const Result r = run("train --config " +
+                       config({{"data", {{"source", "text"}, {"path", path}, {"tokenizer", tok}}},
+                               {"model", {{"vocab_size", 4353}}}}) +
+                       " --set train.iterations=1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("1 invalid UTF-8 sequence(s) read as U+FFFD (the first at byte 1000)"),
+            std::string::npos)
+      << r.out;
+}
+
+// data prepare's new flags keep the bad-input contract: exit 2 and one line naming the flag.
+TEST_F(Cli, DataPrepareBadTokenizerFlagsExitTwo) {
+  const std::string dir = std::string(STRATA_TEST_DIR) + "/golden/tokenizer/";
+  const std::string in = write("in.txt", "some text\n");
+  const std::string common = " --input " + in + " --output " + dir_ + "/out";
+  for (const auto& [flags, where] : std::vector<std::pair<std::string, std::string>>{
+           {"--tokenizer " + dir + "gpt2_style.tokenizer.json --pattern gpt2",
+            "<command line>: --pattern: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken --pattern gpt2 --special '<|x|>'",
+            "<command line>: --special: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken", dir + "gpt2_style.tiktoken: "},
+           {"--tokenizer " + dir + "gpt2_style.tiktoken --pattern '(unclosed'",
+            dir + "gpt2_style.tiktoken: pattern: "}}) {
+    const Result r = run("data prepare " + flags + common);
+    EXPECT_EQ(r.status, 2) << flags << "\n" << r.out;
+    EXPECT_NE(error_line(r.out).find(where), std::string::npos) << flags << "\n" << r.out;
+  }
+}
+
+// data.tokenizer beside a tokenized dataset decodes its ids, so strata eval gives bits per byte
+// on indexed data (before: the config was refused). Every id of the dataset is a one-byte token,
+// so every target decodes to one byte and bits per byte is exactly loss / ln 2.
+TEST_F(Cli, EvalGivesBitsPerByteOnIndexedDataThroughTheTokenizer) {
+  const std::string tok_path =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const std::unique_ptr<strata::Tokenizer> tok = strata::Tokenizer::load(tok_path);
+  std::vector<int32_t> letters;
+  for (char c = 'a'; c <= 'z'; ++c) letters.push_back(*tok->token_id(std::string(1, c)));
+  const std::string prefix = dir_ + "/letters";
+  strata::IndexedDatasetWriter w(prefix, 2);
+  uint32_t x = 12345;
+  for (int d = 0; d < 40; ++d) {
+    std::vector<int32_t> doc(100);
+    for (int32_t& t : doc) t = letters[(x = x * 1103515245u + 12345u) >> 16 & 15];
+    w.add_document(doc.data(), static_cast<int64_t>(doc.size()));
+  }
+  w.finish();
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string cfg =
+      config({{"model", {{"vocab_size", 4353}}},
+              {"train", {{"iterations", 2}}},
+              {"data", {{"source", "indexed"}, {"path", prefix}, {"tokenizer", tok_path}}},
+              {"checkpoint", {{"dir", ckpt}, {"interval", 2}}}});
+  Result r = run("train --config " + cfg);
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("eval --checkpoint " + ckpt + " --config " + cfg +
+          " --data val --batches 2 --batch-size 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"")));
+  ASSERT_TRUE(j["bits_per_byte"].is_number()) << r.out;
+  EXPECT_NEAR(j["bits_per_byte"].get<double>(), j["loss"].get<double>() / std::log(2.0), 1e-9)
+      << r.out;
 }
 
 TEST_F(Cli, DryRunPrintsSizesWithoutTraining) {

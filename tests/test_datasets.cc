@@ -9,12 +9,18 @@
 //   * bad data: a blend path that does not exist, a token at or beyond the model's vocabulary;
 //   * strata data prepare: JSON Lines and paragraphs of text through the golden GPT-2-style
 //     tokenizer into an indexed dataset and into llm.c shards, tokens equal to the tokenizer's
-//     ids of each document plus the end-of-document token.
+//     ids of each document plus the end-of-document token (after it for Megatron, before it for
+//     llm.c); special tokens written in a document are text unless --allow-special; a tiktoken
+//     file of any rank count with --pattern and --special (Whisper's empty last rank); invalid
+//     UTF-8 read as U+FFFD and counted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -176,7 +182,8 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
     c->read(d, 0, static_cast<int64_t>(got.size()), got.data());
     EXPECT_EQ(got, want) << "document " << d;
   }
-  // Paragraphs of a text file, as llm.c shards: the same documents, one stream.
+  // Paragraphs of a text file, as llm.c shards: the same documents, one stream, each after the
+  // end token as llm.c's fineweb.py writes them (the stream starts with it).
   ASSERT_EQ(cmd_data({"prepare", "--tokenizer", kTokenizer, "--input", (dir_ / "in.txt").string(),
                       "--output", out + "_llmc", "--format", "llmc", "--documents", "paragraphs"}),
             0);
@@ -184,8 +191,8 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
   std::vector<int32_t> want;
   for (size_t d = 0; d < docs.size(); ++d) {
     std::vector<int32_t> ids = tok->encode(docs[d] + "\n");
-    want.insert(want.end(), ids.begin(), ids.end());
     want.push_back(*tok->eod_id());
+    want.insert(want.end(), ids.begin(), ids.end());
   }
   std::vector<int32_t> got(static_cast<size_t>(s->num_tokens()));
   s->read(0, 0, static_cast<int64_t>(got.size()), got.data());
@@ -203,6 +210,140 @@ TEST_F(Datasets, PrepareTokenizesEveryDocumentWithItsEndToken) {
     EXPECT_EQ(e.where(), "line 2");
   }
   EXPECT_FALSE(fs::exists(out + "_bad.idx"));  // nothing half-written
+}
+
+// A special token written in a document is text by default (tiktoken's encode_ordinary, as
+// Megatron's preprocess_data.py and llm.c read documents: a document cannot inject a separator);
+// --allow-special makes it the special id (encode(allowed_special="all")).
+TEST_F(Datasets, PrepareReadsSpecialTokensInDocumentsAsTextUnlessAllowed) {
+  const std::string doc = "one<|endoftext|>two";
+  {
+    std::ofstream j(dir_ / "in.jsonl");
+    j << nlohmann::json{{"text", doc}}.dump() << "\n";
+  }
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(kTokenizer);
+  const int32_t eod = *tok->eod_id();
+  auto prepared = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "prepare",  "--tokenizer",         kTokenizer, "--input", (dir_ / "in.jsonl").string(),
+        "--output", (dir_ / name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    EXPECT_EQ(cmd_data(args), 0);
+    const std::unique_ptr<TokenCorpus> c = open_indexed_dataset((dir_ / name).string());
+    std::vector<int32_t> got(static_cast<size_t>(c->document_length(0)));
+    c->read(0, 0, static_cast<int64_t>(got.size()), got.data());
+    return got;
+  };
+  std::vector<int32_t> want = tok->encode_ordinary(doc);
+  EXPECT_EQ(std::count(want.begin(), want.end(), eod), 0);
+  EXPECT_EQ(tok->decode(want), doc);
+  want.push_back(eod);
+  EXPECT_EQ(prepared("text", {}), want);
+  // Allowed: the text on either side encoded alone, the special id between.
+  want = tok->encode("one");
+  want.push_back(eod);
+  for (int32_t id : tok->encode("two")) want.push_back(id);
+  want.push_back(eod);
+  EXPECT_EQ(prepared("special", {"--allow-special"}), want);
+}
+
+// A tiktoken file whose rank count names no encoding takes --pattern (and --special); Whisper's
+// multilingual.tiktoken is such a file, its last rank (50256) an empty token ("=", which Python's
+// base64 reads as b""). The fixture mimics it: the GPT-2-style ranks plus "= 4352". Its ids are
+// the fixture's (tiktoken's, tests/golden/tokenizer) and <|endoftext|> is the rank count, 4353,
+// as Whisper's get_encoding numbers it.
+TEST_F(Datasets, PrepareTakesAPatternAndSpecialTokensForAnyTiktokenFile) {
+  const std::string ranks = std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tiktoken";
+  std::string text;
+  {
+    std::ifstream in(ranks, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  const std::string whisper_like = (dir_ / "empty_last.tiktoken").string();
+  std::ofstream(whisper_like, std::ios::binary) << text << "= 4352\n";
+  {
+    std::ofstream t(dir_ / "in.txt");
+    t << "Whose words these are I think I know.\n";
+  }
+  const std::string in = (dir_ / "in.txt").string();
+  const std::string out = (dir_ / "w").string();
+  try {
+    cmd_data({"prepare", "--tokenizer", whisper_like, "--input", in, "--output", out});
+    FAIL() << "a tiktoken file of 4353 ranks was read without a pattern";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.file(), whisper_like);
+    EXPECT_NE(std::string(e.what()).find("--pattern"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(cmd_data({"prepare", "--tokenizer", whisper_like, "--input", in, "--output", out,
+                      "--pattern", "gpt2"}),
+            0);
+  const std::unique_ptr<Tokenizer> fixture = Tokenizer::load(ranks, "gpt2");
+  std::vector<int32_t> want = fixture->encode_ordinary("Whose words these are I think I know.\n");
+  want.push_back(4353);
+  auto document = [](const std::string& prefix) {
+    const std::unique_ptr<TokenCorpus> c = open_indexed_dataset(prefix);
+    std::vector<int32_t> got(static_cast<size_t>(c->document_length(0)));
+    c->read(0, 0, static_cast<int64_t>(got.size()), got.data());
+    return got;
+  };
+  EXPECT_EQ(document(out), want);
+  const std::unique_ptr<Tokenizer> w = Tokenizer::load(whisper_like, "gpt2");
+  EXPECT_EQ(w->decode({4352}), "");
+  EXPECT_EQ(w->eod_id(), std::optional<int32_t>(4353));
+  // --special replaces the pattern's special tokens.
+  ASSERT_EQ(cmd_data({"prepare", "--tokenizer", whisper_like, "--input", in, "--output", out + "s",
+                      "--pattern", "gpt2", "--special", "<|endoftext|>=5000", "--special",
+                      "<|other|>=5001"}),
+            0);
+  want.back() = 5000;
+  EXPECT_EQ(document(out + "s"), want);
+  // Bad flags are named: a tokenizer.json has its own pattern; NAME=ID; an id a rank holds.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--tokenizer", kTokenizer, "--pattern", "gpt2"}, "--pattern"},
+      {{"--tokenizer", whisper_like, "--pattern", "gpt2", "--special", "<|x|>"}, "--special"},
+      {{"--tokenizer", whisper_like, "--pattern", "gpt2", "--special", "<|x|>=-1"}, "--special"},
+      {{"--tokenizer", whisper_like, "--pattern", "gpt2", "--special", "<|x|>=1", "--special",
+        "<|x|>=2"},
+       "--special"},
+      {{"--tokenizer", whisper_like, "--pattern", "gpt2", "--special", "<|endoftext|>=7"},
+       "special token \"<|endoftext|>\""},
+      {{"--tokenizer", whisper_like, "--pattern", "(unclosed"}, "pattern"}};
+  for (const auto& [flags, where] : bad) {
+    std::vector<std::string> args = {"prepare", "--input", in, "--output", out + "_bad"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    try {
+      cmd_data(args);
+      ADD_FAILURE() << "prepared with " << flags.back();
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.where(), where) << e.what();
+    }
+  }
+}
+
+// Invalid UTF-8 in a text input is read as U+FFFD, as the tokenizer reads it everywhere (Python's
+// errors="replace"), and the summary counts it and names the first.
+TEST_F(Datasets, PrepareReplacesAndCountsInvalidUtf8) {
+  const std::string text = "ok \xFF and \xE2\x82 end\n";
+  std::ofstream(dir_ / "bad.txt", std::ios::binary) << text;
+  const std::string out = (dir_ / "u").string();
+  ::testing::internal::CaptureStdout();
+  const int status = cmd_data({"prepare", "--tokenizer", kTokenizer, "--input",
+                               (dir_ / "bad.txt").string(), "--output", out});
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(status, 0);
+  EXPECT_NE(printed.find("2 invalid UTF-8 sequence(s) read as U+FFFD (the first at " +
+                         (dir_ / "bad.txt").string() + ": byte 3)"),
+            std::string::npos)
+      << printed;
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(kTokenizer);
+  std::vector<int32_t> want = tok->encode("ok \xEF\xBF\xBD and \xEF\xBF\xBD end\n");
+  want.push_back(*tok->eod_id());
+  const std::unique_ptr<TokenCorpus> c = open_indexed_dataset(out);
+  std::vector<int32_t> got(static_cast<size_t>(c->document_length(0)));
+  c->read(0, 0, static_cast<int64_t>(got.size()), got.data());
+  EXPECT_EQ(got, want);
 }
 
 // A document the tokenizer's pattern gives up on (PCRE2's match limit) stops the prepare with an

@@ -746,6 +746,17 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
     c.args.insert(c.args.end(),
                   {"--format", pick(rng, std::vector<std::string>{"llmc", "megatron", "csv"})});
   if (chance(rng, 0.2)) c.args.push_back("--no-eod");
+  if (chance(rng, 0.2)) c.args.push_back("--allow-special");
+  if (chance(rng, 0.2))
+    c.args.insert(
+        c.args.end(),
+        {"--pattern", pick(rng, std::vector<std::string>{"gpt2", "llama3", "cl100k", "(", "",
+                                                         "\\p{L}+|\\s+", "(a|aa)+$"})});
+  if (chance(rng, 0.2))
+    c.args.insert(c.args.end(),
+                  {"--special", pick(rng, std::vector<std::string>{"<|endoftext|>=4353", "<|x|>=7",
+                                                                   "=5", "<|x|>", "<|x|>=99999999",
+                                                                   "<|x|>=-1", "<|x|>=70000"})});
   return c;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,17 +25,26 @@ const char kUsage[] =
     "usage: strata data prepare --tokenizer FILE --input FILE... --output PREFIX\n"
     "                           [--format megatron|llmc] [--json-key KEY]\n"
     "                           [--documents file|paragraphs] [--threads N] [--no-eod]\n"
-    "                           [--shard-tokens N]\n"
+    "                           [--shard-tokens N] [--allow-special]\n"
+    "                           [--pattern gpt2|cl100k|llama3|REGEX] [--special NAME=ID ...]\n"
     "  Tokenizes text or JSON Lines into a dataset for data.source \"indexed\" or \"tokens\".\n"
     "  --tokenizer FILE   a Hugging Face tokenizer.json or a tiktoken ranks file\n"
     "  --input FILE...    .jsonl/.json: one document per line (its KEY field, default \"text\");\n"
     "                     any other file: UTF-8 text, one document per file (or per paragraph)\n"
     "  --output PREFIX    megatron: PREFIX.idx + PREFIX.bin; llmc: PREFIX_000000.bin, ...\n"
-    "  --format F         megatron (default, Megatron-LM's indexed dataset) or llmc (shards)\n"
+    "  --format F         megatron (default, Megatron-LM's indexed dataset: the end token after\n"
+    "                     each document) or llmc (llm.c's shards: the end token before each)\n"
     "  --documents D      text inputs: file (default) or paragraphs (split at blank lines)\n"
     "  --threads N        tokenizer threads (default: the cores)\n"
-    "  --no-eod           no end-of-document token after each document\n"
-    "  --shard-tokens N   llmc: tokens per shard (default 100000000)\n";
+    "  --no-eod           no end-of-document token\n"
+    "  --shard-tokens N   llmc: tokens per shard (default 100000000)\n"
+    "  --allow-special    special tokens written in a document (<|endoftext|>) become their\n"
+    "                     ids; by default they are text, as tiktoken's encode_ordinary reads them\n"
+    "  --pattern P        tiktoken file: its pre-tokenization pattern, gpt2, cl100k, llama3 or a\n"
+    "                     regex (default: the one its rank count names: 50256, 100256, 128000)\n"
+    "  --special NAME=ID  tiktoken file: a special token (repeatable); together they replace\n"
+    "                     the pattern's special tokens\n"
+    "  Invalid UTF-8 in a text input is read as U+FFFD (counted in the summary).\n";
 
 struct Options {
   std::string tokenizer, output, format = "megatron", json_key = "text", documents = "file";
@@ -42,6 +52,9 @@ struct Options {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool eod = true;
   int64_t shard_tokens = 100000000;
+  bool allow_special = false;
+  std::string pattern;                      // tiktoken files: "" = from the rank count
+  std::map<std::string, int32_t> specials;  // tiktoken files: replaces the pattern's
 };
 
 [[noreturn]] void bad(const std::string& flag, const std::string& expected) {
@@ -85,6 +98,21 @@ Options parse(const std::vector<std::string>& args) {
       o.shard_tokens = positive(a, value());
     } else if (a == "--no-eod") {
       o.eod = false;
+    } else if (a == "--allow-special") {
+      o.allow_special = true;
+    } else if (a == "--pattern") {
+      o.pattern = value();
+      if (o.pattern.empty()) bad(a, "gpt2, cl100k, llama3 or a regex, got an empty pattern");
+    } else if (a == "--special") {
+      const std::string& v = value();
+      const size_t eq = v.rfind('=');
+      const std::string name = eq == std::string::npos ? "" : v.substr(0, eq);
+      const std::string id = eq == std::string::npos ? "" : v.substr(eq + 1);
+      if (name.empty() || id.empty() || id.size() > 7 ||
+          id.find_first_not_of("0123456789") != std::string::npos || std::stoll(id) > 4194303)
+        bad(a, "NAME=ID, a token's text and an id in 0..4194303, got \"" + v + "\"");
+      if (!o.specials.emplace(name, static_cast<int32_t>(std::stoll(id))).second)
+        bad(a, "each NAME once, got \"" + name + "\" twice");
     } else if (a == "--input") {
       o.inputs.push_back(value());
       while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) o.inputs.push_back(args[++i]);
@@ -186,7 +214,12 @@ int prepare(const std::vector<std::string>& args) {
   const Options o = parse(args);
   // Every input is checked before the first is read, so that a bad one leaves no output.
   for (const std::string& path : o.inputs) check_input_file(path, kMaxTextFileBytes);
-  const std::unique_ptr<Tokenizer> tok = Tokenizer::load(o.tokenizer);
+  const std::unique_ptr<Tokenizer> tok =
+      Tokenizer::load(o.tokenizer, o.pattern, o.specials.empty() ? nullptr : &o.specials);
+  if (tok->tiktoken_regex().empty() && (!o.pattern.empty() || !o.specials.empty()))
+    bad(o.pattern.empty() ? "--special" : "--pattern",
+        "a tiktoken ranks file as --tokenizer (" + o.tokenizer +
+            " is a tokenizer.json: its pattern and special tokens are its own)");
   std::optional<int32_t> eod;
   if (o.eod) {
     eod = tok->eod_id();
@@ -201,7 +234,8 @@ int prepare(const std::vector<std::string>& args) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto last_report = t0;
-  int64_t documents = 0, tokens = 0, bytes = 0, surrogates = 0;
+  int64_t documents = 0, tokens = 0, bytes = 0, surrogates = 0, invalid_utf8 = 0;
+  std::string first_invalid;  // where the first invalid UTF-8 sequence is
   std::vector<std::string> batch;
   std::vector<std::pair<std::string, std::string>> origin;  // [document] (input file, where)
   size_t batch_bytes = 0;
@@ -209,7 +243,8 @@ int prepare(const std::vector<std::string>& args) {
     std::vector<std::vector<int32_t>> encoded;
     size_t failed = 0;
     try {
-      encoded = tok->encode_batch(batch, o.threads, &failed);
+      encoded = o.allow_special ? tok->encode_batch(batch, o.threads, &failed)
+                                : tok->encode_ordinary_batch(batch, o.threads, &failed);
     } catch (const InputError& e) {
       // The tokenizer refuses a document (its pattern gives up on it): name both.
       const auto& [file, where] = origin.at(failed);
@@ -219,7 +254,10 @@ int prepare(const std::vector<std::string>& args) {
     }
     origin.clear();
     for (std::vector<int32_t>& ids : encoded) {
-      if (eod) ids.push_back(*eod);
+      // llm.c's fineweb.py starts each document with the end token (so the stream begins with
+      // one); Megatron's preprocess_data.py appends it.
+      if (eod && o.format == "llmc") ids.insert(ids.begin(), *eod);
+      if (eod && o.format != "llmc") ids.push_back(*eod);
       tokens += static_cast<int64_t>(ids.size());
       sink.add(ids);
       ++documents;
@@ -235,7 +273,16 @@ int prepare(const std::vector<std::string>& args) {
       last_report = now;
     }
   };
-  auto add = [&](std::string doc, const std::string& file, const std::string& where) {
+  // `offset`: the document's first byte in its file (text inputs), or -1 (JSON Lines).
+  auto add = [&](std::string doc, const std::string& file, const std::string& where,
+                 int64_t offset) {
+    size_t first = 0;
+    const int64_t invalid = count_invalid_utf8(doc, &first);
+    if (invalid > 0 && invalid_utf8 == 0)
+      first_invalid = file + ": " +
+                      (offset >= 0 ? "byte " + std::to_string(offset + static_cast<int64_t>(first))
+                                   : where + ", byte " + std::to_string(first) + " of its text");
+    invalid_utf8 += invalid;
     origin.emplace_back(file, where);
     bytes += static_cast<int64_t>(doc.size());
     batch_bytes += doc.size();
@@ -262,13 +309,13 @@ int prepare(const std::vector<std::string>& args) {
         surrogates += replaced;
         if (!j || !j->is_object() || !j->contains(o.json_key) || !(*j)[o.json_key].is_string())
           throw InputError(path, at, "a JSON object with a string \"" + o.json_key + "\"");
-        add((*j)[o.json_key].get<std::string>(), path, at);
+        add((*j)[o.json_key].get<std::string>(), path, at, -1);
       }
       continue;
     }
     std::string text = read_input_file(path, kMaxTextFileBytes);
     if (o.documents == "file") {
-      add(std::move(text), path, "");
+      add(std::move(text), path, "", 0);
       continue;
     }
     // Paragraphs: runs of lines between blank lines, each keeping its final newline.
@@ -277,7 +324,8 @@ int prepare(const std::vector<std::string>& args) {
       size_t end = text.find("\n\n", start);
       end = end == std::string::npos ? text.size() : end + 1;
       if (text.find_first_not_of("\n", start) < end)
-        add(text.substr(start, end - start), path, "byte " + std::to_string(start));
+        add(text.substr(start, end - start), path, "byte " + std::to_string(start),
+            static_cast<int64_t>(start));
       start = text.find_first_not_of('\n', end);
       if (start == std::string::npos) break;
     }
@@ -292,6 +340,9 @@ int prepare(const std::vector<std::string>& args) {
       static_cast<long long>(documents), static_cast<long long>(tokens),
       token_bytes == 2 ? "uint16" : "int32", static_cast<double>(bytes) / 1e6, s,
       static_cast<double>(bytes) / 1e6 / s, o.threads, written.c_str());
+  if (invalid_utf8 > 0)
+    std::printf("  %lld invalid UTF-8 sequence(s) read as U+FFFD (the first at %s)\n",
+                static_cast<long long>(invalid_utf8), first_invalid.c_str());
   if (surrogates > 0)
     std::printf("  %lld lone surrogate escape(s) in the JSON read as U+FFFD\n",
                 static_cast<long long>(surrogates));

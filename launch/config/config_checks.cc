@@ -179,10 +179,12 @@ void check_data(const DataConfig& d, const ModelConfig& m, const Reader& r) {
     r.fail_latest({"data.blend", "data.path"},
                   "either data.path or data.blend, got both (data.path " + *d.path + ")");
   }
-  if (d.tokenizer && d.source != "text") {
+  // A tokenized dataset (tokens, indexed) keeps data.tokenizer to decode its ids: bits per byte
+  // in strata eval, text prompts; synthetic data has no text to decode into.
+  if (d.tokenizer && d.source == "synthetic") {
     r.fail_latest({"data.tokenizer", "data.source"},
-                  "data.tokenizer tokenizes data.source \"text\" (tokens and indexed datasets "
-                  "are tokenized already: strata data prepare), got \"" +
+                  "data.tokenizer with data.source \"text\" (it tokenizes the text), \"tokens\" "
+                  "or \"indexed\" (it decodes their ids); synthetic ids have no text, got \"" +
                       d.source + "\"");
   }
   if (d.source != "synthetic" && !d.path && !d.blend) {

@@ -457,7 +457,8 @@ const std::vector<Section>& schema() {
                       "null, or [{\"path\", \"weight\"}, …]: datasets of data.source's kind "
                       "mixed by weight, instead of data.path"),
           data.path("tokenizer", &D::tokenizer,
-                    "a tokenizer.json or tiktoken file: a text source is tokenized with it"),
+                    "a tokenizer.json or tiktoken file: a text source is tokenized with it; "
+                    "a tokens or indexed dataset's ids are decoded with it (bits per byte)"),
           section("masked_lm")}},
         {"data.masked_lm",
          {masked_lm.number("mask_prob", &MaskedLmDataConfig::mask_prob, open_interval(0, 1),

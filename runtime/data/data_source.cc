@@ -453,6 +453,16 @@ class WindowSource final : public DataSource {
   uint64_t seed_;
 };
 
+// ", N invalid UTF-8 sequence(s) read as U+FFFD (the first at byte B)" for a text the tokenizer
+// read with replacements, else "".
+std::string replaced_utf8(std::string_view text) {
+  size_t first = 0;
+  const int64_t n = count_invalid_utf8(text, &first);
+  if (n == 0) return "";
+  return ", " + std::to_string(n) + " invalid UTF-8 sequence(s) read as U+FFFD (the first at " +
+         byte_at(first) + ")";
+}
+
 // The bytes of the text file `path`; a missing file or one that is not a regular file is the
 // config's fault (data.path), so the error names the config file.
 std::vector<uint8_t> read_data_file(const std::string& path, const std::string& config_file) {
@@ -482,8 +492,11 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t se
   std::vector<uint8_t> bytes = read_data_file(path, config_file);
   const uint64_t size = bytes.size();
 
+  // Byte tokens are the file's bytes, so it must be UTF-8 as it stands; a tokenizer reads
+  // invalid UTF-8 as U+FFFD (Python's errors="replace"), as strata data prepare does, and the
+  // description counts it.
   const size_t bad = data_internal::first_invalid_utf8(bytes.data(), bytes.size());
-  if (bad != bytes.size()) {
+  if (bad != bytes.size() && !data.tokenizer) {
     char hex[8];
     std::snprintf(hex, sizeof hex, "0x%02x", bytes[bad]);
     throw InputError(path, byte_at(bad),
@@ -499,13 +512,15 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& data, uint64_t se
     const std::unique_ptr<Tokenizer> tok = Tokenizer::load(*data.tokenizer);
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     std::vector<int32_t> ids = tok->encode(text);
+    const std::string replaced = replaced_utf8(text);
     bytes = std::vector<uint8_t>();
     split_sizes(&f, ids.size(), data.val_fraction);
     f.check_splits(seq_len);
     std::string description = "text " + path + " (" + std::to_string(size) + " bytes) as " +
                               std::to_string(ids.size()) + " tokens of " + *data.tokenizer +
                               " (vocab " + std::to_string(tok->vocab_size()) + "; train " +
-                              std::to_string(f.n_train) + ", val " + std::to_string(f.n_val) + ")";
+                              std::to_string(f.n_train) + ", val " + std::to_string(f.n_val) + ")" +
+                              replaced;
     return std::make_unique<WindowSource<int32_t>>(std::move(f), std::move(ids), tok->vocab_size(),
                                                    std::move(description), seed);
   }
@@ -524,8 +539,8 @@ MaskedLmCorpus text_documents(const DataConfig& data, const std::string& config_
   const std::string& path = *data.path;
   const std::vector<uint8_t> bytes = read_data_file(path, config_file);
   const size_t bad = data_internal::first_invalid_utf8(bytes.data(), bytes.size());
-  if (bad != bytes.size())
-    throw InputError(path, byte_at(bad), "valid UTF-8 (data.source \"text\")");
+  if (bad != bytes.size() && !data.tokenizer)
+    throw InputError(path, byte_at(bad), "valid UTF-8 (data.source \"text\" as bytes)");
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<std::string_view> paragraphs;
   size_t begin = 0, line = 0;
@@ -560,7 +575,8 @@ MaskedLmCorpus text_documents(const DataConfig& data, const std::string& config_
     }
   }
   *description = "text " + path + " (" + std::to_string(bytes.size()) + " bytes" +
-                 (data.tokenizer ? ", " + *data.tokenizer : std::string()) + ") in paragraphs";
+                 (data.tokenizer ? ", " + *data.tokenizer : std::string()) + ") in paragraphs" +
+                 (data.tokenizer ? replaced_utf8(text) : std::string());
   return {std::make_shared<MemoryCorpus>(path, std::move(tokens), std::move(start)), 1, vocab};
 }
 

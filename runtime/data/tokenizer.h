@@ -8,7 +8,8 @@
 //     (lstrip / rstrip honoured; single_word refused). Ids equal
 //     tokenizers.Tokenizer.encode(text, add_special_tokens=False): the post-processor's
 //     template tokens (Llama 3's <|begin_of_text|>) are never added — the caller adds them.
-//   - a tiktoken ranks file (one "<base64 token> <rank>" per line, rank == id) with a
+//   - a tiktoken ranks file (one "<base64 token> <rank>" per line, rank == id; "=" alone is the
+//     empty token, as Python's base64 reads it: Whisper's multilingual.tiktoken) with a
 //     pre-tokenization pattern: "gpt2" (r50k/p50k; special token <|endoftext|> = number of
 //     ranks), "llama3" (Meta's Llama 3 tokenizer.model; its 256 special tokens
 //     <|begin_of_text|>, <|end_of_text|>, <|reserved_special_token_0|>, ... from the number of
@@ -35,7 +36,8 @@
 //
 // Thread-safety: a loaded Tokenizer is immutable; every const method may be called from any
 // number of threads at once. Each thread keeps its own cache of pre-token -> ids for the
-// tokenizer it used last (bounded; cleared when full).
+// tokenizer it used last (512 KiB, fixed: a new pre-token evicts an older one) and its own merge
+// buffers.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +60,11 @@ class Tokenizer {
   // ranks file with `tiktoken_pattern` ("gpt2", "llama3", "cl100k" or a regex; may be empty
   // when the number of ranks names a known encoding: 50256 gpt2, 100256 cl100k, 128000
   // llama3). Throws InputError naming the file and the JSON key or line.
-  static std::unique_ptr<Tokenizer> load(const std::string& path,
-                                         const std::string& tiktoken_pattern = "");
+  // `tiktoken_specials`, when given, replaces the pattern's special tokens (text -> id); both
+  // are ignored for a tokenizer.json (tiktoken_regex() tells which kind was read).
+  static std::unique_ptr<Tokenizer> load(
+      const std::string& path, const std::string& tiktoken_pattern = "",
+      const std::map<std::string, int32_t>* tiktoken_specials = nullptr);
   // A tiktoken ranks file with a pattern as above and explicit special tokens (text -> id).
   static std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path,
                                                   const std::string& pattern,
@@ -78,6 +83,10 @@ class Tokenizer {
   // A document encode() refuses rethrows its error here, its index in *failed when given.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& docs, int threads,
                                                  size_t* failed = nullptr) const;
+  // encode_ordinary() of each document, as encode_batch.
+  std::vector<std::vector<int32_t>> encode_ordinary_batch(const std::vector<std::string>& docs,
+                                                          int threads,
+                                                          size_t* failed = nullptr) const;
   // The bytes of the tokens, concatenated. Throws InputError for an id that is not a token.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The id of a special token or of a regular token (given as its raw text; for a
@@ -88,11 +97,22 @@ class Tokenizer {
   std::optional<int32_t> eod_id() const;
   // The file it was loaded from.
   const std::string& path() const;
+  // A tiktoken ranks file's pre-tokenization regex (the pattern's, resolved); empty for a
+  // tokenizer.json.
+  const std::string& tiktoken_regex() const;
+  // The special (added) tokens: text -> id.
+  std::map<std::string, int32_t> special_tokens() const;
 
  private:
   explicit Tokenizer(std::unique_ptr<tokenizer_internal::Model> model);
+  std::vector<std::vector<int32_t>> batch(const std::vector<std::string>& docs, int threads,
+                                          size_t* failed, bool special) const;
   std::unique_ptr<tokenizer_internal::Model> m_;
 };
+
+// The number of maximal invalid UTF-8 subparts in `text`: each is one U+FFFD in what encode()
+// reads (see above). *first, when given and the count is not 0, is the byte offset of the first.
+int64_t count_invalid_utf8(std::string_view text, size_t* first = nullptr);
 
 // Token ids written as text, "1,2,3" (decimal, comma-separated, no spaces): into *ids, false when
 // `text` is not that form (prompts given as ids: strata generate, log.sample_prompt).

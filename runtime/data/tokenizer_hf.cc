@@ -137,6 +137,7 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
   const json& merges = need(model, "merges", path, "model");
   if (!merges.is_array()) throw InputError(path, "model.merges", "a list");
   m->pairs.reserve(merges.size());
+  m->rank_id.resize(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const std::string where = "model.merges[" + std::to_string(i) + "]";
     const json& e = merges[i];
@@ -166,9 +167,11 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
       throw InputError(path, where,
                        "a merge whose result " + in_quotes(a + b) + " is in model.vocab");
     // Hugging Face collects the merges into a map: a repeated pair takes its last rank.
-    m->pairs.set(static_cast<int32_t>(*ia), static_cast<int32_t>(*ib), static_cast<uint32_t>(i),
-                 static_cast<int32_t>(*ic));
+    m->pairs.set(static_cast<int32_t>(*ia), static_cast<int32_t>(*ib), static_cast<uint32_t>(i));
+    m->rank_id[i] = static_cast<int32_t>(*ic);
   }
+
+  m->finish_pairs();
 
   if (j.contains("pre_tokenizer")) add_pre_tokenizer(*m, j["pre_tokenizer"], "pre_tokenizer");
 

@@ -1,9 +1,9 @@
 // tokenizer_model.h — the tokenizer's one model (tokenizer.h), which both loaders fill and the
 // encoder runs: every token is its bytes; the vocabulary (bytes -> id), id -> bytes for decode,
-// and a pair table (left id, right id) -> (rank, merged id); the pre-tokenization steps and the
-// special tokens. Internal to the tokenizer's files: tokenizer.cc (BPE, pre-tokenization, the
-// public API), tokenizer_hf.cc (Hugging Face tokenizer.json), tokenizer_tiktoken.cc (tiktoken
-// ranks files).
+// a pair table (left id, right id) -> rank with the merged id found from the rank, and a dense
+// byte-pair copy of its first level; the pre-tokenization steps and the special tokens. Internal to
+// the tokenizer's files: tokenizer.cc (BPE, pre-tokenization, the public API), tokenizer_hf.cc
+// (Hugging Face tokenizer.json), tokenizer_tiktoken.cc (tiktoken ranks files).
 //
 // For a tokenizer.json the pair table is the merges list (rank = its index). For tiktoken it is
 // every split of every token into two tokens (rank = the merged token's rank), which is exactly
@@ -41,17 +41,30 @@ inline const std::string kIdExpected =
     "a non-negative integer id up to " + std::to_string(kMaxTokenId);
 
 inline uint64_t hash_bytes(std::string_view s) {
-  // FNV-1a over 8-byte words, then a final mix: fast for the short keys of pre-tokens.
-  uint64_t h = 0xcbf29ce484222325ull ^ s.size();
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    h = (h ^ w) * 0x100000001b3ull;
-    h ^= h >> 29;
-  }
+  // FNV-1a over 8-byte words, then a final mix: fast for the short keys of pre-tokens. The
+  // tail is read with fixed-size (overlapping) loads, never a byte loop or a memcpy call.
+  const char* p = s.data();
+  const size_t n = s.size();
+  uint64_t h = 0xcbf29ce484222325ull ^ n;
   uint64_t w = 0;
-  std::memcpy(&w, s.data() + i, s.size() - i);
+  if (n >= 8) {
+    size_t i = 0;
+    for (; i + 8 < n; i += 8) {
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * 0x100000001b3ull;
+      h ^= h >> 29;
+    }
+    std::memcpy(&w, p + n - 8, 8);  // the last 8 bytes, overlapping the previous word
+  } else if (n >= 4) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + n - 4, 4);
+    w = lo | (static_cast<uint64_t>(hi) << 32);
+  } else if (n > 0) {
+    w = static_cast<unsigned char>(p[0]) |
+        (static_cast<uint64_t>(static_cast<unsigned char>(p[n / 2])) << 8) |
+        (static_cast<uint64_t>(static_cast<unsigned char>(p[n - 1])) << 16);
+  }
   h = (h ^ w) * 0x9E3779B97F4A7C15ull;
   h ^= h >> 32;
   h *= 0xBF58476D1CE4E5B9ull;
@@ -68,9 +81,10 @@ class BytesMap {
     arena_.clear();
     count_ = 0;
   }
-  const uint64_t* find(std::string_view key) const {
+  const uint64_t* find(std::string_view key) const { return find(key, hash_bytes(key)); }
+  // With the key's hash_bytes() already at hand.
+  const uint64_t* find(std::string_view key, uint64_t h) const {
     if (slots_.empty()) return nullptr;
-    const uint64_t h = hash_bytes(key);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.len == kEmpty) return nullptr;
@@ -129,47 +143,68 @@ class BytesMap {
   size_t count_ = 0;
 };
 
-// (left id, right id) -> (rank, merged id), open addressing.
+// (left id, right id) -> the rank of their merge, open addressing (linear probing, at most half
+// full). The merged id comes from the rank (Model::merged_id).
 class PairMap {
  public:
-  struct Entry {
-    uint64_t key = kEmptyKey;
-    uint32_t rank = kNoRank;
-    int32_t id = -1;
-  };
+  // Room for n pairs: the table is sized once, so set() never rehashes.
   void reserve(size_t n) {
     size_t cap = 64;
-    while (cap < 2 * n) cap *= 2;
+    int bits = 6;
+    while (cap < 2 * n) cap *= 2, ++bits;
     table_.assign(cap, Entry{});
     mask_ = cap - 1;
+    shift_ = 64 - bits;
+    count_ = 0;
   }
-  void set(int32_t a, int32_t b, uint32_t rank, int32_t id) {
+  // Inserts or overwrites (Hugging Face: a repeated merge takes its last rank).
+  void set(int32_t a, int32_t b, uint32_t rank) {
+    if (2 * (count_ + 1) > table_.size()) grow();
     const uint64_t k = key(a, b);
     for (size_t i = slot(k);; i = (i + 1) & mask_) {
+      if (table_[i].key == kEmptyKey) ++count_;
       if (table_[i].key == kEmptyKey || table_[i].key == k) {
-        table_[i] = Entry{k, rank, id};
+        table_[i] = Entry{k, rank};
         return;
       }
     }
   }
   // kNoRank when the pair does not merge.
-  const Entry& get(int32_t a, int32_t b) const {
+  uint32_t rank(int32_t a, int32_t b) const {
+    if (table_.empty()) return kNoRank;
     const uint64_t k = key(a, b);
     for (size_t i = slot(k);; i = (i + 1) & mask_) {
       const Entry& e = table_[i];
-      if (e.key == k || e.key == kEmptyKey) return e.key == k ? e : none_;
+      if (e.key == k) return e.rank;
+      if (e.key == kEmptyKey) return kNoRank;
     }
   }
+  size_t size() const { return count_; }
 
  private:
   static constexpr uint64_t kEmptyKey = ~0ull;
+  struct Entry {
+    uint64_t key = kEmptyKey;
+    uint32_t rank = kNoRank;
+  };
   static uint64_t key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
-  size_t slot(uint64_t k) const { return ((k * 0x9E3779B97F4A7C15ull) >> 20) & mask_; }
+  // Fibonacci hashing: the top bits of the product, which every bit of the key reaches.
+  size_t slot(uint64_t k) const {
+    return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void grow() {
+    std::vector<Entry> old = std::move(table_);
+    reserve(std::max<size_t>(32, old.size()));
+    for (const Entry& e : old)
+      if (e.key != kEmptyKey)
+        set(static_cast<int32_t>(e.key >> 32), static_cast<int32_t>(e.key & 0xFFFFFFFFu), e.rank);
+  }
   std::vector<Entry> table_;
   size_t mask_ = 0;
-  Entry none_;
+  int shift_ = 64;
+  size_t count_ = 0;
 };
 
 // ---- UTF-8 ----
@@ -389,11 +424,15 @@ struct Model {
   std::string path;
   uint64_t uid = next_model_uid();
   int32_t byte_id[256];
-  PairMap pairs;
+  PairMap pairs;                               // (left id, right id) -> rank
+  std::vector<int32_t> rank_id;                // [rank] -> merged id; empty: the rank is the id
+  std::vector<uint32_t> byte_pair_rank;        // [256 * byte + byte] -> rank of their tokens' merge
+  std::vector<uint64_t> token_filter;          // bits by hash of every token's bytes (below)
   BytesMap vocab;                              // bytes -> id (regular tokens)
   std::vector<std::string> id_bytes;           // [id] -> bytes (special tokens: their text)
   std::vector<bool> id_known;                  // [id]
   bool whole_piece_first = false;              // tiktoken / ignore_merges
+  std::string tiktoken_regex;                  // a tiktoken file's pattern; empty: tokenizer.json
   std::vector<PreStep> steps;                  // pre-tokenization pipeline
   std::vector<Special> specials;               // [index]
   std::vector<SpecialMatcher> special_passes;  // split out in this order
@@ -405,6 +444,9 @@ struct Model {
   bool holds_other(int32_t id, const std::string& bytes) const {
     return id >= 0 && id < static_cast<int32_t>(id_known.size()) && id_known[id] &&
            id_bytes[id] != bytes;
+  }
+  int32_t merged_id(uint32_t rank) const {
+    return rank_id.empty() ? static_cast<int32_t>(rank) : rank_id[rank];
   }
 
   // ---- encoding (tokenizer.cc) ----
@@ -423,10 +465,20 @@ struct Model {
   bool unbyte(std::string_view s, std::string& out) const;
   // byte_id from the vocabulary; InputError(path, where) when a byte has no token.
   void finish_byte_ids(const std::string& where);
+  // Once the pairs are in: byte_pair_rank, and token_filter when whole_piece_first.
+  void finish_pairs();
 
  private:
-  void bpe_small(std::string_view w, std::vector<int32_t>& out) const;
-  void bpe_heap(std::string_view w, std::vector<int32_t>& out) const;
+  // Merges the pre-token w (not cached) into out: an array scan up to 64 bytes, a heap over a
+  // linked list beyond (tokenizer.cc).
+  void merge_scan(std::string_view w, std::vector<int32_t>& out) const;
+  void merge_heap(std::string_view w, std::vector<int32_t>& out) const;
+  // Whether w may be a token of the vocabulary (false: it is not); h = hash_bytes(w).
+  bool maybe_token(uint64_t h) const {
+    const uint64_t bit = h >> (64 - kTokenFilterBits);
+    return (token_filter[bit >> 6] >> (bit & 63)) & 1u;
+  }
+  static constexpr int kTokenFilterBits = 21;  // 256 KiB: ~2% false positives at 50k tokens
   template <class F>
   void pretokenize(size_t step, std::string_view piece, F& emit) const;
 };

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "runtime/base/error.h"
 #include "runtime/data/tokenizer_model.h"
@@ -71,7 +72,15 @@ std::unique_ptr<Model> load_tiktoken_model(
     bool ok = sp != std::string::npos;
     std::string bytes;
     long long rank = -1;
-    if (ok) bytes = b64decode(std::string_view(line).substr(0, sp), &ok);
+    // Padding alone ("=") is the empty token, as Python's base64.b64decode reads it: Whisper's
+    // multilingual.tiktoken ends with one. No piece of text merges into it; decode() gives "".
+    const std::string_view field = std::string_view(line).substr(0, ok ? sp : 0);
+    if (ok && !field.empty() && field.size() <= 4 &&
+        field.find_first_not_of('=') == std::string_view::npos) {
+      bytes.clear();
+    } else if (ok) {
+      bytes = b64decode(field, &ok);
+    }
     if (ok) {
       const std::string r = line.substr(sp + 1);
       ok = !r.empty() && r.size() <= 10 &&
@@ -92,18 +101,20 @@ std::unique_ptr<Model> load_tiktoken_model(
   if (tokens.empty()) throw InputError(path, "line 1", "a base64 token, one space and a rank");
   m->finish_byte_ids("");
   m->whole_piece_first = true;
-  // Every split of a token into two tokens merges into it, at its rank.
-  m->pairs.reserve(tokens.size() * 4);
+  // Every split of a token into two tokens merges into it, at its rank (which is its id).
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> splits;  // (left, right, merged)
   for (const auto& [bytes, rank] : tokens) {
     for (size_t k = 1; k < bytes.size(); ++k) {
       const uint64_t* a = m->vocab.find(std::string_view(bytes).substr(0, k));
       if (a == nullptr) continue;
       const uint64_t* b = m->vocab.find(std::string_view(bytes).substr(k));
       if (b == nullptr) continue;
-      m->pairs.set(static_cast<int32_t>(*a), static_cast<int32_t>(*b), static_cast<uint32_t>(rank),
-                   rank);
+      splits.emplace_back(static_cast<int32_t>(*a), static_cast<int32_t>(*b), rank);
     }
   }
+  m->pairs.reserve(splits.size());
+  for (const auto& [a, b, rank] : splits) m->pairs.set(a, b, static_cast<uint32_t>(rank));
+  m->finish_pairs();
 
   const int32_t n = static_cast<int32_t>(tokens.size());
   std::string pattern = pattern_in;
@@ -114,7 +125,7 @@ std::unique_ptr<Model> load_tiktoken_model(
     if (pattern.empty())
       throw InputError(path, "",
                        "a pre-tokenization pattern for this tiktoken file (\"gpt2\", \"llama3\", "
-                       "\"cl100k\" or a regex): its " +
+                       "\"cl100k\" or a regex; strata data prepare --pattern): its " +
                            std::to_string(n) + " ranks match no known encoding");
   }
   std::map<std::string, int32_t> specials;
@@ -148,6 +159,7 @@ std::unique_ptr<Model> load_tiktoken_model(
   if (explicit_specials != nullptr) specials = *explicit_specials;
   PreStep step;
   step.regex = std::make_unique<Regex>(regex, path, "pattern");
+  m->tiktoken_regex = regex;
   m->steps.push_back(std::move(step));
   SpecialMatcher sm;
   for (const auto& [text, id] : specials) {
