@@ -291,6 +291,23 @@ TEST_F(Cli, PlanOfAConfigTakesItsPrecisionAndBatch) {
   EXPECT_NE(error_line(bf16.out).find("--precision fp32"), std::string::npos) << bf16.out;
 }
 
+// docs/generate.md's command: a checkpoint (whose run_state.json records no data) generates from a
+// text prompt through --set data.tokenizer, with no text data source beside it.
+TEST_F(Cli, GenerateTokenizesPromptsWithoutATextSource) {
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const std::string cfg = config({{"model", {{"vocab_size", 4352}}},
+                                  {"train", {{"iterations", 2}}},
+                                  {"checkpoint", {{"dir", dir_ + "/ck"}, {"interval", 2}}}});
+  ASSERT_EQ(run("train --config " + cfg).status, 0);
+  Result r = run("generate --checkpoint " + dir_ + "/ck --set data.tokenizer=" + tok +
+                 " --prompt \"To be, or not\" --max-new-tokens 3 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"")));
+  EXPECT_EQ(j["ids"].size(), 3u) << r.out;
+  EXPECT_FALSE(j["prompt_ids"].empty()) << r.out;
+}
+
 TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(0), "0:00");
   EXPECT_EQ(strata::clock_time(59.6), "1:00");

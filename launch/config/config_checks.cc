@@ -179,14 +179,9 @@ void check_data(const DataConfig& d, const ModelConfig& m, const Reader& r) {
     r.fail_latest({"data.blend", "data.path"},
                   "either data.path or data.blend, got both (data.path " + *d.path + ")");
   }
-  // A tokenized dataset (tokens, indexed) keeps data.tokenizer to decode its ids: bits per byte
-  // in strata eval, text prompts; synthetic data has no text to decode into.
-  if (d.tokenizer && d.source == "synthetic") {
-    r.fail_latest({"data.tokenizer", "data.source"},
-                  "data.tokenizer with data.source \"text\" (it tokenizes the text), \"tokens\" "
-                  "or \"indexed\" (it decodes their ids); synthetic ids have no text, got \"" +
-                      d.source + "\"");
-  }
+  // data.tokenizer goes with any source: it tokenizes a text source, decodes a tokenized
+  // dataset's ids (bits per byte in strata eval), and reads text prompts and samples
+  // (strata generate, log.sample_prompt) whatever the data, synthetic included.
   if (d.source != "synthetic" && !d.path && !d.blend) {
     // Named at data.path, in the source that chose the file-backed data.source.
     r.fail_in(r.latest_file({"data.source", "data.path"}), "data.path",
