@@ -723,10 +723,11 @@ TEST(Moe, BadKeysAreRefusedNamingTheKey) {
         "model.mlp_only_layers");
   names(refusal({"model.preset=llama-tiny", "model.mlp_only_layers=[0]"}), "model.mlp_only_layers");
   names(refusal({"model.preset=tiny", "model.decoder_sparse_step=2"}), "model.decoder_sparse_step");
-  // The dense layers' width splits over the tensor group too.
+  // The dense layers' width splits over the tensor group too (named at the key --set gave last,
+  // parallel.tensor, with both values).
   names(
       refusal({q, "model.decoder_sparse_step=2", "model.ffn_hidden_size=95", "parallel.tensor=2"}),
-      "model.ffn_hidden_size");
+      "parallel.tensor: ffn_hidden_size 95 is not divisible by tensor 2");
 }
 
 // A Qwen3-MoE checkpoint recorded before its dense layers had keys (no decoder_sparse_step, no
