@@ -308,6 +308,21 @@ TEST_F(Cli, GenerateTokenizesPromptsWithoutATextSource) {
   EXPECT_FALSE(j["prompt_ids"].empty()) << r.out;
 }
 
+// data prepare ends with the vocabulary and the model.vocab_size a training config needs (a run
+// of a smaller vocabulary fails on the first id past it).
+TEST_F(Cli, DataPrepareNamesTheVocabularySizeToTrainWith) {
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const std::string in = write("in.txt", "To be, or not to be.\n\nThat is the question.\n");
+  Result r = run("data prepare --tokenizer " + tok + " --input " + in + " --output " + dir_ + "/c");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const int vocab = strata::Tokenizer::load(tok)->vocab_size();
+  EXPECT_NE(r.out.find("vocabulary " + std::to_string(vocab) + " ids: model.vocab_size at least " +
+                       std::to_string(vocab) + " (" + std::to_string((vocab + 127) / 128 * 128)),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(ClockTime, MinutesAndHours) {
   EXPECT_EQ(strata::clock_time(0), "0:00");
   EXPECT_EQ(strata::clock_time(59.6), "1:00");

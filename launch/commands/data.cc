@@ -1,5 +1,6 @@
 #include "launch/commands/data.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -235,6 +236,13 @@ int prepare(const std::vector<std::string>& args) {
   const auto t0 = Clock::now();
   auto last_report = t0;
   int64_t documents = 0, tokens = 0, bytes = 0, surrogates = 0, invalid_utf8 = 0;
+  // The inputs' size, for the progress line's share and ETA.
+  double input_bytes = 0;
+  for (const std::string& path : o.inputs) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (!ec) input_bytes += static_cast<double>(size);
+  }
   std::string first_invalid;  // where the first invalid UTF-8 sequence is
   std::vector<std::string> batch;
   std::vector<std::pair<std::string, std::string>> origin;  // [document] (input file, where)
@@ -267,9 +275,15 @@ int prepare(const std::vector<std::string>& args) {
     const auto now = Clock::now();
     if (now - last_report > std::chrono::seconds(2)) {
       const double s = std::chrono::duration<double>(now - t0).count();
-      std::fprintf(stderr, "  %lld documents, %lld tokens, %.1f MB read, %.1f MB/s\n",
+      // The share of the inputs' bytes read as documents: JSON Lines' keys and escapes are not
+      // counted, so it runs a little behind and the ETA a little long there.
+      const double done = input_bytes > 0 ? std::min(0.99, double(bytes) / input_bytes) : 0;
+      const double rate = static_cast<double>(bytes) / s;
+      std::fprintf(stderr,
+                   "  %lld documents, %lld tokens, %.1f MB read, %.1f MB/s, ~%.0f%%, ETA %.0f s\n",
                    static_cast<long long>(documents), static_cast<long long>(tokens),
-                   static_cast<double>(bytes) / 1e6, static_cast<double>(bytes) / 1e6 / s);
+                   static_cast<double>(bytes) / 1e6, rate / 1e6, 100.0 * done,
+                   rate > 0 ? (input_bytes - static_cast<double>(bytes)) / rate : 0.0);
       last_report = now;
     }
   };
@@ -346,6 +360,13 @@ int prepare(const std::vector<std::string>& args) {
   if (surrogates > 0)
     std::printf("  %lld lone surrogate escape(s) in the JSON read as U+FFFD\n",
                 static_cast<long long>(surrogates));
+  // What a training config needs beside the data: ids run below the tokenizer's vocabulary,
+  // which Megatron pads to a multiple of 128 for the embedding's GEMMs.
+  const int vocab = tok->vocab_size();
+  std::printf(
+      "  vocabulary %d ids: model.vocab_size at least %d (%d, the next multiple of 128, "
+      "as Megatron pads it)\n",
+      vocab, vocab, (vocab + 127) / 128 * 128);
   return 0;
 }
 
