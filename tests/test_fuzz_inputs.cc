@@ -33,11 +33,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint.h"
@@ -491,6 +493,11 @@ struct Case {
   // "stopped by" line keeps the contract too.
   int signal = 0;
   double signal_after_s = 0;
+  // A second run started `beside_lead_s` before this one, on the same files: each keeps the
+  // contract. Then `after` runs alone and must exit 0 (what the two left is usable).
+  std::vector<std::string> beside = {};
+  double beside_lead_s = 0;
+  std::vector<std::string> after = {};
 };
 using Maker = std::function<Case(Rng&, Workdir&)>;
 
@@ -1016,6 +1023,26 @@ Case signal_case(Rng& rng, Workdir& wd) {
   return c;
 }
 
+// Two strata train runs on one checkpoint directory at once, the second started up to half a
+// second after the first (issue 39: they corrupted each other's saves; now the second is refused
+// naming the lock's holder, or starts after the first ended), then a third resuming from what
+// they left, which must train or say it is complete (status 0).
+Case concurrent_case(Rng& rng, Workdir& wd) {
+  json cfg = json::parse(read_file(kFuzzDir + "/configs/gpt_tiny.json"));
+  cfg["train"]["iterations"] = static_cast<int>(10 + below(rng, 60));
+  cfg["train"]["eval_interval"] = 0;
+  cfg["checkpoint"] = {{"dir", wd.path() + "/ck"},
+                       {"interval", static_cast<int>(1 + below(rng, 10))},
+                       {"async", chance(rng, 0.5)}};
+  const std::string config = wd.write("config.json", cfg.dump());
+  Case c{{"train", "--config", config}, 60};
+  c.beside = {"train", "--config", config};
+  if (chance(rng, 0.5)) c.beside.insert(c.beside.end(), {"--set", "train.seed=2"});
+  c.beside_lead_s = 0.01 * static_cast<double>(below(rng, 50));
+  c.after = {"train", "--config", config};
+  return c;
+}
+
 // The table of input kinds. A new kind is one row (and its Maker).
 const std::vector<Kind>& kinds() {
   static const std::vector<Kind> k = {
@@ -1035,6 +1062,7 @@ const std::vector<Kind>& kinds() {
       {"task-ids", 3, task_ids_case},
       {"tokenizer-ids", 3, tokenizer_ids_case},
       {"signal", 3, signal_case},
+      {"concurrent", 3, concurrent_case},
   };
   return k;
 }
@@ -1114,6 +1142,12 @@ TEST(FuzzInputs, EveryRunExitsZeroOrTwoWithOneLine) {
     Workdir wd(
         (fs::path(::testing::TempDir()) / ("strata_fuzz_" + std::to_string(::getpid()))).string());
     const Case c = kind.make(rng, wd);
+    std::future<testing::Outcome> beside;
+    if (!c.beside.empty()) {
+      beside = std::async(std::launch::async,
+                          [&c] { return testing::run_strata(c.beside, c.timeout_s); });
+      std::this_thread::sleep_for(std::chrono::duration<double>(c.beside_lead_s));
+    }
     const testing::Outcome o = testing::run_strata(c.args, c.timeout_s, c.signal, c.signal_after_s);
     ++done;
     Tally& t = tally[kind.name];
@@ -1123,6 +1157,17 @@ TEST(FuzzInputs, EveryRunExitsZeroOrTwoWithOneLine) {
     std::string why = testing::contract_violation(o, c.signal != 0);
     if (why.empty() && c.must_refuse && o.status == 0)
       why = "status 0 on an input that must be refused (status 2)";
+    if (beside.valid()) {
+      const testing::Outcome b = beside.get();
+      if (const std::string w = testing::contract_violation(b); why.empty() && !w.empty())
+        why = "the run beside it: " + w + " (stderr: " + b.err.substr(0, 500) + ")";
+    }
+    if (why.empty() && !c.after.empty()) {
+      const testing::Outcome a = testing::run_strata(c.after, c.timeout_s);
+      if (a.status != 0)
+        why = "the run after them: status " + std::to_string(a.status) +
+              " where what they left must resume (stderr: " + a.err.substr(0, 500) + ")";
+    }
     if (!why.empty()) {
       ++failures;
       ADD_FAILURE() << "case " << i << " (" << kind.name << "): " << why << "\n  "
