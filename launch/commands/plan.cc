@@ -1,11 +1,14 @@
 #include "launch/commands/plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "launch/args.h"
 #include "launch/commands/timeline_svg.h"
@@ -80,25 +83,67 @@ Config model_config(const std::string& model, const std::vector<std::string>& se
   return config_from_json(json{{"model", {{"preset", model}}}}, "<command line>", sets);
 }
 
-std::string gib(double bytes) {
+// Engineering figures with three significant digits, for the table (no "0.000120576B", no
+// "7.9272e-05 s"): a count with its SI prefix (B for billions, as model sizes are said), a
+// duration in s, ms or µs, bytes in GiB, MiB or KiB, a percentage.
+std::string three(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
+}
+
+std::string count_text(double v, const char* unit) {
+  const double a = std::fabs(v);
+  if (a >= 1e12) return three(v / 1e12) + " T " + unit;
+  if (a >= 1e9) return three(v / 1e9) + " B " + unit;
+  if (a >= 1e6) return three(v / 1e6) + " M " + unit;
+  if (a >= 1e3) return three(v / 1e3) + " k " + unit;
+  return three(v) + " " + unit;
+}
+
+std::string flop_text(double v) {
+  static const char* const kPrefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::fabs(v) >= 1000 && i < 6) {
+    v /= 1000;
+    ++i;
+  }
+  return three(v) + " " + kPrefixes[i] + "FLOP";
+}
+
+std::string seconds_text(double s) {
+  const double a = std::fabs(s);
+  if (a >= 1 || a == 0) return three(s) + " s";
+  if (a >= 1e-3) return three(s * 1e3) + " ms";
+  return three(s * 1e6) + " µs";
+}
+
+std::string bytes_text(double b) {
+  const double a = std::fabs(b);
+  if (a >= 1024.0 * 1024 * 1024) return three(b / (1024.0 * 1024 * 1024)) + " GiB";
+  if (a >= 1024.0 * 1024) return three(b / (1024.0 * 1024)) + " MiB";
+  if (a >= 1024.0) return three(b / 1024.0) + " KiB";
+  return three(b) + " B";
+}
+
+std::string percent_text(double fraction) {
+  return three(fraction * 100) + "%";
 }
 
 void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os) {
   char buf[256];
   const ModelDescription& model = *req.model;
-  os << "model: " << req.model_name << " (" << model.parameters() / 1e9 << "B parameters, "
+  os << "model: " << req.model_name << " (" << count_text(model.parameters(), "parameters") << ", "
      << model.num_layers() << " layers, hidden " << model.hidden_size() << ", seq "
      << model.seq_len() << ", vocab " << model.vocab_size() << ")\n";
   os << "cluster: " << req.cluster.name << ", " << req.cluster.nodes << " × "
-     << req.cluster.gpus_per_node << " GPUs, " << gib(req.cluster.memory_bytes) << " each, "
-     << req.precision << " peak " << req.cluster.peak(req.precision) / 1e12 << " TFLOP/s\n";
+     << req.cluster.gpus_per_node << " GPUs, " << bytes_text(req.cluster.memory_bytes) << " each, "
+     << req.precision << " peak " << three(req.cluster.peak(req.precision) / 1e12) << " TFLOP/s\n";
   const double mf = model.flops_per_iteration(req.global_batch_size, Recompute::kNone).model;
-  os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << mf
+  os << "global batch " << req.global_batch_size << ": model FLOPs per iteration " << flop_text(mf)
      << " (hardware FLOPs add the recomputed forward passes)\n";
-  os << "searched " << out.candidates << " configurations in " << out.search_s * 1e3 << " ms\n\n";
+  os << "searched " << out.candidates << " configurations in " << seconds_text(out.search_s)
+     << "\n\n";
   // A mixture's plans add the expert size e after d, and plans that split sequences the context
   // size c after t (a dense model's table without context is as before).
   const bool moe = model.num_experts() > 0;
@@ -123,29 +168,31 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
       const ParallelLayout& c = r.config;
       std::snprintf(
           buf, sizeof buf,
-          "%-3d %3d%s %3d %5d%s %3d %3d %5d %-12s %-9s %2s %4s %10.4f %8.1f %5.1f%% %10s %6.1f%%\n",
+          "%-3d %3d%s %3d %5d%s %3d %3d %5d %-12s %-9s %2s %4s %10s %8.1f %5.1f%% %10s %6.1f%%\n",
           ++i, c.tensor, column(context, std::to_string(c.context)).c_str(), c.pipeline, c.data,
           column(moe, std::to_string(c.expert)).c_str(), c.virtual_stages, c.micro_batch_size,
           c.num_microbatches, to_string(c.schedule), to_string(c.recompute),
-          c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n", r.time.iteration_s,
-          r.tflops_per_gpu, r.mfu * 100, gib(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
+          c.sequence_parallel ? "y" : "n", c.distributed_optimizer ? "y" : "n",
+          seconds_text(r.time.iteration_s).c_str(), r.tflops_per_gpu, r.mfu * 100,
+          bytes_text(r.peak_memory).c_str(), r.time.bubble_fraction * 100);
       os << buf;
     }
     const PlanResult& best = out.plans.front();
     os << "\nchosen plan: " << best.placement << "\n";
-    os << "  time: iteration " << best.time.iteration_s << " s (pipeline " << best.time.pipeline_s
-       << " s incl. bubble " << best.time.bubble_fraction * 100 << "%, exposed TP "
-       << best.time.tp_exposed_s << " s, "
-       << (best.config.expert > 1 ? "all-to-all " + std::to_string(best.time.ep_exposed_s) + " s, "
+    os << "  time: iteration " << seconds_text(best.time.iteration_s) << " (pipeline "
+       << seconds_text(best.time.pipeline_s) << " incl. bubble "
+       << percent_text(best.time.bubble_fraction) << ", exposed TP "
+       << seconds_text(best.time.tp_exposed_s) << ", "
+       << (best.config.expert > 1 ? "all-to-all " + seconds_text(best.time.ep_exposed_s) + ", "
                                   : std::string());
-    if (best.config.context > 1) os << "exposed ring " << best.time.cp_exposed_s << " s, ";
-    os << "exposed DP " << best.time.dp_exposed_s << " s, optimizer " << best.time.optimizer_s
-       << " s)\n";
-    std::snprintf(buf, sizeof buf, "  %-5s %-14s %11s %11s %11s %11s %11s %11s\n", "stage",
-                  "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
-                  "total");
-    os << buf;
+    if (best.config.context > 1)
+      os << "exposed ring " << seconds_text(best.time.cp_exposed_s) << ", ";
+    os << "exposed DP " << seconds_text(best.time.dp_exposed_s) << ", optimizer "
+       << seconds_text(best.time.optimizer_s) << ")\n";
     const ParallelLayout& c = best.config;
+    // The layers column as wide as its longest entry (interleaved plans list every chunk).
+    std::vector<std::string> stage_layers;
+    size_t width = 6;
     for (int s = 0; s < c.pipeline; ++s) {
       std::string layers;
       for (int ch = 0; ch < c.virtual_stages; ++ch) {
@@ -154,11 +201,21 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
       }
       if (s == 0) layers += " +emb";
       if (s == c.pipeline - 1) layers += " +head";
+      width = std::max(width, layers.size());
+      stage_layers.push_back(layers);
+    }
+    const int w = static_cast<int>(width);
+    std::snprintf(buf, sizeof buf, "  %-5s %-*s %11s %11s %11s %11s %11s %11s\n", "stage", w,
+                  "layers", "parameters", "gradients", "optimizer", "activations", "buffers",
+                  "total");
+    os << buf;
+    for (int s = 0; s < c.pipeline; ++s) {
       const MemoryBreakdown& m = best.memory[static_cast<size_t>(s)];
-      std::snprintf(buf, sizeof buf, "  %-5d %-14s %11s %11s %11s %11s %11s %11s\n", s,
-                    layers.c_str(), gib(m.parameters).c_str(), gib(m.gradients).c_str(),
-                    gib(m.optimizer).c_str(), gib(m.activations).c_str(), gib(m.buffers).c_str(),
-                    gib(m.total()).c_str());
+      std::snprintf(buf, sizeof buf, "  %-5d %-*s %11s %11s %11s %11s %11s %11s\n", s, w,
+                    stage_layers[static_cast<size_t>(s)].c_str(), bytes_text(m.parameters).c_str(),
+                    bytes_text(m.gradients).c_str(), bytes_text(m.optimizer).c_str(),
+                    bytes_text(m.activations).c_str(), bytes_text(m.buffers).c_str(),
+                    bytes_text(m.total()).c_str());
       os << buf;
     }
     os << "\nrejected families (tensor, context, pipeline, schedule):\n";
