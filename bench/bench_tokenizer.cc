@@ -76,27 +76,20 @@ std::string unique_words(size_t bytes) {
 }
 
 // The child that times tiktoken: argv[1] is a JSON file {ranks, regex, specials, text, repeat,
-// threads, runs}; prints "THREADS SECONDS IDS" per thread count, or one line saying why not.
+// threads, runs, bench_dir (whose tokenizer_compare.py reads the ranks and cuts the documents)};
+// prints "THREADS SECONDS IDS" per thread count, or one line saying why not.
 constexpr const char* kTiktokenChild = R"PY(
-import base64, json, sys, time
+import json, sys, time
 cfg = json.load(open(sys.argv[1]))
 try:
     import tiktoken
 except ImportError:
     print("tiktoken not installed")
     sys.exit(0)
-ranks = {}
-for line in open(cfg["ranks"], "rb"):
-    if line.strip():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-text = open(cfg["text"], "rb").read() * cfg["repeat"]
-docs, start = [], 0
-while start < len(text):
-    end = text.find(b"\n\n", start)
-    end = len(text) if end < 0 else end + 2
-    docs.append(text[start:end].decode("utf-8", errors="replace"))
-    start = end
+sys.path.insert(0, cfg["bench_dir"])
+from tokenizer_compare import documents, read_ranks  # the cut tokenizer_compare.py makes
+ranks = read_ranks(cfg["ranks"])
+docs, _ = documents(cfg["text"], cfg["repeat"])
 for threads in cfg["threads"]:
     best, ids = 1e30, 0
     for _ in range(cfg["runs"]):
@@ -144,7 +137,8 @@ std::map<int, Figure> run_tiktoken(const std::string& python, const strata::Toke
                         {"text", text_path},
                         {"repeat", repeat},
                         {"threads", threads},
-                        {"runs", runs}};
+                        {"runs", runs},
+                        {"bench_dir", STRATA_BENCH_DIR}};
   const std::string script = temp_file(".py", kTiktokenChild);
   const std::string config = temp_file(".json", cfg.dump());
   if (script.empty() || config.empty()) {

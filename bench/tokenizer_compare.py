@@ -29,6 +29,7 @@ sys.path.insert(0, FIXTURES)
 
 
 def documents(path, repeat):
+    """The text repeated, cut at blank lines as bench_tokenizer cuts it (its tiktoken child too)."""
     text = open(path, "rb").read() * repeat
     docs, start = [], 0
     while start < len(text):
@@ -62,14 +63,20 @@ def hf_child(json_path, text, repeat, runs):
     print(best, ids)
 
 
-def tiktoken_encoding(name, ranks_path):
-    import tiktoken
-    from make_tokenizer_fixtures import GPT2_PATTERN, LLAMA3_PATTERN, LLAMA3_SPECIALS
+def read_ranks(path):
+    """A tiktoken ranks file as {token bytes: rank} (bench_tokenizer's tiktoken child uses it too)."""
     ranks = {}
-    for line in open(ranks_path, "rb"):
+    for line in open(path, "rb"):
         if line.strip():
             tok, rank = line.split()
             ranks[base64.b64decode(tok)] = int(rank)
+    return ranks
+
+
+def tiktoken_encoding(name, ranks_path):
+    import tiktoken
+    from make_tokenizer_fixtures import GPT2_PATTERN, LLAMA3_PATTERN, LLAMA3_SPECIALS
+    ranks = read_ranks(ranks_path)
     n = len(ranks)
     if name.startswith("gpt2"):
         return tiktoken.Encoding(name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
