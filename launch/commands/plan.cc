@@ -320,11 +320,8 @@ int cmd_plan(const std::vector<std::string>& args) {
     const json& m = j.contains("model") ? j["model"] : j;
     if (m.is_object() && m.contains("preset") && m["preset"].is_string())
       req.model_name = m["preset"].get<std::string>() + " (" + model + ")";
-  }
-  // A whole config (a file with a train section) gives what the flags leave open: its precision,
-  // its global batch, and its micro-batch when it sets one (pinned as --fix would).
-  if (std::filesystem::is_regular_file(model, ec)) {
-    const json j = read_json_file(model);
+    // A whole config (a file with a train section) gives what the flags leave open: its
+    // precision, its global batch, and its micro-batch when it sets one (pinned as --fix would).
     if (j.contains("train") && j["train"].is_object()) {
       if (!precision_given) precision = cfg.train.precision;
       if (batch == 0) batch = cfg.train.global_batch_size;
