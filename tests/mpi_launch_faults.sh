@@ -2,8 +2,8 @@
 # mpi_launch_faults.sh MPIEXEC STRATA_BIN — hangs around the training loop that the waits'
 # watchdog cannot see (issue 28), each bounded by comm.timeout_s (3 s here):
 #   1. world rank 1 stops (SIGSTOP, from a shell wrapper that then execs strata) before MPI_Init:
-#      the other ranks wait inside MPI_Init; they must print the start-up watchdog line and the
-#      job must end non-zero within the timeout (+ start-up and slack);
+#      the other ranks wait inside MPI_Init; one of them must print the start-up watchdog line and
+#      the job must end non-zero within the timeout (+ start-up and slack);
 #   2. the same just after MPI_Init (the test hook STRATA_TEST_STOP_AFTER_INIT): rank 0 must name
 #      the missing rank;
 #   3. mpirun is stopped (SIGSTOP) while the ranks train: ranks that finish wait in MPI_Finalize
@@ -68,8 +68,10 @@ for point in before_init after_init; do
   check "the job ends with a non-zero status" '[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]'
   check "within $limit s" 'awk -v e="$took" -v l="$limit" "BEGIN { exit !(e <= l) }"'
   if [ "$point" = before_init ]; then
-    check "rank 0 reports the start-up wait" \
-      'grep -qF "[rank 0] watchdog: no progress for $timeout_s s in start-up (MPI_Init" <<<"$out"'
+    # Whichever waiting rank's watchdog fires first ends the job (mpirun then stops the
+    # others), so on a loaded machine rank 2 may speak before rank 0 does.
+    check "a waiting rank reports the start-up wait" \
+      'grep -qE "^\[rank [02]\] watchdog: no progress for $timeout_s s in start-up \(MPI_Init" <<<"$out"'
   else
     check "rank 0 names the missing rank" \
       'grep -qF "[rank 0] watchdog: no progress for $timeout_s s in start-up: world rank(s) 1 of 3 did not arrive" <<<"$out"'

@@ -645,6 +645,9 @@ void join_world(const World& w, double timeout_s) {
     MPI_CHECK(MPI_Isend(&tokens[0], 1, MPI_INT, 0, kTag, MPI_COMM_WORLD, &reqs[0]));
     MPI_CHECK(MPI_Irecv(&tokens[1], 1, MPI_INT, 0, kTag, MPI_COMM_WORLD, &reqs[1]));
   }
+  // The first watchdog to fire ends the job, and only rank 0 can name the missing ranks: the
+  // others give it a moment more (their line would only say that they wait for rank 0).
+  const double wait_s = w.rank == 0 || timeout_s <= 0 ? timeout_s : timeout_s + 2.0;
   poll_until(
       [&] {
         int done = 0;
@@ -652,7 +655,7 @@ void join_world(const World& w, double timeout_s) {
             MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
         return done != 0;
       },
-      timeout_s,
+      wait_s,
       [&] {
         return "start-up: waiting for world rank 0 to hear from all " + std::to_string(w.size) +
                " ranks";
