@@ -48,9 +48,12 @@ for entry in "${layouts[@]}"; do
   for s in ${entry#*|} "train.iterations=$ITERATIONS"; do sets+=(--set "$s"); done
   predicted=$("${MPI[@]}" "${STRATA[@]}" train --config "$CONFIG" "${sets[@]}" --dry-run \
                 --cluster "$OUT/cpu-profiled.json" |
-              python3 -c 'import sys, json
+              python3 -c 'import re, sys
 text = sys.stdin.read()
-print(json.loads(text[text.index("{", text.index("planner prediction on")):])["predicted"]["iteration_s"])')
+# "  iteration 231 ms: ..." under "predicted on", in the units strata prints.
+num, unit = re.search(r"^  iteration (\S+) (h|min|s|ms|µs):", text[text.index("predicted on"):],
+                      re.M).groups()
+print(float(num) * {"h": 3600, "min": 60, "s": 1, "ms": 1e-3, "µs": 1e-6}[unit])')
   /usr/bin/time -f "%e %U %S" -o "$OUT/$tag.time" "${MPI[@]}" "${STRATA[@]}" train \
     --config "$CONFIG" "${sets[@]}" --set "log.metrics=\"$OUT/$tag.jsonl\"" \
     --set "log.trace=\"$OUT/$tag.trace\"" > "$OUT/$tag.log" 2>&1

@@ -59,7 +59,7 @@ const char* kUsage =
 
 const char* kTrainUsage =
     "usage: strata train --config FILE [--set section.key=value ...] [--plan PLAN.json]\n"
-    "                    [--dry-run [--cluster FILE|PRESET]]\n"
+    "                    [--dry-run [--world N] [--cluster FILE|PRESET]]\n"
     "\n"
     "Trains the model of FILE (keys: docs/config.md).\n"
     "\n"
@@ -72,8 +72,12 @@ const char* kTrainUsage =
     "                       the config's model and global batch\n"
     "  --dry-run            print the model size, FLOPs per iteration, predicted memory per\n"
     "                       category and the rank table, then exit without training\n"
+    "  --world N            with --dry-run: predict for N ranks from this one process (any\n"
+    "                       model size: nothing is allocated), on --cluster, else on\n"
+    "                       dgx-h100 for a cuda config, else on this machine\n"
     "  --cluster C          with --dry-run: also print the planner's prediction of this config\n"
-    "                       on cluster C (a preset of configs/clusters or a JSON file)\n"
+    "                       on cluster C (a preset of configs/clusters or a JSON file) in\n"
+    "                       words, and the faster layout strata plan finds, if any\n"
     "  --help               this text\n"
     "\n"
     "exit status: 0 done, 2 bad input (one line: error: <file>: <key>: <expected>), 1 failure,\n"
@@ -95,6 +99,7 @@ int cmd_train(const std::vector<std::string>& args) {
   std::string config_path, plan_path, cluster;
   std::vector<std::string> sets;
   bool dry_run = false;
+  int world_n = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const char* flag) -> std::string {
@@ -118,12 +123,23 @@ int cmd_train(const std::vector<std::string>& args) {
       plan_path = value("--plan");
     } else if (a == "--cluster") {
       cluster = value("--cluster");
+    } else if (a == "--world") {
+      const std::string v = value("--world");
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > (1 << 20))
+        usage_error("--world", "a rank count from 1 to 1048576, got '" + v + "'");
+      world_n = static_cast<int>(n);
     } else {
       usage_error(a,
-                  "an option of strata train (--config, --set, --plan, --dry-run, --cluster, "
-                  "--help)");
+                  "an option of strata train (--config, --set, --plan, --dry-run, --world, "
+                  "--cluster, --help)");
     }
   }
+  if (!dry_run && world_n > 0)
+    usage_error("--world", "--dry-run with it (--world sizes a prediction, not a run)");
+  if (!dry_run && !cluster.empty())
+    usage_error("--cluster", "--dry-run with it (the cluster a prediction is for)");
   if (config_path.empty()) usage_error("--config", "a config file: strata train --config FILE");
   Config cfg = load_config(config_path, sets);
   if (!plan_path.empty()) {
@@ -131,12 +147,22 @@ int cmd_train(const std::vector<std::string>& args) {
   }
   RunContext ctx;
   if (dry_run) {
-    print_dry_run(cfg, ctx, std::cout);
-    if (!cluster.empty() && world().rank == 0) {
-      const Cluster c = load_cluster(cluster, configs_dir());
-      std::cout << "planner prediction on " << cluster << ":\n"
-                << predict_for_config(cfg, world().size, c).dump(2) << "\n";
+    if (world_n > 0) {
+      // A prediction from one process; under mpirun rank 0 speaks for the job.
+      if (world().rank == 0) print_world_dry_run(cfg, world_n, cluster, std::cout);
+      return 0;
     }
+    try {
+      print_dry_run(cfg, ctx, std::cout);
+    } catch (const InputError& e) {
+      // A layout for more ranks than this job has: say how to see it without them.
+      if (e.expected().find("world size") == std::string::npos || world().size > 1) throw;
+      throw InputError(e.file(), e.where(),
+                       e.expected() + " (strata train --dry-run --world N predicts for N ranks " +
+                           "from one process)");
+    }
+    if (!cluster.empty() && world().rank == 0)
+      print_cluster_prediction(cfg, world().size, cluster, std::cout);
     return 0;
   }
   const TrainResult r = run_training(cfg, ctx);

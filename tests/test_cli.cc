@@ -419,6 +419,139 @@ TEST_F(Cli, DryRunPrintsSizesWithoutTraining) {
   EXPECT_EQ(r.out.find("iter "), std::string::npos) << "dry run must not train";
 }
 
+// The line of `out` that starts with `prefix` ("" when none).
+std::string line_starting(const std::string& out, const std::string& prefix) {
+  std::istringstream is(out);
+  std::string line;
+  while (std::getline(is, line))
+    if (line.rfind(prefix, 0) == 0) return line;
+  return "";
+}
+
+// The text between `before` and the next `after` in `s` ("" when absent).
+std::string between(const std::string& s, const std::string& before, const std::string& after) {
+  const size_t a = s.find(before);
+  if (a == std::string::npos) return "";
+  const size_t b = s.find(after, a + before.size());
+  return b == std::string::npos ? "" : s.substr(a + before.size(), b - a - before.size());
+}
+
+// issue 40: llama-3.1-8b on 64 GPUs predicted from one process (the model would not fit this
+// machine), in words, with the faster layout strata plan finds; both figures are strata plan's.
+TEST_F(Cli, DryRunPredictsAnyWorldFromOneProcess) {
+  const std::string cfg = config({{"model", {{"preset", "llama-3.1-8b"}}},
+                                  {"device", "cuda"},
+                                  {"parallel", {{"tensor", 8}}},
+                                  {"train",
+                                   {{"global_batch_size", 64},
+                                    {"micro_batch_size", 1},
+                                    {"precision", "bf16"},
+                                    {"recompute", "none"}}}});
+  const Result r = run("train --config " + cfg + " --dry-run --world 64");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("parallel: tensor 8 × pipeline 1 × data 8 = 64 ranks"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("predicted on dgx-h100 (a cuda config's default; --cluster to choose): 8 "
+                       "nodes × 8 GPUs, bf16, Strata's CUDA runtime"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("{"), std::string::npos) << "words, not JSON:\n" << r.out;
+  EXPECT_EQ(r.out.find("rank   tp"), std::string::npos) << "no rank table for --world\n" << r.out;
+  const std::string memory = line_starting(r.out, "  memory: peak ");
+  EXPECT_NE(memory.find(" of 80 GiB: fits"), std::string::npos) << r.out;
+  // The config's own figure is strata plan's for the same layout pinned.
+  const std::string mine = between(r.out, "\n  iteration ", ":");
+  ASSERT_FALSE(mine.empty()) << r.out;
+  const Result pinned = run("plan --model " + cfg +
+                            " --cluster dgx-h100 --nodes 8 --fix tensor=8,pipeline=1,data=8,"
+                            "context=1,micro_batch_size=1,recompute=none,sequence_parallel=false,"
+                            "distributed_optimizer=false");
+  ASSERT_EQ(pinned.status, 0) << pinned.out;
+  EXPECT_NE(line_starting(pinned.out, "1 ").find(" " + mine + " "), std::string::npos)
+      << mine << " in\n"
+      << pinned.out;
+  // The faster layout is strata plan's best, and the ratio is the two times'.
+  const std::string faster = line_starting(r.out, "strata plan finds a faster layout that fits: ");
+  ASSERT_FALSE(faster.empty()) << r.out;
+  const std::string best = between(faster, "distributed optimizer: ", " per iteration");
+  const Result plan = run("plan --model " + cfg + " --cluster dgx-h100 --nodes 8");
+  ASSERT_EQ(plan.status, 0) << plan.out;
+  EXPECT_NE(line_starting(plan.out, "1 ").find(" " + best + " "), std::string::npos)
+      << best << " in\n"
+      << plan.out;
+  const double speedup = std::stod(between(faster, "MFU ", "× faster")
+                                       .substr(between(faster, "MFU ", "× faster").find(", ") + 2));
+  EXPECT_NEAR(speedup, std::stod(mine) / std::stod(best), 0.01 * speedup) << faster;
+  EXPECT_NE(r.out.find("(strata plan --model " + cfg + " --cluster dgx-h100 --nodes 8 lists them)"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(Cli, DryRunWorldSaysWhatDoesNotFit) {
+  // 8B in fp32 with Adam on 8 CPU ranks of this machine: far over; nothing else fits either.
+  const std::string cfg = config({{"model", {{"preset", "llama-3.1-8b"}}},
+                                  {"parallel", {{"tensor", 8}}},
+                                  {"train", {{"global_batch_size", 8}, {"micro_batch_size", 1}}}});
+  Result r = run("train --config " + cfg + " --dry-run --world 8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("predicted on this machine, shared by the 8 ranks: 1 node × 8 ranks, fp32, "
+                       "the CPU runtime"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(line_starting(r.out, "  memory: peak ").find(": does NOT fit ("), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("strata plan finds no layout of these 8 ranks that fits"), std::string::npos)
+      << r.out;
+  // On 8 H100 nodes it fits, as strata plan says, with a CPU config run on the GPUs.
+  r = run("train --config " + cfg + " --dry-run --world 64 --cluster dgx-h100");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Strata's CUDA runtime"), std::string::npos) << r.out;
+  // Without --world the same config is a layout for 8 ranks: the error says how to see it.
+  r = run("train --config " + cfg + " --dry-run");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out),
+            "error: " + cfg +
+                ": parallel: world size 1 (mpirun -np) is not divisible by tensor 8 × pipeline 1 "
+                "= 8 (strata train --dry-run --world N predicts for N ranks from one process)")
+      << r.out;
+  // A world the layout does not divide is blamed on --world; whole nodes only.
+  r = run("train --config " + cfg + " --dry-run --world 12");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find("world size 12 (--world) is not divisible"), std::string::npos)
+      << r.out;
+  r = run("train --config " + cfg +
+          " --dry-run --world 12 --cluster dgx-h100 --set parallel.tensor=4 --set "
+          "train.global_batch_size=24");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out),
+            "error: <command line>: --world: whole nodes of dgx-h100 (8 ranks each) or at most "
+            "one, got 12 ranks")
+      << r.out;
+  for (const std::string& bad : {std::string("--world 8"), std::string("--cluster dgx-h100")}) {
+    r = run("train --config " + cfg + " " + bad);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_NE(error_line(r.out).find("--dry-run with it"), std::string::npos) << r.out;
+  }
+  r = run("train --config " + cfg + " --dry-run --world 0");
+  EXPECT_EQ(error_line(r.out),
+            "error: <command line>: --world: a rank count from 1 to 1048576, got '0'")
+      << r.out;
+}
+
+// A model this machine cannot hold: the dry run says that training would stop, and still prints.
+TEST_F(Cli, DryRunSaysTrainingWouldNotFitThisMachine) {
+  const Result r = run("train --config " +
+                       config({{"model", {{"preset", "llama-3.1-8b"}}},
+                               {"train", {{"global_batch_size", 1}, {"micro_batch_size", 1}}}}) +
+                       " --dry-run");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("memory: training here would stop (exit 2), it needs a model that fits in "
+                       "this machine's memory: training needs "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank   tp"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, TrainsAndWritesMetricsWithDesignKeys) {
   const std::string metrics = dir_ + "/metrics.jsonl";
   Result r = run("train --config " + config() + " --set log.metrics=" + metrics +

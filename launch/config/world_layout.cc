@@ -26,7 +26,7 @@ namespace {
 
 }  // namespace
 
-void validate_for_world(const Config& c, int world_size) {
+void validate_for_world(const Config& c, int world_size, const char* world_from) {
   if (world_size < 1) {
     throw std::invalid_argument("validate_for_world: world size " + std::to_string(world_size));
   }
@@ -34,7 +34,7 @@ void validate_for_world(const Config& c, int world_size) {
   const std::string& file = c.source_file;
   const ParallelLayout& p = c.layout;
   const int64_t tp = int64_t{p.tensor} * p.context * p.pipeline;
-  const std::string world = "world size " + to_string(world_size) + " (mpirun -np)";
+  const std::string world = "world size " + to_string(world_size) + " (" + world_from + ")";
   const std::string tp_text = "tensor " + to_string(p.tensor) +
                               (p.context > 1 ? " × context " + to_string(p.context) : "") +
                               " × pipeline " + to_string(p.pipeline);

@@ -16,8 +16,9 @@
 namespace strata {
 
 // Checks that need the world size (parallel sizes dividing it, tensor splits, batch
-// divisibility). Throws InputError naming both numbers. Called once the world size is known.
-void validate_for_world(const Config& c, int world_size);
+// divisibility). Throws InputError naming both numbers. Called once the world size is known;
+// `world_from` says where it came from in the message.
+void validate_for_world(const Config& c, int world_size, const char* world_from = "mpirun -np");
 
 // c.layout resolved on `world_size` ranks. Precondition: validate_for_world(c, world_size).
 ParallelLayout layout_for_world(const Config& c, int world_size);

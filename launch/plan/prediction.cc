@@ -22,11 +22,7 @@ MemoryOptions memory_options(const std::string& precision, double bucket_mb, int
   return o;
 }
 
-namespace {
-
-// The prediction on `world_size` ranks (evaluate_plan refuses a layout of another size).
-nlohmann::json predict(const Config& cfg, const ParallelLayout& layout, int world_size,
-                       const Cluster& cluster) {
+PlanRequest plan_request_for_config(const Config& cfg, int world_size, const Cluster& cluster) {
   PlanRequest req;
   req.model = describe_model(cfg.model);
   req.model_name = cfg.model.preset.empty() ? "custom" : cfg.model.preset;
@@ -45,6 +41,15 @@ nlohmann::json predict(const Config& cfg, const ParallelLayout& layout, int worl
       memory_options(cfg.train.precision, cfg.comm.bucket_mb, cfg.train.threads.value_or(1), cpu);
   // Strata's runtime on the config's device, whatever the cluster file says.
   req.runtime = strata_runtime(cpu, cfg.train.precision, cfg.comm.bucket_mb);
+  return req;
+}
+
+namespace {
+
+// The prediction on `world_size` ranks (evaluate_plan refuses a layout of another size).
+nlohmann::json predict(const Config& cfg, const ParallelLayout& layout, int world_size,
+                       const Cluster& cluster) {
+  const PlanRequest req = plan_request_for_config(cfg, world_size, cluster);
   const PlanResult r = evaluate_plan(req, layout);
   nlohmann::json j = plan_result_json(r);
   const FlopCount f = req.model->flops_per_iteration(req.global_batch_size, layout.recompute);

@@ -11,6 +11,7 @@
 
 #include "partitioner/cluster.h"
 #include "partitioner/memory_model.h"
+#include "partitioner/planner.h"
 #include "runtime/base/config.h"
 #include "runtime/base/parallel_layout.h"
 
@@ -21,6 +22,11 @@ namespace strata {
 // else a GPU (flash attention, the CUDA context and cuBLASLt's workspace held back). bucket_mb:
 // parallel.bucket_mb.
 MemoryOptions memory_options(const std::string& precision, double bucket_mb, int threads, bool cpu);
+
+// The planner's request for cfg on `world_size` ranks of `cluster` (its nodes resized to them; a
+// world that is not a whole number of nodes as one node of world_size GPUs): the config's model,
+// global batch and precision, Strata's runtime and memory on the config's device. Nothing pinned.
+PlanRequest plan_request_for_config(const Config& cfg, int world_size, const Cluster& cluster);
 
 // The planner's prediction for cfg with `layout`, resolved for the world it runs on
 // (launch/config/world_layout.h), on that many ranks of `cluster`: a plan entry of
