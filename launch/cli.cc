@@ -29,6 +29,7 @@
 #include "runtime/base/abort_hook.h"
 #include "runtime/base/check.h"
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/comm/comm.h"
 #include "runtime/io/json_file.h"
 
@@ -260,10 +261,12 @@ int run_cli(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // An allocation of host memory failed (the device allocator names its own, with the bytes
     // and what they were for): say so, naming the command, rather than a bare "std::bad_alloc".
+    const std::string limit = memory_limit_text();
     std::fprintf(stderr,
                  "[rank %d host %s] error: out of host memory in strata %s (an allocation failed): "
-                 "the model, batch or inputs are larger than this machine holds\n",
-                 process_rank(), process_host().c_str(), argc > 1 ? argv[1] : "");
+                 "the model, batch or inputs are larger than this process holds%s\n",
+                 process_rank(), process_host().c_str(), argc > 1 ? argv[1] : "",
+                 limit.empty() ? "" : (" (" + limit + ")").c_str());
     std::fflush(stderr);
     if (world().size > 1) abort_job(1);
     status = 1;

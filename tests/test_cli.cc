@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -550,6 +551,95 @@ TEST_F(Cli, DryRunSaysTrainingWouldNotFitThisMachine) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("rank   tp"), std::string::npos) << r.out;
+}
+
+// issue 39 item 16: an allocation that fails names its operation, as bad input (exit 2, one
+// line naming the file and key) where the input's sizes drove it, else as a failure (exit 1).
+// STRATA_TEST_OUT_OF_MEMORY fails the named operation's allocation (runtime/base/operation.h).
+TEST_F(Cli, OutOfMemoryNamesTheOperation) {
+  const std::string cfg = config();
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  const std::string input = write("in.txt", "some text to tokenize\n");
+  const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
+  const std::string prepare =
+      "data prepare --tokenizer " + tok + " --input " + input + " --output " + dir_ + "/out";
+  struct Case {
+    std::string operation, args;
+    int status;
+    std::string line;  // the error line's start
+  };
+  for (const Case& c : std::vector<Case>{
+           {"building the model", "train --config " + cfg, 2,
+            "error: " + cfg +
+                ": model: sizes that this process's memory holds: building the model, its "
+                "gradients and optimizer state ran out of host memory ("},
+           {"opening the data", "train --config " + cfg, 2,
+            "error: " + cfg + ": data: sizes that this process's memory holds: opening the data"},
+           {"training iteration 2", "train --config " + cfg, 1,
+            "error: out of host memory while training iteration 2 ("},
+           {"loading the tokenizer", prepare, 2,
+            "error: " + tok + ": sizes that this process's memory holds: loading the tokenizer"},
+           {"reading and tokenizing", prepare, 2,
+            "error: " + input +
+                ": sizes that this process's memory holds: reading and tokenizing " + input +
+                " ran out of host memory"},
+           {"searching layouts", "plan --model tiny --cluster dgx-h100 --global-batch-size 8", 1,
+            "error: out of host memory while searching layouts ("},
+           {"building the model and loading its weights",
+            "generate --hf " + hf + " --prompt-ids 1,2 --max-new-tokens 2", 2,
+            "error: " + hf +
+                ": sizes that this process's memory holds: building the "
+                "model and loading its weights"}}) {
+    SCOPED_TRACE(c.operation);
+    const Result r = run(c.args, "STRATA_TEST_OUT_OF_MEMORY='" + c.operation + "'");
+    EXPECT_EQ(r.status, c.status) << r.out;
+    // Exit 1 is a failure line with the rank and host before "error: ".
+    const size_t at = r.out.find(c.line);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    // The limit that applied: the machine's, a cgroup's (a CI container's) or ulimit -v.
+    EXPECT_TRUE(std::regex_search(
+        r.out.substr(at == std::string::npos ? 0 : at),
+        std::regex(
+            R"(ran out of host memory \((this machine has|cgroup memory\.max|ulimit -v) [0-9.]+ GiB\))"
+            "|"
+            R"(out of host memory while [^\n]* \((this machine has|cgroup memory\.max|ulimit -v) [0-9.]+ GiB\))")))
+        << r.out;
+    if (c.status == 2) {
+      EXPECT_EQ(error_line(r.out).rfind(c.line, 0), 0u) << r.out;
+    }
+  }
+  // Without the hook the same commands succeed (the hook, not the commands, failed them).
+  EXPECT_EQ(run("train --config " + cfg).status, 0);
+  EXPECT_EQ(run(prepare).status, 0);
+}
+
+// A process limited below the machine (ulimit -v, as some schedulers set): the start-up check
+// compares a rank's predicted peak with its address space and refuses before allocating.
+TEST_F(Cli, TrainRefusesAModelOverTheAddressSpaceLimit) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve terabytes of address space: ulimit -v cannot apply";
+#else
+  const std::string cfg =
+      config({{"model", {{"preset", "gpt2-124m"}}}, {"train", {{"micro_batch_size", 1}}}});
+  const std::string cmd = "sh -c 'ulimit -v 3000000 && exec " + std::string(STRATA_BIN_PATH) +
+                          " train --config " + cfg + "' 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out).rfind("error: " + cfg +
+                                        ": model: a model that fits in this process's address "
+                                        "space: a rank needs ",
+                                    0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find(", ulimit -v allows 2.86 GiB"), std::string::npos) << r.out;
+#endif
 }
 
 TEST_F(Cli, TrainsAndWritesMetricsWithDesignKeys) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
@@ -216,7 +217,9 @@ int prepare(const std::vector<std::string>& args) {
   // Every input is checked before the first is read, so that a bad one leaves no output.
   for (const std::string& path : o.inputs) check_input_file(path, kMaxTextFileBytes);
   const std::unique_ptr<Tokenizer> tok =
-      Tokenizer::load(o.tokenizer, o.pattern, o.specials.empty() ? nullptr : &o.specials);
+      with_memory_named({"loading the tokenizer", o.tokenizer, ""}, [&] {
+        return Tokenizer::load(o.tokenizer, o.pattern, o.specials.empty() ? nullptr : &o.specials);
+      });
   if (tok->tiktoken_regex().empty() && (!o.pattern.empty() || !o.specials.empty()))
     bad(o.pattern.empty() ? "--special" : "--pattern",
         "a tiktoken ranks file as --tokenizer (" + o.tokenizer +
@@ -303,7 +306,8 @@ int prepare(const std::vector<std::string>& args) {
     batch.push_back(std::move(doc));
     if (batch_bytes > (size_t{8} << 20)) flush();
   };
-  for (const std::string& path : o.inputs) {
+  // One input's documents: a line or document too large for this process names its file.
+  auto read_input = [&](const std::string& path) {
     if (is_json_lines(path)) {
       std::ifstream in(path, std::ios::binary);
       if (!in) throw InputError(path, "", "a readable input file");
@@ -325,12 +329,12 @@ int prepare(const std::vector<std::string>& args) {
           throw InputError(path, at, "a JSON object with a string \"" + o.json_key + "\"");
         add((*j)[o.json_key].get<std::string>(), path, at, -1);
       }
-      continue;
+      return;
     }
     std::string text = read_input_file(path, kMaxTextFileBytes);
     if (o.documents == "file") {
       add(std::move(text), path, "", 0);
-      continue;
+      return;
     }
     // Paragraphs: runs of lines between blank lines, each keeping its final newline.
     size_t start = 0;
@@ -343,7 +347,9 @@ int prepare(const std::vector<std::string>& args) {
       start = text.find_first_not_of('\n', end);
       if (start == std::string::npos) break;
     }
-  }
+  };
+  for (const std::string& path : o.inputs)
+    with_memory_named({"reading and tokenizing " + path, path, ""}, [&] { read_input(path); });
   flush();
   if (documents == 0) throw InputError(o.inputs.front(), "", "at least one document in the inputs");
   const std::string written = sink.finish();

@@ -14,6 +14,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/registry.h"
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/comm.h"
 #include "runtime/io/json_file.h"
@@ -169,17 +170,21 @@ InferenceSession::InferenceSession(const InferenceSource& source) {
   run_ = make_run_layout(cfg_, world().size == 1);
   be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);
   groups_ = run_.groups(*be_);
-  model_ = build_model(cfg_.model, run_.model_options(0, groups_), *be_);
-  ParamStore& ps = model_->params();
-  std::vector<float> host(static_cast<size_t>(ps.numel()));
-  if (source.hf) {
-    fill_params(ps.layout(), load_hf_model(cfg_.model, path), host, path);
-  } else {
-    CheckpointReader c(path);  // reads only the tensors this rank holds
-    load_params(ps.layout(), c, "param", host);
-  }
-  be_->upload(ps.params(), host.data());
-  ps.params_changed();
+  // The model's sizes are the config's (config.json, or the checkpoint's): bad input when this
+  // process cannot hold them.
+  with_memory_named({"building the model and loading its weights", path, ""}, [&] {
+    model_ = build_model(cfg_.model, run_.model_options(0, groups_), *be_);
+    ParamStore& ps = model_->params();
+    std::vector<float> host(static_cast<size_t>(ps.numel()));
+    if (source.hf) {
+      fill_params(ps.layout(), load_hf_model(cfg_.model, path), host, path);
+    } else {
+      CheckpointReader c(path);  // reads only the tensors this rank holds
+      load_params(ps.layout(), c, "param", host);
+    }
+    be_->upload(ps.params(), host.data());
+    ps.params_changed();
+  });
   if (cfg_.data.tokenizer) tok_ = Tokenizer::load(*cfg_.data.tokenizer);
 }
 

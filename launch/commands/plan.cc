@@ -21,6 +21,7 @@
 #include "partitioner/layer_split.h"
 #include "partitioner/planner.h"
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/io/json_file.h"
 #include "schedules/simulator.h"
 
@@ -309,7 +310,8 @@ int cmd_plan(const std::vector<std::string>& args) {
     check_profile_matches(profile, *req.model, precision, profile_path);
     req.profile = &profile;
   }
-  const PlanOutput out = search_plans(req);
+  const PlanOutput out =
+      with_memory_named({"searching layouts", "", ""}, [&] { return search_plans(req); });
   print_table(req, out, std::cout);
   if (!json_out.empty()) {
     std::ofstream f(json_out);

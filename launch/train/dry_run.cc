@@ -15,6 +15,7 @@
 #include "models/registry.h"
 #include "partitioner/layer_split.h"
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/memory/allocator.h"
 
 namespace strata {
@@ -64,13 +65,28 @@ std::string memory_shortfall(const RunLayout& run, int64_t device_bytes) {
   const int devices = std::max(1, cuda_device_count());
   const int sharing = gpu ? (run.world->local_size + devices - 1) / devices : run.world->local_size;
   const int64_t need = per_rank * sharing;
-  const int64_t have = gpu ? device_bytes : physical_memory_bytes();
-  if (have <= 0 || need <= have / 10 * 9) return "";
-  return std::string("a model that fits in ") +
-         (gpu ? "the GPU's memory" : "this machine's memory") + ": training needs " +
-         format_bytes(need) + " (" + std::to_string(sharing) + " rank(s) × " +
-         format_bytes(per_rank) + "), the " + (gpu ? "GPU" : "machine") + " has " +
-         format_bytes(have);
+  // The host's memory: the machine's, or less where a cgroup (a Slurm job's) holds the ranks.
+  const int64_t cgroup = gpu ? 0 : cgroup_memory_limit_bytes();
+  const int64_t physical = physical_memory_bytes();
+  const bool by_cgroup = cgroup > 0 && (physical <= 0 || cgroup < physical);
+  const int64_t have = gpu ? device_bytes : by_cgroup ? cgroup : physical;
+  if (have > 0 && need > have / 10 * 9)
+    return std::string("a model that fits in ") +
+           (gpu         ? "the GPU's memory"
+            : by_cgroup ? "this job's memory"
+                        : "this machine's memory") +
+           ": training needs " + format_bytes(need) + " (" + std::to_string(sharing) +
+           " rank(s) × " + format_bytes(per_rank) + "), the " +
+           (gpu         ? "GPU has "
+            : by_cgroup ? "cgroup's memory.max is "
+                        : "machine has ") +
+           format_bytes(have);
+  // Each process's own address space (ulimit -v), which holds its libraries too.
+  const int64_t space = gpu ? 0 : address_space_limit_bytes();
+  if (space > 0 && per_rank > space / 10 * 9)
+    return "a model that fits in this process's address space: a rank needs " +
+           format_bytes(per_rank) + ", ulimit -v allows " + format_bytes(space);
+  return "";
 }
 
 void check_fits_in_memory(const RunLayout& run, int64_t device_bytes) {

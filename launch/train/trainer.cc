@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +20,7 @@
 #include "models/registry.h"
 #include "runtime/backend/backend.h"
 #include "runtime/base/error.h"
+#include "runtime/base/operation.h"
 #include "runtime/data/data_source.h"
 #include "runtime/engine/grad_reducer.h"
 #include "runtime/engine/optimizer.h"
@@ -249,7 +251,10 @@ TrainResult Training::run() {
   }
   for (int from = start_.iteration; from < cfg_.train.iterations;) {
     const int to = list_end(from);
-    run_list(from, to);
+    with_memory_named({"training iteration " + std::to_string(from + 1) +
+                           (to > from + 1 ? " to " + std::to_string(to) : ""),
+                       "", ""},
+                      [&] { run_list(from, to); });
     if (save_or_stop(to)) break;
     from = to;
   }
@@ -380,9 +385,15 @@ TrainResult run_training(const Config& cfg, const RunContext& ctx) {
     check_output_paths(cfg);
     return "";
   });
-  const std::unique_ptr<DataSource> data = open_data(run);
-  Training training(run, ctx, *backend, groups, *data);
-  return training.run();
+  // An allocation failing here is the config's sizes against this process's memory (the check
+  // above passed on the prediction): bad input naming them; in the loop it is a failure.
+  const std::unique_ptr<DataSource> data = with_memory_named(
+      {"opening the data", cfg.source_file, "data"}, [&] { return open_data(run); });
+  std::optional<Training> training;
+  with_memory_named(
+      {"building the model, its gradients and optimizer state", cfg.source_file, "model"},
+      [&] { training.emplace(run, ctx, *backend, groups, *data); });
+  return training->run();
 }
 
 }  // namespace strata
