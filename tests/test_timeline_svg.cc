@@ -236,29 +236,33 @@ TEST(TimelineSvg, TraceOfARealRunAndThePlanSideBySide) {
   std::ofstream(model) << nlohmann::json{{"preset", "tiny"}, {"num_layers", 2}}.dump();
   const std::string both = ::testing::TempDir() + "/both.svg";
   // The run's own layout on its own kind of device: no warning.
-  auto plan = [&](const std::string& cluster, const std::string& fix, std::string* err) {
+  auto plan = [&](const std::string& cluster, const std::string& batch, const std::string& fix,
+                  std::string* err) {
     ::testing::internal::CaptureStdout();
     ::testing::internal::CaptureStderr();
     const int status = cmd_plan({"--model", model, "--cluster", cluster, "--precision", "fp32",
-                                 "--global-batch-size", "4", "--fix", fix, "--top", "1", "--svg",
+                                 "--global-batch-size", batch, "--fix", fix, "--top", "1", "--svg",
                                  both, "--measured", trace});
     ::testing::internal::GetCapturedStdout();
     *err = ::testing::internal::GetCapturedStderr();
     return status;
   };
   std::string err;
-  ASSERT_EQ(plan("cpu-local", "tensor=1,pipeline=1,micro_batch_size=2,recompute=none", &err), 0);
+  ASSERT_EQ(plan("cpu-local", "4", "tensor=1,pipeline=1,micro_batch_size=2,recompute=none", &err),
+            0);
   EXPECT_EQ(err, "");
   const std::string parsed = parse_svg(read(both));
   EXPECT_EQ(parsed.substr(0, parsed.find('|')), "stage_0 rank_0:_tp_0_pp_0_dp_0") << parsed;
   // Another micro-batch size: one warning line naming what differs, and the picture still drawn.
-  ASSERT_EQ(plan("cpu-local", "tensor=1,pipeline=1,micro_batch_size=1,recompute=none", &err), 0);
+  ASSERT_EQ(plan("cpu-local", "4", "tensor=1,pipeline=1,micro_batch_size=1,recompute=none", &err),
+            0);
   EXPECT_EQ(err.rfind("warning: --measured " + trace + ": the run differs", 0), 0u) << err;
   EXPECT_NE(err.find("micro_batch_size 2 (plan 1)"), std::string::npos) << err;
   EXPECT_NE(err.find("num_microbatches 2 (plan 4)"), std::string::npos) << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
-  // Another kind of device (the run was on the CPU): named too.
-  ASSERT_EQ(plan("dgx-h100", "tensor=1,pipeline=1,micro_batch_size=2,recompute=none", &err), 0);
+  // Another kind of device (the run was on the CPU; 8 GPUs: a batch of 16 for data 8): named too.
+  ASSERT_EQ(plan("dgx-h100", "16", "tensor=1,pipeline=1,micro_batch_size=2,recompute=none", &err),
+            0);
   EXPECT_NE(err.find("device cpu (plan: cluster dgx-h100, a gpu)"), std::string::npos) << err;
 }
 
