@@ -210,14 +210,27 @@ TEST(Pipeline, TraceHasATrackPerRank) {
   if (world().rank == 0) {
     std::ifstream in(path);
     const nlohmann::json j = nlohmann::json::parse(in);
-    std::set<int> tracks;
+    std::set<int> tracks, named;
     std::set<std::string> kinds;
     for (const auto& e : j.at("traceEvents")) {
+      if (e.at("ph") == "M") {
+        // Metadata: the run's layout, and each rank's track named with its coordinates (pipeline
+        // 2 × data: rank r is stage r / d, replica r % d).
+        if (e.at("name") == "process_name") bad += e.at("args").at("layout").at("pipeline") != 2;
+        if (e.at("name") == "thread_name") {
+          const int r = e.at("tid").get<int>(), d = world().size / 2;
+          named.insert(r);
+          bad += e.at("args").at("pp") != r / d || e.at("args").at("dp") != r % d ||
+                 e.at("args").at("tp") != 0;
+        }
+        continue;
+      }
       tracks.insert(e.at("tid").get<int>());
       kinds.insert(e.at("cat").get<std::string>());
       bad += e.at("ph") != "X" || e.at("dur").get<double>() < 0;
     }
     bad += static_cast<int64_t>(tracks.size()) != world().size;
+    bad += named != tracks;
     for (const char* k :
          {"forward", "backward", "recv-activation", "recv-grad", "reduce-grads", "optimizer-step"})
       if (!kinds.count(k)) {

@@ -64,7 +64,8 @@ const char* kPlanUsage =
     "                         each stage's memory as a stacked bar, as an SVG\n"
     "  --measured LOG.trace   with --svg: also draw a run's log.trace (strata train) below it,\n"
     "                         on the same time scale; --iteration N picks its iteration\n"
-    "                         (default: the last complete one)\n"
+    "                         (default: the last complete one); a warning on stderr when\n"
+    "                         the run's layout, device or model is not the plan's\n"
     "  --seq-len S            override the model's sequence length\n"
     "  --precision P          bf16 (default) or fp32\n"
     "  --profile FILE         measured per-layer times (strata profile) instead of the\n"
@@ -185,8 +186,47 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   }
 }
 
+// What differs between --measured's run (its log.trace's description, TimelinePanel::run) and the
+// chosen plan drawn above it: the layout's fields, the kind of device, the model's size. "" when
+// nothing does; a note when the trace does not describe its run.
+std::string measured_differences(const json& run, const PlanRequest& req, const PlanResult& best) {
+  if (!run.is_object() || !run.contains("layout") || !run["layout"].is_object())
+    return "the trace does not record its run's layout and device (written by an older strata "
+           "train), so it is not checked against the plan";
+  std::vector<std::string> diffs;
+  const json plan = plan_config_json(best.config), &ran = run["layout"];
+  std::string layout;
+  for (const char* k : {"tensor", "context", "expert", "pipeline", "data", "virtual_stages",
+                        "micro_batch_size", "num_microbatches", "schedule", "recompute"}) {
+    if (!ran.contains(k) || ran[k] == plan[k]) continue;
+    const auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    layout += std::string(layout.empty() ? "" : ", ") + k + " " + text(ran[k]) + " (plan " +
+              text(plan[k]) + ")";
+  }
+  if (!layout.empty()) diffs.push_back("layout " + layout);
+  if (run.contains("device") && run["device"].is_string()) {
+    const std::string device = run["device"].get<std::string>();
+    const bool run_cpu = device == "cpu";
+    if (run_cpu != req.cluster.cpu)
+      diffs.push_back("device " + device + " (plan: cluster " + req.cluster.name + ", a " +
+                      (req.cluster.cpu ? "cpu" : "gpu") + ")");
+  }
+  if (run.contains("parameters") && run["parameters"].is_number()) {
+    const double ran_p = run["parameters"].get<double>(), plan_p = double(req.model->parameters());
+    if (std::abs(ran_p - plan_p) > 1e-3 * std::max(ran_p, plan_p)) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "model %.4g parameters (plan %.4g)", ran_p, plan_p);
+      diffs.push_back(buf);
+    }
+  }
+  std::string out;
+  for (const std::string& d : diffs) out += (out.empty() ? "" : "; ") + d;
+  return out.empty() ? "" : "the run differs from the plan drawn above it: " + out;
+}
+
 // --trace and --svg: the chosen plan's simulated iteration as a Chrome trace and as a picture
-// (with --measured, a run's log.trace drawn below it).
+// (with --measured, a run's log.trace drawn below it; a warning on stderr when that run is not
+// the plan's layout, device or model).
 void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::string& trace_out,
                       const std::string& svg_out, const std::string& measured, int iteration) {
   if (out.plans.empty())
@@ -211,8 +251,12 @@ void draw_chosen_plan(const PlanRequest& req, const PlanOutput& out, const std::
                   c.data, c.virtual_stages, c.micro_batch_size, c.num_microbatches,
                   to_string(c.schedule), best.time.iteration_s);
     std::vector<TimelinePanel> panels = {plan_panel(best, it, req.cluster, title)};
-    if (!measured.empty())
+    if (!measured.empty()) {
       panels.push_back(trace_panel(read_json_file(measured), iteration, measured));
+      const std::string diff = measured_differences(panels.back().run, req, best);
+      if (!diff.empty())
+        std::fprintf(stderr, "warning: --measured %s: %s\n", measured.c_str(), diff.c_str());
+    }
     std::ofstream f(svg_out);
     f << timeline_svg(panels);
     if (!f) throw InputError("<command line>", "--svg", "a writable path, got " + svg_out);

@@ -6,7 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "partitioner/planner.h"
 #include "runtime/base/error.h"
+#include "runtime/comm/process_groups.h"
 
 namespace strata {
 
@@ -253,6 +255,38 @@ void Reporter::write_trace(Communicator& host, bool last) {
   if (!trace_out_) {
     trace_out_ = std::make_unique<LogFile>(*cfg.log.trace, false, cfg.source_file, "log.trace");
     text = "{\"traceEvents\": [";
+    // Metadata first: the run (its layout, device, model size: what strata plan --measured
+    // checks against the plan it draws above it) and each rank's track, named with its
+    // tensor, pipeline, data and context coordinates (strata trace-svg's row labels).
+    const ParallelLayout& l = run_.layout;
+    std::vector<nlohmann::json> meta = {{{"name", "process_name"},
+                                         {"ph", "M"},
+                                         {"pid", 0},
+                                         {"args",
+                                          {{"name", "strata train " + cfg.source_file},
+                                           {"layout", plan_config_json(l)},
+                                           {"world_size", run_.world->size},
+                                           {"device", to_string(run_.tensor_device())},
+                                           {"backend", be_.name()},
+                                           {"model", model_summary_},
+                                           {"parameters", parameters_}}}}};
+    const GroupLayout g = group_layout(l.tensor, l.pipeline, l.data, l.expert, l.context);
+    for (int r = 0; r < run_.world->size; ++r) {
+      const RankCoord c = g.coord(r);
+      std::string name = "rank " + std::to_string(r) + ": tp " + std::to_string(c.tp) + " pp " +
+                         std::to_string(c.pp) + " dp " + std::to_string(c.dp);
+      if (l.context > 1) name += " cp " + std::to_string(c.cp);
+      meta.push_back(
+          {{"name", "thread_name"},
+           {"ph", "M"},
+           {"pid", 0},
+           {"tid", r},
+           {"args", {{"name", name}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}}}});
+    }
+    for (const nlohmann::json& e : meta) {
+      text += (trace_events_ == 0 ? "\n" : ",\n") + e.dump();
+      ++trace_events_;
+    }
   }
   for (const std::string& part : parts) {
     const nlohmann::json arr = nlohmann::json::parse(part);
