@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -168,8 +169,8 @@ std::string context_invalid_reason(const ModelDescription& m, const ParallelLayo
   return "";
 }
 
-std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
-                                const ParallelLayout& c) {
+std::string sizes_invalid_reason(const ModelDescription& m, const Cluster& cl,
+                                 const ParallelLayout& c) {
   const int64_t world = int64_t{c.tensor} * c.context * c.pipeline * c.data;
   if (world != cl.world_size()) {
     return "tensor " + std::to_string(c.tensor) +
@@ -190,6 +191,10 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
     return std::to_string(c.pipeline * c.virtual_stages) + " pieces for " +
            std::to_string(m.num_layers()) + " layers";
   }
+  return "";
+}
+
+std::string split_invalid_reason(const ModelDescription& m, const ParallelLayout& c) {
   if (!c.layers_per_piece.empty()) {
     int64_t layers = 0;
     for (int n : c.layers_per_piece) layers += n;
@@ -201,6 +206,13 @@ std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, in
              std::to_string(m.num_layers()) + " layers";
     }
   }
+  return "";
+}
+
+std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int B,
+                                const ParallelLayout& c) {
+  if (std::string why = sizes_invalid_reason(m, cl, c); !why.empty()) return why;
+  if (std::string why = split_invalid_reason(m, c); !why.empty()) return why;
   if (B % (c.micro_batch_size * c.data) != 0) {
     return "global batch " + std::to_string(B) + " is not a multiple of micro-batch " +
            std::to_string(c.micro_batch_size) + " × data " + std::to_string(c.data);
@@ -273,6 +285,8 @@ struct Family {
   double least_over = std::numeric_limits<double>::infinity();
   int over_stage = 0;
   std::string invalid;  // the first reason one of its points could not work
+  // When no point of it could be costed: why (family_blocker), and the group it shares.
+  std::string blocked, blocked_group, blocked_item;
 };
 using Families = std::map<std::tuple<int, int, int, int>, Family>;  // [(t, c, p, schedule)]
 
@@ -406,6 +420,99 @@ std::vector<int> expert_sizes(const Search& s, int d) {
   return sizes;
 }
 
+// Why family F (on d data ranks) has no point to cost, the first blocking constraint in this
+// order: the sizes themselves (world, context, a tensor group inside a node, the heads over the
+// tensor group, experts, pieces for the layers), the pins that need a group (sequence
+// parallelism, ZeRO-1), the layers into p·v equal chunks (interleaved), a pinned layer split, the
+// batch over the data ranks and micro-batches, then the first point's own reason (schedule
+// limits).
+// Sets F->blocked, and F->blocked_group (with "{}" for the varying F->blocked_item) for the
+// families that share it.
+void family_blocker(const Search& s, int d, Family* F) {
+  const PinnedLayout& fx = s.fx;
+  const int t = F->t, p = F->p, L = s.m.num_layers();
+  auto set = [F](const std::string& text, const std::string& group = "",
+                 const std::string& item = "") {
+    F->blocked = text;
+    F->blocked_group = group.empty() ? text : group;
+    F->blocked_item = item;
+  };
+  ParallelLayout probe;
+  probe.tensor = t;
+  probe.context = F->c;
+  probe.pipeline = p;
+  probe.data = d;
+  probe.schedule = F->k;
+  probe.expert = fx.expert.value_or(1);
+  probe.micro_batch_size = 1;
+  probe.sequence_parallel = fx.sequence_parallel.value_or(false);
+  if (std::string why = sizes_invalid_reason(s.m, s.cl, probe); !why.empty()) {
+    set(why);
+    return;
+  }
+  if (fx.sequence_parallel && *fx.sequence_parallel && t == 1) {
+    set("sequence_parallel needs tensor > 1");
+    return;
+  }
+  if (fx.distributed_optimizer && *fx.distributed_optimizer && d * F->c == 1) {
+    set("distributed_optimizer (ZeRO-1) needs data × context > 1");
+    return;
+  }
+  const std::string Ls = std::to_string(L), ps = std::to_string(p);
+  if (F->k == ScheduleKind::kInterleaved) {
+    const std::vector<int> vs = chunk_counts(s, F->k, p);
+    if (vs.empty()) {
+      set(Ls + " layers do not split into " + ps +
+              "·v equal chunks for any v ≥ 2 (the interleaved schedule's pieces)",
+          Ls + " layers do not split into p·v equal chunks for any v ≥ 2 (interleaved, p in {})",
+          ps);
+      return;
+    }
+    if (fx.virtual_stages && std::find(vs.begin(), vs.end(), *fx.virtual_stages) == vs.end()) {
+      const std::string v = std::to_string(*fx.virtual_stages);
+      set("virtual_stages " + v + ": " + ps + "·" + v + " = " +
+              std::to_string(p * *fx.virtual_stages) + " chunks do not cut " + Ls +
+              " layers evenly",
+          "virtual_stages " + v + ": p·" + v + " chunks do not cut " + Ls +
+              " layers evenly (p in {})",
+          ps);
+      return;
+    }
+  } else if (fx.virtual_stages && *fx.virtual_stages != 1) {
+    set("virtual_stages " + std::to_string(*fx.virtual_stages) + " needs the interleaved schedule");
+    return;
+  }
+  if (fx.layers_per_piece) {
+    probe.layers_per_piece =
+        std::vector<int>(fx.layers_per_piece->begin(), fx.layers_per_piece->end());
+    if (F->k == ScheduleKind::kInterleaved)
+      probe.virtual_stages = fx.virtual_stages.value_or(chunk_counts(s, F->k, p).front());
+    if (std::string why = split_invalid_reason(s.m, probe); !why.empty()) {
+      set(why);
+      return;
+    }
+  }
+  if (s.B % d != 0) {
+    const std::string B = std::to_string(s.B);
+    set("global batch " + B + " does not split over data " + std::to_string(d),
+        "global batch " + B + " does not split over data d (d in {})", std::to_string(d));
+    return;
+  }
+  if (fx.micro_batch_size && (s.B / d) % *fx.micro_batch_size != 0) {
+    const std::string B = std::to_string(s.B), b = std::to_string(*fx.micro_batch_size);
+    set(F->invalid,
+        "micro_batch_size " + b + " does not divide the global batch " + B +
+            " over data d (d in {})",
+        std::to_string(d));
+    return;
+  }
+  if (!F->invalid.empty()) {
+    set(F->invalid);
+    return;
+  }
+  set("the pins leave no point of this family to cost");
+}
+
 // Calls f(c) for every point of family F (on d data ranks) the pins allow and whose sizes work:
 // every micro-batch size, expert size, chunk count, recompute, sequence parallelism (t > 1) and
 // distributed optimizer (d·c > 1: ZeRO-1 shards over data × context). The first point whose
@@ -415,6 +522,7 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
   const Recompute recs[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   const PinnedLayout& fx = s.fx;
   const int t = F->t, cp = F->c, p = F->p;
+  int64_t costed = 0;
   for (int b : micro_batch_sizes(s, d, F)) {
     for (int e : expert_sizes(s, d)) {
       for (int v : chunk_counts(s, F->k, p)) {
@@ -444,6 +552,7 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
                 continue;
               }
               c.num_microbatches = s.B / (b * d);
+              ++costed;
               f(c);
             }
           }
@@ -451,6 +560,7 @@ void for_each_candidate(const Search& s, int d, Family* F, Fn f) {
       }
     }
   }
+  if (costed == 0) family_blocker(s, d, F);
 }
 
 // The closed-form estimate of c: the slowest stage's compute stretched by Megatron's bubble
@@ -575,7 +685,8 @@ std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vect
       rejected->push_back({plan_config_json(r.config),
                            "over memory by " + fmt((r.peak_memory - memory_bytes) / kGiB, 2) +
                                " GiB on stage " + std::to_string(r.peak_stage) +
-                               " with the simulated in-flight micro-batches"});
+                               " with the simulated in-flight micro-batches",
+                           ""});
       continue;
     }
     exact.push_back(std::move(r));
@@ -587,18 +698,25 @@ std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vect
   return exact;
 }
 
+// A family's reason, and the reason it shares with the families it is grouped with: `group`
+// with "{}" where the set of their `item`s, or the range of their `amount`s, goes.
+struct Why {
+  std::string text, group, item;
+  double amount = std::numeric_limits<double>::quiet_NaN();
+};
+
 // Why family F has no plan in `plans`: slower than the best (and the cost that makes the
-// difference), over memory, or its sizes; "" when a plan of it is listed, or when nothing fits
-// at all (no best to compare with).
-std::string family_reason(const ModelDescription& m, const Family& F,
-                          const std::vector<Estimate>& fits, const std::vector<PlanResult>& plans) {
+// difference), over memory, or its sizes; empty when a plan of it is listed, or when nothing
+// fits at all but F had points that fit (no best to compare with).
+Why family_reason(const ModelDescription& m, const Family& F, const std::vector<Estimate>& fits,
+                  const std::vector<PlanResult>& plans) {
   const auto in_family = [&F](const ParallelLayout& c) {
     return c.tensor == F.t && c.context == F.c && c.pipeline == F.p && c.schedule == F.k;
   };
   for (const PlanResult& r : plans)
-    if (in_family(r.config)) return "";
+    if (in_family(r.config)) return {};
   if (F.any_fit) {
-    if (plans.empty()) return "";
+    if (plans.empty()) return {};
     const Estimate& e = F.best;
     const double slower = (e.time / plans.front().time.iteration_s - 1) * 100;
     // The best family's fastest estimate (`fits` is fastest first), to tell which cost makes
@@ -629,17 +747,112 @@ std::string family_reason(const ModelDescription& m, const Family& F,
     }
     const std::string expert =
         m.num_experts() > 0 ? ", e=" + std::to_string(e.config.expert) : std::string();
-    return "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " + cause +
-           " (best of family: b=" + std::to_string(e.config.micro_batch_size) + expert +
-           ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
-           to_string(e.config.recompute) + ")";
+    Why w;
+    w.text = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " +
+             cause + " (best of family: b=" + std::to_string(e.config.micro_batch_size) + expert +
+             ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
+             to_string(e.config.recompute) + ")";
+    w.group = "slower than the best plan by {}% because of " + cause;
+    w.amount = std::stod(fmt(std::max(0.0, slower)));
+    return w;
   }
   if (F.least_over < std::numeric_limits<double>::infinity()) {
-    return "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
-           std::to_string(F.over_stage) + " even with its smallest configuration";
+    Why w;
+    w.text = "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
+             std::to_string(F.over_stage) + " even with its smallest configuration";
+    w.group = "over memory by {} GiB even with their smallest configuration";
+    w.amount = std::stod(fmt(F.least_over / kGiB, 2));
+    return w;
   }
-  if (!F.invalid.empty()) return F.invalid;
-  return "no micro-batch size fits the global batch";
+  return {F.blocked, F.blocked_group, F.blocked_item};
+}
+
+// "{}" in `group` replaced by the items ("{4, 8}") or the amounts' range ("2.1–40.3").
+std::string group_text(const std::string& group, const std::vector<std::string>& items, double lo,
+                       double hi) {
+  const size_t at = group.find("{}");
+  if (at == std::string::npos) return group;
+  std::string fill;
+  if (!items.empty()) {
+    fill = "{";
+    for (size_t i = 0; i < items.size(); ++i) fill += (i ? ", " : "") + items[i];
+    fill += "}";
+  } else {
+    const int prec = group.find("GiB") != std::string::npos ? 2 : 1;
+    fill = fmt(lo, prec) + (hi > lo ? "–" + fmt(hi, prec) : std::string());
+  }
+  return group.substr(0, at) + fill + group.substr(at + 2);
+}
+
+// The families' reasons grouped: the sizes' reasons first, then memory, then the slower ones;
+// each group's text with its families' items or amounts filled in.
+void add_family_rejections(const std::vector<std::pair<json, Why>>& whys,
+                           std::vector<Rejection>* rejected) {
+  struct Group {
+    int rank = 0;
+    size_t first = 0;
+    std::vector<std::string> items;
+    double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+    std::vector<size_t> members;
+  };
+  std::map<std::string, Group> groups;
+  for (size_t i = 0; i < whys.size(); ++i) {
+    const Why& w = whys[i].second;
+    auto [it, fresh] = groups.try_emplace(w.group);
+    Group& g = it->second;
+    if (fresh) {
+      g.first = i;
+      g.rank = !std::isnan(w.amount) ? (w.group.rfind("over memory", 0) == 0 ? 1 : 2) : 0;
+    }
+    if (!w.item.empty() && std::find(g.items.begin(), g.items.end(), w.item) == g.items.end())
+      g.items.push_back(w.item);
+    if (!std::isnan(w.amount)) {
+      g.lo = std::min(g.lo, w.amount);
+      g.hi = std::max(g.hi, w.amount);
+    }
+    g.members.push_back(i);
+  }
+  std::vector<const std::pair<const std::string, Group>*> order;
+  for (const auto& g : groups) order.push_back(&g);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->second.rank, a->second.first) < std::tie(b->second.rank, b->second.first);
+  });
+  for (const auto* g : order) {
+    const std::string text = group_text(g->first, g->second.items, g->second.lo, g->second.hi);
+    for (size_t i : g->second.members)
+      rejected->push_back({whys[i].first, whys[i].second.text, text});
+  }
+}
+
+// Why the pins leave no family at all (for_each_family called nothing): a tensor size the search
+// does not try, more stages than layers, or sizes whose product is not the cluster's.
+std::string pins_exclude_reason(const Search& s) {
+  const PinnedLayout& fx = s.fx;
+  const int gpn = s.cl.gpus_per_node;
+  if (fx.tensor) {
+    const int t = *fx.tensor;
+    if (t > gpn)
+      return "tensor " + std::to_string(t) + " would span nodes (" + std::to_string(gpn) +
+             " GPUs per node)";
+    if ((t & (t - 1)) != 0) {
+      std::string sizes;
+      for (int x = 1; x <= gpn; x *= 2) sizes += (sizes.empty() ? "" : ", ") + std::to_string(x);
+      return "tensor " + std::to_string(t) + " is not a size the search tries (powers of two up " +
+             "to a node's " + std::to_string(gpn) + " GPUs: " + sizes + ")";
+    }
+  }
+  if (fx.pipeline && *fx.pipeline > s.m.num_layers())
+    return "pipeline " + std::to_string(*fx.pipeline) + " is more stages than the model's " +
+           std::to_string(s.m.num_layers()) + " layers";
+  std::string pins;
+  const std::pair<const char*, const std::optional<int>*> sizes[] = {{"tensor", &fx.tensor},
+                                                                     {"context", &fx.context},
+                                                                     {"pipeline", &fx.pipeline},
+                                                                     {"data", &fx.data}};
+  for (const auto& [name, v] : sizes)
+    if (*v) pins += (pins.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(**v);
+  return "no tensor × context × pipeline × data equal to the cluster's " + std::to_string(s.world) +
+         " GPUs has " + (pins.empty() ? "the pinned sizes" : pins);
 }
 
 }  // namespace
@@ -664,12 +877,137 @@ PlanOutput search_plans(const PlanRequest& req) {
   std::sort(fits.begin(), fits.end(),
             [](const Estimate& a, const Estimate& b) { return a.time < b.time; });
   out.plans = best_exact_plans(req, fits, &out.rejected);
+  std::vector<std::pair<json, Why>> whys;
   for (const auto& [key, F] : families) {
-    const std::string reason = family_reason(s.m, F, fits, out.plans);
-    if (!reason.empty()) out.rejected.push_back({family_json(F.t, F.c, F.p, F.k), reason});
+    Why w = family_reason(s.m, F, fits, out.plans);
+    if (!w.text.empty()) whys.emplace_back(family_json(F.t, F.c, F.p, F.k), std::move(w));
   }
+  if (families.empty()) {
+    // The pins left no family at all: say which.
+    const std::string why = pins_exclude_reason(s);
+    whys.emplace_back(json::object(), Why{why, why, ""});
+  }
+  add_family_rejections(whys, &out.rejected);
   out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+namespace {
+
+// "t=8 p=16 d=1 v=1 b=1 1f1b, recompute full: 14.2 s per iteration, 71.30 GiB on the fullest
+// GPU"
+std::string plan_summary(const PlanResult& r) {
+  const ParallelLayout& c = r.config;
+  std::string s = "t=" + std::to_string(c.tensor);
+  if (c.context > 1) s += " c=" + std::to_string(c.context);
+  s += " p=" + std::to_string(c.pipeline) + " d=" + std::to_string(c.data);
+  if (c.expert > 1) s += " e=" + std::to_string(c.expert);
+  s += " v=" + std::to_string(c.virtual_stages) + " b=" + std::to_string(c.micro_batch_size) + " " +
+       to_string(c.schedule) + ", recompute " + to_string(c.recompute) +
+       (c.sequence_parallel ? ", sp" : "") + (c.distributed_optimizer ? ", ZeRO-1" : "") + ": " +
+       fmt(r.time.iteration_s, 3) + " s per iteration, " + fmt(r.peak_memory / kGiB, 2) +
+       " GiB on the fullest GPU";
+  return s;
+}
+
+std::string yes_no(bool b) {
+  return b ? "true" : "false";
+}
+
+}  // namespace
+
+std::vector<std::string> bottom_line(const PlanRequest& req, int max_extra_nodes) {
+  PlanRequest q = req;
+  q.top_k = 1;
+  if (!search_plans(q).plans.empty()) return {};
+  std::vector<std::string> lines;
+  // Each pin released alone, the ones that change memory or time least first.
+  using Pins = PinnedLayout;
+  struct Release {
+    const char* name;
+    std::function<bool(const Pins&)> pinned;
+    std::function<void(Pins&)> release;
+    std::function<std::string(const Pins&)> pin_value;
+    std::function<std::string(const ParallelLayout&)> value;
+  };
+  auto num = [](int x) { return std::to_string(x); };
+  const std::vector<Release> releases = {
+      {"recompute", [](const Pins& p) { return p.recompute.has_value(); },
+       [](Pins& p) { p.recompute.reset(); },
+       [](const Pins& p) { return std::string(to_string(*p.recompute)); },
+       [](const ParallelLayout& c) { return std::string(to_string(c.recompute)); }},
+      {"micro_batch_size", [](const Pins& p) { return p.micro_batch_size.has_value(); },
+       [](Pins& p) { p.micro_batch_size.reset(); },
+       [num](const Pins& p) { return num(*p.micro_batch_size); },
+       [num](const ParallelLayout& c) { return num(c.micro_batch_size); }},
+      {"distributed_optimizer", [](const Pins& p) { return p.distributed_optimizer.has_value(); },
+       [](Pins& p) { p.distributed_optimizer.reset(); },
+       [](const Pins& p) { return yes_no(*p.distributed_optimizer); },
+       [](const ParallelLayout& c) { return yes_no(c.distributed_optimizer); }},
+      {"sequence_parallel", [](const Pins& p) { return p.sequence_parallel.has_value(); },
+       [](Pins& p) { p.sequence_parallel.reset(); },
+       [](const Pins& p) { return yes_no(*p.sequence_parallel); },
+       [](const ParallelLayout& c) { return yes_no(c.sequence_parallel); }},
+      {"virtual_stages", [](const Pins& p) { return p.virtual_stages.has_value(); },
+       [](Pins& p) { p.virtual_stages.reset(); },
+       [num](const Pins& p) { return num(*p.virtual_stages); },
+       [num](const ParallelLayout& c) { return num(c.virtual_stages); }},
+      {"schedule", [](const Pins& p) { return p.schedule.has_value(); },
+       [](Pins& p) { p.schedule.reset(); },
+       [](const Pins& p) { return std::string(to_string(*p.schedule)); },
+       [](const ParallelLayout& c) { return std::string(to_string(c.schedule)); }},
+      {"layers_per_stage", [](const Pins& p) { return p.layers_per_piece.has_value(); },
+       [](Pins& p) { p.layers_per_piece.reset(); },
+       [](const Pins&) { return std::string("split"); },
+       [](const ParallelLayout&) { return std::string("searched"); }},
+      {"context", [](const Pins& p) { return p.context.has_value(); },
+       [](Pins& p) { p.context.reset(); }, [num](const Pins& p) { return num(*p.context); },
+       [num](const ParallelLayout& c) { return num(c.context); }},
+      {"expert", [](const Pins& p) { return p.expert.has_value(); },
+       [](Pins& p) { p.expert.reset(); }, [num](const Pins& p) { return num(*p.expert); },
+       [num](const ParallelLayout& c) { return num(c.expert); }},
+      {"tensor", [](const Pins& p) { return p.tensor.has_value(); },
+       [](Pins& p) { p.tensor.reset(); }, [num](const Pins& p) { return num(*p.tensor); },
+       [num](const ParallelLayout& c) { return num(c.tensor); }},
+      {"pipeline", [](const Pins& p) { return p.pipeline.has_value(); },
+       [](Pins& p) { p.pipeline.reset(); }, [num](const Pins& p) { return num(*p.pipeline); },
+       [num](const ParallelLayout& c) { return num(c.pipeline); }},
+      {"data", [](const Pins& p) { return p.data.has_value(); }, [](Pins& p) { p.data.reset(); },
+       [num](const Pins& p) { return num(*p.data); },
+       [num](const ParallelLayout& c) { return num(c.data); }},
+  };
+  bool pinned = false;
+  for (const Release& r : releases) {
+    if (!r.pinned(req.fixes)) continue;
+    pinned = true;
+    PlanRequest relaxed = q;
+    r.release(relaxed.fixes);
+    const PlanOutput o = search_plans(relaxed);
+    if (o.plans.empty()) continue;
+    lines.push_back("fits with " + std::string(r.name) + " " + r.value(o.plans.front().config) +
+                    " instead of the pinned " + r.pin_value(req.fixes) + ": " +
+                    plan_summary(o.plans.front()));
+  }
+  // More nodes of the same cluster, the pins kept: the fewest that fit, every count between
+  // tried.
+  const int nodes = req.cluster.nodes;
+  for (int n = nodes + 1; n <= nodes + max_extra_nodes; ++n) {
+    PlanRequest more = q;
+    more.cluster.nodes = n;
+    const PlanOutput o = search_plans(more);
+    if (o.plans.empty()) continue;
+    lines.push_back(
+        "needs at least " + std::to_string(n) + " nodes of " + req.cluster.name +
+        (pinned ? " with the pins kept" : "") + " (" + std::to_string(req.cluster.gpus_per_node) +
+        " GPUs each; nothing fits on " + std::to_string(nodes) +
+        (n - 1 > nodes ? "–" + std::to_string(n - 1) : std::string()) +
+        "): " + plan_summary(o.plans.front()) + " (strata plan --nodes " + std::to_string(n) + ")");
+    return lines;
+  }
+  lines.push_back("nothing fits on " + std::to_string(nodes) + "–" +
+                  std::to_string(nodes + max_extra_nodes) + " nodes of " + req.cluster.name +
+                  (pinned ? " with the pins kept" : ""));
+  return lines;
 }
 
 json plan_config_json(const ParallelLayout& c) {
@@ -736,8 +1074,11 @@ json plan_output_json(const PlanRequest& req, const PlanOutput& out) {
   json plans = json::array();
   for (const PlanResult& r : out.plans) plans.push_back(plan_result_json(r));
   json rejected = json::array();
-  for (const Rejection& r : out.rejected)
-    rejected.push_back({{"config", r.config}, {"reason", r.reason}});
+  for (const Rejection& r : out.rejected) {
+    json x = {{"config", r.config}, {"reason", r.reason}};
+    if (!r.group.empty()) x["group"] = r.group;
+    rejected.push_back(std::move(x));
+  }
   json model = m.shape_json();
   model["arch"] = m.arch();
   model["parameters"] = m.parameters();
@@ -746,7 +1087,8 @@ json plan_output_json(const PlanRequest& req, const PlanOutput& out) {
           {"global_batch_size", req.global_batch_size},
           {"precision", req.precision},
           {"plans", plans},
-          {"rejected", rejected}};
+          {"rejected", rejected},
+          {"bottom_line", out.bottom_line}};
 }
 
 }  // namespace strata

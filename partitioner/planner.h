@@ -59,20 +59,35 @@ struct PlanResult {
 };
 
 struct Rejection {
-  nlohmann::json config;
-  std::string reason;
+  nlohmann::json config;  // a family (tensor, context, pipeline, schedule), a plan of the exact
+                          // pass (its whole layout), or {} when the pins leave no family at all
+  std::string reason;     // this family's (plan's) own reason
+  // A family's reason as it shares it with the others of its group (the same text for all of
+  // them, their sizes or the range of their figures filled in); "" for a plan's.
+  std::string group;
 };
 
 struct PlanOutput {
   std::vector<PlanResult> plans;  // best first
+  // The families grouped by reason: the sizes' reasons first, then over memory, then slower;
+  // a group's families consecutive. Then (or first) the exact pass's rejected plans.
   std::vector<Rejection> rejected;
   int64_t candidates = 0;  // points of the space costed
   double search_s = 0;
+  // When nothing fits: bottom_line()'s lines (filled by the caller that asks for them).
+  std::vector<std::string> bottom_line;
 };
 
 // Runs the search. No plan (everything rejected) is not an error: plans is empty and
-// `rejected` says why.
+// `rejected` says why; candidates == 0 when the pins (or the batch) left nothing to cost.
 PlanOutput search_plans(const PlanRequest& req);
+
+// When nothing fits req: the smallest changes that make a plan fit, each verified by a search
+// (its best plan named): each pin released alone ("fits with recompute full instead of the
+// pinned none: ..."), then the fewest more nodes of the same cluster with the pins kept
+// ("needs at least 3 nodes of dgx-h100: ..."), trying up to `max_extra_nodes` more; a line
+// saying so when neither fits. Empty when req has a plan.
+std::vector<std::string> bottom_line(const PlanRequest& req, int max_extra_nodes = 32);
 
 // Evaluates one fully given configuration exactly (layers_per_piece empty: the DP split).
 // Throws InputError("<plan>", field, ...) when the sizes do not fit together.
@@ -81,6 +96,13 @@ PlanResult evaluate_plan(const PlanRequest& req, ParallelLayout c);
 // Why the sizes of c cannot work ("" when they can): divisibility, schedule limits.
 std::string plan_invalid_reason(const ModelDescription& m, const Cluster& cl, int global_batch,
                                 const ParallelLayout& c);
+// Why c's sizes alone cannot work ("" when they can): tensor × context × pipeline × data against
+// the cluster, the context, a tensor group inside a node, the heads over it, the experts, and no
+// more pipeline · virtual pieces than layers. The first part of plan_invalid_reason.
+std::string sizes_invalid_reason(const ModelDescription& m, const Cluster& cl,
+                                 const ParallelLayout& c);
+// Why c's pinned layer split does not fit its pieces ("" when it does, or none is given).
+std::string split_invalid_reason(const ModelDescription& m, const ParallelLayout& c);
 // Why c's context size cannot work for m ("" when it can): 2c must cut the sequence evenly
 // (rank i holds chunks i and 2c−1−i), expert parallelism must be 1 beside it, and with sequence
 // parallelism t must divide a context rank's S/c tokens.

@@ -297,6 +297,90 @@ TEST_F(Cli, PlanOfAConfigTakesItsPrecisionAndBatch) {
   EXPECT_NE(error_line(bf16.out).find("--precision fp32"), std::string::npos) << bf16.out;
 }
 
+// The lines of `out` after the one starting with `header` (up to a blank line or the end).
+std::vector<std::string> lines_after(const std::string& out, const std::string& header) {
+  std::istringstream is(out);
+  std::string line;
+  std::vector<std::string> found;
+  bool in = false;
+  while (std::getline(is, line)) {
+    if (in && line.empty()) break;
+    if (in) found.push_back(line);
+    if (line.rfind(header, 0) == 0) in = true;
+  }
+  return found;
+}
+
+// Llama 3.1 405B on one DGX H100 node: no plan fits (exit 0, as docs/contracts.md says). The
+// families are listed a reason a line, each reason once, the interleaved ones with 4 or 8 stages
+// refused for the 126 layers that do not split into p·v chunks; the last line is the bottom line
+// the planner found by searching more nodes.
+TEST_F(Cli, PlanRefusalExplainsItselfAndEndsWithTheBottomLine) {
+  Result r = run("plan --model llama-3.1-405b --cluster dgx-h100 --global-batch-size 64 --json " +
+                 dir_ + "/p.json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> lines = lines_after(r.out, "no plan fits; reasons by family");
+  ASSERT_GE(lines.size(), 2u) << r.out;
+  EXPECT_LE(lines.size(), 8u) << r.out;
+  EXPECT_EQ(std::set<std::string>(lines.begin(), lines.end()).size(), lines.size()) << r.out;
+  EXPECT_EQ(r.out.find("no micro-batch size"), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("\n  4 families: 126 layers do not split into p·v equal chunks for any v ≥ 2 "
+                 "(interleaved, p in {4, 8})\n"),
+      std::string::npos)
+      << r.out;
+  EXPECT_EQ(lines.back().rfind("bottom line: needs at least ", 0), 0u) << r.out;
+  EXPECT_NE(lines.back().find(" nodes of dgx-h100 (8 GPUs each; nothing fits on 1"),
+            std::string::npos)
+      << r.out;
+  const nlohmann::json plan = nlohmann::json::parse(std::ifstream(dir_ + "/p.json"));
+  EXPECT_TRUE(plan["plans"].empty());
+  ASSERT_EQ(plan["bottom_line"].size(), 1u) << plan.dump();
+  EXPECT_EQ("bottom line: " + plan["bottom_line"][0].get<std::string>(), lines.back());
+  for (const auto& x : plan["rejected"]) EXPECT_TRUE(x.contains("group")) << x.dump();
+}
+
+// Pins that leave the search nothing to try are a refused request: exit 2 and one line naming
+// --fix and what excluded everything (before, "searched 0 configurations" and an empty list,
+// exit 0).
+TEST_F(Cli, PlanPinsThatLeaveNothingAreRefused) {
+  Result r =
+      run("plan --model gpt2-124m --cluster dgx-h100 --global-batch-size 64 --fix "
+          "tensor=2,pipeline=2,data=2,schedule=1f1b,micro_batch_size=3,recompute=none");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out),
+            "error: <command line>: --fix: pins that leave a layout to try, but the search tried "
+            "none: t=2 p=2 1f1b: micro_batch_size 3 does not divide the global batch 64 over "
+            "data 2 (64 / (b · 2) must be a whole number of micro-batches)");
+  EXPECT_EQ(r.out.find("searched 0"), std::string::npos) << r.out;
+  Result t3 =
+      run("plan --model gpt2-124m --cluster dgx-h100 --global-batch-size 64 --fix tensor=3");
+  EXPECT_EQ(t3.status, 2) << t3.out;
+  EXPECT_NE(error_line(t3.out).find("--fix: pins that leave a layout to try, but the search tried "
+                                    "none: tensor 3 is not a size the search tries"),
+            std::string::npos)
+      << t3.out;
+}
+
+// A pinned layout that fits prints its plan and nothing about refusals; a search with a plan
+// lists the others a reason a line, a few lines, not one a family.
+TEST_F(Cli, PlanRejectedFamiliesAreAFewLines) {
+  Result pinned =
+      run("plan --model gpt2-124m --cluster dgx-h100 --global-batch-size 64 --fix "
+          "tensor=2,pipeline=2,data=2,schedule=1f1b,virtual_stages=1,micro_batch_size=4,"
+          "recompute=none,sequence_parallel=false,distributed_optimizer=false,context=1");
+  ASSERT_EQ(pinned.status, 0) << pinned.out;
+  EXPECT_NE(pinned.out.find("chosen plan:"), std::string::npos) << pinned.out;
+  EXPECT_EQ(pinned.out.find("rejected"), std::string::npos) << pinned.out;
+  EXPECT_EQ(pinned.out.find("bottom line"), std::string::npos) << pinned.out;
+  Result r = run("plan --model gpt3-175b --cluster dgx-h100 --nodes 16 --global-batch-size 512");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> lines = lines_after(r.out, "rejected families");
+  ASSERT_FALSE(lines.empty()) << r.out;
+  EXPECT_LE(lines.size(), 12u) << r.out;
+  EXPECT_EQ(std::set<std::string>(lines.begin(), lines.end()).size(), lines.size()) << r.out;
+}
+
 // docs/generate.md's command: a checkpoint (whose run_state.json records no data) generates from a
 // text prompt through --set data.tokenizer, with no text data source beside it.
 TEST_F(Cli, GenerateTokenizesPromptsWithoutATextSource) {

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <tuple>
 
 #include "launch/commands/plan.h"
 #include "launch/config/config_parse.h"
+#include "launch/config/layout_fields.h"
 #include "launch/plan/plan_file.h"
 #include "launch/plan/prediction.h"
 #include "launch/train/trainer.h"
@@ -181,6 +183,158 @@ TEST(PlannerSearch, PinnedLayerSplit) {
   for (const Rejection& r : out.rejected)
     EXPECT_NE(r.reason.find("layers_per_stage has 2 pieces of 11 layers"), std::string::npos)
         << r.reason;
+}
+
+// The rejected families of a search: each (tensor, context, pipeline, schedule) once, the families
+// of one reason together (their `group` the same text, consecutive).
+void expect_grouped_once(const PlanOutput& out) {
+  std::set<std::string> families, closed_groups;
+  std::string open_group;
+  for (const Rejection& r : out.rejected) {
+    if (r.config.contains("micro_batch_size")) continue;  // a plan of the exact pass
+    EXPECT_TRUE(families.insert(r.config.dump()).second) << "listed twice: " << r.config.dump();
+    EXPECT_FALSE(r.group.empty()) << r.config.dump();
+    if (r.group != open_group) {
+      EXPECT_EQ(closed_groups.count(r.group), 0u) << "group split: " << r.group;
+      if (!open_group.empty()) closed_groups.insert(open_group);
+      open_group = r.group;
+    }
+  }
+}
+
+// Llama 3.1 405B (126 layers) on one DGX H100 node: nothing fits. The interleaved families with
+// 4 or 8 stages are refused because 126 layers do not cut into 4·v or 8·v equal chunks (not "no
+// micro-batch size fits", which they were told before), once each, grouped; the others are over
+// memory. The bottom line, found by searching more nodes, is the fewest nodes that fit.
+TEST(PlannerRefusals, Llama405bOnOneNodeSaysWhyAndHowManyNodes) {
+  const Config cfg = load_config("", {"model.preset=llama-3.1-405b"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 64;
+  const PlanOutput out = search_plans(req);
+  ASSERT_TRUE(out.plans.empty());
+  EXPECT_GT(out.candidates, 0);
+  expect_grouped_once(out);
+  int chunks = 0;
+  for (const Rejection& r : out.rejected) {
+    EXPECT_EQ(r.reason.find("no micro-batch size"), std::string::npos) << r.reason;
+    if (r.config.value("schedule", "") == "interleaved" && r.config.value("pipeline", 0) >= 4) {
+      ++chunks;
+      EXPECT_EQ(r.reason, "126 layers do not split into " +
+                              std::to_string(r.config.value("pipeline", 0)) +
+                              "·v equal chunks for any v ≥ 2 (the interleaved schedule's pieces)");
+      EXPECT_EQ(r.group,
+                "126 layers do not split into p·v equal chunks for any v ≥ 2 (interleaved, p in "
+                "{4, 8})");
+    } else if (r.config.value("schedule", "") == "interleaved") {
+      EXPECT_NE(r.reason.find("over memory"), std::string::npos) << r.reason;  // p = 2: v = 3
+    }
+  }
+  // Every (t, c, p) with p ≥ 4 on 8 GPUs: (t, c, p) = (1, 1, 4), (1, 1, 8), (1, 2, 4), (2, 1, 4).
+  EXPECT_EQ(chunks, 4);
+  const std::vector<std::string> bottom = bottom_line(req, 16);
+  ASSERT_EQ(bottom.size(), 1u);
+  EXPECT_EQ(bottom[0].rfind("needs at least ", 0), 0u) << bottom[0];
+  // The count it names fits, and the one below does not (every count between was searched).
+  const int n = std::stoi(bottom[0].substr(std::string("needs at least ").size()));
+  EXPECT_GT(n, 1);
+  EXPECT_NE(bottom[0].find(" nodes of dgx-h100 (8 GPUs each; nothing fits on 1"), std::string::npos)
+      << bottom[0];
+  PlanRequest at = req;
+  at.cluster.nodes = n;
+  EXPECT_FALSE(search_plans(at).plans.empty());
+  at.cluster.nodes = n - 1;
+  EXPECT_TRUE(search_plans(at).plans.empty());
+}
+
+// Pins that leave nothing to cost say which pin excluded what: a tensor size the search does
+// not try, more stages than layers, sizes whose product is not the cluster's, and every field
+// pinned to a layout whose batch does not split.
+TEST(PlannerRefusals, PinsThatLeaveNothingToTrySayWhich) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 64;
+  auto only_reason = [&req](const std::string& expected) {
+    const PlanOutput out = search_plans(req);
+    EXPECT_EQ(out.candidates, 0);
+    EXPECT_TRUE(out.plans.empty());
+    ASSERT_EQ(out.rejected.size(), 1u);
+    EXPECT_EQ(out.rejected[0].reason, expected);
+  };
+  req.fixes.tensor = 3;
+  only_reason(
+      "tensor 3 is not a size the search tries (powers of two up to a node's 8 GPUs: 1, "
+      "2, 4, 8)");
+  req.fixes.tensor.reset();
+  req.fixes.pipeline = 13;
+  only_reason("pipeline 13 is more stages than the model's 12 layers");
+  req.fixes.pipeline = 3;
+  only_reason("no tensor × context × pipeline × data equal to the cluster's 8 GPUs has pipeline 3");
+  // Everything pinned: one family, refused for its batch.
+  req.fixes = parse_layout_fixes(
+      "tensor=2,pipeline=2,data=2,schedule=1f1b,virtual_stages=1,micro_batch_size=3,"
+      "recompute=none,sequence_parallel=false,distributed_optimizer=false,context=1");
+  only_reason(
+      "micro_batch_size 3 does not divide the global batch 64 over data 2 (64 / (b · 2) "
+      "must be a whole number of micro-batches)");
+  // Sequence parallelism pinned without a tensor group.
+  req.fixes = parse_layout_fixes("tensor=1,sequence_parallel=true");
+  const PlanOutput sp = search_plans(req);
+  EXPECT_EQ(sp.candidates, 0);
+  expect_grouped_once(sp);
+  for (const Rejection& r : sp.rejected) EXPECT_EQ(r.group, "sequence_parallel needs tensor > 1");
+}
+
+// Everything pinned to a layout that fits: its family is the plan's, nothing is rejected.
+TEST(PlannerRefusals, PinnedLayoutThatFitsRejectsNothing) {
+  const Config cfg = load_config("", {"model.preset=gpt2-124m"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 64;
+  req.fixes = parse_layout_fixes(
+      "tensor=2,pipeline=2,data=2,schedule=1f1b,virtual_stages=1,micro_batch_size=4,"
+      "recompute=none,sequence_parallel=false,distributed_optimizer=false,context=1");
+  const PlanOutput out = search_plans(req);
+  ASSERT_EQ(out.plans.size(), 1u);
+  for (const Rejection& r : out.rejected)
+    EXPECT_TRUE(r.config.contains("micro_batch_size")) << r.config.dump() << ": " << r.reason;
+  EXPECT_TRUE(bottom_line(req).empty());
+}
+
+// Pins that make nothing fit: the bottom line names each release that fits, found by searching
+// with that pin released (recompute: pinned to none b = 64 is 54 GiB over, with full it fits; a
+// smaller micro-batch), then the nodes that fit with the pins kept.
+TEST(PlannerRefusals, BottomLineReleasesAPin) {
+  const Config cfg = load_config("", {"model.preset=gpt3-13b"});
+  PlanRequest req;
+  req.model = describe_model(cfg.model);
+  req.cluster = h100(1);
+  req.global_batch_size = 64;
+  req.fixes = parse_layout_fixes("tensor=8,pipeline=1,recompute=none,micro_batch_size=64");
+  const PlanOutput out = search_plans(req);
+  ASSERT_TRUE(out.plans.empty());
+  expect_grouped_once(out);
+  const std::vector<std::string> bottom = bottom_line(req, 1);
+  ASSERT_EQ(bottom.size(), 3u);
+  EXPECT_EQ(bottom[0].rfind("fits with recompute full instead of the pinned none: t=8 p=1 d=1 v=1 "
+                            "b=64 1f1b, recompute full",
+                            0),
+            0u)
+      << bottom[0];
+  EXPECT_EQ(bottom[1].rfind("fits with micro_batch_size ", 0), 0u) << bottom[1];
+  EXPECT_NE(bottom[1].find(" instead of the pinned 64: t=8 p=1 d=1"), std::string::npos)
+      << bottom[1];
+  EXPECT_EQ(bottom[2].rfind("needs at least 2 nodes of dgx-h100 with the pins kept", 0), 0u)
+      << bottom[2];
+  // Each line's plan is real: the released search finds it.
+  PlanRequest full = req;
+  full.fixes.recompute = Recompute::kFull;
+  ASSERT_FALSE(search_plans(full).plans.empty());
+  EXPECT_EQ(search_plans(full).plans.front().config.micro_batch_size, 64);
 }
 
 TEST(PlannerSearch, TrillionParametersOn3072Gpus) {

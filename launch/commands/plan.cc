@@ -72,7 +72,11 @@ const char* kPlanUsage =
     "                         analytical compute model\n"
     "  --help                 this text\n"
     "\n"
-    "exit status: 0 done (also when nothing fits: the reasons are printed), 2 bad input\n";
+    "When nothing fits, the rejected families are listed by reason and a bottom line says\n"
+    "the smallest change that fits (a pin released, or more nodes), each found by searching.\n"
+    "\n"
+    "exit status: 0 done (also when nothing fits: the reasons and the bottom line are\n"
+    "printed), 2 bad input (also when the pins leave no layout to try: one line says why)\n";
 
 // --model: a file (a model object or a whole config), else a preset name.
 Config model_config(const std::string& model, const std::vector<std::string>& sets) {
@@ -84,6 +88,47 @@ Config model_config(const std::string& model, const std::vector<std::string>& se
     return config_from_json(json{{"model", j}}, model, sets);
   }
   return config_from_json(json{{"model", {{"preset", model}}}}, "<command line>", sets);
+}
+
+// "t=8 c=2 p=4 interleaved" for a family's config.
+std::string family_text(const json& f) {
+  const int cp = f.value("context", 1);
+  return "t=" + std::to_string(f.value("tensor", 1)) +
+         (cp > 1 ? " c=" + std::to_string(cp) : std::string()) +
+         " p=" + std::to_string(f.value("pipeline", 1)) + " " + f.value("schedule", std::string());
+}
+
+// The rejected families as printed, one line per reason: a family alone with its own reason
+// ("t=8 p=2 1f1b: over memory by ..."), several as "12 families: <their shared reason>"; the
+// pins' reason when they leave no family at all.
+struct RefusalLine {
+  int families = 0;
+  std::string text;
+};
+std::vector<RefusalLine> refusal_lines(const PlanOutput& out) {
+  std::vector<RefusalLine> lines;
+  std::string last_group;
+  for (const Rejection& r : out.rejected) {
+    if (r.config.contains("micro_batch_size")) continue;  // a plan of the exact pass
+    if (r.config.empty()) {
+      lines.push_back({0, r.reason});
+      continue;
+    }
+    if (!lines.empty() && lines.back().families > 0 && r.group == last_group) {
+      lines.back().families++;
+      lines.back().text = r.group;
+      continue;
+    }
+    lines.push_back({1, family_text(r.config) + ": " + r.reason});
+    last_group = r.group;
+  }
+  for (RefusalLine& l : lines)
+    if (l.families > 1) l.text = std::to_string(l.families) + " families: " + l.text;
+  return lines;
+}
+
+void print_rejections(const PlanOutput& out, std::ostream& os) {
+  for (const RefusalLine& l : refusal_lines(out)) os << "  " << l.text << "\n";
 }
 
 void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os) {
@@ -112,6 +157,9 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
   };
   if (out.plans.empty()) {
     os << "no plan fits; reasons by family (tensor, context, pipeline, schedule):\n";
+    print_rejections(out, os);
+    for (size_t i = 0; i < out.bottom_line.size(); ++i)
+      os << (i == 0 ? "bottom line: " : "         or: ") << out.bottom_line[i] << "\n";
   } else {
     std::snprintf(buf, sizeof buf,
                   "%-3s %3s%s %3s %5s%s %3s %3s %5s %-12s %-9s %2s %4s %10s %8s %6s %10s %7s\n",
@@ -174,14 +222,10 @@ void print_table(const PlanRequest& req, const PlanOutput& out, std::ostream& os
                     bytes_text(m.total()).c_str());
       os << buf;
     }
-    os << "\nrejected families (tensor, context, pipeline, schedule):\n";
-  }
-  for (const Rejection& r : out.rejected) {
-    if (!r.config.contains("micro_batch_size")) {
-      const int cp = r.config.value("context", 1);
-      os << "  t=" << r.config["tensor"] << (cp > 1 ? " c=" + std::to_string(cp) : std::string())
-         << " p=" << r.config["pipeline"] << " " << r.config["schedule"].get<std::string>() << ": "
-         << r.reason << "\n";
+    const std::vector<RefusalLine> lines = refusal_lines(out);
+    if (!lines.empty()) {
+      os << "\nrejected families (tensor, context, pipeline, schedule), by reason:\n";
+      print_rejections(out, os);
     }
   }
 }
@@ -354,8 +398,21 @@ int cmd_plan(const std::vector<std::string>& args) {
     check_profile_matches(profile, *req.model, precision, profile_path);
     req.profile = &profile;
   }
-  const PlanOutput out =
+  PlanOutput out =
       with_memory_named({"searching layouts", "", ""}, [&] { return search_plans(req); });
+  if (out.candidates == 0) {
+    // Nothing to cost: the pins (or the batch against the cluster) exclude every layout. A
+    // refusal of the request, one line naming what excluded what.
+    std::string why;
+    for (const RefusalLine& l : refusal_lines(out)) why += (why.empty() ? "" : "; ") + l.text;
+    const bool pinned = !fix.empty();
+    throw InputError("<command line>", pinned ? "--fix" : "--global-batch-size",
+                     std::string(pinned ? "pins" : "a global batch") +
+                         " that leave a layout to try, but the search tried none: " + why);
+  }
+  if (out.plans.empty())
+    out.bottom_line =
+        with_memory_named({"searching layouts", "", ""}, [&] { return bottom_line(req); });
   print_table(req, out, std::cout);
   if (!json_out.empty()) {
     std::ofstream f(json_out);
