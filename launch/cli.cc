@@ -229,7 +229,7 @@ int run_cli(int argc, char** argv) {
     // ends the job at once, with status 2, instead of leaving them to the watchdog.
     const int printer = input_error_agreement(kInputErrorAgreementS);
     // An error about a relative path of the config says what the path counts from.
-    const std::string note = config_path_note(e.file());
+    const std::string note = config_path_note(e.file(), e.where());
     const std::string line =
         note.empty() ? e.what() : InputError(e.file(), e.where(), e.expected() + note).what();
     if (printer < 0 || printer == world().rank) std::fprintf(stderr, "%s\n", line.c_str());

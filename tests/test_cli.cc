@@ -131,17 +131,32 @@ TEST_F(Cli, ConfigPathsCountFromTheConfigsFolder) {
                                       {"data", {{"source", "text"}, {"path", "no/corpus.txt"}}}}));
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(error_line(r.out),
-            "error: " + dir_ +
-                "/no/corpus.txt: expected an existing file, cannot open it: No such file or "
-                "directory (data.path \"no/corpus.txt\", relative to the config file's folder " +
+            "error: " + dir_ + "/config.json: data.path: an existing file, cannot find '" + dir_ +
+                "/no/corpus.txt': No such file or directory (data.path \"no/corpus.txt\", "
+                "relative to the config file's folder " +
                 dir_ + ")");
 
   r = run("train --config " + config(text) + " --set data.path=no-such-corpus.txt");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(error_line(r.out),
-            "error: no-such-corpus.txt: expected an existing file, cannot open it: No such file "
-            "or directory (data.path \"no-such-corpus.txt\", relative to the current directory " +
+            "error: " + dir_ +
+                "/config.json: data.path: an existing file, cannot find 'no-such-corpus.txt': No "
+                "such file or directory (data.path \"no-such-corpus.txt\", relative to the "
+                "current directory " +
                 std::filesystem::current_path().string() + ")");
+
+  // A tokenizer the config names: the reader's own error, about the file.
+  r = run("train --config " +
+          config({{"model", {{"vocab_size", 256}}},
+                  {"data",
+                   {{"source", "text"}, {"path", "corpus.txt"}, {"tokenizer", "tok/none.json"}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find(dir_ + "/tok/none.json: "), std::string::npos) << r.out;
+  EXPECT_NE(error_line(r.out).find(" (data.tokenizer \"tok/none.json\", relative to the config "
+                                   "file's folder " +
+                                   dir_ + ")"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(Cli, HelpForEveryCommand) {

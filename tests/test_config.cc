@@ -1244,6 +1244,9 @@ TEST(ConfigPaths, ErrorNoteSaysWhatThePathCountsFrom) {
   EXPECT_EQ(config_path_note("typed/m.jsonl"),
             " (log.metrics \"typed/m.jsonl\", relative to the current directory " +
                 fs::current_path().string() + ")");
+  // An error at the key (a missing data file is the config's error, at data.path).
+  EXPECT_EQ(config_path_note(cfg, "data.path"), note);
+  EXPECT_EQ(config_path_note(cfg, "data.source"), "");
   EXPECT_EQ(config_path_note(folder + "/ds/prefixes"), "");
   EXPECT_EQ(config_path_note("/elsewhere/file"), "");
 }

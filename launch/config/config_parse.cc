@@ -139,6 +139,7 @@ void derive_ffn(json& merged, Origins& origins) {
 
 // A relative path of a config, for errors about it: the path Strata opens and what it counts from.
 struct PathNote {
+  std::string key;  // "data.path", "data.blend[1].path"
   std::string resolved;
   std::string note;  // " (data.path \"x.txt\", relative to the config file's folder DIR)"
 };
@@ -147,11 +148,11 @@ struct PathNote {
 std::mutex g_notes_mutex;
 std::vector<PathNote> g_notes;
 
-void remember(const std::string& resolved, const std::string& note) {
+void remember(const std::string& key, const std::string& resolved, const std::string& note) {
   const std::lock_guard<std::mutex> lock(g_notes_mutex);
   for (const PathNote& n : g_notes)
-    if (n.resolved == resolved && n.note == note) return;
-  g_notes.push_back({resolved, note});
+    if (n.key == key && n.resolved == resolved && n.note == note) return;
+  g_notes.push_back({key, resolved, note});
 }
 
 // A real file set the key (the config file, a preset), not "<command line>" or "<defaults>".
@@ -192,7 +193,8 @@ void resolve_paths(json& merged, const Origins& origins) {
         if (written == word) return;
       const std::string resolved = (folder / written).string();
       v = resolved;
-      remember(resolved, " (" + where + " " + show(json(written)) + ", relative to " + base + ")");
+      remember(where, resolved,
+               " (" + where + " " + show(json(written)) + ", relative to " + base + ")");
     };
     json& v = merged[json_path(key)];
     if (v.is_array()) {
@@ -207,7 +209,7 @@ void resolve_paths(json& merged, const Origins& origins) {
 
 }  // namespace
 
-std::string config_path_note(const std::string& file) {
+std::string config_path_note(const std::string& file, const std::string& where) {
   const std::lock_guard<std::mutex> lock(g_notes_mutex);
   const PathNote* best = nullptr;
   for (const PathNote& n : g_notes) {
@@ -220,6 +222,10 @@ std::string config_path_note(const std::string& file) {
         r.find_first_of("*?[") != std::string::npos && ::fnmatch(r.c_str(), file.c_str(), 0) == 0;
     if ((file == r || under || glob) && (!best || r.size() > best->resolved.size())) best = &n;
   }
+  // An error at the key itself (the config's file, "data.path": a data file that is missing),
+  // about the path the latest config gave it.
+  for (auto it = g_notes.rbegin(); !best && !where.empty() && it != g_notes.rend(); ++it)
+    if (it->key == where) best = &*it;
   return best ? best->note : std::string();
 }
 

@@ -34,10 +34,11 @@ std::string configs_dir();
 Config load_config(const std::string& path, const std::vector<std::string>& sets);
 
 // What an error about `file` adds when `file` is a relative path of a config this process loaded
-// (or lies under one: a file of a checkpoint.dir, an indexed prefix's .idx, a glob's shard):
-// " (data.path \"x.txt\", relative to the config file's folder /abs/dir)", or "relative to the
-// current directory /abs" for --set; "" otherwise. Thread-safe.
-std::string config_path_note(const std::string& file);
+// (or lies under one: a file of a checkpoint.dir, an indexed prefix's .idx, a glob's shard), or
+// when the error is at such a path's key (`where` "data.path": a missing data file is the
+// config's error): " (data.path \"x.txt\", relative to the config file's folder /abs/dir)", or
+// "relative to the current directory /abs" for --set; "" otherwise. Thread-safe.
+std::string config_path_note(const std::string& file, const std::string& where = "");
 
 // Same from an in-memory JSON object; `file` names it in errors (and its folder is the one
 // relative paths count from, unless it is a name in <angle brackets>).
