@@ -198,6 +198,8 @@ def run(argv, root, timeout):
         p = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=timeout)
         return p.returncode, p.stdout.decode("utf-8", "replace"), time.monotonic() - t0
+    except OSError as e:  # a program that is not there (a benchmark not built)
+        return "not started", "%s (build every target: scripts/build)\n" % e, 0.0
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode("utf-8", "replace")
         return "timeout", out, time.monotonic() - t0
