@@ -255,7 +255,11 @@ int run_cli(int argc, char** argv) {
     // reads), while the others wait for it in the training's collectives, prints its own and
     // ends the job at once, with status 2, instead of leaving them to the watchdog.
     const int printer = input_error_agreement(kInputErrorAgreementS);
-    if (printer < 0 || printer == world().rank) std::fprintf(stderr, "%s\n", e.what());
+    // An error about a relative path of the config says what the path counts from.
+    const std::string note = config_path_note(e.file(), e.where());
+    const std::string line =
+        note.empty() ? e.what() : InputError(e.file(), e.where(), e.expected() + note).what();
+    if (printer < 0 || printer == world().rank) std::fprintf(stderr, "%s\n", line.c_str());
     if (printer < 0) abort_job(2);
     status = 2;
   } catch (const std::bad_alloc&) {

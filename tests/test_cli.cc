@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -113,6 +114,50 @@ TEST_F(Cli, CpuKernelsFollowOpenblasCoretype) {
   EXPECT_EQ(banner.status, 0) << banner.out;
   EXPECT_NE(banner.out.find("backend  cpu (OpenBLAS "), std::string::npos) << banner.out;
   EXPECT_NE(banner.out.find(" Haswell, "), std::string::npos) << banner.out;
+}
+
+// A config's relative paths count from its folder (the test runs elsewhere: the build folder),
+// --set's from the current directory, and an error about one says which.
+TEST_F(Cli, ConfigPathsCountFromTheConfigsFolder) {
+  write("corpus.txt", std::string(4000, 'a') + "\n");
+  const nlohmann::json text = {{"model", {{"vocab_size", 256}}},
+                               {"train", {{"iterations", 1}}},
+                               {"data", {{"source", "text"}, {"path", "corpus.txt"}}},
+                               {"log", {{"metrics", "m.jsonl"}}}};
+  Result r = run("train --config " + config(text));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/m.jsonl")) << "metrics beside the config";
+
+  r = run("train --config " + config({{"model", {{"vocab_size", 256}}},
+                                      {"data", {{"source", "text"}, {"path", "no/corpus.txt"}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out),
+            "error: " + dir_ + "/config.json: data.path: an existing file, cannot find '" + dir_ +
+                "/no/corpus.txt': No such file or directory (data.path \"no/corpus.txt\", "
+                "relative to the config file's folder " +
+                dir_ + ")");
+
+  r = run("train --config " + config(text) + " --set data.path=no-such-corpus.txt");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(error_line(r.out),
+            "error: " + dir_ +
+                "/config.json: data.path: an existing file, cannot find 'no-such-corpus.txt': No "
+                "such file or directory (data.path \"no-such-corpus.txt\", relative to the "
+                "current directory " +
+                std::filesystem::current_path().string() + ")");
+
+  // A tokenizer the config names: the reader's own error, about the file.
+  r = run("train --config " +
+          config({{"model", {{"vocab_size", 256}}},
+                  {"data",
+                   {{"source", "text"}, {"path", "corpus.txt"}, {"tokenizer", "tok/none.json"}}}}));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find(dir_ + "/tok/none.json: "), std::string::npos) << r.out;
+  EXPECT_NE(error_line(r.out).find(" (data.tokenizer \"tok/none.json\", relative to the config "
+                                   "file's folder " +
+                                   dir_ + ")"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(Cli, HelpForEveryCommand) {

@@ -1168,6 +1168,89 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
   }
 }
 
+// Runs in `dir` until destroyed, then back where it was.
+class InDirectory {
+ public:
+  explicit InDirectory(const std::string& dir) : old_(fs::current_path()) { fs::current_path(dir); }
+  ~InDirectory() { fs::current_path(old_); }
+
+ private:
+  fs::path old_;
+};
+
+// A config's relative paths count from its own folder, whatever the current directory; --set's
+// from the current directory; absolute paths and resume's keywords stay as they are.
+TEST(ConfigPaths, RelativeToTheConfigFilesFolder) {
+  const TempDir dir;
+  const std::string cfg = dir.write("runs/a/c.json", R"({
+    "model": {"init_from": "../hf"},
+    "data": {"source": "text", "path": "corpus.txt", "tokenizer": "/abs/tok.json"},
+    "checkpoint": {"dir": "ckpt", "resume": "ckpt/iter_4"},
+    "log": {"metrics": "out/m.jsonl", "trace": "t.json"}})");
+  const std::string folder = dir.path() + "/runs/a";
+  const InDirectory elsewhere(fs::temp_directory_path().string());
+  const Config c = load_config(cfg, {});
+  EXPECT_EQ(*c.model.init_from, folder + "/../hf");
+  EXPECT_EQ(*c.data.path, folder + "/corpus.txt");
+  EXPECT_EQ(*c.data.tokenizer, "/abs/tok.json");
+  EXPECT_EQ(*c.checkpoint.dir, folder + "/ckpt");
+  EXPECT_EQ(c.checkpoint.resume, folder + "/ckpt/iter_4");
+  EXPECT_EQ(*c.log.metrics, folder + "/out/m.jsonl");
+  EXPECT_EQ(*c.log.trace, folder + "/t.json");
+  // The resolved JSON (what --dry-run shows, what --plan layers over) holds the same paths.
+  EXPECT_EQ(c.resolved["data"]["path"], folder + "/corpus.txt");
+
+  // --set counts from the current directory: kept as typed.
+  const Config s = load_config(cfg, {"data.path=typed.txt", "checkpoint.resume=auto"});
+  EXPECT_EQ(*s.data.path, "typed.txt");
+  EXPECT_EQ(s.checkpoint.resume, "auto");
+  EXPECT_EQ(*s.log.metrics, folder + "/out/m.jsonl");
+}
+
+TEST(ConfigPaths, NestedConfigNamedRelatively) {
+  const TempDir dir;
+  dir.write("data/corpus.txt", "text");
+  dir.write("configs/train/c.json",
+            R"({"data": {"source": "indexed", "blend": [{"path": "../../data/a", "weight": 1},
+                                                       {"path": "/abs/b", "weight": 1}]}})");
+  const InDirectory root(dir.path());
+  const Config c = load_config("configs/train/c.json", {});
+  ASSERT_TRUE(c.data.blend);
+  EXPECT_EQ((*c.data.blend)[0].path, "configs/train/../../data/a");
+  EXPECT_EQ((*c.data.blend)[1].path, "/abs/b");
+  // Resolved against the folder, the path reaches the file from here and from anywhere else.
+  EXPECT_TRUE(fs::exists("configs/train/../../data/corpus.txt"));
+
+  // A config in the current directory: its paths are the same as typed.
+  dir.write("here.json", R"({"data": {"source": "text", "path": "data/corpus.txt"}})");
+  EXPECT_EQ(*load_config("here.json", {}).data.path, "data/corpus.txt");
+}
+
+// Errors about a relative path say what it counted from (the command boundary adds the note).
+TEST(ConfigPaths, ErrorNoteSaysWhatThePathCountsFrom) {
+  const TempDir dir;
+  const std::string cfg =
+      dir.write("sub/c.json", R"({"data": {"source": "indexed", "path": "ds/prefix"},
+                        "checkpoint": {"dir": "ck"}})");
+  const Config c = load_config(cfg, {"log.metrics=typed/m.jsonl"});
+  const std::string folder = dir.path() + "/sub";
+  const std::string note =
+      " (data.path \"ds/prefix\", relative to the config file's folder " + folder + ")";
+  EXPECT_EQ(config_path_note(*c.data.path), note);
+  // The files under a path: an indexed prefix's .idx, a checkpoint of checkpoint.dir.
+  EXPECT_EQ(config_path_note(*c.data.path + ".idx"), note);
+  EXPECT_EQ(config_path_note(folder + "/ck/iter_3/metadata.json"),
+            " (checkpoint.dir \"ck\", relative to the config file's folder " + folder + ")");
+  EXPECT_EQ(config_path_note("typed/m.jsonl"),
+            " (log.metrics \"typed/m.jsonl\", relative to the current directory " +
+                fs::current_path().string() + ")");
+  // An error at the key (a missing data file is the config's error, at data.path).
+  EXPECT_EQ(config_path_note(cfg, "data.path"), note);
+  EXPECT_EQ(config_path_note(cfg, "data.source"), "");
+  EXPECT_EQ(config_path_note(folder + "/ds/prefixes"), "");
+  EXPECT_EQ(config_path_note("/elsewhere/file"), "");
+}
+
 TEST(ConfigFiles, TrainingConfigsLoad) {
   std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(configs_dir() + "/train")) {
@@ -1193,7 +1276,9 @@ TEST(ConfigFiles, TrainingConfigsLoad) {
 
   const Config s = load_config(configs_dir() + "/train/shakespeare.json", {});
   EXPECT_EQ(s.data.source, "text");
-  EXPECT_EQ(s.data.path.value_or(""), "../shared/data/tinyshakespeare.txt");
+  // Relative to configs/train/, so the config runs from any directory.
+  EXPECT_EQ(s.data.path.value_or(""),
+            configs_dir() + "/train/../../../shared/data/tinyshakespeare.txt");
   EXPECT_EQ(s.model.vocab_size, 256);
   EXPECT_EQ(s.model.seq_len, 64);
   EXPECT_EQ(s.model.hidden_size, 64);

@@ -9,11 +9,14 @@
 
 #include "launch/config/config_parse.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -134,7 +137,97 @@ void derive_ffn(json& merged, Origins& origins) {
   origins["model.ffn_hidden_size"] = origins.at("model.hidden_size");
 }
 
+// A relative path of a config, for errors about it: the path Strata opens and what it counts from.
+struct PathNote {
+  std::string key;  // "data.path", "data.blend[1].path"
+  std::string resolved;
+  std::string note;  // " (data.path \"x.txt\", relative to the config file's folder DIR)"
+};
+
+// The relative paths of every config this process loaded (a command loads one or two).
+std::mutex g_notes_mutex;
+std::vector<PathNote> g_notes;
+
+void remember(const std::string& key, const std::string& resolved, const std::string& note) {
+  const std::lock_guard<std::mutex> lock(g_notes_mutex);
+  for (const PathNote& n : g_notes)
+    if (n.key == key && n.resolved == resolved && n.note == note) return;
+  g_notes.push_back({key, resolved, note});
+}
+
+// A real file set the key (the config file, a preset), not "<command line>" or "<defaults>".
+bool from_file(const Origin& o) {
+  return (o.layer == kLayerFile || o.layer == kLayerPreset) && !o.file.empty() && o.file[0] != '<';
+}
+
+// Resolves the relative paths of `merged` (the keys Key::is_path marks): those a file wrote
+// count from that file's folder, so a config works from any directory; those --set gave count
+// from the current directory, where they were typed, and stay as they are. Each is remembered
+// for the errors about it (config_path_note).
+void resolve_paths(json& merged, const Origins& origins) {
+  namespace fs = std::filesystem;
+  for_each_leaf("", [&](const std::string& key, const Key& k) {
+    if (!k.is_path) return;
+    const auto it = origins.find(key);
+    if (it == origins.end()) return;  // a default
+    const Origin& o = it->second;
+    const bool file = from_file(o);
+    if (!file && o.layer < kLayerFirstSet) return;
+    std::string base;
+    fs::path folder;
+    std::error_code ec;
+    if (file) {
+      folder = fs::path(o.file).parent_path();
+      const fs::path shown = folder.empty() ? fs::current_path(ec) : fs::absolute(folder, ec);
+      base = std::string(o.layer == kLayerPreset ? "the model preset's folder "
+                                                 : "the config file's folder ") +
+             shown.string();
+    } else {
+      base = "the current directory " + fs::current_path(ec).string();
+    }
+    auto resolve = [&](json& v, const std::string& where) {
+      if (!v.is_string()) return;  // the key's read reports a wrong type
+      const std::string written = v.get<std::string>();
+      if (written.empty() || fs::path(written).is_absolute()) return;
+      for (const std::string& word : k.path_keywords)
+        if (written == word) return;
+      const std::string resolved = (folder / written).string();
+      v = resolved;
+      remember(where, resolved,
+               " (" + where + " " + show(json(written)) + ", relative to " + base + ")");
+    };
+    json& v = merged[json_path(key)];
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i)
+        if (v[i].is_object() && v[i].contains("path"))
+          resolve(v[i]["path"], key + "[" + std::to_string(i) + "].path");
+    } else {
+      resolve(v, key);
+    }
+  });
+}
+
 }  // namespace
+
+std::string config_path_note(const std::string& file, const std::string& where) {
+  const std::lock_guard<std::mutex> lock(g_notes_mutex);
+  const PathNote* best = nullptr;
+  for (const PathNote& n : g_notes) {
+    const std::string& r = n.resolved;
+    // The path itself, a file under it (a checkpoint.dir's, a Hugging Face directory's), an
+    // indexed prefix's .idx and .bin, or a shard a glob matched.
+    const bool under = file.size() > r.size() && file.compare(0, r.size(), r) == 0 &&
+                       (file[r.size()] == '/' || file[r.size()] == '.');
+    const bool glob =
+        r.find_first_of("*?[") != std::string::npos && ::fnmatch(r.c_str(), file.c_str(), 0) == 0;
+    if ((file == r || under || glob) && (!best || r.size() > best->resolved.size())) best = &n;
+  }
+  // An error at the key itself (the config's file, "data.path": a data file that is missing),
+  // about the path the latest config gave it.
+  for (auto it = g_notes.rbegin(); !best && !where.empty() && it != g_notes.rend(); ++it)
+    if (it->key == where) best = &*it;
+  return best ? best->note : std::string();
+}
 
 std::string configs_dir() {
   if (const char* env = std::getenv("STRATA_CONFIGS"); env != nullptr && *env != '\0') return env;
@@ -201,6 +294,7 @@ Config config_from_json(const nlohmann::json& j, const std::string& file,
   }
   for (const Layer& l : layers) merge_into(merged, l.value, "", l.origin, origins);
   derive_ffn(merged, origins);
+  resolve_paths(merged, origins);
 
   const Reader reader(merged, origins, source);
   Config c = read_config(reader);

@@ -25,9 +25,23 @@ std::string configs_dir();
 
 // Loads a config file (path may be empty: defaults only), applies `sets` ("a.b=v", value parsed
 // as JSON, else taken as a string), validates. Throws InputError.
+//
+// Paths (model.init_from, data.path, data.blend's, data.tokenizer, checkpoint.dir and .resume,
+// log.metrics, log.trace): a relative one written in a file counts from that file's folder (the
+// config's, a preset's), so a config works from any directory, and Config holds it joined to
+// that folder ("configs/train/../x.txt"); one given by --set counts from the current directory,
+// where it was typed, and is kept as given. Absolute paths are kept.
 Config load_config(const std::string& path, const std::vector<std::string>& sets);
 
-// Same from an in-memory JSON object; `file` names it in errors.
+// What an error about `file` adds when `file` is a relative path of a config this process loaded
+// (or lies under one: a file of a checkpoint.dir, an indexed prefix's .idx, a glob's shard), or
+// when the error is at such a path's key (`where` "data.path": a missing data file is the
+// config's error): " (data.path \"x.txt\", relative to the config file's folder /abs/dir)", or
+// "relative to the current directory /abs" for --set; "" otherwise. Thread-safe.
+std::string config_path_note(const std::string& file, const std::string& where = "");
+
+// Same from an in-memory JSON object; `file` names it in errors (and its folder is the one
+// relative paths count from, unless it is a name in <angle brackets>).
 Config config_from_json(const nlohmann::json& j, const std::string& file,
                         const std::vector<std::string>& sets = {});
 

@@ -148,9 +148,11 @@ class Fields {
   }
   // A non-empty string (a file path), or null.
   Key path(const char* name, std::optional<std::string> S::*f, const char* meaning) const {
-    return leaf(name, meaning, f, [](const Reader& r, const std::string& p) {
-      return r.value(p, optional_string_value);
-    });
+    return leaf(name, meaning, f,
+                [](const Reader& r, const std::string& p) {
+                  return r.value(p, optional_string_value);
+                })
+        .paths();
   }
   // A non-empty string, or null, which the field holds as "".
   Key optional_name(const char* name, std::string S::*f, const char* meaning) const {
@@ -455,7 +457,8 @@ const std::vector<Section>& schema() {
           section("synthetic"),
           data.custom("blend", &D::blend, read_blend,
                       "null, or [{\"path\", \"weight\"}, …]: datasets of data.source's kind "
-                      "mixed by weight, instead of data.path"),
+                      "mixed by weight, instead of data.path")
+              .paths(),
           data.path("tokenizer", &D::tokenizer,
                     "a tokenizer.json or tiktoken file: a text source is tokenized with it; "
                     "a tokens or indexed dataset's ids are decoded with it (bits per byte)"),
@@ -486,8 +489,10 @@ const std::vector<Section>& schema() {
           checkpoint.integer("interval", &K::interval, 0,
                              "steps between checkpoints (0: never; > 0 needs dir)"),
           checkpoint.integer("keep", &K::keep, 0, "the newest checkpoints kept (0: all)"),
-          checkpoint.keyword_or("resume", &K::resume, {"auto", "none"}, "a checkpoint path",
-                                "auto: the latest in dir; none; or a checkpoint path"),
+          checkpoint
+              .keyword_or("resume", &K::resume, {"auto", "none"}, "a checkpoint path",
+                          "auto: the latest in dir; none; or a checkpoint path")
+              .paths({"auto", "none"}),
           checkpoint.boolean("async", &K::async,
                              "write the shards in the background while training goes on")}},
         {"log",

@@ -34,6 +34,10 @@ struct Key {
   KeyCheck check;  // none when the kind says it all
   std::optional<nlohmann::json>
       layer_default;  // the defaults layer's value, where not Config's own
+  // A file path (a string; in a list, each entry's "path": data.blend), but for these keywords:
+  // a relative one written in a file counts from that file's folder (config_parse.h).
+  bool is_path = false;
+  std::vector<std::string> path_keywords;
 
   bool is_section() const { return !read; }
   Key then(KeyCheck c) && {
@@ -42,6 +46,11 @@ struct Key {
   }
   Key defaults_to(nlohmann::json v) && {
     layer_default = std::move(v);
+    return std::move(*this);
+  }
+  Key paths(std::vector<std::string> keywords = {}) && {
+    is_path = true;
+    path_keywords = std::move(keywords);
     return std::move(*this);
   }
 };

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "launch/config/config_parse.h"
 #include "launch/train/checkpointing.h"
 #include "launch/train/pipeline_stage.h"
 #include "launch/train/reporting.h"
@@ -84,9 +85,9 @@ void check_output_paths(const Config& cfg) {
                                 ? output_directory_problem(*ck.dir)
                                 : std::string();
     if (!why.empty())
-      throw InputError(
-          cfg.source_file, "checkpoint.dir",
-          "expected a directory checkpoints can be written to, got \"" + *ck.dir + "\": " + why);
+      throw InputError(cfg.source_file, "checkpoint.dir",
+                       "expected a directory checkpoints can be written to, got \"" + *ck.dir +
+                           "\": " + why + config_path_note(*ck.dir));
   }
   for (const auto& [key, path] :
        {std::pair{"log.metrics", cfg.log.metrics}, std::pair{"log.trace", cfg.log.trace}}) {
@@ -94,7 +95,8 @@ void check_output_paths(const Config& cfg) {
     const std::string why = output_file_problem(*path);
     if (!why.empty())
       throw InputError(cfg.source_file, key,
-                       "expected a file path that can be written, got \"" + *path + "\": " + why);
+                       "expected a file path that can be written, got \"" + *path + "\": " + why +
+                           config_path_note(*path));
   }
 }
 
