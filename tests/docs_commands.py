@@ -3,7 +3,8 @@
 
     tests/docs_commands.py --build BUILD_DIR [--list] [--only TEXT] [--keep]
 
-Extracts the command lines of the fenced code blocks of README.md and docs/*.md (a line, with its
+Extracts the command lines of the fenced code blocks (not those marked ```text, which show
+output) of README.md and docs/*.md (a line, with its
 backslash continuations, whose first word is build/strata, strata, mpirun, launch/strata-run,
 scripts/..., bench/..., build/bench/... or mkdir, after any VAR=value words) and runs each one,
 in the order the docs give them, from a scratch copy of the repository root: a temporary folder
@@ -115,15 +116,17 @@ def extract(path):
     """(line number, text) of every command line of the fenced blocks of `path`."""
     out = []
     lines = open(path, encoding="utf-8").read().split("\n")
-    fenced = False
+    fenced = output = False
     i = 0
     while i < len(lines):
         line = lines[i].strip()
         i += 1
         if line.startswith("```"):
             fenced = not fenced
+            # A block marked ```text shows what a command printed, not commands.
+            output = fenced and line[3:].strip() == "text"
             continue
-        if not fenced:
+        if not fenced or output:
             continue
         start = i
         while line.endswith("\\") and i < len(lines):
