@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "partitioner/figures.h"
 #include "runtime/base/error.h"
 
 namespace strata {
@@ -17,16 +18,6 @@ namespace strata {
 using nlohmann::json;
 
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string fmt(double x, int prec = 1) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(prec);
-  os << x;
-  return os.str();
-}
 
 // The balanced split for identical layers with end extras (exact and O(pieces · log)): the
 // smallest max piece time T such that the pieces' capacities floor((T - extra)/c) cover L.
@@ -683,8 +674,8 @@ std::vector<PlanResult> best_exact_plans(const PlanRequest& req, const std::vect
     PlanResult r = evaluate_plan(req, c);
     if (r.peak_memory > memory_bytes) {
       rejected->push_back({plan_config_json(r.config),
-                           "over memory by " + fmt((r.peak_memory - memory_bytes) / kGiB, 2) +
-                               " GiB on stage " + std::to_string(r.peak_stage) +
+                           "over memory by " + bytes_text(r.peak_memory - memory_bytes) +
+                               " on stage " + std::to_string(r.peak_stage) +
                                " with the simulated in-flight micro-batches",
                            ""});
       continue;
@@ -748,20 +739,20 @@ Why family_reason(const ModelDescription& m, const Family& F, const std::vector<
     const std::string expert =
         m.num_experts() > 0 ? ", e=" + std::to_string(e.config.expert) : std::string();
     Why w;
-    w.text = "slower by " + fmt(std::max(0.0, slower)) + "% than the best plan because of " +
+    w.text = "slower by " + three(std::max(0.0, slower)) + "% than the best plan because of " +
              cause + " (best of family: b=" + std::to_string(e.config.micro_batch_size) + expert +
              ", v=" + std::to_string(e.config.virtual_stages) + ", recompute " +
              to_string(e.config.recompute) + ")";
     w.group = "slower than the best plan by {}% because of " + cause;
-    w.amount = std::stod(fmt(std::max(0.0, slower)));
+    w.amount = std::max(0.0, slower);
     return w;
   }
   if (F.least_over < std::numeric_limits<double>::infinity()) {
     Why w;
-    w.text = "over memory by " + fmt(F.least_over / kGiB, 2) + " GiB on stage " +
+    w.text = "over memory by " + bytes_text(F.least_over) + " on stage " +
              std::to_string(F.over_stage) + " even with its smallest configuration";
-    w.group = "over memory by {} GiB even with their smallest configuration";
-    w.amount = std::stod(fmt(F.least_over / kGiB, 2));
+    w.group = "over memory by {} even with their smallest configuration";
+    w.amount = F.least_over;  // bytes
     return w;
   }
   return {F.blocked, F.blocked_group, F.blocked_item};
@@ -778,8 +769,11 @@ std::string group_text(const std::string& group, const std::vector<std::string>&
     for (size_t i = 0; i < items.size(); ++i) fill += (i ? ", " : "") + items[i];
     fill += "}";
   } else {
-    const int prec = group.find("GiB") != std::string::npos ? 2 : 1;
-    fill = fmt(lo, prec) + (hi > lo ? "–" + fmt(hi, prec) : std::string());
+    // Memory in bytes ("777 GiB–6.95 TiB"), else a percentage's figures ("2.1–40.3").
+    auto text = [&group](double v) {
+      return group.rfind("over memory", 0) == 0 ? bytes_text(v) : three(v);
+    };
+    fill = text(lo) + (text(hi) != text(lo) ? "–" + text(hi) : std::string());
   }
   return group.substr(0, at) + fill + group.substr(at + 2);
 }
@@ -905,8 +899,8 @@ std::string plan_summary(const PlanResult& r) {
   s += " v=" + std::to_string(c.virtual_stages) + " b=" + std::to_string(c.micro_batch_size) + " " +
        to_string(c.schedule) + ", recompute " + to_string(c.recompute) +
        (c.sequence_parallel ? ", sp" : "") + (c.distributed_optimizer ? ", ZeRO-1" : "") + ": " +
-       fmt(r.time.iteration_s, 3) + " s per iteration, " + fmt(r.peak_memory / kGiB, 2) +
-       " GiB on the fullest GPU";
+       seconds_text(r.time.iteration_s) + " per iteration, " + bytes_text(r.peak_memory) +
+       " on the fullest GPU";
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/data/data_source.h"
 #include "runtime/io/input_file.h"
+#include "runtime/io/json_file.h"
 
 namespace strata {
 namespace {
@@ -126,7 +127,15 @@ nlohmann::json eval_task(InferenceSession& s, const std::string& path) {
   for (int n = 1; std::getline(f, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string at = "line " + std::to_string(n);
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    // Nesting is bounded as every JSON input's (a line nested 100k deep overflowed the stack).
+    std::optional<nlohmann::json> parsed;
+    try {
+      parsed = parse_json_if_json(line, path);
+    } catch (const InputError& e) {
+      throw InputError(path, at + (e.where().empty() ? "" : ": " + e.where()), e.expected());
+    }
+    const nlohmann::json j =
+        parsed ? std::move(*parsed) : nlohmann::json(nlohmann::json::value_t::discarded);
     const bool ids = j.is_object() && j.contains("endings_ids");
     const char* ctx_key = j.is_object() && j.contains("context") ? "context" : "ctx";
     if (j.is_discarded() || !j.is_object() || !j.contains("label") ||

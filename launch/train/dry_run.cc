@@ -8,11 +8,11 @@
 
 #include "launch/config/config_parse.h"
 #include "launch/config/world_layout.h"
-#include "launch/plan/figures.h"
 #include "launch/plan/prediction.h"
 #include "launch/train/reporting.h"
 #include "launch/train/trainer.h"
 #include "models/registry.h"
+#include "partitioner/figures.h"
 #include "partitioner/layer_split.h"
 #include "runtime/base/error.h"
 #include "runtime/base/operation.h"

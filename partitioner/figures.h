@@ -1,7 +1,7 @@
-// figures.h — engineering figures with three significant digits, as `strata plan` and the dry
-// run print them (no "0.000120576B", no "7.9272e-05 s"): a count with its SI prefix (B for
-// billions, as model sizes are said), FLOPs, a duration in s, ms or µs, bytes in GiB, MiB or KiB,
-// a percentage.
+// figures.h — engineering figures with three significant digits, as `strata plan`, its refusals
+// and the dry run print them (no "0.000120576B", no "7.9272e-05 s", no "7119.61 GiB"): a count
+// with its SI prefix (B for billions, as model sizes are said), FLOPs, a duration in h, min, s, ms
+// or µs, bytes in TiB, GiB, MiB or KiB, a percentage.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -1,4 +1,4 @@
-#include "launch/plan/figures.h"
+#include "partitioner/figures.h"
 
 #include <cmath>
 #include <cstdio>
@@ -41,6 +41,7 @@ std::string seconds_text(double s) {
 
 std::string bytes_text(double b) {
   const double a = std::fabs(b);
+  if (a >= 1024.0 * 1024 * 1024 * 1024) return three(b / (1024.0 * 1024 * 1024 * 1024)) + " TiB";
   if (a >= 1024.0 * 1024 * 1024) return three(b / (1024.0 * 1024 * 1024)) + " GiB";
   if (a >= 1024.0 * 1024) return three(b / (1024.0 * 1024)) + " MiB";
   if (a >= 1024.0) return three(b / 1024.0) + " KiB";
