@@ -282,5 +282,25 @@ TEST_F(BadInput, FuzzerFinds) {
   }
 }
 
+// Fuzzer seed 11: a task line nested thousands deep crashed eval (SIGSEGV, cases 969 and 2124);
+// a config of 16.7 M layers hung the dry run (cases 2241 and 3397: a layout of every layer to
+// count the parameters).
+TEST_F(BadInput, FuzzerSeed11Finds) {
+  const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
+  // Valid JSON nested 100k deep (the parser's DOM was then destroyed recursively).
+  const std::string deep = "{\"ctx_ids\": [1, 2], \"endings_ids\": [[3], " +
+                           std::string(100000, '[') + std::string(100000, ']') + "], \"label\": 0}";
+  const std::string task =
+      write("task.jsonl",
+            "{\"ctx_ids\": [1, 2], \"endings_ids\": [[3], [4]], \"label\": 0}\n" + deep + "\n");
+  refused({"eval", "--hf", hf, "--task", task}, "error: " + task + ": line 2: endings_ids[1]",
+          {"nested at most 64 deep"});
+  const Outcome o = run_strata(
+      {"train", "--config", config(), "--set", "model.num_layers=16777217", "--dry-run"}, 60);
+  EXPECT_EQ(testing::contract_violation(o), "") << o.err;
+  EXPECT_EQ(o.status, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("memory: training here would stop (exit 2)"), std::string::npos) << o.out;
+}
+
 }  // namespace
 }  // namespace strata

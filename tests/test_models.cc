@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "launch/config/config_parse.h"
 #include "models/registry.h"
@@ -68,6 +69,38 @@ TEST(ModelRegistry, EveryArchitectureDescribesAndBuilds) {
     EXPECT_EQ(m->params().numel(), piece_parameters(*d, 1, 0, 1, 0, d->num_layers())) << name;
     EXPECT_FALSE(architecture(name).hf.hf_class.empty()) << name;
   }
+}
+
+// parameters() counts the first layer's piece and every other layer by its kind (a layout of
+// every layer made a million-layer config take 40 s): the same as the built model's parameters
+// less the padded vocabulary rows (unpadded_parameters), for every architecture, with the first
+// layer of another kind (Qwen3-MoE's mlp_only_layers) and for 16.7 M layers in well under a second.
+TEST(ModelDescription, ParameterCountIsTheBuiltModelsLessThePadding) {
+  const std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
+           {"model.preset=tiny"},
+           {"model.preset=tiny", "model.num_layers=5"},
+           {"model.preset=llama-tiny", "model.num_layers=3"},
+           {"model.preset=bert-tiny"},
+           {"model.preset=mixtral-tiny"},
+           {"model.preset=qwen3-moe-tiny", "model.num_layers=4", "model.mlp_only_layers=[0]"},
+           {"model.preset=qwen3-moe-tiny", "model.num_layers=5", "model.decoder_sparse_step=2"}}) {
+    std::string name;
+    for (const std::string& s : sets) name += s + " ";
+    const Config cfg = load_config("", sets);
+    const std::unique_ptr<ModelDescription> d = describe_model(cfg.model);
+    ModelOptions o;
+    o.seed = 1;
+    const std::unique_ptr<Model> m = build_model(cfg.model, o, *be);
+    EXPECT_EQ(d->parameters(), unpadded_parameters(m->params().layout())) << name;
+  }
+  const Config huge = load_config("", {"model.preset=tiny", "model.num_layers=16777217"});
+  const std::unique_ptr<ModelDescription> d = describe_model(huge.model);
+  const Config one = load_config("", {"model.preset=tiny", "model.num_layers=1"});
+  const Config two = load_config("", {"model.preset=tiny", "model.num_layers=2"});
+  const int64_t layer =
+      describe_model(two.model)->parameters() - describe_model(one.model)->parameters();
+  EXPECT_EQ(d->parameters(), describe_model(one.model)->parameters() + 16777216 * layer);
 }
 
 TEST(ModelRegistry, UnknownArchitectureIsAConfigErrorNamingTheKnownOnes) {
