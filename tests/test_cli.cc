@@ -33,10 +33,8 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-// env: "NAME=VALUE" assignments the command runs with.
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd =
-      (env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN_PATH) + " " + args + " 2>&1";
+// A shell command line's status and output (stdout and stderr together).
+Result run_shell(const std::string& cmd) {
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
@@ -45,6 +43,12 @@ Result run(const std::string& args, const std::string& env = "") {
   const int st = pclose(p);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   return r;
+}
+
+// env: "NAME=VALUE" assignments the command runs with.
+Result run(const std::string& args, const std::string& env = "") {
+  return run_shell((env.empty() ? "" : "env " + env + " ") + std::string(STRATA_BIN_PATH) + " " +
+                   args + " 2>&1");
 }
 
 class Cli : public ::testing::Test {
@@ -751,15 +755,8 @@ TEST_F(Cli, TrainRefusesAModelOverTheAddressSpaceLimit) {
 #else
   const std::string cfg =
       config({{"model", {{"preset", "gpt2-124m"}}}, {"train", {{"micro_batch_size", 1}}}});
-  const std::string cmd = "sh -c 'ulimit -v 3000000 && exec " + std::string(STRATA_BIN_PATH) +
-                          " train --config " + cfg + "' 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  const Result r = run_shell("sh -c 'ulimit -v 3000000 && exec " + std::string(STRATA_BIN_PATH) +
+                             " train --config " + cfg + "' 2>&1");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_EQ(error_line(r.out).rfind("error: " + cfg +
                                         ": model: a model that fits in this process's address "

@@ -277,28 +277,45 @@ void print_dry_run(const Config& cfg, const RunContext& ctx, std::ostream& os) {
   os << "ranks:\n" << table;
 }
 
-void print_cluster_prediction(const Config& cfg, int world_size, const std::string& cluster_arg,
-                              std::ostream& os) {
-  std::string label;
-  const Cluster cluster = dry_run_cluster(cfg, world_size, cluster_arg, &label);
+namespace {
+
+// The config's layout on `world_size` ranks of the dry run's cluster, evaluated once.
+struct ClusterPrediction {
+  std::string label;  // the cluster, as the header names it
+  bool cpu = false;
+  PlanRequest req;
+  PlanResult mine;
+};
+
+ClusterPrediction predict_on_cluster(const Config& cfg, int world_size,
+                                     const std::string& cluster_arg) {
+  ClusterPrediction p;
+  const Cluster cluster = dry_run_cluster(cfg, world_size, cluster_arg, &p.label);
   if (world_size > cluster.gpus_per_node && world_size % cluster.gpus_per_node != 0)
     throw InputError(
         "<command line>", "--world",
         "whole nodes of " + cluster.name + " (" + std::to_string(cluster.gpus_per_node) +
             " ranks each) or at most one, got " + std::to_string(world_size) + " ranks");
-  const PlanRequest req = cluster_request(cfg, world_size, cluster);
-  const PlanResult mine = evaluate_plan(req, layout_for_world(cfg, world_size));
+  p.cpu = cluster.cpu;
+  p.req = cluster_request(cfg, world_size, cluster);
+  p.mine = evaluate_plan(p.req, layout_for_world(cfg, world_size));
+  return p;
+}
+
+// The prediction's header, words and the comparison with strata plan's search.
+void print_prediction(const Config& cfg, const std::string& cluster_arg, const ClusterPrediction& p,
+                      std::ostream& os) {
+  const PlanRequest& req = p.req;
   auto count = [](int n, const std::string& what) {
     return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
   };
-  os << "predicted on " << label << ": " << count(req.cluster.nodes, "node") << " × "
-     << count(req.cluster.gpus_per_node, cluster.cpu ? "rank" : "GPU") << ", "
-     << cfg.train.precision << ", " << (cluster.cpu ? "the CPU" : "Strata's CUDA") << " runtime"
-     << (cfg.device == (cluster.cpu ? "cuda" : "cpu")
-             ? " (the config says device " + cfg.device + ")"
-             : "")
+  os << "predicted on " << p.label << ": " << count(req.cluster.nodes, "node") << " × "
+     << count(req.cluster.gpus_per_node, p.cpu ? "rank" : "GPU") << ", " << cfg.train.precision
+     << ", " << (p.cpu ? "the CPU" : "Strata's CUDA") << " runtime"
+     << (cfg.device == (p.cpu ? "cuda" : "cpu") ? " (the config says device " + cfg.device + ")"
+                                                : "")
      << "\n";
-  print_prediction_words(req, mine, os);
+  print_prediction_words(req, p.mine, os);
   // The command that lists the plans (for this machine's figures there is no preset to name).
   std::string hint;
   if (!cluster_arg.empty() || cfg.device == "cuda")
@@ -306,17 +323,23 @@ void print_cluster_prediction(const Config& cfg, int world_size, const std::stri
            (cluster_arg.empty() ? std::string(kDefaultGpuCluster) : cluster_arg) + " --nodes " +
            std::to_string(req.cluster.nodes) + " lists them" +
            (cfg.command_line_keys.empty() ? "" : ", once the --set changes are in the file");
-  print_plan_comparison(req, mine, hint, os);
+  print_plan_comparison(req, p.mine, hint, os);
+}
+
+}  // namespace
+
+void print_cluster_prediction(const Config& cfg, int world_size, const std::string& cluster_arg,
+                              std::ostream& os) {
+  print_prediction(cfg, cluster_arg, predict_on_cluster(cfg, world_size, cluster_arg), os);
 }
 
 void print_world_dry_run(const Config& cfg, int world_size, const std::string& cluster_arg,
                          std::ostream& os) {
   validate_for_world(cfg, world_size, "--world");
-  std::string label;
-  const Cluster cluster = dry_run_cluster(cfg, world_size, cluster_arg, &label);
+  const ClusterPrediction p = predict_on_cluster(cfg, world_size, cluster_arg);
   World w;  // the world of --world, seen from its rank 0
   w.size = world_size;
-  w.local_size = std::min(world_size, cluster.gpus_per_node);
+  w.local_size = std::min(world_size, p.req.cluster.gpus_per_node);
   RunLayout run;
   run.cfg = &cfg;
   run.world = &w;
@@ -325,9 +348,8 @@ void print_world_dry_run(const Config& cfg, int world_size, const std::string& c
   run.global = cfg.train.global_batch_size;
   run.seq_len = cfg.model.seq_len;
   print_run_lines(run, os);
-  print_memory_table(evaluate_plan(cluster_request(cfg, world_size, cluster), run.layout).memory,
-                     os);
-  print_cluster_prediction(cfg, world_size, cluster_arg, os);
+  print_memory_table(p.mine.memory, os);
+  print_prediction(cfg, cluster_arg, p, os);
 }
 
 }  // namespace strata
