@@ -315,7 +315,24 @@ struct BadCheckpoint {
 // 4 with a warning naming the file and the key, and an explicit load (export) refuse it with an
 // InputError naming both (the binary: exit status 2, one line).
 TEST(Checkpoint, FieldsAreCheckedAsStrictlyAsAConfig) {
+  const auto list_file = [](const std::string& ck, const std::string& name) {
+    nlohmann::json meta = json_of(ck + "/metadata.json");
+    meta["files"][name] = {{"bytes", 5}, {"crc32", "0000abcd"}};
+    write_json(ck + "/metadata.json", meta);
+  };
   const std::vector<BadCheckpoint> cases = {
+      {"a tokenizer listed in metadata.json but missing",
+       [&](const std::string& ck) { list_file(ck, "tokenizer.json"); },
+       {"iter_8/tokenizer.json", "metadata.json lists it"}},
+      {"two tokenizers listed",
+       [&](const std::string& ck) {
+         list_file(ck, "tokenizer.json");
+         list_file(ck, "tokenizer.tiktoken");
+       },
+       {"iter_8/metadata.json", "files.tokenizer.tiktoken", "one tokenizer"}},
+      {"a file metadata.json may not list",
+       [&](const std::string& ck) { list_file(ck, "vocab.txt"); },
+       {"iter_8/metadata.json", "files.vocab.txt", "tokenizer.json or tokenizer.tiktoken"}},
       {"a rank's shard not covered by metadata.json, and corrupted",
        [](const std::string& ck) {
          nlohmann::json meta = json_of(ck + "/metadata.json");

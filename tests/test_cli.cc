@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/blas.h"
 #include "launch/train/reporting.h"
+#include "runtime/checkpoint/shard.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/tokenizer.h"
 #include "small_disk.h"
@@ -299,8 +300,9 @@ TEST_F(Cli, ProgressLinesAreFlushedToAPipe) {
   EXPECT_NE(line.find(", ETA "), std::string::npos) << line;
 }
 
-// Neither a Hugging Face directory nor a checkpoint records the data: `eval --data` needs it
-// named, rather than evaluating the built-in synthetic chain without a word.
+// A Hugging Face directory records no data: `eval --data` needs it named, rather than evaluating
+// the built-in synthetic chain without a word. A checkpoint's run state records its run's data
+// section, which eval --data reads (shared/DESIGN.md); one saved before it did is refused.
 TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
   const std::string hf = std::string(STRATA_TEST_DIR) + "/golden/generate/hf_gpt2_tiny";
   Result bare = run("eval --hf " + hf + " --data val --batches 1 --batch-size 1");
@@ -311,11 +313,34 @@ TEST_F(Cli, EvalOfAHuggingFaceDirectoryNeedsItsData) {
       run("eval --hf " + hf + " --data val --batches 1 --batch-size 1 --set data.source=synthetic");
   EXPECT_EQ(named.status, 0) << named.out;
   EXPECT_NE(named.out.find("val split:"), std::string::npos) << named.out;
-  Result trained = run("train --config " + config() + " --set checkpoint.dir=" + dir_ + "/ck");
+  Result trained = run("train --config " + config() + " --set checkpoint.dir=" + dir_ +
+                       "/ck --set checkpoint.interval=3");
   ASSERT_EQ(trained.status, 0) << trained.out;
-  Result checkpoint = run("eval --checkpoint " + dir_ + "/ck --data val --batches 1");
-  EXPECT_EQ(checkpoint.status, 2) << checkpoint.out;
-  EXPECT_NE(error_line(checkpoint.out).find("--data"), std::string::npos) << checkpoint.out;
+  const std::string eval = " --data val --batches 2 --batch-size 2 --json";
+  Result own = run("eval --checkpoint " + dir_ + "/ck" + eval);
+  ASSERT_EQ(own.status, 0) << own.out;
+  Result told = run("eval --checkpoint " + dir_ + "/ck --config " + config() + eval);
+  ASSERT_EQ(told.status, 0) << told.out;
+  EXPECT_EQ(own.out.substr(own.out.rfind("{\"")), told.out.substr(told.out.rfind("{\"")));
+
+  // A run state without the data section (saved before it was recorded): its checksum redone.
+  const std::string ck = dir_ + "/ck/iter_3";
+  nlohmann::json rs = nlohmann::json::parse(std::ifstream(ck + "/run_state.json"));
+  rs.erase("data");
+  const std::string text = rs.dump(2) + "\n";
+  std::ofstream(ck + "/run_state.json", std::ios::binary) << text;
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(ck + "/metadata.json"));
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", strata::crc32_ieee(text.data(), text.size()));
+  meta["files"]["run_state.json"] = {{"bytes", text.size()}, {"crc32", crc}};
+  std::ofstream(ck + "/metadata.json", std::ios::binary) << meta.dump(2) << "\n";
+  Result old = run("eval --checkpoint " + ck + eval);
+  EXPECT_EQ(old.status, 2) << old.out;
+  EXPECT_NE(error_line(old.out).find("iter_3/run_state.json: data: the run's data section"),
+            std::string::npos)
+      << old.out;
+  Result named_old = run("eval --checkpoint " + ck + " --config " + config() + eval);
+  EXPECT_EQ(named_old.status, 0) << named_old.out;
 }
 
 // A finished run started again says so, rather than printing its header and nothing else.
@@ -445,6 +470,71 @@ TEST_F(Cli, GenerateTokenizesPromptsWithoutATextSource) {
   const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"")));
   EXPECT_EQ(j["ids"].size(), 3u) << r.out;
   EXPECT_FALSE(j["prompt_ids"].empty()) << r.out;
+}
+
+// A run with data.tokenizer saves a copy of it in every checkpoint, so generate and eval read
+// text with the run's own tokenizer without being told, and export puts it beside the model,
+// where generate --hf finds it: the same ids on all three paths as with --set data.tokenizer.
+TEST_F(Cli, CheckpointsCarryTheRunsTokenizerToGenerateAndExport) {
+  const std::string tok =
+      std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n";
+  write("corpus.txt", text);
+  // data.path relative to the config, and the config relative to the folder train runs in.
+  const std::string cfg =
+      config({{"model", {{"vocab_size", 4353}}},
+              {"train", {{"iterations", 2}}},
+              {"data", {{"source", "text"}, {"path", "corpus.txt"}, {"tokenizer", tok}}},
+              {"checkpoint", {{"dir", dir_ + "/ck"}, {"interval", 2}}}});
+  Result r = run_shell("cd " + dir_ + " && " + std::string(STRATA_BIN_PATH) + " train --config " +
+                       std::filesystem::path(cfg).filename().string() + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_EQ(bytes(dir_ + "/ck/iter_2/tokenizer.json"), bytes(tok));
+  const std::string gen = " --prompt \"To be, or not\" --max-new-tokens 4 --json";
+  const auto ids = [](const Result& g) {
+    const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.rfind("{\"")));
+    return j["prompt_ids"].dump() + " " + j["ids"].dump();
+  };
+  const Result told =
+      run("generate --checkpoint " + dir_ + "/ck --set data.tokenizer=" + tok + gen);
+  ASSERT_EQ(told.status, 0) << told.out;
+  const Result own = run("generate --checkpoint " + dir_ + "/ck" + gen);
+  ASSERT_EQ(own.status, 0) << own.out;
+  EXPECT_EQ(ids(own), ids(told));
+
+  r = run("export --checkpoint " + dir_ + "/ck --out " + dir_ + "/hf");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer: " + dir_ + "/hf/tokenizer.json"), std::string::npos) << r.out;
+  EXPECT_EQ(bytes(dir_ + "/hf/tokenizer.json"), bytes(tok));
+  const Result hf = run("generate --hf " + dir_ + "/hf" + gen);
+  ASSERT_EQ(hf.status, 0) << hf.out;
+  EXPECT_EQ(ids(hf), ids(told));
+  // eval --data: the run's text source through the run's tokenizer, from another folder.
+  const std::string eval = " --data val --batches 2 --batch-size 2 --json";
+  const Result eval_own = run_shell("cd / && " + std::string(STRATA_BIN_PATH) +
+                                    " eval --checkpoint " + dir_ + "/ck" + eval + " 2>&1");
+  ASSERT_EQ(eval_own.status, 0) << eval_own.out;
+  const Result eval_told = run("eval --checkpoint " + dir_ + "/ck --config " + cfg + eval);
+  ASSERT_EQ(eval_told.status, 0) << eval_told.out;
+  EXPECT_EQ(eval_own.out.substr(eval_own.out.rfind("{\"")),
+            eval_told.out.substr(eval_told.out.rfind("{\"")));
+
+  // The copy is checksummed like every other file: a changed byte is named, not used.
+  {
+    std::fstream f(dir_ + "/ck/iter_2/tokenizer.json",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('~');
+  }
+  r = run("generate --checkpoint " + dir_ + "/ck/iter_2" + gen);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(error_line(r.out).find("iter_2/tokenizer.json: CRC-32"), std::string::npos) << r.out;
 }
 
 // data prepare ends with the vocabulary and the model.vocab_size a training config needs (a run

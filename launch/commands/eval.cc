@@ -23,11 +23,14 @@ const char kUsage[] =
     "usage: strata eval (--checkpoint DIR | --hf DIR) [--config FILE] [--set k=v ...]\n"
     "                   (--data [train|val] [--batches N] [--batch-size B] | --task FILE.jsonl)\n"
     "                   [--json]\n"
-    "  --data SPLIT     loss, perplexity and bits per byte on the config's data (default val)\n"
+    "  --data SPLIT     loss, perplexity and bits per byte on the config's data, else the\n"
+    "                   checkpoint's run's (default split val)\n"
     "  --batches N      batches of --batch-size B sequences of model.seq_len (16 of 8)\n"
     "  --task FILE      multiple choice in HellaSwag's shape ({\"ctx\", \"endings\", \"label\"}\n"
     "                   per line, or ctx_ids / endings_ids): acc and acc_norm\n"
-    "  --json           one JSON object instead of the table\n";
+    "  --json           one JSON object instead of the table\n"
+    "  Text is tokenized with data.tokenizer, else the checkpoint's (its run's\n"
+    "  data.tokenizer), else the Hugging Face directory's tokenizer.json.\n";
 
 // A task's token ids: a JSON array of integers in [0, V). The value given is named as written: an
 // id past int32 is not wrapped (4294967301 is not 5), a fraction (1.9) is not cut.
@@ -250,18 +253,19 @@ int cmd_eval(const std::vector<std::string>& args) {
     return 0;
   if (split.has_value() == task.has_value())
     bad_flag_of("eval", "--data", "exactly one of --data and --task");
-  // Neither a Hugging Face directory nor a checkpoint records the data (run_state.json keeps the
-  // model): without a config or a data.* override the default source, the built-in synthetic
-  // chain, would be evaluated without a word.
+  // Without a config or a data.* override, a checkpoint's data is its run's (run_state.json
+  // records the data section); a Hugging Face directory records none, and the default source,
+  // the built-in synthetic chain, would be evaluated without a word.
   const bool names_data = !src.config.empty() ||
                           std::any_of(src.sets.begin(), src.sets.end(), [](const std::string& s) {
                             return s.rfind("data.", 0) == 0;
                           });
-  if (split && !names_data)
+  if (split && !names_data && !src.checkpoint)
     bad_flag_of("eval", "--data",
                 "the data to evaluate: --config FILE with its data section, or --set "
                 "data.source=text --set data.path=FILE (--set data.source=synthetic for the "
-                "built-in chain); a checkpoint or Hugging Face directory records none");
+                "built-in chain); a Hugging Face directory records none");
+  src.data_of_run = split && !names_data;
   InferenceSession session(src);
   const nlohmann::json r =
       task ? eval_task(session, *task) : eval_data(session, *split, batches, batch_size);

@@ -11,6 +11,7 @@
 #include "models/registry.h"
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/tokenizer.h"
 
 namespace strata {
 namespace {
@@ -68,6 +69,21 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   config["dtype"] = config["torch_dtype"] = options.dtype == "BF16" ? "bfloat16" : "float32";
   write_hf_directory(out, config, hf, options,
                      adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{});
+  // The run's tokenizer goes with the model when transformers can read it (tokenizer.json).
+  if (const std::optional<std::string> tok = checkpoint_tokenizer(path)) {
+    if (is_tokenizer_json(*tok)) {
+      std::error_code copy_ec;
+      std::filesystem::copy_file(*tok, out + "/tokenizer.json",
+                                 std::filesystem::copy_options::overwrite_existing, copy_ec);
+      if (copy_ec)
+        throw InputError(out + "/tokenizer.json", "", "a writable file: " + copy_ec.message());
+      std::printf("tokenizer: %s/tokenizer.json (the run's data.tokenizer)\n", out.c_str());
+    } else {
+      std::printf(
+          "tokenizer: not written: the run's is a tiktoken ranks file, and transformers reads "
+          "tokenizer.json\n");
+    }
+  }
   return path;
 }
 
@@ -85,7 +101,8 @@ int cmd_export(const std::vector<std::string>& args) {
           "  DIR:  a checkpoint (iter_<N>) or a checkpoint.dir (its newest valid checkpoint).\n"
           "  PATH: ending in .safetensors, one file of tensors; otherwise a directory that\n"
           "        transformers' from_pretrained loads: config.json and model.safetensors, or\n"
-          "        model-0000k-of-0000n.safetensors shards and model.safetensors.index.json.\n"
+          "        model-0000k-of-0000n.safetensors shards and model.safetensors.index.json;\n"
+          "        and tokenizer.json when the run trained with one (data.tokenizer).\n"
           "  --max-shard-size SIZE  largest shard of a directory (default 5GB; 500MB, 2GiB,\n"
           "                         or bytes); a tensor is never split across shards.\n"
           "  --dtype fp32|bf16      the tensors' type (default fp32; bf16 rounds to nearest\n"

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "launch/config/config_parse.h"
+#include "launch/config/config_schema.h"
 #include "launch/config/model_shape.h"
 #include "launch/config/world_layout.h"
 #include "launch/train/model_state.h"
@@ -73,7 +74,8 @@ void check_hf_sizes(const ModelConfig& m, const nlohmann::json& hf, const std::s
 
 // The model keys of the source, the path its weights are read from and the file that recorded
 // the model (run_state.json, config.json).
-ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* recorded) {
+ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* recorded,
+                     nlohmann::json* run_data) {
   if (s.checkpoint.has_value() == s.hf.has_value())
     throw InputError("<command line>", "--checkpoint",
                      "exactly one of --checkpoint DIR and --hf DIR");
@@ -98,6 +100,13 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
   *path = ck;
   *recorded = ck + "/run_state.json";
   const CheckpointReader c(ck);  // the headers and the run state, no tensor bytes
+  if (s.data_of_run) {
+    if (!c.run_state().contains("data"))
+      throw InputError(*recorded, "data",
+                       "the run's data section for strata eval --data, which this checkpoint "
+                       "predates: name the data with --config FILE or --set data.*");
+    *run_data = c.run_state().at("data");
+  }
   const ModelConfig model =
       config_from_json(nlohmann::json{{"model", c.run_state().at("model")}}, ck + "/run_state.json",
                        {"data.synthetic.vocab_size=1"})
@@ -111,14 +120,24 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
 // keys must name the source's shape (`recorded` wrote it): a checkpoint of another shape is an
 // error, not a silent choice between the two.
 Config session_config(const InferenceSource& s, const ModelConfig& model,
-                      const std::string& recorded) {
+                      const std::string& recorded, const nlohmann::json& run_data) {
   std::vector<std::string> sets = s.sets;
   for (const char* k :
        {"parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
         "parallel.sequence_parallel=false", "parallel.layers_per_stage=null", "parallel.data=null",
         "parallel.expert=1", "parallel.context=1", "train.micro_batch_size=1"})
     sets.push_back(k);
-  const Config probe = load_config(s.config, sets);
+  // The run's data section is read with the source's model, as the run read it; its errors name
+  // the run state.
+  const auto load = [&](const std::vector<std::string>& with) {
+    if (run_data.is_null()) return load_config(s.config, with);
+    Config c;
+    c.model = model;
+    nlohmann::json m = to_json(c)["model"];
+    m["preset"] = nullptr;
+    return config_from_json(nlohmann::json{{"model", m}, {"data", run_data}}, recorded, with);
+  };
+  const Config probe = load(sets);
   // The model keys the user named (a preset names them all), compared where they fix shapes.
   std::set<std::string> named;
   bool all = false;
@@ -140,7 +159,7 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
                     s.config.empty() ? "--set" : s.config);
   const int data = std::max(1, world().size / std::max(1, probe.layout.tensor));
   sets.push_back("train.global_batch_size=" + std::to_string(data));
-  Config cfg = load_config(s.config, sets);
+  Config cfg = load(sets);
   cfg.model = model;
   cfg.model.init_from.reset();
   validate_for_world(cfg, world().size);
@@ -158,7 +177,8 @@ std::vector<Flag> source_flags(InferenceSource* s) {
 
 InferenceSession::InferenceSession(const InferenceSource& source) {
   std::string path, recorded;
-  const ModelConfig model = model_of(source, &path, &recorded);
+  nlohmann::json run_data;  // null unless source.data_of_run
+  const ModelConfig model = model_of(source, &path, &recorded, &run_data);
   // Generation and scoring continue text: a causal language model's work.
   if (architecture(model.arch).masked_lm)
     throw InputError(path, "model.arch",
@@ -166,7 +186,7 @@ InferenceSession::InferenceSession(const InferenceSource& source) {
                          model.arch +
                          "\", an encoder (its validation loss is strata train's "
                          "val_loss)");
-  cfg_ = session_config(source, model, recorded);
+  cfg_ = session_config(source, model, recorded, run_data);
   run_ = make_run_layout(cfg_, world().size == 1);
   be_ = make_backend(cfg_.device, run_.threads, cfg_.train.attention_backend);
   groups_ = run_.groups(*be_);
@@ -185,6 +205,13 @@ InferenceSession::InferenceSession(const InferenceSource& source) {
     be_->upload(ps.params(), host.data());
     ps.params_changed();
   });
+  // The tokenizer: the user's data.tokenizer, else the one the checkpoint's run trained with
+  // (its copy in the checkpoint), else a Hugging Face directory's tokenizer.json. It becomes
+  // data.tokenizer, so that a text source (strata eval --data) reads text as the model did.
+  if (!cfg_.data.tokenizer && source.checkpoint) cfg_.data.tokenizer = checkpoint_tokenizer(path);
+  std::error_code ec;
+  if (!cfg_.data.tokenizer && source.hf && std::filesystem::exists(path + "/tokenizer.json", ec))
+    cfg_.data.tokenizer = path + "/tokenizer.json";
   if (cfg_.data.tokenizer) tok_ = Tokenizer::load(*cfg_.data.tokenizer);
 }
 

@@ -33,6 +33,9 @@ struct InferenceSource {
   std::optional<std::string> hf;          // a Hugging Face directory
   std::string config;                     // a config file ("": none)
   std::vector<std::string> sets;          // --set overrides
+  // The data section is the checkpoint's run's (its run_state.json records it) rather than the
+  // config's: strata eval --data with neither --config nor a data.* --set.
+  bool data_of_run = false;
 };
 
 // The model-source flags (--checkpoint, --hf, --config, --set) reading into `s`, for a command's

@@ -14,8 +14,30 @@
 #include "models/hf_checkpoint.h"
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/io/input_file.h"
 
 namespace strata {
+namespace {
+
+// The run's data section as its run state records it, for strata eval --data on the checkpoint:
+// paths absolute (eval may run from another folder), the tokenizer left out (the checkpoint
+// holds a copy, which eval reads).
+nlohmann::json recorded_data(const Config& cfg) {
+  nlohmann::json d = cfg.resolved.at("data");
+  const auto absolute = [](nlohmann::json& v) {
+    if (v.is_string())
+      v = std::filesystem::absolute(v.get<std::string>()).lexically_normal().string();
+  };
+  absolute(d["path"]);
+  if (d["blend"].is_array())
+    for (nlohmann::json& b : d["blend"]) absolute(b["path"]);
+  d.erase("tokenizer");
+  return d;
+}
+
+}  // namespace
+
 Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
                              ProcessGroups& groups, Model& model, AdamW& opt, GradReducer& reducer,
                              Backend& be, bool lead)
@@ -30,12 +52,20 @@ Checkpointing::Checkpointing(const RunLayout& run, const ModelDescription& desc,
   const CheckpointConfig& ck = run.cfg->checkpoint;
   if (ck.dir) {
     // One run per directory: rank 0 holds its lock for the run (every rank learns a refusal).
-    decide_on_rank0(*groups.host, [this, &ck]() -> std::string {
+    // Rank 0 also reads the run's tokenizer, which every save carries (generate, eval and
+    // export then need no data.tokenizer); the data source has loaded it already.
+    CheckpointExtras extras;
+    const std::optional<std::string>& tok = run.cfg->data.tokenizer;
+    decide_on_rank0(*groups.host, [this, &ck, &tok, &extras]() -> std::string {
       std::error_code ec;
       if (std::filesystem::is_directory(*ck.dir, ec)) lock_ = std::make_unique<DirLock>(*ck.dir);
+      if (tok)
+        extras[kCheckpointTokenizerFiles[is_tokenizer_json(*tok) ? 0 : 1]] =
+            read_input_file(*tok, kMaxTokenizerFileBytes);
       return "";
     });
     saver_ = std::make_unique<CheckpointSaver>(*groups.host, *ck.dir, ck.keep, ck.async);
+    saver_->set_extras(std::move(extras));
   }
 }
 
@@ -157,6 +187,7 @@ void Checkpointing::save(int it, int nonfinite_in_a_row, const Tensor* previous)
         {"micro_batch_size", run_.layout.micro_batch_size},
         {"global_batch_size", cfg.train.global_batch_size}}},
       {"config_file", cfg.source_file}};
+  rs["data"] = recorded_data(cfg);
   // Expert parallelism, recorded where it was used (run states before it have no key).
   if (run_.layout.expert > 1) rs["parallel"]["expert"] = run_.layout.expert;
   // Context parallelism likewise: it changes no weight's layout, but the run state says it.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/load.h"
+#include "runtime/checkpoint/save.h"
 #include "runtime/checkpoint/shard.h"
 #include "runtime/comm/comm.h"
 
@@ -119,7 +120,7 @@ json write_shard(const std::string& tmp, int rank, int world, int iteration, con
 // every rank); returns `final_dir`.
 std::string publish_save(Communicator& host, const std::string& dir, int iteration,
                          const json& mine, const json& run_state, int keep, const std::string& tmp,
-                         const std::string& final_dir);
+                         const std::string& final_dir, const CheckpointExtras& extras);
 
 // ---- reading: JSON fields checked as strictly as a config's (manifest.cc) ----
 
@@ -167,6 +168,8 @@ void check_size(const std::string& file, const FileRecord& rec);
 void check_crc(const std::string& file, const FileRecord& rec, uint32_t crc);
 // run_state.json, every key as saved by launch/train/checkpointing.cc.
 json read_run_state(const std::string& path, const Manifest& m);
+// The files beside the shards and the run state (a tokenizer): each one's size and CRC-32.
+void check_extra_files(const std::string& path, const Manifest& m);
 
 // ---- reading: the shard files (shard_check.cc) ----
 

@@ -3,7 +3,8 @@
 // Reading checks a checkpoint as strictly as a config, before anything of it is used:
 //   - metadata.json: format, checksum, iteration (the directory's N), world_size, and exactly
 //     one entry (bytes, CRC-32) for run_state.json and for each rank_<r>.safetensors, r <
-//     world_size: every file a load reads is covered by a checksum;
+//     world_size, and at most one for the run's tokenizer (kCheckpointTokenizerFiles): every
+//     file a load reads is covered by a checksum;
 //   - every file: its size and CRC-32 against its entry (each byte is checksummed as it is read);
 //   - run_state.json: every key and its type and range, iteration and world_size equal to
 //     metadata.json's, parallel.tensor × pipeline × data = world_size;
@@ -29,6 +30,15 @@
 #include "runtime/checkpoint/shard.h"
 
 namespace strata {
+
+// The names a checkpoint may hold its run's tokenizer under (data.tokenizer, copied by rank 0
+// into every save): a Hugging Face tokenizer.json, or a tiktoken ranks file.
+inline constexpr const char* kCheckpointTokenizerFiles[] = {"tokenizer.json", "tokenizer.tiktoken"};
+
+// The tokenizer file the checkpoint at `path` holds, its size and CRC-32 checked against
+// metadata.json (InputError naming the file when they differ); nullopt when it holds none (a run
+// without data.tokenizer, or a checkpoint from before tokenizers were saved).
+std::optional<std::string> checkpoint_tokenizer(const std::string& path);
 
 // "" when `path` is a checkpoint that passes every check above, else why not (the InputError's
 // "<file>: <where>: <expected>").

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint_internal.h"
@@ -123,11 +124,14 @@ Manifest read_manifest(const std::string& path) {
   for (const auto& [name, e] : files.items()) {
     const std::string where = "files." + name;
     const int rank = rank_of_file(name);
-    if (name != "run_state.json" && !(rank >= 0 && rank < m.world_size))
+    const bool tokenizer =
+        std::find(std::begin(kCheckpointTokenizerFiles), std::end(kCheckpointTokenizerFiles),
+                  name) != std::end(kCheckpointTokenizerFiles);
+    if (name != "run_state.json" && !tokenizer && !(rank >= 0 && rank < m.world_size))
       throw InputError(file, where,
-                       "only run_state.json and rank_0.safetensors … " +
-                           rank_file(m.world_size - 1) + " (world_size " +
-                           std::to_string(m.world_size) + "), got this entry");
+                       "only run_state.json, rank_0.safetensors … " + rank_file(m.world_size - 1) +
+                           " (world_size " + std::to_string(m.world_size) +
+                           ") and tokenizer.json or tokenizer.tiktoken, got this entry");
     const bool headed = m.format >= 2 && rank >= 0;
     exact_object(e,
                  headed ? std::vector<std::string>{"bytes", "crc32", "header_bytes", "header_crc32"}
@@ -157,7 +161,21 @@ Manifest read_manifest(const std::string& path) {
       throw InputError(file, "files",
                        "an entry (bytes, CRC-32) for " + n + " (world_size " +
                            std::to_string(m.world_size) + "), found none");
+  if (m.files.count(kCheckpointTokenizerFiles[0]) && m.files.count(kCheckpointTokenizerFiles[1]))
+    throw InputError(file, std::string("files.") + kCheckpointTokenizerFiles[1],
+                     "one tokenizer, got tokenizer.json too");
   return m;
+}
+
+void check_extra_files(const std::string& path, const Manifest& m) {
+  for (const char* name : kCheckpointTokenizerFiles) {
+    const auto it = m.files.find(name);
+    if (it == m.files.end()) continue;
+    const std::string file = path + "/" + name;
+    check_size(file, it->second);
+    const std::string bytes = read_file(file);
+    check_crc(file, it->second, crc32_ieee(bytes.data(), bytes.size()));
+  }
 }
 
 void check_size(const std::string& file, const FileRecord& rec) {
@@ -184,10 +202,15 @@ json read_run_state(const std::string& path, const Manifest& m) {
   const std::string text = read_file(file);
   check_crc(file, rec, crc32_ieee(text.data(), text.size()));
   const json rs = parse_json(text, file);
-  exact_object(rs,
-               {"format", "iteration", "optimizer_steps", "data_position", "seed", "rng",
-                "nonfinite_in_a_row", "world_size", "model", "parallel", "train", "config_file"},
-               file, "");
+  std::vector<std::string> keys = {
+      "format", "iteration",          "optimizer_steps", "data_position", "seed",
+      "rng",    "nonfinite_in_a_row", "world_size",      "model",         "parallel",
+      "train",  "config_file"};
+  // The run's data section (strata eval --data reads it), recorded since run states hold it.
+  if (rs.is_object() && rs.contains("data")) keys.push_back("data");
+  exact_object(rs, keys, file, "");
+  if (rs.contains("data") && !rs.at("data").is_object())
+    throw InputError(file, "data", "expected an object of data keys, got " + show(rs.at("data")));
   expect_string(rs, "format", "strata-run-state-1", file);
   const int64_t it = int_field(rs, "iteration", 0, INT_MAX, file);
   if (it != m.iteration)

@@ -114,7 +114,8 @@ nlohmann::json write_shard(const std::string& tmp, int rank, int world, int iter
 // (std::runtime_error naming the rank's error) after the temporary directory is removed.
 std::string publish_save(Communicator& host, const std::string& dir, int iteration,
                          const nlohmann::json& mine, const nlohmann::json& run_state, int keep,
-                         const std::string& tmp, const std::string& final_dir) {
+                         const std::string& tmp, const std::string& final_dir,
+                         const CheckpointExtras& extras) {
   const int rank = host.rank();
   const std::vector<std::string> entries = all_gather_strings(host, mine.dump());
   try {
@@ -136,6 +137,11 @@ std::string publish_save(Communicator& host, const std::string& dir, int iterati
       write_file_synced(tmp + "/run_state.json", rs);
       files["run_state.json"] = {{"bytes", rs.size()},
                                  {"crc32", crc_hex(crc32_ieee(rs.data(), rs.size()))}};
+      for (const auto& [name, bytes] : extras) {
+        write_file_synced(tmp + "/" + name, bytes);
+        files[name] = {{"bytes", bytes.size()},
+                       {"crc32", crc_hex(crc32_ieee(bytes.data(), bytes.size()))}};
+      }
       const nlohmann::json meta = {{"format", "strata-checkpoint-2"},
                                    {"iteration", iteration},
                                    {"world_size", host.size()},
@@ -170,13 +176,14 @@ std::string publish_save(Communicator& host, const std::string& dir, int iterati
 }  // namespace checkpoint_internal
 
 std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
-                            const RankShard& mine, const nlohmann::json& run_state, int keep) {
+                            const RankShard& mine, const nlohmann::json& run_state, int keep,
+                            const CheckpointExtras& extras) {
   // A rank whose launcher is gone stops before it writes anything (watchdog.h).
   exit_if_orphaned();
   const std::string final_dir = dir + "/iter_" + std::to_string(iteration);
   const std::string tmp = make_save_dir(host, dir, final_dir);
   const nlohmann::json entry = write_shard(tmp, host.rank(), host.size(), iteration, mine);
-  return publish_save(host, dir, iteration, entry, run_state, keep, tmp, final_dir);
+  return publish_save(host, dir, iteration, entry, run_state, keep, tmp, final_dir, extras);
 }
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,13 +20,19 @@
 
 namespace strata {
 
+// Files rank 0 writes into every checkpoint beside the shards and the run state, name -> bytes:
+// the run's tokenizer (kCheckpointTokenizerFiles, load.h). Each is listed in metadata.json with
+// its size and CRC-32 and published with the rest; other ranks' extras are ignored.
+using CheckpointExtras = std::map<std::string, std::string>;
+
 // Writes the checkpoint of `iteration` (collective over host: every rank passes its shard, rank
 // 0's run_state is written). Keeps the newest `keep` checkpoints (0: all). Returns the final
 // directory. Throws std::runtime_error naming the path on I/O failure (a full disk), after
 // removing the save's temporary directory. A rank whose launcher is gone stops instead of saving
 // (watchdog.h exit_if_orphaned).
 std::string save_checkpoint(Communicator& host, const std::string& dir, int iteration,
-                            const RankShard& mine, const nlohmann::json& run_state, int keep);
+                            const RankShard& mine, const nlohmann::json& run_state, int keep,
+                            const CheckpointExtras& extras = {});
 
 // A run's saves. Synchronous (background false): save() writes and publishes the checkpoint
 // before it returns, as save_checkpoint. Background (checkpoint.async): save() creates the
@@ -46,6 +53,9 @@ class CheckpointSaver {
   ~CheckpointSaver();  // joins a running write; an unpublished save stays a temporary directory
   CheckpointSaver(const CheckpointSaver&) = delete;
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Rank 0 writes these files into every later save (see CheckpointExtras).
+  void set_extras(CheckpointExtras extras) { extras_ = std::move(extras); }
 
   // Collective. Publishes a pending save first, then saves `iteration`: returns the published
   // directory (synchronous), or "" (background: publish() returns it later).
@@ -68,6 +78,7 @@ class CheckpointSaver {
   std::string dir_;
   int keep_;
   bool background_;
+  CheckpointExtras extras_;
   int64_t saves_ = 0;
   std::unique_ptr<Pending> pending_;
   double last_write_s_ = 0;

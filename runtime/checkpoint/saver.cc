@@ -78,7 +78,7 @@ std::string CheckpointSaver::publish(int64_t save) {
   if (p->writer.joinable()) p->writer.join();
   last_write_s_ = p->write_s;
   return publish_save(host_, dir_, p->iteration, p->entry, p->run_state, keep_, p->tmp,
-                      p->final_dir);
+                      p->final_dir, extras_);
 }
 
 }  // namespace strata

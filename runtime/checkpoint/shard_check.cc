@@ -333,6 +333,7 @@ LoadedCheckpoint read_checked(const std::string& path, bool keep_values) {
   c.path = path;
   const Manifest m = read_manifest(path);
   c.run_state = read_run_state(path, m);
+  check_extra_files(path, m);
   std::vector<ShardHeader> shards = read_shard_headers(path, m);
   for (ShardHeader& h : shards) check_shard_data(h, keep_values);
   check_coverage(path, shards);
@@ -346,6 +347,14 @@ LoadedCheckpoint read_checked(const std::string& path, bool keep_values) {
 
 using checkpoint_internal::final_checkpoints;
 using checkpoint_internal::read_checked;
+
+std::optional<std::string> checkpoint_tokenizer(const std::string& path) {
+  const checkpoint_internal::Manifest m = checkpoint_internal::read_manifest(path);
+  checkpoint_internal::check_extra_files(path, m);
+  for (const char* name : kCheckpointTokenizerFiles)
+    if (m.files.count(name)) return path + "/" + name;
+  return std::nullopt;
+}
 
 std::string verify_checkpoint(const std::string& path) {
   try {

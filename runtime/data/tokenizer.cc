@@ -438,6 +438,16 @@ void Model::finish_pairs() {
 
 using tokenizer_internal::Model;
 
+bool is_tokenizer_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
+  char c = 0;
+  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  }
+  return (in && c == '{') || (path.size() >= 5 && path.substr(path.size() - 5) == ".json");
+}
+
 Tokenizer::Tokenizer(std::unique_ptr<Model> model) : m_(std::move(model)) {}
 Tokenizer::~Tokenizer() = default;
 
@@ -445,16 +455,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(
     const std::string& path, const std::string& tiktoken_pattern,
     const std::map<std::string, int32_t>* tiktoken_specials) {
   check_input_file(path, kMaxTokenizerFileBytes);
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(path, "", "a readable tokenizer file (tokenizer.json or tiktoken ranks)");
-  char c = 0;
-  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
-  }
-  const bool is_json =
-      (in && c == '{') || (path.size() >= 5 && path.substr(path.size() - 5) == ".json");
-  in.close();
-  if (is_json) return std::unique_ptr<Tokenizer>(new Tokenizer(tokenizer_internal::load_hf(path)));
+  if (is_tokenizer_json(path))
+    return std::unique_ptr<Tokenizer>(new Tokenizer(tokenizer_internal::load_hf(path)));
   return std::unique_ptr<Tokenizer>(new Tokenizer(
       tokenizer_internal::load_tiktoken_model(path, tiktoken_pattern, tiktoken_specials)));
 }

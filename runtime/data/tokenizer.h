@@ -54,6 +54,10 @@ namespace tokenizer_internal {
 struct Model;
 }
 
+// Whether the tokenizer file at `path` is a Hugging Face tokenizer.json (its first non-blank
+// byte is '{', or its name ends in .json) rather than tiktoken ranks. InputError when unreadable.
+bool is_tokenizer_json(const std::string& path);
+
 class Tokenizer {
  public:
   // A Hugging Face tokenizer.json (a file whose first non-blank byte is '{'), or a tiktoken
