@@ -543,8 +543,18 @@ TEST_F(Cli, DataPrepareNamesTheVocabularySizeToTrainWith) {
   const std::string tok =
       std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
   const std::string in = write("in.txt", "To be, or not to be.\n\nThat is the question.\n");
-  Result r = run("data prepare --tokenizer " + tok + " --input " + in + " --output " + dir_ + "/c");
+  // The output's folder is made when missing; under a file it cannot be, and that is bad input.
+  Result r = run("data prepare --tokenizer " + tok + " --input " + in + " --output " + dir_ +
+                 "/new/data/c");
   ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/new/data/c.idx")) << r.out;
+  const Result under_file =
+      run("data prepare --tokenizer " + tok + " --input " + in + " --output " + in + "/c");
+  EXPECT_EQ(under_file.status, 2) << under_file.out;
+  EXPECT_NE(
+      error_line(under_file.out).find("--output: a prefix whose folder exists or can be made"),
+      std::string::npos)
+      << under_file.out;
   const int vocab = strata::Tokenizer::load(tok)->vocab_size();
   EXPECT_NE(r.out.find("vocabulary " + std::to_string(vocab) + " ids: model.vocab_size at least " +
                        std::to_string(vocab) + " (" + std::to_string((vocab + 127) / 128 * 128)),

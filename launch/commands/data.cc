@@ -34,6 +34,7 @@ const char kUsage[] =
     "  --input FILE...    .jsonl/.json: one document per line (its KEY field, default \"text\");\n"
     "                     any other file: UTF-8 text, one document per file (or per paragraph)\n"
     "  --output PREFIX    megatron: PREFIX.idx + PREFIX.bin; llmc: PREFIX_000000.bin, ...\n"
+    "                     (its folder is made when missing)\n"
     "  --format F         megatron (default, Megatron-LM's indexed dataset: the end token after\n"
     "                     each document) or llmc (llm.c's shards: the end token before each)\n"
     "  --documents D      text inputs: file (default) or paragraphs (split at blank lines)\n"
@@ -233,6 +234,13 @@ int prepare(const std::vector<std::string>& args) {
                        "--no-eod");
   }
   const int token_bytes = optimal_token_bytes(tok->vocab_size());
+  // The output's folder is made when missing (mkdir -p), once every input has been checked.
+  const std::filesystem::path folder = std::filesystem::path(o.output).parent_path();
+  std::error_code mkdir_ec;
+  if (!folder.empty() && !std::filesystem::is_directory(folder, mkdir_ec) &&
+      !std::filesystem::create_directories(folder, mkdir_ec))
+    bad("--output", "a prefix whose folder exists or can be made: " + folder.string() + ": " +
+                        (mkdir_ec ? mkdir_ec.message() : "not a folder"));
   Sink sink(o, token_bytes);
 
   using Clock = std::chrono::steady_clock;
