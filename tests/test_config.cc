@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include "launch/config/layout_fields.h"
 #include "launch/config/world_layout.h"
 #include "runtime/base/error.h"
+#include "runtime/engine/optimizer.h"
 
 namespace strata {
 namespace {
@@ -103,6 +105,8 @@ class TempDir {
 // The Llama family's keys are the design's (its model.arch notes), with LlamaConfig's defaults;
 // so are the mixtures of experts' (0 experts: a dense MLP).
 // parallel.context and parallel.expert are the design's (its parallel notes), default 1.
+// optimizer.wsd_decay_iters and wsd_decay_style are Megatron-LM's WSD schedule
+// (lr_wsd_decay_iters, lr_wsd_decay_style and its default).
 // decoder_sparse_step and mlp_only_layers are Qwen3-MoE's dense layers (Qwen3MoeConfig's names and
 // defaults: every layer of a mixture sparse).
 const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
@@ -112,6 +116,7 @@ const char kAddedDefaults[] = R"({"parallel": {"context": 1, "expert": 1},
                          "cls_id": null, "sep_id": null, "mask_id": null, "pad_id": null}},
   "log": {"sample_interval": 0, "sample_prompt": null, "sample_tokens": 32},
   "checkpoint": {"async": false},
+  "optimizer": {"wsd_decay_iters": null, "wsd_decay_style": "exponential"},
   "model": {"num_key_value_heads": null, "rope_theta": 10000, "rope_scaling": null,
             "rms_norm_eps": 1e-5, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
             "num_experts": 0, "num_experts_per_tok": 2, "moe_intermediate_size": null,
@@ -602,6 +607,74 @@ TEST(ConfigConsistency, WarmupWithinDecay) {
                                              "decay": "constant"}})",
                            R"({"optimizer": {"warmup_iters": 20}, "train": {"iterations": 5}})"})
     EXPECT_NO_THROW(config_from_json(json::parse(fine), kFile)) << fine;
+}
+
+// Megatron-LM's WSD and inverse-square-root schedules (optimizer_param_scheduler.py's get_lr),
+// against their closed forms at chosen iterations: lr 1, min_lr 0.1, warm-up 2, decay_iters 10,
+// a cool-down of 4 (iterations 7-10).
+TEST(LrSchedule, WarmupStableDecayInEachShape) {
+  OptimizerConfig o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_iters = 2;
+  o.decay = "wsd";
+  o.decay_iters = 10;
+  o.wsd_decay_iters = 4;
+  const double half = 2 * std::sqrt(0.5) - 1;  // exponential's 2·0.5^r − 1 at r = 1/2
+  const std::map<std::string, std::vector<double>> want = {
+      // iterations 1, 2, 6, 7, 8, 10, 11
+      {"exponential",
+       {0.5, 1, 1, 0.1 + 0.9 * (2 * std::pow(0.5, 0.25) - 1), 0.1 + 0.9 * half, 0.1, 0.1}},
+      {"linear", {0.5, 1, 1, 0.775, 0.55, 0.1, 0.1}},
+      {"cosine", {0.5, 1, 1, 0.1 + 0.45 * (1 + std::cos(M_PI / 4)), 0.55, 0.1, 0.1}},
+      {"minus_sqrt", {0.5, 1, 1, 0.55, 0.1 + 0.9 * (1 - std::sqrt(0.5)), 0.1, 0.1}}};
+  for (const auto& [style, lrs] : want) {
+    o.wsd_decay_style = style;
+    const std::vector<int> its = {1, 2, 6, 7, 8, 10, 11};
+    for (size_t i = 0; i < its.size(); ++i)
+      EXPECT_NEAR(learning_rate(o, 100, its[i]), lrs[i], 1e-12) << style << " at " << its[i];
+  }
+  // decay_iters null: the cool-down ends at the run's last iteration.
+  o.decay_iters.reset();
+  o.wsd_decay_style = "linear";
+  EXPECT_NEAR(learning_rate(o, 20, 16), 1.0, 1e-12);
+  EXPECT_NEAR(learning_rate(o, 20, 18), 0.55, 1e-12);
+}
+
+TEST(LrSchedule, InverseSquareRoot) {
+  OptimizerConfig o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_iters = 4;
+  o.decay = "inverse-square-root";
+  o.decay_iters = 1000;
+  EXPECT_NEAR(learning_rate(o, 1000, 2), 0.5, 1e-12);     // warm-up
+  EXPECT_NEAR(learning_rate(o, 1000, 4), 1.0, 1e-12);     // √4 / √4
+  EXPECT_NEAR(learning_rate(o, 1000, 16), 0.5, 1e-12);    // √4 / √16
+  EXPECT_NEAR(learning_rate(o, 1000, 1000), 0.1, 1e-12);  // √4 / √1000 = 0.063, floored
+  o.warmup_iters = 0;
+  EXPECT_NEAR(learning_rate(o, 1000, 25), 0.2, 1e-12);  // √1 / √25
+  EXPECT_NEAR(learning_rate(o, 1000, 1001), 0.1, 1e-12);
+}
+
+// wsd needs its cool-down's length, and a cool-down that starts after the warm-up ends.
+TEST(ConfigConsistency, WsdNeedsACooldownAfterTheWarmup) {
+  InputError e = config_error(json::parse(R"({"optimizer": {"decay": "wsd"}})"));
+  EXPECT_EQ(e.where(), "optimizer.decay");
+  EXPECT_TRUE(contains(e.expected(), "the cool-down's iterations")) << e.what();
+  e = config_error(json::parse(R"({"optimizer": {"decay": "wsd", "warmup_iters": 5,
+                                                 "wsd_decay_iters": 6},
+                                   "train": {"iterations": 10}})"));
+  EXPECT_TRUE(contains(e.expected(), "warmup_iters + wsd_decay_iters <= decay_iters 10, got 5 + 6"))
+      << e.what();
+  e = config_error(json::parse(R"({"optimizer": {"decay": "wsd", "wsd_decay_iters": 0}})"));
+  EXPECT_EQ(e.where(), "optimizer.wsd_decay_iters");
+  e = config_error(json::parse(R"({"optimizer": {"wsd_decay_style": "step"}})"));
+  EXPECT_EQ(e.where(), "optimizer.wsd_decay_style");
+  EXPECT_NO_THROW(config_from_json(
+      json::parse(R"({"optimizer": {"decay": "wsd", "warmup_iters": 4, "wsd_decay_iters": 6},
+                      "train": {"iterations": 10}})"),
+      kFile));
 }
 
 // Issue 28: docs/checkpoints.md (and runtime/checkpoint/checkpoint.h) say checkpoint.keep 0 keeps

@@ -140,12 +140,27 @@ void check_attention_backend(const Config& c, const Reader& r) {
 
 // Warm-up then decay: a warm-up longer than the decay would end on a rate the decay has
 // already taken to min_lr, a jump nobody asks for (Megatron-LM refuses it too).
-void check_lr_schedule(const OptimizerConfig& o, const Reader& r) {
+void check_lr_schedule(const OptimizerConfig& o, int iterations, const Reader& r) {
   if (o.decay != "constant" && o.decay_iters && o.warmup_iters > *o.decay_iters) {
     r.fail_latest({"optimizer.warmup_iters", "optimizer.decay_iters"},
                   "expected warmup_iters <= decay_iters, got warmup_iters " +
                       to_string(o.warmup_iters) + " > decay_iters " + to_string(*o.decay_iters) +
                       " (the rate would drop from lr to min_lr when the warm-up ends)");
+  }
+  // wsd: warm-up, stable, cool-down, in that order, the cool-down's length given (Megatron-LM
+  // asserts it).
+  if (o.decay == "wsd") {
+    if (!o.wsd_decay_iters)
+      r.fail_latest({"optimizer.wsd_decay_iters", "optimizer.decay"},
+                    "the cool-down's iterations (≥ 1) with decay \"wsd\", got null");
+    const int end = o.decay_iters.value_or(iterations);
+    if (o.warmup_iters + *o.wsd_decay_iters > end)
+      r.fail_latest({"optimizer.wsd_decay_iters", "optimizer.warmup_iters", "optimizer.decay_iters",
+                     "train.iterations"},
+                    "expected warmup_iters + wsd_decay_iters <= decay_iters " + to_string(end) +
+                        ", got " + to_string(o.warmup_iters) + " + " +
+                        to_string(*o.wsd_decay_iters) +
+                        " (the cool-down would start before the warm-up ends)");
   }
 }
 
@@ -217,7 +232,7 @@ void check_consistency(const Config& c, const Reader& r) {
   check_dense_layers(c.model, r);
   check_layout(c.layout, c.model, r);
   check_attention_backend(c, r);
-  check_lr_schedule(c.optimizer, r);
+  check_lr_schedule(c.optimizer, c.train.iterations, r);
   check_samples(c, r);
   check_batch(c, r);
   check_data(c.data, c.model, r);

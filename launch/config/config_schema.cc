@@ -434,10 +434,17 @@ const std::vector<Section>& schema() {
                 }
               }),
           optimizer.integer("warmup_iters", &O::warmup_iters, 0, "linear warm-up from 0"),
-          optimizer.one_of("decay", &O::decay, {"cosine", "linear", "constant"},
+          optimizer.one_of("decay", &O::decay,
+                           {"cosine", "linear", "constant", "wsd", "inverse-square-root"},
                            "the shape of the decay to min_lr at decay_iters"),
           optimizer.optional_integer("decay_iters", &O::decay_iters, 0,
                                      "where the decay ends; null: train.iterations"),
+          optimizer.optional_integer("wsd_decay_iters", &O::wsd_decay_iters, 1,
+                                     "decay wsd: the cool-down's iterations, ending at "
+                                     "decay_iters"),
+          optimizer.one_of("wsd_decay_style", &O::wsd_decay_style,
+                           {"exponential", "linear", "cosine", "minus_sqrt"},
+                           "decay wsd: the cool-down's shape"),
           optimizer.number("weight_decay", &O::weight_decay, at_least(0),
                            "decoupled, on matrices and embeddings only"),
           optimizer.number("beta1", &O::beta1, closed_open(0, 1), "first-moment decay"),

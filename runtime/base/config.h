@@ -121,8 +121,14 @@ struct OptimizerConfig {
   double lr = 3e-4;
   double min_lr = 3e-5;
   int warmup_iters = 10;
-  std::string decay = "cosine";    // cosine | linear | constant
+  // cosine | linear | constant | wsd | inverse-square-root (Megatron-LM's lr_decay_style)
+  std::string decay = "cosine";
   std::optional<int> decay_iters;  // null: train.iterations
+  // wsd (warm-up, stable, decay): the last wsd_decay_iters iterations before decay_iters cool
+  // down from lr to min_lr in the shape wsd_decay_style (exponential | linear | cosine |
+  // minus_sqrt, Megatron-LM's lr_wsd_decay_style).
+  std::optional<int> wsd_decay_iters;
+  std::string wsd_decay_style = "exponential";
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -12,10 +12,26 @@ double learning_rate(const OptimizerConfig& o, int total_iterations, int it) {
   const int decay_iters = o.decay_iters.value_or(total_iterations);
   if (warmup > 0 && it <= warmup) return o.lr * it / warmup;
   if (o.decay == "constant") return o.lr;
+  if (o.decay == "inverse-square-root") {  // lr·√warmup / √it after the warm-up, down to min_lr
+    if (it > decay_iters) return o.min_lr;
+    return std::max(o.min_lr, o.lr * std::sqrt(std::max(warmup, 1)) / std::sqrt(std::max(it, 1)));
+  }
   if (it >= decay_iters || decay_iters <= warmup) return o.min_lr;
+  const double delta = o.lr - o.min_lr;
+  if (o.decay == "wsd") {
+    const int cooldown = o.wsd_decay_iters.value_or(0);
+    const int start = decay_iters - cooldown;
+    if (cooldown <= 0 || it <= start) return o.lr;
+    const double r = static_cast<double>(it - start) / cooldown;
+    double coeff = 2.0 * std::pow(0.5, r) - 1.0;  // exponential: 1 → 0
+    if (o.wsd_decay_style == "linear") coeff = 1.0 - r;
+    if (o.wsd_decay_style == "cosine") coeff = 0.5 * (1.0 + std::cos(M_PI * r));
+    if (o.wsd_decay_style == "minus_sqrt") coeff = 1.0 - std::sqrt(r);
+    return o.min_lr + coeff * delta;
+  }
   const double ratio = static_cast<double>(it - warmup) / (decay_iters - warmup);
-  if (o.decay == "linear") return o.lr - ratio * (o.lr - o.min_lr);
-  return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
+  if (o.decay == "linear") return o.lr - ratio * delta;
+  return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * delta;
 }
 
 double clip_coefficient(double norm, double max_norm) {
