@@ -110,6 +110,33 @@ void reshard(const Layout& from, const Layout& to, bool exact, bool background =
   if (world().rank == 0) fs::remove_all(dir);
 }
 
+// model.init_from on a checkpoint saved at tensor 2 × pipeline 2: fine-tuning from it at data 4
+// (ZeRO-1) gives the single process's losses from the same checkpoint, within 1e-5.
+TEST(CheckpointReshard, InitFromACheckpointOfAnotherLayout) {
+  if (world().size != 4) GTEST_SKIP() << "runs on 4 ranks";
+  const std::string dir = job_dir("init_from");
+  std::vector<std::string> a = Layout{2, 2, 1, 1, "1f1b", false}.sets();
+  a.insert(a.end(), {"checkpoint.dir=" + dir, "checkpoint.interval=" + std::to_string(kSaveAt)});
+  train(a);
+  const std::vector<std::string> tune = {
+      "model.init_from=" + dir + "/iter_" + std::to_string(kSaveAt), "train.iterations=4"};
+  std::vector<std::string> b = Layout{1, 1, 4, 1, "1f1b", true}.sets();
+  b.insert(b.end(), tune.begin(), tune.end());
+  const TrainResult r = train(b);
+  const TrainResult ref = train(tune, true);
+  mpitest::Tally tally;
+  int64_t bad = r.start_iteration != 0 || r.losses.size() != 4 || ref.losses.size() != 4;
+  for (size_t i = 0; !bad && i < r.losses.size(); ++i)
+    bad += !mpitest::close_rel(r.losses[i], ref.losses[i], 1e-5);
+  tally.add("init_from (t2 p2) at (d4 zero)", bad);
+  if (world().rank == 0 && !r.losses.empty() && !ref.losses.empty())
+    std::printf("init_from: final loss %.9f at d4, single process %.9f\n", r.losses.back(),
+                ref.losses.back());
+  tally.expect_clean("init_from");
+  mpitest::verdict_comm()->barrier();
+  if (world().rank == 0) fs::remove_all(dir);
+}
+
 TEST(CheckpointReshard, T2P2D1ToT1P2D2) {
   reshard({2, 2, 1, 1, "1f1b", false}, {1, 2, 2, 1, "gpipe", true}, false);
 }

@@ -685,6 +685,46 @@ TEST(Checkpoint, ExportThenInitFromGivesBackTheParameters) {
   fs::remove_all(dir);
 }
 
+// model.init_from takes a Strata checkpoint too (Megatron-LM's --finetune): its weights, and
+// nothing else — iteration 0, fresh optimizer moments. A checkpoint.dir gives its newest valid
+// checkpoint; a model of another shape names the run state and the key.
+TEST(Checkpoint, InitFromAStrataCheckpointTakesItsWeightsAlone) {
+  const std::string dir = scratch("init_from");
+  const TrainResult full = train(ckpt(dir, 4));
+  for (const std::string& from : {dir, dir + "/iter_8"}) {
+    const TrainResult r = train({"model.init_from=" + from, "train.iterations=0"});
+    EXPECT_EQ(r.start_iteration, 0) << from;
+    EXPECT_EQ(r.final_params, full.final_params) << from;
+  }
+  // Training on from it is training on from the same weights exported to Hugging Face's form:
+  // the same losses and weights (fresh moments and data in both).
+  const std::string file = dir + "/iter_4.safetensors";
+  export_checkpoint(dir + "/iter_4", file);
+  const TrainResult tuned = train({"model.init_from=" + dir + "/iter_4", "train.iterations=3"});
+  const TrainResult from_hf = train({"model.init_from=" + file, "train.iterations=3"});
+  EXPECT_EQ(tuned.start_iteration, 0);
+  EXPECT_EQ(tuned.losses, from_hf.losses);
+  EXPECT_EQ(tuned.final_params, from_hf.final_params);
+  try {
+    train({"model.init_from=" + dir, "model.num_layers=3", "train.iterations=0"});
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("iter_8/run_state.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("num_layers"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir + "/iter_4");
+  fs::resize_file(dir + "/iter_8/run_state.json", 10);
+  try {
+    train({"model.init_from=" + dir, "train.iterations=0"});
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a checkpoint.dir holding a valid checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 // 2bw keeps two weight versions: its checkpoint holds both (param_prev: W(k−1), on which batch k
 // runs), so a resumed run continues bit for bit — losses, norms and final weights.
 TEST(Checkpoint, TwoBWResumesBitIdentical) {

@@ -358,7 +358,8 @@ const std::vector<Section>& schema() {
                        "N(0, init_std) weights; residual output projections ÷ √(2L)"),
           model.path("init_from", &M::init_from,
                      "a Hugging Face directory (config.json + safetensors, sharded or not) or "
-                     "safetensors file of the architecture's class to start from"),
+                     "safetensors file of the architecture's class to start from, or a Strata "
+                     "checkpoint (or checkpoint.dir) whose weights alone are taken"),
           model.optional_integer("num_key_value_heads", &M::num_key_value_heads, 1,
                                  "llama: key/value heads (grouped-query attention); null: "
                                  "num_heads, 1: multi-query"),

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,6 +24,25 @@ namespace {
 // The run's data section as its run state records it, for strata eval --data on the checkpoint:
 // paths absolute (eval may run from another folder), the tokenizer left out (the checkpoint
 // holds a copy, which eval reads).
+// The Strata checkpoint model.init_from names: a checkpoint (its metadata.json), or a
+// checkpoint.dir (its newest valid one; InputError when it holds none); nullopt for anything else
+// (a Hugging Face directory or file).
+std::optional<std::string> strata_checkpoint_at(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path + "/metadata.json", ec))
+    return select_checkpoint(std::nullopt, path, std::cerr);  // checked whole, or InputError
+  if (!fs::is_directory(path, ec) || fs::exists(path + "/config.json", ec)) return std::nullopt;
+  bool saves = fs::exists(path + "/latest", ec);
+  for (const auto& e : fs::directory_iterator(path, ec))
+    saves = saves || e.path().filename().string().rfind("iter_", 0) == 0;
+  if (!saves) return std::nullopt;
+  const std::optional<std::string> newest = select_checkpoint(path, "auto", std::cerr);
+  if (!newest)
+    throw InputError(path, "", "a checkpoint.dir holding a valid checkpoint, found none");
+  return newest;
+}
+
 nlohmann::json recorded_data(const Config& cfg) {
   nlohmann::json d = cfg.resolved.at("data");
   const auto absolute = [](nlohmann::json& v) {
@@ -128,7 +148,19 @@ RunStart Checkpointing::restore() {
     if (lead_) std::printf("resumed from %s (iteration %d)\n", path.c_str(), start.iteration);
   } else if (cfg.model.init_from) {
     const std::string& path = *cfg.model.init_from;
-    fill_params(layout, load_hf_model(cfg.model, path), hp, path);
+    // A Strata checkpoint gives its weights alone (fine-tuning from a pretraining run, saved in
+    // any layout): the optimizer, the iteration and the data start afresh.
+    const std::string strata_checkpoint = decide_on_rank0(
+        *groups_.host, [&path]() { return strata_checkpoint_at(path).value_or(""); });
+    if (!strata_checkpoint.empty()) {
+      CheckpointReader c(strata_checkpoint);
+      check_model_shape(model_shape_json(cfg.model, desc_),
+                        c.run_state().value("model", nlohmann::json::object()),
+                        strata_checkpoint + "/run_state.json", "config");
+      load_params(layout, c, "param", hp);
+    } else {
+      fill_params(layout, load_hf_model(cfg.model, path), hp, path);
+    }
     be_.upload(params.params(), hp.data());
     params.params_changed();
     if (lead_) std::printf("initialised from %s\n", path.c_str());
