@@ -838,7 +838,9 @@ std::string crc_hex(uint32_t c) {
 // same checkpoint in the format before block checksums) with its metadata.json, run_state.json or
 // shard header mutated, or its shard's bytes damaged; most often with the manifest's sizes and
 // CRCs (and header sizes and CRCs) made right again, so the fields themselves are read and
-// checked. Read by export, by an explicit resume and by generate.
+// checked. Sometimes the run state records a data section and the checkpoint holds a tokenizer
+// (either may be what is bent). Read by export, by an explicit resume, by generate, by eval
+// --data on the run's data and by model.init_from.
 Case checkpoint_case(Rng& rng, Workdir& wd) {
   const std::string seed =
       kFuzzDir + (chance(rng, 0.25) ? "/checkpoint/format1/iter_2" : "/checkpoint/iter_2");
@@ -848,6 +850,17 @@ Case checkpoint_case(Rng& rng, Workdir& wd) {
       {"metadata.json", read_file(seed + "/metadata.json")},
       {"run_state.json", read_file(seed + "/run_state.json")},
       {"rank_0.safetensors", read_file(seed + "/rank_0.safetensors")}};
+  if (chance(rng, 0.3)) {  // the run's data section, as runs record it
+    json rs = json::parse(files["run_state.json"]);
+    rs["data"] = chance(rng, 0.5)
+                     ? json{{"source", "synthetic"}, {"synthetic", {{"vocab_size", 32}}}}
+                     : json{{"source", "text"}, {"path", kGoldenDir + "/tokenizer/stress.txt"}};
+    files["run_state.json"] = rs.dump(2) + "\n";
+  }
+  if (chance(rng, 0.3)) {  // the run's tokenizer, sometimes damaged
+    std::string tok = read_file(kGoldenDir + "/tokenizer/gpt2_style.tokenizer.json");
+    files["tokenizer.json"] = chance(rng, 0.3) ? damage_bytes(rng, tok) : tok;
+  }
   switch (below(rng, 4)) {
     case 0:
       files["metadata.json"] = mutated_json(rng, wd, files["metadata.json"]);
@@ -873,7 +886,8 @@ Case checkpoint_case(Rng& rng, Workdir& wd) {
     try {
       // The bounded parser: a mutation may nest metadata.json deeper than dump() can recurse.
       json meta = parse_json(files["metadata.json"], "metadata.json");
-      for (const char* f : {"run_state.json", "rank_0.safetensors"}) {
+      for (const char* f : {"run_state.json", "rank_0.safetensors", "tokenizer.json"}) {
+        if (!files.count(f)) continue;
         const std::string& b = files[f];
         json& entry = meta.at("files")[f];
         entry["bytes"] = b.size();
@@ -893,12 +907,19 @@ Case checkpoint_case(Rng& rng, Workdir& wd) {
   }
   for (const auto& [name, bytes] : files)
     std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
-  switch (below(rng, 3)) {
+  switch (below(rng, 5)) {
     case 0:
       return {{"export", "--checkpoint", dir, "--out", wd.path() + "/hf"}, 30};
     case 1:
       return {{"train", "--config", kFuzzDir + "/checkpoint/config.json", "--set",
                "checkpoint.resume=" + dir, "--set", "train.iterations=3"},
+              30};
+    case 2:
+      return {{"eval", "--checkpoint", dir, "--data", "val", "--batches", "1", "--batch-size", "1"},
+              30};
+    case 3:
+      return {{"train", "--config", kFuzzDir + "/checkpoint/config.json", "--set",
+               "model.init_from=" + dir, "--set", "train.iterations=1"},
               30};
     default:
       return {{"generate", "--checkpoint", dir, "--prompt-ids", "1,2", "--max-new-tokens", "2"},
