@@ -1194,9 +1194,15 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
       {"qwen3-moe-tiny", {2, 64, 4, 64, 64, 96, 2, false, 1e6, 0, 8, 2, 48, 32}},
       {"qwen3-30b-a3b", {48, 2048, 32, 4096, 151936, 6144, 4, false, 1e6, 0, 128, 8, 768, 128}},
       {"qwen3-235b-a22b", {94, 4096, 64, 4096, 151936, 12288, 4, false, 1e6, 0, 128, 8, 1536, 128}},
+      // Qwen2.5-0.5B and Qwen2.5-7B's config.json (trained here at seq 4096 of their 32768 /
+      // 131072 positions).
+      {"qwen2-tiny", {2, 64, 4, 64, 64, 128, 2, false, 1e6}},
+      {"qwen2.5-0.5b", {24, 896, 14, 4096, 151936, 4864, 2, true, 1e6}},
+      {"qwen2.5-7b", {28, 3584, 28, 4096, 152064, 18944, 4, false, 1e6}},
   };
   const auto arch_of = [](const std::string& name, const Sizes& s) -> std::string {
     if (name.rfind("bert-", 0) == 0) return "bert";
+    if (name.rfind("qwen2", 0) == 0) return "qwen2";
     if (s.experts) return s.head_dim ? "qwen3_moe" : "mixtral";
     return s.kv_heads ? "llama" : "gpt";
   };

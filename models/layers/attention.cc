@@ -22,7 +22,7 @@ SelfAttention::SelfAttention(ParamLayout& layout, const AttentionNames& names, i
         {names.k_norm + ".weight", {head_size}, ParamSplit::kReplicated, ParamInit::kOnes});
     qk_norm_eps = static_cast<float>(spec.qk_norm_eps);
   }
-  proj = RowParallelLinear(layout, names.proj, q_rows, C, proj_init, spec.bias);
+  proj = RowParallelLinear(layout, names.proj, q_rows, C, proj_init, spec.bias && spec.proj_bias);
 }
 
 void SelfAttention::normalise_qk(const LayerEnv& env, Tensor& qkv_t, Tensor& rstd) const {

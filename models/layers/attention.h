@@ -41,7 +41,8 @@ struct AttentionSpec {
   int64_t head_size = 0;  // HS
   bool causal = true;     // decoders; false: every query sees every (real) key (BERT's encoder)
   bool rotary = false;    // q and k rotated by the model's rotary table (Llama)
-  bool bias = true;       // biases on q/k/v and on the output projection
+  bool bias = true;       // biases on q/k/v and (with proj_bias) on the output projection
+  bool proj_bias = true;  // Qwen2: false, biases on q/k/v alone
   bool qk_norm = false;   // per-head RMSNorm of q and k before the rotation (Qwen3)
   double qk_norm_eps = 1e-6;
 

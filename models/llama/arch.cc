@@ -23,7 +23,8 @@ TransformerSpec llama_family_spec(const LlamaFamily& f, const ModelConfig& m) {
   b.placement = NormPlacement::kPre;
   b.norm = {NormKind::kRMSNorm, m.rms_norm_eps};
   b.attention.rotary = true;
-  b.attention.bias = false;
+  b.attention.bias = f.qkv_bias;
+  b.attention.proj_bias = false;
   b.mlp.activation = MlpActivation::kSwiGlu;
   b.mlp.bias = false;
   b.names = {"input_layernorm",          "self_attn.qkv_proj", "self_attn.o_proj",

@@ -53,10 +53,11 @@ std::string expert_name(const LlamaFamily& f, const std::string& h, int64_t e, i
          ".weight";
 }
 
-// The 2-D tensors stacked along rows, in order.
+// The tensors (2-D, or 1-D: biases) stacked along their first dimension, in order.
 FullTensor stack_rows(const std::vector<const FullTensor*>& parts) {
   FullTensor o;
-  o.shape = {0, parts.front()->shape[1]};
+  o.shape = parts.front()->shape;
+  o.shape[0] = 0;
   size_t n = 0;
   for (const FullTensor* p : parts) n += p->data.size();
   o.data.reserve(n);
@@ -91,6 +92,12 @@ FullTensors llama_family_to_hf(const LlamaFamily& f, const ModelConfig& m,
     hf[h + "self_attn.q_proj.weight"] = hf_rows(qkv, 0, q);
     hf[h + "self_attn.k_proj.weight"] = hf_rows(qkv, q, kv);
     hf[h + "self_attn.v_proj.weight"] = hf_rows(qkv, q + kv, kv);
+    if (f.qkv_bias) {
+      const FullTensor& bias = get(o + "self_attn.qkv_proj.bias");
+      hf[h + "self_attn.q_proj.bias"] = hf_rows(bias, 0, q);
+      hf[h + "self_attn.k_proj.bias"] = hf_rows(bias, q, kv);
+      hf[h + "self_attn.v_proj.bias"] = hf_rows(bias, q + kv, kv);
+    }
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         hf[h + n] = get(o + n);
@@ -139,6 +146,10 @@ FullTensors llama_family_from_hf(const LlamaFamily& f, const ModelConfig& m, con
     o[p + "self_attn.qkv_proj.weight"] = stack_rows({&get(h + "self_attn.q_proj.weight", {q, C}),
                                                      &get(h + "self_attn.k_proj.weight", {kv, C}),
                                                      &get(h + "self_attn.v_proj.weight", {kv, C})});
+    if (f.qkv_bias)
+      o[p + "self_attn.qkv_proj.bias"] = stack_rows({&get(h + "self_attn.q_proj.bias", {q}),
+                                                     &get(h + "self_attn.k_proj.bias", {kv}),
+                                                     &get(h + "self_attn.v_proj.bias", {kv})});
     o[p + "self_attn.o_proj.weight"] = get(h + "self_attn.o_proj.weight", {C, q});
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
@@ -196,12 +207,18 @@ nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m
       {"rope_theta", m.rope_theta},
       {"rope_scaling", scaling},
       {"tie_word_embeddings", m.tie_embeddings},
-      {"attention_bias", false},
       {"attention_dropout", m.dropout},
       {"hidden_act", "silu"},
       {"initializer_range", m.init_std},
       {"dtype", "float32"},  // transformers ≥ 4.56 reads "dtype", earlier "torch_dtype"
       {"torch_dtype", "float32"}};
+  if (f.qkv_bias) {  // Qwen2Config: the biases are the class's; full attention
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = m.num_layers;
+    return c;
+  }
+  c["attention_bias"] = false;
   if (f.moe.empty()) {
     c["mlp_bias"] = false;
     return c;
@@ -246,9 +263,11 @@ std::vector<std::string> llama_family_hf_order(const LlamaFamily& f, const Model
   std::vector<std::string> names = {"model.embed_tokens.weight"};
   for (int64_t l = 0; l < m.num_layers; ++l) {
     const std::string h = "model." + layer(l);
-    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                          "self_attn.v_proj.weight", "self_attn.o_proj.weight"})
-      names.push_back(h + n);
+    for (const char* n : {"q", "k", "v"}) {
+      names.push_back(h + "self_attn." + n + "_proj.weight");
+      if (f.qkv_bias) names.push_back(h + "self_attn." + n + "_proj.bias");
+    }
+    names.push_back(h + "self_attn.o_proj.weight");
     if (f.qk_norm)
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         names.push_back(h + n);
@@ -360,8 +379,12 @@ void llama_family_check_hf_config(const LlamaFamily& f, const ModelConfig& m,
   check_hf_key(hf, "tie_word_embeddings", m.tie_embeddings, "model.tie_embeddings", path, false);
   check_hf_key(hf, "rms_norm_eps", m.rms_norm_eps, "model.rms_norm_eps", path, 1e-6);
   check_hf_key(hf, "hidden_act", "silu", "Strata's SwiGLU", path, "silu");
-  check_hf_key(hf, "attention_bias", false, "Strata's Llama, without biases,", path, false);
-  check_hf_key(hf, "mlp_bias", false, "Strata's Llama, without biases,", path, false);
+  if (f.qkv_bias) {  // Qwen2Config: q/k/v biases always; a sliding window Strata does not do
+    check_hf_key(hf, "use_sliding_window", false, "Strata's full attention", path, false);
+  } else {
+    check_hf_key(hf, "attention_bias", false, "Strata's Llama, without biases,", path, false);
+    check_hf_key(hf, "mlp_bias", false, "Strata's Llama, without biases,", path, false);
+  }
 
   // RoPE: transformers before v5 writes rope_theta and rope_scaling; v5 writes rope_parameters
   // ({"rope_type": "default" | "llama3", "rope_theta", and the scaling's keys}).

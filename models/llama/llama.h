@@ -31,12 +31,16 @@
 namespace strata {
 
 // What a Llama-family Hugging Face class changes of LlamaForCausalLM: Mixtral and Qwen3-MoE are
-// Llama's block with a mixture of experts for its MLP (models/layers/moe.h), Qwen3 adds QK-norm.
+// Llama's block with a mixture of experts for its MLP (models/layers/moe.h), Qwen3 adds QK-norm,
+// Qwen2 biases on q, k and v.
 // One spec builder and one Hugging Face adapter serve the family.
 struct LlamaFamily {
   std::string arch = "llama";  // model.arch
   std::string model_type = "llama", hf_class = "LlamaForCausalLM";
   bool qk_norm = false;  // self_attn.q_norm / self_attn.k_norm (Qwen3), epsilon rms_norm_eps
+  // Biases on q_proj, k_proj and v_proj (not o_proj), and Qwen2Config's sliding-window keys
+  // (use_sliding_window false) in config.json: Qwen2 and Qwen2.5.
+  bool qkv_bias = false;
   // A mixture of experts: its module's name in a layer ("block_sparse_moe" for Mixtral, "mlp"
   // for Qwen3-MoE; "" a dense MLP), and Hugging Face's names of expert e's gate, up and down
   // projections under <moe>.experts.<e>. (Mixtral: w1, w3, w2).

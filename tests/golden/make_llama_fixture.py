@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Generate tests/golden/llama_tiny.safetensors, the golden reference for Strata's Llama.
+"""Generate tests/golden/llama_tiny.safetensors, the golden reference for Strata's Llama, and with
+--arch qwen2 tests/golden/qwen2_tiny.safetensors, the same for Qwen2 (Qwen2ForCausalLM: Llama's
+block with biases on q_proj, k_proj and v_proj, rope_theta 1e6; the biases are checked by finite
+differences too, and take no weight decay, as in Strata and Megatron-LM).
 
 The Llama counterpart of make_gpt_fixture.py: a tiny random Hugging Face LlamaForCausalLM (grouped-
 query attention, RoPE, RMSNorm, SwiGLU, untied head, a vocabulary that is not a multiple of 128)
@@ -19,7 +22,7 @@ tolerances of tests/golden/README.md).
 
 Needs torch and transformers (pip install torch transformers); CI never runs it.
 
-Usage:  python3 tests/golden/make_llama_fixture.py [--out PATH]
+Usage:  python3 tests/golden/make_llama_fixture.py [--arch llama|qwen2] [--out PATH]
 """
 import argparse
 import json
@@ -32,8 +35,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config,  # noqa: E402
+                          Qwen2ForCausalLM)
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------
 # Configuration (keep in sync with tests/golden/README.md)
@@ -46,6 +51,9 @@ W_STD, NORM_STD = 0.08, 0.1      # weights N(0, 0.08); RMSNorm weights 1 + N(0, 
 STEPS = 10
 LR_MAX, MIN_LR, WARMUP_ITERS, DECAY_ITERS = 1e-2, 1e-3, 2, 10
 BETA1, BETA2, ADAM_EPS, WEIGHT_DECAY, GRAD_CLIP = 0.9, 0.95, 1e-8, 0.1, 2.5
+
+# --arch qwen2: Qwen2ForCausalLM, Llama's block with biases on q_proj, k_proj and v_proj.
+ARCH = "llama"
 
 LAYER_PARAMS = [  # (suffix, shape) in LlamaForCausalLM's state-dict order within a layer
     ("self_attn.q_proj.weight", (NH * HS, C)),
@@ -60,11 +68,23 @@ LAYER_PARAMS = [  # (suffix, shape) in LlamaForCausalLM's state-dict order withi
 ]
 
 
+def layer_params():
+    """LAYER_PARAMS, with Qwen2's biases after their weights (its state-dict order)."""
+    if ARCH != "qwen2":
+        return LAYER_PARAMS
+    out = []
+    for suf, shape in LAYER_PARAMS:
+        out.append((suf, shape))
+        if suf.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
+            out.append((suf.replace(".weight", ".bias"), (shape[0],)))
+    return out
+
+
 def param_specs():
     """(name, shape) in the state-dict order (also the initialisation order)."""
     specs = [("model.embed_tokens.weight", (V, C))]
     for i in range(L):
-        specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in LAYER_PARAMS]
+        specs += [(f"model.layers.{i}.{suf}", shape) for suf, shape in layer_params()]
     specs += [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
     return specs
 
@@ -78,6 +98,12 @@ def init_params(gen):
 
 
 def hf_config():
+    if ARCH == "qwen2":
+        return Qwen2Config(num_hidden_layers=L, hidden_size=C, num_attention_heads=NH,
+                           num_key_value_heads=KVH, intermediate_size=F_HID, vocab_size=V,
+                           max_position_embeddings=S, rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA,
+                           tie_word_embeddings=False, use_sliding_window=False,
+                           hidden_act="silu", attention_dropout=0.0, attn_implementation="eager")
     return LlamaConfig(num_hidden_layers=L, hidden_size=C, num_attention_heads=NH,
                        num_key_value_heads=KVH, intermediate_size=F_HID, vocab_size=V,
                        max_position_embeddings=S, rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA,
@@ -90,6 +116,8 @@ def hf_config():
 # reference both are replaced by the same math in the input's dtype (for float32 inputs that is
 # transformers' own computation); self_checks reports how far transformers' float32 steps are.
 _HF_RMSNORM, _HF_EAGER = modeling_llama.LlamaRMSNorm.forward, modeling_llama.eager_attention_forward
+_QWEN_RMSNORM, _QWEN_EAGER = (modeling_qwen2.Qwen2RMSNorm.forward,
+                              modeling_qwen2.eager_attention_forward)
 
 
 def _rmsnorm_in_dtype(self, x):
@@ -110,10 +138,13 @@ def _eager_in_dtype(module, query, key, value, attention_mask, scaling, dropout=
 def exact_math(on):
     modeling_llama.LlamaRMSNorm.forward = _rmsnorm_in_dtype if on else _HF_RMSNORM
     modeling_llama.eager_attention_forward = _eager_in_dtype if on else _HF_EAGER
+    modeling_qwen2.Qwen2RMSNorm.forward = _rmsnorm_in_dtype if on else _QWEN_RMSNORM
+    modeling_qwen2.eager_attention_forward = _eager_in_dtype if on else _QWEN_EAGER
 
 
 def make_model(params, dtype):
-    model = LlamaForCausalLM(hf_config()).to(dtype).eval()
+    cls = Qwen2ForCausalLM if ARCH == "qwen2" else LlamaForCausalLM
+    model = cls(hf_config()).to(dtype).eval()
     sd = {n: t.to(dtype) for n, t in params.items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected and not [k for k in missing if "rotary" not in k], (missing, unexpected)
@@ -164,9 +195,12 @@ def manual_logits(p, inputs):
     for i in range(L):
         pre = f"model.layers.{i}."
         h = rmsnorm(x, p[pre + "input_layernorm.weight"])
-        q = (h @ p[pre + "self_attn.q_proj.weight"].t()).view(B, S, NH, HS).transpose(1, 2)
-        k = (h @ p[pre + "self_attn.k_proj.weight"].t()).view(B, S, KVH, HS).transpose(1, 2)
-        v = (h @ p[pre + "self_attn.v_proj.weight"].t()).view(B, S, KVH, HS).transpose(1, 2)
+        def proj(n, heads):  # q, k or v: x W^T (+ b for Qwen2)
+            y = h @ p[pre + f"self_attn.{n}_proj.weight"].t()
+            if ARCH == "qwen2":
+                y = y + p[pre + f"self_attn.{n}_proj.bias"]
+            return y.view(B, S, heads, HS).transpose(1, 2)
+        q, k, v = proj("q", NH), proj("k", KVH), proj("v", KVH)
         q, k = rope(q), rope(k)
         # Query head h reads key/value head h // (NH / KVH).
         k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
@@ -192,8 +226,9 @@ def lr_at(it):  # 1-based, runtime/engine/optimizer.cc's learning_rate
 
 
 def decays(name):
-    """Strata's ParamInfo::decay: weight matrices and the embedding, not the RMSNorm weights."""
-    return not name.endswith("norm.weight")
+    """Strata's ParamInfo::decay: weight matrices and the embedding, not the RMSNorm weights or
+    the biases."""
+    return not name.endswith("norm.weight") and not name.endswith(".bias")
 
 
 def train_torch(params, step_inputs, step_targets, dtype):
@@ -273,7 +308,9 @@ def self_checks(p64, model64, inputs, targets):
     for name in ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                  "model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
                  "model.layers.1.mlp.gate_proj.weight", "model.layers.0.post_attention_layernorm.weight",
-                 "model.norm.weight", "lm_head.weight"]:
+                 "model.norm.weight", "lm_head.weight"] + (
+                     ["model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+                      "model.layers.0.self_attn.v_proj.bias"] if ARCH == "qwen2" else []):
         for _ in range(3):
             idx = int(torch.randint(named[name].numel(), (1,), generator=gen))
             h = 1e-6
@@ -292,8 +329,14 @@ def self_checks(p64, model64, inputs, targets):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(here, "llama_tiny.safetensors"))
+    ap.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    ap.add_argument("--out")
     args = ap.parse_args()
+    global ARCH, ROPE_THETA
+    ARCH = args.arch
+    if ARCH == "qwen2":
+        ROPE_THETA = 1e6  # Qwen2.5's
+    args.out = args.out or os.path.join(here, "%s_tiny.safetensors" % ARCH)
 
     exact_math(True)
     torch.manual_seed(SEED)
@@ -345,7 +388,7 @@ def main():
     tensors += [("final." + n, f32(final[n])) for n, _ in param_specs()]
 
     config = {
-        "arch": "llama", "num_layers": L, "hidden_size": C, "num_heads": NH,
+        "arch": ARCH, "num_layers": L, "hidden_size": C, "num_heads": NH,
         "num_key_value_heads": KVH, "ffn_hidden_size": F_HID, "seq_len": S, "vocab_size": V,
         "batch_size": B, "tie_embeddings": False, "rms_norm_eps": RMS_EPS, "rope_theta": ROPE_THETA,
         "rope_scaling": None, "seed": SEED, "init": "weights N(0, %g), norms 1 + N(0, %g)" % (W_STD, NORM_STD),
