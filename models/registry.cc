@@ -5,6 +5,7 @@
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
+#include "models/mistral/mistral.h"
 #include "models/mixtral/mixtral.h"
 #include "models/qwen2/qwen2.h"
 #include "models/qwen3_moe/qwen3_moe.h"
@@ -15,7 +16,8 @@ namespace strata {
 // One line per architecture folder (docs/architecture.md).
 const std::vector<ArchSpec>& architectures() {
   static const std::vector<ArchSpec> all = {gpt_arch(),     llama_arch(),     bert_arch(),
-                                            mixtral_arch(), qwen3_moe_arch(), qwen2_arch()};
+                                            mixtral_arch(), qwen3_moe_arch(), qwen2_arch(),
+                                            mistral_arch()};
   return all;
 }
 

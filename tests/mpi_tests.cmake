@@ -298,7 +298,8 @@ strata_mpi_executable(mpi_test_eval)
 target_compile_definitions(mpi_test_eval PRIVATE STRATA_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
 strata_mpi_test(mpi_test_eval mpi_eval 1)
 # Qwen2: Llama's block with q/k/v biases, split by blocks over the tensor group (every tensor
-# and data layout of 4 ranks with sequence parallelism and ZeRO-1).
+# and data layout of 4 ranks with sequence parallelism and ZeRO-1). (Mistral is Llama's block
+# under other names: its golden test checks the names.)
 add_test(NAME mpi_parallel_qwen2_np4 COMMAND ${STRATA_MPI_RUN} -np 4 $<TARGET_FILE:mpi_test_parallel>)
 set_tests_properties(mpi_parallel_qwen2_np4 PROPERTIES
   ENVIRONMENT "${STRATA_MPI_ENV};STRATA_TEST_ARCH=qwen2" TIMEOUT 900 PROCESSORS 4 LABELS mpi)

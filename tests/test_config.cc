@@ -1199,10 +1199,14 @@ TEST(ConfigFiles, EveryPresetLoadsWithItsDocumentedSizes) {
       {"qwen2-tiny", {2, 64, 4, 64, 64, 128, 2, false, 1e6}},
       {"qwen2.5-0.5b", {24, 896, 14, 4096, 151936, 4864, 2, true, 1e6}},
       {"qwen2.5-7b", {28, 3584, 28, 4096, 152064, 18944, 4, false, 1e6}},
+      // Mistral-7B-v0.3's config.json (trained here at seq 4096 of its 32768 positions).
+      {"mistral-tiny", {2, 64, 4, 64, 64, 128, 2, false, 1e6}},
+      {"mistral-7b", {32, 4096, 32, 4096, 32768, 14336, 8, false, 1e6}},
   };
   const auto arch_of = [](const std::string& name, const Sizes& s) -> std::string {
     if (name.rfind("bert-", 0) == 0) return "bert";
     if (name.rfind("qwen2", 0) == 0) return "qwen2";
+    if (name.rfind("mistral", 0) == 0) return "mistral";
     if (s.experts) return s.head_dim ? "qwen3_moe" : "mixtral";
     return s.kv_heads ? "llama" : "gpt";
   };

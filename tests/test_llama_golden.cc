@@ -216,7 +216,7 @@ TEST_P(LlamaGolden, TenAdamWStepsMatchTorch) {
   EXPECT_LE(loose, 10) << "entries of the final weights further than 1e-5 from the reference";
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, LlamaGolden, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Arch, LlamaGolden, ::testing::Values("llama", "qwen2", "mistral"));
 
 }  // namespace
 }  // namespace strata

@@ -219,6 +219,7 @@ nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m
     return c;
   }
   c["attention_bias"] = false;
+  if (f.sliding_window) c["sliding_window"] = nullptr;
   if (f.moe.empty()) {
     c["mlp_bias"] = false;
     return c;
@@ -229,7 +230,6 @@ nlohmann::json llama_family_hf_config(const LlamaFamily& f, const ModelConfig& m
   c["num_experts_per_tok"] = m.num_experts_per_tok;
   c["router_aux_loss_coef"] = m.router_aux_loss_coef;
   c["output_router_logits"] = m.router_aux_loss_coef > 0;
-  c["sliding_window"] = nullptr;
   if (f.always_renormalise) {  // MixtralConfig: the experts' width is intermediate_size
     c["num_local_experts"] = m.num_experts;
     c["intermediate_size"] = m.expert_hidden();
@@ -348,13 +348,6 @@ void check_moe_keys(const LlamaFamily& f, const ModelConfig& m, const nlohmann::
   }
   check_hf_key(hf, "num_experts_per_tok", m.num_experts_per_tok, "model.num_experts_per_tok", path,
                f.always_renormalise ? 2 : 8);
-  const nlohmann::json window = hf_value(hf, "sliding_window", nullptr);
-  if (f.always_renormalise && !window.is_null() &&
-      !(window.is_number_integer() && window.get<int64_t>() >= m.seq_len))
-    throw InputError(path, "sliding_window",
-                     "null or at least model.seq_len " + std::to_string(m.seq_len) +
-                         " (Strata's attention sees every earlier position), found " +
-                         window.dump());
 }
 
 }  // namespace
@@ -379,6 +372,13 @@ void llama_family_check_hf_config(const LlamaFamily& f, const ModelConfig& m,
   check_hf_key(hf, "tie_word_embeddings", m.tie_embeddings, "model.tie_embeddings", path, false);
   check_hf_key(hf, "rms_norm_eps", m.rms_norm_eps, "model.rms_norm_eps", path, 1e-6);
   check_hf_key(hf, "hidden_act", "silu", "Strata's SwiGLU", path, "silu");
+  const nlohmann::json window = hf_value(hf, "sliding_window", nullptr);
+  if (f.sliding_window && !window.is_null() &&
+      !(window.is_number_integer() && window.get<int64_t>() >= m.seq_len))
+    throw InputError(path, "sliding_window",
+                     "null or at least model.seq_len " + std::to_string(m.seq_len) +
+                         " (Strata's attention sees every earlier position), found " +
+                         window.dump());
   if (f.qkv_bias) {  // Qwen2Config: q/k/v biases always; a sliding window Strata does not do
     check_hf_key(hf, "use_sliding_window", false, "Strata's full attention", path, false);
   } else {

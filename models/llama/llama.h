@@ -32,7 +32,7 @@ namespace strata {
 
 // What a Llama-family Hugging Face class changes of LlamaForCausalLM: Mixtral and Qwen3-MoE are
 // Llama's block with a mixture of experts for its MLP (models/layers/moe.h), Qwen3 adds QK-norm,
-// Qwen2 biases on q, k and v.
+// Qwen2 biases on q, k and v; Mistral is Llama under its own names (without a sliding window).
 // One spec builder and one Hugging Face adapter serve the family.
 struct LlamaFamily {
   std::string arch = "llama";  // model.arch
@@ -41,6 +41,9 @@ struct LlamaFamily {
   // Biases on q_proj, k_proj and v_proj (not o_proj), and Qwen2Config's sliding-window keys
   // (use_sliding_window false) in config.json: Qwen2 and Qwen2.5.
   bool qkv_bias = false;
+  // config.json's sliding_window (MistralConfig, MixtralConfig): null, or at least model.seq_len
+  // (Strata's attention sees every earlier position; a window is not implemented).
+  bool sliding_window = false;
   // A mixture of experts: its module's name in a layer ("block_sparse_moe" for Mixtral, "mlp"
   // for Qwen3-MoE; "" a dense MLP), and Hugging Face's names of expert e's gate, up and down
   // projections under <moe>.experts.<e>. (Mixtral: w1, w3, w2).

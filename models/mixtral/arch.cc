@@ -16,6 +16,7 @@ LlamaFamily mixtral_family() {
   f.experts = {"w1", "w3", "w2"};
   f.expert_order = {0, 2, 1};
   f.always_renormalise = true;
+  f.sliding_window = true;
   return f;
 }
 
