@@ -5,8 +5,8 @@
 //                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 //
 // The model comes from a Strata checkpoint (its recorded model keys) or a Hugging Face directory
-// (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM: config.json gives
-// the keys); the config (and --set) gives the rest: parallel.tensor under mpirun (a model larger
+// (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+// Qwen3MoeForCausalLM: config.json gives the keys); the config (and --set) gives the rest: parallel.tensor under mpirun (a model larger
 // than one device generates on t), device, train.precision, and data.tokenizer for text prompts (a
 // model of byte tokens reads text as bytes). The prompt runs through the model once (prefill), then
 // each new token is one step over the key/value cache (Model::decode): the prefix is never
