@@ -6,15 +6,17 @@
 //
 // The model comes from a Strata checkpoint (its recorded model keys) or a Hugging Face directory
 // (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
-// Qwen3MoeForCausalLM: config.json gives the keys); the config (and --set) gives the rest: parallel.tensor under mpirun (a model larger
-// than one device generates on t), device, train.precision, and data.tokenizer for text prompts (a
-// model of byte tokens reads text as bytes). The prompt runs through the model once (prefill), then
-// each new token is one step over the key/value cache (Model::decode): the prefix is never
-// recomputed. Temperature 0 is greedy (the first largest logit); otherwise logits / T, top-k, then
-// top-p (the smallest set of tokens whose probability reaches P), sampled from a stream keyed by
-// (seed, prompt, step) — the same on every rank. Prompts of equal length run as one batch. Without
-// --json, rank 0 streams the text (or ids) as tokens come; --json prints one object per prompt
-// {"prompt_ids", "ids", "text"}, `ids` the new tokens only.
+// Qwen3MoeForCausalLM: config.json gives the keys); the config (and --set) gives the rest:
+// parallel.tensor under mpirun (a model larger than one device generates on t), device,
+// train.precision, and data.tokenizer for text prompts (else the checkpoint's copy of its run's,
+// else the directory's tokenizer.json; a model of byte tokens reads text as bytes). The prompt runs
+// through the model once (prefill), then each new token is one step over the key/value cache
+// (Model::decode): the prefix is never recomputed. Temperature 0 is greedy (the first largest
+// logit); otherwise logits / T, top-k, then top-p (the smallest set of tokens whose probability
+// reaches P), sampled from a stream keyed by (seed, prompt, step) — the same on every rank. Prompts
+// of equal length run as one batch. Without --json, rank 0 streams the text (or ids) as tokens
+// come; --json prints one object per prompt {"prompt_ids", "ids", "text"}, `ids` the new tokens
+// only.
 //
 // Thread-safety: one call at a time; collective under mpirun.
 #pragma once
