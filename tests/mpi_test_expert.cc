@@ -6,12 +6,17 @@
 // (the balancing loss's statistics crossing the stages); checkpoints reshard across expert sizes,
 // and resume bit for bit under the layout that saved them.
 //
-// AdamW's eps is 1e-6 here, not 1e-8: an expert group sums an expert's rows of several data
+// AdamW's eps is 3e-6 here, not 1e-8: an expert group sums an expert's rows of several data
 // ranks in one GEMM, so a near-zero gradient element (|g| ~ eps, an o_proj element of layer 0
 // here) carries a rounding error of ~1e-12 absolute, which Adam's first steps turn into a
 // parameter change of lr·Δg/(4·eps) = 2e-4 at eps 1e-8 (measured at expert 4: grad norm 1.1e-5
-// off the single process after 8 steps, 5e-7 at expert 1); at 1e-6 the same runs agree to 3e-7.
-// That is the conditioning of the update, not a layout difference.
+// off the single process after 8 steps, 5e-7 at expert 1); at 1e-6 the same runs agree to 3e-7
+// with OpenBLAS's SkylakeX kernels, but with its Haswell kernels (OPENBLAS_CORETYPE=Haswell)
+// under AddressSanitizer's code that element (layers.0.self_attn.o_proj.weight[3849]) still
+// ends 1.1e-5 off at tensor 2 × expert 2, just past the 1.07e-5 the check allows (and the bf16
+// runs end 1.2e-3 from expert 1, past 1e-3). At 3e-6 both archs pass with the Haswell, SkylakeX
+// and Cooperlake kernels, sanitized or not (bf16: 1.8e-4 to 8.7e-4); at 1e-5 Qwen3-MoE's bf16
+// expert 4 ends 1.03e-3 away. That is the conditioning of the update, not a layout difference.
 //
 // Each rank checks what it can see and the mismatch counts are summed over the world
 // (mpi_test_util.h's Tally), so every rank reaches the same verdict.
@@ -44,7 +49,7 @@ Config make_config(std::vector<std::string> extra) {
                                 "train.micro_batch_size=2", "train.global_batch_size=16",
                                 "train.eval_interval=0",    "optimizer.lr=3e-3",
                                 "optimizer.warmup_iters=2", "optimizer.min_lr=3e-4",
-                                "optimizer.eps=1e-6",       "data.synthetic.vocab_size=64",
+                                "optimizer.eps=3e-6",       "data.synthetic.vocab_size=64",
                                 "parallel.bucket_mb=0.05",  "log.interval=100000"};
   const std::vector<std::string> arch = mpitest::arch_sets(4);
   s.insert(s.end(), arch.begin(), arch.end());
