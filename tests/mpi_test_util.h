@@ -229,8 +229,8 @@ inline int64_t count_params_off(const TrainResult& r, const TrainResult& ref, co
       const float want = padded ? 0.0f : ref.final_params[static_cast<size_t>(f.offset + g)];
       bad += std::fabs(got - want) > 1e-5 + 1e-5 * std::fabs(want);
       if (bad)
-        std::printf("rank %d: %s[%lld] %.9g, single process %.9g\n", world().rank,
-                    p.name.c_str(), static_cast<long long>(g), got, want);
+        std::printf("rank %d: %s[%lld] %.9g, single process %.9g\n", world().rank, p.name.c_str(),
+                    static_cast<long long>(g), got, want);
     }
   }
   return bad;
