@@ -612,13 +612,19 @@ TEST(ConfigConsistency, WarmupWithinDecay) {
 // Megatron-LM's WSD and inverse-square-root schedules (optimizer_param_scheduler.py's get_lr),
 // against their closed forms at chosen iterations: lr 1, min_lr 0.1, warm-up 2, decay_iters 10,
 // a cool-down of 4 (iterations 7-10).
-TEST(LrSchedule, WarmupStableDecayInEachShape) {
+// From lr 1 to min_lr 0.1 in `decay`'s shape, after `warmup` iterations, ending at `decay_iters`.
+OptimizerConfig lr_schedule(const std::string& decay, int warmup, int decay_iters) {
   OptimizerConfig o;
   o.lr = 1.0;
   o.min_lr = 0.1;
-  o.warmup_iters = 2;
-  o.decay = "wsd";
-  o.decay_iters = 10;
+  o.warmup_iters = warmup;
+  o.decay = decay;
+  o.decay_iters = decay_iters;
+  return o;
+}
+
+TEST(LrSchedule, WarmupStableDecayInEachShape) {
+  OptimizerConfig o = lr_schedule("wsd", 2, 10);
   o.wsd_decay_iters = 4;
   const double half = 2 * std::sqrt(0.5) - 1;  // exponential's 2·0.5^r − 1 at r = 1/2
   const std::map<std::string, std::vector<double>> want = {
@@ -642,12 +648,7 @@ TEST(LrSchedule, WarmupStableDecayInEachShape) {
 }
 
 TEST(LrSchedule, InverseSquareRoot) {
-  OptimizerConfig o;
-  o.lr = 1.0;
-  o.min_lr = 0.1;
-  o.warmup_iters = 4;
-  o.decay = "inverse-square-root";
-  o.decay_iters = 1000;
+  OptimizerConfig o = lr_schedule("inverse-square-root", 4, 1000);
   EXPECT_NEAR(learning_rate(o, 1000, 2), 0.5, 1e-12);     // warm-up
   EXPECT_NEAR(learning_rate(o, 1000, 4), 1.0, 1e-12);     // √4 / √4
   EXPECT_NEAR(learning_rate(o, 1000, 16), 0.5, 1e-12);    // √4 / √16

@@ -235,12 +235,10 @@ int prepare(const std::vector<std::string>& args) {
   }
   const int token_bytes = optimal_token_bytes(tok->vocab_size());
   // The output's folder is made when missing (mkdir -p), once every input has been checked.
-  const std::filesystem::path folder = std::filesystem::path(o.output).parent_path();
-  std::error_code mkdir_ec;
-  if (!folder.empty() && !std::filesystem::is_directory(folder, mkdir_ec) &&
-      !std::filesystem::create_directories(folder, mkdir_ec))
-    bad("--output", "a prefix whose folder exists or can be made: " + folder.string() + ": " +
-                        (mkdir_ec ? mkdir_ec.message() : "not a folder"));
+  const std::string folder = std::filesystem::path(o.output).parent_path().string();
+  if (!folder.empty())
+    if (const std::string problem = output_directory_problem(folder); !problem.empty())
+      bad("--output", "a prefix whose folder exists or can be made: " + folder + ": " + problem);
   Sink sink(o, token_bytes);
 
   using Clock = std::chrono::steady_clock;

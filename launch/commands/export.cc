@@ -24,18 +24,13 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out,
                               const HfWriteOptions& options) {
-  // A checkpoint itself has metadata.json; anything else is a checkpoint.dir to search.
-  std::string path = checkpoint;
-  std::error_code ec;
-  if (!std::filesystem::exists(checkpoint + "/metadata.json", ec)) {
-    const auto sel = select_checkpoint(checkpoint, "auto", std::cerr);
-    if (!sel) throw InputError(checkpoint, "", "a checkpoint or a directory holding a valid one");
-    path = *sel;
-  }
+  const std::string path = checkpoint_or_newest(checkpoint, std::cerr);
   ModelConfig mc;
   FullTensors hf;
+  std::optional<std::string> tok;  // the run's tokenizer, checked with the rest
   {
     LoadedCheckpoint c = read_checkpoint(path);  // checked as it is read (InputError)
+    tok = c.tokenizer;
     // Only the parameters are exported: the optimizer moments (2× the model) go first.
     for (RankShard& s : c.shards)
       s.pieces.erase(std::remove_if(s.pieces.begin(), s.pieces.end(),
@@ -70,13 +65,12 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   write_hf_directory(out, config, hf, options,
                      adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{});
   // The run's tokenizer goes with the model when transformers can read it (tokenizer.json).
-  if (const std::optional<std::string> tok = checkpoint_tokenizer(path)) {
+  if (tok) {
     if (is_tokenizer_json(*tok)) {
-      std::error_code copy_ec;
+      std::error_code ec;
       std::filesystem::copy_file(*tok, out + "/tokenizer.json",
-                                 std::filesystem::copy_options::overwrite_existing, copy_ec);
-      if (copy_ec)
-        throw InputError(out + "/tokenizer.json", "", "a writable file: " + copy_ec.message());
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) throw InputError(out + "/tokenizer.json", "", "a writable file: " + ec.message());
       std::printf("tokenizer: %s/tokenizer.json (the run's data.tokenizer)\n", out.c_str());
     } else {
       std::printf(

@@ -8,7 +8,6 @@
 #include <set>
 
 #include "launch/config/config_parse.h"
-#include "launch/config/config_schema.h"
 #include "launch/config/model_shape.h"
 #include "launch/config/world_layout.h"
 #include "launch/train/model_state.h"
@@ -90,13 +89,7 @@ ModelConfig model_of(const InferenceSource& s, std::string* path, std::string* r
     check_hf_sizes(m, hf, file, read_hf_shapes(*s.hf));
     return m;
   }
-  std::string ck = *s.checkpoint;
-  std::error_code ec;
-  if (!std::filesystem::exists(ck + "/metadata.json", ec)) {
-    const auto sel = select_checkpoint(ck, "auto", std::cerr);
-    if (!sel) throw InputError(ck, "", "a checkpoint or a directory holding a valid one");
-    ck = *sel;
-  }
+  const std::string ck = checkpoint_or_newest(*s.checkpoint, std::cerr);
   *path = ck;
   *recorded = ck + "/run_state.json";
   const CheckpointReader c(ck);  // the headers and the run state, no tensor bytes
@@ -131,11 +124,8 @@ Config session_config(const InferenceSource& s, const ModelConfig& model,
   // the run state.
   const auto load = [&](const std::vector<std::string>& with) {
     if (run_data.is_null()) return load_config(s.config, with);
-    Config c;
-    c.model = model;
-    nlohmann::json m = to_json(c)["model"];
-    m["preset"] = nullptr;
-    return config_from_json(nlohmann::json{{"model", m}, {"data", run_data}}, recorded, with);
+    return config_from_json(nlohmann::json{{"model", model_section(model)}, {"data", run_data}},
+                            recorded, with);
   };
   const Config probe = load(sets);
   // The model keys the user named (a preset names them all), compared where they fix shapes.

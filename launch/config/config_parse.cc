@@ -328,13 +328,18 @@ Config config_with_layer(const Config& c, const nlohmann::json& layer, const std
   return out;
 }
 
-ModelConfig checked_model(const ModelConfig& m, const std::string& file) {
+json model_section(const ModelConfig& m) {
   Config c;
   c.model = m;
   json model = to_json(c)["model"];
   model["preset"] = nullptr;
+  return model;
+}
+
+ModelConfig checked_model(const ModelConfig& m, const std::string& file) {
   // The synthetic data's default vocabulary must not be what fails a model of fewer tokens.
-  return config_from_json(json{{"model", model}}, file, {"data.synthetic.vocab_size=1"}).model;
+  return config_from_json(json{{"model", model_section(m)}}, file, {"data.synthetic.vocab_size=1"})
+      .model;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& sets) {

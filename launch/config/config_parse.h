@@ -55,6 +55,9 @@ Config config_with_layer(const Config& c, const nlohmann::json& layer, const std
 // hidden_size, ...), errors naming `file` and the model key: for a model read from elsewhere
 // (a Hugging Face config.json). Throws InputError.
 ModelConfig checked_model(const ModelConfig& m, const std::string& file);
+// `m` as a config's model section (every key, preset null), which config_from_json reads back
+// as `m`.
+nlohmann::json model_section(const ModelConfig& m);
 
 // The model keys of a preset (configs/models/<name>.json); InputError if unknown.
 nlohmann::json load_model_preset(const std::string& name, const std::string& file,

@@ -21,12 +21,9 @@
 namespace strata {
 namespace {
 
-// The run's data section as its run state records it, for strata eval --data on the checkpoint:
-// paths absolute (eval may run from another folder), the tokenizer left out (the checkpoint
-// holds a copy, which eval reads).
-// The Strata checkpoint model.init_from names: a checkpoint (its metadata.json), or a
-// checkpoint.dir (its newest valid one; InputError when it holds none); nullopt for anything else
-// (a Hugging Face directory or file).
+// The Strata checkpoint model.init_from names: a checkpoint (its metadata.json; checked whole, as
+// an explicit checkpoint.resume is), or a checkpoint.dir (its newest valid one; InputError when it
+// holds none); nullopt for anything else (a Hugging Face directory or file).
 std::optional<std::string> strata_checkpoint_at(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -37,12 +34,12 @@ std::optional<std::string> strata_checkpoint_at(const std::string& path) {
   for (const auto& e : fs::directory_iterator(path, ec))
     saves = saves || e.path().filename().string().rfind("iter_", 0) == 0;
   if (!saves) return std::nullopt;
-  const std::optional<std::string> newest = select_checkpoint(path, "auto", std::cerr);
-  if (!newest)
-    throw InputError(path, "", "a checkpoint.dir holding a valid checkpoint, found none");
-  return newest;
+  return checkpoint_or_newest(path, std::cerr);
 }
 
+// The run's data section as its run state records it, for strata eval --data on the checkpoint:
+// paths absolute (eval may run from another folder), the tokenizer left out (the checkpoint
+// holds a copy, which eval reads).
 nlohmann::json recorded_data(const Config& cfg) {
   nlohmann::json d = cfg.resolved.at("data");
   const auto absolute = [](nlohmann::json& v) {

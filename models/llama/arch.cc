@@ -133,10 +133,14 @@ ArchSpec llama_family_arch(const LlamaFamily& f,
   return a;
 }
 
-ArchSpec llama_arch() {
-  ArchSpec a = llama_family_arch(llama_family(), llama_spec);
-  a.tiny_preset = "llama-tiny";
+ArchSpec llama_family_member(const LlamaFamily& f, const std::string& tiny_preset) {
+  ArchSpec a = llama_family_arch(f, [f](const ModelConfig& m) { return llama_family_spec(f, m); });
+  a.tiny_preset = tiny_preset;
   return a;
+}
+
+ArchSpec llama_arch() {
+  return llama_family_member(llama_family(), "llama-tiny");
 }
 
 }  // namespace strata

@@ -69,6 +69,9 @@ TransformerSpec llama_family_spec(const LlamaFamily& f, const ModelConfig& m);
 struct ArchSpec;
 ArchSpec llama_family_arch(const LlamaFamily& f,
                            std::function<TransformerSpec(const ModelConfig&)> spec);
+// The registry entry of a family member whose spec is llama_family_spec(f, ·), with its tiny
+// preset (configs/models/<tiny_preset>.json): Mixtral, Qwen3-MoE, Qwen2, Mistral.
+ArchSpec llama_family_member(const LlamaFamily& f, const std::string& tiny_preset);
 
 // Hugging Face LlamaForCausalLM tensors (model.embed_tokens.weight (V, C) unpadded, separate
 // q/k/v/o and gate/up/down projections, lm_head.weight only when untied) from our full tensors,

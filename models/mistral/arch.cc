@@ -15,14 +15,8 @@ LlamaFamily mistral_family() {
   return f;
 }
 
-TransformerSpec mistral_spec(const ModelConfig& m) {
-  return llama_family_spec(mistral_family(), m);
-}
-
 ArchSpec mistral_arch() {
-  ArchSpec a = llama_family_arch(mistral_family(), mistral_spec);
-  a.tiny_preset = "mistral-tiny";
-  return a;
+  return llama_family_member(mistral_family(), "mistral-tiny");
 }
 
 }  // namespace strata

@@ -20,14 +20,8 @@ LlamaFamily mixtral_family() {
   return f;
 }
 
-TransformerSpec mixtral_spec(const ModelConfig& m) {
-  return llama_family_spec(mixtral_family(), m);
-}
-
 ArchSpec mixtral_arch() {
-  ArchSpec a = llama_family_arch(mixtral_family(), mixtral_spec);
-  a.tiny_preset = "mixtral-tiny";
-  return a;
+  return llama_family_member(mixtral_family(), "mixtral-tiny");
 }
 
 }  // namespace strata

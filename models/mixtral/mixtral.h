@@ -14,12 +14,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include "models/transformer/transformer.h"
-#include "runtime/base/config.h"
-
 namespace strata {
-
-TransformerSpec mixtral_spec(const ModelConfig& m);
 
 struct ArchSpec;
 ArchSpec mixtral_arch();

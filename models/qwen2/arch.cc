@@ -16,14 +16,8 @@ LlamaFamily qwen2_family() {
   return f;
 }
 
-TransformerSpec qwen2_spec(const ModelConfig& m) {
-  return llama_family_spec(qwen2_family(), m);
-}
-
 ArchSpec qwen2_arch() {
-  ArchSpec a = llama_family_arch(qwen2_family(), qwen2_spec);
-  a.tiny_preset = "qwen2-tiny";
-  return a;
+  return llama_family_member(qwen2_family(), "qwen2-tiny");
 }
 
 }  // namespace strata

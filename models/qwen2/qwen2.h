@@ -7,12 +7,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include "models/transformer/transformer.h"
-#include "runtime/base/config.h"
-
 namespace strata {
-
-TransformerSpec qwen2_spec(const ModelConfig& m);
 
 struct ArchSpec;
 ArchSpec qwen2_arch();

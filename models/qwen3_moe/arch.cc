@@ -19,14 +19,8 @@ LlamaFamily qwen3_moe_family() {
   return f;
 }
 
-TransformerSpec qwen3_moe_spec(const ModelConfig& m) {
-  return llama_family_spec(qwen3_moe_family(), m);
-}
-
 ArchSpec qwen3_moe_arch() {
-  ArchSpec a = llama_family_arch(qwen3_moe_family(), qwen3_moe_spec);
-  a.tiny_preset = "qwen3-moe-tiny";
-  return a;
+  return llama_family_member(qwen3_moe_family(), "qwen3-moe-tiny");
 }
 
 }  // namespace strata

@@ -21,12 +21,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include "models/transformer/transformer.h"
-#include "runtime/base/config.h"
-
 namespace strata {
-
-TransformerSpec qwen3_moe_spec(const ModelConfig& m);
 
 struct ArchSpec;
 ArchSpec qwen3_moe_arch();

@@ -168,8 +168,9 @@ void check_size(const std::string& file, const FileRecord& rec);
 void check_crc(const std::string& file, const FileRecord& rec, uint32_t crc);
 // run_state.json, every key as saved by launch/train/checkpointing.cc.
 json read_run_state(const std::string& path, const Manifest& m);
-// The files beside the shards and the run state (a tokenizer): each one's size and CRC-32.
-void check_extra_files(const std::string& path, const Manifest& m);
+// The run's tokenizer file beside the shards, its size and CRC-32 checked; nullopt when the
+// manifest lists none.
+std::optional<std::string> checked_tokenizer(const std::string& path, const Manifest& m);
 
 // ---- reading: the shard files (shard_check.cc) ----
 

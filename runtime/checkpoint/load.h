@@ -40,6 +40,11 @@ inline constexpr const char* kCheckpointTokenizerFiles[] = {"tokenizer.json", "t
 // without data.tokenizer, or a checkpoint from before tokenizers were saved).
 std::optional<std::string> checkpoint_tokenizer(const std::string& path);
 
+// The checkpoint a command names: `path` itself when it is one (its metadata.json; checked as it
+// is read), else the newest iter_<N> under it that verifies (each one skipped reported on `err`);
+// InputError naming `path` when it holds none.
+std::string checkpoint_or_newest(const std::string& path, std::ostream& err);
+
 // "" when `path` is a checkpoint that passes every check above, else why not (the InputError's
 // "<file>: <where>: <expected>").
 std::string verify_checkpoint(const std::string& path);
@@ -53,7 +58,8 @@ std::optional<std::string> select_checkpoint(const std::optional<std::string>& d
 struct LoadedCheckpoint {
   std::string path;
   nlohmann::json run_state;
-  std::vector<RankShard> shards;  // [saving rank]
+  std::vector<RankShard> shards;         // [saving rank]
+  std::optional<std::string> tokenizer;  // the run's tokenizer file, checked (checkpoint_tokenizer)
 };
 // Reads every file of a checkpoint, checking each as verify_checkpoint does (InputError): the
 // whole checkpoint in memory (export; a rank resuming reads through CheckpointReader instead).

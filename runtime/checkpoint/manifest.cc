@@ -167,7 +167,7 @@ Manifest read_manifest(const std::string& path) {
   return m;
 }
 
-void check_extra_files(const std::string& path, const Manifest& m) {
+std::optional<std::string> checked_tokenizer(const std::string& path, const Manifest& m) {
   for (const char* name : kCheckpointTokenizerFiles) {
     const auto it = m.files.find(name);
     if (it == m.files.end()) continue;
@@ -175,7 +175,9 @@ void check_extra_files(const std::string& path, const Manifest& m) {
     check_size(file, it->second);
     const std::string bytes = read_file(file);
     check_crc(file, it->second, crc32_ieee(bytes.data(), bytes.size()));
+    return file;  // read_manifest allows one
   }
+  return std::nullopt;
 }
 
 void check_size(const std::string& file, const FileRecord& rec) {

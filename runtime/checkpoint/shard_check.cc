@@ -333,7 +333,7 @@ LoadedCheckpoint read_checked(const std::string& path, bool keep_values) {
   c.path = path;
   const Manifest m = read_manifest(path);
   c.run_state = read_run_state(path, m);
-  check_extra_files(path, m);
+  c.tokenizer = checked_tokenizer(path, m);
   std::vector<ShardHeader> shards = read_shard_headers(path, m);
   for (ShardHeader& h : shards) check_shard_data(h, keep_values);
   check_coverage(path, shards);
@@ -349,11 +349,16 @@ using checkpoint_internal::final_checkpoints;
 using checkpoint_internal::read_checked;
 
 std::optional<std::string> checkpoint_tokenizer(const std::string& path) {
-  const checkpoint_internal::Manifest m = checkpoint_internal::read_manifest(path);
-  checkpoint_internal::check_extra_files(path, m);
-  for (const char* name : kCheckpointTokenizerFiles)
-    if (m.files.count(name)) return path + "/" + name;
-  return std::nullopt;
+  return checkpoint_internal::checked_tokenizer(path, checkpoint_internal::read_manifest(path));
+}
+
+std::string checkpoint_or_newest(const std::string& path, std::ostream& err) {
+  std::error_code ec;
+  if (std::filesystem::exists(path + "/metadata.json", ec)) return path;
+  const std::optional<std::string> newest = select_checkpoint(path, "auto", err);
+  if (!newest)
+    throw InputError(path, "", "a checkpoint, or a checkpoint.dir holding a valid checkpoint");
+  return *newest;
 }
 
 std::string verify_checkpoint(const std::string& path) {
