@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -535,6 +536,93 @@ TEST_F(Cli, CheckpointsCarryTheRunsTokenizerToGenerateAndExport) {
   r = run("generate --checkpoint " + dir_ + "/ck/iter_2" + gen);
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(error_line(r.out).find("iter_2/tokenizer.json: CRC-32"), std::string::npos) << r.out;
+}
+
+// A run that trained with a tiktoken file exports a tokenizer.json of the same ids (converted),
+// which `generate --hf` reads; `strata data convert` writes the same file by hand. The fixture's
+// 4352 ranks padded to GPT-2's 50256 (tokens that merge with nothing: 0xFF 0xFE and 4 bytes of
+// their index) so that the file names its pattern as a real GPT-2 file does.
+TEST_F(Cli, ATiktokenRunExportsATokenizerJsonOfTheSameIds) {
+  const auto base64 = [](const std::string& in) {
+    static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < in.size(); i += 3) {
+      uint32_t v = static_cast<unsigned char>(in[i]) << 16;
+      if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+      if (i + 2 < in.size()) v |= static_cast<unsigned char>(in[i + 2]);
+      out += k[(v >> 18) & 63];
+      out += k[(v >> 12) & 63];
+      out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+      out += i + 2 < in.size() ? k[v & 63] : '=';
+    }
+    return out;
+  };
+  std::ifstream in(std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tiktoken");
+  std::string ranks((std::istreambuf_iterator<char>(in)), {});
+  int n = static_cast<int>(std::count(ranks.begin(), ranks.end(), '\n'));
+  ASSERT_EQ(n, 4352);
+  for (; n < 50256; ++n) {
+    const std::string token = {'\xFF',
+                               '\xFE',
+                               static_cast<char>(n >> 24),
+                               static_cast<char>(n >> 16),
+                               static_cast<char>(n >> 8),
+                               static_cast<char>(n)};
+    ranks += base64(token) + " " + std::to_string(n) + "\n";
+  }
+  const std::string tok = write("gpt2_padded.tiktoken", ranks);
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n";
+  write("corpus.txt", text);
+  const std::string cfg =
+      config({{"model", {{"vocab_size", 50257}}},
+              {"train", {{"iterations", 2}}},
+              {"data", {{"source", "text"}, {"path", dir_ + "/corpus.txt"}, {"tokenizer", tok}}},
+              {"checkpoint", {{"dir", dir_ + "/ck"}, {"interval", 2}}}});
+  Result r = run("train --config " + cfg);
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("export --checkpoint " + dir_ + "/ck --out " + dir_ + "/hf");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(
+      r.out.find("tokenizer: " + dir_ + "/hf/tokenizer.json (the run's tiktoken file, converted)"),
+      std::string::npos)
+      << r.out;
+  const std::string gen =
+      " --prompt \"To be, or not<|endoftext|> whether\" --max-new-tokens 4 --json";
+  const auto ids = [](const Result& g) {
+    const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.rfind("{\"")));
+    return j["prompt_ids"].dump() + " " + j["ids"].dump();
+  };
+  const Result own = run("generate --checkpoint " + dir_ + "/ck" + gen);
+  ASSERT_EQ(own.status, 0) << own.out;
+  const Result hf = run("generate --hf " + dir_ + "/hf" + gen);
+  ASSERT_EQ(hf.status, 0) << hf.out;
+  EXPECT_EQ(ids(hf), ids(own));
+  EXPECT_NE(ids(own).find("50256"), std::string::npos) << ids(own);  // the special token
+
+  // strata data convert writes the file export wrote.
+  r = run("data convert --tokenizer " + tok + " --output " + dir_ + "/by_hand/tokenizer.json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(50257 tokens, 1 special;"), std::string::npos) << r.out;
+  const auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_EQ(bytes(dir_ + "/by_hand/tokenizer.json"), bytes(dir_ + "/hf/tokenizer.json"));
+  // Bad input: a tokenizer.json, an option of prepare's, no --output.
+  for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--tokenizer " + dir_ + "/hf/tokenizer.json --output " + dir_ + "/x.json",
+            "--tokenizer: a tiktoken ranks file (" + dir_ +
+                "/hf/tokenizer.json is a tokenizer.json"},
+           {"--tokenizer " + tok + " --input " + tok + " --output " + dir_ + "/x.json",
+            "--input: an option of strata data convert"},
+           {"--tokenizer " + tok, "--output: a tokenizer.json path"}}) {
+    r = run("data convert " + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_NE(error_line(r.out).find(expected), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/x.json"));
 }
 
 // data prepare ends with the vocabulary and the model.vocab_size a training config needs (a run

@@ -764,6 +764,16 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
                   {"--special", pick(rng, std::vector<std::string>{"<|endoftext|>=4353", "<|x|>=7",
                                                                    "=5", "<|x|>", "<|x|>=99999999",
                                                                    "<|x|>=-1", "<|x|>=70000"})});
+  // data convert: the same tokenizer, pattern and specials; prepare's options refused.
+  if (chance(rng, 0.3)) {
+    std::vector<std::string> args = {"data", "convert",  "--tokenizer",
+                                     tok,    "--output", wd.path() + "/out/tokenizer.json"};
+    for (size_t i = 10; i < c.args.size(); ++i)
+      if (c.args[i] == "--pattern" || c.args[i] == "--special" || chance(rng, 0.2))
+        args.insert(args.end(), c.args.begin() + i,
+                    c.args.begin() + std::min(c.args.size(), i + 2));
+    c.args = args;
+  }
   return c;
 }
 

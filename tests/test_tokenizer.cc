@@ -68,19 +68,30 @@ std::string write_temp(const std::string& name, const std::string& contents) {
 
 struct Case {
   std::string name;  // gpt2_style, llama3_style
-  std::string kind;  // tokenizer.json or tiktoken
+  // tokenizer.json or tiktoken; or "converted": the tiktoken file written as a tokenizer.json by
+  // Tokenizer::hf_tokenizer_json (what strata export writes for a tiktoken run), read back.
+  std::string kind;
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return info.param.name + (info.param.kind == "tiktoken" ? "_tiktoken" : "_json");
+  const std::string& k = info.param.kind;
+  return info.param.name + (k == "tiktoken"    ? "_tiktoken"
+                            : k == "converted" ? "_converted"
+                                               : "_json");
 }
 
 class TokenizerGolden : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     const Case& c = GetParam();
-    const std::string file = kDir + c.name + "." + c.kind;
-    tok_ = Tokenizer::load(file, c.name == "gpt2_style" ? "gpt2" : "llama3");
+    const std::string pattern = c.name == "gpt2_style" ? "gpt2" : "llama3";
+    if (c.kind == "converted") {
+      const auto tiktoken = Tokenizer::load(kDir + c.name + ".tiktoken", pattern);
+      tok_ = Tokenizer::load(write_temp(c.name + ".converted.json", tiktoken->hf_tokenizer_json()));
+      ASSERT_TRUE(tok_->tiktoken_regex().empty());  // read as a tokenizer.json
+      return;
+    }
+    tok_ = Tokenizer::load(kDir + c.name + "." + c.kind, pattern);
   }
   void expect_golden(const std::string& input_text, const std::string& golden, int width) {
     const std::vector<int32_t> want = read_ids(kDir + GetParam().name + "." + golden, width);
@@ -190,12 +201,12 @@ TEST_P(TokenizerGolden, BatchOnThreadsEqualsSerial) {
   EXPECT_EQ(tok_->decode(joined), text);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothReferences, TokenizerGolden,
-                         testing::Values(Case{"gpt2_style", "tokenizer.json"},
-                                         Case{"gpt2_style", "tiktoken"},
-                                         Case{"llama3_style", "tokenizer.json"},
-                                         Case{"llama3_style", "tiktoken"}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    BothReferences, TokenizerGolden,
+    testing::Values(Case{"gpt2_style", "tokenizer.json"}, Case{"gpt2_style", "tiktoken"},
+                    Case{"gpt2_style", "converted"}, Case{"llama3_style", "tokenizer.json"},
+                    Case{"llama3_style", "tiktoken"}, Case{"llama3_style", "converted"}),
+    case_name);
 
 // tokenizer.json options tiktoken has no counterpart for (add_prefix_space, ignore_merges, the
 // Split behaviours, a String pattern): the base fixture with keys changed as golden.json says,

@@ -14,6 +14,7 @@
 
 #include "runtime/base/error.h"
 #include "runtime/base/operation.h"
+#include "runtime/data/binary_io.h"
 #include "runtime/data/indexed.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
@@ -47,7 +48,18 @@ const char kUsage[] =
     "                     regex (default: the one its rank count names: 50256, 100256, 128000)\n"
     "  --special NAME=ID  tiktoken file: a special token (repeatable); together they replace\n"
     "                     the pattern's special tokens\n"
-    "  Invalid UTF-8 in a text input is read as U+FFFD (counted in the summary).\n";
+    "  Invalid UTF-8 in a text input is read as U+FFFD (counted in the summary).\n"
+    "\n"
+    "usage: strata data convert --tokenizer FILE --output PATH\n"
+    "                           [--pattern gpt2|cl100k|llama3|REGEX] [--special NAME=ID ...]\n"
+    "  Writes a tiktoken ranks file as a Hugging Face tokenizer.json that gives the same ids\n"
+    "  under Strata, tokenizers and transformers' fast tokenizer (byte-level BPE: every split\n"
+    "  of a token into two tokens is a merge at the token's rank, ignore_merges; the pattern's\n"
+    "  regex as a Split; the special tokens as added tokens), as transformers'\n"
+    "  TikTokenConverter builds it. strata export does this for a run's tiktoken file.\n"
+    "  --tokenizer FILE   a tiktoken ranks file\n"
+    "  --output PATH      the tokenizer.json to write (its folder is made when missing)\n"
+    "  --pattern, --special  as for prepare\n";
 
 struct Options {
   std::string tokenizer, output, format = "megatron", json_key = "text", documents = "file";
@@ -60,8 +72,9 @@ struct Options {
   std::map<std::string, int32_t> specials;  // tiktoken files: replaces the pattern's
 };
 
-[[noreturn]] void bad(const std::string& flag, const std::string& expected) {
-  throw InputError("<command line>", flag, expected + " (see strata data prepare --help)");
+[[noreturn]] void bad(const std::string& flag, const std::string& expected,
+                      const std::string& sub = "prepare") {
+  throw InputError("<command line>", flag, expected + " (see strata data " + sub + " --help)");
 }
 
 int64_t positive(const std::string& flag, const std::string& v) {
@@ -74,14 +87,22 @@ int64_t positive(const std::string& flag, const std::string& v) {
   bad(flag, "a positive integer, got \"" + v + "\"");
 }
 
-Options parse(const std::vector<std::string>& args) {
+// The options of `strata data SUB` (prepare, or convert: --tokenizer, --output, --pattern and
+// --special alone).
+Options parse(const std::vector<std::string>& args, const std::string& sub = "prepare") {
   Options o;
+  const bool convert = sub == "convert";
+  const auto bad = [&sub](const std::string& flag, const std::string& expected) {
+    strata::bad(flag, expected, sub);
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
       if (i + 1 >= args.size()) bad(a, "a value after " + a);
       return args[++i];
     };
+    if (convert && a != "--tokenizer" && a != "--output" && a != "--pattern" && a != "--special")
+      bad(a, "an option of strata data convert: --tokenizer, --output, --pattern or --special");
     if (a == "--tokenizer") {
       o.tokenizer = value();
     } else if (a == "--output") {
@@ -123,9 +144,10 @@ Options parse(const std::vector<std::string>& args) {
       bad(a, "an option of strata data prepare");
     }
   }
-  if (o.tokenizer.empty()) bad("--tokenizer", "a tokenizer file");
-  if (o.inputs.empty()) bad("--input", "one or more input files");
-  if (o.output.empty()) bad("--output", "an output prefix");
+  if (o.tokenizer.empty())
+    bad("--tokenizer", convert ? "a tiktoken ranks file" : "a tokenizer file");
+  if (o.inputs.empty() && !convert) bad("--input", "one or more input files");
+  if (o.output.empty()) bad("--output", convert ? "a tokenizer.json path" : "an output prefix");
   return o;
 }
 
@@ -382,6 +404,36 @@ int prepare(const std::vector<std::string>& args) {
   return 0;
 }
 
+int convert(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  const Options o = parse(args, "convert");
+  const std::unique_ptr<Tokenizer> tok =
+      with_memory_named({"loading the tokenizer", o.tokenizer, ""}, [&] {
+        return Tokenizer::load(o.tokenizer, o.pattern, o.specials.empty() ? nullptr : &o.specials);
+      });
+  if (tok->tiktoken_regex().empty())
+    bad("--tokenizer", "a tiktoken ranks file (" + o.tokenizer + " is a tokenizer.json already)",
+        "convert");
+  const std::string folder = std::filesystem::path(o.output).parent_path().string();
+  if (!folder.empty())
+    if (const std::string problem = output_directory_problem(folder); !problem.empty())
+      bad("--output", "a path whose folder exists or can be made: " + folder + ": " + problem,
+          "convert");
+  const std::string text = tok->hf_tokenizer_json();
+  binary_io::AtomicFile out(o.output);
+  out.write(text.data(), text.size());
+  out.close();
+  out.check_destination();
+  out.rename();
+  std::printf("tokenizer.json: %s (%d tokens, %zu special; from %s)\n", o.output.c_str(),
+              tok->vocab_size(), tok->special_tokens().size(), o.tokenizer.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_data(const std::vector<std::string>& args) {
@@ -390,7 +442,9 @@ int cmd_data(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "prepare") return prepare({args.begin() + 1, args.end()});
-  throw InputError("<command line>", args[0], "a data subcommand: prepare (strata data --help)");
+  if (args[0] == "convert") return convert({args.begin() + 1, args.end()});
+  throw InputError("<command line>", args[0],
+                   "a data subcommand: prepare or convert (strata data --help)");
 }
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -64,18 +65,22 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   config["dtype"] = config["torch_dtype"] = options.dtype == "BF16" ? "bfloat16" : "float32";
   write_hf_directory(out, config, hf, options,
                      adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{});
-  // The run's tokenizer goes with the model when transformers can read it (tokenizer.json).
+  // The run's tokenizer goes with the model as the tokenizer.json transformers reads: a
+  // tiktoken ranks file converted (Tokenizer::hf_tokenizer_json, its pattern from its rank
+  // count, as training read it).
   if (tok) {
+    const std::string dest = out + "/tokenizer.json";
     if (is_tokenizer_json(*tok)) {
       std::error_code ec;
-      std::filesystem::copy_file(*tok, out + "/tokenizer.json",
-                                 std::filesystem::copy_options::overwrite_existing, ec);
-      if (ec) throw InputError(out + "/tokenizer.json", "", "a writable file: " + ec.message());
-      std::printf("tokenizer: %s/tokenizer.json (the run's data.tokenizer)\n", out.c_str());
+      std::filesystem::copy_file(*tok, dest, std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) throw InputError(dest, "", "a writable file: " + ec.message());
+      std::printf("tokenizer: %s (the run's data.tokenizer)\n", dest.c_str());
     } else {
-      std::printf(
-          "tokenizer: not written: the run's is a tiktoken ranks file, and transformers reads "
-          "tokenizer.json\n");
+      const std::string text = Tokenizer::load(*tok)->hf_tokenizer_json();
+      std::ofstream f(dest, std::ios::binary | std::ios::trunc);
+      f.write(text.data(), static_cast<std::streamsize>(text.size()));
+      if (!f.flush()) throw InputError(dest, "", "a writable file");
+      std::printf("tokenizer: %s (the run's tiktoken file, converted)\n", dest.c_str());
     }
   }
   return path;
@@ -98,7 +103,8 @@ int cmd_export(const std::vector<std::string>& args) {
           "  PATH: ending in .safetensors, one file of tensors; otherwise a directory that\n"
           "        transformers' from_pretrained loads: config.json and model.safetensors, or\n"
           "        model-0000k-of-0000n.safetensors shards and model.safetensors.index.json;\n"
-          "        and tokenizer.json when the run trained with one (data.tokenizer).\n"
+          "        and tokenizer.json when the run trained with a tokenizer (data.tokenizer;\n"
+          "        a tiktoken file is converted, as strata data convert does).\n"
           "  --max-shard-size SIZE  largest shard of a directory (default 5GB; 500MB, 2GiB,\n"
           "                         or bytes); a tensor is never split across shards.\n"
           "  --dtype fp32|bf16      the tensors' type (default fp32; bf16 rounds to nearest\n"

@@ -480,6 +480,10 @@ const std::string& Tokenizer::tiktoken_regex() const {
   return m_->tiktoken_regex;
 }
 
+std::string Tokenizer::hf_tokenizer_json() const {
+  return tokenizer_internal::hf_tokenizer_json(*m_);
+}
+
 std::map<std::string, int32_t> Tokenizer::special_tokens() const {
   std::map<std::string, int32_t> out;
   for (const auto& s : m_->specials) out[s.text] = s.id;

@@ -106,6 +106,13 @@ class Tokenizer {
   const std::string& tiktoken_regex() const;
   // The special (added) tokens: text -> id.
   std::map<std::string, int32_t> special_tokens() const;
+  // A tokenizer read from a tiktoken ranks file, written as a Hugging Face tokenizer.json that
+  // gives the same ids (under Strata and under tokenizers / transformers' fast tokenizer):
+  // byte-level BPE with every split of a token as a merge at the token's rank and
+  // ignore_merges; Split(the pattern's regex, Isolated) then ByteLevel(use_regex false); the
+  // special tokens as added tokens. transformers' TikTokenConverter builds the same. InputError
+  // for a tokenizer read from a tokenizer.json.
+  std::string hf_tokenizer_json() const;
 
  private:
   explicit Tokenizer(std::unique_ptr<tokenizer_internal::Model> model);

@@ -1,6 +1,7 @@
 // tokenizer_hf.cc — the Hugging Face tokenizer.json loader (tokenizer.h lists what it takes
 // and refuses): the BPE vocabulary and merges, the pre-tokenizers (ByteLevel, Split, Sequence)
-// and the added tokens, into the Model of tokenizer_model.h.
+// and the added tokens, into the Model of tokenizer_model.h. And its writer for a tiktoken
+// model (hf_tokenizer_json).
 //
 // Thread-safety: pure (each call builds its own Model).
 #include <nlohmann/json.hpp>
@@ -215,6 +216,101 @@ std::unique_ptr<Model> load_hf(const std::string& path) {
     m->special_passes.push_back(std::move(sm));
   }
   return m;
+}
+
+std::string hf_tokenizer_json(const Model& m) {
+  if (m.tiktoken_regex.empty())
+    throw InputError(m.path, "", "a tiktoken ranks file (this one is a tokenizer.json already)");
+  // A token's byte-level spelling: each byte as GPT-2's bytes_to_unicode code point (< 512, so
+  // one or two bytes of UTF-8).
+  const std::vector<uint32_t> cp = byte_to_unicode();
+  const auto spell = [&cp](std::string_view bytes) {
+    std::string s;
+    for (unsigned char c : bytes) {
+      const uint32_t u = cp[c];
+      if (u < 0x80) {
+        s += static_cast<char>(u);
+      } else {
+        s += static_cast<char>(0xC0 | (u >> 6));
+        s += static_cast<char>(0x80 | (u & 0x3F));
+      }
+    }
+    return s;
+  };
+  std::vector<bool> special(m.id_bytes.size(), false);
+  json added = json::array();
+  std::vector<const Special*> by_id;
+  for (const Special& t : m.specials) by_id.push_back(&t);
+  std::sort(by_id.begin(), by_id.end(),
+            [](const Special* a, const Special* b) { return a->id < b->id; });
+  for (const Special* t : by_id) {
+    special[t->id] = true;
+    added.push_back({{"id", t->id},
+                     {"content", t->text},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  // The vocabulary, and as merges every split of a token into two tokens, ordered by the merged
+  // token's rank (its id), then the left and right tokens' (transformers' TikTokenConverter
+  // orders them so too): Hugging Face's BPE then merges the adjacent pair whose result has the
+  // lowest rank, tiktoken's rule. (Where two pairs making the same token are adjacent to each
+  // other, tiktoken merges the leftmost and tokenizers the one listed first.)
+  json vocab = json::object();
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> merges;  // (merged, left, right)
+  for (size_t id = 0; id < m.id_bytes.size(); ++id) {
+    if (!m.id_known[id] || special[id]) continue;
+    const std::string& bytes = m.id_bytes[id];
+    vocab[spell(bytes)] = id;
+    for (size_t k = 1; k < bytes.size(); ++k) {
+      const uint64_t* a = m.vocab.find(std::string_view(bytes).substr(0, k));
+      if (a == nullptr) continue;
+      const uint64_t* b = m.vocab.find(std::string_view(bytes).substr(k));
+      if (b == nullptr) continue;
+      merges.emplace_back(static_cast<int32_t>(id), static_cast<int32_t>(*a),
+                          static_cast<int32_t>(*b));
+    }
+  }
+  std::sort(merges.begin(), merges.end());
+  json merge_list = json::array();
+  for (const auto& [merged, a, b] : merges)
+    merge_list.push_back(spell(m.id_bytes[a]) + " " + spell(m.id_bytes[b]));
+  json bpe = {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              // tiktoken takes a pre-token that is a token whole, before any merge.
+              {"ignore_merges", true},
+              {"vocab", std::move(vocab)},
+              {"merges", std::move(merge_list)}};
+  json split = {{"type", "Split"},
+                {"pattern", {{"Regex", m.tiktoken_regex}}},
+                {"behavior", "Isolated"},
+                {"invert", false}};
+  json byte_level = {{"type", "ByteLevel"},
+                     {"add_prefix_space", false},
+                     {"trim_offsets", true},
+                     {"use_regex", false}};
+  json out = {{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", std::move(added)},
+              {"normalizer", nullptr},
+              {"pre_tokenizer",
+               {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
+              {"post_processor", nullptr},
+              {"decoder",
+               {{"type", "ByteLevel"},
+                {"add_prefix_space", true},
+                {"trim_offsets", true},
+                {"use_regex", true}}},
+              {"model", std::move(bpe)}};
+  return out.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
 }
 
 }  // namespace strata::tokenizer_internal

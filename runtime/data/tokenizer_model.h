@@ -486,6 +486,8 @@ struct Model {
 // The loaders. InputError naming the file and the JSON key or line.
 // A Hugging Face tokenizer.json (tokenizer_hf.cc).
 std::unique_ptr<Model> load_hf(const std::string& path);
+// A tiktoken model as a Hugging Face tokenizer.json (Tokenizer::hf_tokenizer_json).
+std::string hf_tokenizer_json(const Model& m);
 // A tiktoken ranks file with a pattern ("gpt2", "llama3", "cl100k", a regex, or "" for the
 // encoding the number of ranks names) and its special tokens, or `explicit_specials`
 // (tokenizer_tiktoken.cc).
