@@ -10,9 +10,11 @@
 // Also: decode(encode(x)) == x, special tokens, encode_batch on several threads == serial, and
 // the InputErrors of bad files (file and JSON key or line named).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -60,8 +62,19 @@ int64_t first_difference(const std::vector<int32_t>& got, const std::vector<int3
   return got.size() == want.size() ? -1 : static_cast<int64_t>(n);
 }
 
+// A file in a folder of this process's own, removed when the process ends (ctest runs this
+// binary's tests two at a time in the sanitizer stages: one name written by two processes at
+// once would be read half-written).
 std::string write_temp(const std::string& name, const std::string& contents) {
-  const std::string path = testing::TempDir() + "strata_tok_" + name;
+  static const struct Scratch {
+    std::string dir = testing::TempDir() + "strata_tok_" + std::to_string(::getpid());
+    Scratch() { std::filesystem::create_directories(dir); }
+    ~Scratch() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } scratch;
+  const std::string path = scratch.dir + "/" + name;
   std::ofstream(path, std::ios::binary) << contents;
   return path;
 }
