@@ -411,7 +411,8 @@ std::vector<std::vector<std::string>> hf_shard_plan(
 
 void write_hf_directory(const std::string& dir, const nlohmann::json& config,
                         const FullTensors& tensors, const HfWriteOptions& options,
-                        const std::vector<std::string>& order_hint) {
+                        const std::vector<std::string>& order_hint,
+                        const std::map<std::string, std::string>& other_files) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir, ec))
@@ -452,6 +453,7 @@ void write_hf_directory(const std::string& dir, const nlohmann::json& config,
       fs::remove(e.path(), ec);
   }
   write_text(join(dir, kConfig), config.dump(2) + "\n");
+  for (const auto& [name, text] : other_files) write_text(join(dir, name), text);
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t k = 0; k < plan.size(); ++k) {
     std::vector<std::string> names = plan[k];

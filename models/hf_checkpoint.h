@@ -117,11 +117,13 @@ std::vector<std::vector<std::string>> hf_shard_plan(
 // Writes `tensors` (HF names) with `config` as config.json into the directory `dir` (created
 // when missing). `order`: the order tensors are assigned to shards in (the adapter's hf_order;
 // names it lacks follow in hf_tensor_order, names without a tensor are skipped); within a file
-// tensors are in name order, as the safetensors library writes them. InputError naming the path
+// tensors are in name order, as the safetensors library writes them. `other_files`: files
+// written beside config.json, name -> contents (tokenizer.json). InputError naming the path
 // when something cannot be written.
 void write_hf_directory(const std::string& dir, const nlohmann::json& config,
                         const FullTensors& tensors, const HfWriteOptions& options,
-                        const std::vector<std::string>& order = {});
+                        const std::vector<std::string>& order = {},
+                        const std::map<std::string, std::string>& other_files = {});
 // Writes `tensors` (HF names) as one safetensors file, metadata {"format": "pt"} as
 // save_pretrained writes it. dtype: "F32" or "BF16".
 void write_hf_file(const std::string& path, const FullTensors& tensors, const std::string& dtype);

@@ -66,6 +66,22 @@ class Cli : public ::testing::Test {
     std::ofstream(path, std::ios::binary) << text;
     return path;
   }
+  // The text source of the tokenizer tests: one line of Hamlet 200 times, as corpus.txt.
+  std::string write_hamlet() {
+    std::string text;
+    for (int i = 0; i < 200; ++i)
+      text += "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n";
+    return write("corpus.txt", text);
+  }
+  static std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // The prompt and generated ids of a `generate --json` run.
+  static std::string generated_ids(const Result& g) {
+    const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.rfind("{\"")));
+    return j["prompt_ids"].dump() + " " + j["ids"].dump();
+  }
   // A small valid config; `extra` is merged over it.
   std::string config(const nlohmann::json& extra = nlohmann::json::object()) {
     nlohmann::json j = {{"model", {{"preset", "tiny"}}},
@@ -479,10 +495,7 @@ TEST_F(Cli, GenerateTokenizesPromptsWithoutATextSource) {
 TEST_F(Cli, CheckpointsCarryTheRunsTokenizerToGenerateAndExport) {
   const std::string tok =
       std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tokenizer.json";
-  std::string text;
-  for (int i = 0; i < 200; ++i)
-    text += "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n";
-  write("corpus.txt", text);
+  write_hamlet();
   // data.path relative to the config, and the config relative to the folder train runs in.
   const std::string cfg =
       config({{"model", {{"vocab_size", 4353}}},
@@ -492,16 +505,10 @@ TEST_F(Cli, CheckpointsCarryTheRunsTokenizerToGenerateAndExport) {
   Result r = run_shell("cd " + dir_ + " && " + std::string(STRATA_BIN_PATH) + " train --config " +
                        std::filesystem::path(cfg).filename().string() + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.out;
-  const auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  const auto bytes = &file_bytes;
   ASSERT_EQ(bytes(dir_ + "/ck/iter_2/tokenizer.json"), bytes(tok));
   const std::string gen = " --prompt \"To be, or not\" --max-new-tokens 4 --json";
-  const auto ids = [](const Result& g) {
-    const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.rfind("{\"")));
-    return j["prompt_ids"].dump() + " " + j["ids"].dump();
-  };
+  const auto ids = &generated_ids;
   const Result told =
       run("generate --checkpoint " + dir_ + "/ck --set data.tokenizer=" + tok + gen);
   ASSERT_EQ(told.status, 0) << told.out;
@@ -557,8 +564,8 @@ TEST_F(Cli, ATiktokenRunExportsATokenizerJsonOfTheSameIds) {
     }
     return out;
   };
-  std::ifstream in(std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tiktoken");
-  std::string ranks((std::istreambuf_iterator<char>(in)), {});
+  std::string ranks =
+      file_bytes(std::string(STRATA_TEST_DIR) + "/golden/tokenizer/gpt2_style.tiktoken");
   int n = static_cast<int>(std::count(ranks.begin(), ranks.end(), '\n'));
   ASSERT_EQ(n, 4352);
   for (; n < 50256; ++n) {
@@ -571,10 +578,7 @@ TEST_F(Cli, ATiktokenRunExportsATokenizerJsonOfTheSameIds) {
     ranks += base64(token) + " " + std::to_string(n) + "\n";
   }
   const std::string tok = write("gpt2_padded.tiktoken", ranks);
-  std::string text;
-  for (int i = 0; i < 200; ++i)
-    text += "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n";
-  write("corpus.txt", text);
+  write_hamlet();
   const std::string cfg =
       config({{"model", {{"vocab_size", 50257}}},
               {"train", {{"iterations", 2}}},
@@ -590,10 +594,7 @@ TEST_F(Cli, ATiktokenRunExportsATokenizerJsonOfTheSameIds) {
       << r.out;
   const std::string gen =
       " --prompt \"To be, or not<|endoftext|> whether\" --max-new-tokens 4 --json";
-  const auto ids = [](const Result& g) {
-    const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.rfind("{\"")));
-    return j["prompt_ids"].dump() + " " + j["ids"].dump();
-  };
+  const auto ids = &generated_ids;
   const Result own = run("generate --checkpoint " + dir_ + "/ck" + gen);
   ASSERT_EQ(own.status, 0) << own.out;
   const Result hf = run("generate --hf " + dir_ + "/hf" + gen);
@@ -605,10 +606,7 @@ TEST_F(Cli, ATiktokenRunExportsATokenizerJsonOfTheSameIds) {
   r = run("data convert --tokenizer " + tok + " --output " + dir_ + "/by_hand/tokenizer.json");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("(50257 tokens, 1 special;"), std::string::npos) << r.out;
-  const auto bytes = [](const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
+  const auto bytes = &file_bytes;
   EXPECT_EQ(bytes(dir_ + "/by_hand/tokenizer.json"), bytes(dir_ + "/hf/tokenizer.json"));
   // Bad input: a tokenizer.json, an option of prepare's, no --output.
   for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{

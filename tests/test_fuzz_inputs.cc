@@ -749,6 +749,7 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
   Case c{{"data", "prepare", "--tokenizer", tok, "--input", input, "--output", wd.path() + "/out",
           "--threads", "1"},
          30};
+  const size_t options_from = c.args.size();  // the optional flags follow
   if (chance(rng, 0.3))
     c.args.insert(c.args.end(),
                   {"--format", pick(rng, std::vector<std::string>{"llmc", "megatron", "csv"})});
@@ -768,7 +769,7 @@ Case data_prepare_case(Rng& rng, Workdir& wd) {
   if (chance(rng, 0.3)) {
     std::vector<std::string> args = {"data", "convert",  "--tokenizer",
                                      tok,    "--output", wd.path() + "/out/tokenizer.json"};
-    for (size_t i = 10; i < c.args.size(); ++i)
+    for (size_t i = options_from; i < c.args.size(); ++i)
       if (c.args[i] == "--pattern" || c.args[i] == "--special" || chance(rng, 0.2))
         args.insert(args.end(), c.args.begin() + i,
                     c.args.begin() + std::min(c.args.size(), i + 2));

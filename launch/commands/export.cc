@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "launch/config/config_parse.h"
@@ -13,6 +12,7 @@
 #include "runtime/base/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/io/input_file.h"
 
 namespace strata {
 namespace {
@@ -63,26 +63,20 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   nlohmann::json config = adapter.hf_config(mc);
   // "dtype" since transformers 4.56, "torch_dtype" before.
   config["dtype"] = config["torch_dtype"] = options.dtype == "BF16" ? "bfloat16" : "float32";
-  write_hf_directory(out, config, hf, options,
-                     adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{});
   // The run's tokenizer goes with the model as the tokenizer.json transformers reads: a
   // tiktoken ranks file converted (Tokenizer::hf_tokenizer_json, its pattern from its rank
   // count, as training read it).
-  if (tok) {
-    const std::string dest = out + "/tokenizer.json";
-    if (is_tokenizer_json(*tok)) {
-      std::error_code ec;
-      std::filesystem::copy_file(*tok, dest, std::filesystem::copy_options::overwrite_existing, ec);
-      if (ec) throw InputError(dest, "", "a writable file: " + ec.message());
-      std::printf("tokenizer: %s (the run's data.tokenizer)\n", dest.c_str());
-    } else {
-      const std::string text = Tokenizer::load(*tok)->hf_tokenizer_json();
-      std::ofstream f(dest, std::ios::binary | std::ios::trunc);
-      f.write(text.data(), static_cast<std::streamsize>(text.size()));
-      if (!f.flush()) throw InputError(dest, "", "a writable file");
-      std::printf("tokenizer: %s (the run's tiktoken file, converted)\n", dest.c_str());
-    }
-  }
+  std::map<std::string, std::string> files;
+  if (tok)
+    files["tokenizer.json"] = is_tokenizer_json(*tok)
+                                  ? read_input_file(*tok, kMaxTokenizerFileBytes)
+                                  : Tokenizer::load(*tok)->hf_tokenizer_json();
+  write_hf_directory(out, config, hf, options,
+                     adapter.hf_order ? adapter.hf_order(mc) : std::vector<std::string>{}, files);
+  if (tok)
+    std::printf("tokenizer: %s/tokenizer.json (%s)\n", out.c_str(),
+                is_tokenizer_json(*tok) ? "the run's data.tokenizer"
+                                        : "the run's tiktoken file, converted");
   return path;
 }
 

@@ -264,14 +264,9 @@ std::string hf_tokenizer_json(const Model& m) {
     if (!m.id_known[id] || special[id]) continue;
     const std::string& bytes = m.id_bytes[id];
     vocab[spell(bytes)] = id;
-    for (size_t k = 1; k < bytes.size(); ++k) {
-      const uint64_t* a = m.vocab.find(std::string_view(bytes).substr(0, k));
-      if (a == nullptr) continue;
-      const uint64_t* b = m.vocab.find(std::string_view(bytes).substr(k));
-      if (b == nullptr) continue;
-      merges.emplace_back(static_cast<int32_t>(id), static_cast<int32_t>(*a),
-                          static_cast<int32_t>(*b));
-    }
+    m.for_each_split(bytes, [&merges, id](int32_t a, int32_t b) {
+      merges.emplace_back(static_cast<int32_t>(id), a, b);
+    });
   }
   std::sort(merges.begin(), merges.end());
   json merge_list = json::array();

@@ -439,6 +439,17 @@ struct Model {
 
   int vocab_size() const { return static_cast<int>(id_bytes.size()); }
   void set_token(int32_t id, std::string bytes);
+  // f(left id, right id) for every split of `bytes` into two tokens of the vocabulary: a
+  // tiktoken file's merges (the loader's pair table, the tokenizer.json writer's merges).
+  template <class F>
+  void for_each_split(std::string_view bytes, F f) const {
+    for (size_t k = 1; k < bytes.size(); ++k) {
+      const uint64_t* a = vocab.find(bytes.substr(0, k));
+      if (a == nullptr) continue;
+      const uint64_t* b = vocab.find(bytes.substr(k));
+      if (b != nullptr) f(static_cast<int32_t>(*a), static_cast<int32_t>(*b));
+    }
+  }
   // Whether `id` already spells other bytes (a special token given an id a token of the
   // vocabulary holds: both would encode to it, and decoding could give only one).
   bool holds_other(int32_t id, const std::string& bytes) const {

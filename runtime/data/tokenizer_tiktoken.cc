@@ -103,15 +103,9 @@ std::unique_ptr<Model> load_tiktoken_model(
   m->whole_piece_first = true;
   // Every split of a token into two tokens merges into it, at its rank (which is its id).
   std::vector<std::tuple<int32_t, int32_t, int32_t>> splits;  // (left, right, merged)
-  for (const auto& [bytes, rank] : tokens) {
-    for (size_t k = 1; k < bytes.size(); ++k) {
-      const uint64_t* a = m->vocab.find(std::string_view(bytes).substr(0, k));
-      if (a == nullptr) continue;
-      const uint64_t* b = m->vocab.find(std::string_view(bytes).substr(k));
-      if (b == nullptr) continue;
-      splits.emplace_back(static_cast<int32_t>(*a), static_cast<int32_t>(*b), rank);
-    }
-  }
+  for (const auto& [bytes, rank] : tokens)
+    m->for_each_split(
+        bytes, [&splits, rank = rank](int32_t a, int32_t b) { splits.emplace_back(a, b, rank); });
   m->pairs.reserve(splits.size());
   for (const auto& [a, b, rank] : splits) m->pairs.set(a, b, static_cast<uint32_t>(rank));
   m->finish_pairs();
